@@ -1,0 +1,42 @@
+"""Printing for people (rich tables) and for scripts (JSON lines or one JSON document)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from cdc.errors import CdcError
+
+_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def json_dumps(value: Any, *, pretty: bool = False) -> str:
+    opts = _OPTS | (orjson.OPT_INDENT_2 if pretty else 0)
+    return orjson.dumps(value, default=str, option=opts).decode()
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json_dumps(value) + "\n")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    table = Table(title=title, show_lines=False)
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    Console().print(table)
+
+
+def print_error(err: CdcError, *, as_json: bool) -> None:
+    if as_json:
+        sys.stderr.write(json_dumps(err.to_dict()) + "\n")
+        return
+    sys.stderr.write(f"error: {err.message}\n")
+    if err.fix:
+        sys.stderr.write(f"  fix: {err.fix}\n")

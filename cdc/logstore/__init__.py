@@ -1,0 +1,225 @@
+"""The log store: durable, partitioned, compacted topics (one per registered table).
+
+One interface (:class:`LogStore`), two backends beside it: :mod:`cdc.logstore.embedded` (the default,
+SQLite on local disk, no server) and :mod:`cdc.logstore.kafka` (kafka-python against any
+Kafka-protocol broker). :func:`open_log_store` picks one from the settings. The contract test suite
+(``tests/logstore/test_contract.py``) runs against both.
+
+Guarantees every backend gives
+------------------------------
+* A topic has a fixed number of partitions. A record's partition is Kafka's default murmur2
+  partitioner of its key (:func:`partition_for`), so both backends place a key in the same partition.
+* Each partition assigns monotonically increasing offsets, starting at 0; an offset never changes,
+  not even after compaction (compaction leaves gaps, it never renumbers).
+* :meth:`LogStore.append` returns only when the whole batch is durable (embedded: fsync'd; Kafka:
+  acks=all with the idempotent producer). If it raises, any subset of the batch may have been
+  written (at least once: the caller retries the whole batch); nothing it acknowledged is ever lost.
+* :meth:`LogStore.read` returns records of one partition with ``offset >= from_offset`` in offset
+  order. Reading at the end offset returns an empty list; before the start offset (after retention)
+  or past the end raises :class:`~cdc.errors.OffsetOutOfRangeError`.
+* Consumer positions: :meth:`commit` stores, per consumer name, the next offset to read per
+  partition; :meth:`committed` returns them (missing partitions are absent, not 0).
+* Compacted topics keep at least the newest record of every key; a tombstone (``value is None``)
+  is kept for ``delete_retention_ms`` after it was written, then dropped; records younger than
+  ``min_compaction_lag_ms`` are never compacted away, so a reader that keeps up never misses one.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cdc.logstore.partitioner import murmur2, partition_for
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
+
+__all__ = [
+    "LogStore",
+    "Record",
+    "StoredRecord",
+    "TopicConfig",
+    "TopicInfo",
+    "murmur2",
+    "open_log_store",
+    "partition_for",
+]
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to append. ``value=None`` is a tombstone. ``timestamp_ms=None`` means now.
+    ``partition=None`` places it by :func:`partition_for` of the key; an explicit partition is for
+    records that must reach every partition (a TRUNCATE marker)."""
+
+    key: bytes
+    value: bytes | None
+    headers: Headers = ()
+    timestamp_ms: int | None = None
+    partition: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record as read back, with its position."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes | None
+    headers: Headers
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """How a topic is kept.
+
+    ``compacted``: keep the newest record per key (change topics). Otherwise records are deleted by
+    ``retention_ms``/``retention_bytes`` (per partition), oldest first (the dead-letter topic).
+    """
+
+    partitions: int = 4
+    compacted: bool = True
+    min_compaction_lag_ms: int = 60_000
+    delete_retention_ms: int = 24 * 3600 * 1000
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    retention_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    config: TopicConfig
+    start_offsets: Mapping[int, int] = field(default_factory=dict)
+    end_offsets: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> int:
+        return self.config.partitions
+
+
+class LogStore(abc.ABC):
+    """A set of partitioned topics. Safe to use from one thread at a time per instance; open one
+    instance per process (the embedded backend admits one writing process and any number of readers).
+    """
+
+    #: "embedded" or "kafka"
+    backend: str
+
+    # -- topics --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create_topic(self, name: str, config: TopicConfig) -> TopicInfo:
+        """Create ``name``; if it exists with the same partition count, return it unchanged.
+        Raises TopicExistsError if it exists with another partition count."""
+
+    @abc.abstractmethod
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and all its records and consumer positions. UnknownTopicError if absent."""
+
+    @abc.abstractmethod
+    def list_topics(self) -> list[TopicInfo]:
+        """All topics, sorted by name, with their start and end offsets."""
+
+    @abc.abstractmethod
+    def topic(self, name: str) -> TopicInfo:
+        """One topic with its start and end offsets. UnknownTopicError if absent."""
+
+    # -- writing -------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def append_many(self, batch: Mapping[str, Sequence[Record]]) -> dict[str, dict[int, int]]:
+        """Append records to several topics; return, per topic, the last offset written per partition.
+
+        Returns only when every record of the batch is durable. Records of one key keep their order.
+        The embedded backend commits the whole batch atomically; Kafka does not (at least once).
+        """
+
+    def append(self, topic: str, records: Sequence[Record]) -> dict[int, int]:
+        """Append to one topic; see :meth:`append_many`."""
+        return self.append_many({topic: records}).get(topic, {})
+
+    # -- reading -------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read(
+        self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
+    ) -> list[StoredRecord]:
+        """Records of one partition with ``offset >= from_offset``, in offset order, at most
+        ``max_records``. Empty at the end; OffsetOutOfRangeError before the start or past the end."""
+
+    def iter_partition(
+        self, topic: str, partition: int, from_offset: int = 0, until_offset: int | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[StoredRecord]:
+        """Every record of a partition from ``from_offset`` up to (excluding) ``until_offset``
+        (default: the end offset when the call starts)."""
+        end = self.end_offsets(topic)[partition] if until_offset is None else until_offset
+        pos = max(from_offset, self.start_offsets(topic)[partition])
+        while pos < end:
+            records = self.read(topic, partition, pos, min(batch, end - pos))
+            if not records:
+                return
+            for rec in records:
+                if rec.offset >= end:
+                    return
+                yield rec
+            pos = records[-1].offset + 1
+
+    @abc.abstractmethod
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the first offset still readable (moves on with retention, not compaction)."""
+
+    @abc.abstractmethod
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the offset the next appended record will get."""
+
+    # -- consumer positions --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def commit(self, consumer: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Durably store ``consumer``'s next offset to read, per partition of ``topic``."""
+
+    @abc.abstractmethod
+    def committed(self, consumer: str, topic: str) -> dict[int, int]:
+        """``consumer``'s committed positions in ``topic`` (partitions never committed are absent)."""
+
+    # -- maintenance ---------------------------------------------------------------------------------
+    def compact(self, topic: str) -> int:
+        """Compact a compacted topic now; return how many records were removed. A backend whose
+        broker compacts on its own (Kafka) returns 0."""
+        return 0
+
+    def enforce_retention(self, topic: str) -> int:
+        """Apply time/size retention to a non-compacted topic now; return records removed."""
+        return 0
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release files, locks and connections. Idempotent."""
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_log_store(settings: Settings, *, writer: bool = False) -> LogStore:
+    """The log store the settings name: embedded under ``state_dir/log`` unless ``log_url`` is
+    ``kafka://HOST:PORT[,HOST:PORT]``. ``writer=True`` takes the embedded store's single-writer lock
+    (WriterLockedError if another process holds it) and starts its background compaction."""
+    if settings.log_url and settings.log_url.startswith("kafka://"):
+        from cdc.logstore.kafka import KafkaLogStore
+
+        return KafkaLogStore(settings.log_url.removeprefix("kafka://"))
+    from cdc.logstore.embedded import EmbeddedLogStore
+
+    return EmbeddedLogStore(settings.state_dir / "log", writer=writer)

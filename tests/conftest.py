@@ -1,0 +1,5 @@
+# Fixtures live in plugin modules under tests/plugins; this file only lists them.
+pytest_plugins = [
+    "tests.plugins.postgres",
+    "tests.plugins.logstore",
+]

@@ -1,0 +1,57 @@
+"""Log-store fixtures: ``log_store_factory`` is parametrised over both backends, so every test that
+uses it runs against the embedded store and against Kafka (the Tansu broker)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cdc.logstore import LogStore
+
+pytest_plugins = ["tests.plugins.tansu"]
+
+BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def log_store_factory(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., LogStore]]:
+    """Opens stores of the current backend, all on the same place (same dir / same broker)."""
+    opened: list[LogStore] = []
+
+    def make(**kwargs: object) -> LogStore:
+        if backend == "embedded":
+            from cdc.logstore.embedded import EmbeddedLogStore
+
+            store: LogStore = EmbeddedLogStore(tmp_path / "log", **kwargs)  # type: ignore[arg-type]
+        else:
+            from cdc.logstore.kafka import KafkaLogStore
+
+            broker = request.getfixturevalue("tansu_broker")
+            store = KafkaLogStore(broker.bootstrap, **kwargs)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def log_store(log_store_factory: Callable[..., LogStore]) -> LogStore:
+    return log_store_factory(writer=True)
+
+
+@pytest.fixture
+def topic_name() -> str:
+    """A unique topic name (the Kafka broker is shared by the session)."""
+    return f"cdc.test.t_{uuid.uuid4().hex[:8]}"
