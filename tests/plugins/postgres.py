@@ -1,142 +1,22 @@
-"""A private PostgreSQL 15 cluster for the test session (wal_level=logical, wal2json available).
+"""The private PostgreSQL 15 cluster for the test session (see cdc/devcluster.py).
 
-initdb and postgres refuse to run as root, so when the tests run as root the cluster runs as the
-``postgres`` OS user (``runuser``). The cluster lives in a temp dir with its own port and socket dir,
-and is removed at the end of the session. Use the ``pg`` fixture (session-scoped) and give every test
-its own database with ``pg.create_database()`` (or the ``pg_db`` fixture).
+Use the ``pg`` fixture (session-scoped) and give every test its own database with
+``pg.create_database()`` (or the ``pg_db`` fixture).
 """
 
 from __future__ import annotations
 
-import os
-import pwd
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
-PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
-WAL2JSON = Path("/usr/lib/postgresql/15/lib/wal2json.so")
+from cdc.devcluster import PgCluster, free_port, start_cluster
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_postgres_user() -> list[str]:
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
-@dataclass
-class PgCluster:
-    """A running private cluster. ``dsn(db)`` gives a superuser DSN over TCP on loopback."""
-
-    datadir: Path
-    sockdir: Path
-    port: int
-    user: str = "postgres"
-
-    def dsn(self, dbname: str = "postgres", user: str | None = None, password: str | None = None) -> str:
-        dsn = f"host=127.0.0.1 port={self.port} dbname={dbname} user={user or self.user}"
-        return dsn + (f" password={password}" if password else "")
-
-    def _ctl(self, *args: str) -> None:
-        subprocess.run(
-            [*_as_postgres_user(), str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "60", *args],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-
-    def start(self) -> None:
-        self._ctl("-l", str(self.datadir / "server.log"), "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self._ctl("-m", mode, "stop")
-
-    def restart(self) -> None:
-        self._ctl("-m", "fast", "-l", str(self.datadir / "server.log"), "restart")
-
-    def execute(self, query: str | sql.Composable, dbname: str = "postgres") -> None:
-        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
-            conn.execute(query)  # type: ignore[arg-type]
-
-    def fetch(self, query: str | sql.Composable, dbname: str = "postgres") -> list[tuple[object, ...]]:
-        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
-            return conn.execute(query).fetchall()  # type: ignore[arg-type]
-
-    def create_database(self, prefix: str = "t") -> str:
-        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-        self.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return name
-
-    def drop_database(self, name: str) -> None:
-        """Drop a test database and any replication slot left in it."""
-        for (slot,) in self.fetch(
-            sql.SQL("SELECT slot_name FROM pg_replication_slots WHERE database = {}").format(sql.Literal(name))
-        ):
-            self.execute(
-                sql.SQL(
-                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                    "WHERE slot_name = {} AND active_pid IS NOT NULL"
-                ).format(sql.Literal(slot))
-            )
-            self.execute(sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)))
-        self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def start_cluster(base: Path) -> PgCluster:
-    if not (PG_BIN / "initdb").exists():
-        raise RuntimeError(f"{PG_BIN}/initdb not found: run `make setup` (apt-get install postgresql-15)")
-    if not WAL2JSON.exists():
-        raise RuntimeError(f"{WAL2JSON} not found: run `make setup` (apt-get install postgresql-15-wal2json)")
-    datadir, sockdir = base / "data", base / "sock"
-    sockdir.mkdir(parents=True)
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam("postgres")
-        for p in (base, sockdir):
-            os.chown(p, pw.pw_uid, pw.pw_gid)
-    subprocess.run(
-        [*_as_postgres_user(), str(PG_BIN / "initdb"), "-D", str(datadir), "-U", "postgres",
-         "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    port = free_port()
-    conf = f"""
-listen_addresses = '127.0.0.1'
-port = {port}
-unix_socket_directories = '{sockdir}'
-wal_level = logical
-max_replication_slots = 64
-max_wal_senders = 64
-max_connections = 200
-fsync = off
-synchronous_commit = off
-full_page_writes = off
-shared_buffers = 256MB
-max_wal_size = 4GB
-wal_sender_timeout = 60s
-log_min_messages = warning
-"""
-    with open(datadir / "postgresql.conf", "a") as fh:
-        fh.write(conf)
-    with open(datadir / "pg_hba.conf", "w") as fh:
-        fh.write(
-            "local all all trust\nlocal replication all trust\n"
-            "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
-        )
-    cluster = PgCluster(datadir=datadir, sockdir=sockdir, port=port)
-    cluster.start()
-    return cluster
+__all__ = ["PgCluster", "free_port", "pg", "pg_db", "start_cluster", "wait_for"]
 
 
 @pytest.fixture(scope="session")
