@@ -114,7 +114,6 @@ max_replication_slots = 64
 max_wal_senders = 64
 max_connections = 200
 fsync = off
-synchronous_commit = off
 full_page_writes = off
 shared_buffers = 256MB
 max_wal_size = 4GB
