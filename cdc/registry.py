@@ -7,8 +7,17 @@ to notice a registration change and applies it without losing or repeating a com
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+from cdc.errors import RegistryError
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +58,335 @@ class TableReg:
     def qualified(self) -> str:
         """``schema.table`` as people write it (unquoted), used as the table's name in the CLI."""
         return f"{self.schema}.{self.table}"
+
+
+# --- storage ---------------------------------------------------------------------------------------
+SNAPSHOT_STATES = ("pending", "running", "done")
+_SCHEMA_VERSION = 1
+_PATH_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def warehouse_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path]:
+    """Where the apply job keeps a table's Delta tables: ``(current, history)`` =
+    ``<state>/warehouse/<schema>/<table>`` and ``.../<table>__history`` (each name with characters
+    outside ``[A-Za-z0-9._-]`` replaced by ``_``, as in topic names)."""
+    base = state_dir / "warehouse" / _PATH_UNSAFE.sub("_", reg.schema)
+    table = _PATH_UNSAFE.sub("_", reg.table)
+    return base / table, base / f"{table}__history"
+
+
+def search_index_path(state_dir: Path, reg: TableReg) -> Path | None:
+    """``<state>/search/<topic>`` when the table has search columns, else None."""
+    return state_dir / "search" / reg.topic if reg.search else None
+
+
+def _reg_to_json(reg: TableReg) -> str:
+    body: dict[str, Any] = {
+        "schema": reg.schema,
+        "table": reg.table,
+        "topic": reg.topic,
+        "key": list(reg.key),
+        "search": list(reg.search),
+        "exclude": list(reg.exclude),
+        "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in reg.columns],
+        "snapshot_state": reg.snapshot_state,
+        "alignment": None
+        if reg.alignment is None
+        else {
+            "consistent_lsn": reg.alignment.consistent_lsn,
+            "end_offsets": {str(p): o for p, o in reg.alignment.end_offsets.items()},
+        },
+        "extra": reg.extra,
+    }
+    return json.dumps(body, sort_keys=True)
+
+
+def _reg_from_json(text: str) -> TableReg:
+    body = json.loads(text)
+    align = body.get("alignment")
+    return TableReg(
+        schema=body["schema"],
+        table=body["table"],
+        topic=body["topic"],
+        key=tuple(body["key"]),
+        search=tuple(body.get("search", ())),
+        exclude=tuple(body.get("exclude", ())),
+        columns=tuple(Column(c["name"], c["type"], bool(c.get("nullable", True))) for c in body["columns"]),
+        snapshot_state=body.get("snapshot_state", "pending"),
+        alignment=None
+        if align is None
+        else Alignment(
+            consistent_lsn=int(align["consistent_lsn"]),
+            end_offsets={int(p): int(o) for p, o in align["end_offsets"].items()},
+        ),
+        extra=dict(body.get("extra") or {}),
+    )
+
+
+class Registry:
+    """The registered tables, in ``<state_dir>/registry.db``.
+
+    Safe to open from several processes at once (the CLI adds a table while ``cdc run`` polls
+    :meth:`generation` and the Spark job reads :meth:`list_tables`): SQLite in WAL mode, a busy
+    timeout, and one short transaction per call. Every method sees the latest committed state; a
+    write is durable when the method returns. Reads never block writers.
+
+    :meth:`generation` increases (in the same transaction as the change) whenever the set of
+    registrations changes in a way the reader must act on: :meth:`add`, :meth:`remove`,
+    :meth:`set_columns` with different columns, and :meth:`set_snapshot_state` to ``pending`` (a
+    re-snapshot request). Progress the capture side records itself (``running``/``done`` with the
+    alignment, :meth:`set_state`) does not bump it, so the reader is not woken by its own writes.
+
+    A file that is not a readable registry raises :class:`RegistryError` naming the path and a fix.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / "registry.db"
+        self._lock = threading.Lock()
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RegistryError(
+                f"cannot create the state directory {self.state_dir}: {exc.strerror}",
+                fix="point --state / CDC_STATE at a writable directory",
+                path=str(self.state_dir),
+            ) from exc
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise self._corrupt(exc) from exc
+        try:
+            self._db.execute("PRAGMA busy_timeout = 30000")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            with self._write() as db:
+                db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value NOT NULL)")
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS tables (schema_name TEXT NOT NULL, table_name TEXT NOT NULL,"
+                    " body TEXT NOT NULL, PRIMARY KEY (schema_name, table_name))"
+                )
+                db.execute("CREATE TABLE IF NOT EXISTS state (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('generation', 0)")
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (_SCHEMA_VERSION,))
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None or int(row[0]) != _SCHEMA_VERSION:
+                raise RegistryError(
+                    f"{self.path} has registry format {row[0] if row else None}, this cdc reads {_SCHEMA_VERSION}",
+                    fix="use the cdc version that wrote it, or move the file aside and register the tables again",
+                    path=str(self.path),
+                )
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise self._translate(exc) from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _corrupt(self, exc: Exception) -> RegistryError:
+        return RegistryError(
+            f"the registry {self.path} cannot be read: {exc}",
+            fix=f"restore {self.path} from a backup, or move it aside (mv {self.path} {self.path}.bad) "
+            "and register the tables again with `cdc tables add` (their topics are kept)",
+            path=str(self.path),
+        )
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def _translate(self, exc: sqlite3.Error) -> RegistryError:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # primary code of an extended one
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return RegistryError(
+                f"the registry {self.path} stayed locked by another process: {exc}",
+                fix="retry; if it persists, find the process holding it (e.g. `fuser` on the file)",
+                path=str(self.path),
+            )
+        return self._corrupt(exc)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction (BEGIN IMMEDIATE: takes the write lock up front)."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise self._translate(exc) from exc
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def _read(self, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            try:
+                return self._db.execute(query, params).fetchall()
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+
+    @staticmethod
+    def _bump(db: sqlite3.Connection) -> None:
+        db.execute("UPDATE meta SET value = value + 1 WHERE key = 'generation'")
+
+    def _get_in(self, db: sqlite3.Connection, schema: str, table: str) -> TableReg:
+        row = db.execute(
+            "SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table)
+        ).fetchone()
+        if row is None:
+            raise self._not_registered(schema, table)
+        return _reg_from_json(row[0])
+
+    def _put_in(self, db: sqlite3.Connection, reg: TableReg) -> None:
+        db.execute(
+            "INSERT OR REPLACE INTO tables (schema_name, table_name, body) VALUES (?, ?, ?)",
+            (reg.schema, reg.table, _reg_to_json(reg)),
+        )
+
+    def _not_registered(self, schema: str, table: str) -> RegistryError:
+        from cdc.catalog import quote_table_name
+
+        return RegistryError(
+            f"table {schema}.{table} is not registered",
+            fix=f"register it with `cdc tables add '{quote_table_name(schema, table)}'`, "
+            "or see what is registered with `cdc tables list`",
+            schema=schema,
+            table=table,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reads -------------------------------------------------------------------------------------
+    def generation(self) -> int:
+        """A counter that increases on every registration change (see the class docstring)."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'generation'")
+        return int(rows[0][0])
+
+    def list_tables(self) -> list[TableReg]:
+        """Every registered table, sorted by (schema, table)."""
+        regs = [_reg_from_json(body) for (body,) in self._read("SELECT body FROM tables")]
+        return sorted(regs, key=lambda r: (r.schema, r.table))
+
+    def get(self, schema: str, table: str) -> TableReg:
+        """The registration of ``schema.table`` (exact names); RegistryError if not registered."""
+        rows = self._read(
+            "SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table)
+        )
+        if not rows:
+            raise self._not_registered(schema, table)
+        return _reg_from_json(rows[0][0])
+
+    def find(self, name: str) -> TableReg:
+        """The registration named ``name`` as the CLI receives it (``schema.table``, Postgres quoting
+        rules, see :func:`cdc.catalog.parse_table_name`). As a convenience, a name that does not parse
+        or match but equals exactly one table's unquoted ``schema.table`` also finds it."""
+        from cdc.catalog import parse_table_name
+
+        try:
+            schema, table = parse_table_name(name)
+        except RegistryError as parse_error:
+            exact = [r for r in self.list_tables() if r.qualified == name.strip()]
+            if len(exact) == 1:
+                return exact[0]
+            raise parse_error
+        rows = self._read(
+            "SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table)
+        )
+        if rows:
+            return _reg_from_json(rows[0][0])
+        exact = [r for r in self.list_tables() if r.qualified == name.strip()]
+        if len(exact) == 1:
+            return exact[0]
+        raise self._not_registered(schema, table)
+
+    # -- writes ------------------------------------------------------------------------------------
+    def add(self, reg: TableReg) -> TableReg:
+        """Register a table; RegistryError if it is already registered. Bumps the generation."""
+        if reg.snapshot_state not in SNAPSHOT_STATES:
+            raise RegistryError(f"unknown snapshot state {reg.snapshot_state!r}", fix=f"use one of {SNAPSHOT_STATES}")
+        from cdc.catalog import quote_table_name
+
+        with self._write() as db:
+            exists = db.execute(
+                "SELECT 1 FROM tables WHERE schema_name = ? AND table_name = ?", (reg.schema, reg.table)
+            ).fetchone()
+            if exists:
+                quoted = quote_table_name(reg.schema, reg.table)
+                raise RegistryError(
+                    f"table {reg.qualified} is already registered",
+                    fix=f"to change its registration, remove it first: `cdc tables remove '{quoted}'`, "
+                    f"then `cdc tables add '{quoted}' ...` again",
+                    schema=reg.schema,
+                    table=reg.table,
+                )
+            self._put_in(db, reg)
+            self._bump(db)
+        return reg
+
+    def remove(self, schema: str, table: str) -> TableReg:
+        """Delete a registration (only the registration: its topic and derived tables are kept).
+        Returns what was removed; RegistryError if not registered. Bumps the generation."""
+        with self._write() as db:
+            reg = self._get_in(db, schema, table)
+            db.execute("DELETE FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table))
+            self._bump(db)
+        return reg
+
+    def set_snapshot_state(
+        self, schema: str, table: str, state: str, alignment: Alignment | None = None
+    ) -> TableReg:
+        """Record a table's snapshot progress: ``pending`` (a re-snapshot request: clears the
+        alignment and bumps the generation), ``running``, ``done`` (with its alignment; when
+        ``alignment`` is None the stored one is kept)."""
+        if state not in SNAPSHOT_STATES:
+            raise RegistryError(f"unknown snapshot state {state!r}", fix=f"use one of {SNAPSHOT_STATES}")
+        with self._write() as db:
+            reg = self._get_in(db, schema, table)
+            if state == "pending":
+                new = replace(reg, snapshot_state=state, alignment=alignment)
+                self._bump(db)
+            else:
+                new = replace(reg, snapshot_state=state, alignment=alignment or reg.alignment)
+            self._put_in(db, new)
+        return new
+
+    def set_columns(self, schema: str, table: str, columns: tuple[Column, ...]) -> TableReg:
+        """Record the table's current columns (e.g. a column added at the source). Bumps the
+        generation when they differ from the stored ones."""
+        with self._write() as db:
+            reg = self._get_in(db, schema, table)
+            new = replace(reg, columns=tuple(columns))
+            if new.columns != reg.columns:
+                self._put_in(db, new)
+                self._bump(db)
+        return new
+
+    def get_state(self, name: str) -> str | None:
+        """A value of the small key/value store (the reader's bookkeeping), or None."""
+        rows = self._read("SELECT value FROM state WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    def set_state(self, name: str, value: str | None) -> None:
+        """Set (or with None delete) a key/value entry; durable on return."""
+        with self._write() as db:
+            if value is None:
+                db.execute("DELETE FROM state WHERE name = ?", (name,))
+            else:
+                db.execute("INSERT OR REPLACE INTO state (name, value) VALUES (?, ?)", (name, value))

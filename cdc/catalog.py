@@ -1,0 +1,363 @@
+"""What the source says about itself: table names, table descriptions, server and slot facts.
+
+Ordinary SQL over psycopg 3 (no replication protocol here). Every query reads ``pg_catalog`` with
+names passed as values, never spliced into SQL text; identifiers that must appear in SQL are built
+with :mod:`psycopg.sql`. Functions take an open connection and leave its transaction state as they
+found it when it is in autocommit mode (the callers here use autocommit connections).
+
+:func:`parse_table_name` and :func:`parse_column_list` are pure: they apply Postgres' identifier
+rules to what a person typed on the command line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cdc.errors import RegistryError, SourceError
+from cdc.events import lsn_to_int
+from cdc.registry import Column
+
+NAMEDATALEN = 64  # Postgres identifiers hold at most NAMEDATALEN - 1 bytes
+_UNQUOTED = re.compile(r"[^\W\d][\w$]*")  # a letter or underscore, then letters, digits, _ or $
+_PLAIN = re.compile(r"[a-z_][a-z0-9_$]*")
+
+_QUOTING_FIX = (
+    "write SCHEMA.TABLE; put a name that has upper case, spaces, dots or other special characters in "
+    'double quotes, doubling a double quote inside it, e.g. \'"Mixed Case"."tab le"\' or \'"a""b".c\' '
+    "(single-quote the whole argument for the shell)"
+)
+
+RELKIND_NAMES = {
+    "r": "table",
+    "p": "partitioned table",
+    "v": "view",
+    "m": "materialized view",
+    "f": "foreign table",
+    "S": "sequence",
+    "c": "composite type",
+    "i": "index",
+    "I": "partitioned index",
+    "t": "TOAST table",
+}
+
+
+# --- names -----------------------------------------------------------------------------------------
+def _fold(name: str) -> str:
+    """Postgres folds unquoted identifiers to lower case, ASCII letters only (UTF-8 databases)."""
+    return "".join(chr(ord(ch) + 32) if "A" <= ch <= "Z" else ch for ch in name)
+
+
+def _scan_identifiers(text: str, sep: str, what: str, fix: str) -> list[str]:
+    """Split ``text`` into identifiers separated by ``sep`` (whitespace around them allowed)."""
+
+    def bad(reason: str) -> RegistryError:
+        return RegistryError(f"{what} {text!r} is not valid: {reason}", fix=fix, name=text)
+
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == '"':
+            j, buf = i + 1, []
+            while True:
+                k = text.find('"', j)
+                if k < 0:
+                    raise bad(f'the double quote at position {i + 1} is never closed')
+                buf.append(text[j:k])
+                if k + 1 < n and text[k + 1] == '"':
+                    buf.append('"')
+                    j = k + 2
+                    continue
+                j = k + 1
+                break
+            ident = "".join(buf)
+            if not ident:
+                raise bad('"" is an empty name')
+            i = j
+        else:
+            m = _UNQUOTED.match(text, i)
+            if m is None:
+                if i >= n:
+                    raise bad("a name is missing" if parts or sep in text else "it is empty")
+                if text[i] == sep:
+                    raise bad("a name is missing")
+                raise bad(f"unexpected {text[i]!r} at position {i + 1}")
+            ident = _fold(m.group())
+            i = m.end()
+        if len(ident.encode()) >= NAMEDATALEN:
+            raise bad(f"{ident!r} is longer than Postgres' {NAMEDATALEN - 1}-byte identifier limit")
+        parts.append(ident)
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            return parts
+        if text[i] != sep:
+            raise bad(f"unexpected {text[i]!r} at position {i + 1}")
+        i += 1
+
+
+def parse_table_name(text: str) -> tuple[str, str]:
+    """``schema.table`` under Postgres' identifier rules -> ``(schema, table)``.
+
+    Unquoted parts fold to lower case; double-quoted parts keep their case and may hold dots, spaces
+    and doubled double quotes (``"Mixed Case"."tab le"``, ``"a""b".c``); no schema means ``public``.
+    Malformed input raises :class:`RegistryError` whose fix shows how to quote.
+    """
+    parts = _scan_identifiers(text, ".", "table name", _QUOTING_FIX)
+    if len(parts) == 1:
+        return "public", parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise RegistryError(
+        f"table name {text!r} has {len(parts)} dotted parts; expected SCHEMA.TABLE",
+        fix="leave out the database name (the source DSN chooses the database); " + _QUOTING_FIX,
+        name=text,
+    )
+
+
+def parse_column_list(text: str) -> tuple[str, ...]:
+    """``a,b,"Mixed Col"`` -> column names, with the same rules as :func:`parse_table_name`."""
+    fix = 'separate column names with commas; double-quote names with upper case or special characters, e.g. \'id,"Order No"\''
+    return tuple(_scan_identifiers(text, ",", "column list", fix))
+
+
+def quote_ident(name: str) -> str:
+    """The name as a person types it so that :func:`parse_table_name` gives it back (quoted only
+    when needed; does not know SQL keywords, so use :attr:`TableDescription.sql_name` in SQL)."""
+    return name if _PLAIN.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+
+
+def quote_table_name(schema: str, table: str) -> str:
+    return f"{quote_ident(schema)}.{quote_ident(table)}"
+
+
+# --- tables ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TableDescription:
+    """A relation as the source's catalog describes it.
+
+    ``columns``: user columns in attnum order (dropped and system columns left out), types from
+    ``format_type()``. ``primary_key``: key columns in key order (empty: no primary key).
+    ``replica_identity``: ``d`` default (the primary key), ``f`` full, ``n`` nothing, ``i`` index;
+    ``replica_identity_columns``: the columns an UPDATE/DELETE carries as old identity (every column
+    for ``f``, empty for ``n`` or ``d`` without primary key). ``estimated_rows``: ``reltuples``
+    (0 when never analyzed). ``has_select_privilege``: the connected role may read every row (SELECT
+    on the table and USAGE on the schema). ``sql_name``: ``schema.table`` quoted for SQL text.
+    """
+
+    schema: str
+    table: str
+    relkind: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    replica_identity: str
+    replica_identity_columns: tuple[str, ...]
+    estimated_rows: int
+    has_select_privilege: bool
+    sql_name: str
+    oid: int = 0
+
+    @property
+    def kind(self) -> str:
+        return RELKIND_NAMES.get(self.relkind, f"relation of kind {self.relkind!r}")
+
+    @property
+    def is_table(self) -> bool:
+        return self.relkind in ("r", "p")
+
+    def column(self, name: str) -> Column | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+    def covers_key(self, key: tuple[str, ...]) -> bool:
+        """Whether UPDATE/DELETE events carry every column of ``key`` in their old identity."""
+        return bool(key) and set(key) <= set(self.replica_identity_columns)
+
+
+_DESCRIBE = """
+SELECT c.oid::int8, c.relkind::text, c.relreplident::text, c.reltuples::float8,
+       has_table_privilege(c.oid, 'SELECT') AND has_schema_privilege(n.oid, 'USAGE'),
+       format('%%I.%%I', n.nspname, c.relname)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = %(table)s
+"""
+_COLUMNS = """
+SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+_INDEX_COLUMNS = """
+SELECT a.attname::text
+FROM pg_catalog.pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %(oid)s AND (CASE WHEN %(primary)s THEN i.indisprimary ELSE i.indisreplident END)
+ORDER BY k.ord
+"""
+_SIMILAR = """
+SELECT n.nspname::text, c.relname::text
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE lower(n.nspname) = lower(%(schema)s) AND lower(c.relname) = lower(%(table)s)
+  AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+LIMIT 3
+"""
+
+
+def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> TableDescription:
+    """Describe ``schema.table`` (exact names). RegistryError if no such relation exists."""
+    params: dict[str, Any] = {"schema": schema, "table": table}
+    row = conn.execute(_DESCRIBE, params).fetchone()
+    if row is None:
+        similar = conn.execute(_SIMILAR, params).fetchall()
+        hint = ""
+        if similar:
+            names = ", ".join(f"'{quote_table_name(s, t)}'" for s, t in similar)
+            hint = f"names differ in case from {names}: quote the name exactly as created; "
+        raise RegistryError(
+            f"table {quote_table_name(schema, table)} does not exist in the source database",
+            fix=hint + "check the name (and its schema: no schema means public) with \\dt in psql; "
+            + _QUOTING_FIX,
+            schema=schema,
+            table=table,
+        )
+    oid, relkind, replident, reltuples, can_select, sql_name = row
+    columns = tuple(
+        Column(name, type_, bool(nullable))
+        for name, type_, nullable in conn.execute(_COLUMNS, {"oid": oid}).fetchall()
+    )
+
+    def index_columns(primary: bool) -> tuple[str, ...]:
+        rows = conn.execute(_INDEX_COLUMNS, {"oid": oid, "primary": primary}).fetchall()
+        return tuple(str(r[0]) for r in rows)
+
+    primary_key = index_columns(True)
+    if replident == "f":
+        identity = tuple(c.name for c in columns)
+    elif replident == "i":
+        identity = index_columns(False)
+    elif replident == "d":
+        identity = primary_key
+    else:
+        identity = ()
+    return TableDescription(
+        schema=schema,
+        table=table,
+        relkind=relkind,
+        columns=columns,
+        primary_key=primary_key,
+        replica_identity=replident,
+        replica_identity_columns=identity,
+        estimated_rows=max(0, int(reltuples)),
+        has_select_privilege=bool(can_select),
+        sql_name=str(sql_name),
+        oid=int(oid),
+    )
+
+
+# --- server and slot ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """Settings and usage that decide whether logical replication can run.
+
+    ``max_slot_wal_keep_size`` in bytes, -1 when unlimited (the setting's default).
+    ``senders_in_use``: walsender processes running now (any database).
+    """
+
+    server_version_num: int
+    database: str
+    wal_level: str
+    max_replication_slots: int
+    max_wal_senders: int
+    slots_in_use: int
+    senders_in_use: int
+    max_slot_wal_keep_size: int
+    role: str
+    role_replication: bool
+    role_superuser: bool
+
+    @property
+    def can_replicate(self) -> bool:
+        return self.role_replication or self.role_superuser
+
+
+_SERVER = """
+SELECT current_setting('server_version_num')::int, current_database()::text,
+       current_setting('wal_level'),
+       current_setting('max_replication_slots')::int, current_setting('max_wal_senders')::int,
+       (SELECT count(*) FROM pg_catalog.pg_replication_slots)::int,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender')::int,
+       (SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE setting::bigint * 1024 * 1024 END
+          FROM pg_catalog.pg_settings WHERE name = 'max_slot_wal_keep_size'),
+       r.rolname::text, r.rolreplication, r.rolsuper
+FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
+"""
+
+
+def server_info(conn: psycopg.Connection[Any]) -> ServerInfo:
+    row = conn.execute(_SERVER).fetchone()
+    if row is None:  # pragma: no cover - current_user always has a pg_roles row
+        raise SourceError("the connected role is not in pg_roles")
+    return ServerInfo(*row)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """A replication slot as ``pg_replication_slots`` shows it (``exists=False``: no such slot).
+
+    LSNs as integers (:func:`cdc.events.int_to_lsn` for text). ``retained_bytes``: WAL the slot keeps
+    on the source's disk (current WAL position − ``restart_lsn``); ``lag_bytes``: WAL not yet
+    confirmed (current − ``confirmed_flush_lsn``). ``safe_wal_size``: bytes that can still be written
+    before the slot is in danger of being lost (None when unlimited).
+    """
+
+    name: str
+    exists: bool
+    plugin: str | None = None
+    slot_type: str | None = None
+    database: str | None = None
+    temporary: bool = False
+    active: bool = False
+    active_pid: int | None = None
+    wal_status: str | None = None
+    restart_lsn: int | None = None
+    confirmed_flush_lsn: int | None = None
+    safe_wal_size: int | None = None
+    retained_bytes: int | None = None
+    lag_bytes: int | None = None
+
+
+_SLOT = """
+SELECT plugin::text, slot_type, database::text, temporary, active, active_pid, wal_status,
+       restart_lsn::text, confirmed_flush_lsn::text, safe_wal_size::int8,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8
+FROM pg_catalog.pg_replication_slots WHERE slot_name = %(slot)s
+"""
+
+
+def slot_info(conn: psycopg.Connection[Any], slot_name: str) -> SlotInfo:
+    row = conn.execute(_SLOT, {"slot": slot_name}).fetchone()
+    if row is None:
+        return SlotInfo(name=slot_name, exists=False)
+    plugin, slot_type, database, temporary, active, pid, wal_status, restart, confirmed, safe, kept, lag = row
+    return SlotInfo(
+        name=slot_name,
+        exists=True,
+        plugin=plugin,
+        slot_type=slot_type,
+        database=database,
+        temporary=bool(temporary),
+        active=bool(active),
+        active_pid=pid,
+        wal_status=wal_status,
+        restart_lsn=lsn_to_int(restart) if restart else None,
+        confirmed_flush_lsn=lsn_to_int(confirmed) if confirmed else None,
+        safe_wal_size=safe,
+        retained_bytes=kept,
+        lag_bytes=lag,
+    )

@@ -1,0 +1,119 @@
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from cdc.errors import RegistryError
+from cdc.registry import Alignment, Column, Registry, TableReg
+
+COLS = (Column("id", "integer", False), Column("body", "text"))
+
+
+def reg(schema: str = "public", table: str = "orders", **kw: object) -> TableReg:
+    return TableReg(schema=schema, table=table, topic=f"cdc.{schema}.{table}", key=("id",), columns=COLS, **kw)  # type: ignore[arg-type]
+
+
+def test_add_get_list_remove_round_trip(tmp_path: Path) -> None:
+    with Registry(tmp_path / "state") as r:
+        assert r.list_tables() == []
+        g0 = r.generation()
+        r.add(reg(table="zeta", search=("body",), extra={"note": 1}))
+        r.add(reg(schema="Mixed Case", table="tab le"))
+        r.add(reg(table="alpha"))
+        assert r.generation() == g0 + 3
+        assert [t.qualified for t in r.list_tables()] == ["Mixed Case.tab le", "public.alpha", "public.zeta"]
+        got = r.get("public", "zeta")
+        assert got == reg(table="zeta", search=("body",), extra={"note": 1})
+        assert r.find('"Mixed Case"."tab le"').table == "tab le"
+        assert r.find("Mixed Case.tab le").schema == "Mixed Case"  # unquoted convenience form
+        assert r.find("ZETA").table == "zeta"  # folded like Postgres
+        removed = r.remove("public", "alpha")
+        assert removed.table == "alpha"
+        assert r.generation() == g0 + 4
+    with Registry(tmp_path / "state") as again:  # durable across opens
+        assert [t.table for t in again.list_tables()] == ["tab le", "zeta"]
+
+
+def test_refusals_name_the_fix(tmp_path: Path) -> None:
+    with Registry(tmp_path) as r:
+        r.add(reg())
+        with pytest.raises(RegistryError, match="already registered") as err:
+            r.add(reg())
+        assert "cdc tables remove" in (err.value.fix or "")
+        with pytest.raises(RegistryError, match="not registered") as err:
+            r.get("public", "missing")
+        assert "cdc tables add" in (err.value.fix or "")
+        with pytest.raises(RegistryError, match="not registered"):
+            r.remove("public", "missing")
+        with pytest.raises(RegistryError, match="not registered"):
+            r.find('"Orders"')
+        with pytest.raises(RegistryError, match="snapshot state"):
+            r.set_snapshot_state("public", "orders", "bogus")
+
+
+def test_snapshot_state_and_alignment(tmp_path: Path) -> None:
+    with Registry(tmp_path) as r:
+        r.add(reg())
+        g = r.generation()
+        r.set_snapshot_state("public", "orders", "running")
+        done = r.set_snapshot_state("public", "orders", "done", Alignment(0x16B374D848, {0: 5, 3: 7}))
+        assert r.generation() == g  # the capture side's own progress does not wake the reader
+        assert r.get("public", "orders") == done
+        assert done.alignment == Alignment(0x16B374D848, {0: 5, 3: 7})
+        again = r.set_snapshot_state("public", "orders", "pending")  # a re-snapshot request
+        assert again.alignment is None and again.snapshot_state == "pending"
+        assert r.generation() == g + 1
+
+
+def test_set_columns_bumps_generation_only_on_change(tmp_path: Path) -> None:
+    with Registry(tmp_path) as r:
+        r.add(reg())
+        g = r.generation()
+        r.set_columns("public", "orders", COLS)
+        assert r.generation() == g
+        new = (*COLS, Column("added", "numeric(10,2)"))
+        assert r.set_columns("public", "orders", new).columns == new
+        assert r.get("public", "orders").columns == new
+        assert r.generation() == g + 1
+
+
+def test_state_store(tmp_path: Path) -> None:
+    with Registry(tmp_path) as r:
+        assert r.get_state("reader.lsn") is None
+        r.set_state("reader.lsn", "0/16B3")
+        assert r.get_state("reader.lsn") == "0/16B3"
+        r.set_state("reader.lsn", None)
+        assert r.get_state("reader.lsn") is None
+
+
+def test_corrupt_file_names_path_and_fix(tmp_path: Path) -> None:
+    (tmp_path / "registry.db").write_bytes(b"this is not sqlite" * 300)
+    with pytest.raises(RegistryError) as err:
+        Registry(tmp_path)
+    assert str(tmp_path / "registry.db") in err.value.message
+    assert "move it aside" in (err.value.fix or "")
+
+
+def _adder(state: str, start: int) -> None:
+    with Registry(Path(state)) as r:
+        for i in range(start, start + 25):
+            r.add(reg(table=f"t{i:03d}"))
+
+
+def test_concurrent_writers_and_reader(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_adder, args=(str(tmp_path), n * 25)) for n in range(3)]
+    for p in procs:
+        p.start()
+    with Registry(tmp_path) as reader:
+        seen = 0
+        while any(p.is_alive() for p in procs):
+            g = reader.generation()
+            assert g >= seen  # never goes back
+            seen = g
+            assert len(reader.list_tables()) <= 75
+        for p in procs:
+            p.join()
+            assert p.exitcode == 0
+        assert len(reader.list_tables()) == 75
+        assert reader.generation() == 75
