@@ -1,9 +1,22 @@
-"""`cdc demo` verbs (not built yet)."""
+"""``cdc demo``: the pipeline end to end on a private Postgres and the embedded log store."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from cdc.config import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this module's verbs to the `cdc` parser."""
+    """Add ``demo`` to the ``cdc`` parser."""
+    p = sub.add_parser("demo", help="run the whole pipeline on a private Postgres, then clean up")
+    p.add_argument("--dir", type=Path, help="work directory (default: a new temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the state (Delta tables, index) afterwards")
+    p.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.demo import run_demo
+
+    return run_demo(args.dir, keep=args.keep)
