@@ -45,6 +45,23 @@ RELKIND_NAMES = {
 }
 
 
+def connect(dsn: str, *, application_name: str = "cdc") -> psycopg.Connection[Any]:
+    """An autocommit psycopg 3 connection to the source, or a SourceError that does not show the
+    password and says what to check."""
+    from cdc.config import redact_dsn
+
+    try:
+        return psycopg.connect(dsn, autocommit=True, application_name=application_name, connect_timeout=15)
+    except psycopg.Error as exc:
+        detail = redact_dsn(str(exc).strip())
+        raise SourceError(
+            f"cannot connect to the source {redact_dsn(dsn)}: {detail}",
+            fix="check CDC_SOURCE / --source (host, port, database, user, password) and that the server "
+            "accepts this client in pg_hba.conf",
+            source=redact_dsn(dsn),
+        ) from exc
+
+
 # --- names -----------------------------------------------------------------------------------------
 def _fold(name: str) -> str:
     """Postgres folds unquoted identifiers to lower case, ASCII letters only (UTF-8 databases)."""

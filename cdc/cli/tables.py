@@ -1,9 +1,271 @@
-"""`cdc tables` verbs (not built yet)."""
+"""``cdc tables add|list|remove``: what is captured.
+
+* ``add SCHEMA.TABLE [--key COL,...] [--search COL,...] [--exclude COL,...]`` describes the table at
+  the source and registers it (snapshot state ``pending``: ``cdc run``/``cdc snapshot`` takes its
+  snapshot). It refuses, with the reason and the fix, anything that would be captured wrongly or
+  silently incompletely: a missing table, a view/materialized view/foreign table, a table whose key
+  is not carried by its replica identity (no primary key and no ``--key``, or ``--key`` without
+  REPLICA IDENTITY FULL / a covering replica identity index: wal2json would drop its UPDATEs and
+  DELETEs), unknown key/search/exclude columns, an excluded key column, a role without SELECT on
+  it, and a second registration of the same table or of the same topic.
+* ``list`` shows the registrations (``--json``: one object per table, see :func:`table_json`).
+* ``remove`` deletes a registration only: the topic, its events and the derived tables are kept.
+
+Names follow Postgres' rules (:func:`cdc.catalog.parse_table_name`): ``'"Mixed Case"."tab le"'``.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from cdc.catalog import (
+    TableDescription,
+    connect,
+    describe_table,
+    parse_column_list,
+    parse_table_name,
+    quote_ident,
+    quote_table_name,
+)
+from cdc.cli.output import print_json, print_table
+from cdc.config import Settings
+from cdc.errors import RegistryError
+from cdc.events import int_to_lsn, topic_name
+from cdc.registry import Registry, TableReg, search_index_path, warehouse_paths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this module's verbs to the `cdc` parser."""
+    """Add ``cdc tables add|list|remove`` to the ``cdc`` parser."""
+    tables = sub.add_parser("tables", help="register, list and remove captured tables")
+    verbs = tables.add_subparsers(dest="tables_verb", metavar="add|list|remove")
+    verbs.required = True
+
+    add = verbs.add_parser("add", help="register a table for capture (snapshot pending)")
+    add.add_argument("table", metavar="SCHEMA.TABLE", help='e.g. public.orders or \'"Mixed Case"."tab le"\'')
+    add.add_argument("--key", help="key columns (default: the primary key), comma-separated")
+    add.add_argument("--search", help="text columns for the search index, comma-separated")
+    add.add_argument("--exclude", help="columns not to capture, comma-separated")
+    add.add_argument("--json", action="store_true", help="print the registration as JSON")
+    add.set_defaults(handler=add_table)
+
+    lst = verbs.add_parser("list", help="list registered tables")
+    lst.add_argument("--json", action="store_true", help="a JSON list of table objects")
+    lst.set_defaults(handler=list_tables)
+
+    rm = verbs.add_parser("remove", help="remove a registration (keeps the topic and derived tables)")
+    rm.add_argument("table", metavar="SCHEMA.TABLE")
+    rm.add_argument("--json", action="store_true")
+    rm.set_defaults(handler=remove_table)
+
+
+# --- add ---------------------------------------------------------------------------------------------
+def _columns(text: str | None, flag: str, desc: TableDescription) -> tuple[str, ...]:
+    if not text:
+        return ()
+    names = parse_column_list(text)
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise RegistryError(
+            f"{flag} names {', '.join(dupes)} more than once", fix=f"name each column once in {flag}", flag=flag
+        )
+    missing = [n for n in names if desc.column(n) is None]
+    if missing:
+        hints = []
+        for n in missing:
+            same = [c.name for c in desc.columns if c.name.lower() == n.lower()]
+            if same:
+                hints.append(f"{n!r} differs in case from {same[0]!r}: write it as {quote_ident(same[0])}")
+        available = ", ".join(quote_ident(c.name) for c in desc.columns)
+        raise RegistryError(
+            f"{flag}: table {desc.schema}.{desc.table} has no column {', '.join(repr(n) for n in missing)}",
+            fix="; ".join([*hints, f"its columns are: {available}"]),
+            flag=flag,
+            missing=missing,
+        )
+    return names
+
+
+def validate_registration(
+    desc: TableDescription,
+    key_text: str | None,
+    search_text: str | None,
+    exclude_text: str | None,
+    *,
+    role: str,
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """``(key, search, exclude)`` for a registration of ``desc``, or the RegistryError that refuses it."""
+    if not desc.is_table:
+        raise RegistryError(
+            f"{desc.schema}.{desc.table} is a {desc.kind}; only tables can be captured "
+            "(logical decoding carries changes of tables only)",
+            fix="register the table(s) it reads from instead",
+            relkind=desc.relkind,
+        )
+    given_key = _columns(key_text, "--key", desc)
+    search = _columns(search_text, "--search", desc)
+    exclude = _columns(exclude_text, "--exclude", desc)
+    key = given_key or desc.primary_key
+    alter = f"ALTER TABLE {desc.sql_name} REPLICA IDENTITY FULL;"
+    if not key:
+        raise RegistryError(
+            f"table {desc.schema}.{desc.table} has no primary key: under REPLICA IDENTITY DEFAULT wal2json "
+            "drops its UPDATEs and DELETEs without an error",
+            fix=f"add a primary key (ALTER TABLE {desc.sql_name} ADD PRIMARY KEY (...)), or name the key with "
+            f"--key COL,... and run {alter}",
+        )
+    if not desc.covers_key(key):
+        identity = ", ".join(desc.replica_identity_columns) or "nothing"
+        raise RegistryError(
+            f"--key {', '.join(key)} is not carried by the replica identity of {desc.schema}.{desc.table} "
+            f"(it carries: {identity}); its UPDATEs and DELETEs could not be keyed"
+            + (" or would be dropped by wal2json" if not desc.primary_key else ""),
+            fix=f"run {alter} (or make the key the primary key"
+            + (", or leave out --key to use the primary key)" if desc.primary_key else ")"),
+            key=list(key),
+            replica_identity=desc.replica_identity,
+        )
+    excluded_keys = [c for c in exclude if c in key]
+    if excluded_keys:
+        raise RegistryError(
+            f"--exclude names key column(s) {', '.join(excluded_keys)}; every event is keyed by them",
+            fix="leave key columns out of --exclude",
+            columns=excluded_keys,
+        )
+    excluded_search = [c for c in exclude if c in search]
+    if excluded_search:
+        raise RegistryError(
+            f"--search and --exclude both name {', '.join(excluded_search)}",
+            fix="a searched column must be captured: drop it from --exclude or from --search",
+            columns=excluded_search,
+        )
+    if not desc.has_select_privilege:
+        raise RegistryError(
+            f"role {role!r} cannot SELECT from {desc.schema}.{desc.table}; the snapshot could not read it",
+            fix=f'GRANT SELECT ON {desc.sql_name} TO "{role}"; (and USAGE on its schema)',
+            role=role,
+        )
+    return key, search, exclude
+
+
+def add_table(args: argparse.Namespace, settings: Settings) -> int:
+    schema, table = parse_table_name(args.table)
+    with connect(settings.require_source()) as conn:
+        desc = describe_table(conn, schema, table)
+        row = conn.execute("SELECT current_user::text").fetchone()
+        role = str(row[0]) if row else "?"
+    key, search, exclude = validate_registration(desc, args.key, args.search, args.exclude, role=role)
+    reg = TableReg(
+        schema=schema,
+        table=table,
+        topic=topic_name(settings.topic_prefix, schema, table),
+        key=key,
+        search=search,
+        exclude=exclude,
+        columns=desc.columns,
+        snapshot_state="pending",
+    )
+    with Registry(settings.state_dir) as registry:
+        clash = [r for r in registry.list_tables() if r.topic == reg.topic and (r.schema, r.table) != (schema, table)]
+        if clash:
+            raise RegistryError(
+                f"topic {reg.topic} is already used by table {clash[0].qualified}; the two names differ only "
+                "in characters a topic name cannot hold",
+                fix="rename one of the tables, or remove the other registration first",
+                topic=reg.topic,
+            )
+        registry.add(reg)
+    if args.json:
+        print_json(table_json(reg, settings.state_dir))
+    else:
+        print(
+            f"registered {quote_table_name(schema, table)} -> topic {reg.topic} "
+            f"(key: {', '.join(key)}; ~{desc.estimated_rows} rows; snapshot pending: "
+            "`cdc run` or `cdc snapshot` takes it)"
+        )
+    return 0
+
+
+# --- list / remove -----------------------------------------------------------------------------------
+def table_json(reg: TableReg, state_dir: Path) -> dict[str, Any]:
+    """The ``--json`` shape of one registration (``cdc tables list --json`` prints a list of these)."""
+    current, history = warehouse_paths(state_dir, reg)
+    search = search_index_path(state_dir, reg)
+    align = reg.alignment
+    return {
+        "table": reg.qualified,
+        "schema": reg.schema,
+        "name": reg.table,
+        "topic": reg.topic,
+        "key": list(reg.key),
+        "search": list(reg.search),
+        "exclude": list(reg.exclude),
+        "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in reg.columns],
+        "snapshot": {
+            "state": reg.snapshot_state,
+            "consistent_lsn": int_to_lsn(align.consistent_lsn) if align else None,
+            "end_offsets": {str(p): o for p, o in sorted(align.end_offsets.items())} if align else None,
+        },
+        "warehouse": {"current": str(current), "history": str(history)},
+        "search_index": str(search) if search else None,
+    }
+
+
+def _open_existing(settings: Settings) -> Registry | None:
+    """The registry if one exists (listing must not create a state directory)."""
+    if not (settings.state_dir / "registry.db").exists():
+        return None
+    return Registry(settings.state_dir)
+
+
+def list_tables(args: argparse.Namespace, settings: Settings) -> int:
+    registry = _open_existing(settings)
+    regs: list[TableReg] = []
+    if registry is not None:
+        with registry:
+            regs = registry.list_tables()
+    if args.json:
+        print_json([table_json(r, settings.state_dir) for r in regs])
+        return 0
+    if not regs:
+        print(f"no tables registered (state: {settings.state_dir}); add one with `cdc tables add SCHEMA.TABLE`")
+        return 0
+    print_table(
+        None,
+        ["table", "topic", "key", "search", "snapshot", "consistent LSN"],
+        [
+            (
+                quote_table_name(r.schema, r.table),
+                r.topic,
+                ", ".join(r.key),
+                ", ".join(r.search),
+                r.snapshot_state,
+                int_to_lsn(r.alignment.consistent_lsn) if r.alignment else "",
+            )
+            for r in regs
+        ],
+    )
+    return 0
+
+
+def remove_table(args: argparse.Namespace, settings: Settings) -> int:
+    """Delete the registration. The topic (and its events) and the warehouse/search tables stay."""
+    registry = _open_existing(settings)
+    if registry is None:
+        schema, table = parse_table_name(args.table)
+        raise RegistryError(
+            f"table {schema}.{table} is not registered (no registry in {settings.state_dir})",
+            fix="check --state / CDC_STATE; `cdc tables list` shows what is registered",
+        )
+    with registry:
+        found = registry.find(args.table)
+        reg = registry.remove(found.schema, found.table)
+    if args.json:
+        print_json({"removed": table_json(reg, settings.state_dir), "topic_kept": True})
+    else:
+        print(
+            f"removed the registration of {quote_table_name(reg.schema, reg.table)}; its topic {reg.topic} "
+            "and derived tables are kept (delete them yourself if no longer needed)"
+        )
+    return 0
