@@ -1,0 +1,508 @@
+"""The apply job: log-store topics -> Structured Streaming -> sinks (warehouse + search index).
+
+Runnable as ``cdc apply [--once]`` or ``spark-submit spark_jobs/apply.py [--once] ...`` (same flags).
+
+How a micro-batch is applied (:meth:`ApplyJob.process_batch`, called by ``foreachBatch``)
+-------------------------------------------------------------------------------------------
+1. The batch's records (read by the ``cdclog`` source, :mod:`spark_jobs.source`) are collected to
+   the driver as Arrow and grouped by topic -> registered table.
+2. :func:`sinks.parse_batch` parses them; a record it cannot parse becomes a dead letter, appended
+   to the dead-letter topic (``<prefix>.__dead_letter``, not compacted) with the reason and the
+   source position (headers and a JSON value holding the original bytes), and counted in
+   ``<state>/spark/apply-metrics.json``. The good records of the batch are still applied.
+3. Every sink applies every table's batch: ``sink.apply(batch, batch_id, app_id)``. A sink that
+   raises fails the micro-batch, which fails the query (the job exits non-zero); nothing is
+   skipped. On restart Spark replays that batch from its checkpoint with the same batch id and
+   offsets; sinks are idempotent per ``(app_id, batch_id)`` and version-guarded per key.
+4. After every sink succeeded, the batch's end offsets (read from Spark's offset log for that batch
+   id) are committed in the log store under the consumer name ``apply``, so lag = end offsets -
+   committed positions. This commit is advisory (for lag and ``cdc verify``); Spark's checkpoint is
+   the truth for where the job resumes.
+
+Guarantees: exactly-once *effect* on the sinks (a crash anywhere -- before, between or after sink
+writes, before the checkpoint -- is repaired by the replay); dead letters are written at least once
+(a replayed batch may append its dead letters again; the metrics file counts each batch once).
+
+Identity: ``app_id = "cdc-apply-" + uuid`` stored in ``<state>/spark/checkpoint/apply.id``, created
+together with the checkpoint (deleting the checkpoint directory gives a new app id, so sinks do not
+mistake the new query's batch 0 for the old one's).
+
+Tables registered while the job runs: the job polls :meth:`cdc.registry.Registry.generation` and
+restarts its query (same checkpoint) when the set of topics changed; a new topic is read from its
+start offset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from cdc.config import Settings
+from cdc.errors import ApplyError, UnknownTopicError
+from cdc.events import dead_letter_topic
+from cdc.logstore import LogStore, Record, TopicConfig, open_log_store
+from cdc.registry import Registry, TableReg
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from sinks import ChangeBatch, DeadLetter, RawRecord, Sink
+
+CONSUMER = "apply"
+DEAD_LETTER_CONFIG = TopicConfig(compacted=False, retention_ms=7 * 24 * 3600 * 1000)
+
+
+def checkpoint_dir(state_dir: Path) -> Path:
+    return state_dir / "spark" / "checkpoint" / "apply"
+
+
+def metrics_path(state_dir: Path) -> Path:
+    return state_dir / "spark" / "apply-metrics.json"
+
+
+def app_id_for(state_dir: Path) -> str:
+    """The job's app id, created with the checkpoint (a new checkpoint gets a new id)."""
+    ckpt = checkpoint_dir(state_dir)
+    id_file = ckpt.parent / "apply.id"
+    if id_file.exists() and ckpt.exists():
+        text = id_file.read_text().strip()
+        if text:
+            return text
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    app_id = f"cdc-apply-{uuid.uuid4()}"
+    tmp = id_file.with_suffix(".tmp")
+    tmp.write_text(app_id + "\n")
+    os.replace(tmp, id_file)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    return app_id
+
+
+def batch_end_offsets(ckpt: Path, batch_id: int) -> dict[str, dict[int, int]]:
+    """The end offsets of ``batch_id`` from Spark's offset log (written before the batch runs):
+    ``{topic: {partition: next_offset}}``; empty if the log has no entry."""
+    path = ckpt / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    # "v1", the batch metadata, then one line per source ("-" when the source had no offset)
+    out: dict[str, dict[int, int]] = {}
+    for line in lines[2:3]:
+        if not line.strip() or line.strip() == "-":
+            continue
+        for key, off in orjson.loads(line).items():
+            topic, _, part = str(key).rpartition("|")
+            out.setdefault(topic, {})[int(part)] = int(off)
+    return out
+
+
+@dataclass(frozen=True)
+class ApplyOptions:
+    """How to run the job.
+
+    ``crash_after_sink_batch`` is a test hook (``CDC_TEST_CRASH_AFTER_SINK``): after the first
+    sink applied batch N, SIGKILL the JVM and this process (a kill -9 between a sink write and the
+    checkpoint).
+    """
+
+    once: bool = False
+    trigger_interval_s: float = 1.0
+    max_records_per_batch: int = 0
+    registry_poll_s: float = 2.0
+    crash_after_sink_batch: int | None = None
+    query_name: str = "cdc-apply"
+
+
+@dataclass
+class BatchReport:
+    """What one micro-batch did (passed to the progress callback)."""
+
+    batch_id: int
+    records: int
+    events: int
+    dead_letters: int
+    tables: int
+    seconds: float
+    applied_at_ms: int
+    event_ts_ms: list[int] = field(default_factory=list)  # filled when ApplyJob.keep_event_ts
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class ApplySummary:
+    """What a run of the job did (``cdc apply --json``)."""
+
+    app_id: str
+    batches: int = 0
+    records: int = 0
+    events: int = 0
+    dead_letters: int = 0
+    seconds: float = 0.0
+    tables: list[str] = field(default_factory=list)
+    last_batch_id: int | None = None
+    dead_letters_total: int = 0  # over the checkpoint's life, from the metrics file
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ApplyJob:
+    """One apply job: a streaming query over the registered tables' topics feeding the sinks.
+
+    ``sinks``: defaults to :func:`sinks.open_sinks` (closed by :meth:`close`).
+    ``registry``: defaults to ``Registry(settings.state_dir)``; ``tables`` overrides it with a fixed
+    list (tests, benchmarks).
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        options: ApplyOptions | None = None,
+        *,
+        sinks: Sequence[Sink] | None = None,
+        tables: Sequence[TableReg] | None = None,
+        on_batch: Callable[[BatchReport], None] | None = None,
+        keep_event_ts: bool = False,
+    ) -> None:
+        from spark_jobs.source import register
+
+        self.spark = spark
+        self.settings = settings
+        self.options = options or ApplyOptions()
+        self.state_dir = Path(settings.state_dir)
+        self.ckpt = checkpoint_dir(self.state_dir)
+        self.app_id = app_id_for(self.state_dir)
+        self._own_sinks = sinks is None
+        if sinks is None:
+            from sinks import open_sinks
+
+            sinks = open_sinks(settings)
+        self.sinks: list[Sink] = list(sinks)
+        self._fixed_tables = list(tables) if tables is not None else None
+        self._registry: Registry | None = None
+        self.on_batch = on_batch
+        self.keep_event_ts = keep_event_ts
+        self._store: LogStore | None = None
+        self._by_topic: dict[str, TableReg] = {}
+        self.summary = ApplySummary(app_id=self.app_id)
+        self._stop = threading.Event()
+        self.query: StreamingQuery | None = None
+        register(spark)
+
+    # -- tables --------------------------------------------------------------------------------------
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = Registry(self.state_dir)
+        return self._registry
+
+    def current_tables(self) -> tuple[int, list[TableReg]]:
+        """(registry generation, tables) -- generation -1 for a fixed table list."""
+        if self._fixed_tables is not None:
+            return -1, list(self._fixed_tables)
+        reg = self.registry()
+        gen = reg.generation()
+        return gen, reg.list_tables()
+
+    def store(self) -> LogStore:
+        if self._store is None:
+            self._store = open_log_store(self.settings, writer=True)
+        return self._store
+
+    # -- one micro-batch -----------------------------------------------------------------------------
+    def process_batch(self, df: DataFrame, batch_id: int) -> None:
+        """``foreachBatch`` body; see the module docstring for the guarantees."""
+        from sinks import RawRecord, parse_batch
+
+        started = time.monotonic()
+        arrow = df.toArrow()
+        n = arrow.num_rows
+        grouped: dict[str, list[RawRecord]] = {}
+        if n:
+            cols = [arrow.column(name).to_pylist() for name in ("topic", "partition", "offset", "key", "value", "timestamp")]
+            for topic, part, off, key, value, ts in zip(*cols, strict=True):
+                grouped.setdefault(topic, []).append(RawRecord(topic, part, off, key, value, ts))
+        batches: list[ChangeBatch] = []
+        dead: list[DeadLetter] = []
+        for topic in sorted(grouped):
+            reg = self._table_for(topic)
+            records = sorted(grouped[topic], key=lambda r: (r.partition, r.offset))
+            if reg is None:
+                from sinks import DeadLetter as DL
+
+                dead.extend(
+                    DL(r.topic, r.partition, r.offset, r.key, r.value, f"topic {topic} is no longer registered")
+                    for r in records
+                )
+                continue
+            batch, bad = parse_batch(reg, records)
+            dead.extend(bad)
+            batches.append(batch)
+        if dead:
+            self._write_dead_letters(dead, batch_id)
+        for i, sink in enumerate(self.sinks):
+            for batch in batches:
+                sink.apply(batch, batch_id, self.app_id)
+            if i == 0 and self.options.crash_after_sink_batch == batch_id:
+                self._crash()
+        self._commit_positions(batch_id)
+        events = sum(len(b.events) for b in batches)
+        self._update_metrics(batch_id, n, events, len(dead))
+        report = BatchReport(
+            batch_id=batch_id,
+            records=n,
+            events=events,
+            dead_letters=len(dead),
+            tables=len(batches),
+            seconds=time.monotonic() - started,
+            applied_at_ms=int(time.time() * 1000),
+        )
+        if self.keep_event_ts:
+            report.event_ts_ms = [e.ts_ms for b in batches for e in b.events]
+        s = self.summary
+        s.batches += 1
+        s.records += n
+        s.events += events
+        s.dead_letters += len(dead)
+        s.last_batch_id = batch_id
+        if self.on_batch is not None:
+            self.on_batch(report)
+
+    def _table_for(self, topic: str) -> TableReg | None:
+        reg = self._by_topic.get(topic)
+        if reg is None:
+            _, tables = self.current_tables()
+            self._by_topic = {t.topic: t for t in tables}
+            reg = self._by_topic.get(topic)
+        return reg
+
+    def _write_dead_letters(self, dead: Sequence[DeadLetter], batch_id: int) -> None:
+        topic = dead_letter_topic(self.settings.topic_prefix)
+        store = self.store()
+        store.create_topic(topic, DEAD_LETTER_CONFIG)
+        records = [dead_letter_record(d, batch_id, self.app_id) for d in dead]
+        store.append(topic, records)
+
+    def _commit_positions(self, batch_id: int) -> None:
+        ends = batch_end_offsets(self.ckpt, batch_id)
+        if not ends:
+            return
+        store = self.store()
+        for topic, offsets in ends.items():
+            try:
+                store.commit(CONSUMER, topic, offsets)
+            except UnknownTopicError:
+                continue
+
+    def _update_metrics(self, batch_id: int, records: int, events: int, dead: int) -> None:
+        path = metrics_path(self.state_dir)
+        try:
+            current = orjson.loads(path.read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            current = {}
+        if current.get("app_id") != self.app_id:
+            current = {"app_id": self.app_id, "batches": 0, "records": 0, "events": 0, "dead_letters": 0}
+        last = current.get("last_batch_id")
+        if last is None or batch_id > int(last):  # a replayed batch is counted once
+            current["batches"] += 1
+            current["records"] += records
+            current["events"] += events
+            current["dead_letters"] += dead
+            current["last_batch_id"] = batch_id
+        current["updated_ms"] = int(time.time() * 1000)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(current))
+        os.replace(tmp, path)
+        self.summary.dead_letters_total = int(current["dead_letters"])
+
+    def _crash(self) -> None:
+        """Test hook: SIGKILL the JVM and this process, mid-batch."""
+        sys.stderr.write("CDC_TEST_CRASH_AFTER_SINK: killing the JVM and the driver now\n")
+        sys.stderr.flush()
+        try:
+            jvm_pid = int(self.spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
+            os.kill(jvm_pid, signal.SIGKILL)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- the query -----------------------------------------------------------------------------------
+    def start_query(self, tables: Sequence[TableReg]) -> StreamingQuery:
+        self._by_topic = {t.topic: t for t in tables}
+        reader = (
+            self.spark.readStream.format("cdclog")
+            .option("state", str(self.state_dir))
+            .option("log", self.settings.log_url or "")
+            .option("topics", ",".join(sorted(self._by_topic)))
+        )
+        if self.options.max_records_per_batch > 0:
+            reader = reader.option("maxRecordsPerBatch", str(self.options.max_records_per_batch))
+        writer = (
+            reader.load()
+            .writeStream.foreachBatch(self.process_batch)
+            .option("checkpointLocation", str(self.ckpt))
+            .queryName(self.options.query_name)
+        )
+        if self.options.once:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{int(self.options.trigger_interval_s * 1000)} milliseconds")
+        self.query = writer.start()
+        return self.query
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish (from another thread or a signal handler)."""
+        self._stop.set()
+        q = self.query
+        if q is not None and q.isActive:
+            q.stop()
+
+    def run(self) -> ApplySummary:
+        """Run until caught up (``once``) or until :meth:`stop`; raise ApplyError if a batch fails."""
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                gen, tables = self.current_tables()
+                self.summary.tables = [t.qualified for t in tables]
+                if not tables:
+                    if self.options.once:
+                        break
+                    self._stop.wait(self.options.registry_poll_s)
+                    continue
+                query = self.start_query(tables)
+                restart = False
+                while not self._stop.is_set():
+                    wait_s = 1 if self.options.once else max(1, round(self.options.registry_poll_s))
+                    if query.awaitTermination(wait_s):
+                        break
+                    if gen >= 0:
+                        new_gen, new_tables = self.current_tables()
+                        if new_gen != gen and {t.topic for t in new_tables} != {t.topic for t in tables}:
+                            restart = True
+                            query.stop()
+                            break
+                        gen = new_gen
+                self._raise_if_failed(query)
+                if restart:
+                    continue
+                if self.options.once or self._stop.is_set():
+                    break
+        finally:
+            self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def _raise_if_failed(self, query: StreamingQuery) -> None:
+        exc = query.exception()
+        if exc is None:
+            return
+        text = str(exc)
+        raise ApplyError(
+            f"micro-batch failed, the apply job stopped: {_first_lines(text)}",
+            fix="fix the cause and run `cdc apply` again: the failed batch is retried from the checkpoint "
+            f"({self.ckpt}), nothing was skipped",
+            checkpoint=str(self.ckpt),
+        )
+
+    def close(self) -> None:
+        if self._own_sinks:
+            for sink in self.sinks:
+                sink.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+
+
+def _first_lines(text: str, limit: int = 1500) -> str:
+    """The useful part of a StreamingQueryException: the Python error, not the JVM stack."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    py = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+    out = " | ".join(py[-3:]) if py else " | ".join(lines[:3])
+    return out[:limit]
+
+
+def dead_letter_record(d: DeadLetter, batch_id: int, app_id: str) -> Record:
+    """The dead-letter topic's record for ``d``: same key, headers with the reason and the source
+    position, value a JSON object holding them and the original value (text, or hex if not UTF-8)."""
+    body: dict[str, Any] = {
+        "reason": d.reason,
+        "source": {"topic": d.topic, "partition": d.partition, "offset": d.offset},
+        "batch_id": batch_id,
+        "app_id": app_id,
+    }
+    for name, raw in (("key", d.key), ("value", d.value)):
+        if raw is None:
+            body[name] = None
+        else:
+            try:
+                body[name] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                body[f"{name}_hex"] = raw.hex()
+    headers = (
+        ("reason", d.reason.encode()),
+        ("source_topic", d.topic.encode()),
+        ("source_partition", str(d.partition).encode()),
+        ("source_offset", str(d.offset).encode()),
+    )
+    return Record(key=d.key, value=orjson.dumps(body), headers=headers, partition=None)
+
+
+def run_apply(
+    settings: Settings,
+    options: ApplyOptions,
+    *,
+    spark: SparkSession | None = None,
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> ApplySummary:
+    """Build (or reuse) the session and run the job once; the entry point of ``cdc apply``."""
+    if spark is None:
+        from spark_jobs.session import get_session
+
+        spark = get_session()
+    job = ApplyJob(spark, settings, options, on_batch=on_batch)
+    previous: Any = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda *_: job.stop())
+    try:
+        return job.run()
+    finally:
+        job.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``spark-submit spark_jobs/apply.py [cdc apply flags]``: the same as ``cdc apply``."""
+    from cdc.cli import main as cdc_main
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--state")
+    parser.add_argument("--log")
+    known, rest = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
+    pre = []
+    if known.state:
+        pre += ["--state", known.state]
+    if known.log:
+        pre += ["--log", known.log]
+    return cdc_main([*pre, "apply", *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""``cdclog``: a Python Data Source that streams log-store records into Structured Streaming.
+
+Usage::
+
+    spark.dataSource.register(CdcLogDataSource)
+    df = (spark.readStream.format("cdclog")
+          .option("state", "/path/.cdc")            # state directory (embedded store under <state>/log)
+          .option("log", "kafka://127.0.0.1:9092")  # optional; unset/empty = embedded
+          .option("topics", "cdc.public.a,cdc.public.b")
+          .option("maxRecordsPerBatch", "100000")   # optional admission control
+          .load())
+
+Rows: ``topic string, partition int, offset long, key binary, value binary (null = tombstone),
+timestamp long`` (the record's timestamp in ms).
+
+Guarantees
+----------
+* Offsets are JSON objects ``{"<topic>|<partition>": next_offset}`` (string keys, as Spark's offset
+  log requires). Spark checkpoints them; after a restart the query resumes exactly at the
+  checkpointed offsets, and a batch that failed is replayed with the same start and end offsets
+  (so the same records, unless compaction removed some superseded ones in between; it never removes
+  the newest record of a key, so the effect on version-guarded sinks is the same).
+* ``initialOffset`` is every partition's *start* offset (0, or later after retention): a new query
+  reads every topic from its beginning, which for a compacted change topic is the table's full state.
+* A partition missing from a start offset (a topic added to the option list, or created after the
+  query started) starts at its log start offset; a topic that does not exist yet is simply absent
+  until it is created (no error), so a table whose topic appears later is picked up.
+* ``latestOffset`` never goes past the end offsets seen at ``prepareForTriggerAvailableNow`` when the
+  query runs with ``availableNow``; with ``maxRecordsPerBatch`` it spreads the budget over the
+  partitions with pending records (water filling), always making progress.
+* ``partitions`` returns one input partition per (topic, partition) offset range (ranges longer than
+  ``splitRecords`` are split), so executors read in parallel; ``read`` opens the log store inside the
+  executor (embedded read-only or a Kafka consumer) and yields Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # pragma: no cover - Spark 4.0/4.1 have neither
+    ReadLimit = object  # type: ignore[assignment,misc]
+    ReadAllAvailable = None  # type: ignore[assignment,misc]
+    ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+
+SOURCE_NAME = "cdclog"
+SCHEMA_DDL = "topic string, partition int, offset long, key binary, value binary, timestamp long"
+ARROW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("timestamp", pa.int64()),
+    ]
+)
+READ_CHUNK = 10_000
+DEFAULT_SPLIT = 500_000
+
+
+def offset_key(topic: str, partition: int) -> str:
+    return f"{topic}|{partition}"
+
+
+def parse_offset_key(key: str) -> tuple[str, int]:
+    topic, _, part = key.rpartition("|")
+    return topic, int(part)
+
+
+def open_store(state: str, log: str | None) -> Any:
+    """A read-only log store (embedded, or Kafka for ``kafka://``), as :func:`cdc.logstore.open_log_store`."""
+    from cdc.config import Settings
+    from cdc.logstore import open_log_store
+
+    settings = Settings(state_dir=Path(state), log_url=log or None)
+    return open_log_store(settings, writer=False)
+
+
+class LogRange(InputPartition):
+    """Records ``[start, end)`` of one partition of one topic (picklable, sent to executors)."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+def split_budget(pending: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Share ``budget`` records over partitions with ``pending`` records each (water filling: small
+    backlogs are taken whole, the rest is split evenly). At least one record is granted while any is
+    pending, so a batch always makes progress."""
+    grant: dict[str, int] = {}
+    items = sorted(((n, k) for k, n in pending.items() if n > 0))
+    budget = max(budget, 1)
+    for i, (n, k) in enumerate(items):
+        share = max(budget // (len(items) - i), 1) if budget > 0 else 0
+        take = min(n, share)
+        if take > 0:
+            grant[k] = take
+            budget -= take
+    return grant
+
+
+class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The stream reader (lives in Spark's planner worker for the life of the query)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.state = options.get("state") or ".cdc"
+        self.log = options.get("log") or ""
+        self.topics = [t.strip() for t in (options.get("topics") or "").split(",") if t.strip()]
+        raw_max = options.get("maxRecordsPerBatch") or options.get("maxrecordsperbatch") or ""
+        self.max_records = int(raw_max) if raw_max else 0
+        raw_split = options.get("splitRecords") or options.get("splitrecords") or ""
+        self.split = int(raw_split) if raw_split else DEFAULT_SPLIT
+        self._store: Any = None
+        self._target: dict[str, int] | None = None
+
+    # -- plumbing ------------------------------------------------------------------------------------
+    def _log_store(self) -> Any:
+        if self._store is None:
+            self._store = open_store(self.state, self.log)
+        return self._store
+
+    def _bounds(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(start offsets, end offsets) of every partition of the existing topics in the option."""
+        from cdc.errors import UnknownTopicError
+
+        store = self._log_store()
+        starts: dict[str, int] = {}
+        ends: dict[str, int] = {}
+        for topic in self.topics:
+            try:
+                s = store.start_offsets(topic)
+                e = store.end_offsets(topic)
+            except UnknownTopicError:
+                continue
+            for p, off in e.items():
+                ends[offset_key(topic, p)] = int(off)
+                starts[offset_key(topic, p)] = int(s.get(p, 0))
+        return starts, ends
+
+    # -- Spark's calls -------------------------------------------------------------------------------
+    def initialOffset(self) -> dict[str, int]:
+        starts, _ = self._bounds()
+        return starts
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, self._target = self._bounds()
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.max_records > 0 and ReadMaxRows is not None:
+            return ReadMaxRows(self.max_records)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
+        starts, ends = self._bounds()
+        if self._target is not None:
+            ends = {k: min(v, self._target[k]) for k, v in ends.items() if k in self._target}
+        begin = {k: int((start or {}).get(k, starts.get(k, 0))) for k in ends}
+        # never go backwards (an end offset reported lower than a checkpointed position)
+        ends = {k: max(v, begin[k]) for k, v in ends.items()}
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            grant = split_budget({k: ends[k] - begin[k] for k in ends}, int(limit.max_rows))
+            ends = {k: begin[k] + grant.get(k, 0) for k in ends}
+        # keep offsets of partitions this query no longer reads out of the result (topic removed)
+        return ends
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        _, ends = self._bounds()
+        return ends or None
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[LogRange]:
+        starts, _ = self._bounds() if any(k not in start for k in end) else ({}, {})
+        ranges: list[LogRange] = []
+        for key in sorted(end):
+            topic, part = parse_offset_key(key)
+            lo = int(start.get(key, starts.get(key, 0)))
+            hi = int(end[key])
+            while lo < hi:
+                step = min(hi, lo + self.split)
+                ranges.append(LogRange(topic, part, lo, step))
+                lo = step
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LogRange)
+        yield from read_range(self.state, self.log, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to do: positions live in Spark's checkpoint; the apply job commits the "apply"
+        consumer position itself after its sinks succeeded."""
+
+    def stop(self) -> None:
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.close()
+            self._store = None
+
+
+def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
+    """Every record of ``rng`` as Arrow batches of at most :data:`READ_CHUNK` rows."""
+    store = open_store(state, log)
+    try:
+        cols: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        for rec in store.iter_partition(rng.topic, rng.partition, rng.start, rng.end, batch=READ_CHUNK):
+            cols[0].append(rec.topic)
+            cols[1].append(rec.partition)
+            cols[2].append(rec.offset)
+            cols[3].append(rec.key)
+            cols[4].append(rec.value)
+            cols[5].append(rec.timestamp_ms)
+            if len(cols[0]) >= READ_CHUNK:
+                yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA)
+                cols = ([], [], [], [], [], [])
+        if cols[0]:
+            yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA)
+    finally:
+        store.close()
+
+
+class CdcLogDataSource(DataSource):
+    """The ``cdclog`` data source (streaming read only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: StructType) -> CdcLogStreamReader:
+        return CdcLogStreamReader(self.options)
+
+
+def register(spark: Any) -> None:
+    """Register ``cdclog`` with the session (idempotent)."""
+    spark.dataSource.register(CdcLogDataSource)
