@@ -323,8 +323,8 @@ def _schema_sql(desc: TableDescription) -> str:
 
 
 # --- gathering facts ---------------------------------------------------------------------------------
-def probe_wal2json(conn: psycopg.Connection[Any]) -> Finding | None:
-    """Create and drop a temporary logical slot with plugin wal2json; None when that works.
+def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> Finding | None:
+    """Create and drop a temporary logical slot with output plugin ``plugin``; None when that works.
 
     Creating a slot waits for transactions open on the source; after ``WAL2JSON_TIMEOUT_MS`` the
     probe gives up with a warning rather than hanging.
@@ -333,13 +333,13 @@ def probe_wal2json(conn: psycopg.Connection[Any]) -> Finding | None:
     conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(WAL2JSON_TIMEOUT_MS)))
     try:
         conn.execute(
-            "SELECT pg_create_logical_replication_slot(%s, 'wal2json', true)", (name,)
+            "SELECT pg_create_logical_replication_slot(%s, %s, true)", (name, plugin)
         )
     except pg_errors.UndefinedFile as exc:
         return Finding(
             "wal2json",
             "error",
-            f"the wal2json output plugin is not installed on the source server ({exc.diag.message_primary})",
+            f"the {plugin} output plugin is not installed on the source server ({exc.diag.message_primary})",
             "install it on the server (Debian/Ubuntu: apt-get install postgresql-<version>-wal2json; "
             "RDS/Aurora/Cloud SQL ship it)",
             {},
@@ -348,7 +348,7 @@ def probe_wal2json(conn: psycopg.Connection[Any]) -> Finding | None:
         return Finding(
             "wal2json",
             "warning",
-            f"could not verify wal2json: creating a test slot waited more than {WAL2JSON_TIMEOUT_MS // 1000}s "
+            f"could not verify {plugin}: creating a test slot waited more than {WAL2JSON_TIMEOUT_MS // 1000}s "
             "for transactions open on the source",
             "finish or cancel long-running transactions (see pg_stat_activity), then run `cdc check` again",
             {},

@@ -1,0 +1,251 @@
+"""`cdc check`: the finding logic on given facts (unit) and the checks against the real cluster."""
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cdc.catalog import ServerInfo, SlotInfo, TableDescription
+from cdc.cli import main
+from cdc.preflight import (
+    CHECKS,
+    Finding,
+    check_capacity,
+    check_role,
+    check_slot,
+    check_tables,
+    check_wal_keep,
+    check_wal_level,
+    probe_wal2json,
+    verdict_exit_code,
+)
+from cdc.registry import Column, Registry, TableReg
+from tests.plugins.postgres import PgCluster
+
+INFO = ServerInfo(
+    server_version_num=150000, database="app", wal_level="logical", max_replication_slots=10,
+    max_wal_senders=10, slots_in_use=2, senders_in_use=1, max_slot_wal_keep_size=1 << 30,
+    role="cdc", role_replication=True, role_superuser=False,
+)
+NO_SLOT = SlotInfo(name="cdc_slot", exists=False)
+OUR_SLOT = SlotInfo(name="cdc_slot", exists=True, plugin="wal2json", slot_type="logical", database="app",
+                    active=True, wal_status="reserved", retained_bytes=1000)
+
+
+# --- pure logic ------------------------------------------------------------------------------------
+def test_clean_facts_give_no_findings() -> None:
+    found = [*check_wal_level(INFO), *check_role(INFO), *check_capacity(INFO, NO_SLOT),
+             *check_wal_keep(INFO), *check_slot(OUR_SLOT, "app"), *check_slot(NO_SLOT, "app")]
+    assert found == []
+    assert verdict_exit_code(found) == 0
+
+
+def test_verdict() -> None:
+    warn = Finding("x", "warning", "m", "f")
+    err = Finding("x", "error", "m", "f")
+    assert verdict_exit_code([warn]) == 1
+    assert verdict_exit_code([warn, err]) == 2
+
+
+@pytest.mark.parametrize("level", ["replica", "minimal"])
+def test_wal_level_not_logical(level: str) -> None:
+    (f,) = check_wal_level(replace(INFO, wal_level=level))
+    assert f.severity == "error" and level in f.message and "wal_level = 'logical'" in f.fix
+
+
+def test_role_without_replication() -> None:
+    (f,) = check_role(replace(INFO, role_replication=False))
+    assert f.check == "replication_role" and "WITH REPLICATION" in f.fix
+    assert check_role(replace(INFO, role_replication=False, role_superuser=True)) == []
+
+
+def test_slots_exhausted_only_matters_when_our_slot_is_missing() -> None:
+    full = replace(INFO, slots_in_use=10)
+    (f,) = check_capacity(full, NO_SLOT)
+    assert f.check == "replication_slots" and f.severity == "error" and "max_replication_slots" in f.fix
+    assert f.values == {"max_replication_slots": 10, "slots_in_use": 10}
+    assert check_capacity(full, OUR_SLOT) == []
+
+
+def test_wal_senders_exhausted() -> None:
+    busy = replace(INFO, senders_in_use=10)
+    (f,) = check_capacity(busy, NO_SLOT)
+    assert f.check == "wal_senders" and "max_wal_senders" in f.fix
+    assert check_capacity(busy, OUR_SLOT) == []  # our own reader holds one of them
+
+
+def test_wal_keep_unset_is_a_warning() -> None:
+    (f,) = check_wal_keep(replace(INFO, max_slot_wal_keep_size=-1))
+    assert f.severity == "warning" and "max_slot_wal_keep_size" in f.fix
+
+
+def test_slot_states() -> None:
+    (lost,) = check_slot(replace(OUR_SLOT, active=False, wal_status="lost"), "app")
+    assert lost.severity == "error" and "cdc snapshot" in lost.fix and "pg_drop_replication_slot('cdc_slot')" in lost.fix
+    (unres,) = check_slot(replace(OUR_SLOT, wal_status="unreserved"), "app")
+    assert unres.severity == "error"
+    (idle,) = check_slot(replace(OUR_SLOT, active=False, retained_bytes=5 << 20), "app")
+    assert idle.severity == "warning" and "5.0 MB" in idle.message and idle.values["retained_bytes"] == 5 << 20
+    (foreign,) = check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app")
+    assert foreign.severity == "error" and "CDC_SLOT" in foreign.fix
+    (other_db,) = check_slot(OUR_SLOT, "other")
+    assert other_db.severity == "error"
+
+
+def _desc(**kw: object) -> TableDescription:
+    base = TableDescription(
+        schema="public", table="t", relkind="r", columns=(Column("id", "integer", False), Column("b", "text")),
+        primary_key=("id",), replica_identity="d", replica_identity_columns=("id",), estimated_rows=0,
+        has_select_privilege=True, sql_name="public.t",
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_table_findings() -> None:
+    reg = TableReg(schema="public", table="t", topic="cdc.public.t", key=("id",))
+    assert check_tables([reg], {("public", "t"): _desc()}, "cdc") == []
+    (gone,) = check_tables([reg], {("public", "t"): None}, "cdc")
+    assert gone.check == "registered_tables" and "cdc tables remove 'public.t'" in gone.fix
+    (nopk,) = check_tables([reg], {("public", "t"): _desc(primary_key=(), replica_identity_columns=())}, "cdc")
+    assert nopk.check == "replica_identity" and "no primary key" in nopk.message
+    assert nopk.fix.startswith("ALTER TABLE public.t REPLICA IDENTITY FULL")
+    full = _desc(primary_key=(), replica_identity="f", replica_identity_columns=("id", "b"))
+    assert check_tables([reg], {("public", "t"): full}, "cdc") == []
+    (nosel,) = check_tables([reg], {("public", "t"): _desc(has_select_privilege=False)}, "cdc")
+    assert nosel.check == "select_privilege" and 'GRANT SELECT ON public.t TO "cdc"' in nosel.fix
+    (view,) = check_tables([reg], {("public", "t"): _desc(relkind="v")}, "cdc")
+    assert "now a view" in view.message
+
+
+# --- against the real cluster ----------------------------------------------------------------------
+pg_only = pytest.mark.postgres
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def slot(monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"chk_{uuid.uuid4().hex[:10]}"  # slots are cluster-wide: never share one between tests
+    monkeypatch.setenv("CDC_SLOT", name)
+    return name
+
+
+@pytest.fixture
+def cdc(pg: PgCluster, pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], slot: str) -> Iterator[Run]:
+    for var in ("CDC_SOURCE", "CDC_STATE", "CDC_LOG", "CDC_TOPIC_PREFIX", "CDC_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*argv: str, user: str | None = None) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["--source", pg.dsn(pg_db, user=user), "--state", str(tmp_path / "state"), *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+
+
+def _register(tmp_path: Path, table: str, key: tuple[str, ...] = ("id",)) -> None:
+    with Registry(tmp_path / "state") as r:
+        r.add(TableReg(schema="public", table=table, topic=f"cdc.public.{table}", key=key))
+
+
+@pg_only
+def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE good (id int PRIMARY KEY, b text)", pg_db)
+    _register(tmp_path, "good")
+    code, out, _ = cdc("check", "--json")
+    report = json.loads(out)
+    assert report["checked"] == list(CHECKS)  # every check ran, wal2json included
+    assert report["skipped"] == {}
+    # the test cluster leaves max_slot_wal_keep_size unlimited (shared cluster: not changed here),
+    # so that warning is the one finding
+    assert [(f["check"], f["severity"]) for f in report["findings"]] == [("max_slot_wal_keep_size", "warning")]
+    assert report["ok"] is True and code == 1 == report["exit_code"]
+    # the probe slot is gone again
+    assert pg.fetch("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'cdc_check_%'") == [(0,)]
+
+    code, out, _ = cdc("check")
+    assert code == 1
+    assert "OK    wal_level" in out and "OK    wal2json" in out
+    assert "WARN  max_slot_wal_keep_size:" in out and "— fix: ALTER SYSTEM SET max_slot_wal_keep_size" in out
+    assert "ready, with warnings" in out
+
+
+@pg_only
+def test_check_finds_table_without_key_identity_and_dropped_table(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE nokey (id int, b text)", pg_db)  # tables add refuses it: register directly
+    pg.execute("CREATE TABLE dropme (id int PRIMARY KEY)", pg_db)
+    _register(tmp_path, "nokey")
+    _register(tmp_path, "dropme")
+    pg.execute("DROP TABLE dropme", pg_db)
+    code, out, _ = cdc("check", "--json")
+    report = json.loads(out)
+    assert code == 2 and report["ok"] is False
+    errors = {f["check"]: f for f in report["findings"] if f["severity"] == "error"}
+    assert set(errors) == {"replica_identity", "registered_tables"}
+    assert "public.nokey" in errors["replica_identity"]["message"]
+    assert errors["replica_identity"]["fix"].startswith("ALTER TABLE public.nokey REPLICA IDENTITY FULL")
+    assert "public.dropme" in errors["registered_tables"]["message"]
+    # the fix works: after it, the finding is gone
+    pg.execute("ALTER TABLE nokey REPLICA IDENTITY FULL", pg_db)
+    pg.execute("CREATE TABLE dropme (id int PRIMARY KEY)", pg_db)
+    code, out, _ = cdc("check", "--json")
+    assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size"]
+
+
+@pg_only
+def test_check_as_role_without_replication_or_select(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE ROLE {role} LOGIN")
+    pg.execute("CREATE TABLE private (id int PRIMARY KEY)", pg_db)
+    pg.execute("CREATE TABLE shared (id int PRIMARY KEY)", pg_db)
+    pg.execute(f"GRANT SELECT ON shared TO {role}", pg_db)
+    _register(tmp_path, "private")
+    _register(tmp_path, "shared")
+    code, out, _ = cdc("check", "--json", user=role)
+    report = json.loads(out)
+    assert code == 2
+    errors = [(f["check"], f["values"]) for f in report["findings"] if f["severity"] == "error"]
+    assert errors == [
+        ("replication_role", {"role": role}),
+        ("select_privilege", {"table": "public.private", "role": role}),
+    ]
+    assert "wal2json" in report["skipped"] and "wal2json" not in report["checked"]
+    code, out, _ = cdc("check", user=role)
+    assert f'ERROR replication_role: role \'{role}\' has neither REPLICATION' in out
+    assert "SKIP  wal2json" in out and "NOT ready" in out
+
+
+@pg_only
+def test_check_warns_about_our_inactive_slot_retaining_wal(cdc: Run, pg: PgCluster, pg_db: str, slot: str) -> None:
+    pg.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'wal2json')", pg_db)
+    pg.execute("CREATE TABLE churn AS SELECT g AS id, md5(g::text) AS t FROM generate_series(1, 20000) g", pg_db)
+    code, out, _ = cdc("check", "--json")
+    report = json.loads(out)
+    (finding,) = [f for f in report["findings"] if f["check"] == "slot"]
+    assert finding["severity"] == "warning" and slot in finding["message"]
+    assert finding["values"]["retained_bytes"] > 1_000_000 and finding["values"]["active"] is False
+    assert f"pg_drop_replication_slot('{slot}')" in finding["fix"]
+    assert code == 1
+
+
+@pg_only
+def test_probe_reports_a_missing_output_plugin(pg: PgCluster, pg_db: str) -> None:
+    with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
+        assert probe_wal2json(conn) is None
+        finding = probe_wal2json(conn, plugin="no_such_plugin")
+    assert finding is not None and finding.severity == "error" and "not installed" in finding.message
+
+
+def test_connection_failure_is_an_error_not_a_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--source", "host=127.0.0.1 port=1 user=x password=sekret", "--state", str(tmp_path), "check", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    body = json.loads(err)
+    assert body["error"] == "SourceError" and "cannot connect" in body["message"]
+    assert "sekret" not in err
