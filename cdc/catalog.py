@@ -165,6 +165,7 @@ class TableDescription:
     for ``f``, empty for ``n`` or ``d`` without primary key). ``estimated_rows``: ``reltuples``
     (0 when never analyzed). ``has_select_privilege``: the connected role may read every row (SELECT
     on the table and USAGE on the schema). ``sql_name``: ``schema.table`` quoted for SQL text.
+    ``unique_keys``: column sets that unique indexes (the primary key included) guarantee unique.
     """
 
     schema: str
@@ -178,6 +179,7 @@ class TableDescription:
     has_select_privilege: bool
     sql_name: str
     oid: int = 0
+    unique_keys: tuple[tuple[str, ...], ...] = ()  # column sets of unique, non-partial, plain-column indexes
 
     @property
     def kind(self) -> str:
@@ -189,6 +191,16 @@ class TableDescription:
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
+
+    def is_unique_key(self, key: tuple[str, ...]) -> bool:
+        """Whether the catalog guarantees ``key`` unique per row: a unique index on a subset of its
+        columns, all of them NOT NULL (a unique index admits any number of NULLs)."""
+
+        def not_null(name: str) -> bool:
+            col = self.column(name)
+            return col is not None and not col.nullable
+
+        return any(set(u) <= set(key) and all(not_null(c) for c in u) for u in self.unique_keys)
 
     def covers_key(self, key: tuple[str, ...]) -> bool:
         """Whether UPDATE/DELETE events carry every column of ``key`` in their old identity."""
@@ -214,7 +226,17 @@ FROM pg_catalog.pg_index i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = %(oid)s AND (CASE WHEN %(primary)s THEN i.indisprimary ELSE i.indisreplident END)
+  AND k.ord <= i.indnkeyatts
 ORDER BY k.ord
+"""
+_UNIQUE = """
+SELECT array_agg(a.attname::text ORDER BY k.ord)
+FROM pg_catalog.pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %(oid)s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND k.ord <= i.indnkeyatts
+GROUP BY i.indexrelid
 """
 _SIMILAR = """
 SELECT n.nspname::text, c.relname::text
@@ -261,6 +283,7 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         identity = primary_key
     else:
         identity = ()
+    unique = tuple(tuple(r[0]) for r in conn.execute(_UNIQUE, {"oid": oid}).fetchall())
     return TableDescription(
         schema=schema,
         table=table,
@@ -273,6 +296,7 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         has_select_privilege=bool(can_select),
         sql_name=str(sql_name),
         oid=int(oid),
+        unique_keys=tuple(sorted(unique)),
     )
 
 

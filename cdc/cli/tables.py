@@ -17,6 +17,7 @@ Names follow Postgres' rules (:func:`cdc.catalog.parse_table_name`): ``'"Mixed C
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,27 @@ def validate_registration(
     return key, search, exclude
 
 
+def _sql_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def key_warnings(desc: TableDescription, key: tuple[str, ...]) -> list[str]:
+    """What ``add`` accepts but a person must see: a key the catalog does not guarantee unique."""
+    if desc.is_unique_key(key):
+        return []
+    why = (
+        "its unique indexes include nullable columns"
+        if any(set(u) <= set(key) for u in desc.unique_keys)
+        else "no unique index on (a subset of) them"
+    )
+    return [
+        f"key ({', '.join(key)}) of {desc.schema}.{desc.table} is not guaranteed unique ({why}): rows sharing a "
+        "key value overwrite each other in the topic and the derived tables; "
+        f"to make it safe: CREATE UNIQUE INDEX ON {desc.sql_name} ({', '.join(_sql_ident(c) for c in key)}) "
+        "(its columns NOT NULL)"
+    ]
+
+
 def add_table(args: argparse.Namespace, settings: Settings) -> int:
     schema, table = parse_table_name(args.table)
     with connect(settings.require_source()) as conn:
@@ -176,9 +198,12 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                 topic=reg.topic,
             )
         registry.add(reg)
+    warnings = key_warnings(desc, key)
     if args.json:
-        print_json(table_json(reg, settings.state_dir))
+        print_json({**table_json(reg, settings.state_dir), "warnings": warnings})
     else:
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         print(
             f"registered {quote_table_name(schema, table)} -> topic {reg.topic} "
             f"(key: {', '.join(key)}; ~{desc.estimated_rows} rows; snapshot pending: "

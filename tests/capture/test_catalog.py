@@ -40,6 +40,23 @@ def test_describe_table(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     assert d.estimated_rows == 500
     assert d.has_select_privilege
     assert d.sql_name == "public.orders"
+    assert d.unique_keys == (("b", "A Id"),)
+    assert d.is_unique_key(("b", "A Id")) and not d.is_unique_key(("b",))
+
+
+def test_unique_keys_ignore_include_partial_and_expression_indexes(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    conn.execute("CREATE TABLE u (a int NOT NULL, b int, c text, d int NOT NULL, PRIMARY KEY (d) INCLUDE (c))")
+    conn.execute("CREATE UNIQUE INDEX u_ab ON u (a) INCLUDE (b)")
+    conn.execute("CREATE UNIQUE INDEX u_part ON u (b) WHERE b > 0")
+    conn.execute("CREATE UNIQUE INDEX u_expr ON u (lower(c))")
+    d = describe_table(conn, "public", "u")
+    assert d.primary_key == ("d",)
+    assert d.unique_keys == (("a",), ("d",))
+    assert d.is_unique_key(("a", "b")) and d.is_unique_key(("c", "d"))
+    assert not d.is_unique_key(("b",)) and not d.is_unique_key(("c",))
+    conn.execute("CREATE TABLE n (x int, y int)")
+    conn.execute("CREATE UNIQUE INDEX n_x ON n (x)")
+    assert not describe_table(conn, "public", "n").is_unique_key(("x",))  # many NULLs allowed
 
 
 def test_describe_quoted_names_views_and_identity(conn: psycopg.Connection[tuple[object, ...]]) -> None:

@@ -140,9 +140,14 @@ def test_key_on_table_without_pk_is_accepted_with_replica_identity(cdc: Run, pg:
         "ALTER TABLE idx_t REPLICA IDENTITY USING INDEX ux")
     code, out, err = cdc("tables", "add", "full_t", "--key", "a,b", "--json")
     assert code == 0, err
-    assert json.loads(out)["key"] == ["a", "b"]
+    added = json.loads(out)
+    assert added["key"] == ["a", "b"]
+    # accepted, but a key nothing guarantees unique is shown, with the fix
+    (warning,) = added["warnings"]
+    assert "not guaranteed unique" in warning and 'CREATE UNIQUE INDEX ON public.full_t ("a", "b")' in warning
     code, out, err = cdc("tables", "add", "idx_t", "--key", "a", "--json")
     assert code == 0, err
+    assert json.loads(out)["warnings"] == []
     code, out, err = cdc("tables", "list", "--json")
     assert [t["table"] for t in json.loads(out)] == ["public.full_t", "public.idx_t"]
 
