@@ -180,6 +180,7 @@ class TableDescription:
     sql_name: str
     oid: int = 0
     unique_keys: tuple[tuple[str, ...], ...] = ()  # column sets of unique, non-partial, plain-column indexes
+    leaf_partitions: tuple[tuple[str, str], ...] = ()  # (schema, table) of a partitioned table's leaves
 
     @property
     def kind(self) -> str:
@@ -187,7 +188,9 @@ class TableDescription:
 
     @property
     def is_table(self) -> bool:
-        return self.relkind in ("r", "p")
+        """A plain table: the only kind whose changes wal2json reports under its own name (a
+        partitioned table's changes come under its leaf partitions' names)."""
+        return self.relkind == "r"
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -238,6 +241,12 @@ WHERE i.indrelid = %(oid)s AND i.indisunique AND i.indisvalid AND i.indpred IS N
   AND k.ord <= i.indnkeyatts
 GROUP BY i.indexrelid
 """
+_LEAVES = """
+SELECT n.nspname::text, c.relname::text
+FROM pg_partition_tree(%(oid)s::regclass) t
+JOIN pg_catalog.pg_class c ON c.oid = t.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE t.isleaf ORDER BY 1, 2
+"""
 _SIMILAR = """
 SELECT n.nspname::text, c.relname::text
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -284,6 +293,9 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
     else:
         identity = ()
     unique = tuple(tuple(r[0]) for r in conn.execute(_UNIQUE, {"oid": oid}).fetchall())
+    leaves: tuple[tuple[str, str], ...] = ()
+    if relkind == "p":
+        leaves = tuple((str(s), str(t)) for s, t in conn.execute(_LEAVES, {"oid": oid}).fetchall())
     return TableDescription(
         schema=schema,
         table=table,
@@ -297,6 +309,7 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         sql_name=str(sql_name),
         oid=int(oid),
         unique_keys=tuple(sorted(unique)),
+        leaf_partitions=leaves,
     )
 
 

@@ -3,7 +3,8 @@
 * ``add SCHEMA.TABLE [--key COL,...] [--search COL,...] [--exclude COL,...]`` describes the table at
   the source and registers it (snapshot state ``pending``: ``cdc run``/``cdc snapshot`` takes its
   snapshot). It refuses, with the reason and the fix, anything that would be captured wrongly or
-  silently incompletely: a missing table, a view/materialized view/foreign table, a table whose key
+  silently incompletely: a missing table, a view/materialized view/foreign table, a partitioned
+  table (wal2json reports changes under the partitions' names: register those), a table whose key
   is not carried by its replica identity (no primary key and no ``--key``, or ``--key`` without
   REPLICA IDENTITY FULL / a covering replica identity index: wal2json would drop its UPDATEs and
   DELETEs), unknown key/search/exclude columns, an excluded key column, a role without SELECT on
@@ -97,6 +98,15 @@ def validate_registration(
     role: str,
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """``(key, search, exclude)`` for a registration of ``desc``, or the RegistryError that refuses it."""
+    if desc.relkind == "p":
+        leaves = " ".join(f"'{quote_table_name(s, t)}'" for s, t in desc.leaf_partitions) or "(it has none yet)"
+        raise RegistryError(
+            f"{desc.schema}.{desc.table} is a partitioned table: wal2json reports its changes under its "
+            "partitions' names, so registering it would capture nothing",
+            fix=f"register each partition as its own table: cdc tables add PARTITION for each of {leaves}",
+            relkind=desc.relkind,
+            partitions=[f"{s}.{t}" for s, t in desc.leaf_partitions],
+        )
     if not desc.is_table:
         raise RegistryError(
             f"{desc.schema}.{desc.table} is a {desc.kind}; only tables can be captured "

@@ -120,6 +120,12 @@ def test_add_list_remove_round_trip_with_quoted_names(cdc: Run, pg: PgCluster, p
         (["CREATE TABLE t (id int PRIMARY KEY, b text)"], ["t", "--search", "b", "--exclude", "b"], "both name", "--search"),
         (["CREATE TABLE \"Orders\" (id int PRIMARY KEY)"], ["orders"], "does not exist", "'public.\"Orders\"'"),
         ([], ["Mixed Case.t"], "not valid", "double quotes"),
+        (["CREATE TABLE pt (id int PRIMARY KEY) PARTITION BY RANGE (id)",
+          "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (10)",
+          "CREATE TABLE pt_2 PARTITION OF pt FOR VALUES FROM (10) TO (20)"],
+         ["pt"], "partitioned table", "'public.pt_1' 'public.pt_2'"),
+        (["CREATE FOREIGN DATA WRAPPER w", "CREATE SERVER s FOREIGN DATA WRAPPER w",
+          "CREATE FOREIGN TABLE ft (id int) SERVER s"], ["ft"], "is a foreign table", "table"),
     ],
 )
 def test_add_refusals(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path,
