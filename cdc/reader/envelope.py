@@ -1,0 +1,255 @@
+"""Building change events (the Debezium-style envelope of :mod:`cdc.events`) from wal2json changes
+and snapshot rows.
+
+Decisions (extending :mod:`cdc.events`):
+
+* ``unavailable`` is always present (``[]`` when every column was sent).
+* ``source.sequence`` is ``'["<commit_lsn>","<lsn>"]'`` with both LSNs as decimal integers, as
+  Debezium writes it. ``source.txId`` is the xid (``null`` for snapshot rows).
+* One wal2json change gets one ``seq``; the events derived from it (``d`` + tombstone + ``c`` of a
+  primary-key change, the ``t`` markers of a TRUNCATE) share it.
+* Snapshot rows: ``commit_lsn`` = ``lsn`` = the snapshot's consistent point, ``seq`` 0,
+  ``source.ts_ms`` the time the snapshot started, ``source.snapshot`` ``"true"`` except the last row
+  *of each table*, which is ``"last"``.
+* ``before``: the identity wal2json sent (the old key under REPLICA IDENTITY DEFAULT, the old row
+  under FULL), ``null`` when it sent none. Excluded columns are dropped from ``before`` and ``after``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from cdc.errors import DecodeError
+from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
+from cdc.logstore import Record
+from cdc.reader.wal2json import Converter, converter_for, text_converter_for
+from cdc.registry import Column, TableReg
+
+_dumps = orjson.dumps
+_MISSING = object()
+
+#: called with (table, new column list) before an event that carries the change is produced
+ColumnsChanged = Callable[[TableReg, tuple[Column, ...]], None]
+
+
+def commit_ts_ms(ts: str | None) -> int | None:
+    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch milliseconds."""
+    if not ts:
+        return None
+    return int(datetime.fromisoformat(ts).timestamp() * 1000)
+
+
+@dataclass
+class TableCodec:
+    """Everything needed to encode one table's events. ``snapshot_lsn``: stream changes of this
+    table whose commit LSN is below it are already contained in its snapshot and are dropped."""
+
+    reg: TableReg
+    prefix: str
+    db: str
+    partitions: int
+    types: dict[str, str] = field(default_factory=dict)
+    converters: dict[str, Converter | None] = field(default_factory=dict)
+    text_converters: dict[str, Converter | None] = field(default_factory=dict)
+    source_head: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.topic = self.reg.topic
+        self.key = self.reg.key
+        self.exclude = frozenset(self.reg.exclude)
+        self.snapshot_lsn = self.reg.alignment.consistent_lsn if self.reg.alignment else 0
+        self.set_columns(self.reg.columns)
+        self.source_head = (
+            b'{"version":' + _dumps(CONNECTOR_VERSION) + b',"connector":"postgresql","name":'
+            + _dumps(self.prefix) + b',"db":' + _dumps(self.db) + b',"schema":' + _dumps(self.reg.schema)
+            + b',"table":' + _dumps(self.reg.table) + b","
+        )
+
+    def set_columns(self, columns: Sequence[Column]) -> None:
+        self.columns = tuple(columns)
+        self.types = {c.name: c.type for c in columns}
+        self.converters = {c.name: converter_for(c.type) for c in columns}
+        self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
+        self.included = [c.name for c in columns if c.name not in self.exclude]
+
+    # -- rows -----------------------------------------------------------------------------------
+    def row(self, cols: list[dict[str, Any]]) -> dict[str, Any]:
+        """Encode a wal2json column list (excluded columns dropped). Columns must be known
+        (see :meth:`EventBuilder._check_columns`)."""
+        conv = self.converters
+        exclude = self.exclude
+        out: dict[str, Any] = {}
+        for c in cols:
+            name = c["name"]
+            if name in exclude:
+                continue
+            f = conv[name]
+            v = c["value"]
+            out[name] = v if f is None or v is None else f(v)
+        return out
+
+    def key_of(self, row: dict[str, Any], lsn: int) -> dict[str, Any]:
+        try:
+            return {k: row[k] for k in self.key}
+        except KeyError as exc:
+            raise DecodeError(
+                f"a change of {self.reg.qualified} at LSN {lsn} lacks key column {exc.args[0]!r}",
+                fix="give the table REPLICA IDENTITY FULL or a primary key covering the key columns",
+                lsn=lsn, reason="missing key column",
+            ) from exc
+
+    def value(self, before: Any, after: Any, source: bytes, op: bytes, unavailable: list[str]) -> bytes:
+        return b"".join((
+            b'{"before":', _dumps(before), b',"after":', _dumps(after), b',"source":', source,
+            b',"op":"', op, b'","ts_ms":', str(int(time.time() * 1000)).encode(),
+            b',"unavailable":', _dumps(unavailable), b"}",
+        ))
+
+    def snapshot_source(self, consistent_lsn: int, ts_ms: int, last: bool) -> bytes:
+        seq = _dumps(f'["{consistent_lsn}","{consistent_lsn}"]')
+        return self.source_head + (
+            f'"ts_ms":{ts_ms},"snapshot":"{"last" if last else "true"}","txId":null,'
+            f'"lsn":{consistent_lsn},"sequence":'
+        ).encode() + seq + f',"commit_lsn":{consistent_lsn},"seq":0}}'.encode()
+
+    def snapshot_record(self, after: dict[str, Any], source: bytes, now: bytes) -> Record:
+        """An ``op=r`` record for a row already encoded (excluded columns dropped)."""
+        key = encode_key({k: after[k] for k in self.key})
+        return Record(key, b"".join((
+            b'{"before":null,"after":', _dumps(after), b',"source":', source,
+            b',"op":"r","ts_ms":', now, b',"unavailable":[]}',
+        )))
+
+
+class EventBuilder:
+    """Turns decoded wal2json messages into log-store records, tracking the open transaction.
+
+    Call :meth:`begin` for ``B``, :meth:`change` for ``I``/``U``/``D``/``T`` (returns the topic and
+    records to append, in order), :meth:`commit` for ``C``. ``columns_changed`` is called with the
+    table's new column list when a change carries a column not seen before (added at the source, or
+    its type changed), before the change's events are returned.
+    """
+
+    def __init__(self, codecs: dict[tuple[str, str], TableCodec], columns_changed: ColumnsChanged) -> None:
+        self.codecs = codecs
+        self.columns_changed = columns_changed
+        self.xid: int | None = None
+        self.commit_lsn = 0
+        self.seq = 0
+        self.tx_part = b""
+
+    def begin(self, msg: dict[str, Any]) -> None:
+        self.xid = msg.get("xid")
+        self.commit_lsn = lsn_to_int(msg["lsn"])
+        self.seq = 0
+        ts = commit_ts_ms(msg.get("timestamp"))
+        self.tx_part = (
+            f'"ts_ms":{"null" if ts is None else ts},"snapshot":"false",'
+            f'"txId":{"null" if self.xid is None else self.xid},"commit_lsn":{self.commit_lsn},'
+        ).encode()
+
+    def commit(self, msg: dict[str, Any]) -> int:
+        """Close the transaction; return the position to confirm once its events are durable
+        (``nextlsn``, the end of the commit record)."""
+        self.xid = None
+        return lsn_to_int(msg.get("nextlsn") or msg["lsn"])
+
+    def _check_columns(self, codec: TableCodec, msg: dict[str, Any], cols: list[dict[str, Any]],
+                       is_insert: bool) -> None:
+        types = codec.types
+        changed = False
+        for c in cols:
+            if types.get(c["name"], _MISSING) != c["type"]:
+                changed = True
+                break
+        dropped = is_insert and len(cols) < len(types)
+        if not changed and not dropped:
+            return
+        present = {c["name"]: c["type"] for c in cols}
+        new_cols: list[Column] = []
+        for col in codec.columns:
+            if col.name in present:
+                new_cols.append(Column(col.name, present[col.name], col.nullable))
+            elif not is_insert:
+                new_cols.append(col)
+        known = {c.name for c in new_cols}
+        new_cols.extend(Column(n, t) for n, t in present.items() if n not in known)
+        cols_t = tuple(new_cols)
+        self.columns_changed(codec.reg, cols_t)
+        codec.set_columns(cols_t)
+
+    def change(self, msg: dict[str, Any]) -> tuple[str, list[Record]] | None:
+        """Records for one I/U/D/T message, or None when the change is already contained in the
+        table's snapshot (commit LSN below the snapshot's consistent point)."""
+        action = msg["action"]
+        codec = self.codecs.get((msg["schema"], msg["table"]))
+        if codec is None:
+            raise DecodeError(
+                f"wal2json sent a change of {msg['schema']}.{msg['table']}, which is not registered",
+                fix="this is a bug: the add-tables filter and the registry disagree",
+                lsn=msg.get("lsn"), reason="unregistered table",
+            )
+        self.seq += 1
+        if self.commit_lsn < codec.snapshot_lsn:
+            return None
+        lsn = lsn_to_int(msg["lsn"])
+        source = codec.source_head + self.tx_part + (
+            f'"lsn":{lsn},"sequence":"[\\"{self.commit_lsn}\\",\\"{lsn}\\"]","seq":{self.seq}}}'
+        ).encode()
+        if action == "T":
+            value = codec.value(None, None, source, b"t", [])
+            return codec.topic, [
+                Record(encode_key({TRUNCATE_KEY_FIELD: p}), value, partition=p)
+                for p in range(codec.partitions)
+            ]
+        identity = msg.get("identity")
+        if action == "D":
+            if identity is None:
+                raise DecodeError(
+                    f"a DELETE of {codec.reg.qualified} at LSN {msg['lsn']} carries no old key",
+                    fix="give the table a primary key or REPLICA IDENTITY FULL",
+                    lsn=msg["lsn"], reason="no identity",
+                )
+            self._check_columns(codec, msg, identity, False)
+            old_row = codec.row(identity)
+            key = encode_key(codec.key_of(old_row, lsn))
+            return codec.topic, [Record(key, codec.value(old_row, None, source, b"d", [])), Record(key, None)]
+        cols = msg["columns"]
+        is_insert = action == "I"
+        self._check_columns(codec, msg, cols, is_insert)
+        after = codec.row(cols)
+        unavailable: list[str] = []
+        if len(after) < len(codec.included):
+            unavailable = [n for n in codec.included if n not in after]
+        new_key = codec.key_of(after, lsn) if not unavailable else self._key_with_identity(codec, after, identity, lsn)
+        if is_insert:
+            return codec.topic, [Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable))]
+        if action != "U":
+            raise DecodeError(f"unknown wal2json action {action!r}", fix="report this message",
+                              lsn=msg.get("lsn"), reason="unknown action")
+        before: dict[str, Any] | None = None
+        if identity is not None:
+            self._check_columns(codec, msg, identity, False)
+            before = codec.row(identity)
+            old_key = codec.key_of(before, lsn)
+            if old_key != new_key:
+                old = encode_key(old_key)
+                return codec.topic, [
+                    Record(old, codec.value(before, None, source, b"d", [])),
+                    Record(old, None),
+                    Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable)),
+                ]
+        return codec.topic, [Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable))]
+
+    def _key_with_identity(self, codec: TableCodec, after: dict[str, Any],
+                           identity: list[dict[str, Any]] | None, lsn: int) -> dict[str, Any]:
+        if all(k in after for k in codec.key):
+            return codec.key_of(after, lsn)
+        old = codec.row(identity) if identity else {}
+        return {k: after[k] if k in after else codec.key_of(old, lsn)[k] for k in codec.key}

@@ -1,0 +1,263 @@
+"""wal2json format-version 2: plugin options, message decoding, and value encoding by column type.
+
+What wal2json 2.5 sends (measured, see DESIGN.md "Environment facts"):
+
+* ``B`` (begin): ``lsn`` is the transaction's *commit* LSN, ``nextlsn`` the end of its commit record;
+  ``C`` (commit) repeats both. B/C are sent even when ``add-tables`` filtered every change out.
+* ``I``/``U``/``D``: one change per message, ``columns`` (new row), ``identity`` (old key, or the full
+  old row under REPLICA IDENTITY FULL), ``pk``. An unchanged out-of-line TOASTed column is absent
+  from ``columns``. ``T``: TRUNCATE of one table. ``M``: a logical message (our heartbeat).
+* ``numeric`` and floats are bare JSON numbers: they are decoded with a float hook that keeps the
+  exact text (a float parse would lose digits); integers of any size stay Python ints.
+
+Value encoding (the contract in :mod:`cdc.events`) is implemented by :func:`converter_for` (values
+as wal2json sends them) and :func:`text_converter_for` (values as Postgres' text output, used by the
+snapshot's ``COPY ... TO STDOUT``); both give the same JSON value for the same datum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from cdc.errors import DecodeError
+
+#: Options every START_REPLICATION passes (``add-tables`` is added per call).
+BASE_OPTIONS: dict[str, str] = {
+    "format-version": "2",
+    "include-lsn": "1",
+    "include-xids": "1",
+    "include-timestamp": "1",
+    "include-pk": "1",
+    "include-transaction": "1",
+}
+
+#: ``add-tables`` value that matches no table (wal2json treats an absent option as "every table").
+NO_TABLE = "pg_catalog.cdc\\.no\\.table"
+
+_decoder = msgspec.json.Decoder(float_hook=str)
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """Decode one wal2json message. Floats/numerics come back as their exact text (``str``).
+    Raises DecodeError (with the raw message) if it is not a JSON object."""
+    try:
+        msg = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(
+            f"wal2json sent a message that is not valid JSON: {exc}",
+            fix="check the wal2json version (2.5 with format-version 2 is supported)",
+            reason=str(exc), raw=data[:200].decode("utf-8", "replace"),
+        ) from exc
+    if not isinstance(msg, dict):
+        raise DecodeError("wal2json sent a message that is not a JSON object",
+                          fix="check the wal2json version", raw=data[:200].decode("utf-8", "replace"))
+    return msg
+
+
+_ESCAPE = str.maketrans({c: "\\" + c for c in "\\,.* "})
+
+
+def escape_name(name: str) -> str:
+    """wal2json ``add-tables`` escaping: a backslash makes the next character literal, so escape
+    ``\\``, ``,``, ``.``, ``*`` (a wildcard) and space."""
+    return name.translate(_ESCAPE)
+
+
+def add_tables_option(tables: Iterable[tuple[str, str]]) -> str:
+    """The ``add-tables`` value for (schema, table) pairs; :data:`NO_TABLE` when there are none."""
+    parts = sorted(f"{escape_name(s)}.{escape_name(t)}" for s, t in tables)
+    return ",".join(parts) if parts else NO_TABLE
+
+
+def replication_options(tables: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {**BASE_OPTIONS, "add-tables": add_tables_option(tables)}
+
+
+# --- value encoding ------------------------------------------------------------------------------
+_INT_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8", "oid", "xid"})
+_FLOAT_TYPES = frozenset({"real", "double precision", "float4", "float8"})
+_JSON_TYPES = frozenset({"json", "jsonb"})
+
+
+def type_kind(pg_type: str) -> str:
+    """``int``, ``numeric``, ``float``, ``bool``, ``bytea``, ``json``, ``array`` or ``text``
+    for a ``format_type()`` string such as ``numeric(38,9)`` or ``integer[]``."""
+    t = pg_type.strip().lower()
+    if t.endswith("[]"):
+        return "array"
+    base = t.split("(", 1)[0].strip()
+    if base in _INT_TYPES:
+        return "int"
+    if base in ("numeric", "decimal"):
+        return "numeric"
+    if base in _FLOAT_TYPES:
+        return "float"
+    if base in ("boolean", "bool"):
+        return "bool"
+    if base == "bytea":
+        return "bytea"
+    if base in _JSON_TYPES:
+        return "json"
+    return "text"
+
+
+def element_type(pg_type: str) -> str:
+    t = pg_type.strip()
+    while t.endswith("[]"):
+        t = t[:-2].rstrip()
+    return t
+
+
+Converter = Callable[[Any], Any]
+
+
+def _numeric(v: Any) -> Any:
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    raise DecodeError(f"unexpected numeric value {v!r} from wal2json", fix="report this message", value=repr(v))
+
+
+def _float(v: Any) -> Any:
+    if v is None or isinstance(v, float):
+        return v
+    return float(v)
+
+
+def _text_int(s: str) -> Any:
+    return int(s)
+
+
+def _text_numeric(s: str) -> Any:
+    return None if s in ("NaN", "Infinity", "-Infinity") else s
+
+
+def _text_bool(s: str) -> Any:
+    return s == "t"
+
+
+def _text_bytea(s: str) -> Any:
+    return s[2:] if s.startswith("\\x") else s
+
+
+def _identity(v: Any) -> Any:
+    return v
+
+
+def _element_text_converter(elem_type: str) -> Converter:
+    table: dict[str, Converter] = {
+        "int": _text_int,
+        "numeric": _text_numeric,
+        "float": float,
+        "bool": _text_bool,
+        "bytea": _text_bytea,
+    }
+    return table.get(type_kind(elem_type), _identity)
+
+
+def _array_converter(pg_type: str) -> Converter:
+    elem = _element_text_converter(element_type(pg_type))
+
+    def convert(v: Any) -> Any:
+        if v is None:
+            return None
+        return parse_array(v, elem)
+
+    return convert
+
+
+def converter_for(pg_type: str) -> Converter | None:
+    """How to turn the value wal2json sent for a column of ``pg_type`` into its event value;
+    ``None`` when it is already right (text, ints, bool, json text, bytea hex)."""
+    kind = type_kind(pg_type)
+    if kind == "numeric":
+        return _numeric
+    if kind == "float":
+        return _float
+    if kind == "array":
+        return _array_converter(pg_type)
+    return None
+
+
+def text_converter_for(pg_type: str) -> Converter | None:
+    """How to turn Postgres' text output (COPY text format, unescaped) into the event value;
+    ``None`` when the text is the value."""
+    kind = type_kind(pg_type)
+    if kind == "array":
+        return _array_converter(pg_type)
+    if kind in ("text", "json"):
+        return None
+    return _element_text_converter(pg_type)
+
+
+def parse_array(text: str, elem: Converter = _identity) -> list[Any]:
+    """Parse a Postgres array text literal (``{1,2,NULL,"a,b",{3}}``, optionally with a
+    ``[lo:hi]=`` dimension prefix) into nested lists; unquoted ``NULL`` becomes ``None``, other
+    elements go through ``elem``. Raises DecodeError on a malformed literal."""
+    pos = 0
+    n = len(text)
+    if text.startswith("["):
+        eq = text.find("=")
+        if eq < 0:
+            raise DecodeError(f"malformed array literal {text[:80]!r}", fix="report this value")
+        pos = eq + 1
+    if pos >= n or text[pos] != "{":
+        raise DecodeError(f"malformed array literal {text[:80]!r}", fix="report this value")
+    stack: list[list[Any]] = []
+    result: list[Any] | None = None
+    i = pos
+    while i < n:
+        c = text[i]
+        if c == "{":
+            new: list[Any] = []
+            if stack:
+                stack[-1].append(new)
+            stack.append(new)
+            i += 1
+        elif c == "}":
+            done = stack.pop()
+            i += 1
+            if not stack:
+                result = done
+                break
+        elif c == ",":
+            i += 1
+        elif c == '"':
+            i += 1
+            buf: list[str] = []
+            while i < n:
+                ch = text[i]
+                if ch == "\\":
+                    buf.append(text[i + 1])
+                    i += 2
+                elif ch == '"':
+                    i += 1
+                    break
+                else:
+                    buf.append(ch)
+                    i += 1
+            stack[-1].append(elem("".join(buf)))
+        elif c in " \t\n":
+            i += 1
+        else:
+            start = i
+            buf2: list[str] = []
+            while i < n and text[i] not in ",}":
+                if text[i] == "\\":
+                    buf2.append(text[i + 1])
+                    i += 2
+                else:
+                    buf2.append(text[i])
+                    i += 1
+            token = "".join(buf2).strip()
+            if token == "NULL" and "\\" not in text[start:i]:
+                stack[-1].append(None)
+            else:
+                stack[-1].append(elem(token))
+    if result is None:
+        raise DecodeError(f"malformed array literal {text[:80]!r}", fix="report this value")
+    return result

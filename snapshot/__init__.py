@@ -1,0 +1,74 @@
+"""Snapshots: read registered tables under an exported snapshot and write ``op=r`` events.
+
+The interface of the stage (DESIGN.md "Data flow", "Snapshot alignment"):
+
+* :func:`create_exported_slot` runs ``CREATE_REPLICATION_SLOT <slot> [TEMPORARY] LOGICAL wal2json
+  EXPORT_SNAPSHOT`` on a replication connection and returns the snapshot name and the slot's
+  consistent point. That connection must stay open and idle until every reader has imported the
+  snapshot (closing it drops a temporary slot and ends the export).
+* :func:`read_tables` (in :mod:`snapshot.exported`) reads tables under that snapshot: every worker
+  thread has its own psycopg 3 connection that runs ``BEGIN ISOLATION LEVEL REPEATABLE READ;
+  SET TRANSACTION SNAPSHOT '<name>'`` first, then ``COPY (SELECT ...) TO STDOUT`` (text format). It
+  appends each row as an ``op=r`` event with version ``(consistent_lsn, 0)`` in durable batches and
+  returns, per table, the alignment (consistent point and the topic's end offsets right after the
+  table's last row). The caller records it in the registry.
+
+Failure: any error propagates and nothing is recorded; the table stays ``running`` in the registry,
+and the next run snapshots it again from scratch (duplicates in the topic are harmless: sinks keep
+the newest version per key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cdc.events import lsn_to_int
+from cdc.registry import Alignment, Column, TableReg
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedSnapshot:
+    """A snapshot exported by a replication connection: its name and the slot's consistent point."""
+
+    slot: str
+    name: str
+    consistent_lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class TableSnapshot:
+    """The outcome of one table's snapshot."""
+
+    reg: TableReg
+    columns: tuple[Column, ...]
+    rows: int
+    alignment: Alignment
+
+
+class Progress(Protocol):
+    """Progress of a snapshot, per table (called from worker threads)."""
+
+    def start(self, table: str, estimate: int) -> None: ...
+
+    def advance(self, table: str, rows: int) -> None: ...
+
+    def finish(self, table: str, rows: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def create_exported_slot(repl_cursor: Any, slot: str, *, temporary: bool) -> ExportedSnapshot:
+    """Create a logical wal2json slot that exports its snapshot, on a psycopg2 replication
+    connection's cursor (psycopg2's create_replication_slot does not export). The slot name is
+    validated by the caller (``[a-z_][a-z0-9_]*``)."""
+    temp = " TEMPORARY" if temporary else ""
+    repl_cursor.execute(f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL wal2json EXPORT_SNAPSHOT')
+    row = repl_cursor.fetchone()
+    return ExportedSnapshot(slot=str(row[0]), name=str(row[2]), consistent_lsn=lsn_to_int(str(row[1])))
+
+
+ProgressFactory = Callable[[], Progress]
+
+__all__ = ["ExportedSnapshot", "Progress", "TableSnapshot", "create_exported_slot"]
