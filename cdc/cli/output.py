@@ -30,7 +30,8 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    Console().print(table)
+    # not a terminal (a pipe, a log file): don't wrap at rich's default 80 columns
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def print_error(err: CdcError, *, as_json: bool) -> None:
