@@ -1,0 +1,319 @@
+"""Postgres types -> Arrow/Delta types, and event values -> Arrow values.
+
+The mapping is faithful (no value changes on the way), with two documented exceptions:
+
+* ``timestamp``/``timestamptz``/``date`` ``infinity`` and ``-infinity`` are clamped to the largest and
+  smallest values every reader (Python, DuckDB, Spark) can hold: ``9999-12-31 23:59:59.999999`` and
+  ``0001-01-01 00:00:00`` (UTC for timestamptz; ``9999-12-31`` and ``0001-01-01`` for dates). A real
+  value at exactly those instants is indistinguishable from infinity. BC dates and years after 9999
+  cannot be represented: they raise :class:`cdc.errors.ApplyError` (fix: exclude the column).
+* ``numeric`` NaN/Infinity arrive as null (wal2json sends null) and stay null.
+
+=======================================  =========================================================
+Postgres (``format_type``)               Arrow / Delta
+=======================================  =========================================================
+smallint / integer / bigint              int16 / int32 / int64 (short / integer / long)
+numeric(p,s), p <= 38                    decimal128(p, s)
+numeric(p,s), p > 38; numeric            string (every digit kept)
+real / double precision                  float32 / float64
+boolean                                  bool
+timestamp with time zone                 timestamp(us, UTC)   (Delta timestamp)
+timestamp without time zone              timestamp(us)        (Delta timestamp_ntz)
+date                                     date32
+bytea                                    binary (event value is hex)
+json / jsonb                             string (the JSON text)
+T[] (one-dimensional)                    list<mapping of T>  (multi-dimensional: ApplyError)
+everything else (text, varchar, char,    string (Postgres' text output)
+uuid, inet, interval, time, enums, ...)
+=======================================  =========================================================
+
+A column seen in an event but missing from the registration's columns is typed ``string`` (its
+JSON value as text when it is not a string).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Sequence
+from decimal import Context, Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from cdc.errors import ApplyError
+
+UTC = dt.UTC
+TS_MAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
+TS_MIN = dt.datetime(1, 1, 1)
+DATE_MAX = dt.date(9999, 12, 31)
+DATE_MIN = dt.date(1, 1, 1)
+
+_NUMERIC = re.compile(r"^numeric(?:\((\d+)(?:,\s*(-?\d+))?\))?$")
+_TS = re.compile(
+    r"^(\d{4,})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?"
+    r"(?:([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?)?( BC)?$"
+)
+_DATE = re.compile(r"^(\d{4,})-(\d\d)-(\d\d)( BC)?$")
+
+Converter = Callable[[Any], Any]
+_DEC = Context(prec=200)  # exact for any decimal128 (38 digits); the default 28 would round
+
+
+def base_type(pg_type: str) -> str:
+    """The type without the typmod of timestamp/time/varchar etc.: ``timestamp(3) with time zone`` ->
+    ``timestamp with time zone``; ``character varying(20)`` -> ``character varying``."""
+    t = pg_type.strip().lower()
+    if t.startswith("numeric"):
+        return t
+    return re.sub(r"\(\d+(?:,\s*\d+)?\)", "", t).strip()
+
+
+def arrow_type(pg_type: str) -> pa.DataType:
+    """The Arrow type a Postgres column of ``pg_type`` (``format_type()`` text) is stored as."""
+    t = base_type(pg_type)
+    if t.endswith("[]"):
+        elem = t[:-2]
+        while elem.endswith("[]"):  # format_type never prints these, but be safe
+            elem = elem[:-2]
+        return pa.list_(arrow_type(elem))
+    if t in ("smallint", "int2"):
+        return pa.int16()
+    if t in ("integer", "int", "int4"):
+        return pa.int32()
+    if t in ("bigint", "int8"):
+        return pa.int64()
+    m = _NUMERIC.match(t)
+    if m:
+        if m.group(1) is None:
+            return pa.string()
+        p = int(m.group(1))
+        s = int(m.group(2) or 0)
+        if p <= 38 and 0 <= s <= p:
+            return pa.decimal128(p, s)
+        return pa.string()
+    if t in ("real", "float4"):
+        return pa.float32()
+    if t in ("double precision", "float8"):
+        return pa.float64()
+    if t in ("boolean", "bool"):
+        return pa.bool_()
+    if t in ("timestamp with time zone", "timestamptz"):
+        return pa.timestamp("us", tz="UTC")
+    if t in ("timestamp without time zone", "timestamp"):
+        return pa.timestamp("us")
+    if t == "date":
+        return pa.date32()
+    if t == "bytea":
+        return pa.binary()
+    return pa.string()
+
+
+# --- value conversion -------------------------------------------------------------------------------
+def _bad(value: Any, pg_type: str, why: str) -> ApplyError:
+    return ApplyError(
+        f"cannot store {value!r} as {pg_type}: {why}",
+        fix="this value cannot be represented in the warehouse; exclude the column "
+        "(`cdc tables add ... --exclude COL`) or report the value",
+        value=repr(value)[:200],
+        type=pg_type,
+    )
+
+
+def _int(value: Any, pg_type: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _bad(value, pg_type, "not an integer")
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise _bad(value, pg_type, "not an integer") from exc
+
+
+def _decimal(value: Any, pg_type: str, scale: int) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        # a float has lost digits already; the event contract sends numeric as a string
+        raise _bad(value, pg_type, "numeric must arrive as a string with every digit")
+    try:
+        d = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise _bad(value, pg_type, "not a number") from exc
+    if not d.is_finite():
+        raise _bad(value, pg_type, "not finite")
+    try:
+        q = d.quantize(Decimal(1).scaleb(-scale), context=_DEC)
+    except InvalidOperation as exc:
+        raise _bad(value, pg_type, "too many digits") from exc
+    if q != d:
+        raise _bad(value, pg_type, f"more than {scale} decimal places")
+    return q
+
+
+def _numeric_text(value: Any, pg_type: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _bad(value, pg_type, "numeric must arrive as a string with every digit")
+    return str(value)
+
+
+def _float(value: Any, pg_type: str) -> float:
+    if isinstance(value, bool):
+        raise _bad(value, pg_type, "not a number")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):  # 'NaN', 'Infinity', '-Infinity' if the reader sends text
+        try:
+            return float(value)
+        except ValueError as exc:
+            raise _bad(value, pg_type, "not a number") from exc
+    raise _bad(value, pg_type, "not a number")
+
+
+def _bool(value: Any, pg_type: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in ("t", "true"):
+        return True
+    if value in ("f", "false"):
+        return False
+    raise _bad(value, pg_type, "not a boolean")
+
+
+def parse_timestamp(value: Any, pg_type: str, *, with_tz: bool) -> dt.datetime:
+    """Postgres' ISO text output -> datetime (aware UTC when ``with_tz``, else naive), exactly to the
+    microsecond. ``infinity``/``-infinity`` clamp (see the module docstring)."""
+    if not isinstance(value, str):
+        raise _bad(value, pg_type, "not a timestamp text")
+    if value == "infinity":
+        return TS_MAX.replace(tzinfo=UTC) if with_tz else TS_MAX
+    if value == "-infinity":
+        return TS_MIN.replace(tzinfo=UTC) if with_tz else TS_MIN
+    m = _TS.match(value)
+    if not m:
+        raise _bad(value, pg_type, "not a Postgres ISO timestamp")
+    year, mon, day, hh, mi, ss, frac, sign, oh, om, os_, bc = m.groups()
+    if bc or len(year) > 4:
+        raise _bad(value, pg_type, "outside years 1..9999")
+    micro = int((frac or "").ljust(6, "0")) if frac else 0
+    try:
+        naive = dt.datetime(int(year), int(mon), int(day), int(hh), int(mi), int(ss), micro)
+    except ValueError as exc:
+        raise _bad(value, pg_type, str(exc)) from exc
+    if not with_tz:
+        if sign:
+            raise _bad(value, pg_type, "a timestamp without time zone has an offset")
+        return naive
+    if not sign:
+        raise _bad(value, pg_type, "a timestamp with time zone has no offset")
+    offset = dt.timedelta(hours=int(oh), minutes=int(om or 0), seconds=int(os_ or 0))
+    if sign == "-":
+        offset = -offset
+    try:
+        return naive.replace(tzinfo=dt.timezone(offset)).astimezone(UTC)
+    except OverflowError as exc:
+        raise _bad(value, pg_type, "outside years 1..9999 in UTC") from exc
+
+
+def parse_date(value: Any, pg_type: str) -> dt.date:
+    if not isinstance(value, str):
+        raise _bad(value, pg_type, "not a date text")
+    if value == "infinity":
+        return DATE_MAX
+    if value == "-infinity":
+        return DATE_MIN
+    m = _DATE.match(value)
+    if not m or m.group(4) or len(m.group(1)) > 4:
+        raise _bad(value, pg_type, "not a Postgres ISO date in years 1..9999")
+    try:
+        return dt.date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    except ValueError as exc:
+        raise _bad(value, pg_type, str(exc)) from exc
+
+
+def _bytes(value: Any, pg_type: str) -> bytes:
+    if not isinstance(value, str):
+        raise _bad(value, pg_type, "bytea must arrive as hex text")
+    text = value[2:] if value.startswith("\\x") else value
+    try:
+        return bytes.fromhex(text)
+    except ValueError as exc:
+        raise _bad(value[:40], pg_type, "not hex") from exc
+
+
+def _text(value: Any, pg_type: str) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def converter(pg_type: str) -> Converter:
+    """A function turning one event value (as encoded by :mod:`cdc.events`, not None) of a column of
+    ``pg_type`` into the Python value pyarrow stores for :func:`arrow_type`. Raises ApplyError."""
+    t = base_type(pg_type)
+    if t.endswith("[]"):
+        elem_type = t[:-2]
+        elem = converter(elem_type)
+
+        def conv_list(value: Any) -> list[Any]:
+            if not isinstance(value, list):
+                raise _bad(value, pg_type, "an array must arrive as a JSON list")
+            out = []
+            for v in value:
+                if isinstance(v, list):
+                    raise _bad(value, pg_type, "multi-dimensional arrays are not supported")
+                out.append(None if v is None else elem(v))
+            return out
+
+        return conv_list
+    at = arrow_type(t)
+    if pa.types.is_integer(at):
+        return lambda v: _int(v, pg_type)
+    if pa.types.is_decimal(at):
+        scale = at.scale
+        return lambda v: _decimal(v, pg_type, scale)
+    if t.startswith("numeric"):
+        return lambda v: _numeric_text(v, pg_type)
+    if pa.types.is_floating(at):
+        return lambda v: _float(v, pg_type)
+    if pa.types.is_boolean(at):
+        return lambda v: _bool(v, pg_type)
+    if pa.types.is_timestamp(at):
+        with_tz = at.tz is not None
+        return lambda v: parse_timestamp(v, pg_type, with_tz=with_tz)
+    if pa.types.is_date(at):
+        return lambda v: parse_date(v, pg_type)
+    if pa.types.is_binary(at):
+        return lambda v: _bytes(v, pg_type)
+    return lambda v: _text(v, pg_type)
+
+
+def to_array(values: Sequence[Any], pg_type: str | None) -> pa.Array:
+    """One column's event values (None = null) as an Arrow array of :func:`arrow_type`;
+    ``pg_type`` None (a column the registration does not know yet) -> string."""
+    typ = pg_type or "text"
+    conv = converter(typ)
+    at = arrow_type(typ)
+    py = [None if v is None else conv(v) for v in values]
+    try:
+        return pa.array(py, type=at)
+    except (pa.ArrowInvalid, OverflowError) as exc:
+        raise ApplyError(
+            f"values do not fit the column type {typ} ({at}): {exc}",
+            fix="check the registration's column types (`cdc tables list`) against the source",
+            type=typ,
+        ) from exc
+
+
+def to_event_value(value: Any) -> Any:
+    """An Arrow/Python value back in the event's JSON encoding (decimals and bytes as text,
+    timestamps ISO), for documents and JSON output."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [to_event_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_event_value(v) for k, v in value.items()}
+    return value

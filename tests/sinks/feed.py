@@ -1,0 +1,110 @@
+"""Build log-store records with the envelopes the reader emits (cdc/events.py), for sink tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from cdc.events import TRUNCATE_KEY_FIELD, encode_key
+from cdc.registry import Column, TableReg
+from sinks import ChangeBatch, RawRecord, parse_batch
+
+BASE_TS_MS = 1_790_000_000_000  # 2026-09-21
+
+
+def table(
+    name: str = "items",
+    *,
+    columns: Iterable[tuple[str, str]] = (("id", "bigint"), ("name", "text"), ("note", "text")),
+    key: tuple[str, ...] = ("id",),
+    search: tuple[str, ...] = (),
+    schema: str = "public",
+) -> TableReg:
+    return TableReg(
+        schema=schema,
+        table=name,
+        topic=f"cdc.{schema}.{name}",
+        key=key,
+        search=search,
+        columns=tuple(Column(n, t) for n, t in columns),
+        snapshot_state="done",
+    )
+
+
+class Feed:
+    """Records for one table's topic; offsets increase per partition 0."""
+
+    def __init__(self, reg: TableReg) -> None:
+        self.reg = reg
+        self.offset = 0
+
+    def _rec(self, key: dict[str, Any], value: Any, partition: int = 0) -> RawRecord:
+        self.offset += 1
+        raw = None if value is None else (value if isinstance(value, bytes) else orjson.dumps(value))
+        return RawRecord(self.reg.topic, partition, self.offset, encode_key(key), raw, BASE_TS_MS)
+
+    def change(
+        self,
+        op: str,
+        row: dict[str, Any],
+        lsn: int,
+        seq: int = 1,
+        *,
+        ts_ms: int | None = None,
+        unavailable: Iterable[str] = (),
+        before: dict[str, Any] | None = None,
+    ) -> RawRecord:
+        key = {k: row[k] for k in self.reg.key}
+        value = {
+            "before": before,
+            "after": None if op == "d" else row,
+            "source": {
+                "version": "cdc-0.1.0",
+                "connector": "postgresql",
+                "name": "cdc",
+                "ts_ms": BASE_TS_MS + lsn if ts_ms is None else ts_ms,
+                "snapshot": "true" if op == "r" else "false",
+                "db": "app",
+                "schema": self.reg.schema,
+                "table": self.reg.table,
+                "txId": lsn,
+                "lsn": lsn,
+                "sequence": None,
+                "commit_lsn": lsn,
+                "seq": seq,
+            },
+            "op": op,
+            "ts_ms": BASE_TS_MS,
+            "unavailable": list(unavailable),
+        }
+        if op == "d":
+            value["before"] = before or key
+        return self._rec(key, value)
+
+    def delete(self, key: dict[str, Any], lsn: int, seq: int = 1) -> list[RawRecord]:
+        """A delete and its tombstone."""
+        return [self.change("d", key, lsn, seq), self._rec(key, None)]
+
+    def truncate(self, lsn: int, seq: int = 1, partitions: int = 2) -> list[RawRecord]:
+        out = []
+        for p in range(partitions):
+            value = {
+                "before": None,
+                "after": None,
+                "source": {"ts_ms": BASE_TS_MS + lsn, "schema": self.reg.schema, "table": self.reg.table,
+                           "commit_lsn": lsn, "seq": seq, "snapshot": "false"},
+                "op": "t",
+                "ts_ms": BASE_TS_MS,
+            }
+            out.append(self._rec({TRUNCATE_KEY_FIELD: p}, value, partition=p))
+        return out
+
+    def batch(self, *records: RawRecord | list[RawRecord]) -> ChangeBatch:
+        flat: list[RawRecord] = []
+        for r in records:
+            flat.extend(r if isinstance(r, list) else [r])
+        batch, dead = parse_batch(self.reg, flat)
+        assert dead == [], dead
+        return batch

@@ -1,0 +1,359 @@
+"""The warehouse sink against real Delta tables (deltalake): version guard, deletes, truncate, TOAST,
+types, schema evolution, idempotent replay, history validity, maintenance, bounded merges."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from cdc.errors import ApplyError
+from sinks import warehouse as W
+from sinks.warehouse import WarehouseOptions, WarehouseSink
+from tests.sinks.feed import BASE_TS_MS, Feed, table
+
+APP = "cdc-apply-test"
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> WarehouseSink:
+    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
+
+
+def current(sink: WarehouseSink, reg: Any) -> dict[Any, dict[str, Any]]:
+    rows = sink.current_rows(reg).to_pylist()
+    assert len({r[W.KEY] for r in rows}) == len(rows), "one row per key"
+    return {r["id"]: r for r in rows}
+
+
+def history(sink: WarehouseSink, reg: Any, key: Any = None) -> list[dict[str, Any]]:
+    rows = sink.history_rows(reg).to_pylist()
+    if key is not None:
+        rows = [r for r in rows if r["id"] == key]
+    return sorted(rows, key=lambda r: (r["id"], r[W.LSN], r[W.SEQ]))
+
+
+def ts(lsn: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp((BASE_TS_MS + lsn) / 1000, tz=dt.UTC)
+
+
+def test_insert_update_delete_history_validity(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "x"}, 100)), 1, APP)
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "b", "note": "x"}, 200)), 2, APP)
+    assert current(sink, reg)[1]["name"] == "b"
+    sink.apply(f.batch(f.delete({"id": 1}, 300)), 3, APP)
+    assert current(sink, reg) == {}
+    h = history(sink, reg, 1)
+    assert [(r["name"], r[W.OP], r[W.END_OP], r[W.IS_CURRENT]) for r in h] == [
+        ("a", "c", "u", False),
+        ("b", "u", "d", False),
+    ]
+    assert h[0][W.VALID_FROM] == ts(100) and h[0][W.VALID_TO] == ts(200)
+    assert h[1][W.VALID_FROM] == ts(200) and h[1][W.VALID_TO] == ts(300)
+    assert (h[1][W.END_LSN], h[1][W.END_SEQ]) == (300, 1)
+
+
+def test_intermediate_versions_within_one_batch_are_kept_in_history(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    b = f.batch(
+        f.change("c", {"id": 1, "name": "a", "note": None}, 100),
+        f.change("u", {"id": 1, "name": "b", "note": None}, 100, 2),
+        f.change("u", {"id": 1, "name": "c", "note": None}, 110),
+    )
+    sink.apply(b, 1, APP)
+    assert current(sink, reg)[1]["name"] == "c"
+    h = history(sink, reg, 1)
+    assert [(r["name"], r[W.IS_CURRENT]) for r in h] == [("a", False), ("b", False), ("c", True)]
+    assert h[2][W.VALID_TO] is None
+
+
+def test_version_guard_older_and_repeated_events_ignored(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    new = f.change("u", {"id": 1, "name": "new", "note": None}, 500)
+    sink.apply(f.batch(new), 1, APP)
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "old", "note": None}, 400)), 2, APP)
+    sink.apply(f.batch(new), 3, APP)  # the same event again, another batch
+    rows = current(sink, reg)
+    assert rows[1]["name"] == "new" and rows[1][W.LSN] == 500
+    assert [r["name"] for r in history(sink, reg, 1)] == ["new"]
+
+
+def test_delete_not_resurrected_by_older_late_event(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 7, "name": "a", "note": None}, 100)), 1, APP)
+    sink.apply(f.batch(f.delete({"id": 7}, 300)), 2, APP)
+    late = f.change("u", {"id": 7, "name": "zombie", "note": None}, 200)
+    sink.apply(f.batch(late), 3, APP)
+    assert current(sink, reg) == {}
+    assert [r["name"] for r in history(sink, reg, 7)] == ["a"]
+    tomb = sink.tombstone_rows(reg).to_pylist()
+    assert [(r["key_json"], r["commit_lsn"]) for r in tomb] == [('{"id":7}', 300)]
+    # a newer insert of the same key is applied
+    sink.apply(f.batch(f.change("c", {"id": 7, "name": "reborn", "note": None}, 400)), 4, APP)
+    assert current(sink, reg)[7]["name"] == "reborn"
+
+
+def test_primary_key_change(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
+    b = f.batch(f.delete({"id": 1}, 200, 1), f.change("c", {"id": 2, "name": "a", "note": None}, 200, 2))
+    sink.apply(b, 2, APP)
+    assert set(current(sink, reg)) == {2}
+    assert [(r["id"], r[W.IS_CURRENT]) for r in history(sink, reg)] == [(1, False), (2, True)]
+
+
+def test_truncate(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(*(f.change("c", {"id": i, "name": str(i), "note": None}, 100 + i) for i in range(10))), 1, APP)
+    # one batch: a truncate at 200 (one event per partition), then a new row at 210
+    b = f.batch(
+        f.change("u", {"id": 3, "name": "before-truncate", "note": None}, 150),
+        f.truncate(200),
+        f.change("c", {"id": 42, "name": "after", "note": None}, 210),
+    )
+    sink.apply(b, 2, APP)
+    assert set(current(sink, reg)) == {42}
+    h = history(sink, reg)
+    assert [r for r in h if r[W.IS_CURRENT]] == [r for r in h if r["id"] == 42]
+    closed = [r for r in h if r["id"] != 42]
+    assert len(closed) == 11 and all(r[W.END_OP] in ("t", "u") for r in closed)
+    assert all(r[W.VALID_TO] == ts(200) for r in closed if r[W.END_OP] == "t")
+    # an event older than the truncate, arriving late, stays out
+    sink.apply(f.batch(f.change("u", {"id": 5, "name": "late", "note": None}, 190)), 3, APP)
+    assert set(current(sink, reg)) == {42}
+    # a later truncate in its own batch closes the open row of a key not in the batch
+    sink.apply(f.batch(f.truncate(300)), 4, APP)
+    assert current(sink, reg) == {}
+    assert not [r for r in history(sink, reg) if r[W.IS_CURRENT]]
+    row42 = history(sink, reg, 42)[0]
+    assert (row42[W.END_LSN], row42[W.END_OP], row42[W.VALID_TO]) == (300, "t", ts(300))
+
+
+def test_unavailable_toast_keeps_stored_value(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    big = "z" * 10_000
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": big}, 100)), 1, APP)
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["note"])), 2, APP)
+    assert current(sink, reg)[1]["note"] == big
+    assert [r["note"] for r in history(sink, reg, 1)] == [big, big]
+    # within one batch: the insert provides the value to the later update
+    b = f.batch(
+        f.change("c", {"id": 2, "name": "a", "note": "first"}, 300),
+        f.change("u", {"id": 2, "name": "b"}, 310, unavailable=["note"]),
+    )
+    sink.apply(b, 3, APP)
+    assert current(sink, reg)[2]["note"] == "first"
+    assert [r["note"] for r in history(sink, reg, 2)] == ["first", "first"]
+
+
+def test_unavailable_toast_without_stored_row_is_an_error(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    with pytest.raises(ApplyError) as err:
+        sink.apply(f.batch(f.change("u", {"id": 9, "name": "b"}, 200, unavailable=["note"])), 1, APP)
+    assert "note" in str(err.value) and err.value.fix and "snapshot" in err.value.fix
+
+
+TYPED = (
+    ("id", "bigint"),
+    ("small", "smallint"),
+    ("i", "integer"),
+    ("amount", "numeric(38,9)"),
+    ("big", "numeric"),
+    ("r", "real"),
+    ("f", "double precision"),
+    ("ok", "boolean"),
+    ("ts", "timestamp with time zone"),
+    ("lts", "timestamp without time zone"),
+    ("d", "date"),
+    ("t", "time without time zone"),
+    ("doc", "jsonb"),
+    ("tags", "text[]"),
+    ("nums", "integer[]"),
+    ("amounts", "numeric(10,2)[]"),
+    ("blob", "bytea"),
+    ("u", "uuid"),
+    ("iv", "interval"),
+)
+
+
+def test_types_are_faithful(sink: WarehouseSink) -> None:
+    reg = table("typed", columns=TYPED)
+    f = Feed(reg)
+    row = {
+        "id": 2**62 + 1,  # beyond 2^53
+        "small": -32768,
+        "i": 2147483647,
+        "amount": "12345678901234567890123456789.123456789",
+        "big": "123456789012345678901234567890123456789012345678901234567890.000000000000000000001",
+        "r": 1.5,
+        "f": 0.1,
+        "ok": True,
+        "ts": "2026-11-22 02:28:58.742271+05:30",
+        "lts": "2026-11-22 02:28:58.000001",
+        "d": "2024-02-29",
+        "t": "12:34:56.5",
+        "doc": '{"a": [1, 2.50, "x"], "b": null}',
+        "tags": ["a", None, "c,d"],
+        "nums": [1, 2, None],
+        "amounts": ["1.10", "-2.00"],
+        "blob": "00ff10",
+        "u": "6f1c1b0e-2d7a-4d6c-9a59-3a8a6e9a0c11",
+        "iv": "1 day 02:00:00",
+    }
+    inf = {"id": 1, "ts": "infinity", "lts": "-infinity", "d": "infinity", "amount": None, "big": None}
+    sink.apply(f.batch(f.change("r", row, 100, 0), f.change("r", inf, 100, 0)), 1, APP)
+    t = sink.current_rows(reg)
+    types = {fld.name: str(fld.type) for fld in t.schema}
+    assert types["small"] == "int16" and types["i"] == "int32" and types["id"] == "int64"
+    assert types["amount"] == "decimal128(38, 9)" and types["big"] == "string"
+    assert types["r"] == "float" and types["f"] == "double" and types["ok"] == "bool"
+    assert types["ts"] == "timestamp[us, tz=UTC]" and types["lts"] == "timestamp[us]"
+    assert types["d"] == "date32[day]" and types["blob"] == "binary"
+    assert types["tags"] == "list<element: string>" and types["nums"] == "list<element: int32>"
+    assert types["amounts"] == "list<element: decimal128(10, 2)>"
+    got = {r["id"]: r for r in t.to_pylist()}[2**62 + 1]
+    assert got["amount"] == Decimal("12345678901234567890123456789.123456789")
+    assert got["big"] == row["big"]
+    assert got["ts"] == dt.datetime(2026, 11, 21, 20, 58, 58, 742271, tzinfo=dt.UTC)
+    assert got["lts"] == dt.datetime(2026, 11, 22, 2, 28, 58, 1)
+    assert got["d"] == dt.date(2024, 2, 29) and got["t"] == "12:34:56.5"
+    assert json.loads(got["doc"]) == {"a": [1, 2.5, "x"], "b": None} and got["doc"] == row["doc"]
+    assert got["tags"] == ["a", None, "c,d"] and got["nums"] == [1, 2, None]
+    assert got["amounts"] == [Decimal("1.10"), Decimal("-2.00")]
+    assert got["blob"] == b"\x00\xff\x10" and got["iv"] == "1 day 02:00:00"
+    assert got["r"] == 1.5 and got["f"] == 0.1 and got["small"] == -32768
+    clamped = {r["id"]: r for r in t.to_pylist()}[1]
+    assert clamped["ts"] == dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    assert clamped["lts"] == dt.datetime(1, 1, 1) and clamped["d"] == dt.date(9999, 12, 31)
+
+
+def test_unrepresentable_value_is_a_clear_error(sink: WarehouseSink) -> None:
+    reg = table("typed2", columns=(("id", "bigint"), ("ts", "timestamp with time zone")))
+    f = Feed(reg)
+    with pytest.raises(ApplyError) as err:
+        sink.apply(f.batch(f.change("c", {"id": 1, "ts": "0044-03-15 12:00:00+00 BC"}, 100)), 1, APP)
+    assert "BC" in str(err.value) or "1..9999" in str(err.value)
+    assert err.value.fix
+
+
+def test_toast_value_of_typed_columns_round_trips(sink: WarehouseSink) -> None:
+    """A value kept for an unavailable column is re-read from the table and stored unchanged."""
+    reg = table("typed3", columns=(("id", "bigint"), ("ts", "timestamp with time zone"), ("amount", "numeric(38,9)"),
+                                  ("blob", "bytea"), ("name", "text")))
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "ts": "2026-01-02 03:04:05.000006+00", "amount": "1.5",
+                                      "blob": "abcd", "name": "a"}, 100)), 1, APP)
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["ts", "amount", "blob"])), 2, APP)
+    got = current(sink, reg)[1]
+    assert got["ts"] == dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
+    assert got["amount"] == Decimal("1.500000000") and got["blob"] == b"\xab\xcd" and got["name"] == "b"
+
+
+def test_schema_evolution_new_column(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
+    reg2 = table(columns=(("id", "bigint"), ("name", "text"), ("note", "text"), ("price", "numeric(10,2)")))
+    f2 = Feed(reg2)
+    sink.apply(f2.batch(f2.change("c", {"id": 2, "name": "b", "note": None, "price": "9.99"}, 200)), 2, APP)
+    rows = current(sink, reg2)
+    assert rows[1]["price"] is None and rows[2]["price"] == Decimal("9.99")
+    assert "price" in sink.history_rows(reg2).column_names
+    # a column only seen in an event (registration not updated yet) arrives as text
+    sink.apply(f2.batch(f2.change("c", {"id": 3, "name": "c", "note": None, "price": None, "extra": 5}, 300)), 3, APP)
+    assert current(sink, reg2)[3]["extra"] == "5"
+
+
+def test_idempotent_replay_same_batch(sink: WarehouseSink) -> None:
+    reg = table()
+    f = Feed(reg)
+    b = f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100),
+                f.change("u", {"id": 1, "name": "b", "note": None}, 110))
+    sink.apply(b, 1, APP)
+    cur_path, hist_path, _ = sink.paths(reg)
+    versions = (DeltaTable(str(cur_path)).version(), DeltaTable(str(hist_path)).version())
+    sink.apply(b, 1, APP)  # Spark replays batch 1
+    assert (DeltaTable(str(cur_path)).version(), DeltaTable(str(hist_path)).version()) == versions
+    assert DeltaTable(str(cur_path)).transaction_version(APP) == 1
+    assert len(history(sink, reg)) == 2
+
+
+def test_replay_after_crash_between_commits(sink: WarehouseSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """History committed, current not (crash): the replay gives what an uninterrupted run gives."""
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "keep"}, 100)), 1, APP)
+    b = f.batch(
+        f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["note"]),
+        f.delete({"id": 2}, 210),
+        f.change("c", {"id": 3, "name": "c", "note": None}, 220),
+    )
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("crash after the history commit")
+
+    with monkeypatch.context() as m:
+        m.setattr(WarehouseSink, "_apply_current", crash)
+        with pytest.raises(RuntimeError):
+            sink.apply(b, 2, APP)
+    assert current(sink, reg)[1]["name"] == "a"  # current untouched
+    sink.apply(b, 2, APP)
+    rows = current(sink, reg)
+    assert rows[1]["name"] == "b" and rows[1]["note"] == "keep" and set(rows) == {1, 3}
+    h = history(sink, reg)
+    assert [(r["id"], r["name"], r[W.IS_CURRENT]) for r in h] == [
+        (1, "a", False), (1, "b", True), (3, "c", True)
+    ]
+    assert [r["key_json"] for r in sink.tombstone_rows(reg).to_pylist()] == ['{"id":2}']
+
+
+def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path) -> None:
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=2, maintain_every=3, tombstone_retention_hours=0,
+                                                    vacuum_retention_hours=0))
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
+    sink.apply(f.batch(f.change("c", {"id": 2, "name": "a", "note": None}, 110),
+                       f.delete({"id": 1}, 120)), 2, APP)
+    cur_path = sink.paths(reg)[0]
+    files_before = len(list(cur_path.rglob("*.parquet")))
+    assert len(sink.tombstone_rows(reg)) == 1
+    sink.apply(f.batch(f.change("u", {"id": 2, "name": "b", "note": None}, 130)), 3, APP)  # 3 % 3 == 0: maintain
+    assert len(sink.tombstone_rows(reg)) == 0  # retention 0: purged
+    active = len(DeltaTable(str(cur_path)).file_uris())
+    on_disk = len(list(cur_path.rglob("*.parquet")))
+    assert active == on_disk, "vacuum removed unreferenced files"
+    assert on_disk < files_before + 1
+    assert current(sink, reg) == {2: current(sink, reg)[2]} and current(sink, reg)[2]["name"] == "b"
+
+
+def test_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
+    """What is bounded: a batch whose keys fall in one bucket rewrites only that bucket's file."""
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, maintain_every=0))
+    reg = table()
+    f = Feed(reg)
+    sink.apply(f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP)
+    cur_path = sink.paths(reg)[0]
+    assert len(DeltaTable(str(cur_path)).file_uris()) == 8
+    same_bucket = [i for i in range(2000) if W.bucket_of(f'{{"id":{i}}}', 8) == 3][:50]
+    sink.apply(f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 200) for i in same_bucket)), 2, APP)
+    m = sink.last_metrics["current"]
+    assert m["num_target_files_removed"] == 1 and m["num_target_rows_updated"] == 50
+    assert sink.last_metrics["history"]["num_target_files_removed"] == 1
+    spread = list(range(0, 2000, 40))  # 50 keys over every bucket
+    sink.apply(f.batch(*(f.change("u", {"id": i, "name": "c", "note": None}, 300) for i in spread)), 3, APP)
+    assert sink.last_metrics["current"]["num_target_files_removed"] == 8
