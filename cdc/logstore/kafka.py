@@ -42,12 +42,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import kafka.errors as kerr
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.net.compat import KafkaNetClient
+from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from cdc.errors import (
     BrokerUnavailableError,
@@ -56,13 +60,13 @@ from cdc.errors import (
     TopicExistsError,
     UnknownTopicError,
 )
-from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, partition_for
+from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, now_ms, partition_for
 
 __all__ = ["DEFAULT_PRODUCER_CONFIG", "KafkaLogStore"]
 
-#: Producer settings used unless overridden by ``producer_config=``. acks=all and idempotence are
-#: not overridable. Large batches and a short linger let kafka-python fill whole batches (its
-#: per-batch cost dominates with the 16 KiB default); see bench/logstore_kafka.py for the figures.
+#: Settings of the ``producer="kafka-python"`` path (a plain ``KafkaProducer``), unless overridden
+#: by ``producer_config=``; acks=all and idempotence are not overridable. Large batches and a short
+#: linger let it fill whole batches; see bench/logstore_kafka.py for what each path reaches.
 DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "linger_ms": 5,
     "batch_size": 1024 * 1024,
@@ -70,6 +74,10 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "compression_type": None,
     "max_in_flight_requests_per_connection": 5,
 }
+
+#: Largest record batch the bulk producer builds: below Apache Kafka's default max.message.bytes
+#: (1 MiB + 12); a single larger record still goes alone in its own batch.
+BATCH_BYTES = 1_000_000
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = tuple(
     cls
@@ -110,17 +118,33 @@ class KafkaLogStore(LogStore):
         request_timeout_ms: int = 10_000,
         connect_timeout_ms: int = 10_000,
         replication_factor: int = -1,
+        producer: str = "bulk",
+        compression: str | None = None,
         producer_config: Mapping[str, Any] | None = None,
     ) -> None:
+        """``producer``: ``"bulk"`` (default) writes whole record batches through
+        :class:`_BulkProducer`; ``"kafka-python"`` uses ``KafkaProducer.send()`` per record with
+        :data:`DEFAULT_PRODUCER_CONFIG` updated by ``producer_config``. Both are idempotent with
+        acks=all. ``compression``: none (default), gzip, snappy, lz4 or zstd (lz4, zstd and snappy
+        need their Python package installed)."""
+        if producer not in ("bulk", "kafka-python"):
+            raise ValueError(f"producer must be 'bulk' or 'kafka-python', not {producer!r}")
+        self.producer_kind = producer
+        self.compression = compression
         self.bootstrap = bootstrap
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.connect_timeout_ms = connect_timeout_ms
         self.replication_factor = replication_factor
-        self.producer_config = {**DEFAULT_PRODUCER_CONFIG, **(producer_config or {})}
+        self.producer_config = {
+            **DEFAULT_PRODUCER_CONFIG,
+            "compression_type": compression,
+            **(producer_config or {}),
+        }
         self._producer: Any = None
         self._consumer: Any = None
         self._partitions: dict[str, int] = {}
+        self._leaders: dict[str, dict[int, int]] = {}
         self._closed = False
         self._common: dict[str, Any] = {
             "bootstrap_servers": bootstrap.split(","),
@@ -184,6 +208,7 @@ class KafkaLogStore(LogStore):
             if t.get("is_internal") or t["name"].startswith("__"):
                 continue
             self._partitions[t["name"]] = len(t["partitions"])
+            self._leaders[t["name"]] = {p["partition_index"]: p["leader_id"] for p in t["partitions"]}
             out.append(t)
         return out
 
@@ -215,18 +240,29 @@ class KafkaLogStore(LogStore):
 
     def _get_producer(self) -> Any:
         if self._producer is None:
-            cfg = {k: v for k, v in self.producer_config.items() if v is not None or k == "compression_type"}
-            linger = int(cfg.get("linger_ms", 0))
             with self._broker("connect the producer"):
-                self._producer = KafkaProducer(
-                    **self._common,
-                    **cfg,
-                    acks="all",
-                    enable_idempotence=True,
-                    allow_auto_create_topics=False,
-                    max_block_ms=self.request_timeout_ms,
-                    delivery_timeout_ms=self.request_timeout_ms + linger + 1000,
-                )
+                if self.producer_kind == "bulk":
+                    self._producer = _BulkProducer(
+                        self._common,
+                        request_timeout_ms=self.request_timeout_ms,
+                        connect_timeout_ms=self.connect_timeout_ms,
+                        batch_bytes=BATCH_BYTES,
+                        max_request_bytes=8 * BATCH_BYTES,
+                        max_in_flight=4,
+                        compression=self.compression,
+                    )
+                else:
+                    cfg = dict(self.producer_config)
+                    linger = int(cfg.get("linger_ms") or 0)
+                    self._producer = KafkaProducer(
+                        **self._common,
+                        **cfg,
+                        acks="all",
+                        enable_idempotence=True,
+                        allow_auto_create_topics=False,
+                        max_block_ms=self.request_timeout_ms,
+                        delivery_timeout_ms=self.request_timeout_ms + linger + 1000,
+                    )
         return self._producer
 
     def _get_consumer(self) -> Any:
@@ -247,7 +283,10 @@ class KafkaLogStore(LogStore):
         producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(Exception):
-                producer.close(timeout=0)
+                if isinstance(producer, _BulkProducer):
+                    producer.close()
+                else:
+                    producer.close(timeout=0)
 
     # -- topics --------------------------------------------------------------------------------------
     def create_topic(self, name: str, config: TopicConfig) -> TopicInfo:
@@ -332,49 +371,83 @@ class KafkaLogStore(LogStore):
 
     # -- writing -------------------------------------------------------------------------------------
     def append_many(self, batch: Mapping[str, Sequence[Record]]) -> dict[str, dict[int, int]]:
-        """Send every record with an explicit partition, flush, and wait for every acknowledgement
-        (acks=all, idempotent). Returns the highest offset written per partition, per topic (a topic
-        given no records maps to ``{}``). On failure raises (BrokerUnavailableError when the broker
-        cannot be reached within the delivery timeout) after closing the producer; any subset of
-        the batch may have been written, nothing acknowledged is ever lost (at least once)."""
+        """Append, and return only when the broker acknowledged every record (acks=all, idempotent
+        producer). Returns the highest offset written per partition, per topic (a topic given no
+        records maps to ``{}``). Every record gets an explicit partition: ``Record.partition`` or
+        :func:`partition_for` of its key. Records of one partition keep their order.
+
+        On failure raises (BrokerUnavailableError when the broker cannot be reached within
+        ``request_timeout_ms``; UnknownTopicError for a missing topic, checked before anything is
+        sent) and starts a new producer next time; any subset of the batch may have been written,
+        nothing acknowledged is ever lost (at least once). A producer id the broker forgot
+        (expired after a long idle time) is renewed and the whole batch sent once more.
+        """
         counts = {topic: self._partition_count(topic) for topic in batch}
+        grouped: dict[TopicPartition, list[Record]] = {}
         for topic, records in batch.items():
+            n = counts[topic]
             for rec in records:
-                if rec.partition is not None and not 0 <= rec.partition < counts[topic]:
-                    self._check_partition(topic, rec.partition)
-        producer = self._get_producer()
-        futures: list[tuple[str, Any]] = []
+                part = rec.partition
+                if part is None:
+                    part = partition_for(rec.key, n)
+                elif not 0 <= part < n:
+                    self._check_partition(topic, part)
+                tp = TopicPartition(topic, part)
+                group = grouped.get(tp)
+                if group is None:
+                    group = grouped[tp] = []
+                group.append(rec)
+        result: dict[str, dict[int, int]] = {topic: {} for topic in batch}
+        if not grouped:
+            return result
         try:
             with self._broker("append"):
-                for topic, records in batch.items():
-                    n = counts[topic]
-                    send = producer.send
-                    for rec in records:
-                        part = rec.partition if rec.partition is not None else partition_for(rec.key, n)
-                        futures.append(
-                            (
-                                topic,
-                                send(
-                                    topic,
-                                    value=rec.value,
-                                    key=rec.key,
-                                    headers=list(rec.headers),
-                                    partition=part,
-                                    timestamp_ms=rec.timestamp_ms,
-                                ),
-                            )
-                        )
-                producer.flush(timeout=(self.request_timeout_ms + 2000) / 1000)
-                result: dict[str, dict[int, int]] = {topic: {} for topic in batch}
-                for topic, fut in futures:
-                    meta = fut.get(timeout=0)
-                    last = result[topic]
-                    if meta.offset > last.get(meta.partition, -1):
-                        last[meta.partition] = meta.offset
+                if self.producer_kind == "bulk":
+                    last = self._append_bulk(grouped)
+                else:
+                    last = self._append_kafka_python(grouped)
         except BaseException:
             self._drop_producer()
+            for topic in batch:
+                self._partitions.pop(topic, None)
             raise
+        for tp, offset in last.items():
+            result[tp.topic][tp.partition] = offset
         return result
+
+    def _append_bulk(self, grouped: Mapping[TopicPartition, list[Record]]) -> dict[TopicPartition, int]:
+        leaders = {tp: self._leaders[tp.topic][tp.partition] for tp in grouped}
+        producer: _BulkProducer = self._get_producer()
+        try:
+            return producer.produce(grouped, leaders)
+        except ProducerStateError:
+            return producer.produce(grouped, leaders)
+
+    def _append_kafka_python(
+        self, grouped: Mapping[TopicPartition, list[Record]]
+    ) -> dict[TopicPartition, int]:
+        producer = self._get_producer()
+        send = producer.send
+        futures = [
+            send(
+                tp.topic,
+                value=rec.value,
+                key=rec.key,
+                headers=list(rec.headers),
+                partition=tp.partition,
+                timestamp_ms=rec.timestamp_ms,
+            )
+            for tp, records in grouped.items()
+            for rec in records
+        ]
+        producer.flush(timeout=(self.request_timeout_ms + 2000) / 1000)
+        last: dict[TopicPartition, int] = {}
+        for fut in futures:
+            meta = fut.get(timeout=0)
+            tp = TopicPartition(meta.topic, meta.partition)
+            if meta.offset > last.get(tp, -1):
+                last[tp] = meta.offset
+        return last
 
     # -- reading -------------------------------------------------------------------------------------
     def read(
@@ -561,7 +634,9 @@ class KafkaLogStore(LogStore):
         self._closed = True
         producer, consumer, admin = self._producer, self._consumer, self._admin
         self._producer = self._consumer = None
-        if producer is not None:
+        if isinstance(producer, _BulkProducer):
+            producer.close()
+        elif producer is not None:
             with contextlib.suppress(Exception):
                 producer.close(timeout=self.request_timeout_ms / 1000)
         for client in (consumer, admin):
@@ -623,3 +698,256 @@ def _stored(r: Any) -> StoredRecord:
         headers=tuple((k, v if v is not None else b"") for k, v in (r.headers or ())),
         timestamp_ms=r.timestamp,
     )
+
+
+# -- the bulk idempotent producer ------------------------------------------------------------------
+_CODECS = {
+    None: DefaultRecordBatchBuilder.CODEC_NONE,
+    "none": DefaultRecordBatchBuilder.CODEC_NONE,
+    "gzip": DefaultRecordBatchBuilder.CODEC_GZIP,
+    "snappy": DefaultRecordBatchBuilder.CODEC_SNAPPY,
+    "lz4": DefaultRecordBatchBuilder.CODEC_LZ4,
+    "zstd": DefaultRecordBatchBuilder.CODEC_ZSTD,
+}
+
+#: errors after which the producer id / sequence state is no longer usable: start a new producer id.
+_PRODUCER_STATE_ERRORS: frozenset[int] = frozenset(
+    int(getattr(kerr, name).errno)
+    for name in (
+        "UnknownProducerIdError",
+        "OutOfOrderSequenceNumberError",
+        "InvalidProducerEpochError",
+        "ProducerFencedError",
+    )
+    if hasattr(kerr, name)
+)
+
+
+class ProducerStateError(LogStoreError):
+    """The broker no longer knows this producer id's sequence (expired or fenced); a new producer
+    id fixes it. Raised internally, and retried once by :meth:`KafkaLogStore.append_many`."""
+
+
+class _BulkProducer:
+    """An idempotent producer (KIP-98 producer id + epoch + per-partition sequence numbers) that
+    writes whole record batches with acks=all.
+
+    kafka-python's ``KafkaProducer.send()`` costs about 15 µs per record in Python (a future, an
+    accumulator lookup and a lock per record), which caps it at ~65k records/s on this machine
+    whatever the batching. Here the records of an append are already known, so each partition's
+    records are encoded straight into v2 record batches (kafka-python's ``DefaultRecordBatchBuilder``)
+    and sent as ProduceRequests (kafka-python's protocol classes and network client), up to
+    ``max_in_flight`` requests per broker in flight. One request carries at most one batch per
+    partition (the broker's rule for idempotent batches); a partition's batches go out in sequence
+    order on one connection, so the broker appends them in order and rejects a gap or a duplicate.
+
+    Any error fails the whole call (nothing is retried here: the log store's contract is at least
+    once, the caller retries the batch) and discards the producer id, so the next call starts a
+    fresh one with sequence 0.
+    """
+
+    def __init__(
+        self,
+        client_config: Mapping[str, Any],
+        *,
+        request_timeout_ms: int,
+        connect_timeout_ms: int,
+        batch_bytes: int,
+        max_request_bytes: int,
+        max_in_flight: int,
+        compression: str | None,
+    ) -> None:
+        if compression not in _CODECS:
+            raise LogStoreError(
+                f"unknown compression {compression!r}",
+                fix="use one of none, gzip, snappy, lz4, zstd",
+                compression=compression,
+            )
+        self.request_timeout_ms = request_timeout_ms
+        self.batch_bytes = batch_bytes
+        self.max_request_bytes = max_request_bytes
+        self.max_in_flight = max(1, max_in_flight)
+        self.codec = _CODECS[compression]
+        self.compression = compression
+        #: acks=all: the leader answers once every in-sync replica has the batch.
+        self.acks = -1
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._sequence: dict[TopicPartition, int] = {}
+        self._client: Any = KafkaNetClient(
+            **client_config, max_in_flight_requests_per_connection=self.max_in_flight + 1
+        )
+        self._client.check_version(timeout_ms=connect_timeout_ms)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+    def reset(self) -> None:
+        """Forget the producer id: the next produce() asks for a new one (sequences restart at 0)."""
+        self.producer_id = self.producer_epoch = -1
+        self._sequence.clear()
+
+    def _ready(self, node: int) -> None:
+        self._client.await_ready(node, timeout_ms=self.request_timeout_ms)
+
+    def _init_producer_id(self) -> None:
+        node = self._client.least_loaded_node(bootstrap_fallback=True)
+        self._ready(node)
+        request = InitProducerIdRequest(
+            transactional_id=None,
+            transaction_timeout_ms=60_000,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+        response = self._client.send_and_receive(node, request, timeout_ms=self.request_timeout_ms)
+        if response.error_code:
+            raise kerr.for_code(response.error_code)(f"InitProducerId failed on node {node}")
+        self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
+        self._sequence.clear()
+
+    def produce(
+        self,
+        records: Mapping[TopicPartition, Sequence[Record]],
+        leaders: Mapping[TopicPartition, int],
+    ) -> dict[TopicPartition, int]:
+        """Write every record, in order per partition; return the last offset per partition.
+        Returns only when the broker acknowledged every batch (acks=all); raises otherwise."""
+        if self.producer_id < 0:
+            self._init_producer_id()
+        by_node: dict[int, list[TopicPartition]] = {}
+        for tp, recs in records.items():
+            if recs:
+                by_node.setdefault(leaders[tp], []).append(tp)
+        for node in by_node:
+            self._ready(node)
+        pending = {node: self._requests(tps, records) for node, tps in by_node.items()}
+        inflight: deque[tuple[int, dict[TopicPartition, int], Any]] = deque()
+        per_node = dict.fromkeys(by_node, 0)
+        last: dict[TopicPartition, int] = {}
+        errors: dict[TopicPartition, str] = {}
+        state_error = False
+        try:
+            while pending or inflight:
+                for node in list(pending):
+                    while per_node[node] < self.max_in_flight:
+                        item = next(pending[node], None)
+                        if item is None:
+                            del pending[node]
+                            break
+                        request, counts = item
+                        inflight.append((node, counts, self._send(node, request)))
+                        per_node[node] += 1
+                if not inflight:
+                    continue
+                node, counts, future = inflight.popleft()
+                per_node[node] -= 1
+                response = self._wait(future)
+                for topic_response in response.responses:
+                    for pr in topic_response.partition_responses:
+                        tp = TopicPartition(topic_response.name, pr.index)
+                        if pr.error_code:
+                            err = kerr.for_code(pr.error_code)
+                            errors[tp] = (
+                                f"{err.__name__}{': ' + pr.error_message if pr.error_message else ''}"
+                            )
+                            state_error = state_error or pr.error_code in _PRODUCER_STATE_ERRORS
+                        else:
+                            last[tp] = max(last.get(tp, -1), pr.base_offset + counts[tp] - 1)
+                if errors:
+                    break
+        except BaseException:
+            self.reset()
+            raise
+        if errors:
+            self.reset()
+            cls = ProducerStateError if state_error else LogStoreError
+            raise cls(
+                f"the broker refused records: {', '.join(f'{tp.topic}[{tp.partition}]: {e}' for tp, e in errors.items())}",
+                fix="retry the append; if it keeps failing, check the broker's log and the topic's limits "
+                "(max.message.bytes)",
+                errors={f"{tp.topic}[{tp.partition}]": e for tp, e in errors.items()},
+            )
+        return last
+
+    def _send(self, node: int, request: Any) -> Any:
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while True:
+            future = self._client.send(node, request)
+            if not (
+                future.is_done and future.failed() and isinstance(future.exception, kerr.NodeNotReadyError)
+            ):
+                return future
+            if time.monotonic() > deadline:
+                raise future.exception
+            # The connection is busy (another request of the client's own, e.g. metadata): let it finish.
+            self._client.poll(timeout_ms=10)
+
+    def _wait(self, future: Any) -> Any:
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while not future.is_done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise kerr.KafkaTimeoutError(
+                    f"no answer to a produce request within {self.request_timeout_ms} ms"
+                )
+            self._client.poll(timeout_ms=min(remaining * 1000, 1000), future=future)
+        if future.failed():
+            raise future.exception
+        return future.value
+
+    def _requests(
+        self, tps: list[TopicPartition], records: Mapping[TopicPartition, Sequence[Record]]
+    ) -> Iterator[tuple[Any, dict[TopicPartition, int]]]:
+        """ProduceRequests for one broker: each carries at most one batch per partition and at
+        most ``max_request_bytes`` (but always at least one batch)."""
+        position = dict.fromkeys(tps, 0)
+        topic_cls = ProduceRequest.TopicProduceData
+        partition_cls = topic_cls.PartitionProduceData
+        while True:
+            topics: dict[str, list[Any]] = {}
+            counts: dict[TopicPartition, int] = {}
+            size = 0
+            for tp in tps:
+                recs = records[tp]
+                if position[tp] >= len(recs) or (counts and size + self.batch_bytes > self.max_request_bytes):
+                    continue
+                data, n = self._batch(tp, recs, position[tp])
+                position[tp] += n
+                counts[tp] = n
+                size += len(data)
+                topics.setdefault(tp.topic, []).append(partition_cls(index=tp.partition, records=data))
+            if not counts:
+                return
+            yield (
+                ProduceRequest(
+                    transactional_id=None,
+                    acks=self.acks,
+                    timeout_ms=self.request_timeout_ms,
+                    topic_data=[topic_cls(name=t, partition_data=parts) for t, parts in topics.items()],
+                    min_version=3,
+                    max_version=9,
+                ),
+                counts,
+            )
+
+    def _batch(self, tp: TopicPartition, recs: Sequence[Record], start: int) -> tuple[bytes, int]:
+        """Encode records from ``start`` into one batch of at most ``batch_bytes`` (at least one
+        record); advance the partition's sequence number."""
+        sequence = self._sequence.get(tp, 0)
+        builder = DefaultRecordBatchBuilder(
+            2, self.codec, False, self.producer_id, self.producer_epoch, sequence, self.batch_bytes
+        )
+        append = builder.append
+        now = now_ms()
+        i, end = start, len(recs)
+        delta = 0
+        while i < end:
+            rec = recs[i]
+            ts = rec.timestamp_ms if rec.timestamp_ms is not None else now
+            if append(delta, ts, rec.key, rec.value, rec.headers) is None:
+                break
+            delta += 1
+            i += 1
+        self._sequence[tp] = (sequence + delta) & 0x7FFFFFFF
+        return bytes(builder.build()), delta
