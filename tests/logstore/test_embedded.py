@@ -1,0 +1,258 @@
+"""The embedded backend beyond the shared contract: the single-writer lock across processes, a reader
+in another process while the writer appends, read-only instances, corrupt and truncated files, and the
+vectorised partitioner."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cdc.errors import LogStoreError, StoreCorruptError, UnknownTopicError, WriterLockedError
+from cdc.logstore import Record, TopicConfig, partition_for
+from cdc.logstore.embedded import EmbeddedLogStore, partitions_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spawn(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "log"
+
+
+def test_partitions_for_matches_partition_for() -> None:
+    rng = random.Random(7)
+    keys = [rng.randbytes(rng.randrange(0, 40)) for _ in range(5_000)]
+    keys += [f'{{"id": {i}}}'.encode() for i in range(3_000)]
+    for n in (1, 4, 7, 64):
+        assert partitions_for(keys, n) == [partition_for(k, n) for k in keys]
+
+
+HOLD_WRITER = """
+import sys
+from cdc.logstore import Record, TopicConfig
+from cdc.logstore.embedded import EmbeddedLogStore
+store = EmbeddedLogStore(sys.argv[1], writer=True, compaction_interval_s=None)
+store.create_topic(sys.argv[2], TopicConfig(partitions=2))
+store.append(sys.argv[2], [Record(b"k", b"from child")])
+print("holding", flush=True)
+sys.stdin.readline()
+store.close()
+print("released", flush=True)
+"""
+
+
+def test_second_writer_process_gets_writer_locked_error(store_dir: Path) -> None:
+    child = spawn(HOLD_WRITER, str(store_dir), "dead.letter")
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "holding", child.stderr.read() if child.stderr else ""
+        store = EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None)
+        with pytest.raises(WriterLockedError) as exc:
+            store.append("dead.letter", [Record(b"k", b"from test")])
+        err = exc.value
+        assert err.path == str(store_dir / "dead.letter.lock")
+        assert err.holder == str(child.pid)
+        assert str(child.pid) in str(err) and "dead.letter.lock" in str(err)
+        assert err.fix and str(child.pid) in err.fix
+        with pytest.raises(WriterLockedError):
+            store.compact("dead.letter")
+        # the lock is per topic: another topic is writable meanwhile, reading this one works
+        store.create_topic("changes", TopicConfig(partitions=2))
+        assert store.append("changes", [Record(b"k", b"v")])
+        assert [r.value for r in store.read("dead.letter", 0, 0) + store.read("dead.letter", 1, 0)] == [
+            b"from child"
+        ]
+        # once the holder is gone the topic is writable, and nothing it acknowledged was lost
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "released"
+        store.append("dead.letter", [Record(b"k", b"from test")])
+        values = [r.value for p in (0, 1) for r in store.read("dead.letter", p, 0)]
+        assert values == [b"from child", b"from test"]
+        store.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_second_writer_instance_in_same_process_is_refused(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as first:
+        first.create_topic("t", TopicConfig(partitions=1))
+        first.append("t", [Record(b"k", b"v")])
+        with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as second:
+            with pytest.raises(WriterLockedError) as exc:
+                second.append("t", [Record(b"k", b"v")])
+            assert exc.value.holder == str(os.getpid())
+    # closed: the lock is released
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as third:
+        assert third.append("t", [Record(b"k", b"v2")]) == {0: 1}
+
+
+def test_read_only_instance_refuses_writes(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as writer:
+        writer.create_topic("t", TopicConfig(partitions=1))
+        writer.append("t", [Record(b"k", b"v")])
+        reader = EmbeddedLogStore(store_dir)
+        for call in (
+            lambda: reader.append("t", [Record(b"k", b"v")]),
+            lambda: reader.create_topic("new", TopicConfig()),
+            lambda: reader.compact("t"),
+            lambda: reader.delete_topic("t"),
+        ):
+            with pytest.raises(LogStoreError) as exc:
+                call()
+            assert "writer=False" in str(exc.value)
+            assert exc.value.fix and "writer=True" in exc.value.fix
+        assert [r.value for r in reader.read("t", 0, 0)] == [b"v"]
+        reader.commit("cli", "t", {0: 1})  # consumer positions are allowed to readers
+        assert writer.committed("cli", "t") == {0: 1}
+        reader.close()
+    assert not (store_dir / "new.db").exists()
+
+
+READER = """
+import json, sys, time
+from cdc.logstore.embedded import EmbeddedLogStore
+store = EmbeddedLogStore(sys.argv[1])
+total, batch = int(sys.argv[2]), int(sys.argv[3])
+while not (store.path / "t.db").exists():
+    time.sleep(0.01)
+pos = {0: 0, 1: 0, 2: 0}
+values, partial_views = [], 0
+while sum(pos.values()) < total:
+    ends = store.end_offsets("t")
+    if sum(ends.values()) % batch:
+        partial_views += 1
+    for p in pos:
+        for r in store.read("t", p, pos[p], 1000):
+            assert r.offset == pos[p], (r.offset, pos[p])
+            values.append(r.value.decode())
+            pos[p] = r.offset + 1
+print(json.dumps({"values": values, "partial_views": partial_views}), flush=True)
+"""
+
+
+def test_reader_in_another_process_while_writer_appends(store_dir: Path) -> None:
+    batches, size = 200, 50
+    child = spawn(READER, str(store_dir), str(batches * size), str(size))
+    try:
+        with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as writer:
+            writer.create_topic("t", TopicConfig(partitions=3))
+            for b in range(batches):
+                writer.append("t", [Record(f"k{b}.{i}".encode(), f"{b}.{i}".encode()) for i in range(size)])
+            out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        seen = json.loads(out)
+        assert sorted(seen["values"]) == sorted(f"{b}.{i}" for b in range(batches) for i in range(size))
+        assert seen["partial_views"] == 0  # a reader only ever sees whole batches
+    finally:
+        child.kill()
+        child.wait()
+
+
+# -- corruption ---------------------------------------------------------------------------------------
+def _filled(store_dir: Path) -> Path:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as store:
+        store.create_topic("t", TopicConfig(partitions=1))
+        for _b in range(20):
+            store.append("t", [Record(b"k", os.urandom(2000)) for _ in range(20)])
+    path = store_dir / "t.db"
+    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
+    return path
+
+
+def _assert_corrupt(exc: pytest.ExceptionInfo[StoreCorruptError], path: Path) -> None:
+    assert exc.value.path == str(path)
+    assert str(path) in str(exc.value)
+    assert exc.value.fix and str(path) in exc.value.fix
+
+
+def test_garbage_over_header_is_store_corrupt(store_dir: Path) -> None:
+    path = _filled(store_dir)
+    with path.open("r+b") as fh:
+        fh.write(os.urandom(100))
+    store = EmbeddedLogStore(store_dir)
+    with pytest.raises(StoreCorruptError) as exc:
+        store.read("t", 0, 0)
+    _assert_corrupt(exc, path)
+    with pytest.raises(StoreCorruptError):
+        store.list_topics()
+    store.close()
+
+
+def test_truncated_file_is_store_corrupt(store_dir: Path) -> None:
+    path = _filled(store_dir)
+    size = path.stat().st_size
+    with path.open("r+b") as fh:
+        fh.truncate(size // 2)
+    with EmbeddedLogStore(store_dir) as store, pytest.raises(StoreCorruptError) as exc:
+        store.topic("t")
+    _assert_corrupt(exc, path)
+    assert "truncated" in str(exc.value)
+
+
+def test_undecodable_batch_is_store_corrupt(store_dir: Path) -> None:
+    path = _filled(store_dir)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE p0 SET data = x'00ffffffff' WHERE last_offset = (SELECT min(last_offset) FROM p0)")
+    conn.commit()
+    conn.close()
+    with EmbeddedLogStore(store_dir) as store:
+        with pytest.raises(StoreCorruptError) as exc:
+            store.read("t", 0, 0)
+        _assert_corrupt(exc, path)
+        assert len(store.read("t", 0, 20)) == 380  # the other batches are intact
+
+
+def test_errors_name_what_and_how(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as store:
+        with pytest.raises(UnknownTopicError) as unknown:
+            store.read("nope", 0, 0)
+        assert "cdc topic list" in (unknown.value.fix or "")
+        with pytest.raises(LogStoreError) as bad_name:
+            store.create_topic("bad/name", TopicConfig())
+        assert "[A-Za-z0-9._-]" in (bad_name.value.fix or "")
+        store.create_topic("t", TopicConfig(partitions=2))
+        with pytest.raises(LogStoreError) as bad_partition:
+            store.append("t", [Record(b"k", b"v", partition=2)])
+        assert bad_partition.value.partition == 2
+        assert store.end_offsets("t") == {0: 0, 1: 0}  # nothing of the refused batch was written
+        with pytest.raises(LogStoreError):
+            store.read("t", 5, 0)
+
+
+def test_reopen_keeps_records_offsets_and_positions(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as store:
+        store.create_topic("t", TopicConfig(partitions=1, min_compaction_lag_ms=0, delete_retention_ms=0))
+        store.append("t", [Record(b"a", b"1"), Record(b"a", None)])
+        store.commit("c", "t", {0: 2})
+        assert store.compact("t") == 2  # the tombstone and what it deleted are gone
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as store:
+        assert store.end_offsets("t") == {0: 2}  # the end does not move back
+        assert store.read("t", 0, 0) == []
+        assert store.append("t", [Record(b"b", b"2")]) == {0: 2}
+        assert store.committed("c", "t") == {0: 2}
+        store.delete_topic("t")
+        assert not (store_dir / "t.db").exists()
+        store.create_topic("t", TopicConfig(partitions=1))
+        assert store.committed("c", "t") == {}  # positions went with the topic
+        assert store.end_offsets("t") == {0: 0}
