@@ -47,7 +47,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import kafka.errors as kerr
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka import (
+    KafkaAdminClient,
+    KafkaConsumer,
+    KafkaProducer,
+    OffsetAndMetadata,
+    OffsetSpec,
+    TopicPartition,
+)
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.net.compat import KafkaNetClient
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
@@ -121,12 +128,14 @@ class KafkaLogStore(LogStore):
         producer: str = "bulk",
         compression: str | None = None,
         producer_config: Mapping[str, Any] | None = None,
+        compaction_interval_s: float | None = None,
     ) -> None:
         """``producer``: ``"bulk"`` (default) writes whole record batches through
         :class:`_BulkProducer`; ``"kafka-python"`` uses ``KafkaProducer.send()`` per record with
         :data:`DEFAULT_PRODUCER_CONFIG` updated by ``producer_config``. Both are idempotent with
         acks=all. ``compression``: none (default), gzip, snappy, lz4 or zstd (lz4, zstd and snappy
-        need their Python package installed)."""
+        need their Python package installed). ``compaction_interval_s`` is accepted for symmetry
+        with the embedded backend and ignored: the broker compacts on its own schedule."""
         if producer not in ("bulk", "kafka-python"):
             raise ValueError(f"producer must be 'bulk' or 'kafka-python', not {producer!r}")
         self.producer_kind = producer
@@ -518,13 +527,16 @@ class KafkaLogStore(LogStore):
         """(earliest, latest) per partition as the broker reports them through ListOffsets."""
         if not tps:
             return {}, {}
-        consumer = self._get_consumer()
         timeout = self.request_timeout_ms
         topic = tps[0].topic if len({tp.topic for tp in tps}) == 1 else None
         with self._broker("list offsets", topic):
-            starts = dict(consumer.beginning_offsets(tps, timeout_ms=timeout))
-            ends = dict(consumer.end_offsets(tps, timeout_ms=timeout))
-        return starts, ends
+            earliest = self._admin.list_partition_offsets(
+                dict.fromkeys(tps, OffsetSpec.EARLIEST), timeout_ms=timeout
+            )
+            latest = self._admin.list_partition_offsets(
+                dict.fromkeys(tps, OffsetSpec.LATEST), timeout_ms=timeout
+            )
+        return {tp: int(earliest[tp].offset) for tp in tps}, {tp: int(latest[tp].offset) for tp in tps}
 
     def _bounds(
         self, tps: list[TopicPartition]
