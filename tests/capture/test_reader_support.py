@@ -1,0 +1,179 @@
+"""Helpers shared by the capture tests (no tests here): a per-test capture environment (database,
+state dir, unique slot and topic prefix, log-store backend), `cdc` invocations in-process and as a
+subprocess, and a versioned "sink" that materialises a topic the way every sink must."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from cdc.config import Settings, load_settings
+from cdc.devcluster import PgCluster
+from cdc.events import TRUNCATE_KEY_FIELD, Version
+from cdc.logstore import LogStore, StoredRecord, open_log_store
+from cdc.registry import Registry, TableReg
+
+REPO = Path(__file__).resolve().parents[2]
+CDC = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
+
+
+@dataclass
+class CaptureEnv:
+    pg: PgCluster
+    db: str
+    state: Path
+    slot: str
+    prefix: str
+    log_url: str | None
+    config: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def dsn(self) -> str:
+        return self.pg.dsn(self.db)
+
+    def environ(self) -> dict[str, str]:
+        env = {**os.environ, "CDC_SOURCE": self.dsn, "CDC_STATE": str(self.state), "CDC_SLOT": self.slot,
+               "CDC_TOPIC_PREFIX": self.prefix, "CDC_CONFIG": str(self.config)}
+        env.pop("CDC_LOG", None)
+        if self.log_url:
+            env["CDC_LOG"] = self.log_url
+        return env
+
+    def settings(self) -> Settings:
+        return load_settings({}, self.environ(), self.state)
+
+    def sql(self, query: str, params: Any = None) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(query, params)  # type: ignore[arg-type]
+
+    def fetch(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    def cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CDC, *args], env=self.environ(), capture_output=True, text=True,
+                              timeout=timeout, cwd=self.state.parent)
+
+    def spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.state.parent / f"run-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen([*CDC, *args], env=self.environ(), stdout=log, stderr=subprocess.STDOUT,
+                                cwd=self.state.parent)
+        self.procs.append(proc)
+        return proc
+
+    def proc_log(self, i: int = -1) -> str:
+        n = i if i >= 0 else len(self.procs) + i
+        return (self.state.parent / f"run-{n}.log").read_text(errors="replace")
+
+    def add_table(self, name: str, *flags: str) -> None:
+        res = self.cdc("tables", "add", name, *flags)
+        assert res.returncode == 0, res.stderr + res.stdout
+
+    def run_once(self, *extra: str) -> dict[str, Any]:
+        res = self.cdc("run", "--once", "--json", *extra)
+        assert res.returncode == 0, f"cdc run --once exited {res.returncode}:\n{res.stderr}\n{res.stdout}"
+        return dict(orjson.loads(res.stdout.strip().splitlines()[-1]))
+
+    def registry(self) -> Registry:
+        return Registry(self.state)
+
+    def reg(self, schema: str, table: str) -> TableReg:
+        with self.registry() as r:
+            return r.get(schema, table)
+
+    def store(self) -> LogStore:
+        return open_log_store(self.settings(), writer=False)
+
+    def records(self, topic: str) -> list[StoredRecord]:
+        with self.store() as store:
+            out: list[StoredRecord] = []
+            for p in sorted(store.end_offsets(topic)):
+                out.extend(store.iter_partition(topic, p))
+            return out
+
+    def slot_confirmed(self) -> int | None:
+        from cdc.events import lsn_to_int
+
+        rows = self.pg.fetch(f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'")
+        return lsn_to_int(str(rows[0][0])) if rows and rows[0][0] else None
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+def make_env(pg: PgCluster, db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest,
+             options: str = "") -> Iterator[CaptureEnv]:
+    tag = uuid.uuid4().hex[:8]
+    log_url = None
+    if backend == "kafka":
+        broker = request.getfixturevalue("tansu_broker")
+        log_url = f"kafka://{broker.bootstrap}"
+    state = tmp_path / "state"
+    state.mkdir()
+    config = tmp_path / "cdc.toml"
+    config.write_text("heartbeat_interval_s = 1\npoll_s = 0.2\nbackoff_initial_s = 0.2\nbackoff_max_s = 2\n" + options)
+    env = CaptureEnv(pg, db, state, f"cdc_slot_{tag}", f"cdc{tag}", log_url, config)
+    try:
+        yield env
+    finally:
+        env.stop_all()
+
+
+def materialize(records: list[StoredRecord]) -> dict[str, Any]:
+    """What a versioned sink holds after applying ``records`` (any order within a partition is the
+    topic's order): newest version per key wins, deletes remove, a truncate removes every row whose
+    version is older. Keys are the key JSON text; values the ``after`` rows."""
+    state: dict[str, tuple[Version, dict[str, Any] | None]] = {}
+    truncates: list[Version] = []
+    for rec in records:
+        if rec.value is None:
+            continue
+        value = orjson.loads(rec.value)
+        version = Version.of(value)
+        key = rec.key.decode()
+        if TRUNCATE_KEY_FIELD in orjson.loads(rec.key):
+            truncates.append(version)
+            continue
+        current = state.get(key)
+        if current is not None and current[0] >= version:
+            continue
+        after = value["after"]
+        if after is not None and current is not None and current[1] is not None:
+            merged = {c: current[1][c] for c in value.get("unavailable", []) if c in current[1]}
+            after = {**after, **merged}
+        state[key] = (version, after if value["op"] != "d" else None)
+    newest_truncate = max(truncates) if truncates else None
+    return {
+        k: row for k, (v, row) in state.items()
+        if row is not None and (newest_truncate is None or v > newest_truncate)
+    }
+
+
+def assert_versions_monotonic(records: list[StoredRecord]) -> None:
+    """Per key, in topic order, versions never go down: no change was written before its snapshot
+    row (or the snapshot row after a newer change)."""
+    last: dict[bytes, Version] = {}
+    for rec in records:
+        if rec.value is None:
+            continue
+        version = Version.of(orjson.loads(rec.value))
+        prev = last.get(rec.key)
+        assert prev is None or version >= prev, (
+            f"key {rec.key!r}: version {version} written after {prev} (partition {rec.partition} offset {rec.offset})"
+        )
+        last[rec.key] = version
