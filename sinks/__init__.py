@@ -158,7 +158,9 @@ def _parse_one(table: TableReg, rec: RawRecord) -> ChangeEvent:
         raise _Bad(f"source.commit_lsn is not a non-negative integer: {commit_lsn!r}")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise _Bad(f"source.seq is not a non-negative integer: {seq!r}")
-    ts_ms = source.get("ts_ms", value.get("ts_ms"))
+    ts_ms = source.get("ts_ms")
+    if ts_ms is None:  # wal2json sent no commit timestamp: the time the reader built the event
+        ts_ms = value.get("ts_ms")
     if not isinstance(ts_ms, int) or isinstance(ts_ms, bool):
         raise _Bad(f"source.ts_ms is not an integer: {ts_ms!r}")
     for field, want in (("schema", table.schema), ("table", table.table)):

@@ -1,0 +1,421 @@
+"""The search sink: one tantivy index per registered table with search columns.
+
+Layout: the index at ``<state>/search/<topic>``; beside it ``<state>/search/<topic>.versions.sqlite``,
+the side table of each key's stored version, the deletes' versions (tombstones), the last TRUNCATE's
+version and the last applied batch id per app id (tantivy's Python commit carries no payload).
+
+One document per key:
+
+=====================  ==========================================================================
+``_cdc_key``           the key's canonical JSON, indexed as a single term (raw tokenizer), stored
+``_cdc_commit_lsn``,   the version of the stored row (u64, stored)
+``_cdc_seq``
+<search column>        one text field per registered search column (default tokenizer: BM25,
+                       phrase queries), stored for snippets; null values are left out
+``_cdc_document``      every column of the row as JSON (event encoding), stored, not indexed
+=====================  ==========================================================================
+
+Guarantees of :meth:`SearchSink.apply` (on top of :class:`sinks.Sink`):
+
+* **Version guard** through the side table: an upsert or delete applies only when newer than the
+  key's stored version, its tombstone (kept ``tombstone_retention_hours``, default 7 days) and the
+  last TRUNCATE. Upsert = ``delete_documents_by_term(_cdc_key)`` + ``add_document``; a delete
+  removes the document; a TRUNCATE (version T) removes every document older than T.
+* **Idempotent batches.** The index is committed first, then the side table (versions and the batch
+  id, in one SQLite transaction). A batch whose id is recorded for the app id is skipped. A crash
+  between the two commits replays the batch against stale versions, which re-deletes and re-adds the
+  same documents: same result.
+* **Unavailable TOAST values** are taken from the stored document; without one the batch fails with
+  :class:`cdc.errors.ApplyError`.
+* Tables without search columns are ignored. Changing a table's search columns needs a rebuild
+  (ApplyError says how).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import tantivy
+
+from cdc.errors import ApplyError, ConfigError
+from cdc.events import Version
+from cdc.registry import TableReg
+from sinks import ChangeBatch, ChangeEvent, Sink
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
+
+KEY = "_cdc_key"
+LSN = "_cdc_commit_lsn"
+SEQ = "_cdc_seq"
+DOCUMENT = "_cdc_document"
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """From ``[search]`` in cdc.toml. ``heap_size``: the index writer's memory budget (bytes)."""
+
+    tombstone_retention_hours: float = 7 * 24
+    heap_size: int = 64_000_000
+    threads: int = 1
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SearchOptions:
+        raw = settings.extra.get("search", {}) or {}
+        if not isinstance(raw, dict) or set(raw) - set(cls.__dataclass_fields__):
+            raise ConfigError(
+                f"invalid [search] settings {raw!r}", fix=f"use only {sorted(cls.__dataclass_fields__)}"
+            )
+        return cls(**raw)
+
+
+def index_path(state_dir: Path, reg: TableReg) -> Path:
+    """``<state>/search/<topic>``."""
+    return Path(state_dir) / "search" / reg.topic
+
+
+def versions_path(state_dir: Path, reg: TableReg) -> Path:
+    return Path(state_dir) / "search" / f"{reg.topic}.versions.sqlite"
+
+
+def field_names(reg: TableReg) -> dict[str, str]:
+    """Search column -> tantivy field name (the column name; ``_cdc_`` names are refused)."""
+    out: dict[str, str] = {}
+    sb = tantivy.SchemaBuilder()
+    for col in reg.search:
+        if col.startswith("_cdc_") or not sb.is_valid_field_name(col):
+            raise ApplyError(
+                f"search column {col!r} of {reg.qualified} cannot be a tantivy field name",
+                fix="rename the column or pick other search columns",
+                column=col,
+            )
+        out[col] = col
+    return out
+
+
+def build_schema(reg: TableReg) -> tantivy.Schema:
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field(KEY, stored=True, tokenizer_name="raw")
+    sb.add_unsigned_field(LSN, stored=True)
+    sb.add_unsigned_field(SEQ, stored=True)
+    for name in field_names(reg).values():
+        sb.add_text_field(name, stored=True)
+    sb.add_bytes_field(DOCUMENT, stored=True)
+    return sb.build()
+
+
+def _schema_signature(reg: TableReg) -> str:
+    return orjson.dumps({"version": 1, "search": list(reg.search)}).decode()
+
+
+class _Index:
+    """One table's open index, writer and side table."""
+
+    def __init__(self, state_dir: Path, reg: TableReg, options: SearchOptions) -> None:
+        self.reg = reg
+        self.path = index_path(state_dir, reg)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(versions_path(state_dir, reg), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = FULL")
+        self.db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS versions (key TEXT PRIMARY KEY, commit_lsn INTEGER NOT NULL,
+                seq INTEGER NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, deleted_at_ms INTEGER);
+            CREATE INDEX IF NOT EXISTS versions_deleted ON versions (deleted, deleted_at_ms);
+            CREATE TABLE IF NOT EXISTS applied (app_id TEXT PRIMARY KEY, batch_id INTEGER NOT NULL);
+            CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+            """
+        )
+        sig = _schema_signature(reg)
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+        if row is not None and row[0] != sig:
+            raise ApplyError(
+                f"the search index of {reg.qualified} was built for search columns "
+                f"{orjson.loads(row[0])['search']}, the registration now says {list(reg.search)}",
+                fix=f"remove {self.path} and {versions_path(state_dir, reg)}, then re-snapshot the table "
+                "so the index is rebuilt",
+                table=reg.qualified,
+            )
+        self.schema = build_schema(reg)
+        if tantivy.Index.exists(str(self.path)):
+            self.index = tantivy.Index.open(str(self.path))
+        else:
+            self.index = tantivy.Index(self.schema, path=str(self.path))
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (sig,))
+        self.writer = self.index.writer(heap_size=options.heap_size, num_threads=options.threads)
+
+    def applied(self, app_id: str) -> int | None:
+        row = self.db.execute("SELECT batch_id FROM applied WHERE app_id = ?", (app_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def marker(self) -> Version:
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'truncate'").fetchone()
+        if row is None:
+            return Version(-1, -1)
+        lsn, seq = orjson.loads(row[0])
+        return Version(lsn, seq)
+
+    def stored(self, keys: Iterable[str]) -> dict[str, tuple[Version, bool]]:
+        keys = list(keys)
+        out: dict[str, tuple[Version, bool]] = {}
+        for i in range(0, len(keys), _CHUNK):
+            chunk = keys[i : i + _CHUNK]
+            q = f"SELECT key, commit_lsn, seq, deleted FROM versions WHERE key IN ({','.join('?' * len(chunk))})"
+            for key, lsn, seq, deleted in self.db.execute(q, chunk):
+                out[key] = (Version(lsn, seq), bool(deleted))
+        return out
+
+    def live_older_than(self, v: Version) -> list[str]:
+        return [
+            r[0]
+            for r in self.db.execute(
+                "SELECT key FROM versions WHERE deleted = 0 AND (commit_lsn < ? OR (commit_lsn = ? AND seq < ?))",
+                (v.commit_lsn, v.commit_lsn, v.seq),
+            )
+        ]
+
+    def document(self, key: str) -> dict[str, Any] | None:
+        """The stored document (all columns, event encoding) of a key, from the committed index."""
+        self.index.reload()
+        searcher = self.index.searcher()
+        hits = searcher.search(tantivy.Query.term_query(self.schema, KEY, key), 1).hits
+        if not hits:
+            return None
+        raw = searcher.doc(hits[0][1]).get_first(DOCUMENT)
+        return dict(orjson.loads(raw)) if raw is not None else None
+
+    def close(self) -> None:
+        try:
+            self.writer.wait_merging_threads()
+        finally:
+            self.db.close()
+
+
+class SearchSink(Sink):
+    """tantivy index per table with search columns (see the module docstring). One writer per index:
+    the apply job; ``cdc search`` only reads. Not thread-safe."""
+
+    name = "search"
+
+    def __init__(self, state_dir: Path, options: SearchOptions | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.options = options or SearchOptions()
+        self._open: dict[str, _Index] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SearchSink:
+        return cls(Path(settings.state_dir), SearchOptions.from_settings(settings))
+
+    def _index(self, reg: TableReg) -> _Index:
+        idx = self._open.get(reg.topic)
+        if idx is None or idx.reg.search != reg.search:
+            if idx is not None:
+                idx.close()
+            idx = _Index(self.state_dir, reg, self.options)
+            self._open[reg.topic] = idx
+        return idx
+
+    def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
+        """See :class:`sinks.Sink` and the module docstring; a table without search columns is a no-op."""
+        reg = batch.table
+        if not reg.search or not batch.events:
+            return
+        idx = self._index(reg)
+        done = idx.applied(app_id)
+        if done is not None and done >= batch_id:
+            return
+        latest = batch.latest()
+        keys = sorted({ev.key_json for ev in latest if ev.op != "t"})
+        stored = idx.stored(keys)
+        marker = idx.marker()
+        overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
+        writer = idx.writer
+        fields = field_names(reg)
+        truncate: ChangeEvent | None = None
+        for ev in latest:
+            if ev.op == "t":
+                if ev.version <= marker:
+                    continue
+                older = set(idx.live_older_than(ev.version))
+                older.update(k for k, (v, dead, _) in overlay.items() if not dead and v < ev.version)
+                for k in older:
+                    writer.delete_documents_by_term(KEY, k)
+                    overlay[k] = (ev.version, True, ev.ts_ms)
+                marker = ev.version
+                truncate = ev
+                continue
+            prev = overlay.get(ev.key_json)
+            guard = marker
+            if prev is not None:
+                guard = max(guard, prev[0])
+            elif ev.key_json in stored:
+                guard = max(guard, stored[ev.key_json][0])
+            if ev.version <= guard:
+                continue
+            writer.delete_documents_by_term(KEY, ev.key_json)
+            if ev.op == "d":
+                overlay[ev.key_json] = (ev.version, True, ev.ts_ms)
+                continue
+            values = dict(ev.after or {})
+            if ev.unavailable:
+                base = idx.document(ev.key_json)
+                if base is None:
+                    raise ApplyError(
+                        f"{reg.qualified}: key {ev.key_json} at version {ev.version} lacks the unchanged TOAST "
+                        f"columns {list(ev.unavailable)} and the search index has no document to take them from",
+                        fix=f"re-snapshot the table (`cdc snapshot {reg.qualified}`)",
+                        key=ev.key_json,
+                    )
+                for c in ev.unavailable:
+                    values[c] = base.get(c)
+            writer.add_document(_document(ev, values, fields))
+            overlay[ev.key_json] = (ev.version, False, None)
+        if not overlay and truncate is None:
+            self._record(idx, app_id, batch_id, {}, None)
+            return
+        writer.commit()
+        self._record(idx, app_id, batch_id, overlay, truncate)
+        if batch_id % 100 == 0:
+            self.purge(reg)
+
+    def _record(
+        self, idx: _Index, app_id: str, batch_id: int, overlay: dict[str, tuple[Version, bool, int | None]],
+        truncate: ChangeEvent | None,
+    ) -> None:
+        db = idx.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT OR REPLACE INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?)",
+                [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()],
+            )
+            if truncate is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('truncate', ?)",
+                    (orjson.dumps([truncate.version.commit_lsn, truncate.version.seq]).decode(),),
+                )
+            db.execute("INSERT OR REPLACE INTO applied VALUES (?, ?)", (app_id, batch_id))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def purge(self, reg: TableReg) -> int:
+        """Forget tombstones older than the retention; returns how many."""
+        idx = self._index(reg)
+        cutoff = int((time.time() - self.options.tombstone_retention_hours * 3600) * 1000)
+        cur = idx.db.execute("DELETE FROM versions WHERE deleted = 1 AND deleted_at_ms < ?", (cutoff,))
+        return int(cur.rowcount)
+
+    def close(self) -> None:
+        for idx in self._open.values():
+            idx.close()
+        self._open.clear()
+
+
+def _document(ev: ChangeEvent, values: dict[str, Any], fields: dict[str, str]) -> tantivy.Document:
+    doc = tantivy.Document()
+    doc.add_text(KEY, ev.key_json)
+    doc.add_unsigned(LSN, ev.version.commit_lsn)
+    doc.add_unsigned(SEQ, ev.version.seq)
+    for col, field in fields.items():
+        v = values.get(col)
+        if v is None:
+            continue
+        doc.add_text(field, v if isinstance(v, str) else orjson.dumps(v).decode())
+    doc.add_bytes(DOCUMENT, orjson.dumps(values))
+    return doc
+
+
+# --- reading (cdc search) ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Hit:
+    key: Any
+    score: float
+    snippet: str
+    document: dict[str, Any]
+
+
+HIGHLIGHT_START = "**"
+HIGHLIGHT_END = "**"
+
+
+def search(state_dir: Path, reg: TableReg, query: str, *, limit: int = 10) -> list[Hit]:
+    """Ranked hits (BM25) for ``query`` (tantivy query syntax) over the table's search columns.
+    Snippets are plain text with matches between ``**`` markers. ApplyError when the table has no
+    search columns or no index yet; a query syntax error is an ApplyError naming the query."""
+    from cdc.catalog import quote_table_name
+
+    if not reg.search:
+        raise ApplyError(
+            f"{reg.qualified} has no search columns",
+            fix=f"register them: `cdc tables remove '{quote_table_name(reg.schema, reg.table)}'` then "
+            f"`cdc tables add '{quote_table_name(reg.schema, reg.table)}' --search COL`",
+            table=reg.qualified,
+        )
+    path = index_path(state_dir, reg)
+    if not path.is_dir() or not tantivy.Index.exists(str(path)):
+        raise ApplyError(
+            f"{reg.qualified} is not indexed yet (no index at {path})",
+            fix="run the apply job (`cdc apply --once`) after the table's snapshot",
+            table=reg.qualified,
+        )
+    index = tantivy.Index.open(str(path))
+    fields = list(field_names(reg).values())
+    try:
+        q = index.parse_query(query, fields)
+    except ValueError as exc:
+        raise ApplyError(
+            f"cannot parse the search query {query!r}: {exc}",
+            fix="use tantivy query syntax: words, \"a phrase\", field:word, +must -mustnot, AND/OR; "
+            f"fields: {', '.join(fields)}",
+            query=query,
+        ) from exc
+    searcher = index.searcher()
+    schema = index.schema
+    generators = [tantivy.SnippetGenerator.create(searcher, q, schema, f) for f in fields]
+    hits: list[Hit] = []
+    for score, addr in searcher.search(q, limit).hits:
+        doc = searcher.doc(addr)
+        snippet = ""
+        for gen in generators:
+            snippet = _marked(gen.snippet_from_doc(doc))
+            if snippet:
+                break
+        if not snippet:  # matched outside the text (e.g. a range query): the start of the first field
+            snippet = next((str(doc.get_first(f))[:150] for f in fields if doc.get_first(f) is not None), "")
+        raw = doc.get_first(DOCUMENT)
+        hits.append(
+            Hit(
+                key=orjson.loads(str(doc.get_first(KEY))),
+                score=float(score),
+                snippet=snippet,
+                document=orjson.loads(raw) if raw is not None else {},
+            )
+        )
+    return hits
+
+
+def _marked(snippet: tantivy.Snippet) -> str:
+    """The fragment with highlighted ranges (byte offsets) wrapped in markers."""
+    text = snippet.fragment().encode()
+    ranges = sorted((r.start, r.end) for r in snippet.highlighted())
+    if not text:
+        return ""
+    out = []
+    pos = 0
+    for start, end in ranges:
+        out.append(text[pos:start].decode(errors="replace"))
+        out.append(HIGHLIGHT_START + text[start:end].decode(errors="replace") + HIGHLIGHT_END)
+        pos = end
+    out.append(text[pos:].decode(errors="replace"))
+    return "".join(out)
