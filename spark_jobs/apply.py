@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -373,6 +374,8 @@ class ApplyJob:
 
     def run(self) -> ApplySummary:
         """Run until caught up (``once``) or until :meth:`stop`; raise ApplyError if a batch fails."""
+        from pyspark.errors import StreamingQueryException
+
         started = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -387,7 +390,10 @@ class ApplyJob:
                 restart = False
                 while not self._stop.is_set():
                     wait_s = 1 if self.options.once else max(1, round(self.options.registry_poll_s))
-                    if query.awaitTermination(wait_s):
+                    try:
+                        if query.awaitTermination(wait_s):
+                            break
+                    except StreamingQueryException:
                         break
                     if gen >= 0:
                         new_gen, new_tables = self.current_tables()
@@ -431,9 +437,10 @@ class ApplyJob:
 
 def _first_lines(text: str, limit: int = 1500) -> str:
     """The useful part of a StreamingQueryException: the Python error, not the JVM stack."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    py = [ln for ln in lines if "Error" in ln or "Exception" in ln]
-    out = " | ".join(py[-3:]) if py else " | ".join(lines[:3])
+    head = text.split("=== Streaming Query ===")[0]
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Warning)\b.*:", ln)]
+    out = errors[-1] if errors else " | ".join(lines[:3])
     return out[:limit]
 
 

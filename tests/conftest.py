@@ -2,4 +2,5 @@
 pytest_plugins = [
     "tests.plugins.postgres",
     "tests.plugins.logstore",
+    "tests.plugins.spark",
 ]

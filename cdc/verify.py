@@ -1,0 +1,505 @@
+"""``cdc verify``: compare each source table with its current-state Delta table and its search index.
+
+How (for each registered table, or the one named):
+
+1. **A consistent point.** The source is read in one ``REPEATABLE READ`` transaction whose first
+   statement notes ``pg_current_wal_lsn()`` (L). Before comparing, verify waits (at most ``wait_s``)
+   until the pipeline has caught up to L: the replication slot's ``confirmed_flush_lsn`` >= L (when
+   the slot exists: every change up to L is durable in the log store), then the ``apply`` consumer's
+   committed positions >= the topic's end offsets noted at that moment (every such record applied).
+   If the deadline passes, the report says **not caught up** (exit 3), distinct from **different**
+   (exit 1).
+2. **Normalisation.** Source values are read in the event encoding (Postgres text output, UTC,
+   ISO dates; numeric NaN/Infinity as null as wal2json sends them; arrays through ``to_json``) and
+   converted with the sinks' own converters (:func:`sinks.types.to_array`), so both sides are the
+   exact Arrow values the warehouse stores: ``numeric(p,s)`` compares ``Decimal`` to ``Decimal``,
+   timestamps to the microsecond, floats bit for bit (NaN equals NaN).
+3. **Per-key-range hashes.** Rows are hashed (blake2b of canonical JSON of the normalised values)
+   and grouped into ranges of the source's key order (``range_rows`` keys each); each range gets a
+   hash over its (key, row hash) pairs on both sides. Only ranges whose hashes differ are examined
+   row by row: their source rows are fetched again (same transaction) and compared with the
+   warehouse rows, giving the **missing** (in the source, not the warehouse), **extra** and
+   **different** keys (lists capped at ``limit``, with exact counts).
+4. **Search index** (tables with search columns): its document keys must equal the source's keys
+   (missing/extra documents are reported under ``search``).
+
+A difference caused by a change newer than L that was already applied (the warehouse row's version
+is past L) is not a difference of the pipeline: verify retries with a fresh consistent point while
+time remains, and reports what remains.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc.config import Settings
+from cdc.errors import CdcError, SourceError, UnknownTopicError
+from cdc.events import lsn_to_int
+from cdc.registry import Registry, TableReg, search_index_path
+
+APPLY_CONSUMER = "apply"
+DEFAULT_RANGE_ROWS = 1024
+FETCH_CHUNK = 20_000
+
+Key = tuple[Any, ...]
+
+
+class NotCaughtUpError(CdcError):
+    """The pipeline did not catch up with the source's consistent point within the wait."""
+
+    exit_code = 3
+
+
+@dataclass
+class TableReport:
+    """One table's comparison (``to_dict`` is the ``--json`` shape)."""
+
+    table: str
+    source_rows: int = 0
+    warehouse_rows: int = 0
+    search_docs: int | None = None
+    missing: list[Any] = field(default_factory=list)
+    extra: list[Any] = field(default_factory=list)
+    different: list[Any] = field(default_factory=list)
+    missing_count: int = 0
+    extra_count: int = 0
+    different_count: int = 0
+    search_missing: list[Any] = field(default_factory=list)
+    search_extra: list[Any] = field(default_factory=list)
+    search_missing_count: int = 0
+    search_extra_count: int = 0
+    ranges: int = 0
+    ranges_differing: int = 0
+    newer_than_point: int = 0
+    consistent_lsn: str = ""
+    caught_up: bool = True
+    lag: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def equal(self) -> bool:
+        return not (
+            self.missing_count or self.extra_count or self.different_count
+            or self.search_missing_count or self.search_extra_count
+        )
+
+    @property
+    def status(self) -> str:
+        if not self.caught_up:
+            return "not_caught_up"
+        return "ok" if self.equal else "different"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "status": self.status,
+            "source_rows": self.source_rows,
+            "warehouse_rows": self.warehouse_rows,
+            "search_docs": self.search_docs,
+            "missing": self.missing,
+            "extra": self.extra,
+            "different": self.different,
+            "missing_count": self.missing_count,
+            "extra_count": self.extra_count,
+            "different_count": self.different_count,
+            "search": {
+                "missing": self.search_missing,
+                "extra": self.search_extra,
+                "missing_count": self.search_missing_count,
+                "extra_count": self.search_extra_count,
+            },
+            "ranges": self.ranges,
+            "ranges_differing": self.ranges_differing,
+            "consistent_lsn": self.consistent_lsn,
+            "caught_up": self.caught_up,
+            "lag": self.lag,
+        }
+
+
+# --- canonical values and hashes -------------------------------------------------------------------
+def canonical(value: Any) -> Any:
+    """A JSON-able form that is equal exactly when the stored values are equal."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "f:NaN"
+        return f"f:{value!r}"
+    if isinstance(value, Decimal):
+        return f"d:{value}"
+    if isinstance(value, bytes):
+        return f"b:{value.hex()}"
+    if isinstance(value, list | tuple):
+        return [canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): canonical(v) for k, v in value.items()}
+    iso = getattr(value, "isoformat", None)
+    if iso is not None:
+        return f"t:{iso()}"
+    return f"s:{value}"
+
+
+def row_hash(values: Sequence[Any]) -> bytes:
+    """Stable hash of a row's normalised values (never Python's ``hash()``)."""
+    return hashlib.blake2b(orjson.dumps([canonical(v) for v in values]), digest_size=16).digest()
+
+
+def _sort_key(key: Key) -> tuple[Any, ...]:
+    """A total order over keys (types per position are the same on both sides)."""
+    return tuple((0, v) if isinstance(v, int | float | Decimal) else (1, str(canonical(v))) for v in key)
+
+
+def _key_json(names: Sequence[str], key: Key) -> Any:
+    from sinks.types import to_event_value
+
+    return {n: to_event_value(v) for n, v in zip(names, key, strict=True)}
+
+
+# --- reading the source ----------------------------------------------------------------------------
+def _select_expr(column: str, pg_type: str) -> sql.Composable:
+    c = sql.Identifier(column)
+    t = pg_type.strip().lower()
+    if t.endswith("[]"):
+        return sql.SQL("to_json({})::text").format(c)
+    if t.startswith("numeric"):
+        return sql.SQL(
+            "CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) THEN NULL ELSE {c}::text END"
+        ).format(c=c)
+    return sql.SQL("{}::text").format(c)
+
+
+def _from_text(text: str | None, pg_type: str) -> Any:
+    """A value as the source sent it (text) in the event encoding the converters accept."""
+    if text is None:
+        return None
+    if pg_type.strip().endswith("[]"):
+        return json.loads(text, parse_float=str)
+    return text
+
+
+def _normalise(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]], target: Any) -> list[list[Any]]:
+    """Rows of event-encoded values -> rows of the Arrow values the warehouse stores (cast to the
+    warehouse column's type when it differs)."""
+    import pyarrow as pa
+
+    from sinks.types import to_array
+
+    cols: list[list[Any]] = []
+    for i, (name, pg_type) in enumerate(columns):
+        arr = to_array([_from_text(r[i], pg_type) for r in rows], pg_type)
+        want = target.field(name).type if target is not None and name in target.names else None
+        if want is not None and arr.type != want:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                arr = arr.cast(want)
+        cols.append(arr.to_pylist())
+    return [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in rows]
+
+
+@dataclass
+class _Side:
+    """Per key: row hash (and the full normalised row, kept only for the warehouse)."""
+
+    hashes: dict[Key, bytes] = field(default_factory=dict)
+    rows: dict[Key, list[Any]] = field(default_factory=dict)
+    versions: dict[Key, int] = field(default_factory=dict)
+
+
+def _range_hashes(keys_sorted: list[Key], bounds: list[tuple[Any, ...]], side: _Side) -> dict[int, bytes]:
+    out: dict[int, Any] = {}
+    for k in keys_sorted:
+        idx = max(bisect.bisect_right(bounds, _sort_key(k)) - 1, 0)
+        h = out.get(idx)
+        if h is None:
+            h = out[idx] = hashlib.blake2b(digest_size=16)
+        h.update(orjson.dumps([canonical(v) for v in k]))
+        h.update(side.hashes[k])
+    return {i: h.digest() for i, h in out.items()}
+
+
+class Verifier:
+    """Compares registered tables with their derived tables; see the module docstring."""
+
+    def __init__(
+        self, settings: Settings, *, wait_s: float = 60.0, limit: int = 20, range_rows: int = DEFAULT_RANGE_ROWS,
+        retries: int = 3,
+    ) -> None:
+        self.settings = settings
+        self.state_dir = Path(settings.state_dir)
+        self.wait_s = wait_s
+        self.limit = limit
+        self.range_rows = max(range_rows, 1)
+        self.retries = max(retries, 1)
+
+    # -- catch-up -------------------------------------------------------------------------------------
+    def _slot_caught_up(self, conn: psycopg.Connection[Any], lsn: int) -> tuple[bool, dict[str, Any]]:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (self.settings.slot_name,),
+        ).fetchone()
+        if row is None or row[0] is None:
+            return True, {}
+        flushed = lsn_to_int(str(row[0]))
+        return flushed >= lsn, {"slot_confirmed_flush_lsn": str(row[0])}
+
+    def _apply_lag(self, store: Any, topic: str, ends: dict[int, int]) -> dict[int, int]:
+        try:
+            done = store.committed(APPLY_CONSUMER, topic)
+            starts = store.start_offsets(topic)
+        except UnknownTopicError:
+            return {}
+        return {
+            p: e - max(done.get(p, 0), starts.get(p, 0))
+            for p, e in ends.items()
+            if e - max(done.get(p, 0), starts.get(p, 0)) > 0
+        }
+
+    def wait_caught_up(self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]) -> dict[str, Any]:
+        """Wait until the slot and the apply job reached ``lsn``; return the remaining lag (empty if
+        caught up)."""
+        from cdc.logstore import open_log_store
+
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            ok, info = self._slot_caught_up(conn, lsn)
+            if ok or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if not ok:
+            return {"slot": info}
+        with open_log_store(self.settings) as store:
+            ends: dict[str, dict[int, int]] = {}
+            for reg in tables:
+                try:
+                    ends[reg.topic] = store.end_offsets(reg.topic)
+                except UnknownTopicError:
+                    ends[reg.topic] = {}
+            while True:
+                lag = {t: lag for t in ends if (lag := self._apply_lag(store, t, ends[t]))}
+                if not lag or time.monotonic() > deadline:
+                    return {"apply": {t: {str(p): n for p, n in v.items()} for t, v in lag.items()}} if lag else {}
+                time.sleep(0.2)
+
+    # -- the comparison -------------------------------------------------------------------------------
+    def verify(self, tables: Sequence[TableReg]) -> list[TableReport]:
+        dsn = self.settings.require_source()
+        reports: list[TableReport] = []
+        for reg in tables:
+            report = self._verify_table(dsn, reg)
+            for _ in range(self.retries - 1):
+                if report.equal or not report.caught_up or not report.newer_than_point:
+                    break
+                report = self._verify_table(dsn, reg)
+            reports.append(report)
+        return reports
+
+    def _columns(self, reg: TableReg) -> list[tuple[str, str]]:
+        return [(c.name, c.type) for c in reg.columns if c.name not in reg.exclude]
+
+    def _verify_table(self, dsn: str, reg: TableReg) -> TableReport:
+        report = TableReport(table=reg.qualified)
+        try:
+            conn = psycopg.connect(dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise SourceError(
+                f"cannot connect to the source: {exc}", fix="check CDC_SOURCE / --source and that the server is up"
+            ) from exc
+        with conn:
+            conn.execute("SET TimeZone = 'UTC'")
+            conn.execute("SET DateStyle = 'ISO, YMD'")
+            conn.execute("SET IntervalStyle = 'postgres'")
+            conn.execute("SET extra_float_digits = 1")
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                assert row is not None
+                lsn = lsn_to_int(str(row[0]))
+                report.consistent_lsn = str(row[0])
+                with psycopg.connect(dsn, autocommit=True) as side:
+                    lag = self.wait_caught_up(side, lsn, [reg])
+                if lag:
+                    report.caught_up = False
+                    report.lag = lag
+                self._compare(conn, reg, lsn, report)
+        return report
+
+    def _source_rows(
+        self, conn: psycopg.Connection[Any], reg: TableReg, columns: list[tuple[str, str]], target: Any,
+        where: sql.Composable | None = None, params: Sequence[Any] = (),
+    ) -> Iterator[tuple[Key, list[Any]]]:
+        names = [c for c, _ in columns]
+        key_idx = [names.index(k) for k in reg.key]
+        q = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns), sql.Identifier(reg.schema, reg.table)
+        )
+        if where is not None:
+            q = q + sql.SQL(" WHERE ") + where
+        with conn.cursor(name=f"cdc_verify_{id(q)}") as cur:
+            cur.itersize = FETCH_CHUNK
+            cur.execute(q, params)
+            while True:
+                chunk = cur.fetchmany(FETCH_CHUNK)
+                if not chunk:
+                    break
+                for norm in _normalise(columns, chunk, target):
+                    yield tuple(norm[i] for i in key_idx), norm
+
+    def _warehouse(self, reg: TableReg, columns: list[tuple[str, str]]) -> tuple[Any, _Side]:
+        from sinks.warehouse import LSN, WarehouseSink
+
+        side = _Side()
+        sink = WarehouseSink(self.state_dir)
+        path = sink.paths(reg)[0]
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(str(path)):
+            return None, side
+        table = sink.current_rows(reg, meta=True)
+        names = [c for c, _ in columns]
+        key_idx = [names.index(k) for k in reg.key]
+        present = [n for n in names if n in table.column_names]
+        data = {n: table.column(n).to_pylist() for n in present}
+        versions = table.column(LSN).to_pylist()
+        for i in range(table.num_rows):
+            row = [data[n][i] if n in data else None for n in names]
+            key = tuple(row[j] for j in key_idx)
+            side.rows[key] = row
+            side.hashes[key] = row_hash(row)
+            side.versions[key] = int(versions[i])
+        return table.schema, side
+
+    def _search_keys(self, reg: TableReg) -> set[str] | None:
+        path = search_index_path(self.state_dir, reg)
+        if path is None:
+            return None
+        from sinks.search import SearchSink
+
+        if not path.exists():
+            return set()
+        return SearchSink.index_keys(path)
+
+    def _compare(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport) -> None:
+        columns = self._columns(reg)
+        names = [c for c, _ in columns]
+        target, wh = self._warehouse(reg, columns)
+        src = _Side()
+        for key, row in self._source_rows(conn, reg, columns, target):
+            src.hashes[key] = row_hash(row)
+        report.source_rows = len(src.hashes)
+        report.warehouse_rows = len(wh.hashes)
+        # ranges of the source's key order
+        src_sorted = sorted(src.hashes, key=_sort_key)
+        bounds = [_sort_key(k) for k in src_sorted[:: self.range_rows]] or [()]
+        wh_sorted = sorted(wh.hashes, key=_sort_key)
+        src_ranges = _range_hashes(src_sorted, bounds, src)
+        wh_ranges = _range_hashes(wh_sorted, bounds, wh)
+        report.ranges = max(len(bounds), 1)
+        bad = sorted(i for i in set(src_ranges) | set(wh_ranges) if src_ranges.get(i) != wh_ranges.get(i))
+        report.ranges_differing = len(bad)
+        missing: list[Key] = []
+        extra: list[Key] = []
+        different: list[tuple[Key, dict[str, Any]]] = []
+        if bad:
+            bad_set = set(bad)
+
+            def in_bad(k: Key) -> bool:
+                return max(bisect.bisect_right(bounds, _sort_key(k)) - 1, 0) in bad_set
+
+            src_keys = [k for k in src_sorted if in_bad(k)]
+            wh_keys = [k for k in wh_sorted if in_bad(k)]
+            src_rows = self._refetch(conn, reg, columns, target, src_keys)
+            for k in src_keys:
+                if k not in wh.hashes:
+                    missing.append(k)
+                elif src.hashes[k] != wh.hashes[k]:
+                    s_row = src_rows.get(k)
+                    w_row = wh.rows[k]
+                    diff = {
+                        n: {"source": _show(sv), "warehouse": _show(wv)}
+                        for n, sv, wv in zip(names, s_row or [None] * len(names), w_row, strict=True)
+                        if canonical(sv) != canonical(wv)
+                    }
+                    different.append((k, diff))
+            extra = [k for k in wh_keys if k not in src.hashes]
+        report.newer_than_point = sum(
+            1 for k in [*extra, *(k for k, _ in different)] if wh.versions.get(k, 0) > lsn
+        )
+        report.missing_count, report.extra_count, report.different_count = len(missing), len(extra), len(different)
+        report.missing = [_key_json(reg.key, k) for k in missing[: self.limit]]
+        report.extra = [_key_json(reg.key, k) for k in extra[: self.limit]]
+        report.different = [
+            {"key": _key_json(reg.key, k), "columns": d} for k, d in different[: self.limit]
+        ]
+        docs = self._search_keys(reg)
+        if docs is not None:
+            report.search_docs = len(docs)
+            src_json = {orjson.dumps(_key_json(reg.key, k)).decode(): k for k in src.hashes}
+            s_missing = [src_json[j] for j in src_json if j not in docs]
+            s_extra = sorted(d for d in docs if d not in src_json)
+            report.search_missing_count, report.search_extra_count = len(s_missing), len(s_extra)
+            report.search_missing = [_key_json(reg.key, k) for k in sorted(s_missing, key=_sort_key)[: self.limit]]
+            report.search_extra = [orjson.loads(d) for d in s_extra[: self.limit]]
+
+    def _refetch(
+        self, conn: psycopg.Connection[Any], reg: TableReg, columns: list[tuple[str, str]], target: Any,
+        keys: list[Key],
+    ) -> dict[Key, list[Any]]:
+        """Full source rows of ``keys`` (same transaction), matched through ``unnest`` of typed arrays."""
+        if not keys:
+            return {}
+        types = dict(columns)
+        out: dict[Key, list[Any]] = {}
+        for i in range(0, len(keys), 5000):
+            chunk = keys[i : i + 5000]
+            arrays = [[_to_param(k[j]) for k in chunk] for j in range(len(reg.key))]
+            where = sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
+                sql.SQL(", ").join(sql.Identifier(k) for k in reg.key),
+                sql.SQL(", ").join(
+                    sql.SQL("%s::text[]::{}[]").format(sql.SQL(_array_base(types[k]))) for k in reg.key
+                ),
+            )
+            for key, row in self._source_rows(conn, reg, columns, target, where, arrays):
+                out[key] = row
+        return out
+
+
+def _array_base(pg_type: str) -> str:
+    """The element type to cast a text[] of key values to (format_type output from the registry)."""
+    return pg_type.strip()
+
+
+def _to_param(value: Any) -> str:
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    iso = getattr(value, "isoformat", None)
+    if iso is not None:
+        return str(iso())
+    return str(value)
+
+
+def _show(value: Any) -> Any:
+    from sinks.types import to_event_value
+
+    v = to_event_value(value)
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def select_tables(settings: Settings, name: str | None) -> list[TableReg]:
+    with Registry(Path(settings.state_dir)) as reg:
+        if name:
+            return [reg.find(name)]
+        return reg.list_tables()

@@ -1,0 +1,224 @@
+"""Writing change events into a log store the way the reader does (tests and benchmarks).
+
+:class:`ChangeWriter` builds the Debezium-style envelopes of :mod:`cdc.events` (``source.commit_lsn``
+and ``seq`` as the version, ``unavailable`` for unchanged TOAST values, a tombstone after every
+delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one ``t`` per partition) and
+appends them with the reader's partitioning (murmur2 of the key bytes).
+
+:class:`PgMirror` runs statements against a real Postgres table and emits the matching events, with
+every value read back from Postgres in the event encoding -- so the source table and the log store
+hold the same history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, int_to_lsn
+from cdc.logstore import LogStore, Record, TopicConfig
+from cdc.registry import Column, TableReg
+
+
+def make_reg(
+    schema: str, table: str, columns: Sequence[tuple[str, str]], key: Sequence[str] = ("id",),
+    search: Sequence[str] = (), prefix: str = "cdc",
+) -> TableReg:
+    from cdc.events import topic_name
+
+    return TableReg(
+        schema=schema, table=table, topic=topic_name(prefix, schema, table), key=tuple(key),
+        search=tuple(search), columns=tuple(Column(n, t, n not in key) for n, t in columns),
+        snapshot_state="done",
+    )
+
+
+class ChangeWriter:
+    """Appends envelopes for one table. Versions: ``commit_lsn`` grows by 16 per transaction (or is
+    given), ``seq`` counts changes within the transaction from 1."""
+
+    def __init__(
+        self, store: LogStore, reg: TableReg, *, partitions: int = 4, db: str = "test", prefix: str = "cdc",
+        start_lsn: int = 0x1_0000_0000,
+    ) -> None:
+        self.store = store
+        self.reg = reg
+        self.partitions = partitions
+        self.db = db
+        self.prefix = prefix
+        store.create_topic(reg.topic, TopicConfig(partitions=partitions))
+        self.commit_lsn = start_lsn
+        self.seq = 0
+        self.pending: list[Record] = []
+        self.written: list[Record] = []
+        self.ts_ms: int | None = None
+
+    # -- transactions --------------------------------------------------------------------------------
+    @contextmanager
+    def txn(self, commit_lsn: int | None = None, ts_ms: int | None = None) -> Iterator[int]:
+        self.commit_lsn = commit_lsn if commit_lsn is not None else self.commit_lsn + 16
+        self.seq = 0
+        self.ts_ms = ts_ms
+        yield self.commit_lsn
+        self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.store.append(self.reg.topic, self.pending)
+            self.written.extend(self.pending)
+            self.pending = []
+
+    # -- envelopes -----------------------------------------------------------------------------------
+    def envelope(
+        self, op: str, after: dict[str, Any] | None, before: dict[str, Any] | None,
+        unavailable: Sequence[str] = (), seq: int | None = None,
+    ) -> bytes:
+        ts = self.ts_ms if self.ts_ms is not None else int(time.time() * 1000)
+        s = self.seq if seq is None else seq
+        body = {
+            "before": before,
+            "after": after,
+            "source": {
+                "version": CONNECTOR_VERSION, "connector": "postgresql", "name": self.prefix, "ts_ms": ts,
+                "snapshot": "false", "db": self.db, "schema": self.reg.schema, "table": self.reg.table,
+                "txId": self.commit_lsn % 100_000, "lsn": self.commit_lsn - 8 + min(s, 7),
+                "sequence": f'["{self.commit_lsn}","{self.commit_lsn}"]',
+                "commit_lsn": self.commit_lsn, "seq": s,
+            },
+            "op": op,
+            "ts_ms": ts,
+            "unavailable": list(unavailable),
+        }
+        return orjson.dumps(body)
+
+    def _key(self, row: dict[str, Any]) -> bytes:
+        return encode_key({k: row[k] for k in self.reg.key})
+
+    def upsert(self, row: dict[str, Any], op: str = "c", unavailable: Sequence[str] = ()) -> None:
+        self.seq += 1
+        after = {k: v for k, v in row.items() if k not in unavailable}
+        self.pending.append(Record(self._key(row), self.envelope(op, after, None, unavailable), timestamp_ms=self.ts_ms))
+
+    def insert(self, row: dict[str, Any]) -> None:
+        self.upsert(row, "c")
+
+    def update(self, row: dict[str, Any], unavailable: Sequence[str] = ()) -> None:
+        self.upsert(row, "u", unavailable)
+
+    def delete(self, key: dict[str, Any]) -> None:
+        self.seq += 1
+        kb = self._key(key)
+        self.pending.append(Record(kb, self.envelope("d", None, dict(key)), timestamp_ms=self.ts_ms))
+        self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
+
+    def change_key(self, old_key: dict[str, Any], new_row: dict[str, Any]) -> None:
+        """A primary-key change: ``d`` old + tombstone + ``c`` new, sharing one seq."""
+        self.seq += 1
+        kb = self._key(old_key)
+        self.pending.append(Record(kb, self.envelope("d", None, dict(old_key), seq=self.seq), timestamp_ms=self.ts_ms))
+        self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
+        self.pending.append(Record(self._key(new_row), self.envelope("c", new_row, None, seq=self.seq), timestamp_ms=self.ts_ms))
+
+    def truncate(self) -> None:
+        self.seq += 1
+        for p in range(self.partitions):
+            self.pending.append(
+                Record(encode_key({TRUNCATE_KEY_FIELD: p}), self.envelope("t", None, None), partition=p,
+                       timestamp_ms=self.ts_ms)
+            )
+
+    def raw(self, key: bytes, value: bytes | None) -> None:
+        """A record as-is (corrupt input)."""
+        self.pending.append(Record(key, value, timestamp_ms=self.ts_ms))
+
+
+class PgMirror:
+    """Runs statements on a real Postgres table and writes the events they make.
+
+    The table's version of a change is the real WAL insert position after the statement committed
+    (increasing), and every value comes back from Postgres in the event encoding (``encode_sql``).
+    """
+
+    def __init__(self, dsn: str, writer: ChangeWriter) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute("SET TimeZone = 'UTC'")
+        self.conn.execute("SET DateStyle = 'ISO'")
+        self.w = writer
+        self.reg = writer.reg
+        self.ident = sql.Identifier(self.reg.schema, self.reg.table)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _select_list(self) -> sql.Composable:
+        parts = []
+        for col in self.reg.columns:
+            t = col.type
+            c = sql.Identifier(col.name)
+            if t.startswith("numeric"):
+                # NaN/Infinity: wal2json sends null
+                parts.append(sql.SQL("CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) "
+                                     "THEN NULL ELSE {c}::text END").format(c=c))
+            elif t in ("jsonb", "json", "timestamp with time zone", "timestamp without time zone", "date"):
+                parts.append(sql.SQL("{}::text").format(c))
+            else:
+                parts.append(c)
+        return sql.SQL(", ").join(parts)
+
+    def fetch(self, where: sql.Composable, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        q = sql.SQL("SELECT {} FROM {} WHERE ").format(self._select_list(), self.ident) + where
+        names = [c.name for c in self.reg.columns]
+        return [dict(zip(names, r, strict=True)) for r in self.conn.execute(q, params).fetchall()]
+
+    def lsn(self) -> int:
+        (text,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
+        from cdc.events import lsn_to_int
+
+        return lsn_to_int(text)
+
+    def _by_id(self, key: int) -> dict[str, Any]:
+        rows = self.fetch(sql.SQL("id = %s"), (key,))
+        assert rows, f"row {key} not found"
+        return rows[0]
+
+    def insert(self, row: dict[str, Any]) -> None:
+        cols = list(row)
+        self.conn.execute(
+            sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                self.ident, sql.SQL(", ").join(map(sql.Identifier, cols)), sql.SQL(", ").join(sql.Placeholder() * len(cols))
+            ),
+            [row[c] for c in cols],
+        )
+        with self.w.txn(self.lsn()):
+            self.w.insert(self._by_id(row["id"]))
+
+    def update(self, key: int, changes: dict[str, Any], unavailable: Sequence[str] = ()) -> None:
+        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
+        self.conn.execute(sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.ident, sets), [*changes.values(), key])
+        with self.w.txn(self.lsn()):
+            self.w.update(self._by_id(key), unavailable=unavailable)
+
+    def delete(self, key: int) -> None:
+        self.conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.ident), [key])
+        with self.w.txn(self.lsn()):
+            self.w.delete({"id": key})
+
+    def change_key(self, old: int, new: int) -> None:
+        self.conn.execute(sql.SQL("UPDATE {} SET id = %s WHERE id = %s").format(self.ident), [new, old])
+        with self.w.txn(self.lsn()):
+            self.w.change_key({"id": old}, self._by_id(new))
+
+    def truncate(self) -> None:
+        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.ident))
+        with self.w.txn(self.lsn()):
+            self.w.truncate()
+
+
+def lsn_text(value: int) -> str:
+    return int_to_lsn(value)
