@@ -287,6 +287,8 @@ class _Topic:
         self.guard = _Guard(path)
         self.end: dict[int, int] | None = None  # cached end offsets, only while holding the lock
         self.maintenance = threading.Lock()  # one compaction/retention at a time in this instance
+        self.bg_conn: sqlite3.Connection | None = None  # the background thread's (under maintenance)
+        self.deleted = False  # set by delete_topic under maintenance
         self._decoders: dict[int, msgspec.msgpack.Decoder[Any]] = {}
 
     def decoder(self, partition: int) -> msgspec.msgpack.Decoder[Any]:
@@ -536,7 +538,11 @@ class EmbeddedLogStore(LogStore):
             topic = self._open_topic(name)
             self._take_lock(topic)
             with topic.maintenance:
+                topic.deleted = True
                 topic.conn.close()
+                if topic.bg_conn is not None:
+                    topic.bg_conn.close()
+                    topic.bg_conn = None
                 for suffix in (".db", ".db-wal", ".db-shm"):
                     with contextlib.suppress(FileNotFoundError):
                         (self.path / f"{name}{suffix}").unlink()
@@ -840,7 +846,7 @@ class EmbeddedLogStore(LogStore):
             self._take_lock(t)
         if not t.config.compacted:
             return 0
-        return self._compact(t, t.conn if threading.current_thread() is not self._thread else None)
+        return self._compact(t, t.conn)
 
     def enforce_retention(self, topic: str) -> int:
         """Apply ``retention_ms``/``retention_bytes`` to a non-compacted topic now (writer only; takes
@@ -852,22 +858,23 @@ class EmbeddedLogStore(LogStore):
             return 0
         return self._retention(t, t.conn)
 
-    def _own_conn(self, t: _Topic, conn: sqlite3.Connection | None) -> tuple[sqlite3.Connection, bool]:
+    def _maintenance_conn(self, t: _Topic, conn: sqlite3.Connection | None) -> sqlite3.Connection:
+        """``conn``, or the background thread's own connection to ``t`` (call under ``t.maintenance``)."""
         if conn is not None:
-            return conn, False
-        with t.guard:
-            return _connect(t.path), True
+            return conn
+        if t.bg_conn is None:
+            with t.guard:
+                t.bg_conn = _connect(t.path)
+        return t.bg_conn
 
     def _compact(self, t: _Topic, conn: sqlite3.Connection | None, *, only_if_due: bool = False) -> int:
         removed = 0
         with t.maintenance:
-            c, own = self._own_conn(t, conn)
-            try:
-                for p in range(t.config.partitions):
-                    removed += self._compact_partition(t, c, p, only_if_due=only_if_due)
-            finally:
-                if own:
-                    c.close()
+            if t.deleted:
+                return 0
+            c = self._maintenance_conn(t, conn)
+            for p in range(t.config.partitions):
+                removed += self._compact_partition(t, c, p, only_if_due=only_if_due)
         return removed
 
     def _compact_partition(self, t: _Topic, conn: sqlite3.Connection, p: int, *, only_if_due: bool) -> int:
@@ -965,11 +972,14 @@ class EmbeddedLogStore(LogStore):
                         conn.execute("PRAGMA incremental_vacuum(256)").fetchall()
         return removed
 
-    def _retention(self, t: _Topic, conn: sqlite3.Connection) -> int:
+    def _retention(self, t: _Topic, conn_or_none: sqlite3.Connection | None) -> int:
         cfg = t.config
         removed = 0
-        lock = self._lock if conn is t.conn else contextlib.nullcontext()
         with t.maintenance, t.guard:
+            if t.deleted:
+                return 0
+            conn = self._maintenance_conn(t, conn_or_none)
+            lock = self._lock if conn is t.conn else contextlib.nullcontext()
             for p in range(cfg.partitions):
                 cutoff = None if cfg.retention_ms is None else now_ms() - cfg.retention_ms
                 while True:
@@ -1020,7 +1030,8 @@ class EmbeddedLogStore(LogStore):
         return removed
 
     def _background(self, interval: float) -> None:
-        conns: dict[str, sqlite3.Connection] = {}
+        """Every ``interval`` s: compact (when due) or apply retention to the topics this instance writes.
+        An error stops the thread and is raised to the writer by its next call (no log-and-skip)."""
         try:
             while not self._stop.wait(interval):
                 with self._lock:
@@ -1028,22 +1039,15 @@ class EmbeddedLogStore(LogStore):
                 for t in held:
                     if self._stop.is_set():
                         break
-                    conn = conns.get(t.name)
-                    if conn is None:
-                        with t.guard:
-                            conn = conns[t.name] = _connect(t.path)
                     if t.config.compacted:
-                        n = self._compact(t, conn, only_if_due=True)
+                        n = self._compact(t, None, only_if_due=True)
                     else:
-                        n = self._retention(t, conn)
+                        n = self._retention(t, None)
                     if n:
                         log.info("log store: removed %d records from %s", n, t.name)
         except BaseException as exc:  # surfaced to the writer on its next call
             log.exception("background compaction of %s failed", self.path)
             self._bg_error = exc
-        finally:
-            for c in conns.values():
-                c.close()
 
     def close(self) -> None:
         if self._closed:
@@ -1056,6 +1060,8 @@ class EmbeddedLogStore(LogStore):
             for t in self._topics.values():
                 with contextlib.suppress(sqlite3.Error):
                     t.conn.close()
+                    if t.bg_conn is not None:
+                        t.bg_conn.close()
             self._topics.clear()
             if self._consumers is not None:
                 self._consumers.close()

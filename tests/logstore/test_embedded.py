@@ -18,6 +18,7 @@ import pytest
 from cdc.errors import LogStoreError, StoreCorruptError, UnknownTopicError, WriterLockedError
 from cdc.logstore import Record, TopicConfig, partition_for
 from cdc.logstore.embedded import EmbeddedLogStore, partitions_for
+from tests.plugins.postgres import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -256,3 +257,17 @@ def test_reopen_keeps_records_offsets_and_positions(store_dir: Path) -> None:
         store.create_topic("t", TopicConfig(partitions=1))
         assert store.committed("c", "t") == {}  # positions went with the topic
         assert store.end_offsets("t") == {0: 0}
+
+
+def test_delete_and_recreate_while_background_compaction_runs(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=0.005) as store:
+        config = TopicConfig(partitions=1, min_compaction_lag_ms=0, delete_retention_ms=0)
+        for round_ in range(20):
+            store.create_topic("t", config)
+            store.append("t", [Record(b"k", str(i).encode()) for i in range(50)])
+            wait_for(lambda: store.record_counts("t") == {0: 1}, timeout=10, what="background compaction")
+            assert [r.value for r in store.read("t", 0, 0)] == [b"49"]
+            store.delete_topic("t")
+            del round_
+        store.create_topic("t", config)
+        assert store.append("t", [Record(b"k", b"after")]) == {0: 0}  # no error left by the thread
