@@ -141,7 +141,8 @@ class LogStore(abc.ABC):
         """Append records to several topics; return, per topic, the last offset written per partition.
 
         Returns only when every record of the batch is durable. Records of one key keep their order.
-        The embedded backend commits the whole batch atomically; Kafka does not (at least once).
+        The embedded backend commits each topic's part of the batch atomically (topic by topic);
+        Kafka does not (at least once).
         """
 
     def append(self, topic: str, records: Sequence[Record]) -> dict[int, int]:
