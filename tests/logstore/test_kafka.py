@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from cdc.errors import BrokerUnavailableError, LogStoreError, OffsetOutOfRangeError, UnknownTopicError
 from cdc.logstore import Record, TopicConfig, partition_for
-from cdc.logstore.kafka import KafkaLogStore, _BulkProducer
+from cdc.logstore.kafka import KafkaLogStore, _BulkProducer, encode_batch
 from tests.plugins.tansu import TansuBroker, free_port
 
 pytestmark = pytest.mark.kafka
@@ -213,6 +214,49 @@ def test_large_append_spans_many_batches_and_requests(
     got = list(store.iter_partition(topic, 1))
     assert [r.value for r in got] == [r.value for r in records if r.partition == 1]
     assert [r.offset for r in got] == list(range(3000))
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip"])
+def test_encoded_batch_matches_kafka_python(codec: str) -> None:
+    """encode_batch writes the bytes kafka-python's DefaultRecordBatchBuilder writes, and its parser
+    reads back every field (tombstones, headers, a timestamp older than the first, big values)."""
+    records = [
+        Record(b"k1", b"v" * 20_000, headers=(("op", b"u"), ("empty", b"")), timestamp_ms=1_700_000_000_500),
+        Record(b"", None, timestamp_ms=1_700_000_000_000),  # earlier than the first: negative delta
+        Record(b"k3", b"", headers=(("h", b"x" * 300),), timestamp_ms=1_700_000_099_999),
+        *[
+            Record(f"key{i}".encode(), f"value{i}".encode(), timestamp_ms=1_700_000_000_000 + i)
+            for i in range(300)
+        ],
+    ]
+    code = {"none": 0, "gzip": DefaultRecordBatchBuilder.CODEC_GZIP}[codec]
+    data, n = encode_batch(records, 0, 1_000_000, 42, 3, 1000, code)
+    assert n == len(records)
+    builder = DefaultRecordBatchBuilder(2, code, False, 42, 3, 1000, 1_000_000)
+    for i, r in enumerate(records):
+        builder.append(i, r.timestamp_ms, r.key, r.value, list(r.headers))
+    if codec == "none":
+        assert data == bytes(builder.build())
+    batch = DefaultRecordBatch(data)
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (42, 3, 1000)
+    assert batch.validate_crc()
+    parsed = list(batch)
+    assert [(r.offset, r.key, r.value, r.timestamp, list(r.headers)) for r in parsed] == [
+        (i, r.key, r.value, r.timestamp_ms, list(r.headers)) for i, r in enumerate(records)
+    ]
+    # a size limit cuts the batch, never below one record
+    part, m = encode_batch(records, 0, 5_000, 42, 3, 0)
+    assert m == 1 and len(DefaultRecordBatch(part)._buffer) == len(part)
+    _, m2 = encode_batch(records, 1, 5_000, 42, 3, 0)
+    assert 1 < m2 < len(records) - 1
+
+
+def test_compressed_appends_read_back(store_factory: Callable[..., KafkaLogStore], topic: str) -> None:
+    store = store_factory(writer=True, compression="gzip")
+    store.create_topic(topic, TopicConfig(partitions=1))
+    records = [Record(f"{i}".encode(), b'{"same": "text"}' * 20) for i in range(500)]
+    assert store.append(topic, records) == {0: 499}
+    assert [r.value for r in store_factory().iter_partition(topic, 0)] == [r.value for r in records]
 
 
 # -- end offsets ----------------------------------------------------------------------------------------
