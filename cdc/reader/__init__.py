@@ -11,9 +11,13 @@ Guarantees
   before it is durable (see :mod:`cdc.reader.replication`). After a crash (kill -9 at any moment)
   the next run resumes from the slot's confirmed position: no committed change of a registered
   table is missing from its topic; some may be repeated (their versions make that harmless).
-* **Snapshot alignment.** A table is streamed only after its snapshot is complete; its stream
-  changes whose commit LSN is below the snapshot's consistent point are dropped (the snapshot holds
-  them), so no change is lost and none is written before its snapshot row.
+* **Snapshot alignment.** A table is streamed only after its snapshot is complete. A table new to
+  the stream (registered after the initial snapshot) drops its stream changes whose commit LSN is
+  below its snapshot's consistent point (the snapshot holds them): no change is lost and none is
+  written before its snapshot row. A *re-snapshot* of a table the stream already carried keeps those
+  changes (they follow the snapshot rows with older versions, which sinks ignore; dropping them would
+  lose deletes of rows the new snapshot no longer has). The drop position is kept in the registry
+  state (``drop_before:[schema, table]``) so it survives restarts.
 * **Resume state** is the slot's ``confirmed_flush_lsn`` plus the registry: ``snapshot_state`` per
   table and the ``initial_snapshot`` state. A slot whose initial snapshot never completed is dropped
   and the initial snapshot is done again from scratch; a table left ``running`` or ``pending`` is
@@ -32,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import orjson
 import psycopg
 import psycopg2
 
@@ -52,6 +57,14 @@ from cdc.reader.replication import (
 from cdc.registry import Column, Registry, TableReg
 
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"
+#: registry state: the tables the last stream session read (JSON list of [schema, table])
+STREAMED_TABLES_KEY = "streamed_tables"
+
+
+def drop_before_key(schema: str, table: str) -> str:
+    """Registry state key: stream changes of the table with a commit LSN below this value are
+    dropped (they are contained in its snapshot and were never streamed before)."""
+    return "drop_before:" + orjson.dumps([schema, table]).decode()
 
 __all__ = ["Reader", "ReaderOptions", "RunResult"]
 
@@ -215,7 +228,11 @@ class Reader:
                 self._topics.add(reg.topic)
 
     def _codec(self, reg: TableReg, db: str) -> TableCodec:
-        return TableCodec(reg, prefix=self.settings.topic_prefix, db=db, partitions=self.settings.partitions)
+        codec = TableCodec(reg, prefix=self.settings.topic_prefix, db=db, partitions=self.settings.partitions)
+        drop_before = self.registry.get_state(drop_before_key(reg.schema, reg.table))
+        if drop_before is not None:
+            codec.snapshot_lsn = int(drop_before)
+        return codec
 
     def _slot_lost(self, why: str) -> SlotLostError:
         return SlotLostError(
@@ -270,6 +287,7 @@ class Reader:
                 self.registry.set_columns(reg.schema, reg.table, cols)
 
             codecs = {(r.schema, r.table): self._codec(r, db) for r in regs}
+            self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
             builder = EventBuilder(codecs, columns_changed)
             batch = Batch(self.store, self.store_lock)
             ctl = StreamControl(
@@ -301,6 +319,8 @@ class Reader:
         from snapshot.exported import read_tables
         from snapshot.progress import NullProgress
 
+        streamed_raw = self.registry.get_state(STREAMED_TABLES_KEY)
+        streamed = {tuple(x) for x in orjson.loads(streamed_raw)} if streamed_raw and temporary else set()
         if not temporary:
             self.registry.set_state(INITIAL_SNAPSHOT_KEY, "running")
         for reg in regs:
@@ -322,6 +342,11 @@ class Reader:
         finally:
             repl.close()  # a temporary slot is dropped with its connection
         for res in results:
+            # A table the stream already carried up to the restart position keeps its changes
+            # between that position and the snapshot (dropping them would lose its deletes); a
+            # table new to the stream drops them: the snapshot holds them.
+            drop_before = 0 if (res.reg.schema, res.reg.table) in streamed else snap.consistent_lsn
+            self.registry.set_state(drop_before_key(res.reg.schema, res.reg.table), str(drop_before))
             self.registry.set_columns(res.reg.schema, res.reg.table, res.columns)
             self.registry.set_snapshot_state(res.reg.schema, res.reg.table, "done", res.alignment)
             self.snapshots[res.reg.qualified] = res.rows
