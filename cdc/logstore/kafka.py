@@ -10,13 +10,17 @@ Mapping of the :class:`~cdc.logstore.LogStore` contract onto Kafka
   them (Tansu reports only what was set at creation, and a topic made by another tool has none)
   falls back to :class:`TopicConfig`'s default for that field. Replication factor: the broker's
   default (``-1``, KIP-464) unless ``replication_factor=`` says otherwise.
-* **Appends** go through one idempotent producer (``enable_idempotence=True``, ``acks=all``).
-  Every record is sent with an explicit partition: ``Record.partition`` if set, otherwise
-  :func:`~cdc.logstore.partition_for` of the key, so placement is identical to the embedded backend
-  whatever the client's own partitioner would do. :meth:`append_many` returns only after
-  ``flush()`` and after every send future resolved, and returns the highest acknowledged offset per
-  partition from the record metadata. A failed append closes the producer (a fresh producer id
-  next time) and raises; any subset of the batch may have been written (at least once).
+* **Appends** are idempotent with acks=all. Every record is sent with an explicit partition:
+  ``Record.partition`` if set, otherwise :func:`~cdc.logstore.partition_for` of the key, so
+  placement is identical to the embedded backend whatever a client partitioner would do.
+  :meth:`KafkaLogStore.append_many` returns only when the broker acknowledged every record, and
+  returns the highest acknowledged offset per partition. The default ``producer="bulk"``
+  (:class:`_BulkProducer`) encodes each partition's records into whole v2 record batches carrying
+  the producer id, epoch and sequence numbers (InitProducerId, KIP-98) and sends them as pipelined
+  ProduceRequests with acks=-1; ``producer="kafka-python"`` uses ``KafkaProducer`` with
+  ``enable_idempotence=True, acks="all"``, ``send()`` per record, ``flush()`` and every future
+  resolved. A failed append drops the producer (a fresh producer id next time) and raises; any
+  subset of the batch may have been written (at least once).
 * **Reads** use a consumer without group membership (``assign`` + ``seek``, ``group_id=None``,
   no auto commit, ``auto_offset_reset='none'``).
 * **End offsets** are *not* taken from ListOffsets alone: some brokers (Tansu) answer ListOffsets

@@ -170,6 +170,22 @@ def test_broker_rejects_a_replayed_batch(store_factory: Callable[..., KafkaLogSt
     assert store.append(topic, records) == {0: 5}
 
 
+def test_forgotten_producer_state_is_renewed(store_factory: Callable[..., KafkaLogStore], topic: str) -> None:
+    """A broker that no longer accepts the producer's sequence (e.g. the producer id expired after a
+    long idle time) answers OUT_OF_ORDER_SEQUENCE: the append gets a new producer id and goes
+    through once more, nothing lost and nothing skipped."""
+    store = store_factory(writer=True)
+    store.create_topic(topic, TopicConfig(partitions=1))
+    store.append(topic, [Record(b"a", b"1")])
+    producer = store._producer
+    assert isinstance(producer, _BulkProducer)
+    old_id = producer.producer_id
+    producer._sequence[TopicPartition(topic, 0)] += 5  # a gap the broker refuses
+    assert store.append(topic, [Record(b"b", b"2"), Record(b"c", b"3")]) == {0: 2}
+    assert producer.producer_id != old_id
+    assert [r.key for r in store.iter_partition(topic, 0)] == [b"a", b"b", b"c"]
+
+
 @pytest.mark.parametrize("producer", PRODUCERS)
 def test_placement_headers_and_timestamps_as_the_broker_sees_them(
     store_factory: Callable[..., KafkaLogStore], tansu_broker: TansuBroker, topic: str, producer: str
