@@ -172,7 +172,11 @@ class KafkaLogStore(LogStore):
         with self._broker("connect"):
             self._admin: Any = KafkaAdminClient(**self._common)
         if writer:
-            self._get_producer()
+            try:
+                self._get_producer()
+            except BaseException:
+                self.close()
+                raise
 
     # -- helpers -------------------------------------------------------------------------------------
     def _unavailable(self, what: str, exc: BaseException) -> BrokerUnavailableError:
