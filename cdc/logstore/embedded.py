@@ -88,11 +88,38 @@ _FIX_CORRUPT = (
     "`cdc snapshot` re-snapshots the tables whose events it held"
 )
 
-# A stored batch is a msgpack array of (offset, key, value, headers, timestamp_ms) arrays.
-_Row = tuple[int, bytes, bytes | None, tuple[tuple[str, bytes], ...], int]
-_RawRow = tuple[int, bytes, msgspec.Raw, msgspec.Raw, int]
+# A stored batch is a msgpack array of records, each a map with StoredRecord's field names, so that
+# msgspec decodes a batch straight into StoredRecord objects (one C call per batch, no per-record Python).
+_HeadersT = tuple[tuple[str, bytes], ...]
+
+
+class _Out(msgspec.Struct, gc=False):
+    """A record as written (encodes as a map with StoredRecord's field names, in its order)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes | None
+    headers: _HeadersT
+    timestamp_ms: int
+
+
+class _RawRec(msgspec.Struct, gc=False):
+    """A stored record as compaction sees it: value and headers left encoded (copied through as-is)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: msgspec.Raw
+    headers: msgspec.Raw
+    timestamp_ms: int
+
+
 _ENCODER = msgspec.msgpack.Encoder()
-_RAW_DECODER = msgspec.msgpack.Decoder(list[_RawRow])
+_RECORD_DECODER = msgspec.msgpack.Decoder(list[StoredRecord])
+_RAW_DECODER = msgspec.msgpack.Decoder(list[_RawRec])
 _MSGPACK_NIL = msgspec.Raw(b"\xc0")
 
 # Batch blob framing: one codec byte, then (lz4) the uncompressed size as 4 bytes little-endian.
@@ -289,27 +316,6 @@ class _Topic:
         self.maintenance = threading.Lock()  # one compaction/retention at a time in this instance
         self.bg_conn: sqlite3.Connection | None = None  # the background thread's (under maintenance)
         self.deleted = False  # set by delete_topic under maintenance
-        self._decoders: dict[int, msgspec.msgpack.Decoder[Any]] = {}
-
-    def decoder(self, partition: int) -> msgspec.msgpack.Decoder[Any]:
-        dec = self._decoders.get(partition)
-        if dec is None:
-            struct = msgspec.defstruct(
-                "_Stored",
-                [
-                    ("offset", int),
-                    ("key", bytes),
-                    ("value", bytes | None),
-                    ("headers", tuple[tuple[str, bytes], ...]),
-                    ("timestamp_ms", int),
-                    ("topic", str, self.name),
-                    ("partition", int, partition),
-                ],
-                array_like=True,
-            )
-            dec = msgspec.msgpack.Decoder(list[struct])  # type: ignore[valid-type]
-            self._decoders[partition] = dec
-        return dec
 
 
 def _config_to_json(config: TopicConfig) -> str:
@@ -633,8 +639,11 @@ class EmbeddedLogStore(LogStore):
                     if not group:
                         continue
                     base = end[p]
+                    name = topic.name
                     rows = [
-                        (
+                        _Out(
+                            name,
+                            p,
                             base + i,
                             r.key,
                             r.value,
@@ -681,14 +690,15 @@ class EmbeddedLogStore(LogStore):
         gc.disable()
         try:
             with self._lock, t.guard:
-                out = self._read_locked(t, partition, from_offset, max_records)
-                result: list[StoredRecord] = msgspec.convert(out, list[StoredRecord], from_attributes=True)
+                result = self._read_locked(t, partition, from_offset, max_records)
         finally:
             if gc_was_enabled:
                 gc.enable()
         return result
 
-    def _read_locked(self, t: _Topic, partition: int, from_offset: int, max_records: int) -> list[Any]:
+    def _read_locked(
+        self, t: _Topic, partition: int, from_offset: int, max_records: int
+    ) -> list[StoredRecord]:
         conn = t.conn
         conn.execute("BEGIN")
         try:
@@ -699,8 +709,8 @@ class EmbeddedLogStore(LogStore):
                 raise self._out_of_range(t, partition, from_offset, start, end)
             if from_offset == end or max_records <= 0:
                 return []
-            dec = t.decoder(partition)
-            out: list[Any] = []
+            dec = _RECORD_DECODER
+            out: list[StoredRecord] = []
             cur = conn.execute(
                 f"SELECT data FROM p{partition} WHERE last_offset >= ? ORDER BY last_offset", (from_offset,)
             )
@@ -895,7 +905,7 @@ class EmbeddedLogStore(LogStore):
             tomb_horizon = now - cfg.delete_retention_ms
             # Pass 1 (a read snapshot): newest offset of every key.
             newest: dict[bytes, int] = {}
-            batches: list[tuple[int, int, int, list[_RawRow]]] = []
+            batches: list[tuple[int, int, int, list[_RawRec]]] = []
             with lock:
                 conn.execute("BEGIN")
                 try:
@@ -903,18 +913,19 @@ class EmbeddedLogStore(LogStore):
                     for last, append_ms, data in cur:
                         rows = _RAW_DECODER.decode(_unpack(data))
                         for row in rows:
-                            newest[row[1]] = row[0]
+                            newest[row.key] = row.offset
                         if append_ms <= horizon:
                             batches.append((last, append_ms, len(data), rows))
                 finally:
                     conn.execute("COMMIT")
             # Pass 2: rewrite the cleanable batches that hold superseded records or expired tombstones.
-            changes: list[tuple[int, int, int, list[_RawRow]]] = []
+            changes: list[tuple[int, int, int, list[_RawRec]]] = []
             for last, append_ms, nbytes, rows in batches:
                 keep = [
                     r
                     for r in rows
-                    if newest[r[1]] == r[0] and not (append_ms <= tomb_horizon and r[2] == _MSGPACK_NIL)
+                    if newest[r.key] == r.offset
+                    and not (append_ms <= tomb_horizon and r.value == _MSGPACK_NIL)
                 ]
                 if len(keep) != len(rows):
                     changes.append((last, nbytes, len(rows) - len(keep), keep))
@@ -929,7 +940,7 @@ class EmbeddedLogStore(LogStore):
                         for last, nbytes, gone, keep in chunk:
                             if keep:
                                 data = _pack(keep, self.compress)
-                                tombs = sum(1 for r in keep if r[2] == _MSGPACK_NIL)
+                                tombs = sum(1 for r in keep if r.value == _MSGPACK_NIL)
                                 conn.execute(
                                     f"UPDATE p{p} SET count = ?, tombstones = ?, data = ? WHERE last_offset = ?",
                                     (len(keep), tombs, data, last),
