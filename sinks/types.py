@@ -290,8 +290,13 @@ def to_array(values: Sequence[Any], pg_type: str | None) -> pa.Array:
     """One column's event values (None = null) as an Arrow array of :func:`arrow_type`;
     ``pg_type`` None (a column the registration does not know yet) -> string."""
     typ = pg_type or "text"
-    conv = converter(typ)
     at = arrow_type(typ)
+    if pa.types.is_decimal(at) and all(v is None or type(v) is str for v in values):
+        try:  # vectorised: exact (a cast that would round or overflow raises), else the slow path's error
+            return pa.array(values, type=pa.string()).cast(at)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    conv = converter(typ)
     py = [None if v is None else conv(v) for v in values]
     try:
         return pa.array(py, type=at)

@@ -295,10 +295,13 @@ class WarehouseSink(Sink):
 
     def _apply_history(self, ctx: _BatchContext, history: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
         keys = ctx.keys
-        open_rows = _read(history, keys, ctx.key_buckets, extra_filter=pc.field(IS_CURRENT) == True)  # noqa: E712
-        meta_names = HISTORY_META.names
+        meta_names = [KEY, BUCKET, LSN, SEQ]  # all a close row needs
+        open_rows = _read(
+            history, keys, ctx.key_buckets, extra_filter=pc.field(IS_CURRENT) == True,  # noqa: E712
+            columns=[*meta_names, IS_CURRENT],
+        )
         open_by_key: dict[str, dict[str, Any]] = {
-            r[KEY]: {n: r[n] for n in meta_names} for r in open_rows.to_pylist()
+            r[KEY]: {n: r[n] for n in meta_names} for r in open_rows.select(meta_names).to_pylist()
         }
         truncates = ctx.truncates
         close_rows: list[dict[str, Any]] = []
@@ -543,7 +546,7 @@ class _BatchContext:
 
     def meta_row(self, ev: ChangeEvent) -> dict[str, Any]:
         return {KEY: ev.key_json, BUCKET: self.key_buckets[ev.key_json], LSN: ev.version.commit_lsn,
-                SEQ: ev.version.seq, TS: _ts(ev.ts_ms), OP: ev.op}
+                SEQ: ev.version.seq, TS: ev.ts_ms * 1000, OP: ev.op}
 
 
 class _Resolver:
@@ -648,7 +651,7 @@ def _merge_truncates(events: list[ChangeEvent], truncates: list[ChangeEvent]) ->
 
 
 def _close(row: dict[str, Any], ev: ChangeEvent) -> None:
-    row.update({VALID_TO: _ts(ev.ts_ms), IS_CURRENT: False, END_LSN: ev.version.commit_lsn,
+    row.update({VALID_TO: ev.ts_ms * 1000, IS_CURRENT: False, END_LSN: ev.version.commit_lsn,
                 END_SEQ: ev.version.seq, END_OP: ev.op})
 
 
@@ -679,16 +682,17 @@ def _buckets_of(table: DeltaTable) -> int:
 
 def _read(
     table: DeltaTable, keys: Sequence[str], buckets: dict[str, int], *, key: str = KEY,
-    extra_filter: pc.Expression | None = None,
+    extra_filter: pc.Expression | None = None, columns: list[str] | None = None,
 ) -> pa.Table:
-    """Rows of the given keys, reading only their buckets' files."""
+    """Rows of the given keys (only ``columns`` when given), reading only their buckets' files."""
     if not keys:
-        return _arrow_schema(table).empty_table()
+        empty = _arrow_schema(table).empty_table()
+        return empty.select(columns) if columns else empty
     ds = table.to_pyarrow_dataset()
     # partition pruning by bucket; the key filter runs in memory (delta-rs writes some string columns
     # as string_view, which pyarrow's statistics pruning cannot compare with a string literal)
     flt = pc.field(BUCKET).isin(sorted({buckets[k] for k in keys}))
-    got = ds.to_table(filter=flt)
+    got = ds.to_table(filter=flt, columns=columns)
     mask = pc.is_in(got[key].cast(pa.string()), value_set=pa.array(list(keys), pa.string()))
     if extra_filter is not None:
         got = got.filter(mask)
@@ -713,7 +717,9 @@ def _to_table(rows: list[dict[str, Any]], schema: pa.Schema, types: dict[str, st
     arrays = []
     for f in schema:
         values = [r.get(f.name) for r in rows]
-        if f.name.startswith(META_PREFIX) or f.name == _SRC_KIND:
+        if pa.types.is_timestamp(f.type) and (f.name.startswith(META_PREFIX)):
+            arrays.append(pa.array(values, type=pa.int64()).cast(f.type))  # microseconds since the epoch
+        elif f.name.startswith(META_PREFIX) or f.name == _SRC_KIND:
             arrays.append(pa.array(values, type=f.type))
         elif f.name in types:
             arr = T.to_array(values, types[f.name])

@@ -1,0 +1,102 @@
+"""parse_batch and ChangeBatch.latest: pure logic on records shaped like the reader's."""
+
+from __future__ import annotations
+
+import orjson
+
+from cdc.events import Version
+from sinks import RawRecord, parse_batch
+from tests.sinks.feed import Feed, table
+
+
+def test_dead_letters_carry_the_record_and_reason() -> None:
+    reg = table()
+    f = Feed(reg)
+    good = f.change("c", {"id": 1, "name": "a", "note": None}, 100)
+    src = orjson.loads(good.value or b"")
+
+    def variant(**changes: object) -> bytes:
+        v = orjson.loads(good.value or b"")
+        for path, value in changes.items():
+            if path.startswith("source_"):
+                v["source"][path[7:]] = value
+            else:
+                v[path] = value
+        return orjson.dumps(v)
+
+    no_lsn = dict(src)
+    no_lsn["source"] = {k: v for k, v in src["source"].items() if k != "commit_lsn"}
+    bad = [
+        (b'{"id":1}', b"{not json", "value is not JSON"),
+        (b'{"id":1}', b"[1]", "not a JSON object"),
+        (b'{"id":1}', orjson.dumps(no_lsn), "commit_lsn"),
+        (b'{"id":1}', variant(source_seq="x"), "source.seq"),
+        (b'{"id":1}', variant(op="x"), "unknown op"),
+        (b'{"id":1}', variant(after=None), "without an 'after'"),
+        (b'{"other":1}', good.value, "do not match the table's key"),
+        (b"nope", good.value, "key is not JSON"),
+        (b'{"id":1}', variant(source_table="other"), "source.table"),
+        (b'{"id":1}', variant(unavailable=["name"]), "both in 'after' and 'unavailable'"),
+    ]
+    records = [good] + [RawRecord(reg.topic, 1, 100 + i, k, v, 0) for i, (k, v, _) in enumerate(bad)]
+    batch, dead = parse_batch(reg, records)
+    assert len(batch.events) == 1 and batch.events[0].version == Version(100, 1)
+    assert len(dead) == len(bad)
+    for d, (k, v, reason) in zip(dead, bad, strict=True):
+        assert reason in d.reason, (reason, d.reason)
+        assert (d.key, d.value, d.partition) == (k, v, 1)
+
+
+def test_tombstones_dropped_and_events_sorted() -> None:
+    reg = table()
+    f = Feed(reg)
+    recs = [
+        f.change("u", {"id": 1, "name": "b", "note": None}, 200),
+        *f.delete({"id": 2}, 150),
+        f.change("c", {"id": 1, "name": "a", "note": None}, 100),
+    ]
+    batch, dead = parse_batch(reg, recs)
+    assert dead == []
+    assert [(e.op, e.version.commit_lsn) for e in batch.events] == [("c", 100), ("d", 150), ("u", 200)]
+    d = batch.events[1]
+    assert d.after is None and d.key == {"id": 2} and d.key_json == '{"id":2}'
+
+
+def test_latest_keeps_newest_per_key_and_every_truncate() -> None:
+    reg = table(key=("a", "b"), columns=(("a", "integer"), ("b", "text"), ("v", "text")))
+    f = Feed(reg)
+    recs = [
+        f.change("c", {"a": 1, "b": "x", "v": "1"}, 100),
+        f.change("u", {"a": 1, "b": "x", "v": "2"}, 300),
+        f.change("u", {"a": 1, "b": "x", "v": "old"}, 200),  # out of order
+        f.change("c", {"a": 2, "b": "y", "v": "1"}, 100, 2),
+        *f.truncate(250, partitions=2),
+    ]
+    batch, dead = parse_batch(reg, recs)
+    assert dead == []
+    latest = batch.latest()
+    assert [(e.key_json, e.op, e.version.commit_lsn) for e in latest] == [
+        ('{"a":2,"b":"y"}', "c", 100),
+        ('{"__truncate__":0}', "t", 250),
+        ('{"__truncate__":1}', "t", 250),
+        ('{"a":1,"b":"x"}', "u", 300),
+    ]
+    assert batch.truncate_version() == Version(250, 1)
+    assert latest[-1].after == {"a": 1, "b": "x", "v": "2"}
+    # the canonical key follows the key-column order whatever the record's order
+    first = recs[0]
+    swapped = RawRecord(first.topic, 0, 99, b'{"b":"x","a":1}', first.value, 0)
+    again, _ = parse_batch(reg, [swapped])
+    assert again.events[0].key_json == '{"a":1,"b":"x"}'
+
+
+def test_unavailable_and_snapshot_flags() -> None:
+    reg = table()
+    f = Feed(reg)
+    batch, _ = parse_batch(reg, [
+        f.change("u", {"id": 1, "name": "a"}, 100, unavailable=["note"]),
+        f.change("r", {"id": 2, "name": "a", "note": None}, 50, 0),
+    ])
+    snap, upd = batch.events
+    assert upd.unavailable == ("note",) and not upd.snapshot
+    assert snap.snapshot and snap.version == Version(50, 0)
