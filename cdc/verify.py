@@ -381,14 +381,29 @@ class Verifier:
         return table.schema, side
 
     def _search_keys(self, reg: TableReg) -> set[str] | None:
+        """The ``_cdc_key`` of every live document of the table's index (None: no search columns)."""
         path = search_index_path(self.state_dir, reg)
         if path is None:
             return None
-        from sinks.search import SearchSink
-
         if not path.exists():
             return set()
-        return SearchSink.index_keys(path)
+        import tantivy
+
+        from sinks.search import KEY as SEARCH_KEY
+
+        index = tantivy.Index.open(str(path))
+        index.reload()
+        searcher = index.searcher()
+        total = int(searcher.num_docs)
+        if total == 0:
+            return set()
+        hits = searcher.search(tantivy.Query.all_query(), limit=total).hits
+        keys: set[str] = set()
+        for _score, addr in hits:
+            values = searcher.doc(addr).to_dict().get(SEARCH_KEY) or []
+            if values:
+                keys.add(str(values[0]))
+        return keys
 
     def _compare(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport) -> None:
         columns = self._columns(reg)

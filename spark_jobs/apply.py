@@ -43,6 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -204,6 +205,9 @@ class ApplyJob:
         self.summary = ApplySummary(app_id=self.app_id)
         self._stop = threading.Event()
         self.query: StreamingQuery | None = None
+        # py4j runs foreachBatch on varying callback threads; sinks hold thread-bound handles
+        # (SQLite, index writers), so every sink call runs on this one thread
+        self._sink_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-sinks")
         register(spark)
 
     # -- tables --------------------------------------------------------------------------------------
@@ -258,7 +262,7 @@ class ApplyJob:
             self._write_dead_letters(dead, batch_id)
         for i, sink in enumerate(self.sinks):
             for batch in batches:
-                sink.apply(batch, batch_id, self.app_id)
+                self._on_sink_thread(sink.apply, batch, batch_id, self.app_id)
             if i == 0 and self.options.crash_after_sink_batch == batch_id:
                 self._crash()
         self._commit_positions(batch_id)
@@ -283,6 +287,9 @@ class ApplyJob:
         s.last_batch_id = batch_id
         if self.on_batch is not None:
             self.on_batch(report)
+
+    def _on_sink_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._sink_thread.submit(fn, *args).result()
 
     def _table_for(self, topic: str) -> TableReg | None:
         reg = self._by_topic.get(topic)
@@ -426,7 +433,8 @@ class ApplyJob:
     def close(self) -> None:
         if self._own_sinks:
             for sink in self.sinks:
-                sink.close()
+                self._on_sink_thread(sink.close)
+        self._sink_thread.shutdown(wait=True)
         if self._store is not None:
             self._store.close()
             self._store = None

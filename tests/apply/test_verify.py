@@ -1,0 +1,145 @@
+"""A mixed workload mirrored from a real Postgres table, applied by the Spark job to Delta and tantivy,
+then ``cdc verify`` against the source: clean; then differences and a lagging pipeline are reported."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from psycopg.types.json import Jsonb
+
+from cdc.cli import main as cdc_main
+from cdc.config import Settings
+from sinks.warehouse import WarehouseSink
+from tests.apply.changes import ChangeWriter, PgMirror, make_reg
+from tests.apply.conftest import Env, run_job
+from tests.plugins.postgres import PgCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.postgres]
+
+COLUMNS = [
+    ("id", "bigint"), ("name", "text"), ("qty", "integer"), ("price", "numeric(20,6)"), ("big", "numeric"),
+    ("ts", "timestamp with time zone"), ("doc", "jsonb"), ("flag", "boolean"), ("blob", "text"),
+]
+DDL = """CREATE TABLE public.items (id bigint PRIMARY KEY, name text, qty integer, price numeric(20,6),
+ big numeric, ts timestamptz, doc jsonb, flag boolean, blob text)"""
+PRICES = ["0.000001", "99999999999999.999999", "-99999999999999.999999", "0", "-0.000001", "NaN", "12.5"]
+BIGS = ["123456789012345678901234567890.123456789012345678901234567890", "Infinity", "-Infinity", "1e-30", "NaN"]
+TS = ["2024-02-29 23:59:59.999999+00", "1970-01-01 00:00:00+00", "infinity", "-infinity", "2026-11-22 03:00:00.5+05:30"]
+
+
+def _row(i: int, gen: int = 0) -> dict[str, Any]:
+    return {
+        "id": i, "name": f"widget {i} generation {gen}", "qty": i * 7 + gen,
+        "price": PRICES[(i + gen) % len(PRICES)], "big": BIGS[(i + gen) % len(BIGS)],
+        "ts": TS[(i + gen) % len(TS)], "doc": Jsonb({"i": i, "tags": ["a", "b"], "n": 1.5, "gen": gen}),
+        "flag": (i + gen) % 2 == 0, "blob": f"blob-{i}-" + "x" * (i % 5) if i % 4 else None,
+    }
+
+
+def _verify(settings: Settings, dsn: str, *extra: str) -> tuple[int, list[dict[str, Any]]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cdc_main(["--source", dsn, "--state", str(settings.state_dir), "verify", "--json", *extra])
+    return code, orjson.loads(out.getvalue())
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+def test_mixed_workload_verifies_clean_then_differences_are_found(
+    spark_clean: Any, env: Env, pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
+    pg.execute(DDL, pg_db)
+    dsn = pg.dsn(pg_db)
+    reg = env.register(make_reg("public", "items", COLUMNS, search=("name",)))
+    mirror = PgMirror(dsn, ChangeWriter(env.store, reg, db=pg_db))
+    try:
+        for i in range(1, 31):
+            mirror.insert(_row(i))
+        mirror.truncate()  # everything above is gone
+        for i in range(1, 61):
+            mirror.insert(_row(i))
+        first = run_job(spark_clean, env, max_records=40)  # a first pass; the rest arrives later
+        assert first.batches >= 2
+        for i in range(1, 61, 4):
+            mirror.update(i, {"name": f"widget {i} renamed", "price": PRICES[i % 3], "ts": TS[i % 5]})
+        for i in range(2, 61, 9):
+            # an unchanged TOASTed column: not sent, must keep the stored value
+            mirror.update(i, {"qty": 1000 + i}, unavailable=("blob",))
+        for i in (3, 13, 23):
+            mirror.delete(i)
+        mirror.change_key(5, 505)
+        mirror.change_key(6, 606)
+        mirror.update(505, {"name": "moved key"})
+    finally:
+        mirror.close()
+
+    summary = run_job(spark_clean, env, max_records=100)
+    assert summary.dead_letters == 0 and summary.events > 0
+
+    code, reports = _verify(env.settings, dsn)
+    assert code == 0, reports
+    (report,) = reports
+    assert report["source_rows"] == 57 and report["warehouse_rows"] == 57 and report["search_docs"] == 57
+    assert report["missing"] == [] and report["extra"] == [] and report["different"] == []
+    # numeric exactness survives the trip
+    current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    assert str(current[1]["price"]) in {p for p in PRICES}
+    assert current[2]["blob"] == "blob-2-xx" and current[2]["qty"] == 1002
+
+    # now make the source differ behind the pipeline's back
+    pg.execute("UPDATE public.items SET price = price + 0.000001 WHERE id = 10", pg_db)
+    pg.execute("DELETE FROM public.items WHERE id = 11", pg_db)
+    pg.execute("INSERT INTO public.items (id, name) VALUES (999, 'never captured')", pg_db)
+    code, reports = _verify(env.settings, dsn)
+    assert code == 1
+    (report,) = reports
+    assert report["status"] == "different"
+    assert report["different"][0]["key"] == {"id": 10}
+    assert set(report["different"][0]["columns"]) == {"price"}
+    assert report["missing"] == [{"id": 999}] and report["extra"] == [{"id": 11}]
+    assert report["search"]["missing"] == [{"id": 999}] and report["search"]["extra"] == [{"id": 11}]
+    assert 0 < report["ranges_differing"] <= report["ranges"]
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+def test_verify_reports_not_caught_up_distinctly(
+    spark_clean: Any, env: Env, pg: PgCluster, pg_db: str
+) -> None:
+    pg.execute(DDL, pg_db)
+    dsn = pg.dsn(pg_db)
+    reg = env.register(make_reg("public", "items", COLUMNS))
+    mirror = PgMirror(dsn, ChangeWriter(env.store, reg, db=pg_db))
+    try:
+        for i in range(1, 6):
+            mirror.insert(_row(i))
+        run_job(spark_clean, env)
+        mirror.insert(_row(6))  # captured, not applied
+    finally:
+        mirror.close()
+    code, reports = _verify(env.settings, dsn, "--wait", "1")
+    assert code == 3
+    assert reports[0]["status"] == "not_caught_up" and reports[0]["lag"]["apply"][reg.topic]
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+@pytest.mark.xfail(
+    reason="sinks/search.py takes unavailable TOAST values only from the stored document, not from the "
+    "key's earlier event in the same micro-batch (reported to the sinks helper)",
+    strict=False,
+)
+def test_toast_unavailable_in_the_same_batch_as_the_full_row(spark_clean: Any, env: Env) -> None:
+    reg = env.register(make_reg("s_toast", "items", COLUMNS, search=("name",)))
+    w = ChangeWriter(env.store, reg)
+    row = {"id": 1, "name": "first", "qty": 1, "price": "1.000000", "big": "2", "ts": TS[0], "doc": "{}",
+           "flag": True, "blob": "big value"}
+    with w.txn():
+        w.insert(row)
+    with w.txn():
+        w.update(dict(row, qty=2), unavailable=("blob",))
+    run_job(spark_clean, env)  # one micro-batch holds both
+    (stored,) = WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()
+    assert stored["blob"] == "big value" and stored["qty"] == 2
