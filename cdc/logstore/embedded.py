@@ -20,8 +20,12 @@ Guarantees (beyond those of :class:`cdc.logstore.LogStore`)
   of ``writer=False`` instances (other processes: Spark executors, the CLI) read concurrently; they see
   whole committed batches only. A ``writer=False`` instance refuses to append, compact or create.
 * Offsets are assigned per partition from 0 and never change. Records are stored in batches (one row
-  per partition per append, keyed by the batch's last offset), so reads and appends cost one SQLite row
-  per batch, not per record.
+  per partition per append, keyed by the batch's last offset; a msgpack array of records, LZ4-compressed
+  when that is smaller), so reads and appends cost one SQLite row per batch, not per record, and
+  :meth:`EmbeddedLogStore.read` decodes a batch into ``StoredRecord`` objects in one C call (it pauses
+  Python's cyclic GC for the duration of the call, which would otherwise dominate the cost).
+* Readers and the writer must share one machine and a local file system (SQLite WAL uses shared
+  memory next to the file; not over NFS).
 * Compaction (compacted topics) keeps the newest record of every key, drops a tombstone once it is
   older than ``delete_retention_ms`` and never removes a record younger than ``min_compaction_lag_ms``.
   Ages are measured from the time the record was appended to this store (not from its
@@ -29,9 +33,11 @@ Guarantees (beyond those of :class:`cdc.logstore.LogStore`)
   thread of a writer instance (for the topics that instance writes) every ``compaction_interval_s``,
   when a partition has enough new records or a tombstone is due, and on demand by :meth:`compact`. It
   rewrites a few batches per transaction, so appends and reads wait at most for one small transaction.
-* Retention (non-compacted topics): whole batches are dropped once they are older than
-  ``retention_ms``, or oldest-first while a partition holds more than ``retention_bytes`` of record data;
-  the start offset moves to the first batch kept. Compacted topics ignore time/size retention (as
+* Retention (non-compacted topics): whole batches are dropped once they were appended more than
+  ``retention_ms`` ago, or oldest-first while a partition holds more than ``retention_bytes`` of stored
+  (compressed) batch data; the start offset moves to the first batch kept, and reading before it raises
+  :class:`~cdc.errors.OffsetOutOfRangeError` with the start offset and a fix. It runs in the background
+  thread like compaction, and on demand by :meth:`enforce_retention`. Compacted topics ignore time/size retention (as
   Kafka does with ``cleanup.policy=compact``).
 * A file that is not a SQLite database, is truncated, or holds an undecodable batch raises
   :class:`~cdc.errors.StoreCorruptError` with its path and a fix; nothing is rewritten or dropped.
@@ -333,8 +339,8 @@ class EmbeddedLogStore(LogStore):
     may also create, append, compact and delete, taking each topic's single-writer lock on first use.
     ``compaction_interval_s`` (writer only; ``None`` or 0 disables it) is how often the background
     thread compacts the compacted topics, and applies retention to the others, that this instance writes.
-    ``compress`` (writer only): store batches LZ4-compressed (frame format) when that makes them smaller (readers
-    handle both forms).
+    ``compress`` (writer only): store batches LZ4-compressed when that makes them smaller (readers handle
+    both forms).
     """
 
     backend = "embedded"
@@ -607,26 +613,27 @@ class EmbeddedLogStore(LogStore):
         self._check_open()
         self._take_lock(topic)
         n = topic.config.partitions
-        explicit = [r.partition for r in records]
-        if any(p is not None for p in explicit):
-            parts = [
-                p if p is not None else partition_for(r.key, n)
-                for p, r in zip(explicit, records, strict=True)
-            ]
-            for p in set(parts):
-                if not 0 <= p < n:
-                    raise LogStoreError(
-                        f"record for topic {topic.name!r} names partition {p}, the topic has {n} (0..{n - 1})",
-                        fix=f"leave Record.partition None or use a partition in 0..{n - 1}",
-                        topic=topic.name,
-                        partition=p,
-                    )
-        else:
-            parts = partitions_for([r.key for r in records], n)
+        try:
+            parts = self._partitions(topic, records)
+        except (TypeError, ValueError, AttributeError):
+            for i, r in enumerate(records):  # name the offending record
+                _check_record(topic.name, i, r)
+            raise
         now = now_ms()
         groups: list[list[Record]] = [[] for _ in range(n)]
-        for p, r in zip(parts, records, strict=True):
+        tombstones = [0] * n
+        for i, (p, r) in enumerate(zip(parts, records, strict=True)):
             groups[p].append(r)
+            value, ts = r.value, r.timestamp_ms
+            if value is None:
+                tombstones[p] += 1
+            if (
+                type(r.key) is not bytes
+                or (value is not None and type(value) is not bytes)
+                or (ts is not None and type(ts) is not int)
+                or r.headers
+            ):
+                _check_record(topic.name, i, r)
         conn = topic.conn
         with topic.guard:
             if topic.end is None:
@@ -653,13 +660,12 @@ class EmbeddedLogStore(LogStore):
                         for i, r in enumerate(group)
                     ]
                     data = _pack(rows, self.compress)
-                    tombstones = sum(1 for r in group if r.value is None)
                     lo = base + len(group) - 1
                     conn.execute(
                         f"INSERT INTO p{p} VALUES (?, ?, ?, ?, ?, ?)",
-                        (lo, base, len(group), now, tombstones, data),
+                        (lo, base, len(group), now, tombstones[p], data),
                     )
-                    due = now + _tombstone_wait(topic.config) if tombstones else None
+                    due = now + _tombstone_wait(topic.config) if tombstones[p] else None
                     conn.execute(
                         "UPDATE partitions SET end_offset = ?, records = records + ?, bytes = bytes + ?, "
                         "dirty = dirty + ?, tombstone_due_ms = CASE WHEN ? IS NULL THEN tombstone_due_ms "
@@ -676,6 +682,26 @@ class EmbeddedLogStore(LogStore):
             for p, lo in last.items():
                 end[p] = lo + 1
         return last
+
+    def _partitions(self, topic: _Topic, records: Sequence[Record]) -> list[int]:
+        n = topic.config.partitions
+        explicit = [r.partition for r in records]
+        if any(p is not None for p in explicit):
+            parts = [
+                p if p is not None else partition_for(r.key, n)
+                for p, r in zip(explicit, records, strict=True)
+            ]
+            for p in set(parts):
+                if not 0 <= p < n:
+                    raise LogStoreError(
+                        f"record for topic {topic.name!r} names partition {p}, the topic has {n} (0..{n - 1})",
+                        fix=f"leave Record.partition None or use a partition in 0..{n - 1}",
+                        topic=topic.name,
+                        partition=p,
+                    )
+        else:
+            parts = partitions_for([r.key for r in records], n)
+        return parts
 
     # -- reading -----------------------------------------------------------------------------------
     def read(
@@ -1080,6 +1106,31 @@ class EmbeddedLogStore(LogStore):
             for fd in self._locks.values():
                 os.close(fd)
             self._locks.clear()
+
+
+def _check_record(topic: str, index: int, r: Record) -> None:
+    """Refuse a record the store could write but not read back as a StoredRecord."""
+    problem = None
+    if type(r.key) is not bytes:
+        problem = f"its key is {type(r.key).__name__}, not bytes"
+    elif r.value is not None and type(r.value) is not bytes:
+        problem = f"its value is {type(r.value).__name__}, not bytes or None"
+    elif r.partition is not None and type(r.partition) is not int:
+        problem = f"its partition is {type(r.partition).__name__}, not int or None"
+    elif r.timestamp_ms is not None and type(r.timestamp_ms) is not int:
+        problem = f"its timestamp_ms is {type(r.timestamp_ms).__name__}, not int or None"
+    elif not isinstance(r.headers, tuple) or not all(
+        isinstance(h, tuple) and len(h) == 2 and type(h[0]) is str and type(h[1]) is bytes for h in r.headers
+    ):
+        problem = "its headers are not a tuple of (str, bytes) pairs"
+    if problem:
+        raise LogStoreError(
+            f"record {index} of the batch for topic {topic!r} cannot be stored: {problem}",
+            fix="build Record(key=bytes, value=bytes | None, headers=((str, bytes), ...), timestamp_ms=int | None); "
+            "nothing of this batch was written",
+            topic=topic,
+            index=index,
+        )
 
 
 def _fsync_dir(path: Path) -> None:

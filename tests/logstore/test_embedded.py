@@ -271,3 +271,20 @@ def test_delete_and_recreate_while_background_compaction_runs(store_dir: Path) -
             del round_
         store.create_topic("t", config)
         assert store.append("t", [Record(b"k", b"after")]) == {0: 0}  # no error left by the thread
+
+
+def test_records_it_could_not_read_back_are_refused(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as store:
+        store.create_topic("t", TopicConfig(partitions=1))
+        bad = [
+            Record("str key", b"v"),  # type: ignore[arg-type]
+            Record(b"k", "str value"),  # type: ignore[arg-type]
+            Record(b"k", b"v", (("h", "str"),)),  # type: ignore[arg-type]
+            Record(b"k", b"v", timestamp_ms=1.5),  # type: ignore[arg-type]
+        ]
+        for record in bad:
+            with pytest.raises(LogStoreError) as exc:
+                store.append("t", [Record(b"ok", b"ok"), record])
+            assert exc.value.index == 1 and exc.value.fix
+        assert store.end_offsets("t") == {0: 0}  # nothing of a refused batch is written
+        assert store.append("t", [Record(b"k", b"v", (("h", b"x"),), 5)]) == {0: 0}
