@@ -151,7 +151,15 @@ class _Index:
             self.index = tantivy.Index(self.schema, path=str(self.path))
         if row is None:
             self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (sig,))
-        self.writer = self.index.writer(heap_size=options.heap_size, num_threads=options.threads)
+        try:
+            self.writer = self.index.writer(heap_size=options.heap_size, num_threads=options.threads)
+        except ValueError as exc:  # tantivy: LockBusy when another writer holds the index
+            self.db.close()
+            raise ApplyError(
+                f"cannot open the search index of {reg.qualified} for writing: {exc}",
+                fix="another apply job is writing it: stop it first (one apply job per state directory)",
+                path=str(self.path),
+            ) from exc
 
     def applied(self, app_id: str) -> int | None:
         row = self.db.execute("SELECT batch_id FROM applied WHERE app_id = ?", (app_id,)).fetchone()

@@ -215,8 +215,20 @@ class WarehouseSink(Sink):
     """Delta Lake current-state + history tables per registered table (see the module docstring).
 
     Not thread-safe; one writer per table at a time (the apply job). ``last_metrics`` holds the merge
-    metrics of the last :meth:`apply` per table kind (``current``/``history``), e.g.
-    ``num_target_files_removed`` -- used by the benchmark.
+    metrics of the last :meth:`apply` per table kind (``current``/``history``): delta-rs's
+    ``num_target_files_removed``/``_added`` (files rewritten), ``num_target_rows_updated``/``_inserted``/
+    ``_deleted``, ``execution_time_ms``.
+
+    Benchmark use (``bench/apply.py``)::
+
+        sink = WarehouseSink(tmp_dir, WarehouseOptions(buckets=16, maintain_every=0))
+        sink.apply(ChangeBatch(reg, events), batch_id, "bench")   # events: ChangeEvent list
+        sink.last_metrics["current"]["num_target_files_removed"]
+
+    Memory is proportional to the batch (Python rows, then Arrow): load a large table in batches of
+    ~100k events (a 1M-event batch peaks near 3 GB RSS). Measured on the shared 2-core box (3 columns,
+    16 buckets): 10k random keys into 1M rows ~2.8 s (history merge ~1.4 s, current ~0.6 s, 16/16 files
+    rewritten in each); 10k keys of one bucket ~0.6 s (1 file each).
     """
 
     name = "warehouse"
@@ -385,10 +397,10 @@ class WarehouseSink(Sink):
         ]
         # values of unavailable columns: the key's earlier events in the batch that are newer than the
         # stored row, else the stored current row, else the latest history row
-        need = sorted({ev.key_json for ev in latest if ev.op != "d" and any(e.unavailable for e in ctx.by_key[ev.key_json])})
+        need = {ev.key_json for ev in latest if ev.op != "d" and any(e.unavailable for e in ctx.by_key[ev.key_json])}
         stored: dict[str, dict[str, Any]] = {}
         if need:
-            stored = {r[KEY]: r for r in _read(current, need, ctx.key_buckets).to_pylist()}
+            stored = {r[KEY]: r for r in _read(current, sorted(need), ctx.key_buckets).to_pylist()}
 
         def fetch(missing: Sequence[str]) -> dict[str, dict[str, Any]]:
             found = {k: stored[k] for k in missing if k in stored}
@@ -402,7 +414,7 @@ class WarehouseSink(Sink):
         for ev in latest:
             row = ctx.meta_row(ev)
             if ev.op != "d":
-                if ev.key_json in stored or ev.key_json in need:
+                if ev.key_json in need:
                     guard = ctx.guard(ev.key_json)
                     s = stored.get(ev.key_json)
                     if s is not None:
