@@ -9,7 +9,9 @@ Layout (under ``<state>/warehouse/<schema>/``, names made path-safe as in topic 
   :meth:`WarehouseSink.maintain`).
 
 Source columns keep their names and map to Delta types as in :mod:`sinks.types`. Meta columns start
-with ``_cdc_`` (a source column with that prefix is refused):
+with ``_cdc_``, except the history's ``valid_from``/``valid_to``/``is_current`` (named as in DESIGN.md).
+A source column with the ``_cdc_`` prefix or one of those three names is refused (ApplyError: exclude
+or rename it):
 
 =========================  =====================================================================
 ``_cdc_key``               the key as canonical JSON (key-column order), e.g. ``{"id":42}``
@@ -19,9 +21,9 @@ with ``_cdc_`` (a source column with that prefix is refused):
 ``_cdc_ts``                source commit time of this version (timestamp, UTC)
 ``_cdc_op``                the op that wrote this version: r (snapshot), c, u
 history only:
-``_cdc_valid_from``        = ``_cdc_ts``: when this version became current (source commit time)
-``_cdc_valid_to``          commit time of the change that replaced/deleted it; null while current
-``_cdc_is_current``        true for the key's live version (false once updated, deleted, truncated)
+``valid_from``             = ``_cdc_ts``: when this version became current (source commit time)
+``valid_to``               commit time of the change that replaced/deleted it; null while current
+``is_current``             true for the key's live version (false once updated, deleted, truncated)
 ``_cdc_end_commit_lsn``,   version of the change that closed this row (null while current)
 ``_cdc_end_seq``
 ``_cdc_end_op``            the op that closed it: u, d or t (null while current)
@@ -86,9 +88,10 @@ LSN = "_cdc_commit_lsn"
 SEQ = "_cdc_seq"
 TS = "_cdc_ts"
 OP = "_cdc_op"
-VALID_FROM = "_cdc_valid_from"
-VALID_TO = "_cdc_valid_to"
-IS_CURRENT = "_cdc_is_current"
+VALID_FROM = "valid_from"
+VALID_TO = "valid_to"
+IS_CURRENT = "is_current"
+HISTORY_RESERVED = (VALID_FROM, VALID_TO, IS_CURRENT)
 END_LSN = "_cdc_end_commit_lsn"
 END_SEQ = "_cdc_end_seq"
 END_OP = "_cdc_end_op"
@@ -635,10 +638,11 @@ def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | No
         for name in ev.unavailable:
             if name not in cols:
                 cols[name] = None
-    bad = [c for c in cols if c.startswith(META_PREFIX)]
+    bad = [c for c in cols if c.startswith(META_PREFIX) or c in HISTORY_RESERVED]
     if bad:
         raise ApplyError(
-            f"{reg.qualified} has columns {bad} that clash with the warehouse's meta columns ({META_PREFIX}*)",
+            f"{reg.qualified} has columns {bad} that clash with the warehouse's meta columns "
+            f"({META_PREFIX}*, {', '.join(HISTORY_RESERVED)})",
             fix="exclude them (`cdc tables add ... --exclude COL`) or rename them at the source",
         )
     return cols
@@ -729,9 +733,10 @@ def _to_table(rows: list[dict[str, Any]], schema: pa.Schema, types: dict[str, st
     arrays = []
     for f in schema:
         values = [r.get(f.name) for r in rows]
-        if pa.types.is_timestamp(f.type) and (f.name.startswith(META_PREFIX)):
+        meta = f.name in HISTORY_META.names or f.name == _SRC_KIND
+        if meta and pa.types.is_timestamp(f.type):
             arrays.append(pa.array(values, type=pa.int64()).cast(f.type))  # microseconds since the epoch
-        elif f.name.startswith(META_PREFIX) or f.name == _SRC_KIND:
+        elif meta:
             arrays.append(pa.array(values, type=f.type))
         elif f.name in types:
             arr = T.to_array(values, types[f.name])
@@ -759,7 +764,7 @@ def _read_all(path: Path, reg: TableReg, meta: bool) -> pa.Table:
         )
     table = DeltaTable(str(path)).to_pyarrow_table()
     if not meta:
-        table = table.select([n for n in table.column_names if not n.startswith(META_PREFIX) and n != BUCKET])
+        table = table.select([n for n in table.column_names if n not in HISTORY_META.names])
     return table
 
 

@@ -84,10 +84,11 @@ def test_sql_csv_and_text(state: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_sql_history_view(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    q = "SELECT id, _cdc_is_current, _cdc_valid_to FROM public.orders__history ORDER BY id"
+    q = "SELECT id, is_current, valid_to, valid_from, _cdc_op FROM public.orders__history ORDER BY id"
     assert main(["--state", str(state), "sql", q, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["id"] for r in rows] == [10, 11, 12] and all(r["_cdc_is_current"] for r in rows)
+    assert [r["id"] for r in rows] == [10, 11, 12] and all(r["is_current"] for r in rows)
+    assert rows[0]["valid_to"] is None and rows[0]["valid_from"] == "2026-09-21T14:13:20.102000+00:00"
 
 
 def test_sql_errors(state: Path, capsys: pytest.CaptureFixture[str]) -> None:

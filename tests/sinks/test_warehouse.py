@@ -357,3 +357,12 @@ def test_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
     spread = list(range(0, 2000, 40))  # 50 keys over every bucket
     sink.apply(f.batch(*(f.change("u", {"id": i, "name": "c", "note": None}, 300) for i in spread)), 3, APP)
     assert sink.last_metrics["current"]["num_target_files_removed"] == 8
+
+
+def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink) -> None:
+    for bad in ("_cdc_key", "valid_from"):
+        reg = table(f"clash_{bad}", columns=(("id", "bigint"), (bad, "text")))
+        f = Feed(reg)
+        with pytest.raises(ApplyError) as err:
+            sink.apply(f.batch(f.change("c", {"id": 1, bad: "x"}, 100)), 1, APP)
+        assert bad in str(err.value) and "exclude" in (err.value.fix or "")
