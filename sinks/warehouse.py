@@ -270,7 +270,7 @@ class WarehouseSink(Sink):
         todo = [
             (name, table)
             for name, table in (("history", history), ("current", current), ("tombstones", tombs))
-            if (table.transaction_version(app_id) or -1) < batch_id
+            if _not_applied(table, app_id, batch_id)
         ]
         if not todo:
             return
@@ -684,6 +684,12 @@ def _truncate_close_updates(truncates: list[ChangeEvent]) -> dict[str, str]:
         END_SEQ: case(lambda ev: str(ev.version.seq)),
         END_OP: "'t'",
     }
+
+
+def _not_applied(table: DeltaTable, app_id: str, batch_id: int) -> bool:
+    """Whether the table has no commit of ``(app_id, batch_id)`` or later (batch ids start at 0)."""
+    done = table.transaction_version(app_id)
+    return done is None or done < batch_id
 
 
 def _buckets_of(table: DeltaTable) -> int:
