@@ -312,9 +312,12 @@ def _connect(path: Path, *, create: bool = False) -> sqlite3.Connection:
 class _Topic:
     """A topic file opened by one instance: its immutable config and its connection."""
 
-    def __init__(self, name: str, path: Path, config: TopicConfig, conn: sqlite3.Connection) -> None:
+    def __init__(
+        self, name: str, path: Path, config: TopicConfig, conn: sqlite3.Connection, ident: tuple[int, int]
+    ) -> None:
         self.name = name
         self.path = path
+        self.ident = ident  # (st_dev, st_ino) of the file this instance opened
         self.config = config
         self.conn = conn
         self.guard = _Guard(path)
@@ -421,11 +424,17 @@ class EmbeddedLogStore(LogStore):
     def _open_topic(self, name: str) -> _Topic:
         with self._lock:
             self._check_open()
+            path = self._topic_path(name)
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                st = None
             topic = self._topics.get(name)
             if topic is not None:
-                return topic
-            path = self._topic_path(name)
-            if not path.exists():
+                if st is not None and (st.st_dev, st.st_ino) == topic.ident:
+                    return topic
+                self._forget(topic)  # deleted (and maybe re-created) by another process
+            if st is None:
                 raise self._unknown(name)
             _check_header(path)
             guard = _Guard(path)
@@ -446,9 +455,23 @@ class EmbeddedLogStore(LogStore):
                     fix="run the cdc version that wrote it, or re-snapshot into a fresh state directory",
                     path=str(path),
                 )
-            topic = _Topic(name, path, _config_from_json(row[2]), conn)
+            topic = _Topic(name, path, _config_from_json(row[2]), conn, (st.st_dev, st.st_ino))
             self._topics[name] = topic
             return topic
+
+    def _forget(self, topic: _Topic) -> None:
+        """Drop this instance's handle on a topic file another process deleted."""
+        with topic.maintenance:
+            topic.deleted = True
+            with contextlib.suppress(sqlite3.Error):
+                topic.conn.close()
+                if topic.bg_conn is not None:
+                    topic.bg_conn.close()
+            topic.bg_conn = None
+        self._topics.pop(topic.name, None)
+        fd = self._locks.pop(topic.name, None)
+        if fd is not None:
+            os.close(fd)
 
     def _take_lock(self, topic: _Topic) -> None:
         """Take ``<topic>.lock`` for this instance (once; held until close)."""

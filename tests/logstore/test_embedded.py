@@ -288,3 +288,18 @@ def test_records_it_could_not_read_back_are_refused(store_dir: Path) -> None:
             assert exc.value.index == 1 and exc.value.fix
         assert store.end_offsets("t") == {0: 0}  # nothing of a refused batch is written
         assert store.append("t", [Record(b"k", b"v", (("h", b"x"),), 5)]) == {0: 0}
+
+
+def test_reader_follows_a_topic_deleted_and_recreated_by_the_writer(store_dir: Path) -> None:
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as writer:
+        writer.create_topic("t", TopicConfig(partitions=1))
+        writer.append("t", [Record(b"k", b"old")])
+        reader = EmbeddedLogStore(store_dir)
+        assert [r.value for r in reader.read("t", 0, 0)] == [b"old"]
+        writer.delete_topic("t")
+        with pytest.raises(UnknownTopicError):
+            reader.read("t", 0, 0)
+        writer.create_topic("t", TopicConfig(partitions=1))
+        writer.append("t", [Record(b"k", b"new")])
+        assert [r.value for r in reader.read("t", 0, 0)] == [b"new"]
+        reader.close()
