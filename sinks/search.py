@@ -103,8 +103,8 @@ def field_names(reg: TableReg) -> dict[str, str]:
 def build_schema(reg: TableReg) -> tantivy.Schema:
     sb = tantivy.SchemaBuilder()
     sb.add_text_field(KEY, stored=True, tokenizer_name="raw")
-    sb.add_unsigned_field(LSN, stored=True)
-    sb.add_unsigned_field(SEQ, stored=True)
+    sb.add_unsigned_field(LSN, stored=True, indexed=True)
+    sb.add_unsigned_field(SEQ, stored=True, indexed=True)
     for name in field_names(reg).values():
         sb.add_text_field(name, stored=True)
     sb.add_bytes_field(DOCUMENT, stored=True)
@@ -112,7 +112,23 @@ def build_schema(reg: TableReg) -> tantivy.Schema:
 
 
 def _schema_signature(reg: TableReg) -> str:
-    return orjson.dumps({"version": 1, "search": list(reg.search)}).decode()
+    return orjson.dumps({"version": 2, "search": list(reg.search)}).decode()
+
+
+def _older_than(schema: tantivy.Schema, v: Version) -> tantivy.Query:
+    """Documents whose version is older than ``v``: lsn < L OR (lsn = L AND seq < S)."""
+    u64 = tantivy.FieldType.Unsigned
+
+    def below(field: str, bound: int) -> tantivy.Query:
+        return tantivy.Query.range_query(schema, field, u64, 0, bound, include_lower=True, include_upper=False)
+
+    same_lsn = tantivy.Query.range_query(schema, LSN, u64, v.commit_lsn, v.commit_lsn)
+    return tantivy.Query.boolean_query([
+        (tantivy.Occur.Should, below(LSN, v.commit_lsn)),
+        (tantivy.Occur.Should, tantivy.Query.boolean_query([
+            (tantivy.Occur.Must, same_lsn), (tantivy.Occur.Must, below(SEQ, v.seq))
+        ])),
+    ])
 
 
 class _Index:
@@ -182,15 +198,6 @@ class _Index:
                 out[key] = (Version(lsn, seq), bool(deleted))
         return out
 
-    def live_older_than(self, v: Version) -> list[str]:
-        return [
-            r[0]
-            for r in self.db.execute(
-                "SELECT key FROM versions WHERE deleted = 0 AND (commit_lsn < ? OR (commit_lsn = ? AND seq < ?))",
-                (v.commit_lsn, v.commit_lsn, v.seq),
-            )
-        ]
-
     def document(self, key: str) -> dict[str, Any] | None:
         """The stored document (all columns, event encoding) of a key, from the committed index."""
         self.index.reload()
@@ -253,11 +260,11 @@ class SearchSink(Sink):
             if ev.op == "t":
                 if ev.version <= marker:
                     continue
-                older = set(idx.live_older_than(ev.version))
-                older.update(k for k, (v, dead, _) in overlay.items() if not dead and v < ev.version)
-                for k in older:
-                    writer.delete_documents_by_term(KEY, k)
-                    overlay[k] = (ev.version, True, ev.ts_ms)
+                # one delete-by-query (also hits documents added earlier in this batch)
+                writer.delete_documents_by_query(_older_than(idx.schema, ev.version))
+                for k, (v, dead, _) in list(overlay.items()):
+                    if not dead and v < ev.version:
+                        overlay[k] = (ev.version, True, ev.ts_ms)
                 marker = ev.version
                 truncate = ev
                 continue
@@ -302,15 +309,20 @@ class SearchSink(Sink):
         db = idx.db
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.executemany(
-                "INSERT OR REPLACE INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?)",
-                [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()],
-            )
-            if truncate is not None:
+            if truncate is not None:  # the truncate marker guards the keys it removed
+                tv = truncate.version
+                db.execute(
+                    "DELETE FROM versions WHERE deleted = 0 AND (commit_lsn < ? OR (commit_lsn = ? AND seq < ?))",
+                    (tv.commit_lsn, tv.commit_lsn, tv.seq),
+                )
                 db.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('truncate', ?)",
                     (orjson.dumps([truncate.version.commit_lsn, truncate.version.seq]).decode(),),
                 )
+            db.executemany(
+                "INSERT OR REPLACE INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?)",
+                [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()],
+            )
             db.execute("INSERT OR REPLACE INTO applied VALUES (?, ?)", (app_id, batch_id))
             db.execute("COMMIT")
         except BaseException:

@@ -65,10 +65,12 @@ def test_truncate_removes_older_documents(tmp_path: Path, sink: SearchSink) -> N
     reg = table("docs", columns=COLS, search=("title",))
     f = Feed(reg)
     sink.apply(f.batch(*(f.change("c", row(i, f"doc {i}"), 100 + i) for i in range(5))), 1, APP)
-    sink.apply(f.batch(f.truncate(200), f.change("c", row(9, "after"), 210)), 2, APP)
-    assert set(docs(tmp_path, reg)) == {9}
+    sink.apply(f.batch(f.change("c", row(7, "in batch, before"), 150), f.truncate(200, 3),
+                       f.change("c", row(8, "same lsn, after"), 200, 4), f.change("c", row(9, "after"), 210)), 2, APP)
+    assert set(docs(tmp_path, reg)) == {8, 9}
+    assert S.search(tmp_path, reg, "before") == []
     sink.apply(f.batch(f.change("c", row(3, "late"), 150)), 3, APP)
-    assert set(docs(tmp_path, reg)) == {9}
+    assert set(docs(tmp_path, reg)) == {8, 9}
 
 
 def test_unavailable_toast_keeps_stored_text(tmp_path: Path, sink: SearchSink) -> None:
