@@ -161,6 +161,8 @@ class KafkaLogStore(LogStore):
         self._consumer: Any = None
         self._partitions: dict[str, int] = {}
         self._leaders: dict[str, dict[int, int]] = {}
+        #: (partition, offset) the read consumer stands at after the last read(), if it is intact
+        self._cursor: tuple[TopicPartition, int] | None = None
         self._closed = False
         self._common: dict[str, Any] = {
             "bootstrap_servers": bootstrap.split(","),
@@ -494,8 +496,12 @@ class KafkaLogStore(LogStore):
         out: list[StoredRecord] = []
         deadline = time.monotonic() + self.request_timeout_ms / 1000
         with self._broker("read", topic):
-            consumer.assign([tp])
-            consumer.seek(tp, from_offset)
+            positioned, self._cursor = self._cursor == (tp, from_offset), None
+            if not positioned:
+                # When positioned, the consumer stands where the previous read stopped, with what
+                # it already fetched beyond that: sequential reads keep its fetch pipeline.
+                consumer.assign([tp])
+                consumer.seek(tp, from_offset)
             highwater: int | None = None
             while len(out) < max_records:
                 if highwater is not None and consumer.position(tp) >= highwater:
@@ -518,6 +524,7 @@ class KafkaLogStore(LogStore):
                 for r in recs:
                     if r.offset >= from_offset:
                         out.append(_stored(r))
+            self._cursor = (tp, consumer.position(tp)) if len(out) <= max_records else None
         return out[:max_records]
 
     def _out_of_range(self, topic: str, partition: int, offset: int, start: int, end: int) -> NoReturn:
@@ -577,6 +584,7 @@ class KafkaLogStore(LogStore):
         consumer = self._get_consumer()
         deadline = time.monotonic() + self.request_timeout_ms / 1000
         pending = set(probe)
+        self._cursor = None
         with self._broker("find end offsets", tps[0].topic if len({t.topic for t in tps}) == 1 else None):
             consumer.assign(list(probe))
             for tp, offset in probe.items():
@@ -718,7 +726,7 @@ def _stored(r: Any) -> StoredRecord:
         offset=r.offset,
         key=r.key if r.key is not None else b"",
         value=r.value,
-        headers=tuple((k, v if v is not None else b"") for k, v in (r.headers or ())),
+        headers=tuple((k, b"" if v is None else v) for k, v in r.headers) if r.headers else (),
         timestamp_ms=r.timestamp,
     )
 
