@@ -25,8 +25,8 @@ Guarantees of :meth:`SearchSink.apply` (on top of :class:`sinks.Sink`):
   id, in one SQLite transaction). A batch whose id is recorded for the app id is skipped. A crash
   between the two commits replays the batch against stale versions, which re-deletes and re-adds the
   same documents: same result.
-* **Unavailable TOAST values** are taken from the stored document; without one the batch fails with
-  :class:`cdc.errors.ApplyError`.
+* **Unavailable TOAST values** are taken from the key's previous event in the same batch, else the
+  stored document; without one the batch fails with :class:`cdc.errors.ApplyError`.
 * Tables without search columns are ignored. Changing a table's search columns needs a rebuild
   (ApplyError says how).
 """
@@ -249,6 +249,10 @@ class SearchSink(Sink):
         if done is not None and done >= batch_id:
             return
         latest = batch.latest()
+        by_key: dict[str, list[ChangeEvent]] = {}
+        for e in batch.events:
+            if e.op != "t":
+                by_key.setdefault(e.key_json, []).append(e)
         keys = sorted({ev.key_json for ev in latest if ev.op != "t"})
         stored = idx.stored(keys)
         marker = idx.marker()
@@ -281,17 +285,9 @@ class SearchSink(Sink):
                 overlay[ev.key_json] = (ev.version, True, ev.ts_ms)
                 continue
             values = dict(ev.after or {})
-            if ev.unavailable:
-                base = idx.document(ev.key_json)
-                if base is None:
-                    raise ApplyError(
-                        f"{reg.qualified}: key {ev.key_json} at version {ev.version} lacks the unchanged TOAST "
-                        f"columns {list(ev.unavailable)} and the search index has no document to take them from",
-                        fix=f"re-snapshot the table (`cdc snapshot {reg.qualified}`)",
-                        key=ev.key_json,
-                    )
-                for c in ev.unavailable:
-                    values[c] = base.get(c)
+            chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
+            if any(e.unavailable for e in chain):
+                values = _resolve(idx, reg, chain)
             writer.add_document(_document(ev, values, fields))
             overlay[ev.key_json] = (ev.version, False, None)
         if not overlay and truncate is None:
@@ -340,6 +336,34 @@ class SearchSink(Sink):
         for idx in self._open.values():
             idx.close()
         self._open.clear()
+
+
+def _resolve(idx: _Index, reg: TableReg, chain: list[ChangeEvent]) -> dict[str, Any]:
+    """The full values of the last event of ``chain`` (a key's applied events of this batch, in
+    version order): unavailable (unchanged TOAST) columns come from the previous event of the chain,
+    else from the stored document; ApplyError when there is none (or the key was deleted before)."""
+    base: dict[str, Any] | None = None
+    deleted = False
+    for e in chain:
+        if e.op == "d":
+            base, deleted = None, True
+            continue
+        values = dict(e.after or {})
+        if e.unavailable:
+            if base is None and not deleted:
+                base = idx.document(e.key_json)
+            if base is None:
+                raise ApplyError(
+                    f"{reg.qualified}: key {e.key_json} at version {e.version} lacks the unchanged TOAST "
+                    f"columns {list(e.unavailable)} and the search index has no document to take them from",
+                    fix=f"re-snapshot the table (`cdc snapshot {reg.qualified}`)",
+                    key=e.key_json,
+                )
+            for c in e.unavailable:
+                values[c] = base.get(c)
+        base = values
+    assert base is not None
+    return base
 
 
 def _document(ev: ChangeEvent, values: dict[str, Any], fields: dict[str, str]) -> tantivy.Document:

@@ -112,3 +112,21 @@ def test_table_without_search_columns_is_ignored_and_search_errors(tmp_path: Pat
     sink.apply(Feed(reg2).batch(Feed(reg2).change("c", row(1, "x"), 100)), 1, APP)
     with pytest.raises(ApplyError, match="cannot parse"):
         S.search(tmp_path, reg2, "title:(x")
+
+
+def test_unavailable_toast_from_earlier_event_in_the_same_batch(tmp_path: Path, sink: SearchSink) -> None:
+    reg = table("docs", columns=COLS, search=("title", "body"))
+    f = Feed(reg)
+    b = f.batch(
+        f.change("c", row(1, "t", "the body text"), 100),
+        f.change("u", {"id": 1, "title": "t2", "price": None}, 110, unavailable=["body"]),
+        f.change("u", {"id": 1, "title": "t3", "price": "2.00"}, 120, unavailable=["body"]),
+    )
+    sink.apply(b, 1, APP)
+    d = docs(tmp_path, reg)[1]
+    assert d["body"] == ["the body text"] and d["title"] == ["t3"]
+    # a delete in between: the later update cannot take the value from before the delete
+    b2 = f.batch(f.delete({"id": 1}, 200), f.change("u", {"id": 1, "title": "x", "price": None}, 210,
+                                                     unavailable=["body"]))
+    with pytest.raises(ApplyError):
+        sink.apply(b2, 2, APP)
