@@ -643,57 +643,49 @@ class EmbeddedLogStore(LogStore):
                 _check_record(topic.name, i, r)
             raise
         now = now_ms()
-        groups: list[list[Record]] = [[] for _ in range(n)]
-        tombstones = [0] * n
-        for i, (p, r) in enumerate(zip(parts, records, strict=True)):
-            groups[p].append(r)
-            value, ts = r.value, r.timestamp_ms
-            if value is None:
-                tombstones[p] += 1
-            if (
-                type(r.key) is not bytes
-                or (value is not None and type(value) is not bytes)
-                or (ts is not None and type(ts) is not int)
-                or r.headers
-            ):
-                _check_record(topic.name, i, r)
         conn = topic.conn
         with topic.guard:
             if topic.end is None:
                 topic.end = self._end_offsets(topic, conn)
             end = topic.end
+            # One pass: check each record and build it as stored, with its offset.
+            name = topic.name
+            nxt = [end[p] for p in range(n)]
+            groups: list[list[_Out]] = [[] for _ in range(n)]
+            tombstones = [0] * n
+            for i, (p, r) in enumerate(zip(parts, records, strict=True)):
+                key, value, ts = r.key, r.value, r.timestamp_ms
+                if value is None:
+                    tombstones[p] += 1
+                if (
+                    type(key) is not bytes
+                    or (value is not None and type(value) is not bytes)
+                    or (ts is not None and type(ts) is not int)
+                    or r.headers
+                ):
+                    _check_record(name, i, r)
+                offset = nxt[p]
+                nxt[p] = offset + 1
+                groups[p].append(_Out(name, p, offset, key, value, r.headers, now if ts is None else ts))
             last: dict[int, int] = {}
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for p, group in enumerate(groups):
-                    if not group:
+                for p, rows in enumerate(groups):
+                    if not rows:
                         continue
                     base = end[p]
-                    name = topic.name
-                    rows = [
-                        _Out(
-                            name,
-                            p,
-                            base + i,
-                            r.key,
-                            r.value,
-                            r.headers,
-                            now if r.timestamp_ms is None else r.timestamp_ms,
-                        )
-                        for i, r in enumerate(group)
-                    ]
                     data = _pack(rows, self.compress)
-                    lo = base + len(group) - 1
+                    lo = base + len(rows) - 1
                     conn.execute(
                         f"INSERT INTO p{p} VALUES (?, ?, ?, ?, ?, ?)",
-                        (lo, base, len(group), now, tombstones[p], data),
+                        (lo, base, len(rows), now, tombstones[p], data),
                     )
                     due = now + _tombstone_wait(topic.config) if tombstones[p] else None
                     conn.execute(
                         "UPDATE partitions SET end_offset = ?, records = records + ?, bytes = bytes + ?, "
                         "dirty = dirty + ?, tombstone_due_ms = CASE WHEN ? IS NULL THEN tombstone_due_ms "
                         "ELSE min(coalesce(tombstone_due_ms, ?), ?) END WHERE partition = ?",
-                        (lo + 1, len(group), len(data), len(group), due, due, due, p),
+                        (lo + 1, len(rows), len(data), len(rows), due, due, due, p),
                     )
                     last[p] = lo
                 conn.execute("COMMIT")
