@@ -138,7 +138,7 @@ class _Index:
         self.reg = reg
         self.path = index_path(state_dir, reg)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(versions_path(state_dir, reg), isolation_level=None)
+        self.db = sqlite3.connect(versions_path(state_dir, reg), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = FULL")
         self.db.executescript(
@@ -217,7 +217,8 @@ class _Index:
 
 class SearchSink(Sink):
     """tantivy index per table with search columns (see the module docstring). One writer per index:
-    the apply job; ``cdc search`` only reads. Not thread-safe."""
+    the apply job; ``cdc search`` only reads. Not thread-safe: call it from one thread at a time (any
+    thread: the SQLite side table is opened with ``check_same_thread=False``)."""
 
     name = "search"
 
