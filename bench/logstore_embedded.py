@@ -59,9 +59,30 @@ def _plain_file(path: Path, records: list[Record]) -> float:
     return time.perf_counter() - started
 
 
+def _append_all(store: EmbeddedLogStore, topic: str, records: list[Record]) -> tuple[float, list[float]]:
+    """Append in batches; return the elapsed seconds and each batch's latency in ms."""
+    latencies = []
+    started = time.perf_counter()
+    for i in range(0, len(records), BATCH):
+        t = time.perf_counter()
+        store.append(topic, records[i : i + BATCH])
+        latencies.append((time.perf_counter() - t) * 1000)
+    return time.perf_counter() - started, latencies
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _stored_bytes(root: Path, topic: str) -> int:
+    return sum(p.stat().st_size for p in root.glob(f"{topic}.db*"))
+
+
 def run(quick: bool) -> str:
     n = 50_000 if quick else 1_000_000
     root = Path(tempfile.mkdtemp(prefix="bench-logstore-"))
+    log_dir = root / "log"
     try:
         records = _records(n)
         nbytes = sum(len(r.key) + len(r.value or b"") for r in records)
@@ -71,15 +92,14 @@ def run(quick: bool) -> str:
         plain_rate = n / plain_s
         print(f"plain file, fsync per batch: {plain_rate:,.0f} records/s ({nbytes / plain_s / 1e6:.0f} MB/s)")
 
-        store = EmbeddedLogStore(root / "log", writer=True, compaction_interval_s=None)
+        store = EmbeddedLogStore(log_dir, writer=True, compaction_interval_s=None)
         store.create_topic("bench.append", TopicConfig(partitions=4))
-        started = time.perf_counter()
-        for i in range(0, n, BATCH):
-            store.append("bench.append", records[i : i + BATCH])
-        append_s = time.perf_counter() - started
+        append_s, lat = _append_all(store, "bench.append", records)
         append_rate = n / append_s
         print(
-            f"append: {append_rate:,.0f} records/s ({append_rate / plain_rate:.2f}x plain file)", flush=True
+            f"append: {append_rate:,.0f} records/s ({append_rate / plain_rate:.2f}x plain file), "
+            f"batch latency p50 {_pct(lat, 0.5):.1f} ms p99 {_pct(lat, 0.99):.1f} ms",
+            flush=True,
         )
 
         started = time.perf_counter()
@@ -92,19 +112,35 @@ def run(quick: bool) -> str:
         read_rate = n / read_s
         print(f"read:   {read_rate:,.0f} records/s ({read_rate / plain_rate:.2f}x plain-file write rate)")
         del records
+        store.close()  # checkpoints and removes the WAL, so the file size is what the topic keeps
+        stored = _stored_bytes(log_dir, "bench.append")
+        print(f"stored: {stored / n:.0f} B per record ({stored / nbytes:.2f}x key+value bytes)")
+        store = EmbeddedLogStore(log_dir, writer=True, compaction_interval_s=None)
 
         keys = max(n // 100, 1)
         store.create_topic("bench.compact", TopicConfig(partitions=4, min_compaction_lag_ms=0))
         crecords = _records(n, distinct_keys=keys)
-        for i in range(0, n, BATCH):
-            store.append("bench.compact", crecords[i : i + BATCH])
-        del crecords
+        _append_all(store, "bench.compact", crecords)
         started = time.perf_counter()
         removed = store.compact("bench.compact")
         compact_s = time.perf_counter() - started
         left = sum(store.record_counts("bench.compact").values())
         print(f"compaction: {compact_s:.2f} s, removed {removed:,}, {left:,} records left ({keys:,} keys)")
         store.close()
+
+        # The same appends with the background compaction thread working on the topic meanwhile.
+        store = EmbeddedLogStore(log_dir, writer=True, compaction_interval_s=0.05)
+        store.create_topic("bench.background", TopicConfig(partitions=4, min_compaction_lag_ms=0))
+        bg_s, bg_lat = _append_all(store, "bench.background", crecords)
+        bg_rate = n / bg_s
+        del crecords
+        bg_left = sum(store.record_counts("bench.background").values())
+        store.close()
+        print(
+            f"append with background compaction: {bg_rate:,.0f} records/s, batch latency "
+            f"p50 {_pct(bg_lat, 0.5):.1f} ms p99 {_pct(bg_lat, 0.99):.1f} ms max {max(bg_lat):.1f} ms; "
+            f"{bg_left:,} records left at the end"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -114,16 +150,19 @@ def run(quick: bool) -> str:
     full = not quick
     return f"""## Embedded log store (SQLite WAL, synchronous=FULL)
 
-{n:,} records of ~{nbytes / n:.0f} B (key + value), appended in batches of {BATCH:,} to a 4-partition
-topic, each batch durable before the next. Peer: the same bytes written to a plain file with one
-`fsync` per batch of {BATCH:,} (the disk's limit for this pattern), measured in the same run.
+{n:,} Debezium-style change events of ~{nbytes / n:.0f} B (key + value), appended in batches of
+{BATCH:,} to a 4-partition topic, each batch durable (fsync'd) before the next. Peer: the same bytes
+written to a plain file with one `fsync` per batch of {BATCH:,} (the disk's limit for this pattern),
+measured in the same run. The store keeps each batch LZ4-compressed: {stored / n:.0f} B on disk per
+record ({stored / nbytes:.2f}x the key+value bytes) for these events.
 
 | measure | result | ratio to the plain fsync'd file | bar |
 | --- | --- | --- | --- |
 | plain file write, fsync per {BATCH:,} | {plain_rate:,.0f} records/s | 1.00 | |
-| durable append | {append_rate:,.0f} records/s | {append_rate / plain_rate:.2f} | >= 300,000/s{f": {verdict(append_rate >= 300_000)}" if full else ""} |
-| full read (`read()` -> StoredRecord) | {read_rate:,.0f} records/s | {read_rate / plain_rate:.2f} | >= 1,000,000/s{f": {verdict(read_rate >= 1_000_000)}" if full else ""} |
-| compaction, {keys:,} keys | {compact_s:.2f} s, {left:,} records left of {n:,} | | < 10 s, ~{keys:,} left{f": {verdict(compact_s < 10 and left <= keys * 1.05)}" if full else ""} |
+| durable append | {append_rate:,.0f} records/s (batch p50 {_pct(lat, 0.5):.1f} ms, p99 {_pct(lat, 0.99):.1f} ms) | {append_rate / plain_rate:.2f} | >= 300,000/s{f": {verdict(append_rate >= 300_000)}" if full else ""} |
+| full read (`iter_partition()` -> StoredRecord) | {read_rate:,.0f} records/s | {read_rate / plain_rate:.2f} | >= 1,000,000/s{f": {verdict(read_rate >= 1_000_000)}" if full else ""} |
+| `compact()`, {keys:,} keys | {compact_s:.2f} s, {left:,} records left of {n:,} | | < 10 s, ~{keys:,} left{f": {verdict(compact_s < 10 and left <= keys * 1.05)}" if full else ""} |
+| durable append while the background thread compacts the same topic | {bg_rate:,.0f} records/s (batch p50 {_pct(bg_lat, 0.5):.1f} ms, p99 {_pct(bg_lat, 0.99):.1f} ms, max {max(bg_lat):.1f} ms); {bg_left:,} records left | {bg_rate / plain_rate:.2f} | |
 
 The machine's 2 cores are shared with other work; figures within ~15% of a bar are close to it.
 """
