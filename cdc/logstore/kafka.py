@@ -367,6 +367,7 @@ class KafkaLogStore(LogStore):
         with self._broker("delete topic", name):
             self._admin.delete_topics([name], timeout_ms=self.request_timeout_ms)
         self._partitions.pop(name, None)
+        self._cursor = None
 
     def list_topics(self) -> list[TopicInfo]:
         described = self._describe(None)
@@ -475,9 +476,11 @@ class KafkaLogStore(LogStore):
     def read(
         self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
     ) -> list[StoredRecord]:
-        """Records of one partition with ``offset >= from_offset`` in offset order, at most
-        ``max_records`` (fewer when the end is reached). Empty at the end offset;
-        OffsetOutOfRangeError before the start offset or past the end."""
+        """Records of one partition with ``offset >= from_offset`` in offset order: ``max_records``
+        of them, or every record up to (at least) the end offset as of the call if fewer. Empty
+        at the end offset; OffsetOutOfRangeError (with ``start`` and ``end``) before the start
+        offset or past the end; UnknownTopicError; BrokerUnavailableError when no records arrive
+        within ``request_timeout_ms`` although the partition has some."""
         if max_records <= 0:
             return []
         self._check_partition(topic, partition)
@@ -502,9 +505,12 @@ class KafkaLogStore(LogStore):
                 # it already fetched beyond that: sequential reads keep its fetch pipeline.
                 consumer.assign([tp])
                 consumer.seek(tp, from_offset)
+            # Stop at the highwater of a fetch that reached ListOffsets' answer (``end_lb``): a
+            # highwater seen earlier may predate appends (records the consumer fetched in advance).
+            target = max(end_lb, end or 0)
             highwater: int | None = None
             while len(out) < max_records:
-                if highwater is not None and consumer.position(tp) >= highwater:
+                if highwater is not None and consumer.position(tp) >= max(highwater, target):
                     break
                 if time.monotonic() > deadline:
                     raise kerr.KafkaTimeoutError(

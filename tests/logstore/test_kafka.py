@@ -310,6 +310,39 @@ def test_end_offsets_exact_after_many_batches(
     assert [r.offset for r in reader.read(topic, 0, total - 1)] == [total - 1]
 
 
+def test_interleaved_reads_and_appends(store_factory: Callable[..., KafkaLogStore], topic: str) -> None:
+    """Sequential reads reuse the consumer's position; jumps, other partitions, end-offset probes and
+    appends in between must not disturb what each read returns."""
+    store = store_factory(writer=True)
+    store.create_topic(topic, TopicConfig(partitions=2))
+    log: dict[int, list[bytes]] = {0: [], 1: []}
+
+    def append(n: int) -> None:
+        recs = [
+            Record(f"{p}-{len(log[p]) + i}".encode(), b"v", partition=p) for p in (0, 1) for i in range(n)
+        ]
+        store.append(topic, recs)
+        for p in (0, 1):
+            log[p].extend(r.key for r in recs if r.partition == p)
+
+    def check(p: int, start: int, n: int) -> None:
+        assert [r.key for r in store.read(topic, p, start, n)] == log[p][start : start + n]
+
+    append(50)
+    check(0, 0, 10)
+    check(0, 10, 10)  # continues where the last read stopped
+    append(5)
+    check(0, 20, 100)  # up to the new end
+    check(1, 3, 4)
+    check(0, 5, 3)  # jump back
+    store.end_offsets(topic)
+    check(0, 8, 2)
+    check(0, 10, 1000)
+    assert store.read(topic, 0, 55) == []
+    append(1)
+    check(0, 55, 10)
+
+
 # -- consumer positions ---------------------------------------------------------------------------------
 def test_commit_uses_group_id_without_membership(
     store_factory: Callable[..., KafkaLogStore], admin: KafkaAdminClient, topic: str
