@@ -115,10 +115,11 @@ class TansuBroker:
             if _metadata_answers(port):
                 return broker
             time.sleep(0.05)
+        log = broker.log_tail()
         broker.stop()
         raise RuntimeError(
             f"Tansu did not answer a Kafka metadata request on {broker.bootstrap} within {timeout:.0f} s "
-            f"(exit code {proc.returncode}); its log:\n{broker.log_tail()}"
+            f"(exit code {proc.returncode}); its log:\n{log}"
         )
 
     def log_tail(self, chars: int = 4000) -> str:
