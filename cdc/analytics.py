@@ -57,7 +57,10 @@ class Warehouse:
                 self.catalog.not_applied.append(reg.qualified)
                 continue
             self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(reg.schema)}")
-            for kind, path, view in (("current", current, reg.table), ("history", history, f"{reg.table}__history")):
+            for kind, path, view in (
+                ("current", current, reg.table),
+                ("history", history, f"{reg.table}__history"),
+            ):
                 if not DeltaTable.is_deltatable(str(path)):
                     continue
                 source = f"__cdc_{kind}_{i}"
@@ -85,7 +88,8 @@ class Warehouse:
         available = ", ".join(sorted(self.catalog.views)) or "(none)"
         fix = f"tables you can query: {available}"
         pending = [
-            name for name in self.catalog.not_applied
+            name
+            for name in self.catalog.not_applied
             if re.search(re.escape(name.split(".")[-1]), sql, re.IGNORECASE)
         ]
         if self.catalog.not_applied:

@@ -116,7 +116,11 @@ class ChangeBatch:
                 truncates.append(ev)
                 continue
             cur = newest.get(ev.key_json)
-            if cur is None or (ev.version, ev.partition, ev.offset) >= (cur.version, cur.partition, cur.offset):
+            if cur is None or (ev.version, ev.partition, ev.offset) >= (
+                cur.version,
+                cur.partition,
+                cur.offset,
+            ):
                 newest[ev.key_json] = ev
         out = [*newest.values(), *truncates]
         out.sort(key=_order)

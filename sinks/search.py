@@ -120,15 +120,22 @@ def _older_than(schema: tantivy.Schema, v: Version) -> tantivy.Query:
     u64 = tantivy.FieldType.Unsigned
 
     def below(field: str, bound: int) -> tantivy.Query:
-        return tantivy.Query.range_query(schema, field, u64, 0, bound, include_lower=True, include_upper=False)
+        return tantivy.Query.range_query(
+            schema, field, u64, 0, bound, include_lower=True, include_upper=False
+        )
 
     same_lsn = tantivy.Query.range_query(schema, LSN, u64, v.commit_lsn, v.commit_lsn)
-    return tantivy.Query.boolean_query([
-        (tantivy.Occur.Should, below(LSN, v.commit_lsn)),
-        (tantivy.Occur.Should, tantivy.Query.boolean_query([
-            (tantivy.Occur.Must, same_lsn), (tantivy.Occur.Must, below(SEQ, v.seq))
-        ])),
-    ])
+    return tantivy.Query.boolean_query(
+        [
+            (tantivy.Occur.Should, below(LSN, v.commit_lsn)),
+            (
+                tantivy.Occur.Should,
+                tantivy.Query.boolean_query(
+                    [(tantivy.Occur.Must, same_lsn), (tantivy.Occur.Must, below(SEQ, v.seq))]
+                ),
+            ),
+        ]
+    )
 
 
 class _Index:
@@ -138,7 +145,9 @@ class _Index:
         self.reg = reg
         self.path = index_path(state_dir, reg)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(versions_path(state_dir, reg), isolation_level=None, check_same_thread=False)
+        self.db = sqlite3.connect(
+            versions_path(state_dir, reg), isolation_level=None, check_same_thread=False
+        )
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = FULL")
         self.db.executescript(
@@ -300,7 +309,11 @@ class SearchSink(Sink):
             self.purge(reg)
 
     def _record(
-        self, idx: _Index, app_id: str, batch_id: int, overlay: dict[str, tuple[Version, bool, int | None]],
+        self,
+        idx: _Index,
+        app_id: str,
+        batch_id: int,
+        overlay: dict[str, tuple[Version, bool, int | None]],
         truncate: ChangeEvent | None,
     ) -> None:
         db = idx.db
@@ -421,7 +434,7 @@ def search(state_dir: Path, reg: TableReg, query: str, *, limit: int = 10) -> li
     except ValueError as exc:
         raise ApplyError(
             f"cannot parse the search query {query!r}: {exc}",
-            fix="use tantivy query syntax: words, \"a phrase\", field:word, +must -mustnot, AND/OR; "
+            fix='use tantivy query syntax: words, "a phrase", field:word, +must -mustnot, AND/OR; '
             f"fields: {', '.join(fields)}",
             query=query,
         ) from exc

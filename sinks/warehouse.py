@@ -102,7 +102,14 @@ _SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
 
 _TS_TYPE = pa.timestamp("us", tz="UTC")
 CURRENT_META = pa.schema(
-    [(KEY, pa.string()), (BUCKET, pa.int32()), (LSN, pa.int64()), (SEQ, pa.int64()), (TS, _TS_TYPE), (OP, pa.string())]
+    [
+        (KEY, pa.string()),
+        (BUCKET, pa.int32()),
+        (LSN, pa.int64()),
+        (SEQ, pa.int64()),
+        (TS, _TS_TYPE),
+        (OP, pa.string()),
+    ]
 )
 HISTORY_META = pa.schema(
     [
@@ -146,7 +153,9 @@ class WarehouseOptions:
     def from_settings(cls, settings: Settings) -> WarehouseOptions:
         raw = settings.extra.get("warehouse", {}) or {}
         if not isinstance(raw, dict):
-            raise ConfigError("[warehouse] in cdc.toml must be a table", fix="write [warehouse] then key = value lines")
+            raise ConfigError(
+                "[warehouse] in cdc.toml must be a table", fix="write [warehouse] then key = value lines"
+            )
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(raw) - known
         if unknown:
@@ -308,11 +317,16 @@ class WarehouseSink(Sink):
             table = DeltaTable(str(path))
         return table
 
-    def _apply_history(self, ctx: _BatchContext, history: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
+    def _apply_history(
+        self, ctx: _BatchContext, history: DeltaTable, commit: CommitProperties
+    ) -> dict[str, Any]:
         keys = ctx.keys
         meta_names = [KEY, BUCKET, LSN, SEQ]  # all a close row needs
         open_rows = _read(
-            history, keys, ctx.key_buckets, extra_filter=pc.field(IS_CURRENT) == True,  # noqa: E712
+            history,
+            keys,
+            ctx.key_buckets,
+            extra_filter=pc.field(IS_CURRENT) == True,  # noqa: E712
             columns=[*meta_names, IS_CURRENT],
         )
         open_by_key: dict[str, dict[str, Any]] = {
@@ -356,8 +370,16 @@ class WarehouseSink(Sink):
                 else:
                     row = ctx.meta_row(ev)
                     row.update(resolver.values(ev))
-                    row.update({VALID_FROM: row[TS], VALID_TO: None, IS_CURRENT: True,
-                                END_LSN: None, END_SEQ: None, END_OP: None})
+                    row.update(
+                        {
+                            VALID_FROM: row[TS],
+                            VALID_TO: None,
+                            IS_CURRENT: True,
+                            END_LSN: None,
+                            END_SEQ: None,
+                            END_OP: None,
+                        }
+                    )
                     new_rows.append(row)
                     cur_new = row
         if not close_rows and not new_rows and not truncates:
@@ -373,8 +395,13 @@ class WarehouseSink(Sink):
             predicate += " AND " + _in_list("t", BUCKET, (r[BUCKET] for r in rows))
         target_cols = _arrow_schema(history).names
         merger = history.merge(
-            source, predicate, source_alias="s", target_alias="t", streamed_exec=False,
-            commit_properties=commit, writer_properties=None,
+            source,
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            streamed_exec=False,
+            commit_properties=commit,
+            writer_properties=None,
         )
         close_cols = (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP)
         merger = merger.when_matched_update(
@@ -394,13 +421,19 @@ class WarehouseSink(Sink):
     ) -> dict[str, Any]:
         trunc = ctx.truncates[-1].version if ctx.truncates else None
         latest = [
-            ev for ev in ctx.latest
-            if ev.op != "t" and (trunc is None or ev.version > trunc)
+            ev
+            for ev in ctx.latest
+            if ev.op != "t"
+            and (trunc is None or ev.version > trunc)
             and (ev.op == "d" or ev.version > ctx.guard(ev.key_json))
         ]
         # values of unavailable columns: the key's earlier events in the batch that are newer than the
         # stored row, else the stored current row, else the latest history row
-        need = {ev.key_json for ev in latest if ev.op != "d" and any(e.unavailable for e in ctx.by_key[ev.key_json])}
+        need = {
+            ev.key_json
+            for ev in latest
+            if ev.op != "d" and any(e.unavailable for e in ctx.by_key[ev.key_json])
+        }
         stored: dict[str, dict[str, Any]] = {}
         if need:
             stored = {r[KEY]: r for r in _read(current, sorted(need), ctx.key_buckets).to_pylist()}
@@ -444,7 +477,11 @@ class WarehouseSink(Sink):
         if trunc is None:
             predicate += " AND " + _in_list("t", BUCKET, (r[BUCKET] for r in rows))
         merger = current.merge(
-            source, predicate, source_alias="s", target_alias="t", streamed_exec=False,
+            source,
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            streamed_exec=False,
             commit_properties=commit,
         )
         merger = (
@@ -453,7 +490,9 @@ class WarehouseSink(Sink):
                 {c: _col("s", c) for c in schema.names},
                 predicate=f"{_col('s', OP)} <> 'd' AND {_newer('s', 't')}",
             )
-            .when_not_matched_insert({c: _col("s", c) for c in schema.names}, predicate=f"{_col('s', OP)} <> 'd'")
+            .when_not_matched_insert(
+                {c: _col("s", c) for c in schema.names}, predicate=f"{_col('s', OP)} <> 'd'"
+            )
         )
         if trunc is not None:
             merger = merger.when_not_matched_by_source_delete(predicate=_older_than("t", trunc))
@@ -463,35 +502,58 @@ class WarehouseSink(Sink):
         rows: list[dict[str, Any]] = []
         for ev in ctx.latest:
             if ev.op == "d":
-                rows.append({"key_json": ev.key_json, BUCKET: ctx.key_buckets[ev.key_json],
-                             "commit_lsn": ev.version.commit_lsn, "seq": ev.version.seq, "deleted_at": _ts(ev.ts_ms)})
+                rows.append(
+                    {
+                        "key_json": ev.key_json,
+                        BUCKET: ctx.key_buckets[ev.key_json],
+                        "commit_lsn": ev.version.commit_lsn,
+                        "seq": ev.version.seq,
+                        "deleted_at": _ts(ev.ts_ms),
+                    }
+                )
         if ctx.truncates:
             t = ctx.truncates[-1]
-            rows.append({"key_json": TRUNCATE_MARKER, BUCKET: 0, "commit_lsn": t.version.commit_lsn,
-                         "seq": t.version.seq, "deleted_at": _ts(t.ts_ms)})
+            rows.append(
+                {
+                    "key_json": TRUNCATE_MARKER,
+                    BUCKET: 0,
+                    "commit_lsn": t.version.commit_lsn,
+                    "seq": t.version.seq,
+                    "deleted_at": _ts(t.ts_ms),
+                }
+            )
         if not rows:
             return
         source = pa.Table.from_pylist(rows, schema=TOMBSTONES)
-        pred = (
-            "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND "
-            + _in_list("t", BUCKET, (r[BUCKET] for r in rows))
+        pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
+            "t", BUCKET, (r[BUCKET] for r in rows)
         )
         newer = "(s.commit_lsn > t.commit_lsn OR (s.commit_lsn = t.commit_lsn AND s.seq > t.seq))"
         (
-            tombs.merge(source, pred, source_alias="s", target_alias="t", streamed_exec=False,
-                        commit_properties=commit)
+            tombs.merge(
+                source,
+                pred,
+                source_alias="s",
+                target_alias="t",
+                streamed_exec=False,
+                commit_properties=commit,
+            )
             .when_matched_update_all(predicate=newer)
             .when_not_matched_insert_all()
             .execute()
         )
 
     # -- maintenance ---------------------------------------------------------------------------------
-    def maintain(self, reg: TableReg, *, compact: bool = True, vacuum_retention_hours: int | None = None) -> dict[str, Any]:
+    def maintain(
+        self, reg: TableReg, *, compact: bool = True, vacuum_retention_hours: int | None = None
+    ) -> dict[str, Any]:
         """Keep a table's Delta tables healthy: purge tombstones older than the retention, compact small
         files (``optimize.compact``) and vacuum files unreferenced for ``vacuum_retention_hours``
         (default from the options). Safe to run between batches; never changes what a reader sees.
         Returns per table ``{"compacted": metrics, "vacuumed": n_files}``."""
-        retention = self.options.vacuum_retention_hours if vacuum_retention_hours is None else vacuum_retention_hours
+        retention = (
+            self.options.vacuum_retention_hours if vacuum_retention_hours is None else vacuum_retention_hours
+        )
         out: dict[str, Any] = {}
         cur_path, hist_path, tomb_path = self.paths(reg)
         if DeltaTable.is_deltatable(str(tomb_path)):
@@ -535,8 +597,13 @@ class _BatchContext:
     from the tombstones table (written last, so always its pre-batch state while others are written)."""
 
     def __init__(
-        self, reg: TableReg, batch: ChangeBatch, columns: dict[str, str | None], buckets: int,
-        tombs: DeltaTable, options: WarehouseOptions,
+        self,
+        reg: TableReg,
+        batch: ChangeBatch,
+        columns: dict[str, str | None],
+        buckets: int,
+        tombs: DeltaTable,
+        options: WarehouseOptions,
     ) -> None:
         self.reg = reg
         self.types = columns
@@ -550,7 +617,9 @@ class _BatchContext:
         self.key_buckets = {k: bucket_of(k, buckets) for k in self.keys}
         for k in self.keys:
             _check_lsn(self.by_key[k][-1].version)
-        tomb_rows = _read(tombs, [*self.keys, TRUNCATE_MARKER], {**self.key_buckets, TRUNCATE_MARKER: 0}, key="key_json")
+        tomb_rows = _read(
+            tombs, [*self.keys, TRUNCATE_MARKER], {**self.key_buckets, TRUNCATE_MARKER: 0}, key="key_json"
+        )
         self.tombstones = {r["key_json"]: Version(r["commit_lsn"], r["seq"]) for r in tomb_rows.to_pylist()}
         self.marker = self.tombstones.pop(TRUNCATE_MARKER, Version(-1, -1))
 
@@ -560,8 +629,14 @@ class _BatchContext:
         return self.marker if t is None or t < self.marker else t
 
     def meta_row(self, ev: ChangeEvent) -> dict[str, Any]:
-        return {KEY: ev.key_json, BUCKET: self.key_buckets[ev.key_json], LSN: ev.version.commit_lsn,
-                SEQ: ev.version.seq, TS: ev.ts_ms * 1000, OP: ev.op}
+        return {
+            KEY: ev.key_json,
+            BUCKET: self.key_buckets[ev.key_json],
+            LSN: ev.version.commit_lsn,
+            SEQ: ev.version.seq,
+            TS: ev.ts_ms * 1000,
+            OP: ev.op,
+        }
 
 
 class _Resolver:
@@ -587,8 +662,12 @@ class _Resolver:
             base = self.prev.get(ev.key_json)
             if base is None and ev.key_json not in self.deleted:
                 if self.stored is None:
-                    need = sorted({e.key_json for evs in self.ctx.by_key.values() for e in evs if e.unavailable})
-                    self.stored = {k: _row_to_event_values(v, self.ctx.types) for k, v in self.fetch(need).items()}
+                    need = sorted(
+                        {e.key_json for evs in self.ctx.by_key.values() for e in evs if e.unavailable}
+                    )
+                    self.stored = {
+                        k: _row_to_event_values(v, self.ctx.types) for k, v in self.fetch(need).items()
+                    }
                 base = self.stored.get(ev.key_json)
             if base is None:
                 raise ApplyError(
@@ -667,12 +746,20 @@ def _merge_truncates(events: list[ChangeEvent], truncates: list[ChangeEvent]) ->
 
 
 def _close(row: dict[str, Any], ev: ChangeEvent) -> None:
-    row.update({VALID_TO: ev.ts_ms * 1000, IS_CURRENT: False, END_LSN: ev.version.commit_lsn,
-                END_SEQ: ev.version.seq, END_OP: ev.op})
+    row.update(
+        {
+            VALID_TO: ev.ts_ms * 1000,
+            IS_CURRENT: False,
+            END_LSN: ev.version.commit_lsn,
+            END_SEQ: ev.version.seq,
+            END_OP: ev.op,
+        }
+    )
 
 
 def _truncate_close_updates(truncates: list[ChangeEvent]) -> dict[str, str]:
     """Updates closing an open history row at the first truncate newer than it (CASE over truncates)."""
+
     def case(value: Any) -> str:
         arms = " ".join(f"WHEN {_older_than('t', ev.version)} THEN {value(ev)}" for ev in truncates)
         return f"CASE {arms} END"
@@ -703,8 +790,13 @@ def _buckets_of(table: DeltaTable) -> int:
 
 
 def _read(
-    table: DeltaTable, keys: Sequence[str], buckets: dict[str, int], *, key: str = KEY,
-    extra_filter: pc.Expression | None = None, columns: list[str] | None = None,
+    table: DeltaTable,
+    keys: Sequence[str],
+    buckets: dict[str, int],
+    *,
+    key: str = KEY,
+    extra_filter: pc.Expression | None = None,
+    columns: list[str] | None = None,
 ) -> pa.Table:
     """Rows of the given keys (only ``columns`` when given), reading only their buckets' files."""
     if not keys:

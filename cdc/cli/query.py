@@ -30,7 +30,7 @@ from cdc.registry import Registry
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc sql`` and ``cdc search`` to the ``cdc`` parser."""
     sql = sub.add_parser("sql", help="query the warehouse tables with SQL (DuckDB)")
-    sql.add_argument("query", metavar="SQL", help="e.g. \"SELECT * FROM public.orders LIMIT 10\"")
+    sql.add_argument("query", metavar="SQL", help='e.g. "SELECT * FROM public.orders LIMIT 10"')
     fmt = sql.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print a JSON list of row objects")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header line")
@@ -38,9 +38,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     search = sub.add_parser("search", help="full-text search a table's search columns")
     search.add_argument("table", metavar="SCHEMA.TABLE")
-    search.add_argument("query", metavar="QUERY", help='tantivy syntax: words, "a phrase", col:word, +must -not')
+    search.add_argument(
+        "query", metavar="QUERY", help='tantivy syntax: words, "a phrase", col:word, +must -not'
+    )
     search.add_argument("--limit", type=int, default=10, help="at most N hits (default 10)")
-    search.add_argument("--json", action="store_true", help='a JSON list of {"key","score","snippet","document"}')
+    search.add_argument(
+        "--json", action="store_true", help='a JSON list of {"key","score","snippet","document"}'
+    )
     search.set_defaults(handler=run_search)
 
 
@@ -87,7 +91,9 @@ def run_search(args: argparse.Namespace, settings: Settings) -> int:
         reg = registry.find(args.table)
     hits = search(settings.state_dir, reg, args.query, limit=args.limit)
     if args.json:
-        print_json([{"key": h.key, "score": h.score, "snippet": h.snippet, "document": h.document} for h in hits])
+        print_json(
+            [{"key": h.key, "score": h.score, "snippet": h.snippet, "document": h.document} for h in hits]
+        )
         return 0
     print_table(
         f"{reg.qualified}: {args.query}",

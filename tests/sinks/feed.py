@@ -93,8 +93,14 @@ class Feed:
             value = {
                 "before": None,
                 "after": None,
-                "source": {"ts_ms": BASE_TS_MS + lsn, "schema": self.reg.schema, "table": self.reg.table,
-                           "commit_lsn": lsn, "seq": seq, "snapshot": "false"},
+                "source": {
+                    "ts_ms": BASE_TS_MS + lsn,
+                    "schema": self.reg.schema,
+                    "table": self.reg.table,
+                    "commit_lsn": lsn,
+                    "seq": seq,
+                    "snapshot": "false",
+                },
                 "op": "t",
                 "ts_ms": BASE_TS_MS,
             }

@@ -26,10 +26,19 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in ("CDC_STATE", "CDC_SOURCE", "CDC_LOG", "CDC_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     st = tmp_path / "state"
-    customers = table("customers", columns=(("id", "integer"), ("name", "text"), ("bio", "text")),
-                      search=("name", "bio"))
-    orders = table("orders", columns=(("id", "bigint"), ("customer_id", "integer"), ("total", "numeric(14,2)"),
-                                      ("placed", "timestamp with time zone"), ("blob", "bytea")))
+    customers = table(
+        "customers", columns=(("id", "integer"), ("name", "text"), ("bio", "text")), search=("name", "bio")
+    )
+    orders = table(
+        "orders",
+        columns=(
+            ("id", "bigint"),
+            ("customer_id", "integer"),
+            ("total", "numeric(14,2)"),
+            ("placed", "timestamp with time zone"),
+            ("blob", "bytea"),
+        ),
+    )
     pending = table("pending", schema="sales")
     with Registry(st) as reg:
         for t in (customers, orders, pending):
@@ -38,16 +47,35 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     se = SearchSink(st)
     fc, fo = Feed(customers), Feed(orders)
     bc = fc.batch(
-        fc.change("c", {"id": 1, "name": "Ada Lovelace", "bio": "wrote the first program for the analytical engine"}, 100),
+        fc.change(
+            "c",
+            {"id": 1, "name": "Ada Lovelace", "bio": "wrote the first program for the analytical engine"},
+            100,
+        ),
         fc.change("c", {"id": 2, "name": "Grace Hopper", "bio": "built the first compiler"}, 101),
     )
     bo = fo.batch(
-        fo.change("c", {"id": 10, "customer_id": 1, "total": "12345678901.25",
-                        "placed": "2026-11-22 02:28:58.742271+00", "blob": "cafe"}, 102),
-        fo.change("c", {"id": 11, "customer_id": 1, "total": "0.10", "placed": "2026-11-22 03:00:00+00",
-                        "blob": None}, 103),
-        fo.change("c", {"id": 12, "customer_id": 2, "total": "5.00", "placed": "2026-11-22 04:00:00+00",
-                        "blob": None}, 104),
+        fo.change(
+            "c",
+            {
+                "id": 10,
+                "customer_id": 1,
+                "total": "12345678901.25",
+                "placed": "2026-11-22 02:28:58.742271+00",
+                "blob": "cafe",
+            },
+            102,
+        ),
+        fo.change(
+            "c",
+            {"id": 11, "customer_id": 1, "total": "0.10", "placed": "2026-11-22 03:00:00+00", "blob": None},
+            103,
+        ),
+        fo.change(
+            "c",
+            {"id": 12, "customer_id": 2, "total": "5.00", "placed": "2026-11-22 04:00:00+00", "blob": None},
+            104,
+        ),
     )
     for sink in (wh, se):
         sink.apply(bc, 1, APP)

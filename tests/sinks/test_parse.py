@@ -93,10 +93,13 @@ def test_latest_keeps_newest_per_key_and_every_truncate() -> None:
 def test_unavailable_and_snapshot_flags() -> None:
     reg = table()
     f = Feed(reg)
-    batch, _ = parse_batch(reg, [
-        f.change("u", {"id": 1, "name": "a"}, 100, unavailable=["note"]),
-        f.change("r", {"id": 2, "name": "a", "note": None}, 50, 0),
-    ])
+    batch, _ = parse_batch(
+        reg,
+        [
+            f.change("u", {"id": 1, "name": "a"}, 100, unavailable=["note"]),
+            f.change("r", {"id": 2, "name": "a", "note": None}, 50, 0),
+        ],
+    )
     snap, upd = batch.events
     assert upd.unavailable == ("note",) and not upd.snapshot
     assert snap.snapshot and snap.version == Version(50, 0)

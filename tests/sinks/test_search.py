@@ -44,7 +44,9 @@ def row(i: int, title: str, body: str = "", price: str | None = None) -> dict[st
 def test_upsert_delete_and_version_guard(tmp_path: Path, sink: SearchSink) -> None:
     reg = table("docs", columns=COLS, search=("title", "body"))
     f = Feed(reg)
-    sink.apply(f.batch(f.change("c", row(1, "red apple"), 100), f.change("c", row(2, "green pear"), 110)), 1, APP)
+    sink.apply(
+        f.batch(f.change("c", row(1, "red apple"), 100), f.change("c", row(2, "green pear"), 110)), 1, APP
+    )
     sink.apply(f.batch(f.change("u", row(1, "yellow banana"), 200)), 2, APP)
     d = docs(tmp_path, reg)
     assert d[1]["title"] == ["yellow banana"] and d[1][S.LSN] == [200] and set(d) == {1, 2}
@@ -65,8 +67,16 @@ def test_truncate_removes_older_documents(tmp_path: Path, sink: SearchSink) -> N
     reg = table("docs", columns=COLS, search=("title",))
     f = Feed(reg)
     sink.apply(f.batch(*(f.change("c", row(i, f"doc {i}"), 100 + i) for i in range(5))), 1, APP)
-    sink.apply(f.batch(f.change("c", row(7, "in batch, before"), 150), f.truncate(200, 3),
-                       f.change("c", row(8, "same lsn, after"), 200, 4), f.change("c", row(9, "after"), 210)), 2, APP)
+    sink.apply(
+        f.batch(
+            f.change("c", row(7, "in batch, before"), 150),
+            f.truncate(200, 3),
+            f.change("c", row(8, "same lsn, after"), 200, 4),
+            f.change("c", row(9, "after"), 210),
+        ),
+        2,
+        APP,
+    )
     assert set(docs(tmp_path, reg)) == {8, 9}
     assert S.search(tmp_path, reg, "before") == []
     sink.apply(f.batch(f.change("c", row(3, "late"), 150)), 3, APP)
@@ -77,11 +87,15 @@ def test_unavailable_toast_keeps_stored_text(tmp_path: Path, sink: SearchSink) -
     reg = table("docs", columns=COLS, search=("title", "body"))
     f = Feed(reg)
     sink.apply(f.batch(f.change("c", row(1, "t", "long searchable body"), 100)), 1, APP)
-    sink.apply(f.batch(f.change("u", {"id": 1, "title": "t2", "price": "1.00"}, 200, unavailable=["body"])), 2, APP)
+    sink.apply(
+        f.batch(f.change("u", {"id": 1, "title": "t2", "price": "1.00"}, 200, unavailable=["body"])), 2, APP
+    )
     d = docs(tmp_path, reg)[1]
     assert d["body"] == ["long searchable body"] and d["title"] == ["t2"]
     with pytest.raises(ApplyError):
-        sink.apply(f.batch(f.change("u", {"id": 5, "title": "x", "price": None}, 300, unavailable=["body"])), 3, APP)
+        sink.apply(
+            f.batch(f.change("u", {"id": 5, "title": "x", "price": None}, 300, unavailable=["body"])), 3, APP
+        )
 
 
 def test_idempotent_replay(tmp_path: Path, sink: SearchSink) -> None:
@@ -126,7 +140,9 @@ def test_unavailable_toast_from_earlier_event_in_the_same_batch(tmp_path: Path, 
     d = docs(tmp_path, reg)[1]
     assert d["body"] == ["the body text"] and d["title"] == ["t3"]
     # a delete in between: the later update cannot take the value from before the delete
-    b2 = f.batch(f.delete({"id": 1}, 200), f.change("u", {"id": 1, "title": "x", "price": None}, 210,
-                                                     unavailable=["body"]))
+    b2 = f.batch(
+        f.delete({"id": 1}, 200),
+        f.change("u", {"id": 1, "title": "x", "price": None}, 210, unavailable=["body"]),
+    )
     with pytest.raises(ApplyError):
         sink.apply(b2, 2, APP)

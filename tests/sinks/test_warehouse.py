@@ -116,7 +116,9 @@ def test_primary_key_change(sink: WarehouseSink) -> None:
 def test_truncate(sink: WarehouseSink) -> None:
     reg = table()
     f = Feed(reg)
-    sink.apply(f.batch(*(f.change("c", {"id": i, "name": str(i), "note": None}, 100 + i) for i in range(10))), 1, APP)
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i, "name": str(i), "note": None}, 100 + i) for i in range(10))), 1, APP
+    )
     # one batch: a truncate at 200 (one event per partition), then a new row at 210
     b = f.batch(
         f.change("u", {"id": 3, "name": "before-truncate", "note": None}, 150),
@@ -252,12 +254,37 @@ def test_unrepresentable_value_is_a_clear_error(sink: WarehouseSink) -> None:
 
 def test_toast_value_of_typed_columns_round_trips(sink: WarehouseSink) -> None:
     """A value kept for an unavailable column is re-read from the table and stored unchanged."""
-    reg = table("typed3", columns=(("id", "bigint"), ("ts", "timestamp with time zone"), ("amount", "numeric(38,9)"),
-                                  ("blob", "bytea"), ("name", "text")))
+    reg = table(
+        "typed3",
+        columns=(
+            ("id", "bigint"),
+            ("ts", "timestamp with time zone"),
+            ("amount", "numeric(38,9)"),
+            ("blob", "bytea"),
+            ("name", "text"),
+        ),
+    )
     f = Feed(reg)
-    sink.apply(f.batch(f.change("c", {"id": 1, "ts": "2026-01-02 03:04:05.000006+00", "amount": "1.5",
-                                      "blob": "abcd", "name": "a"}, 100)), 1, APP)
-    sink.apply(f.batch(f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["ts", "amount", "blob"])), 2, APP)
+    sink.apply(
+        f.batch(
+            f.change(
+                "c",
+                {
+                    "id": 1,
+                    "ts": "2026-01-02 03:04:05.000006+00",
+                    "amount": "1.5",
+                    "blob": "abcd",
+                    "name": "a",
+                },
+                100,
+            )
+        ),
+        1,
+        APP,
+    )
+    sink.apply(
+        f.batch(f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["ts", "amount", "blob"])), 2, APP
+    )
     got = current(sink, reg)[1]
     assert got["ts"] == dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
     assert got["amount"] == Decimal("1.500000000") and got["blob"] == b"\xab\xcd" and got["name"] == "b"
@@ -274,15 +301,19 @@ def test_schema_evolution_new_column(sink: WarehouseSink) -> None:
     assert rows[1]["price"] is None and rows[2]["price"] == Decimal("9.99")
     assert "price" in sink.history_rows(reg2).column_names
     # a column only seen in an event (registration not updated yet) arrives as text
-    sink.apply(f2.batch(f2.change("c", {"id": 3, "name": "c", "note": None, "price": None, "extra": 5}, 300)), 3, APP)
+    sink.apply(
+        f2.batch(f2.change("c", {"id": 3, "name": "c", "note": None, "price": None, "extra": 5}, 300)), 3, APP
+    )
     assert current(sink, reg2)[3]["extra"] == "5"
 
 
 def test_idempotent_replay_same_batch(sink: WarehouseSink) -> None:
     reg = table()
     f = Feed(reg)
-    b = f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100),
-                f.change("u", {"id": 1, "name": "b", "note": None}, 110))
+    b = f.batch(
+        f.change("c", {"id": 1, "name": "a", "note": None}, 100),
+        f.change("u", {"id": 1, "name": "b", "note": None}, 110),
+    )
     sink.apply(b, 0, APP)  # Spark's first batch id is 0
     cur_path, hist_path, _ = sink.paths(reg)
     versions = (DeltaTable(str(cur_path)).version(), DeltaTable(str(hist_path)).version())
@@ -316,23 +347,30 @@ def test_replay_after_crash_between_commits(sink: WarehouseSink, monkeypatch: py
     assert rows[1]["name"] == "b" and rows[1]["note"] == "keep" and set(rows) == {1, 3}
     h = history(sink, reg)
     assert [(r["id"], r["name"], r[W.IS_CURRENT]) for r in h] == [
-        (1, "a", False), (1, "b", True), (3, "c", True)
+        (1, "a", False),
+        (1, "b", True),
+        (3, "c", True),
     ]
     assert [r["key_json"] for r in sink.tombstone_rows(reg).to_pylist()] == ['{"id":2}']
 
 
 def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path) -> None:
-    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=2, maintain_every=3, tombstone_retention_hours=0,
-                                                    vacuum_retention_hours=0))
+    sink = WarehouseSink(
+        tmp_path,
+        WarehouseOptions(buckets=2, maintain_every=3, tombstone_retention_hours=0, vacuum_retention_hours=0),
+    )
     reg = table()
     f = Feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
-    sink.apply(f.batch(f.change("c", {"id": 2, "name": "a", "note": None}, 110),
-                       f.delete({"id": 1}, 120)), 2, APP)
+    sink.apply(
+        f.batch(f.change("c", {"id": 2, "name": "a", "note": None}, 110), f.delete({"id": 1}, 120)), 2, APP
+    )
     cur_path = sink.paths(reg)[0]
     files_before = len(list(cur_path.rglob("*.parquet")))
     assert len(sink.tombstone_rows(reg)) == 1
-    sink.apply(f.batch(f.change("u", {"id": 2, "name": "b", "note": None}, 130)), 3, APP)  # 3 % 3 == 0: maintain
+    sink.apply(
+        f.batch(f.change("u", {"id": 2, "name": "b", "note": None}, 130)), 3, APP
+    )  # 3 % 3 == 0: maintain
     assert len(sink.tombstone_rows(reg)) == 0  # retention 0: purged
     active = len(DeltaTable(str(cur_path)).file_uris())
     on_disk = len(list(cur_path.rglob("*.parquet")))
@@ -346,11 +384,15 @@ def test_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
     sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, maintain_every=0))
     reg = table()
     f = Feed(reg)
-    sink.apply(f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP)
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP
+    )
     cur_path = sink.paths(reg)[0]
     assert len(DeltaTable(str(cur_path)).file_uris()) == 8
     same_bucket = [i for i in range(2000) if W.bucket_of(f'{{"id":{i}}}', 8) == 3][:50]
-    sink.apply(f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 200) for i in same_bucket)), 2, APP)
+    sink.apply(
+        f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 200) for i in same_bucket)), 2, APP
+    )
     m = sink.last_metrics["current"]
     assert m["num_target_files_removed"] == 1 and m["num_target_rows_updated"] == 50
     assert sink.last_metrics["history"]["num_target_files_removed"] == 1
