@@ -12,7 +12,7 @@ The mapping is faithful (no value changes on the way), with two documented excep
 =======================================  =========================================================
 Postgres (``format_type``)               Arrow / Delta
 =======================================  =========================================================
-smallint / integer / bigint              int16 / int32 / int64 (short / integer / long)
+smallint / integer / bigint (oid, xid)  int16 / int32 / int64 (short / integer / long)
 numeric(p,s), p <= 38                    decimal128(p, s)
 numeric(p,s), p > 38; numeric            string (every digit kept)
 real / double precision                  float32 / float64
@@ -82,7 +82,7 @@ def arrow_type(pg_type: str) -> pa.DataType:
         return pa.int16()
     if t in ("integer", "int", "int4"):
         return pa.int32()
-    if t in ("bigint", "int8"):
+    if t in ("bigint", "int8", "oid", "xid"):  # oid/xid are unsigned 32-bit: int64 holds them
         return pa.int64()
     m = _NUMERIC.match(t)
     if m:
