@@ -5,17 +5,20 @@
   (kafka-python 3 defaults to acks=all and enable_idempotence=True, 16 KiB batches, linger 0),
   ``send()`` of every record, one ``flush()`` at the end, every future resolved -- the most
   favourable way to drive it;
-* ``KafkaLogStore`` (bulk producer, the default): ``append()`` of batches of 1,000 and 10,000
-  records into a 4-partition topic, each durable (acknowledged by the broker with acks=all) before
-  the next; placement by murmur2 of the key included;
+* ``KafkaLogStore()`` as configured by default (bulk producer, lz4): ``append()`` of batches of
+  1,000 and 10,000 records into a 4-partition topic, each durable (acknowledged by the broker with
+  acks=all) before the next; placement by murmur2 of the key included;
+* the same without compression, to show what lz4 is worth here;
 * ``KafkaLogStore(producer="kafka-python")``: the same appends through a tuned ``KafkaProducer``
-  (1 MiB batches, linger 5 ms), to show what tuning alone reaches;
-* compression (bulk, batches of 10,000): each codec whose Python package is installed;
+  (1 MiB batches, linger 5 ms, lz4), to show what tuning kafka-python alone reaches;
+* other codecs (bulk, batches of 10,000): each one whose Python package is installed;
 * read: every record back through ``iter_partition()`` (StoredRecord objects) beside a plain
   ``KafkaConsumer`` (assign + poll) reading the same topic.
 
 Records: ~500 B Debezium-style JSON events (see ``_records``). The benchmark starts its own Tansu
-(memory-only) broker. Bar (full run, N = 200,000): the store produces >= 100,000 records/s.
+(memory-only) broker. Bar (full run, N = 200,000): the store produces >= 100,000 records/s with appends of 1,000.
+Wall-clock rates depend on what else runs on the machine; the CPU column (client process + broker
+process, per record) does not.
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ def run(quick: bool) -> str:
     avg = sum(len(r.key) + len(r.value or b"") for r in records) / n
     codecs = [
         c
-        for c, mod in (("gzip", "gzip"), ("lz4", "lz4"), ("zstd", "zstandard"), ("snappy", "snappy"))
+        for c, mod in (("gzip", "gzip"), ("zstd", "zstandard"), ("snappy", "snappy"))
         if importlib.util.find_spec(mod) is not None
     ]
     crc = "C (crc32c package)" if importlib.util.find_spec("crc32c") else "pure Python"
@@ -156,10 +159,14 @@ def run(quick: bool) -> str:
     PEER = "peer: kafka-python KafkaProducer, default settings"
     configs: list[tuple[str, Callable[[], float]]] = [
         (PEER, lambda: _peer_produce(bootstrap, records)),
-        ("KafkaLogStore (bulk), appends of 1,000", lambda: _store_produce(bootstrap, records, 1_000)),
-        ("KafkaLogStore (bulk), appends of 10,000", lambda: _store_produce(bootstrap, records, 10_000)),
+        ("KafkaLogStore (bulk, lz4), appends of 1,000", lambda: _store_produce(bootstrap, records, 1_000)),
+        ("KafkaLogStore (bulk, lz4), appends of 10,000", lambda: _store_produce(bootstrap, records, 10_000)),
         (
-            "KafkaLogStore(producer='kafka-python', tuned), appends of 10,000",
+            "KafkaLogStore (bulk, uncompressed), appends of 1,000",
+            lambda: _store_produce(bootstrap, records, 1_000, compression=None),
+        ),
+        (
+            "KafkaLogStore(producer='kafka-python', tuned, lz4), appends of 10,000",
             lambda: _store_produce(bootstrap, records, 10_000, producer="kafka-python"),
         ),
     ]
@@ -195,8 +202,8 @@ def run(quick: bool) -> str:
     rate = {label: n / statistics.median(w) for label, w in walls.items()}
     cpu_us = {label: statistics.median(c) / n * 1e6 for label, c in cpus.items()}
     peer = rate[PEER]
-    store_1k = rate["KafkaLogStore (bulk), appends of 1,000"]
-    store_10k = rate["KafkaLogStore (bulk), appends of 10,000"]
+    store_1k = rate["KafkaLogStore (bulk, lz4), appends of 1,000"]
+    store_10k = rate["KafkaLogStore (bulk, lz4), appends of 10,000"]
     verdict = "meets" if store_1k >= 100_000 else "misses"
     print(
         f"  ratio to the default-settings peer: {store_1k / peer:.1f}x (appends of 1,000), "
@@ -230,9 +237,13 @@ def run(quick: bool) -> str:
         "",
         "Why the store beats tuned kafka-python: `KafkaProducer.send()` costs ~15 µs of Python per record "
         "(a future, an accumulator lookup, a lock), so no batching or linger setting takes it much past "
-        "60k records/s on this machine; the store's bulk producer encodes each partition's records "
-        "straight into v2 record batches and sends them as pipelined ProduceRequests with the same "
-        "idempotence (producer id, epoch, sequence numbers) and acks=all.",
+        "60k records/s on this machine. The store's bulk producer encodes each partition's records "
+        "straight into v2 record batches (varints from a table, one join per record) and sends them as "
+        "pipelined ProduceRequests with the same idempotence (producer id, epoch, sequence numbers) and "
+        "acks=all; murmur2 placement is vectorised with numpy per key length; lz4 makes the batches "
+        "cheaper for Tansu to take in than uncompressed ones. Without the crc32c package, kafka-python "
+        "computes batch CRCs in pure Python at ~3 MB/s, which alone caps producing at a few thousand "
+        "records/s.",
         "",
     ]
     return "\n".join(lines)
