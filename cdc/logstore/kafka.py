@@ -403,7 +403,9 @@ class KafkaLogStore(LogStore):
 
         On failure raises (BrokerUnavailableError when the broker cannot be reached within
         ``request_timeout_ms``; UnknownTopicError for a missing topic, checked before anything is
-        sent) and starts a new producer next time; any subset of the batch may have been written,
+        sent -- the partition count is then cached, so a topic another client deletes later is
+        reported by the broker's answer, or re-created by a broker that creates topics on first
+        use, as Tansu does) and starts a new producer next time; any subset of the batch may have been written,
         nothing acknowledged is ever lost (at least once). A producer id the broker forgot
         (expired after a long idle time) is renewed and the whole batch sent once more.
         """
@@ -957,6 +959,10 @@ class _BulkProducer:
             raise
         if errors:
             self.reset()
+            unknown = kerr.UnknownTopicOrPartitionError.__name__
+            for tp, error in errors.items():
+                if error.startswith(unknown):  # deleted since this store looked it up
+                    raise KafkaLogStore._unknown(tp.topic)
             cls = ProducerStateError if state_error else LogStoreError
             raise cls(
                 f"the broker refused records: {', '.join(f'{tp.topic}[{tp.partition}]: {e}' for tp, e in errors.items())}",
