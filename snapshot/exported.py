@@ -26,7 +26,7 @@ from psycopg import sql
 from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record
 from cdc.reader.envelope import TableCodec
-from cdc.reader.replication import SESSION_OPTIONS
+from cdc.reader.replication import SESSION_OPTIONS, Batch
 from cdc.registry import Alignment, Column, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot
 
@@ -101,12 +101,14 @@ def read_table(
     prefix: str,
     db: str,
     partitions: int,
-    write: Callable[[str, list[Record]], dict[int, int]],
+    store: LogStore,
+    store_lock: threading.Lock,
     progress: Progress,
     ts_ms: int,
 ) -> TableSnapshot:
-    """Read one table on ``conn`` (which imported ``snap``) and write its rows through ``write``
-    (which returns when they are durable, with the topic's end offsets)."""
+    """Read one table on ``conn`` (which imported ``snap``) and append its rows to ``store``
+    (a writer thread appends batch n while batch n+1 is parsed; ``store_lock`` serialises the
+    store between threads). Returns once every row is durable."""
     params = {"schema": reg.schema, "table": reg.table}
     cols = tuple(Column(str(n), str(t), bool(nullable)) for n, t, nullable in conn.execute(_COLUMNS, params))
     if not cols:
@@ -138,12 +140,36 @@ def read_table(
         sql.SQL(", ").join(sql.Identifier(n) for n in names), sql.Identifier(reg.schema, reg.table)
     )
     progress.start(reg.qualified, estimate)
-    rows = 0
-    pending: list[Record] = []
-    previous: dict[str, Any] | None = None
     now = str(int(time.time() * 1000)).encode()
     record = codec.snapshot_record
-    end: dict[int, int] = {}
+    batch = Batch(store, store_lock)
+    try:
+        rows, reported, last = _copy_table(conn, query, convs, names, record, src, batch, topic, progress,
+                                           reg.qualified, now)
+        if last is not None:
+            batch.add(topic, [record(last, src_last, now)])
+            rows += 1
+        batch.flush()
+    finally:
+        batch.close()
+    progress.advance(reg.qualified, rows - reported)
+    with store_lock:
+        end = store.end_offsets(topic)
+    conn.execute("COMMIT")
+    progress.finish(reg.qualified, rows)
+    return TableSnapshot(reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end)))
+
+
+def _copy_table(
+    conn: psycopg.Connection[Any], query: sql.Composed, convs: list[tuple[int, Callable[[Any], Any]]],
+    names: list[str], record: Callable[[dict[str, Any], bytes, bytes], Record], src: bytes, batch: Batch,
+    topic: str, progress: Progress, table: str, now: bytes,
+) -> tuple[int, int, dict[str, Any] | None]:
+    """COPY the rows into ``batch``, all but the last row, which is returned so the caller can
+    mark it ``last``. Returns (rows added, rows reported to ``progress``, last row)."""
+    pending: list[Record] = []
+    previous: dict[str, Any] | None = None
+    rows = reported = 0
     with conn.cursor().copy(query) as copy:
         for fields in copy_rows(iter(copy)):
             for i, f in convs:
@@ -154,21 +180,17 @@ def read_table(
             if previous is not None:
                 pending.append(record(previous, src, now))
                 if len(pending) >= BATCH_ROWS:
-                    end = write(topic, pending)
+                    batch.add(topic, pending)
+                    batch.submit(None)
                     rows += len(pending)
-                    progress.advance(reg.qualified, len(pending))
+                    progress.advance(table, len(pending))
+                    reported += len(pending)
                     pending = []
-                    now = str(int(time.time() * 1000)).encode()
             previous = after
-    if previous is not None:
-        pending.append(record(previous, src_last, now))
     if pending:
-        end = write(topic, pending)
+        batch.add(topic, pending)
         rows += len(pending)
-        progress.advance(reg.qualified, len(pending))
-    conn.execute("COMMIT")
-    progress.finish(reg.qualified, rows)
-    return TableSnapshot(reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end)))
+    return rows, reported, previous
 
 
 def read_tables(
@@ -189,11 +211,6 @@ def read_tables(
     alignment's end offsets are the topic's end offsets right after the table's last row."""
     lock = store_lock or threading.Lock()
     ts_ms = int(time.time() * 1000)
-
-    def write(topic: str, records: list[Record]) -> dict[int, int]:
-        with lock:
-            store.append(topic, records)
-            return store.end_offsets(topic)
 
     todo: queue.Queue[tuple[int, TableReg]] = queue.Queue()
     for i, reg in enumerate(regs):
@@ -216,7 +233,7 @@ def read_tables(
                     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snap.name)))
                 results[i] = read_table(
                     conn, snap, reg, prefix=prefix, db=db, partitions=partitions,
-                    write=write, progress=progress, ts_ms=ts_ms,
+                    store=store, store_lock=lock, progress=progress, ts_ms=ts_ms,
                 )
         finally:
             if conn is not None:

@@ -307,8 +307,8 @@ class Reader:
                 reason, pos = stream(self.dsn, slot, [(r.schema, r.table) for r in regs], self.confirmed,
                                      builder, batch, ctl)
             finally:
+                batch.close()
                 self.events += batch.written
-                batch.written = 0
             self.confirmed = max(self.confirmed, pos)
             return reason
 

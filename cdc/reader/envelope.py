@@ -64,6 +64,7 @@ class TableCodec:
         self.key = self.reg.key
         self.exclude = frozenset(self.reg.exclude)
         self.snapshot_lsn = self.reg.alignment.consistent_lsn if self.reg.alignment else 0
+        self.key_prefix = b"{" + _dumps(self.key[0]) + b":" if len(self.key) == 1 else None
         self.set_columns(self.reg.columns)
         self.source_head = (
             b'{"version":' + _dumps(CONNECTOR_VERSION) + b',"connector":"postgresql","name":'
@@ -71,8 +72,38 @@ class TableCodec:
             + b',"table":' + _dumps(self.reg.table) + b","
         )
 
+    def fast_row(self, cols: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """:meth:`row` for the common case; None when a column is unknown or changed type, or one
+        is missing (TOAST): the caller then takes the general path."""
+        types = self.types
+        conv = self.converters
+        out: dict[str, Any] = {}
+        for c in cols:
+            name = c["name"]
+            if types.get(name) != c["type"]:
+                return None
+            f = conv[name]
+            v = c["value"]
+            out[name] = v if f is None or v is None else f(v)
+        if len(out) != self.ncols:
+            return None
+        if self.exclude:
+            for n in self.exclude:
+                out.pop(n, None)
+        return out
+
+    def key_bytes(self, row: dict[str, Any], lsn: int) -> bytes:
+        """:func:`cdc.events.encode_key` of the row's key columns."""
+        if self.key_prefix is not None:
+            try:
+                return self.key_prefix + _dumps(row[self.key[0]]) + b"}"
+            except KeyError:
+                pass
+        return encode_key(self.key_of(row, lsn))
+
     def set_columns(self, columns: Sequence[Column]) -> None:
         self.columns = tuple(columns)
+        self.ncols = len(self.columns)
         self.types = {c.name: c.type for c in columns}
         self.converters = {c.name: converter_for(c.type) for c in columns}
         self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
@@ -104,10 +135,11 @@ class TableCodec:
                 lsn=lsn, reason="missing key column",
             ) from exc
 
-    def value(self, before: Any, after: Any, source: bytes, op: bytes, unavailable: list[str]) -> bytes:
+    def value(self, before: Any, after: Any, source: bytes, op: bytes, unavailable: list[str],
+              now: bytes | None = None) -> bytes:
         return b"".join((
             b'{"before":', _dumps(before), b',"after":', _dumps(after), b',"source":', source,
-            b',"op":"', op, b'","ts_ms":', str(int(time.time() * 1000)).encode(),
+            b',"op":"', op, b'","ts_ms":', now or str(int(time.time() * 1000)).encode(),
             b',"unavailable":', _dumps(unavailable), b"}",
         ))
 
@@ -120,8 +152,7 @@ class TableCodec:
 
     def snapshot_record(self, after: dict[str, Any], source: bytes, now: bytes) -> Record:
         """An ``op=r`` record for a row already encoded (excluded columns dropped)."""
-        key = encode_key({k: after[k] for k in self.key})
-        return Record(key, b"".join((
+        return Record(self.key_bytes(after, 0), b"".join((
             b'{"before":null,"after":', _dumps(after), b',"source":', source,
             b',"op":"r","ts_ms":', now, b',"unavailable":[]}',
         )))
@@ -143,6 +174,12 @@ class EventBuilder:
         self.commit_lsn = 0
         self.seq = 0
         self.tx_part = b""
+        self.now = b"0"
+        self.tick()
+
+    def tick(self) -> None:
+        """Refresh the envelope's ``ts_ms`` (processing time); the stream loop calls it often."""
+        self.now = str(int(time.time() * 1000)).encode()
 
     def begin(self, msg: dict[str, Any]) -> None:
         self.xid = msg.get("xid")
@@ -198,12 +235,36 @@ class EventBuilder:
         self.seq += 1
         if self.commit_lsn < codec.snapshot_lsn:
             return None
-        lsn = lsn_to_int(msg["lsn"])
+        hi, _, lo = msg["lsn"].partition("/")
+        lsn = (int(hi, 16) << 32) | int(lo, 16)
         source = codec.source_head + self.tx_part + (
             f'"lsn":{lsn},"sequence":"[\\"{self.commit_lsn}\\",\\"{lsn}\\"]","seq":{self.seq}}}'
         ).encode()
+        if action == "I":
+            after = codec.fast_row(msg["columns"])
+            if after is not None:
+                return codec.topic, [Record(codec.key_bytes(after, lsn), b"".join((
+                    b'{"before":null,"after":', _dumps(after), b',"source":', source,
+                    b',"op":"c","ts_ms":', self.now, b',"unavailable":[]}',
+                )))]
+        elif action == "U":
+            after = codec.fast_row(msg["columns"])
+            identity = msg.get("identity")
+            if after is not None and identity is not None:
+                fast_before: dict[str, Any] | None
+                try:
+                    fast_before = codec.row(identity)
+                except KeyError:  # a column not seen before: the general path records it
+                    fast_before = None
+                if fast_before is not None:
+                    key_b = codec.key_bytes(after, lsn)
+                    if key_b == codec.key_bytes(fast_before, lsn):
+                        return codec.topic, [Record(key_b, b"".join((
+                            b'{"before":', _dumps(fast_before), b',"after":', _dumps(after), b',"source":', source,
+                            b',"op":"u","ts_ms":', self.now, b',"unavailable":[]}',
+                        )))]
         if action == "T":
-            value = codec.value(None, None, source, b"t", [])
+            value = codec.value(None, None, source, b"t", [], self.now)
             return codec.topic, [
                 Record(encode_key({TRUNCATE_KEY_FIELD: p}), value, partition=p)
                 for p in range(codec.partitions)
@@ -219,7 +280,7 @@ class EventBuilder:
             self._check_columns(codec, msg, identity, False)
             old_row = codec.row(identity)
             key = encode_key(codec.key_of(old_row, lsn))
-            return codec.topic, [Record(key, codec.value(old_row, None, source, b"d", [])), Record(key, None)]
+            return codec.topic, [Record(key, codec.value(old_row, None, source, b"d", [], self.now)), Record(key, None)]
         cols = msg["columns"]
         is_insert = action == "I"
         self._check_columns(codec, msg, cols, is_insert)
@@ -229,7 +290,7 @@ class EventBuilder:
             unavailable = [n for n in codec.included if n not in after]
         new_key = codec.key_of(after, lsn) if not unavailable else self._key_with_identity(codec, after, identity, lsn)
         if is_insert:
-            return codec.topic, [Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable))]
+            return codec.topic, [Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now))]
         if action != "U":
             raise DecodeError(f"unknown wal2json action {action!r}", fix="report this message",
                               lsn=msg.get("lsn"), reason="unknown action")
@@ -241,11 +302,11 @@ class EventBuilder:
             if old_key != new_key:
                 old = encode_key(old_key)
                 return codec.topic, [
-                    Record(old, codec.value(before, None, source, b"d", [])),
+                    Record(old, codec.value(before, None, source, b"d", [], self.now)),
                     Record(old, None),
-                    Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable)),
+                    Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now)),
                 ]
-        return codec.topic, [Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable))]
+        return codec.topic, [Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable, self.now))]
 
     def _key_with_identity(self, codec: TableCodec, after: dict[str, Any],
                            identity: list[dict[str, Any]] | None, lsn: int) -> dict[str, Any]:

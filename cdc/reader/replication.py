@@ -16,6 +16,7 @@ before it is durable in the log store, and only at a transaction boundary:
 from __future__ import annotations
 
 import contextlib
+import queue
 import select
 import threading
 import time
@@ -41,16 +42,38 @@ HEARTBEAT_PREFIX = "cdc_heartbeat"
 
 
 class Batch:
-    """Events waiting to be appended to the log store, per topic. :meth:`flush` returns only when
-    they are durable (LogStore.append_many)."""
+    """Events waiting to be appended to the log store, per topic, and a writer thread that appends
+    them while the stream loop goes on decoding.
 
-    def __init__(self, store: LogStore, lock: threading.Lock | None = None) -> None:
+    :meth:`submit` hands the buffered events, together with the stream position they complete
+    (a transaction boundary, or None mid-transaction), to the writer; at most ``depth`` batches are
+    in flight (then it blocks: back-pressure, bounded memory). :attr:`durable` is the highest
+    boundary whose batch -- and every batch before it -- the log store acknowledged as durable;
+    only that may be confirmed to the slot. :meth:`flush` submits and waits. A writer error is
+    re-raised in the caller by the next :meth:`submit`/:meth:`flush`/:meth:`check`; nothing after
+    it is marked durable.
+    """
+
+    def __init__(self, store: LogStore, lock: threading.Lock | None = None, depth: int = 2) -> None:
         self.store = store
         self.lock = lock or threading.Lock()
         self.records: dict[str, list[Record]] = {}
         self.count = 0
         self.started = 0.0
         self.written = 0
+        self.durable = 0
+        self.submitted = 0  # highest boundary handed to the writer
+        self.inflight = 0
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None] | None] = queue.Queue(depth)
+        self._thread = threading.Thread(target=self._run, name="cdc-log-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered and nothing in flight."""
+        return not self.count and not self.inflight
 
     def add(self, topic: str, records: list[Record]) -> None:
         if not self.count:
@@ -62,14 +85,57 @@ class Batch:
             lst.extend(records)
         self.count += len(records)
 
-    def flush(self) -> None:
-        if not self.count:
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            records, count, boundary = item
+            try:
+                if self._error is None:
+                    with self.lock:
+                        self.store.append_many(records)
+            except BaseException as exc:
+                self._error = exc
+            with self._cond:
+                if self._error is None:
+                    self.written += count
+                    if boundary is not None and boundary > self.durable:
+                        self.durable = boundary
+                self.inflight -= 1
+                self._cond.notify_all()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, boundary: int | None) -> None:
+        """Hand the buffered events to the writer; ``boundary``: the position that is safe to
+        confirm once they (and everything before) are durable."""
+        self.check()
+        if not self.count and boundary is None:
             return
-        with self.lock:
-            self.store.append_many(self.records)
-        self.written += self.count
+        with self._cond:
+            self.inflight += 1
+        if boundary is not None:
+            self.submitted = max(self.submitted, boundary)
+        self._queue.put((self.records, self.count, boundary))
         self.records = {}
         self.count = 0
+
+    def flush(self, boundary: int | None = None) -> None:
+        """Submit what is buffered and wait until everything submitted is durable."""
+        if self.count or boundary is not None:
+            self.submit(boundary)
+        with self._cond:
+            while self.inflight and self._error is None:
+                self._cond.wait(1.0)
+        self.check()
+
+    def close(self) -> None:
+        """Stop the writer thread (batches already submitted are still written)."""
+        self._queue.put(None)
+        self._thread.join()
 
 
 @dataclass
@@ -161,7 +227,9 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
     n = 0
 
     def confirm(force: bool = False) -> None:
-        nonlocal sent, last_feedback
+        nonlocal sent, last_feedback, durable
+        if batch.durable > durable:
+            durable = batch.durable
         t = time.monotonic()
         if durable > sent and (force or t - last_feedback >= ctl.feedback_interval_s):
             cur.send_feedback(write_lsn=durable, flush_lsn=durable, reply=force, force=force)
@@ -171,9 +239,18 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
                 ctl.on_confirm(durable)
 
     def flush() -> None:
+        """Everything received is durable: the last boundary seen may be confirmed."""
         nonlocal durable
-        batch.flush()
+        batch.flush(pending if pending > durable else None)
         if pending > durable:
+            durable = pending
+
+    def boundary(pos: int) -> None:
+        """A transaction boundary (or heartbeat) at ``pos``: every event before it was received."""
+        nonlocal pending, durable
+        if pos > pending:
+            pending = pos
+        if batch.idle and pending > durable:
             durable = pending
 
     while True:
@@ -186,39 +263,36 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
                 builder.begin(data)
                 in_txn = True
             elif action == "C":
-                pos = builder.commit(data)
                 in_txn = False
-                if pos > pending:
-                    pending = pos
-                if not batch.count and pending > durable:
-                    durable = pending
+                boundary(builder.commit(data))
             elif action == "M":
                 if not in_txn:
-                    pos = lsn_to_int(data["lsn"])
-                    if pos > pending:
-                        pending = pos
-                    if not batch.count and pending > durable:
-                        durable = pending
+                    boundary(lsn_to_int(data["lsn"]))
             else:
                 out = builder.change(data)
                 stats["changes"] += 1
                 if out is not None:
                     batch.add(out[0], out[1])
                     if batch.count >= max_events:
-                        flush()
-                        confirm()
+                        # mid-transaction the last complete boundary is still `pending`
+                        batch.submit(pending if pending > batch.submitted else None)
             if n & 0x3FF:
                 continue
             # every 1024 messages: time-based duties while the stream is busy
+            builder.tick()
         else:
             # drained: nothing more to read right now
-            if not in_txn and not batch.count:
+            builder.tick()
+            batch.check()
+            if not in_txn and batch.idle:
                 wal_end = cur.wal_end
                 if wal_end and wal_end > durable:
                     durable = pending = wal_end
         now = time.monotonic()
         if batch.count and (now - batch.started >= max_s or (msg is None and not in_txn)):
-            flush()
+            batch.submit(pending if pending > batch.submitted else None)
+        elif not batch.count and not in_txn and batch.inflight and pending > batch.submitted and pending > durable:
+            batch.submit(pending)  # a boundary after the last submitted batch
         confirm()
         if ctl.stop.is_set():
             flush()
@@ -232,7 +306,7 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
             flush()
             confirm(force=True)
             return "restart", durable
-        if ctl.target is not None and durable >= ctl.target and not in_txn:
+        if ctl.target is not None and not in_txn and max(durable, pending) >= ctl.target:
             flush()
             confirm(force=True)
             return "caught_up", durable
