@@ -20,6 +20,12 @@ Value (JSON)::
   so each partition's reader sees it in order with that partition's other events; a sink removes
   every row whose version is older than the truncate's.
 
+Details fixed by the reader (:mod:`cdc.reader.envelope`): ``unavailable`` is always present (``[]``
+when complete); ``source.sequence`` is ``'["<commit_lsn>","<lsn>"]'`` with decimal LSNs; the events
+derived from one change (``d`` + tombstone + ``c`` of a key change, the ``t`` markers) share its
+``seq``; snapshot rows have ``txId`` null, ``source.ts_ms`` the snapshot's start, and
+``source.snapshot`` ``"last"`` on the last row *of each table*; ``ts_ms`` is processing time.
+
 Value encoding (the JSON value of a column): integers (any size) as JSON integers, ``numeric`` as a
 string with every digit (``null`` for NaN/Infinity, which wal2json sends as null), ``float``/``double``
 as JSON numbers, ``bool`` as JSON booleans, ``json``/``jsonb`` as the JSON text in a string, ``bytea``
