@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -139,6 +139,8 @@ class BatchReport:
     seconds: float
     applied_at_ms: int
     event_ts_ms: list[int] = field(default_factory=list)  # filled when ApplyJob.keep_event_ts
+    read_parse_seconds: float = 0.0  # collecting the records and parsing them
+    sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink name
 
     @property
     def rate(self) -> float:
@@ -206,8 +208,10 @@ class ApplyJob:
         self._stop = threading.Event()
         self.query: StreamingQuery | None = None
         # py4j runs foreachBatch on varying callback threads; sinks hold thread-bound handles
-        # (SQLite, index writers), so every sink call runs on this one thread
-        self._sink_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-sinks")
+        # (SQLite, index writers), so each sink is only ever called from its own thread
+        self._threads = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cdc-sink-{i}") for i in range(len(self.sinks))
+        ]
         register(spark)
 
     # -- tables --------------------------------------------------------------------------------------
@@ -260,11 +264,8 @@ class ApplyJob:
             batches.append(batch)
         if dead:
             self._write_dead_letters(dead, batch_id)
-        for i, sink in enumerate(self.sinks):
-            for batch in batches:
-                self._on_sink_thread(sink.apply, batch, batch_id, self.app_id)
-            if i == 0 and self.options.crash_after_sink_batch == batch_id:
-                self._crash()
+        collected = time.monotonic()
+        sink_s = self._apply_sinks(batches, batch_id)
         self._commit_positions(batch_id)
         events = sum(len(b.events) for b in batches)
         self._update_metrics(batch_id, n, events, len(dead))
@@ -276,6 +277,8 @@ class ApplyJob:
             tables=len(batches),
             seconds=time.monotonic() - started,
             applied_at_ms=int(time.time() * 1000),
+            read_parse_seconds=collected - started,
+            sink_seconds=sink_s,
         )
         if self.keep_event_ts:
             report.event_ts_ms = [e.ts_ms for b in batches for e in b.events]
@@ -288,8 +291,26 @@ class ApplyJob:
         if self.on_batch is not None:
             self.on_batch(report)
 
-    def _on_sink_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._sink_thread.submit(fn, *args).result()
+    def _apply_sinks(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, float]:
+        """Every sink applies every table's batch; the sinks run concurrently (each on its own
+        thread), the tables of one sink in order. Returns seconds per sink; re-raises the first
+        failure after every sink finished (so no sink is still writing when the batch fails)."""
+
+        def one(sink: Sink) -> float:
+            t0 = time.monotonic()
+            for batch in batches:
+                sink.apply(batch, batch_id, self.app_id)
+            return time.monotonic() - t0
+
+        futures = [self._threads[i].submit(one, sink) for i, sink in enumerate(self.sinks)]
+        if self.options.crash_after_sink_batch == batch_id and futures:
+            futures[0].result()
+            self._crash()
+        wait(futures)
+        out: dict[str, float] = {}
+        for sink, fut in zip(self.sinks, futures, strict=True):
+            out[getattr(sink, "name", type(sink).__name__)] = fut.result()  # raises the sink's error
+        return out
 
     def _table_for(self, topic: str) -> TableReg | None:
         reg = self._by_topic.get(topic)
@@ -432,9 +453,10 @@ class ApplyJob:
 
     def close(self) -> None:
         if self._own_sinks:
-            for sink in self.sinks:
-                self._on_sink_thread(sink.close)
-        self._sink_thread.shutdown(wait=True)
+            for i, sink in enumerate(self.sinks):
+                self._threads[i].submit(sink.close).result()
+        for pool in self._threads:
+            pool.shutdown(wait=True)
         if self._store is not None:
             self._store.close()
             self._store = None
