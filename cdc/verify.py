@@ -48,7 +48,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import CdcError, SourceError, UnknownTopicError
-from cdc.events import lsn_to_int
+from cdc.events import int_to_lsn, lsn_to_int
 from cdc.registry import Registry, TableReg, search_index_path
 
 APPLY_CONSUMER = "apply"
@@ -244,15 +244,38 @@ class Verifier:
         self.retries = max(retries, 1)
 
     # -- catch-up -------------------------------------------------------------------------------------
-    def _slot_caught_up(self, conn: psycopg.Connection[Any], lsn: int) -> tuple[bool, dict[str, Any]]:
+    def _slot_caught_up(
+        self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
+    ) -> tuple[bool, dict[str, Any]]:
+        """Is every change of ``tables`` committed before ``lsn`` durable in the log store?
+
+        Yes when the slot's ``confirmed_flush_lsn`` >= ``lsn``, or when no slot exists (nothing to
+        wait for). When the reader is not running (slot inactive, so it will not advance), the slot is
+        peeked (``pg_logical_slot_peek_changes`` up to ``lsn``, filtered to these tables; nothing is
+        consumed): no pending change of these tables also means caught up."""
         row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            "SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
             (self.settings.slot_name,),
         ).fetchone()
-        if row is None or row[0] is None:
+        if row is None or row[1] is None:
             return True, {}
-        flushed = lsn_to_int(str(row[0]))
-        return flushed >= lsn, {"slot_confirmed_flush_lsn": str(row[0])}
+        active, flushed_text = bool(row[0]), str(row[1])
+        if lsn_to_int(flushed_text) >= lsn:
+            return True, {}
+        info: dict[str, Any] = {"slot": self.settings.slot_name, "confirmed_flush_lsn": flushed_text}
+        if active:
+            return False, info
+        try:
+            rows = conn.execute(
+                "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
+                "'include-transaction', 'false', 'add-tables', %s)",
+                (self.settings.slot_name, int_to_lsn(lsn), ",".join(_wal2json_name(t) for t in tables)),
+            ).fetchall()
+        except psycopg.errors.ObjectInUse:  # the reader just started: wait for it instead
+            return False, info
+        pending = sum(1 for (data,) in rows if orjson.loads(data).get("action") in ("I", "U", "D", "T"))
+        info["pending_changes"] = pending
+        return pending == 0, info
 
     def _apply_lag(self, store: Any, topic: str, ends: dict[int, int]) -> dict[int, int]:
         try:
@@ -273,7 +296,7 @@ class Verifier:
 
         deadline = time.monotonic() + self.wait_s
         while True:
-            ok, info = self._slot_caught_up(conn, lsn)
+            ok, info = self._slot_caught_up(conn, lsn, tables)
             if ok or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -488,6 +511,15 @@ class Verifier:
             for key, row in self._source_rows(conn, reg, columns, target, where, arrays):
                 out[key] = row
         return out
+
+
+def _wal2json_name(reg: TableReg) -> str:
+    """``schema.table`` for wal2json's ``add-tables`` (special characters backslash-escaped)."""
+
+    def esc(part: str) -> str:
+        return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
+
+    return f"{esc(reg.schema)}.{esc(reg.table)}"
 
 
 def _array_base(pg_type: str) -> str:
