@@ -71,7 +71,10 @@ def run_until_killed(path: Path, first: int, seconds: float) -> list[int]:
     assert first_ack.strip(), child.stderr.read() if child.stderr else ""
     time.sleep(seconds)  # the random moment of the crash (not synchronisation)
     os.kill(child.pid, signal.SIGKILL)
-    rest, err = child.communicate(timeout=30)
+    # read through the same buffered reader as readline() (communicate() would skip what it buffered)
+    rest = child.stdout.read()
+    err = child.stderr.read() if child.stderr else ""
+    child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL, err
     return [int(line) for line in (first_ack + rest).split()]
 
