@@ -324,7 +324,7 @@ def test_background_compaction_while_appending_and_reading(
     final state of every key in offset order."""
     writer = log_store_factory(writer=True, compaction_interval_s=0.02)
     embedded_only(writer, COMPACTION_SKIP)
-    _compaction_topic(writer, topic_name, min_compaction_lag_ms=1_500, delete_retention_ms=0)
+    _compaction_topic(writer, topic_name, min_compaction_lag_ms=2_500, delete_retention_ms=0)
     reader = log_store_factory()
     stop = threading.Event()
     seen: dict[int, list[int]] = {0: [], 1: []}
@@ -345,7 +345,7 @@ def test_background_compaction_while_appending_and_reading(
     thread = threading.Thread(target=follow)
     thread.start()
     last: dict[bytes, bytes] = {}
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 4.0
     i = 0
     try:
         while time.monotonic() < deadline:
