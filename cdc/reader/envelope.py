@@ -28,7 +28,7 @@ import orjson
 from cdc.errors import DecodeError
 from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
 from cdc.logstore import Record
-from cdc.reader.wal2json import Converter, converter_for, text_converter_for
+from cdc.reader.wal2json import Col, Converter, Message, converter_for, text_converter_for
 from cdc.registry import Column, TableReg
 
 _dumps = orjson.dumps
@@ -72,18 +72,18 @@ class TableCodec:
             + b',"table":' + _dumps(self.reg.table) + b","
         )
 
-    def fast_row(self, cols: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def fast_row(self, cols: list[Col]) -> dict[str, Any] | None:
         """:meth:`row` for the common case; None when a column is unknown or changed type, or one
         is missing (TOAST): the caller then takes the general path."""
         types = self.types
         conv = self.converters
         out: dict[str, Any] = {}
         for c in cols:
-            name = c["name"]
-            if types.get(name) != c["type"]:
+            name = c.name
+            if types.get(name) != c.type:
                 return None
             f = conv[name]
-            v = c["value"]
+            v = c.value
             out[name] = v if f is None or v is None else f(v)
         if len(out) != self.ncols:
             return None
@@ -110,18 +110,18 @@ class TableCodec:
         self.included = [c.name for c in columns if c.name not in self.exclude]
 
     # -- rows -----------------------------------------------------------------------------------
-    def row(self, cols: list[dict[str, Any]]) -> dict[str, Any]:
+    def row(self, cols: list[Col]) -> dict[str, Any]:
         """Encode a wal2json column list (excluded columns dropped). Columns must be known
         (see :meth:`EventBuilder._check_columns`)."""
         conv = self.converters
         exclude = self.exclude
         out: dict[str, Any] = {}
         for c in cols:
-            name = c["name"]
+            name = c.name
             if name in exclude:
                 continue
             f = conv[name]
-            v = c["value"]
+            v = c.value
             out[name] = v if f is None or v is None else f(v)
         return out
 
@@ -181,34 +181,34 @@ class EventBuilder:
         """Refresh the envelope's ``ts_ms`` (processing time); the stream loop calls it often."""
         self.now = str(int(time.time() * 1000)).encode()
 
-    def begin(self, msg: dict[str, Any]) -> None:
-        self.xid = msg.get("xid")
-        self.commit_lsn = lsn_to_int(msg["lsn"])
+    def begin(self, msg: Message) -> None:
+        self.xid = msg.xid
+        self.commit_lsn = lsn_to_int(msg.lsn or "0/0")
         self.seq = 0
-        ts = commit_ts_ms(msg.get("timestamp"))
+        ts = commit_ts_ms(msg.timestamp)
         self.tx_part = (
             f'"ts_ms":{"null" if ts is None else ts},"snapshot":"false",'
             f'"txId":{"null" if self.xid is None else self.xid},"commit_lsn":{self.commit_lsn},'
         ).encode()
 
-    def commit(self, msg: dict[str, Any]) -> int:
+    def commit(self, msg: Message) -> int:
         """Close the transaction; return the position to confirm once its events are durable
         (``nextlsn``, the end of the commit record)."""
         self.xid = None
-        return lsn_to_int(msg.get("nextlsn") or msg["lsn"])
+        return lsn_to_int(msg.nextlsn or msg.lsn or "0/0")
 
-    def _check_columns(self, codec: TableCodec, msg: dict[str, Any], cols: list[dict[str, Any]],
+    def _check_columns(self, codec: TableCodec, msg: Message, cols: list[Col],
                        is_insert: bool) -> None:
         types = codec.types
         changed = False
         for c in cols:
-            if types.get(c["name"], _MISSING) != c["type"]:
+            if types.get(c.name, _MISSING) != c.type:
                 changed = True
                 break
         dropped = is_insert and len(cols) < len(types)
         if not changed and not dropped:
             return
-        present = {c["name"]: c["type"] for c in cols}
+        present = {c.name: c.type for c in cols}
         new_cols: list[Column] = []
         for col in codec.columns:
             if col.name in present:
@@ -221,35 +221,35 @@ class EventBuilder:
         self.columns_changed(codec.reg, cols_t)
         codec.set_columns(cols_t)
 
-    def change(self, msg: dict[str, Any]) -> tuple[str, list[Record]] | None:
+    def change(self, msg: Message) -> tuple[str, list[Record]] | None:
         """Records for one I/U/D/T message, or None when the change is already contained in the
         table's snapshot (commit LSN below the snapshot's consistent point)."""
-        action = msg["action"]
-        codec = self.codecs.get((msg["schema"], msg["table"]))
+        action = msg.action
+        codec = self.codecs.get((msg.schema or "", msg.table or ""))
         if codec is None:
             raise DecodeError(
-                f"wal2json sent a change of {msg['schema']}.{msg['table']}, which is not registered",
+                f"wal2json sent a change of {msg.schema}.{msg.table}, which is not registered",
                 fix="this is a bug: the add-tables filter and the registry disagree",
-                lsn=msg.get("lsn"), reason="unregistered table",
+                lsn=msg.lsn, reason="unregistered table",
             )
         self.seq += 1
         if self.commit_lsn < codec.snapshot_lsn:
             return None
-        hi, _, lo = msg["lsn"].partition("/")
+        hi, _, lo = (msg.lsn or "0/0").partition("/")
         lsn = (int(hi, 16) << 32) | int(lo, 16)
         source = codec.source_head + self.tx_part + (
             f'"lsn":{lsn},"sequence":"[\\"{self.commit_lsn}\\",\\"{lsn}\\"]","seq":{self.seq}}}'
         ).encode()
         if action == "I":
-            after = codec.fast_row(msg["columns"])
+            after = codec.fast_row(msg.columns or [])
             if after is not None:
                 return codec.topic, [Record(codec.key_bytes(after, lsn), b"".join((
                     b'{"before":null,"after":', _dumps(after), b',"source":', source,
                     b',"op":"c","ts_ms":', self.now, b',"unavailable":[]}',
                 )))]
         elif action == "U":
-            after = codec.fast_row(msg["columns"])
-            identity = msg.get("identity")
+            after = codec.fast_row(msg.columns or [])
+            identity = msg.identity
             if after is not None and identity is not None:
                 fast_before: dict[str, Any] | None
                 try:
@@ -269,19 +269,19 @@ class EventBuilder:
                 Record(encode_key({TRUNCATE_KEY_FIELD: p}), value, partition=p)
                 for p in range(codec.partitions)
             ]
-        identity = msg.get("identity")
+        identity = msg.identity
         if action == "D":
             if identity is None:
                 raise DecodeError(
-                    f"a DELETE of {codec.reg.qualified} at LSN {msg['lsn']} carries no old key",
+                    f"a DELETE of {codec.reg.qualified} at LSN {msg.lsn} carries no old key",
                     fix="give the table a primary key or REPLICA IDENTITY FULL",
-                    lsn=msg["lsn"], reason="no identity",
+                    lsn=msg.lsn, reason="no identity",
                 )
             self._check_columns(codec, msg, identity, False)
             old_row = codec.row(identity)
             key = encode_key(codec.key_of(old_row, lsn))
             return codec.topic, [Record(key, codec.value(old_row, None, source, b"d", [], self.now)), Record(key, None)]
-        cols = msg["columns"]
+        cols = (msg.columns or [])
         is_insert = action == "I"
         self._check_columns(codec, msg, cols, is_insert)
         after = codec.row(cols)
@@ -293,7 +293,7 @@ class EventBuilder:
             return codec.topic, [Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now))]
         if action != "U":
             raise DecodeError(f"unknown wal2json action {action!r}", fix="report this message",
-                              lsn=msg.get("lsn"), reason="unknown action")
+                              lsn=msg.lsn, reason="unknown action")
         before: dict[str, Any] | None = None
         if identity is not None:
             self._check_columns(codec, msg, identity, False)
@@ -309,7 +309,7 @@ class EventBuilder:
         return codec.topic, [Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable, self.now))]
 
     def _key_with_identity(self, codec: TableCodec, after: dict[str, Any],
-                           identity: list[dict[str, Any]] | None, lsn: int) -> dict[str, Any]:
+                           identity: list[Col] | None, lsn: int) -> dict[str, Any]:
         if all(k in after for k in codec.key):
             return codec.key_of(after, lsn)
         old = codec.row(identity) if identity else {}

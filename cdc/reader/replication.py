@@ -223,6 +223,8 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
     max_s = ctl.batch_max_ms / 1000.0
     stats = ctl.stats
     read = cur.read_message
+    change = builder.change
+    changes = 0
     fileno = cur.connection.fileno()
     n = 0
 
@@ -258,7 +260,7 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
         if msg is not None:
             n += 1
             data = decode(msg.payload)
-            action = data["action"]
+            action = data.action
             if action == "B":
                 builder.begin(data)
                 in_txn = True
@@ -267,10 +269,10 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
                 boundary(builder.commit(data))
             elif action == "M":
                 if not in_txn:
-                    boundary(lsn_to_int(data["lsn"]))
+                    boundary(lsn_to_int(data.lsn or "0/0"))
             else:
-                out = builder.change(data)
-                stats["changes"] += 1
+                out = change(data)
+                changes += 1
                 if out is not None:
                     batch.add(out[0], out[1])
                     if batch.count >= max_events:
@@ -280,9 +282,13 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
                 continue
             # every 1024 messages: time-based duties while the stream is busy
             builder.tick()
+            stats["changes"] += changes
+            changes = 0
         else:
             # drained: nothing more to read right now
             builder.tick()
+            stats["changes"] += changes
+            changes = 0
             batch.check()
             if not in_txn and batch.idle:
                 wal_end = cur.wal_end
@@ -297,6 +303,7 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
         if ctl.stop.is_set():
             flush()
             confirm(force=True)
+            stats["changes"] += changes
             return "stopped", durable
         if now >= next_poll:
             next_poll = now + ctl.poll_s
@@ -305,10 +312,12 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
         if want_restart and not in_txn:
             flush()
             confirm(force=True)
+            stats["changes"] += changes
             return "restart", durable
         if ctl.target is not None and not in_txn and max(durable, pending) >= ctl.target:
             flush()
             confirm(force=True)
+            stats["changes"] += changes
             return "caught_up", durable
         if next_heartbeat is not None and now >= next_heartbeat and ctl.heartbeat is not None:
             ctl.heartbeat()

@@ -37,12 +37,36 @@ BASE_OPTIONS: dict[str, str] = {
 #: ``add-tables`` value that matches no table (wal2json treats an absent option as "every table").
 NO_TABLE = "pg_catalog.cdc\\.no\\.table"
 
-_decoder = msgspec.json.Decoder(float_hook=str)
+class Col(msgspec.Struct):
+    """One column of a change: ``value`` is absent from ``pk`` entries."""
+
+    name: str
+    type: str
+    value: Any = None
 
 
-def decode(data: bytes) -> dict[str, Any]:
+class Message(msgspec.Struct):
+    """One wal2json v2 message (fields this service reads; others are skipped)."""
+
+    action: str
+    xid: int | None = None
+    timestamp: str | None = None
+    lsn: str | None = None
+    nextlsn: str | None = None
+    schema: str | None = None
+    table: str | None = None
+    columns: list[Col] | None = None
+    identity: list[Col] | None = None
+    transactional: bool | None = None
+    prefix: str | None = None
+
+
+_decoder = msgspec.json.Decoder(Message, float_hook=str)
+
+
+def decode(data: bytes) -> Message:
     """Decode one wal2json message. Floats/numerics come back as their exact text (``str``).
-    Raises DecodeError (with the raw message) if it is not a JSON object."""
+    Raises DecodeError (with the raw message) if it is not a wal2json message."""
     try:
         msg = _decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -51,9 +75,6 @@ def decode(data: bytes) -> dict[str, Any]:
             fix="check the wal2json version (2.5 with format-version 2 is supported)",
             reason=str(exc), raw=data[:200].decode("utf-8", "replace"),
         ) from exc
-    if not isinstance(msg, dict):
-        raise DecodeError("wal2json sent a message that is not a JSON object",
-                          fix="check the wal2json version", raw=data[:200].decode("utf-8", "replace"))
     return msg
 
 

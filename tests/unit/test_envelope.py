@@ -10,7 +10,7 @@ import pytest
 from cdc.errors import DecodeError
 from cdc.events import Version, lsn_to_int
 from cdc.reader.envelope import EventBuilder, TableCodec, commit_ts_ms
-from cdc.reader.wal2json import decode
+from cdc.reader.wal2json import Message, decode
 from cdc.registry import Alignment, Column, TableReg
 
 COLS = (Column("id", "integer"), Column("n", "numeric(38,9)"), Column("big", "text"), Column("secret", "text"))
@@ -38,14 +38,18 @@ def row(i: int, n: str = "1.000000000", big: str | None = "x") -> list[dict[str,
     return out
 
 
+def M(d: dict[str, Any]) -> Message:
+    return decode(orjson.dumps(d))
+
+
 def change(action: str, columns: list[Any] | None = None, identity: list[Any] | None = None,
-           lsn: str = "0/1507940") -> dict[str, Any]:
+           lsn: str = "0/1507940") -> Message:
     msg: dict[str, Any] = {"action": action, "xid": 727, "lsn": lsn, "schema": "public", "table": "t"}
     if columns is not None:
         msg["columns"] = columns
     if identity is not None:
         msg["identity"] = identity
-    return msg
+    return M(msg)
 
 
 def values(records: list[Any]) -> list[Any]:
@@ -101,7 +105,7 @@ def test_primary_key_change_is_delete_tombstone_create() -> None:
 
 def test_truncate_is_one_event_per_partition() -> None:
     b, _ = make()
-    _, recs = b.change({"action": "T", "xid": 727, "lsn": "0/1507940", "schema": "public", "table": "t"})  # type: ignore[misc]
+    _, recs = b.change(M({"action": "T", "xid": 727, "lsn": "0/1507940", "schema": "public", "table": "t"}))  # type: ignore[misc]
     assert [r.partition for r in recs] == [0, 1, 2]
     assert [orjson.loads(r.key) for r in recs] == [{"__truncate__": p} for p in range(3)]
     assert {v["op"] for v in values(recs)} == {"t"}
@@ -143,7 +147,7 @@ def test_replica_identity_full_with_explicit_key() -> None:
     reg = TableReg("public", "t", "cdc.public.t", ("a", "b"), columns=cols)
     codec = TableCodec(reg, prefix="cdc", db="app", partitions=2)
     b = EventBuilder({("public", "t"): codec}, lambda r, c: None)
-    b.begin({"action": "B", "xid": 1, "lsn": "0/10", "nextlsn": "0/20", "timestamp": None})
+    b.begin(M({"action": "B", "xid": 1, "lsn": "0/10", "nextlsn": "0/20", "timestamp": None}))
     full_old = [col("a", "text", "k"), col("b", "integer", 1), col("c", "text", "old")]
     full_new = [col("a", "text", "k"), col("b", "integer", 1), col("c", "text", "new")]
     _, recs = b.change(change("U", full_new, identity=full_old))  # type: ignore[misc]
@@ -163,12 +167,12 @@ def test_delete_without_identity_is_an_error_not_a_skip() -> None:
 def test_change_of_unregistered_table_is_an_error() -> None:
     b, _ = make()
     with pytest.raises(DecodeError):
-        b.change({"action": "I", "lsn": "0/1", "schema": "public", "table": "other", "columns": []})
+        b.change(M({"action": "I", "lsn": "0/1", "schema": "public", "table": "other", "columns": []}))
 
 
 def test_commit_returns_end_of_commit_record() -> None:
     b, _ = make()
-    assert b.commit({"action": "C", "lsn": "0/1507B78", "nextlsn": "0/1507BA8"}) == lsn_to_int("0/1507BA8")
+    assert b.commit(M({"action": "C", "lsn": "0/1507B78", "nextlsn": "0/1507BA8"})) == lsn_to_int("0/1507BA8")
 
 
 def test_snapshot_record_is_op_r_with_consistent_point_version() -> None:

@@ -23,7 +23,7 @@ def test_decode_keeps_every_numeric_digit_and_big_ints() -> None:
         b'{"name":"z","type":"numeric","value":0.000000001},{"name":"b","type":"bigint","value":9007199254740993},'
         b'{"name":"h","type":"numeric","value":123456789012345678901234567890}]}'
     )
-    values = [c["value"] for c in msg["columns"]]
+    values = [c.value for c in msg.columns or []]
     assert values[0] == "12345678901234567890123456789.123456789"
     assert values[1] == "0.000000001"
     assert values[2] == 9007199254740993
