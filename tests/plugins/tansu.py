@@ -9,8 +9,11 @@ session-scoped, ``tansu_factory`` starts private brokers a test may kill.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -72,6 +75,14 @@ def _metadata_answers(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: have Linux kill the broker when the process that started it dies,
+    so a crashed or killed test run leaves no broker behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class TansuBroker:
     """One running Tansu process on a free loopback port. ``bootstrap`` is ``"127.0.0.1:PORT"``."""
 
@@ -105,6 +116,7 @@ class TansuBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            preexec_fn=_die_with_parent,
         )
         os.close(log_fd)
         broker = cls(proc, port, log_path)
