@@ -944,41 +944,51 @@ class EmbeddedLogStore(LogStore):
                 return 0
             horizon = now - cfg.min_compaction_lag_ms  # batches appended at or before it are cleanable
             tomb_horizon = now - cfg.delete_retention_ms
-            # Pass 1 (a read snapshot): newest offset of every key.
+            # Pass 1 (one read snapshot): the newest offset of every key, and which batches are cleanable.
+            # Only keys and offsets are kept, so memory is bounded by the number of keys.
             newest: dict[bytes, int] = {}
-            batches: list[tuple[int, int, int, list[_RawRec]]] = []
+            cleanable: list[int] = []
             with lock:
                 conn.execute("BEGIN")
                 try:
                     cur = conn.execute(f"SELECT last_offset, append_ms, data FROM p{p} ORDER BY last_offset")
                     for last, append_ms, data in cur:
-                        rows = _RAW_DECODER.decode(_unpack(data))
-                        for row in rows:
+                        for row in _RAW_DECODER.decode(_unpack(data)):
                             newest[row.key] = row.offset
                         if append_ms <= horizon:
-                            batches.append((last, append_ms, len(data), rows))
+                            cleanable.append(last)
                 finally:
                     conn.execute("COMMIT")
-            # Pass 2: rewrite the cleanable batches that hold superseded records or expired tombstones.
-            changes: list[tuple[int, int, int, list[_RawRec]]] = []
-            for last, append_ms, nbytes, rows in batches:
-                keep = [
-                    r
-                    for r in rows
-                    if newest[r.key] == r.offset
-                    and not (append_ms <= tomb_horizon and r.value == _MSGPACK_NIL)
-                ]
-                if len(keep) != len(rows):
-                    changes.append((last, nbytes, len(rows) - len(keep), keep))
+            # Pass 2, a few batches at a time: rewrite the cleanable batches that hold superseded records
+            # or expired tombstones (only this instance writes the topic, so they are as pass 1 saw them).
             removed = 0
-            for i in range(0, len(changes), BATCHES_PER_TXN):
-                chunk = changes[i : i + BATCHES_PER_TXN]
+            for i in range(0, len(cleanable), BATCHES_PER_TXN):
+                chunk = cleanable[i : i + BATCHES_PER_TXN]
+                with lock:
+                    rows_of = conn.execute(
+                        f"SELECT last_offset, append_ms, data FROM p{p} "
+                        f"WHERE last_offset IN ({','.join('?' * len(chunk))})",
+                        chunk,
+                    ).fetchall()
+                changes: list[tuple[int, int, int, list[_RawRec]]] = []
+                for last, append_ms, data in rows_of:
+                    rows = _RAW_DECODER.decode(_unpack(data))
+                    expired = append_ms <= tomb_horizon
+                    keep = [
+                        r
+                        for r in rows
+                        if newest[r.key] == r.offset and not (expired and r.value == _MSGPACK_NIL)
+                    ]
+                    if len(keep) != len(rows):
+                        changes.append((last, len(data), len(rows) - len(keep), keep))
+                if not changes:
+                    continue
                 with lock:
                     conn.execute("BEGIN IMMEDIATE")
                     try:
                         delta_bytes = 0
                         delta_records = 0
-                        for last, nbytes, gone, keep in chunk:
+                        for last, nbytes, gone, keep in changes:
                             if keep:
                                 data = _pack(keep, self.compress)
                                 tombs = sum(1 for r in keep if r.value == _MSGPACK_NIL)
