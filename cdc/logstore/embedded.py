@@ -368,7 +368,14 @@ class EmbeddedLogStore(LogStore):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if writer:
-            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LogStoreError(
+                    f"cannot create the log-store directory {self.path}: {exc}",
+                    fix="point the state directory (--state / CDC_STATE) at a writable local directory",
+                    path=str(self.path),
+                ) from exc
             if compaction_interval_s:
                 self._thread = threading.Thread(
                     target=self._background,
