@@ -9,13 +9,14 @@ import subprocess
 import sys
 from typing import Any
 
+import orjson
 import pytest
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import app_id_for, checkpoint_dir
 from tests.apply.changes import ChangeWriter, PgMirror, make_reg
-from tests.apply.conftest import Env, run_job
+from tests.apply.conftest import Env
 from tests.apply.test_verify import COLUMNS, DDL, _row, _verify
 from tests.plugins.postgres import PgCluster
 
@@ -58,10 +59,17 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     assert (ckpt / "offsets" / str(crash_batch)).exists()
     assert not (ckpt / "commits" / str(crash_batch)).exists()
 
-    # restart (this process's Spark session, same checkpoint): batch 1 is replayed, then the rest
-    summary = run_job(spark_clean, env, max_records=20)
-    assert summary.app_id == app_id
-    assert summary.batches >= 2
+    # restart: a new `cdc apply --once --json` process, same checkpoint: batch 1 is replayed, then the rest
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())",
+         "--state", str(env.state), "apply", "--once", "--max-records-per-batch", "20", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = orjson.loads(proc.stdout)
+    assert summary["app_id"] == app_id
+    assert summary["batches"] >= 2 and summary["dead_letters"] == 0
+    assert "batch 1:" in proc.stderr, "progress for people goes to stderr with --json"
 
     code, reports = _verify(env.settings, dsn)
     assert code == 0, reports

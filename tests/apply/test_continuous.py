@@ -1,0 +1,68 @@
+"""`cdc apply` running continuously: changes arriving later are applied, and a table registered while
+the job runs is picked up (the job restarts its query on the same checkpoint)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from cdc.errors import ApplyError
+from sinks.warehouse import WarehouseSink
+from spark_jobs.apply import ApplyJob, ApplyOptions
+from tests.apply.changes import ChangeWriter, make_reg
+from tests.apply.conftest import Env
+from tests.plugins.postgres import wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+COLUMNS = [("id", "bigint"), ("name", "text")]
+
+
+def _ids(env: Env, reg: Any) -> set[int]:
+    try:
+        return {r["id"] for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    except ApplyError:  # not created yet
+        return set()
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env: Env) -> None:
+    schema = f"c{uuid.uuid4().hex[:6]}"
+    first = env.register(make_reg(schema, "first", COLUMNS))
+    w1 = ChangeWriter(env.store, first)
+    with w1.txn():
+        for i in range(1, 6):
+            w1.insert({"id": i, "name": f"n{i}"})
+    job = ApplyJob(spark_clean, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # surfaced by the assertions below
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: _ids(env, first) == set(range(1, 6)), timeout=120, what="the first rows applied")
+        with w1.txn():
+            w1.insert({"id": 6, "name": "later"})
+            w1.delete({"id": 1})
+        wait_for(lambda: _ids(env, first) == set(range(2, 7)), timeout=60, what="later changes applied")
+        # a table registered while the job runs
+        second = env.register(make_reg(schema, "second", COLUMNS))
+        w2 = ChangeWriter(env.store, second)
+        with w2.txn():
+            w2.insert({"id": 42, "name": "new table"})
+        wait_for(lambda: _ids(env, second) == {42}, timeout=90, what="the new table picked up")
+        assert not errors
+    finally:
+        job.stop()
+        runner.join(60)
+        job.close()
+    assert not runner.is_alive()
+    assert not errors, errors
