@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -113,10 +114,12 @@ class RunResult:
     changes: int = 0
     events: int = 0
     snapshots: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"reason": self.reason, "confirmed_lsn": int_to_lsn(self.confirmed_lsn),
-                "changes": self.changes, "events": self.events, "snapshot_rows": self.snapshots}
+                "changes": self.changes, "events": self.events, "snapshot_rows": self.snapshots,
+                "elapsed_s": round(self.elapsed_s, 3)}
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -171,6 +174,7 @@ class Reader:
     # -- entry point ------------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> RunResult:
         stop = stop or threading.Event()
+        started = time.monotonic()
         target: int | None = None
         attempt = 0
         while True:
@@ -181,7 +185,8 @@ class Reader:
                     self.log(f"catching up to {int_to_lsn(target)}")
                 reason = self._session(stop, target)
                 if reason in ("stopped", "caught_up"):
-                    return RunResult(reason, self.confirmed, self.stats["changes"], self.events, self.snapshots)
+                    return RunResult(reason, self.confirmed, self.stats["changes"], self.events, self.snapshots,
+                                     time.monotonic() - started)
                 attempt = 0
             except SlotLostError:
                 raise
@@ -202,7 +207,8 @@ class Reader:
                 self.log(f"source connection failed ({type(exc).__name__}: {str(exc).strip()[:200]}); "
                          f"retry {attempt}/{self.options.max_attempts - 1} in {delay:.1f} s")
                 if stop.wait(delay):
-                    return RunResult("stopped", self.confirmed, self.stats["changes"], self.events, self.snapshots)
+                    return RunResult("stopped", self.confirmed, self.stats["changes"], self.events, self.snapshots,
+                                     time.monotonic() - started)
 
     # -- plumbing -----------------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
