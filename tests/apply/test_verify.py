@@ -126,11 +126,6 @@ def test_verify_reports_not_caught_up_distinctly(
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
-@pytest.mark.xfail(
-    reason="sinks/search.py takes unavailable TOAST values only from the stored document, not from the "
-    "key's earlier event in the same micro-batch (reported to the sinks helper)",
-    strict=False,
-)
 def test_toast_unavailable_in_the_same_batch_as_the_full_row(spark_clean: Any, env: Env) -> None:
     reg = env.register(make_reg("s_toast", "items", COLUMNS, search=("name",)))
     w = ChangeWriter(env.store, reg)
