@@ -20,8 +20,11 @@ How a micro-batch is applied (:meth:`ApplyJob.process_batch`, called by ``foreac
    the truth for where the job resumes.
 
 Guarantees: exactly-once *effect* on the sinks (a crash anywhere -- before, between or after sink
-writes, before the checkpoint -- is repaired by the replay); dead letters are written at least once
-(a replayed batch may append its dead letters again; the metrics file counts each batch once).
+writes, before the checkpoint -- is repaired by the replay). Dead letters: a replayed batch does not
+append its dead letters again (the metrics file records the last batch whose dead letters were
+written); only a crash between that append and that record can write them twice (at least once).
+``<state>/spark/apply-metrics.json`` holds the counters of the current checkpoint (batches, records,
+events, dead letters, last batch id, newest applied source commit time).
 
 Identity: ``app_id = "cdc-apply-" + uuid`` stored in ``<state>/spark/checkpoint/apply.id``, created
 together with the checkpoint (deleting the checkpoint directory gives a new app id, so sinks do not
@@ -268,7 +271,8 @@ class ApplyJob:
         sink_s = self._apply_sinks(batches, batch_id)
         self._commit_positions(batch_id)
         events = sum(len(b.events) for b in batches)
-        self._update_metrics(batch_id, n, events, len(dead))
+        newest = max((b.events[-1].ts_ms for b in batches if b.events), default=None)
+        self._update_metrics(batch_id, n, events, newest)
         report = BatchReport(
             batch_id=batch_id,
             records=n,
@@ -321,11 +325,21 @@ class ApplyJob:
         return reg
 
     def _write_dead_letters(self, dead: Sequence[DeadLetter], batch_id: int) -> None:
+        """Append the batch's dead letters once per (app id, batch id): the metrics file records the
+        last batch whose dead letters were written and counted, so a replayed batch skips them (only
+        a crash between the append and that record can write them twice)."""
+        metrics = self._read_metrics()
+        done = metrics.get("dead_letter_batch")
+        if done is not None and int(done) >= batch_id:
+            return
         topic = dead_letter_topic(self.settings.topic_prefix)
         store = self.store()
         store.create_topic(topic, DEAD_LETTER_CONFIG)
         records = [dead_letter_record(d, batch_id, self.app_id) for d in dead]
         store.append(topic, records)
+        metrics["dead_letter_batch"] = batch_id
+        metrics["dead_letters"] = int(metrics.get("dead_letters", 0)) + len(dead)
+        self._write_metrics(metrics)
 
     def _commit_positions(self, batch_id: int) -> None:
         ends = batch_end_offsets(self.ckpt, batch_id)
@@ -338,26 +352,40 @@ class ApplyJob:
             except UnknownTopicError:
                 continue
 
-    def _update_metrics(self, batch_id: int, records: int, events: int, dead: int) -> None:
+    def _read_metrics(self) -> dict[str, Any]:
+        """This checkpoint's counters (``<state>/spark/apply-metrics.json``); reset for a new app id."""
         path = metrics_path(self.state_dir)
         try:
-            current = orjson.loads(path.read_bytes())
+            current = dict(orjson.loads(path.read_bytes()))
         except (FileNotFoundError, orjson.JSONDecodeError):
             current = {}
         if current.get("app_id") != self.app_id:
             current = {"app_id": self.app_id, "batches": 0, "records": 0, "events": 0, "dead_letters": 0}
-        last = current.get("last_batch_id")
-        if last is None or batch_id > int(last):  # a replayed batch is counted once
-            current["batches"] += 1
-            current["records"] += records
-            current["events"] += events
-            current["dead_letters"] += dead
-            current["last_batch_id"] = batch_id
+        return current
+
+    def _write_metrics(self, current: dict[str, Any]) -> None:
+        path = metrics_path(self.state_dir)
         current["updated_ms"] = int(time.time() * 1000)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(current))
         os.replace(tmp, path)
-        self.summary.dead_letters_total = int(current["dead_letters"])
+        self.summary.dead_letters_total = int(current.get("dead_letters", 0))
+
+    def _update_metrics(self, batch_id: int, records: int, events: int, newest_ts_ms: int | None) -> None:
+        """Count a finished batch once (a replayed batch id is not counted again); dead letters are
+        counted when written (:meth:`_write_dead_letters`). ``newest_event_ts_ms`` is the newest source
+        commit time applied (for time lag)."""
+        current = self._read_metrics()
+        last = current.get("last_batch_id")
+        if last is None or batch_id > int(last):
+            current["batches"] += 1
+            current["records"] += records
+            current["events"] += events
+            current["last_batch_id"] = batch_id
+        if newest_ts_ms is not None:
+            current["newest_event_ts_ms"] = max(int(current.get("newest_event_ts_ms") or 0), newest_ts_ms)
+        current["applied_ms"] = int(time.time() * 1000)
+        self._write_metrics(current)
 
     def _crash(self) -> None:
         """Test hook: SIGKILL the JVM and this process, mid-batch."""
@@ -538,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pre += ["--state", known.state]
     if known.log:
         pre += ["--log", known.log]
+    if rest[:1] == ["apply"]:
+        rest = rest[1:]
     return cdc_main([*pre, "apply", *rest])
 
 

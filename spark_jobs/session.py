@@ -56,17 +56,18 @@ def get_session(
 ) -> SparkSession:
     """The process's Spark session, created on first call (later calls return the same one).
 
-    ``master`` defaults to ``$CDC_SPARK_MASTER`` or ``local[2]``.
+    ``master`` defaults to ``$CDC_SPARK_MASTER`` or ``local[2]`` (under ``spark-submit``: its ``--master``).
     """
     prepare_environment()
     from pyspark.sql import SparkSession
 
-    master = master or os.environ.get("CDC_SPARK_MASTER") or "local[2]"
+    # under spark-submit (the JVM is already up) its --master and --conf win unless a master is asked for
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = master or os.environ.get("CDC_SPARK_MASTER") or (None if submitted else "local[2]")
     scratch = local_dir or Path(tempfile.gettempdir()) / "cdc-spark"
     scratch.mkdir(parents=True, exist_ok=True)
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master)
         .config("spark.driver.memory", driver_memory)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -83,6 +84,8 @@ def get_session(
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.python.worker.reuse", "true")
     )
+    if master:
+        builder = builder.master(master)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
