@@ -7,8 +7,11 @@ registry generation and send feedback itself.
 Confirmation rule (DESIGN.md "Delivery"): a position is sent as ``flush_lsn`` only when every event
 before it is durable in the log store, and only at a transaction boundary:
 
-* after a batch is durable, the ``nextlsn`` of the last ``C`` whose events were all in it;
-* when nothing is in flight (no open transaction, nothing buffered), the latest position received:
+* after a batch is durable, the ``nextlsn`` of the last ``C`` whose events were all in it (batches
+  are appended by :class:`Batch`'s writer thread, in order, while the loop goes on decoding; a
+  batch cut in the middle of a transaction carries the previous boundary);
+* when nothing is in flight (no open transaction, nothing buffered or being written), the latest
+  position received:
   the ``nextlsn`` of a filtered-out transaction's ``C``, a heartbeat ``M``'s LSN, or the keepalive
   ``wal_end``. A keepalive is an event without data whose position must still be confirmed.
 """
@@ -29,7 +32,7 @@ import psycopg2.errors
 import psycopg2.extras
 
 from cdc.errors import SlotLostError
-from cdc.events import int_to_lsn, lsn_to_int
+from cdc.events import lsn_to_int
 from cdc.logstore import LogStore, Record
 from cdc.reader.envelope import EventBuilder
 from cdc.reader.wal2json import decode, replication_options
@@ -327,7 +330,3 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
             if batch.count:
                 timeout = max(0.0, min(timeout, batch.started + max_s - now))
             select.select([fileno], [], [], timeout)
-
-
-def describe_lsn(value: int) -> str:
-    return int_to_lsn(value)
