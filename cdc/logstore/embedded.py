@@ -87,7 +87,7 @@ CONSUMERS_FILE = "consumers.sqlite"
 #: reach this fraction of its live records (Kafka's min.cleanable.dirty.ratio), or a tombstone is due
 DIRTY_RATIO = 0.5
 #: batches rewritten per compaction transaction (keeps each write transaction short)
-BATCHES_PER_TXN = 32
+BATCHES_PER_TXN = 16
 
 _FIX_CORRUPT = (
     "restore {path} from a backup, or delete it (with its -wal and -shm files) and rebuild the topic: "
@@ -156,6 +156,12 @@ def _unpack(blob: bytes) -> bytes | memoryview:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _yield_gil() -> None:
+    """Let a waiting thread (the writer's appends) take the GIL now rather than after the switch
+    interval: maintenance runs beside appends in the same process and must not hold them up."""
+    time.sleep(0)
 
 
 def _tombstone_wait(config: TopicConfig) -> int:
@@ -323,6 +329,9 @@ class _Topic:
         self.guard = _Guard(path)
         self.end: dict[int, int] | None = None  # cached end offsets, only while holding the lock
         self.maintenance = threading.Lock()  # one compaction/retention at a time in this instance
+        # Write transactions of this instance's threads (appends, background compaction) queue here,
+        # handed over at once, instead of polling SQLite's busy handler (which sleeps up to 100 ms).
+        self.write_lock = threading.Lock()
         self.bg_conn: sqlite3.Connection | None = None  # the background thread's (under maintenance)
         self.deleted = False  # set by delete_topic under maintenance
 
@@ -674,33 +683,32 @@ class EmbeddedLogStore(LogStore):
                 offset = nxt[p]
                 nxt[p] = offset + 1
                 groups[p].append(_Out(name, p, offset, key, value, r.headers, now if ts is None else ts))
+            packed = [(p, len(rows), _pack(rows, self.compress)) for p, rows in enumerate(groups) if rows]
             last: dict[int, int] = {}
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for p, rows in enumerate(groups):
-                    if not rows:
-                        continue
-                    base = end[p]
-                    data = _pack(rows, self.compress)
-                    lo = base + len(rows) - 1
-                    conn.execute(
-                        f"INSERT INTO p{p} VALUES (?, ?, ?, ?, ?, ?)",
-                        (lo, base, len(rows), now, tombstones[p], data),
-                    )
-                    due = now + _tombstone_wait(topic.config) if tombstones[p] else None
-                    conn.execute(
-                        "UPDATE partitions SET end_offset = ?, records = records + ?, bytes = bytes + ?, "
-                        "dirty = dirty + ?, tombstone_due_ms = CASE WHEN ? IS NULL THEN tombstone_due_ms "
-                        "ELSE min(coalesce(tombstone_due_ms, ?), ?) END WHERE partition = ?",
-                        (lo + 1, len(rows), len(data), len(rows), due, due, due, p),
-                    )
-                    last[p] = lo
-                conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                topic.end = None
-                raise
+            with topic.write_lock:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for p, count, data in packed:
+                        base = end[p]
+                        lo = base + count - 1
+                        conn.execute(
+                            f"INSERT INTO p{p} VALUES (?, ?, ?, ?, ?, ?)",
+                            (lo, base, count, now, tombstones[p], data),
+                        )
+                        due = now + _tombstone_wait(topic.config) if tombstones[p] else None
+                        conn.execute(
+                            "UPDATE partitions SET end_offset = ?, records = records + ?, bytes = bytes + ?, "
+                            "dirty = dirty + ?, tombstone_due_ms = CASE WHEN ? IS NULL THEN tombstone_due_ms "
+                            "ELSE min(coalesce(tombstone_due_ms, ?), ?) END WHERE partition = ?",
+                            (lo + 1, count, len(data), count, due, due, due, p),
+                        )
+                        last[p] = lo
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    topic.end = None
+                    raise
             for p, lo in last.items():
                 end[p] = lo + 1
         return last
@@ -964,6 +972,7 @@ class EmbeddedLogStore(LogStore):
                             newest[row.key] = row.offset
                         if append_ms <= horizon:
                             cleanable.append(last)
+                        _yield_gil()
                 finally:
                     conn.execute("COMMIT")
             # Pass 2, a few batches at a time: rewrite the cleanable batches that hold superseded records
@@ -988,9 +997,10 @@ class EmbeddedLogStore(LogStore):
                     ]
                     if len(keep) != len(rows):
                         changes.append((last, len(data), len(rows) - len(keep), keep))
+                    _yield_gil()
                 if not changes:
                     continue
-                with lock:
+                with lock, t.write_lock:
                     conn.execute("BEGIN IMMEDIATE")
                     try:
                         delta_bytes = 0
@@ -1019,7 +1029,7 @@ class EmbeddedLogStore(LogStore):
                         raise
                 removed += delta_records
             # Bookkeeping: what is left dirty (young batches) and when the next kept tombstone is due.
-            with lock:
+            with lock, t.write_lock:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     young, oldest_tomb = conn.execute(
@@ -1052,7 +1062,7 @@ class EmbeddedLogStore(LogStore):
             for p in range(cfg.partitions):
                 cutoff = None if cfg.retention_ms is None else now_ms() - cfg.retention_ms
                 while True:
-                    with lock:
+                    with lock, t.write_lock:
                         conn.execute("BEGIN IMMEDIATE")
                         try:
                             total, end = conn.execute(
@@ -1094,7 +1104,7 @@ class EmbeddedLogStore(LogStore):
                             raise
                     removed += sum(d[1] for d in drop)
             if removed:
-                with lock, contextlib.suppress(sqlite3.OperationalError):
+                with lock, t.write_lock, contextlib.suppress(sqlite3.OperationalError):
                     conn.execute("PRAGMA incremental_vacuum(256)").fetchall()
         return removed
 
