@@ -1,0 +1,63 @@
+"""Pure logic of the apply stage (no Spark): read-limit sharing, the offset log, dead-letter records,
+verify's canonical values and hashes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+
+from cdc.verify import canonical, row_hash
+from sinks import DeadLetter
+from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, dead_letter_record
+from spark_jobs.source import offset_key, parse_offset_key, split_budget
+
+
+def test_split_budget_fills_small_backlogs_and_splits_the_rest() -> None:
+    grant = split_budget({"a|0": 5, "a|1": 1000, "b|0": 1000, "b|1": 0}, 105)
+    assert grant == {"a|0": 5, "a|1": 50, "b|0": 50}
+    assert sum(split_budget({"x|0": 3, "x|1": 3}, 100).values()) == 6
+
+
+def test_split_budget_always_makes_progress() -> None:
+    grant = split_budget({"a|0": 10, "a|1": 10, "a|2": 10}, 1)
+    assert sum(grant.values()) >= 1
+    assert split_budget({"a|0": 0}, 10) == {}
+
+
+def test_offset_keys_round_trip_topic_names_with_dots() -> None:
+    assert parse_offset_key(offset_key("cdc.public.my|odd", 3)) == ("cdc.public.my|odd", 3)
+
+
+def test_batch_end_offsets_reads_sparks_offset_log(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "offsets" / "7").write_text('v1\n{"batchWatermarkMs":0}\n{"cdc.a.b|0": 10, "cdc.a.b|1": 3}\n')
+    assert batch_end_offsets(ckpt, 7) == {"cdc.a.b": {0: 10, 1: 3}}
+    assert batch_end_offsets(ckpt, 8) == {}
+
+
+def test_app_id_is_kept_with_its_checkpoint_and_renewed_without(tmp_path: Path) -> None:
+    first = app_id_for(tmp_path)
+    assert first.startswith("cdc-apply-") and app_id_for(tmp_path) == first
+    checkpoint_dir(tmp_path).rmdir()  # a wiped checkpoint
+    assert app_id_for(tmp_path) != first
+
+
+def test_dead_letter_record_keeps_the_original_bytes_reason_and_position() -> None:
+    rec = dead_letter_record(DeadLetter("cdc.s.t", 2, 41, b'{"id":1}', b"\xff\xfe", "value is not JSON"), 9, "app")
+    body = orjson.loads(rec.value or b"")
+    assert body["reason"] == "value is not JSON" and body["value_hex"] == "fffe"
+    assert body["source"] == {"topic": "cdc.s.t", "partition": 2, "offset": 41}
+    assert dict(rec.headers)["source_offset"] == b"41" and rec.key == b'{"id":1}'
+
+
+def test_canonical_values_distinguish_exactly() -> None:
+    assert canonical(Decimal("1.10")) != canonical(Decimal("1.1"))  # scale is part of a numeric(p,s) value
+    assert canonical(float("nan")) == canonical(float("nan"))
+    assert canonical(1) != canonical(1.0) and canonical("1") != canonical(1)
+    ts = dt.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    assert row_hash([1, ts, b"\x00"]) == row_hash([1, ts, b"\x00"])
+    assert row_hash([1, ts, b"\x00"]) != row_hash([1, ts, b"\x01"])
