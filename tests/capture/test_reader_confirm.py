@@ -1,0 +1,164 @@
+"""The stream loop's confirmation rule, against a scripted replication cursor and a slow store (pure
+logic: the real stream is tested in test_reader.py / test_run.py).
+
+Invariant checked at every feedback: every change of every transaction whose commit ends at or
+before the confirmed position is already durable in the store, and the position is a transaction
+boundary (a commit's ``nextlsn``, a heartbeat, or a keepalive's ``wal_end`` while idle)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from cdc.events import int_to_lsn
+from cdc.logstore import Record
+from cdc.reader.envelope import EventBuilder, TableCodec
+from cdc.reader.replication import Batch, StreamControl, _loop
+from cdc.registry import Column, TableReg
+
+
+@dataclass
+class Msg:
+    payload: bytes
+
+
+class FakeStore:
+    """Records appended, durable after a delay (so batches are in flight while the loop goes on)."""
+
+    def __init__(self, delay: float = 0.002) -> None:
+        self.delay = delay
+        self.keys: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def append_many(self, batch: Mapping[str, Sequence[Record]]) -> dict[str, dict[int, int]]:
+        time.sleep(self.delay)
+        with self.lock:
+            for records in batch.values():
+                self.keys.extend(r.key for r in records)
+        return {}
+
+
+@dataclass
+class FakeCursor:
+    """Plays a script of messages; ``None`` entries are "drained" moments (read_message -> None)
+    with the given wal_end."""
+
+    script: list[tuple[bytes | None, int]]
+    store: FakeStore
+    commits: list[tuple[int, set[bytes]]]  # (nextlsn, keys of that transaction)
+    stop: threading.Event = field(default_factory=threading.Event)
+    feedback: list[int] = field(default_factory=list)
+    wal_end: int = 0
+    pos: int = 0
+
+    def __post_init__(self) -> None:
+        r, w = os.pipe()
+        os.write(w, b"x")  # always readable: select() never waits
+        self._fd = r
+        self.connection = self
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read_message(self) -> Msg | None:
+        if self.pos >= len(self.script):
+            self.stop.set()  # end of the script: SIGTERM
+            return None
+        payload, wal_end = self.script[self.pos]
+        self.pos += 1
+        self.wal_end = wal_end
+        return None if payload is None else Msg(payload)
+
+    def send_feedback(self, *, write_lsn: int, flush_lsn: int, reply: bool, force: bool) -> None:
+        with self.store.lock:
+            durable = set(self.store.keys)
+        for nextlsn, keys in self.commits:
+            if nextlsn <= flush_lsn:
+                missing = keys - durable
+                assert not missing, f"confirmed {int_to_lsn(flush_lsn)} before {sorted(missing)[:3]} were durable"
+        self.feedback.append(flush_lsn)
+
+
+Script = list[tuple[bytes | None, int]]
+
+
+def build_script(txns: int, per_txn: int) -> tuple[Script, list[tuple[int, set[bytes]]], set[int]]:
+    """Transactions of inserts; returns the script, per commit (nextlsn, keys), and the keepalive
+    positions seen between transactions (the only non-commit positions that may be confirmed)."""
+    script: Script = []
+    idle: set[int] = set()
+    commits: list[tuple[int, set[bytes]]] = []
+    lsn = 0x1000
+    key = 0
+    for t in range(txns):
+        commit_lsn = lsn + per_txn * 0x100 + 0x80
+        nextlsn = commit_lsn + 0x30
+        def m(d: dict[str, Any]) -> bytes:
+            return orjson.dumps(d)
+        script.append((m({"action": "B", "xid": t, "lsn": int_to_lsn(commit_lsn), "nextlsn": int_to_lsn(nextlsn),
+                          "timestamp": "2026-11-22 02:28:58+00"}), lsn))
+        keys: set[bytes] = set()
+        for _ in range(per_txn):
+            lsn += 0x100
+            key += 1
+            keys.add(orjson.dumps({"id": key}))
+            script.append((m({"action": "I", "xid": t, "lsn": int_to_lsn(lsn), "schema": "public", "table": "t",
+                              "columns": [{"name": "id", "type": "integer", "value": key}]}), lsn))
+            if key % 7 == 0:
+                script.append((None, lsn))  # drained mid-transaction: wal_end must not be confirmed
+        script.append((m({"action": "C", "xid": t, "lsn": int_to_lsn(commit_lsn), "nextlsn": int_to_lsn(nextlsn)}),
+                       commit_lsn))
+        commits.append((nextlsn, keys))
+        lsn = nextlsn + 0x10
+        if t % 3 == 0:
+            script.append((None, lsn))  # drained between transactions: keepalive position
+            idle.add(lsn)
+    return script, commits, idle
+
+
+def run_loop(script: Script, commits: list[tuple[int, set[bytes]]], target: int | None,
+             batch_max_events: int) -> tuple[FakeCursor, FakeStore, str, int]:
+    store = FakeStore()
+    cur = FakeCursor(script, store, commits)
+    reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=(Column("id", "integer"),))
+    builder = EventBuilder({("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=2)}, lambda r, c: None)
+    batch = Batch(store)  # type: ignore[arg-type]
+    ctl = StreamControl(stop=cur.stop, should_restart=lambda: False, target=target,
+                        batch_max_events=batch_max_events, batch_max_ms=1, feedback_interval_s=0.0)
+    try:
+        reason, confirmed = _loop(cur, builder, batch, ctl, 0)
+    finally:
+        batch.close()
+    return cur, store, reason, confirmed
+
+
+def test_feedback_never_runs_ahead_of_durable_events() -> None:
+    script, commits, idle = build_script(txns=40, per_txn=23)
+    cur, store, reason, confirmed = run_loop(script, commits, target=commits[-1][0], batch_max_events=10)
+    assert reason == "caught_up" and confirmed >= commits[-1][0]
+    assert len(store.keys) == 40 * 23
+    assert cur.feedback == sorted(cur.feedback) and len(cur.feedback) > 5
+    assert set(cur.feedback) <= {n for n, _ in commits} | idle
+
+
+def test_open_transaction_is_written_in_batches_but_never_confirmed() -> None:
+    script, commits, _ = build_script(txns=2, per_txn=500)
+    # SIGTERM in the middle of the second transaction: its events are made durable (batches of 50
+    # while it streams), the first transaction is confirmed, nothing of the second one is
+    cut = next(i for i, (p, _) in enumerate(script) if p is not None and b'"xid":1' in p) + 300
+    cur, store, reason, confirmed = run_loop(script[:cut], commits, target=None, batch_max_events=50)
+    assert reason == "stopped"
+    assert confirmed == commits[0][0] and cur.feedback[-1] == commits[0][0]
+    assert len(store.keys) > 500
+
+
+def test_keepalive_position_is_confirmed_when_idle() -> None:
+    script: Script = [(None, 0x5000)]
+    cur, _store, reason, confirmed = run_loop(script, [], target=0x5000, batch_max_events=10)
+    assert reason == "caught_up" and confirmed == 0x5000 and cur.feedback == [0x5000]
