@@ -255,7 +255,16 @@ class Reader:
             db = str(conn.info.dbname)
             regs = self.registry.list_tables()
             info = slot_info(conn, slot)
-            initial_done = self.registry.get_state(INITIAL_SNAPSHOT_KEY) == "done"
+            initial_state = self.registry.get_state(INITIAL_SNAPSHOT_KEY)
+            initial_done = initial_state == "done"
+            if info.exists and initial_state is None:
+                raise SourceError(
+                    f"replication slot {slot!r} already exists, but this state directory "
+                    f"({self.settings.state_dir}) never created it: it may belong to another cdc deployment",
+                    fix=f"use another slot name (CDC_SLOT), or, if the slot is a leftover, drop it: "
+                    f"SELECT pg_drop_replication_slot('{slot}')",
+                    slot=slot,
+                )
             if info.exists and info.wal_status == "lost":
                 raise self._slot_lost("was invalidated (wal_status = 'lost')")
             if not info.exists and initial_done and any(r.snapshot_state == "done" for r in regs):
@@ -263,6 +272,7 @@ class Reader:
             self._ensure_topics(regs)
             if not info.exists or not initial_done:
                 if info.exists:
+                    # we created it (state "running"), but the snapshot it exported is gone
                     self.log(f"slot {slot} exists but its initial snapshot never completed: recreating it")
                     conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
                 start_lsn = self._snapshot(regs, db, slot, temporary=False)

@@ -179,3 +179,12 @@ def test_run_without_source_is_a_config_error(tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
     )
     assert res.returncode == 2 and "CDC_SOURCE" in res.stderr
+
+
+def test_foreign_slot_of_the_same_name_is_not_dropped(env: CaptureEnv) -> None:
+    env.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    env.add_table("public.t")
+    env.pg.execute(f"SELECT pg_create_logical_replication_slot('{env.slot}', 'wal2json')", env.db)
+    res = env.cdc("run", "--once")
+    assert res.returncode == 1 and "already exists" in res.stderr and "CDC_SLOT" in res.stderr
+    assert env.pg.fetch(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
