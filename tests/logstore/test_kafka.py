@@ -20,7 +20,10 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 from cdc.errors import BrokerUnavailableError, LogStoreError, OffsetOutOfRangeError, UnknownTopicError
 from cdc.logstore import Record, TopicConfig, partition_for
-from cdc.logstore.kafka import KafkaLogStore, _BulkProducer, encode_batch, partitions_for
+from cdc.logstore._kafka_producer import BulkProducer as _BulkProducer
+from cdc.logstore._kafka_producer import encode_batch
+from cdc.logstore.kafka import KafkaLogStore
+from cdc.logstore.partitioner import partitions_for
 from tests.plugins.tansu import TansuBroker, free_port
 
 pytestmark = pytest.mark.kafka
