@@ -158,7 +158,11 @@ class LogStore(abc.ABC):
         ``max_records``. Empty at the end; OffsetOutOfRangeError before the start or past the end."""
 
     def iter_partition(
-        self, topic: str, partition: int, from_offset: int = 0, until_offset: int | None = None,
+        self,
+        topic: str,
+        partition: int,
+        from_offset: int = 0,
+        until_offset: int | None = None,
         batch: int = 10_000,
     ) -> Iterator[StoredRecord]:
         """Every record of a partition from ``from_offset`` up to (excluding) ``until_offset``
