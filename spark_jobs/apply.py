@@ -465,6 +465,9 @@ class ApplyJob:
                     break
         finally:
             self.summary.seconds = time.monotonic() - started
+            q = self.query
+            if q is not None and q.isActive:  # interrupted (Ctrl-C): no batch may run after close()
+                q.stop()
         return self.summary
 
     def _raise_if_failed(self, query: StreamingQuery) -> None:

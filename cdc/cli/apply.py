@@ -22,6 +22,9 @@ from cdc.cli.output import print_json
 from cdc.config import Settings
 from cdc.errors import ConfigError
 
+#: a micro-batch is collected on the driver: bound it (about 0.5-1 KB of driver memory per record)
+DEFAULT_MAX_RECORDS = 250_000
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this module's verbs to the `cdc` parser."""
@@ -32,8 +35,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between micro-batches when running continuously (default 1)",
     )
     p.add_argument(
-        "--max-records-per-batch", type=int, default=0, metavar="N",
-        help="at most N log records per micro-batch (default: no limit)",
+        "--max-records-per-batch", type=int, default=DEFAULT_MAX_RECORDS, metavar="N",
+        help=f"at most N log records per micro-batch, bounding the driver's memory "
+        f"(default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(handler=handle)
@@ -67,7 +71,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     def progress(r: BatchReport) -> None:
         out.write(
             f"batch {r.batch_id}: {r.records:,} records, {r.events:,} events, {r.dead_letters:,} dead letters, "
-            f"{r.tables} tables, {r.seconds:.2f} s ({r.rate:,.0f} records/s)\n"
+            f"{r.tables} tables, {r.seconds:.2f} s ({r.rate:,.0f} records/s; read+parse {r.read_parse_seconds:.2f} s, "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in r.sink_seconds.items()) + ")\n"
         )
         out.flush()
 

@@ -123,6 +123,11 @@ def test_verify_reports_not_caught_up_distinctly(
     code, reports = _verify(env.settings, dsn, "--wait", "1")
     assert code == 3
     assert reports[0]["status"] == "not_caught_up" and reports[0]["lag"]["apply"][reg.topic]
+    out = io.StringIO()  # the same for people
+    with contextlib.redirect_stdout(out):
+        code = cdc_main(["--source", dsn, "--state", str(env.settings.state_dir), "verify", "--wait", "1"])
+    assert code == 3
+    assert "not caught up" in out.getvalue() and "public.items" in out.getvalue()
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
