@@ -21,7 +21,8 @@ How (for each registered table, or the one named):
    warehouse rows, giving the **missing** (in the source, not the warehouse), **extra** and
    **different** keys (lists capped at ``limit``, with exact counts).
 4. **Search index** (tables with search columns): its document keys must equal the source's keys
-   (missing/extra documents are reported under ``search``).
+   and each document's indexed search-column texts must equal the source's values (missing / extra /
+   different documents are reported under ``search``).
 
 A difference caused by a change newer than L that was already applied (the warehouse row's version
 is past L) is not a difference of the pipeline: verify retries with a fresh consistent point while
@@ -82,6 +83,8 @@ class TableReport:
     search_extra: list[Any] = field(default_factory=list)
     search_missing_count: int = 0
     search_extra_count: int = 0
+    search_different: list[Any] = field(default_factory=list)
+    search_different_count: int = 0
     ranges: int = 0
     ranges_differing: int = 0
     newer_than_point: int = 0
@@ -93,7 +96,7 @@ class TableReport:
     def equal(self) -> bool:
         return not (
             self.missing_count or self.extra_count or self.different_count
-            or self.search_missing_count or self.search_extra_count
+            or self.search_missing_count or self.search_extra_count or self.search_different_count
         )
 
     @property
@@ -120,6 +123,8 @@ class TableReport:
                 "extra": self.search_extra,
                 "missing_count": self.search_missing_count,
                 "extra_count": self.search_extra_count,
+                "different": self.search_different,
+                "different_count": self.search_different_count,
             },
             "ranges": self.ranges,
             "ranges_differing": self.ranges_differing,
@@ -403,13 +408,14 @@ class Verifier:
             side.versions[key] = int(versions[i])
         return table.schema, side
 
-    def _search_keys(self, reg: TableReg) -> set[str] | None:
-        """The ``_cdc_key`` of every live document of the table's index (None: no search columns)."""
+    def _search_docs(self, reg: TableReg) -> dict[str, dict[str, str]] | None:
+        """Every live document of the table's index: ``_cdc_key`` -> {search column: indexed text}
+        (None: the table has no search columns)."""
         path = search_index_path(self.state_dir, reg)
         if path is None:
             return None
         if not path.exists():
-            return set()
+            return {}
         import tantivy
 
         from sinks.search import KEY as SEARCH_KEY
@@ -419,22 +425,26 @@ class Verifier:
         searcher = index.searcher()
         total = int(searcher.num_docs)
         if total == 0:
-            return set()
-        hits = searcher.search(tantivy.Query.all_query(), limit=total).hits
-        keys: set[str] = set()
-        for _score, addr in hits:
-            values = searcher.doc(addr).to_dict().get(SEARCH_KEY) or []
-            if values:
-                keys.add(str(values[0]))
-        return keys
+            return {}
+        docs: dict[str, dict[str, str]] = {}
+        for _score, addr in searcher.search(tantivy.Query.all_query(), limit=total).hits:
+            body = searcher.doc(addr).to_dict()
+            keys = body.get(SEARCH_KEY) or []
+            if keys:
+                docs[str(keys[0])] = {c: str(body[c][0]) for c in reg.search if body.get(c)}
+        return docs
 
     def _compare(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport) -> None:
         columns = self._columns(reg)
         names = [c for c, _ in columns]
         target, wh = self._warehouse(reg, columns)
         src = _Side()
+        search_idx = [(c, names.index(c)) for c in reg.search if c in names]
+        src_search: dict[Key, dict[str, str]] = {}
         for key, row in self._source_rows(conn, reg, columns, target):
             src.hashes[key] = row_hash(row)
+            if search_idx:
+                src_search[key] = {c: _indexed_text(row[i]) for c, i in search_idx if row[i] is not None}
         report.source_rows = len(src.hashes)
         report.warehouse_rows = len(wh.hashes)
         # ranges of the source's key order
@@ -480,15 +490,27 @@ class Verifier:
         report.different = [
             {"key": _key_json(reg.key, k), "columns": d} for k, d in different[: self.limit]
         ]
-        docs = self._search_keys(reg)
+        docs = self._search_docs(reg)
         if docs is not None:
             report.search_docs = len(docs)
             src_json = {orjson.dumps(_key_json(reg.key, k)).decode(): k for k in src.hashes}
             s_missing = [src_json[j] for j in src_json if j not in docs]
             s_extra = sorted(d for d in docs if d not in src_json)
+            s_diff = sorted(
+                (k for j, k in src_json.items() if j in docs and docs[j] != src_search.get(k, {})), key=_sort_key
+            )
             report.search_missing_count, report.search_extra_count = len(s_missing), len(s_extra)
+            report.search_different_count = len(s_diff)
             report.search_missing = [_key_json(reg.key, k) for k in sorted(s_missing, key=_sort_key)[: self.limit]]
             report.search_extra = [orjson.loads(d) for d in s_extra[: self.limit]]
+            report.search_different = [
+                {
+                    "key": _key_json(reg.key, k),
+                    "source": src_search.get(k, {}),
+                    "search": docs[orjson.dumps(_key_json(reg.key, k)).decode()],
+                }
+                for k in s_diff[: self.limit]
+            ]
 
     def _refetch(
         self, conn: psycopg.Connection[Any], reg: TableReg, columns: list[tuple[str, str]], target: Any,
@@ -534,6 +556,14 @@ def _to_param(value: Any) -> str:
     if iso is not None:
         return str(iso())
     return str(value)
+
+
+def _indexed_text(value: Any) -> str:
+    """A normalised value as the search sink indexes it (event encoding; non-strings as JSON)."""
+    from sinks.types import to_event_value
+
+    v = to_event_value(value)
+    return v if isinstance(v, str) else orjson.dumps(v).decode()
 
 
 def _show(value: Any) -> Any:

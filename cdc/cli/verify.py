@@ -46,7 +46,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
                 r.table, r.status, r.source_rows, r.warehouse_rows,
                 "-" if r.search_docs is None else r.search_docs,
                 r.missing_count, r.extra_count, r.different_count,
-                r.search_missing_count + r.search_extra_count,
+                r.search_missing_count + r.search_extra_count + r.search_different_count,
             ])
         print_table(
             "cdc verify", ["table", "status", "source", "warehouse", "search", "missing", "extra", "different",
@@ -56,7 +56,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
             if not r.caught_up:
                 print(f"{r.table}: not caught up with the source at {r.consistent_lsn}: {r.lag}")
             for kind, keys in (("missing", r.missing), ("extra", r.extra), ("different", r.different),
-                               ("missing from search", r.search_missing), ("extra in search", r.search_extra)):
+                               ("missing from search", r.search_missing), ("extra in search", r.search_extra),
+                               ("different in search", r.search_different)):
                 if keys:
                     print(f"{r.table}: {kind}: {keys}")
     if any(not r.caught_up for r in reports):

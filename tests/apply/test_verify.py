@@ -92,14 +92,19 @@ def test_mixed_workload_verifies_clean_then_differences_are_found(
 
     # now make the source differ behind the pipeline's back
     pg.execute("UPDATE public.items SET price = price + 0.000001 WHERE id = 10", pg_db)
+    pg.execute("UPDATE public.items SET name = 'tampered' WHERE id = 12", pg_db)
     pg.execute("DELETE FROM public.items WHERE id = 11", pg_db)
     pg.execute("INSERT INTO public.items (id, name) VALUES (999, 'never captured')", pg_db)
     code, reports = _verify(env.settings, dsn)
     assert code == 1
     (report,) = reports
     assert report["status"] == "different"
-    assert report["different"][0]["key"] == {"id": 10}
+    assert [d["key"] for d in report["different"]] == [{"id": 10}, {"id": 12}]
     assert set(report["different"][0]["columns"]) == {"price"}
+    assert set(report["different"][1]["columns"]) == {"name"}
+    assert report["different_count"] == 2
+    assert [d["key"] for d in report["search"]["different"]] == [{"id": 12}]
+    assert report["search"]["different"][0]["source"] == {"name": "tampered"}
     assert report["missing"] == [{"id": 999}] and report["extra"] == [{"id": 11}]
     assert report["search"]["missing"] == [{"id": 999}] and report["search"]["extra"] == [{"id": 11}]
     assert 0 < report["ranges_differing"] <= report["ranges"]
