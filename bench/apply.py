@@ -40,19 +40,49 @@ from sinks import ChangeBatch, RawRecord, Sink, parse_batch
 from sinks import types as T
 
 COLUMNS = (
-    ("id", "bigint"), ("t", "text"), ("i", "integer"), ("n", "numeric(18,4)"),
-    ("ts", "timestamp with time zone"), ("j", "jsonb"),
+    ("id", "bigint"),
+    ("t", "text"),
+    ("i", "integer"),
+    ("n", "numeric(18,4)"),
+    ("ts", "timestamp with time zone"),
+    ("j", "jsonb"),
 )
 WORDS = [
-    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
-    "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey",
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
 ]
 
 
 def _reg(schema: str = "bench") -> TableReg:
     return TableReg(
-        schema=schema, table="items", topic=topic_name("cdc", schema, "items"), key=("id",), search=("t",),
-        columns=tuple(Column(n, t, n != "id") for n, t in COLUMNS), snapshot_state="done",
+        schema=schema,
+        table="items",
+        topic=topic_name("cdc", schema, "items"),
+        key=("id",),
+        search=("t",),
+        columns=tuple(Column(n, t, n != "id") for n, t in COLUMNS),
+        snapshot_state="done",
     )
 
 
@@ -82,9 +112,19 @@ class EventGen:
             "before": None,
             "after": self.row(i, gen),
             "source": {
-                "version": "cdc-0.1.0", "connector": "postgresql", "name": "cdc", "ts_ms": ts, "snapshot": "false",
-                "db": "bench", "schema": self.reg.schema, "table": self.reg.table, "txId": self.lsn % 100_000,
-                "lsn": self.lsn, "sequence": None, "commit_lsn": self.lsn, "seq": 1,
+                "version": "cdc-0.1.0",
+                "connector": "postgresql",
+                "name": "cdc",
+                "ts_ms": ts,
+                "snapshot": "false",
+                "db": "bench",
+                "schema": self.reg.schema,
+                "table": self.reg.table,
+                "txId": self.lsn % 100_000,
+                "lsn": self.lsn,
+                "sequence": None,
+                "commit_lsn": self.lsn,
+                "seq": 1,
             },
             "op": "c" if gen == 0 else "u",
             "ts_ms": ts,
@@ -160,7 +200,12 @@ def _warm_up(spark: Any, base: Path) -> None:
 
 
 def _catch_up(
-    spark: Any, base: Path, quick: bool, lines: list[str], inserts: int | None = None, per_batch: int | None = None
+    spark: Any,
+    base: Path,
+    quick: bool,
+    lines: list[str],
+    inserts: int | None = None,
+    per_batch: int | None = None,
 ) -> None:
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
@@ -184,14 +229,25 @@ def _catch_up(
         stage = stages.setdefault(name, {})
 
         def progress(r: Any, name: str = name, stage: dict[str, float] = stage) -> None:
-            stage["read + parse (driver waits for Spark)"] = stage.get("read + parse (driver waits for Spark)", 0.0) + r.read_parse_seconds
+            stage["read + parse (driver waits for Spark)"] = (
+                stage.get("read + parse (driver waits for Spark)", 0.0) + r.read_parse_seconds
+            )
             for k, v in r.sink_seconds.items():
                 stage[f"sink {k}"] = stage.get(f"sink {k}", 0.0) + v
-            print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s (read+parse {r.read_parse_seconds:.2f} s, "
-                  + ", ".join(f"{k} {v:.2f} s" for k, v in r.sink_seconds.items()) + ")", flush=True)
+            print(
+                f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s (read+parse {r.read_parse_seconds:.2f} s, "
+                + ", ".join(f"{k} {v:.2f} s" for k, v in r.sink_seconds.items())
+                + ")",
+                flush=True,
+            )
 
-        job = ApplyJob(spark, settings, ApplyOptions(once=True, max_records_per_batch=per_batch), sinks=sinks,
-                       on_batch=progress)
+        job = ApplyJob(
+            spark,
+            settings,
+            ApplyOptions(once=True, max_records_per_batch=per_batch),
+            sinks=sinks,
+            on_batch=progress,
+        )
         try:
             t1 = time.monotonic()
             summary = job.run()
@@ -199,8 +255,10 @@ def _catch_up(
         finally:
             job.close()
         counts[name] = summary.records
-        print(f"  {name}: {summary.records:,} changes in {runs[name]:.1f} s = {summary.records / runs[name]:,.0f}/s",
-              flush=True)
+        print(
+            f"  {name}: {summary.records:,} changes in {runs[name]:.1f} s = {summary.records / runs[name]:,.0f}/s",
+            flush=True,
+        )
         if name != "parquet peer":
             from sinks.warehouse import WarehouseSink
 
@@ -223,7 +281,11 @@ def _catch_up(
         "| job | " + " | ".join(sorted({k for v in stages.values() for k in v})) + " |",
         "| --- |" + " ---: |" * len({k for v in stages.values() for k in v}),
         *(
-            f"| {name} | " + " | ".join(f"{stages[name].get(k, 0.0):.1f}" for k in sorted({k for v in stages.values() for k in v})) + " |"
+            f"| {name} | "
+            + " | ".join(
+                f"{stages[name].get(k, 0.0):.1f}" for k in sorted({k for v in stages.values() for k in v})
+            )
+            + " |"
             for name in stages
         ),
         "",
@@ -252,8 +314,13 @@ def _freshness(spark: Any, base: Path, quick: bool, lines: list[str]) -> None:
         if measuring.is_set():
             latencies.extend(r.applied_at_ms - ts for ts in r.event_ts_ms)
 
-    job = ApplyJob(spark, settings, ApplyOptions(once=False, trigger_interval_s=0.25), on_batch=on_batch,
-                   keep_event_ts=True)
+    job = ApplyJob(
+        spark,
+        settings,
+        ApplyOptions(once=False, trigger_interval_s=0.25),
+        on_batch=on_batch,
+        keep_event_ts=True,
+    )
     runner = threading.Thread(target=job.run, daemon=True)
     runner.start()
     warm.wait(120)
@@ -338,8 +405,10 @@ def _merge(base: Path, quick: bool, lines: list[str]) -> None:
     metrics = sink.last_metrics.get("current", {})
     removed = metrics.get("num_target_files_removed")
     share = (removed / files_before) if isinstance(removed, int) and files_before else float("nan")
-    print(f"  merge: {changed:,} keys into {rows:,} rows in {merge_s:.2f} s, rewrote {removed} of {files_before} files",
-          flush=True)
+    print(
+        f"  merge: {changed:,} keys into {rows:,} rows in {merge_s:.2f} s, rewrote {removed} of {files_before} files",
+        flush=True,
+    )
     lines += [
         f"### Warehouse merge: {changed:,} changed keys (random ids) into a {rows:,}-row table",
         "",

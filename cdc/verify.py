@@ -95,8 +95,12 @@ class TableReport:
     @property
     def equal(self) -> bool:
         return not (
-            self.missing_count or self.extra_count or self.different_count
-            or self.search_missing_count or self.search_extra_count or self.search_different_count
+            self.missing_count
+            or self.extra_count
+            or self.different_count
+            or self.search_missing_count
+            or self.search_extra_count
+            or self.search_different_count
         )
 
     @property
@@ -195,7 +199,9 @@ def _from_text(text: str | None, pg_type: str) -> Any:
     return text
 
 
-def _normalise(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]], target: Any) -> list[list[Any]]:
+def _normalise(
+    columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]], target: Any
+) -> list[list[Any]]:
     """Rows of event-encoded values -> rows of the Arrow values the warehouse stores (cast to the
     warehouse column's type when it differs)."""
     import pyarrow as pa
@@ -238,7 +244,12 @@ class Verifier:
     """Compares registered tables with their derived tables; see the module docstring."""
 
     def __init__(
-        self, settings: Settings, *, wait_s: float = 60.0, limit: int = 20, range_rows: int = DEFAULT_RANGE_ROWS,
+        self,
+        settings: Settings,
+        *,
+        wait_s: float = 60.0,
+        limit: int = 20,
+        range_rows: int = DEFAULT_RANGE_ROWS,
         retries: int = 3,
     ) -> None:
         self.settings = settings
@@ -294,7 +305,9 @@ class Verifier:
             if e - max(done.get(p, 0), starts.get(p, 0)) > 0
         }
 
-    def wait_caught_up(self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]) -> dict[str, Any]:
+    def wait_caught_up(
+        self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
+    ) -> dict[str, Any]:
         """Wait until the slot and the apply job reached ``lsn``; return the remaining lag (empty if
         caught up)."""
         from cdc.logstore import open_log_store
@@ -317,7 +330,11 @@ class Verifier:
             while True:
                 lag = {t: lag for t in ends if (lag := self._apply_lag(store, t, ends[t]))}
                 if not lag or time.monotonic() > deadline:
-                    return {"apply": {t: {str(p): n for p, n in v.items()} for t, v in lag.items()}} if lag else {}
+                    return (
+                        {"apply": {t: {str(p): n for p, n in v.items()} for t, v in lag.items()}}
+                        if lag
+                        else {}
+                    )
                 time.sleep(0.2)
 
     # -- the comparison -------------------------------------------------------------------------------
@@ -342,7 +359,8 @@ class Verifier:
             conn = psycopg.connect(dsn, autocommit=True)
         except psycopg.OperationalError as exc:
             raise SourceError(
-                f"cannot connect to the source: {exc}", fix="check CDC_SOURCE / --source and that the server is up"
+                f"cannot connect to the source: {exc}",
+                fix="check CDC_SOURCE / --source and that the server is up",
             ) from exc
         with conn:
             conn.execute("SET TimeZone = 'UTC'")
@@ -364,8 +382,13 @@ class Verifier:
         return report
 
     def _source_rows(
-        self, conn: psycopg.Connection[Any], reg: TableReg, columns: list[tuple[str, str]], target: Any,
-        where: sql.Composable | None = None, params: Sequence[Any] = (),
+        self,
+        conn: psycopg.Connection[Any],
+        reg: TableReg,
+        columns: list[tuple[str, str]],
+        target: Any,
+        where: sql.Composable | None = None,
+        params: Sequence[Any] = (),
     ) -> Iterator[tuple[Key, list[Any]]]:
         names = [c for c, _ in columns]
         key_idx = [names.index(k) for k in reg.key]
@@ -484,12 +507,14 @@ class Verifier:
         report.newer_than_point = sum(
             1 for k in [*extra, *(k for k, _ in different)] if wh.versions.get(k, 0) > lsn
         )
-        report.missing_count, report.extra_count, report.different_count = len(missing), len(extra), len(different)
+        report.missing_count, report.extra_count, report.different_count = (
+            len(missing),
+            len(extra),
+            len(different),
+        )
         report.missing = [_key_json(reg.key, k) for k in missing[: self.limit]]
         report.extra = [_key_json(reg.key, k) for k in extra[: self.limit]]
-        report.different = [
-            {"key": _key_json(reg.key, k), "columns": d} for k, d in different[: self.limit]
-        ]
+        report.different = [{"key": _key_json(reg.key, k), "columns": d} for k, d in different[: self.limit]]
         docs = self._search_docs(reg)
         if docs is not None:
             report.search_docs = len(docs)
@@ -497,11 +522,14 @@ class Verifier:
             s_missing = [src_json[j] for j in src_json if j not in docs]
             s_extra = sorted(d for d in docs if d not in src_json)
             s_diff = sorted(
-                (k for j, k in src_json.items() if j in docs and docs[j] != src_search.get(k, {})), key=_sort_key
+                (k for j, k in src_json.items() if j in docs and docs[j] != src_search.get(k, {})),
+                key=_sort_key,
             )
             report.search_missing_count, report.search_extra_count = len(s_missing), len(s_extra)
             report.search_different_count = len(s_diff)
-            report.search_missing = [_key_json(reg.key, k) for k in sorted(s_missing, key=_sort_key)[: self.limit]]
+            report.search_missing = [
+                _key_json(reg.key, k) for k in sorted(s_missing, key=_sort_key)[: self.limit]
+            ]
             report.search_extra = [orjson.loads(d) for d in s_extra[: self.limit]]
             report.search_different = [
                 {
@@ -513,7 +541,11 @@ class Verifier:
             ]
 
     def _refetch(
-        self, conn: psycopg.Connection[Any], reg: TableReg, columns: list[tuple[str, str]], target: Any,
+        self,
+        conn: psycopg.Connection[Any],
+        reg: TableReg,
+        columns: list[tuple[str, str]],
+        target: Any,
         keys: list[Key],
     ) -> dict[Key, list[Any]]:
         """Full source rows of ``keys`` (same transaction), matched through ``unnest`` of typed arrays."""

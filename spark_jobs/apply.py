@@ -213,7 +213,8 @@ class ApplyJob:
         # py4j runs foreachBatch on varying callback threads; sinks hold thread-bound handles
         # (SQLite, index writers), so each sink is only ever called from its own thread
         self._threads = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cdc-sink-{i}") for i in range(len(self.sinks))
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cdc-sink-{i}")
+            for i in range(len(self.sinks))
         ]
         register(spark)
 
@@ -246,7 +247,10 @@ class ApplyJob:
         n = arrow.num_rows
         grouped: dict[str, list[RawRecord]] = {}
         if n:
-            cols = [arrow.column(name).to_pylist() for name in ("topic", "partition", "offset", "key", "value", "timestamp")]
+            cols = [
+                arrow.column(name).to_pylist()
+                for name in ("topic", "partition", "offset", "key", "value", "timestamp")
+            ]
             for topic, part, off, key, value, ts in zip(*cols, strict=True):
                 grouped.setdefault(topic, []).append(RawRecord(topic, part, off, key, value, ts))
         batches: list[ChangeBatch] = []
@@ -258,7 +262,14 @@ class ApplyJob:
                 from sinks import DeadLetter as DL
 
                 dead.extend(
-                    DL(r.topic, r.partition, r.offset, r.key, r.value, f"topic {topic} is no longer registered")
+                    DL(
+                        r.topic,
+                        r.partition,
+                        r.offset,
+                        r.key,
+                        r.value,
+                        f"topic {topic} is no longer registered",
+                    )
                     for r in records
                 )
                 continue
@@ -417,7 +428,9 @@ class ApplyJob:
         if self.options.once:
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(processingTime=f"{int(self.options.trigger_interval_s * 1000)} milliseconds")
+            writer = writer.trigger(
+                processingTime=f"{int(self.options.trigger_interval_s * 1000)} milliseconds"
+            )
         self.query = writer.start()
         return self.query
 

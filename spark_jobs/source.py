@@ -230,10 +230,16 @@ def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
             cols[4].append(rec.value)
             cols[5].append(rec.timestamp_ms)
             if len(cols[0]) >= READ_CHUNK:
-                yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)],
+                    schema=ARROW_SCHEMA,
+                )
                 cols = ([], [], [], [], [], [])
         if cols[0]:
-            yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)],
+                schema=ARROW_SCHEMA,
+            )
     finally:
         store.close()
 

@@ -31,11 +31,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help="apply captured changes to the warehouse and the search index (Spark)")
     p.add_argument("--once", action="store_true", help="apply what is available now, then exit")
     p.add_argument(
-        "--trigger-interval", type=float, default=1.0, metavar="SECONDS",
+        "--trigger-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
         help="seconds between micro-batches when running continuously (default 1)",
     )
     p.add_argument(
-        "--max-records-per-batch", type=int, default=DEFAULT_MAX_RECORDS, metavar="N",
+        "--max-records-per-batch",
+        type=int,
+        default=DEFAULT_MAX_RECORDS,
+        metavar="N",
         help=f"at most N log records per micro-batch, bounding the driver's memory "
         f"(default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
     )
@@ -58,7 +64,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.trigger_interval <= 0:
         raise ConfigError(
-            f"--trigger-interval must be positive, got {args.trigger_interval}", fix="use e.g. --trigger-interval 1"
+            f"--trigger-interval must be positive, got {args.trigger_interval}",
+            fix="use e.g. --trigger-interval 1",
         )
     options = ApplyOptions(
         once=bool(args.once),
@@ -72,7 +79,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         out.write(
             f"batch {r.batch_id}: {r.records:,} records, {r.events:,} events, {r.dead_letters:,} dead letters, "
             f"{r.tables} tables, {r.seconds:.2f} s ({r.rate:,.0f} records/s; read+parse {r.read_parse_seconds:.2f} s, "
-            + ", ".join(f"{k} {v:.2f} s" for k, v in r.sink_seconds.items()) + ")\n"
+            + ", ".join(f"{k} {v:.2f} s" for k, v in r.sink_seconds.items())
+            + ")\n"
         )
         out.flush()
 

@@ -20,10 +20,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("verify", help="compare source tables with the warehouse and the search index")
     p.add_argument("table", nargs="?", help="SCHEMA.TABLE (default: every registered table)")
     p.add_argument(
-        "--wait", type=float, default=60.0, metavar="SECONDS",
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="how long to wait for the pipeline to catch up with the source (default 60)",
     )
-    p.add_argument("--limit", type=int, default=20, metavar="N", help="list at most N keys per kind (default 20)")
+    p.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="list at most N keys per kind (default 20)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per table (a list)")
     p.set_defaults(handler=handle)
 
@@ -42,22 +47,45 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     else:
         rows: list[list[Any]] = []
         for r in reports:
-            rows.append([
-                r.table, r.status, r.source_rows, r.warehouse_rows,
-                "-" if r.search_docs is None else r.search_docs,
-                r.missing_count, r.extra_count, r.different_count,
-                r.search_missing_count + r.search_extra_count + r.search_different_count,
-            ])
+            rows.append(
+                [
+                    r.table,
+                    r.status,
+                    r.source_rows,
+                    r.warehouse_rows,
+                    "-" if r.search_docs is None else r.search_docs,
+                    r.missing_count,
+                    r.extra_count,
+                    r.different_count,
+                    r.search_missing_count + r.search_extra_count + r.search_different_count,
+                ]
+            )
         print_table(
-            "cdc verify", ["table", "status", "source", "warehouse", "search", "missing", "extra", "different",
-                           "search diff"], rows,
+            "cdc verify",
+            [
+                "table",
+                "status",
+                "source",
+                "warehouse",
+                "search",
+                "missing",
+                "extra",
+                "different",
+                "search diff",
+            ],
+            rows,
         )
         for r in reports:
             if not r.caught_up:
                 print(f"{r.table}: not caught up with the source at {r.consistent_lsn}: {r.lag}")
-            for kind, keys in (("missing", r.missing), ("extra", r.extra), ("different", r.different),
-                               ("missing from search", r.search_missing), ("extra in search", r.search_extra),
-                               ("different in search", r.search_different)):
+            for kind, keys in (
+                ("missing", r.missing),
+                ("extra", r.extra),
+                ("different", r.different),
+                ("missing from search", r.search_missing),
+                ("extra in search", r.search_extra),
+                ("different in search", r.search_different),
+            ):
                 if keys:
                     print(f"{r.table}: {kind}: {keys}")
     if any(not r.caught_up for r in reports):

@@ -27,14 +27,22 @@ from cdc.registry import Column, TableReg
 
 
 def make_reg(
-    schema: str, table: str, columns: Sequence[tuple[str, str]], key: Sequence[str] = ("id",),
-    search: Sequence[str] = (), prefix: str = "cdc",
+    schema: str,
+    table: str,
+    columns: Sequence[tuple[str, str]],
+    key: Sequence[str] = ("id",),
+    search: Sequence[str] = (),
+    prefix: str = "cdc",
 ) -> TableReg:
     from cdc.events import topic_name
 
     return TableReg(
-        schema=schema, table=table, topic=topic_name(prefix, schema, table), key=tuple(key),
-        search=tuple(search), columns=tuple(Column(n, t, n not in key) for n, t in columns),
+        schema=schema,
+        table=table,
+        topic=topic_name(prefix, schema, table),
+        key=tuple(key),
+        search=tuple(search),
+        columns=tuple(Column(n, t, n not in key) for n, t in columns),
         snapshot_state="done",
     )
 
@@ -44,7 +52,13 @@ class ChangeWriter:
     given), ``seq`` counts changes within the transaction from 1."""
 
     def __init__(
-        self, store: LogStore, reg: TableReg, *, partitions: int = 4, db: str = "test", prefix: str = "cdc",
+        self,
+        store: LogStore,
+        reg: TableReg,
+        *,
+        partitions: int = 4,
+        db: str = "test",
+        prefix: str = "cdc",
         start_lsn: int = 0x1_0000_0000,
     ) -> None:
         self.store = store
@@ -76,8 +90,12 @@ class ChangeWriter:
 
     # -- envelopes -----------------------------------------------------------------------------------
     def envelope(
-        self, op: str, after: dict[str, Any] | None, before: dict[str, Any] | None,
-        unavailable: Sequence[str] = (), seq: int | None = None,
+        self,
+        op: str,
+        after: dict[str, Any] | None,
+        before: dict[str, Any] | None,
+        unavailable: Sequence[str] = (),
+        seq: int | None = None,
     ) -> bytes:
         ts = self.ts_ms if self.ts_ms is not None else int(time.time() * 1000)
         s = self.seq if seq is None else seq
@@ -85,11 +103,19 @@ class ChangeWriter:
             "before": before,
             "after": after,
             "source": {
-                "version": CONNECTOR_VERSION, "connector": "postgresql", "name": self.prefix, "ts_ms": ts,
-                "snapshot": "false", "db": self.db, "schema": self.reg.schema, "table": self.reg.table,
-                "txId": self.commit_lsn % 100_000, "lsn": self.commit_lsn - 8 + min(s, 7),
+                "version": CONNECTOR_VERSION,
+                "connector": "postgresql",
+                "name": self.prefix,
+                "ts_ms": ts,
+                "snapshot": "false",
+                "db": self.db,
+                "schema": self.reg.schema,
+                "table": self.reg.table,
+                "txId": self.commit_lsn % 100_000,
+                "lsn": self.commit_lsn - 8 + min(s, 7),
                 "sequence": f'["{self.commit_lsn}","{self.commit_lsn}"]',
-                "commit_lsn": self.commit_lsn, "seq": s,
+                "commit_lsn": self.commit_lsn,
+                "seq": s,
             },
             "op": op,
             "ts_ms": ts,
@@ -103,7 +129,9 @@ class ChangeWriter:
     def upsert(self, row: dict[str, Any], op: str = "c", unavailable: Sequence[str] = ()) -> None:
         self.seq += 1
         after = {k: v for k, v in row.items() if k not in unavailable}
-        self.pending.append(Record(self._key(row), self.envelope(op, after, None, unavailable), timestamp_ms=self.ts_ms))
+        self.pending.append(
+            Record(self._key(row), self.envelope(op, after, None, unavailable), timestamp_ms=self.ts_ms)
+        )
 
     def insert(self, row: dict[str, Any]) -> None:
         self.upsert(row, "c")
@@ -121,16 +149,26 @@ class ChangeWriter:
         """A primary-key change: ``d`` old + tombstone + ``c`` new, sharing one seq."""
         self.seq += 1
         kb = self._key(old_key)
-        self.pending.append(Record(kb, self.envelope("d", None, dict(old_key), seq=self.seq), timestamp_ms=self.ts_ms))
+        self.pending.append(
+            Record(kb, self.envelope("d", None, dict(old_key), seq=self.seq), timestamp_ms=self.ts_ms)
+        )
         self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
-        self.pending.append(Record(self._key(new_row), self.envelope("c", new_row, None, seq=self.seq), timestamp_ms=self.ts_ms))
+        self.pending.append(
+            Record(
+                self._key(new_row), self.envelope("c", new_row, None, seq=self.seq), timestamp_ms=self.ts_ms
+            )
+        )
 
     def truncate(self) -> None:
         self.seq += 1
         for p in range(self.partitions):
             self.pending.append(
-                Record(encode_key({TRUNCATE_KEY_FIELD: p}), self.envelope("t", None, None), partition=p,
-                       timestamp_ms=self.ts_ms)
+                Record(
+                    encode_key({TRUNCATE_KEY_FIELD: p}),
+                    self.envelope("t", None, None),
+                    partition=p,
+                    timestamp_ms=self.ts_ms,
+                )
             )
 
     def raw(self, key: bytes, value: bytes | None) -> None:
@@ -163,8 +201,12 @@ class PgMirror:
             c = sql.Identifier(col.name)
             if t.startswith("numeric"):
                 # NaN/Infinity: wal2json sends null
-                parts.append(sql.SQL("CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) "
-                                     "THEN NULL ELSE {c}::text END").format(c=c))
+                parts.append(
+                    sql.SQL(
+                        "CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) "
+                        "THEN NULL ELSE {c}::text END"
+                    ).format(c=c)
+                )
             elif t in ("jsonb", "json", "timestamp with time zone", "timestamp without time zone", "date"):
                 parts.append(sql.SQL("{}::text").format(c))
             else:
@@ -191,7 +233,9 @@ class PgMirror:
         cols = list(row)
         self.conn.execute(
             sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                self.ident, sql.SQL(", ").join(map(sql.Identifier, cols)), sql.SQL(", ").join(sql.Placeholder() * len(cols))
+                self.ident,
+                sql.SQL(", ").join(map(sql.Identifier, cols)),
+                sql.SQL(", ").join(sql.Placeholder() * len(cols)),
             ),
             [row[c] for c in cols],
         )
@@ -200,7 +244,9 @@ class PgMirror:
 
     def update(self, key: int, changes: dict[str, Any], unavailable: Sequence[str] = ()) -> None:
         sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
-        self.conn.execute(sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.ident, sets), [*changes.values(), key])
+        self.conn.execute(
+            sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.ident, sets), [*changes.values(), key]
+        )
         with self.w.txn(self.lsn()):
             self.w.update(self._by_id(key), unavailable=unavailable)
 

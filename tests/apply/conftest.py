@@ -56,7 +56,9 @@ def run_job(spark: Any, env: Env, *, sinks: Any = None, max_records: int = 0, **
     """Run the apply job once (availableNow) in this process; return its summary."""
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
-    job = ApplyJob(spark, env.settings, ApplyOptions(once=True, max_records_per_batch=max_records, **kw), sinks=sinks)
+    job = ApplyJob(
+        spark, env.settings, ApplyOptions(once=True, max_records_per_batch=max_records, **kw), sinks=sinks
+    )
     try:
         return job.run()
     finally:

@@ -36,7 +36,9 @@ def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env
     with w1.txn():
         for i in range(1, 6):
             w1.insert({"id": i, "name": f"n{i}"})
-    job = ApplyJob(spark_clean, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1))
+    job = ApplyJob(
+        spark_clean, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1)
+    )
     errors: list[BaseException] = []
 
     def run() -> None:

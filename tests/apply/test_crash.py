@@ -44,10 +44,22 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
 
     crash_batch = 1
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())",
-         "--state", str(env.state), "apply", "--once", "--max-records-per-batch", "20"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from cdc.cli import main; sys.exit(main())",
+            "--state",
+            str(env.state),
+            "apply",
+            "--once",
+            "--max-records-per-batch",
+            "20",
+        ],
         env={**os.environ, "CDC_TEST_CRASH_AFTER_SINK": str(crash_batch)},
-        capture_output=True, text=True, timeout=300, start_new_session=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert "CDC_TEST_CRASH_AFTER_SINK" in proc.stderr
@@ -61,9 +73,21 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
 
     # restart: a new `cdc apply --once --json` process, same checkpoint: batch 1 is replayed, then the rest
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())",
-         "--state", str(env.state), "apply", "--once", "--max-records-per-batch", "20", "--json"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from cdc.cli import main; sys.exit(main())",
+            "--state",
+            str(env.state),
+            "apply",
+            "--once",
+            "--max-records-per-batch",
+            "20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = orjson.loads(proc.stdout)

@@ -92,7 +92,11 @@ def test_captured_changes_applied_by_spark_verify_clean(
     code, out = _cdc(dsn, state, "verify", "--json", "--wait", "30")
     reports = orjson.loads(out)
     assert code == 0, (reports[0]["lag"], reports[0]["consistent_lsn"])
-    assert reports[0]["source_rows"] == 40 and reports[0]["warehouse_rows"] == 40 and reports[0]["search_docs"] == 40
+    assert (
+        reports[0]["source_rows"] == 40
+        and reports[0]["warehouse_rows"] == 40
+        and reports[0]["search_docs"] == 40
+    )
     rows = {r["id"]: r for r in WarehouseSink(state).current_rows(reg, meta=False).to_pylist()}
     assert rows[8]["blob"] == toast and rows[8]["name"] == "toast kept"
 

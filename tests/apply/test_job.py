@@ -94,7 +94,9 @@ def test_corrupt_records_go_to_the_dead_letter_topic(spark_clean: Any, env: Env)
     assert set(_current(env, reg)) == {1, 4}, "the good records of the batch are applied"
     dlq = dead_letter_topic(env.settings.topic_prefix)
     letters = [
-        r for p in env.store.end_offsets(dlq) for r in env.store.iter_partition(dlq, p)
+        r
+        for p in env.store.end_offsets(dlq)
+        for r in env.store.iter_partition(dlq, p)
         if dict(r.headers)["source_topic"] == reg.topic.encode()  # the Kafka broker is shared by the tests
     ]
     assert len(letters) == 2
@@ -142,7 +144,9 @@ def test_a_failing_sink_fails_the_batch_and_a_rerun_retries_it(spark_clean: Any,
     assert summary.events == 10
     dlq = dead_letter_topic(env.settings.topic_prefix)
     letters = [
-        r for p in env.store.end_offsets(dlq) for r in env.store.iter_partition(dlq, p)
+        r
+        for p in env.store.end_offsets(dlq)
+        for r in env.store.iter_partition(dlq, p)
         if dict(r.headers)["source_topic"] == reg.topic.encode()  # the Kafka broker is shared by the tests
     ]
     assert len(letters) == 1, "the replayed batch must not write its dead letters again"

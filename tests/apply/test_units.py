@@ -47,7 +47,9 @@ def test_app_id_is_kept_with_its_checkpoint_and_renewed_without(tmp_path: Path) 
 
 
 def test_dead_letter_record_keeps_the_original_bytes_reason_and_position() -> None:
-    rec = dead_letter_record(DeadLetter("cdc.s.t", 2, 41, b'{"id":1}', b"\xff\xfe", "value is not JSON"), 9, "app")
+    rec = dead_letter_record(
+        DeadLetter("cdc.s.t", 2, 41, b'{"id":1}', b"\xff\xfe", "value is not JSON"), 9, "app"
+    )
     body = orjson.loads(rec.value or b"")
     assert body["reason"] == "value is not JSON" and body["value_hex"] == "fffe"
     assert body["source"] == {"topic": "cdc.s.t", "partition": 2, "offset": 41}

@@ -22,22 +22,46 @@ from tests.plugins.postgres import PgCluster
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
 COLUMNS = [
-    ("id", "bigint"), ("name", "text"), ("qty", "integer"), ("price", "numeric(20,6)"), ("big", "numeric"),
-    ("ts", "timestamp with time zone"), ("doc", "jsonb"), ("flag", "boolean"), ("blob", "text"),
+    ("id", "bigint"),
+    ("name", "text"),
+    ("qty", "integer"),
+    ("price", "numeric(20,6)"),
+    ("big", "numeric"),
+    ("ts", "timestamp with time zone"),
+    ("doc", "jsonb"),
+    ("flag", "boolean"),
+    ("blob", "text"),
 ]
 DDL = """CREATE TABLE public.items (id bigint PRIMARY KEY, name text, qty integer, price numeric(20,6),
  big numeric, ts timestamptz, doc jsonb, flag boolean, blob text)"""
 PRICES = ["0.000001", "99999999999999.999999", "-99999999999999.999999", "0", "-0.000001", "NaN", "12.5"]
-BIGS = ["123456789012345678901234567890.123456789012345678901234567890", "Infinity", "-Infinity", "1e-30", "NaN"]
-TS = ["2024-02-29 23:59:59.999999+00", "1970-01-01 00:00:00+00", "infinity", "-infinity", "2026-11-22 03:00:00.5+05:30"]
+BIGS = [
+    "123456789012345678901234567890.123456789012345678901234567890",
+    "Infinity",
+    "-Infinity",
+    "1e-30",
+    "NaN",
+]
+TS = [
+    "2024-02-29 23:59:59.999999+00",
+    "1970-01-01 00:00:00+00",
+    "infinity",
+    "-infinity",
+    "2026-11-22 03:00:00.5+05:30",
+]
 
 
 def _row(i: int, gen: int = 0) -> dict[str, Any]:
     return {
-        "id": i, "name": f"widget {i} generation {gen}", "qty": i * 7 + gen,
-        "price": PRICES[(i + gen) % len(PRICES)], "big": BIGS[(i + gen) % len(BIGS)],
-        "ts": TS[(i + gen) % len(TS)], "doc": Jsonb({"i": i, "tags": ["a", "b"], "n": 1.5, "gen": gen}),
-        "flag": (i + gen) % 2 == 0, "blob": f"blob-{i}-" + "x" * (i % 5) if i % 4 else None,
+        "id": i,
+        "name": f"widget {i} generation {gen}",
+        "qty": i * 7 + gen,
+        "price": PRICES[(i + gen) % len(PRICES)],
+        "big": BIGS[(i + gen) % len(BIGS)],
+        "ts": TS[(i + gen) % len(TS)],
+        "doc": Jsonb({"i": i, "tags": ["a", "b"], "n": 1.5, "gen": gen}),
+        "flag": (i + gen) % 2 == 0,
+        "blob": f"blob-{i}-" + "x" * (i % 5) if i % 4 else None,
     }
 
 
@@ -139,8 +163,17 @@ def test_verify_reports_not_caught_up_distinctly(
 def test_toast_unavailable_in_the_same_batch_as_the_full_row(spark_clean: Any, env: Env) -> None:
     reg = env.register(make_reg("s_toast", "items", COLUMNS, search=("name",)))
     w = ChangeWriter(env.store, reg)
-    row = {"id": 1, "name": "first", "qty": 1, "price": "1.000000", "big": "2", "ts": TS[0], "doc": "{}",
-           "flag": True, "blob": "big value"}
+    row = {
+        "id": 1,
+        "name": "first",
+        "qty": 1,
+        "price": "1.000000",
+        "big": "2",
+        "ts": TS[0],
+        "doc": "{}",
+        "flag": True,
+        "blob": "big value",
+    }
     with w.txn():
         w.insert(row)
     with w.txn():
