@@ -716,7 +716,7 @@ class EmbeddedLogStore(LogStore):
     def _partitions(self, topic: _Topic, records: Sequence[Record]) -> list[int]:
         n = topic.config.partitions
         explicit = [r.partition for r in records]
-        if any(p is not None for p in explicit):
+        if explicit.count(None) != len(explicit):  # some record names its partition
             parts = [
                 p if p is not None else partition_for(r.key, n)
                 for p, r in zip(explicit, records, strict=True)
