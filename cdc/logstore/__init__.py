@@ -32,6 +32,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from cdc.logstore.partitioner import murmur2, partition_for
 
 if TYPE_CHECKING:
@@ -68,9 +70,9 @@ class Record:
     partition: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    """A record as read back, with its position."""
+class StoredRecord(msgspec.Struct, frozen=True, gc=False):
+    """A record as read back, with its position. (An immutable msgspec Struct rather than a
+    dataclass: backends build millions of them, and msgspec decodes them ~2.5x faster.)"""
 
     topic: str
     partition: int
