@@ -4,7 +4,7 @@
   each batch durable (SQLite WAL, synchronous=FULL) before the next;
 * peer: the same bytes written to a plain sequential file with one fsync per batch of 1,000 -- the
   disk's limit for this write pattern, so the ratio says how close the store gets to it;
-* read: every record back through ``read()`` (StoredRecord objects), all partitions;
+* read: every record back through ``iter_partition()`` (StoredRecord objects), all partitions;
 * compaction: a topic of N records over N/100 distinct keys, ``compact()`` timed, records left.
 
 Bars (full run, N = 1,000,000): append >= 300k records/s, read >= 1M records/s, compaction < 10 s
