@@ -14,17 +14,21 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
 from rich.markup import escape
 
-from cdc.analytics import Warehouse, jsonable, rows_of
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError
 from cdc.registry import Registry
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# pyarrow, duckdb and deltalake (through cdc.analytics) are imported inside the handlers: other
+# verbs (``cdc run``) must not pay their import time and memory.
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +53,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _text(value: Any) -> str:
+    from cdc.analytics import jsonable
+
     v = jsonable(value)
     if isinstance(v, list | dict):
         return orjson.dumps(v).decode()
@@ -61,6 +67,8 @@ def _tuples(result: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def run_sql(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.analytics import Warehouse, rows_of
+
     with Registry(settings.state_dir) as registry:
         tables = registry.list_tables()
     with Warehouse(settings.state_dir, tables) as wh:

@@ -61,9 +61,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import lz4.frame
 import msgspec
 import numpy as np
-import pyarrow as pa
 
 from cdc.errors import (
     LogStoreError,
@@ -131,13 +131,12 @@ _MSGPACK_NIL = msgspec.Raw(b"\xc0")
 # Batch blob framing: one codec byte, then (lz4) the uncompressed size as 4 bytes little-endian.
 _CODEC_NONE = 0
 _CODEC_LZ4 = 1
-_LZ4 = pa.Codec("lz4")
 
 
 def _pack(rows: Sequence[Any], compress: bool) -> bytes:
     data = _ENCODER.encode(rows)
     if compress:
-        packed: bytes = _LZ4.compress(data, asbytes=True)
+        packed: bytes = lz4.frame.compress(data)
         if len(packed) < len(data):
             return bytes((_CODEC_LZ4,)) + len(data).to_bytes(4, "little") + packed
     return bytes((_CODEC_NONE,)) + data
@@ -149,7 +148,9 @@ def _unpack(blob: bytes) -> bytes | memoryview:
         return memoryview(blob)[1:]
     if codec == _CODEC_LZ4:
         size = int.from_bytes(blob[1:5], "little")
-        data: bytes = _LZ4.decompress(memoryview(blob)[5:], decompressed_size=size, asbytes=True)
+        data: bytes = lz4.frame.decompress(memoryview(blob)[5:])
+        if len(data) != size:
+            raise msgspec.DecodeError(f"lz4 batch decompressed to {len(data)} bytes, its header says {size}")
         return data
     raise msgspec.DecodeError(f"unknown batch codec {codec}")
 
@@ -301,7 +302,16 @@ CREATE TABLE p{n} (
 """
 
 
-def _connect(path: Path, *, create: bool = False) -> sqlite3.Connection:
+# SQLite memory per connection. A reading instance keeps a large page cache and maps the file (read
+# speed). A writer instance mostly appends (the reader process, whose RSS is bounded) and reads only
+# for compaction, so it keeps a small cache and no mapping: its memory does not grow with the topic.
+READ_CACHE_KIB = 65536
+READ_MMAP_BYTES = 268435456
+WRITER_CACHE_KIB = 8192
+WRITER_MMAP_BYTES = 0
+
+
+def _connect(path: Path, *, create: bool = False, writer: bool = False) -> sqlite3.Connection:
     uri = f"file:{path}?mode={'rwc' if create else 'rw'}"
     conn = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout=60000")
@@ -310,8 +320,8 @@ def _connect(path: Path, *, create: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA cache_size=-65536")
-    conn.execute("PRAGMA mmap_size=268435456")
+    conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB if writer else READ_CACHE_KIB}")
+    conn.execute(f"PRAGMA mmap_size={WRITER_MMAP_BYTES if writer else READ_MMAP_BYTES}")
     return conn
 
 
@@ -352,7 +362,9 @@ class EmbeddedLogStore(LogStore):
     ``compaction_interval_s`` (writer only; ``None`` or 0 disables it) is how often the background
     thread compacts the compacted topics, and applies retention to the others, that this instance writes.
     ``compress`` (writer only): store batches LZ4-compressed when that makes them smaller (readers handle
-    both forms).
+    both forms). A writer instance's SQLite connections keep a small page cache (``WRITER_CACHE_KIB``)
+    and do not memory-map the topic files, so a process that appends (``cdc run``) stays small
+    however large its topics grow; reading instances keep a 64 MiB cache and a 256 MiB mapping.
     """
 
     backend = "embedded"
@@ -455,7 +467,7 @@ class EmbeddedLogStore(LogStore):
             _check_header(path)
             guard = _Guard(path)
             with guard:
-                conn = _connect(path)
+                conn = _connect(path, writer=self.writer)
                 try:
                     row = conn.execute("SELECT name, format, config FROM topic WHERE id = 0").fetchone()
                 except BaseException:
@@ -930,7 +942,7 @@ class EmbeddedLogStore(LogStore):
             return conn
         if t.bg_conn is None:
             with t.guard:
-                t.bg_conn = _connect(t.path)
+                t.bg_conn = _connect(t.path, writer=True)
         return t.bg_conn
 
     def _compact(self, t: _Topic, conn: sqlite3.Connection | None, *, only_if_due: bool = False) -> int:
