@@ -28,6 +28,11 @@ Guarantees
 * ``latestOffset`` never goes past the end offsets seen at ``prepareForTriggerAvailableNow`` when the
   query runs with ``availableNow``; with ``maxRecordsPerBatch`` it spreads the budget over the
   partitions with pending records (water filling), always making progress.
+* A partition whose end offset is *below* the query's position (the topic was deleted and created
+  again) is read again from its start (harmless: sinks are version-guarded). A recreated topic that
+  already grew past the old position cannot be told apart from the old one by offsets: its first
+  records would be skipped -- after recreating a topic, delete the checkpoint
+  (``<state>/spark/checkpoint``) so the job starts over.
 * ``partitions`` returns one input partition per (topic, partition) offset range (ranges longer than
   ``splitRecords`` are split), so executors read in parallel; ``read`` opens the log store inside the
   executor (embedded read-only or a Kafka consumer) and yields Arrow record batches.
@@ -177,8 +182,9 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             ends = {k: min(v, self._target[k]) for k, v in ends.items() if k in self._target}
         begin = {k: int((start or {}).get(k, starts.get(k, 0))) for k in ends}
-        # never go backwards (an end offset reported lower than a checkpointed position)
-        ends = {k: max(v, begin[k]) for k, v in ends.items()}
+        for k, v in ends.items():
+            if v < begin[k]:  # the log ends before our position: the topic was recreated, read it again
+                begin[k] = starts.get(k, 0)
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             grant = split_budget({k: ends[k] - begin[k] for k in ends}, int(limit.max_rows))
             ends = {k: begin[k] + grant.get(k, 0) for k in ends}
@@ -190,12 +196,15 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ends or None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[LogRange]:
-        starts, _ = self._bounds() if any(k not in start for k in end) else ({}, {})
+        needs_bounds = any(k not in start or int(start[k]) > int(end[k]) for k in end)
+        starts, _ = self._bounds() if needs_bounds else ({}, {})
         ranges: list[LogRange] = []
         for key in sorted(end):
             topic, part = parse_offset_key(key)
             lo = int(start.get(key, starts.get(key, 0)))
             hi = int(end[key])
+            if lo > hi:  # see latestOffset: a recreated topic is read from its start
+                lo = starts.get(key, 0)
             while lo < hi:
                 step = min(hi, lo + self.split)
                 ranges.append(LogRange(topic, part, lo, step))

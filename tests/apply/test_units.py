@@ -63,3 +63,38 @@ def test_canonical_values_distinguish_exactly() -> None:
     ts = dt.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=dt.UTC)
     assert row_hash([1, ts, b"\x00"]) == row_hash([1, ts, b"\x00"])
     assert row_hash([1, ts, b"\x00"]) != row_hash([1, ts, b"\x01"])
+
+
+def test_stream_reader_offsets_limits_and_a_recreated_topic(tmp_path: Path) -> None:
+    """The reader's planning calls, made directly (what Spark's planner worker calls)."""
+    from cdc.logstore import Record, TopicConfig
+    from cdc.logstore.embedded import EmbeddedLogStore
+    from spark_jobs.source import CdcLogStreamReader, ReadAllAvailable, ReadMaxRows
+
+    store = EmbeddedLogStore(tmp_path / "log", writer=True, compaction_interval_s=None)
+    store.create_topic("cdc.s.t", TopicConfig(partitions=2))
+    store.append("cdc.s.t", [Record(b"k", b"v", partition=i % 2) for i in range(10)])
+    reader = CdcLogStreamReader(
+        {"state": str(tmp_path), "topics": "cdc.s.t,cdc.s.missing", "maxRecordsPerBatch": "4"}
+    )
+    start = reader.initialOffset()
+    assert start == {"cdc.s.t|0": 0, "cdc.s.t|1": 0}  # a topic that does not exist yet is simply absent
+    end = reader.latestOffset(start, ReadMaxRows(4))
+    assert end == {"cdc.s.t|0": 2, "cdc.s.t|1": 2}
+    assert [(r.partition, r.start, r.end) for r in reader.partitions(start, end)] == [(0, 0, 2), (1, 0, 2)]
+    reader.prepareForTriggerAvailableNow()
+    store.append("cdc.s.t", [Record(b"k", b"v", partition=0)])  # after availableNow's target: not read
+    assert reader.getDefaultReadLimit() == ReadMaxRows(4)
+    assert reader.latestOffset(end, ReadAllAvailable()) == {"cdc.s.t|0": 5, "cdc.s.t|1": 5}
+    # the topic is deleted and created again: positions past its end restart at its start
+    store.delete_topic("cdc.s.t")
+    store.create_topic("cdc.s.t", TopicConfig(partitions=2))
+    store.append("cdc.s.t", [Record(b"k", b"v", partition=0)])
+    fresh = CdcLogStreamReader({"state": str(tmp_path), "topics": "cdc.s.t"})
+    old = {"cdc.s.t|0": 6, "cdc.s.t|1": 5}
+    new_end = fresh.latestOffset(old, None)
+    assert new_end == {"cdc.s.t|0": 1, "cdc.s.t|1": 0}
+    assert [(r.partition, r.start, r.end) for r in fresh.partitions(old, new_end)] == [(0, 0, 1)]
+    reader.stop()
+    fresh.stop()
+    store.close()
