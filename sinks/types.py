@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc.errors import ApplyError
 
@@ -296,6 +297,9 @@ def to_array(values: Sequence[Any], pg_type: str | None) -> pa.Array:
             return pa.array(values, type=pa.string()).cast(at)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
+    fast = _fast_array(values, at)
+    if fast is not None:
+        return fast
     conv = converter(typ)
     py = [None if v is None else conv(v) for v in values]
     try:
@@ -306,6 +310,37 @@ def to_array(values: Sequence[Any], pg_type: str | None) -> pa.Array:
             fix="check the registration's column types (`cdc tables list`) against the source",
             type=typ,
         ) from exc
+
+
+# years 0002..9998 only: the slow path owns the clamping/overflow edge cases near 1 and 9999
+_FAST_YEAR = r"(?:000[2-9]|00[1-9][0-9]|0[1-9][0-9][0-9]|[1-8][0-9]{3}|9[0-8][0-9][0-9]|99[0-8][0-9])"
+_FAST_TS = _FAST_YEAR + r"-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:\.[0-9]{1,6})?"
+_FAST_TSTZ_RE = "^" + _FAST_TS + r"[+-][0-9][0-9](?::[0-9][0-9])?$"
+_FAST_TS_RE = "^" + _FAST_TS + "$"
+
+
+def _fast_array(values: Sequence[Any], at: pa.DataType) -> pa.Array | None:
+    """Vectorised conversion for the common shapes (every value already of the stored Python type, or
+    a plain ISO timestamp text); None when a value needs the per-value path (which also gives the
+    exact error). Same result as the per-value path wherever it answers."""
+    try:
+        if pa.types.is_string(at):
+            if all(v is None or type(v) is str for v in values):
+                return pa.array(values, type=at)
+        elif pa.types.is_integer(at) or pa.types.is_floating(at):
+            if all(v is None or type(v) is int for v in values) or (
+                pa.types.is_floating(at) and all(v is None or type(v) in (int, float) for v in values)
+            ):
+                return pa.array(values, type=at)
+        elif pa.types.is_timestamp(at) and all(v is None or type(v) is str for v in values):
+            text = pa.array(values, type=pa.string())
+            pattern = _FAST_TSTZ_RE if at.tz is not None else _FAST_TS_RE
+            ok = pc.match_substring_regex(text, pattern)
+            if pc.all(pc.fill_null(ok, True)).as_py():
+                return text.cast(at)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+        return None
+    return None
 
 
 def to_event_value(value: Any) -> Any:

@@ -70,11 +70,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 
 from cdc.errors import ApplyError, ConfigError
 from cdc.events import _TOPIC_UNSAFE, Version
-from cdc.logstore.partitioner import murmur2
+from cdc.logstore.partitioner import murmur2, partitions_for
 from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, Sink
 from sinks import types as T
@@ -322,13 +322,10 @@ class WarehouseSink(Sink):
     ) -> dict[str, Any]:
         keys = ctx.keys
         meta_names = [KEY, BUCKET, LSN, SEQ]  # all a close row needs
-        open_rows = _read(
-            history,
-            keys,
-            ctx.key_buckets,
-            extra_filter=pc.field(IS_CURRENT) == True,  # noqa: E712
-            columns=[*meta_names, IS_CURRENT],
-        )
+        stored = _read(history, keys, ctx.key_buckets, columns=[*meta_names, IS_CURRENT])
+        # keys with any history row: only their buckets' files can hold a row this merge must match
+        seen = set(stored.column(KEY).cast(pa.string()).to_pylist())
+        open_rows = stored.filter(pc.field(IS_CURRENT) == True)  # noqa: E712
         open_by_key: dict[str, dict[str, Any]] = {
             r[KEY]: {n: r[n] for n in meta_names} for r in open_rows.select(meta_names).to_pylist()
         }
@@ -391,9 +388,25 @@ class WarehouseSink(Sink):
             f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
             f" AND {_col('t', SEQ)} = {_col('s', SEQ)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
         )
-        if not truncates and rows:
-            predicate += " AND " + _in_list("t", BUCKET, (r[BUCKET] for r in rows))
         target_cols = _arrow_schema(history).names
+        if not truncates:
+            # a close row matches its open row; a new row of a key with history might match a stored
+            # row of the same version (kept out). A new row of a key without any history matches
+            # nothing, so only the other rows' buckets are read and rewritten.
+            match = {r[BUCKET] for r in close_rows} | {r[BUCKET] for r in new_rows if r[KEY] in seen}
+            if not match:  # only new keys: a plain append, one commit with the app transaction
+                write_deltalake(
+                    history,
+                    source.drop_columns([_SRC_KIND]).select(target_cols),
+                    mode="append",
+                    commit_properties=commit,
+                )
+                return {
+                    "num_target_files_removed": 0,
+                    "num_target_rows_inserted": len(new_rows),
+                    "appended": True,
+                }
+            predicate += " AND " + _in_list("t", BUCKET, match)
         merger = history.merge(
             source,
             predicate,
@@ -472,10 +485,27 @@ class WarehouseSink(Sink):
         if not rows and trunc is None:
             return {}  # nothing to write: a replay computes the same nothing
         schema = _arrow_schema(current)
-        source = _to_table(rows, schema, ctx.types)
         predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
         if trunc is None:
-            predicate += " AND " + _in_list("t", BUCKET, (r[BUCKET] for r in rows))
+            # only the buckets of keys that have a current row can hold a match; a row of an absent key
+            # is an insert (its version guard against deletes/truncates was applied above)
+            present = set(
+                _read(current, [r[KEY] for r in rows], ctx.key_buckets, columns=[KEY])
+                .column(KEY)
+                .cast(pa.string())
+                .to_pylist()
+            )
+            match = {r[BUCKET] for r in rows if r[KEY] in present}
+            if not match:  # only absent keys: append their upserts (a delete of an absent key is a no-op)
+                ups = [r for r in rows if r[OP] != "d"]
+                if not ups:
+                    return {}  # nothing to write: a replay computes the same nothing
+                write_deltalake(
+                    current, _to_table(ups, schema, ctx.types), mode="append", commit_properties=commit
+                )
+                return {"num_target_files_removed": 0, "num_target_rows_inserted": len(ups), "appended": True}
+            predicate += " AND " + _in_list("t", BUCKET, match)
+        source = _to_table(rows, schema, ctx.types)
         merger = current.merge(
             source,
             predicate,
@@ -614,7 +644,9 @@ class _BatchContext:
             if ev.op != "t":
                 self.by_key.setdefault(ev.key_json, []).append(ev)
         self.keys = sorted(self.by_key)
-        self.key_buckets = {k: bucket_of(k, buckets) for k in self.keys}
+        self.key_buckets = dict(
+            zip(self.keys, partitions_for([k.encode() for k in self.keys], buckets), strict=True)
+        )
         for k in self.keys:
             _check_lsn(self.by_key[k][-1].version)
         tomb_rows = _read(
