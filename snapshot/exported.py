@@ -1,10 +1,21 @@
 """Read tables under an exported snapshot with ``COPY (SELECT ...) TO STDOUT`` (text format) and
 append ``op=r`` events. See :mod:`snapshot` for the guarantees.
 
-The COPY text is parsed here, not by psycopg's per-row loaders (about 4x slower): rows are split on
-newlines and fields on tabs (a tab or newline inside a value is always escaped), ``\\N`` is NULL, and
-backslash escapes are undone only in fields that contain a backslash. Field values are then encoded
-by column type exactly as the stream encodes them (:func:`cdc.reader.wal2json.text_converter_for`).
+Two ways to read a table, both giving the bytes the stream gives for the same row:
+
+* **JSON built by Postgres** (every column of a type in :data:`SQL_KINDS`): the ``SELECT`` turns each
+  column into its JSON value text (:func:`sql_json_value`: ints as they are, numeric as a string with
+  every digit or null for NaN/Infinity, bool as ``true``/``false``, bytea as quoted hex, timestamps,
+  dates, uuids... as their quoted text output, text/json/jsonb and every other type through
+  ``to_json(col::text)``, which escapes exactly as orjson does), NULL as ``null`` (``COPY ... NULL
+  'null'``). Python only undoes COPY's backslash doubling and fills a byte template per row: the key
+  (``{"id":42}``, :func:`cdc.events.encode_key`'s bytes) and the whole ``op=r`` value. Postgres does
+  the encoding on its own core.
+* **Encoded in Python** (a table with a float or array column, whose JSON Postgres writes differently
+  from orjson): rows are split on newlines and fields on tabs (a tab or newline inside a value is
+  always escaped), ``\\N`` is NULL, backslash escapes are undone only in fields that contain a
+  backslash, and fields are encoded by column type (:func:`cdc.reader.wal2json.text_converter_for`).
+
 Parallelism: one table per worker thread, each worker its own connection importing the snapshot
 (tables are not split into key ranges).
 """
@@ -20,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 
@@ -27,10 +39,22 @@ from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record
 from cdc.reader.envelope import TableCodec
 from cdc.reader.replication import SESSION_OPTIONS, Batch
+from cdc.reader.wal2json import type_kind
 from cdc.registry import Alignment, Column, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot
 
 BATCH_ROWS = 5000
+
+#: column kinds (:func:`cdc.reader.wal2json.type_kind`) whose JSON value Postgres builds in the
+#: snapshot's SELECT; floats and arrays are encoded in Python (Postgres' JSON differs from orjson's)
+SQL_KINDS = frozenset({"int", "numeric", "bool", "bytea", "json", "text"})
+#: types whose text output never holds a character JSON escapes: quoted as they are
+_PLAIN_TEXT_TYPES = frozenset({
+    "timestamp with time zone", "timestamp without time zone", "date", "time with time zone",
+    "time without time zone", "uuid", "interval",
+})
+#: types whose cast to text is not their text output: JSON-quoted by ``to_json(col)`` instead
+_OUTPUT_TEXT_TYPES = frozenset({"character", "char", "bpchar", "inet", "cidr"})
 
 _COLUMNS = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
@@ -81,6 +105,55 @@ def copy_rows(chunks: Iterator[Any]) -> Iterator[list[Any]]:
         raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
 
 
+def _base_type(pg_type: str) -> str:
+    """``timestamp(3) with time zone`` -> ``timestamp with time zone``."""
+    t = pg_type.strip().lower()
+    if "(" in t:
+        head, _, rest = t.partition("(")
+        t = (head.rstrip() + " " + rest.partition(")")[2].lstrip()).strip()
+    return t
+
+
+def sql_json_value(name: str, pg_type: str, nullable: bool) -> tuple[sql.Composable, bool] | None:
+    """The SELECT expression giving column ``name``'s JSON value text as the stream encodes it (NULL
+    stays NULL: COPY writes it as ``null``), and whether the template must put quotes around it;
+    None when Python must encode the column (floats, arrays)."""
+    kind = type_kind(pg_type)
+    col = sql.Identifier(name)
+    if kind == "int":
+        return col, False
+    if kind == "numeric":
+        text = sql.SQL("NULLIF(NULLIF(NULLIF({}::text, 'NaN'), 'Infinity'), '-Infinity')").format(col)
+        return sql.SQL("'\"' || {} || '\"'").format(text), False
+    if kind == "bool":
+        return sql.SQL("{}::text").format(col), False
+    if kind == "bytea":
+        hexed = sql.SQL("encode({}, 'hex')").format(col)
+        if nullable:
+            return sql.SQL("'\"' || {} || '\"'").format(hexed), False
+        return hexed, True
+    if kind == "text" and _base_type(pg_type) in _PLAIN_TEXT_TYPES:
+        if nullable:
+            return sql.SQL("'\"' || {}::text || '\"'").format(col), False
+        return sql.SQL("{}::text").format(col), True
+    if kind == "text" and _base_type(pg_type) in _OUTPUT_TEXT_TYPES:
+        # their cast to text differs from their output (char(n) drops its padding, inet shows the
+        # netmask); to_json() of these calls the output function, as wal2json does
+        return sql.SQL("to_json({})").format(col), False
+    if kind in ("text", "json"):
+        return sql.SQL("to_json({}::text)").format(col), False
+    return None
+
+
+def _template(names: Sequence[str], quoted: Sequence[bool]) -> bytes:
+    """A ``%b`` template of a JSON object whose members are ``names`` (orjson's bytes: no spaces)."""
+    parts = []
+    for name, q in zip(names, quoted, strict=True):
+        slot = b'"%b"' if q else b"%b"
+        parts.append(orjson.dumps(name).replace(b"%", b"%%") + b":" + slot)
+    return b"{" + b",".join(parts) + b"}"
+
+
 def connect_snapshot(dsn: str, snap: ExportedSnapshot) -> psycopg.Connection[Any]:
     """A psycopg 3 connection inside a REPEATABLE READ transaction that imported ``snap``."""
     conn = psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS, application_name="cdc-snapshot")
@@ -128,6 +201,12 @@ def read_table(
             fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
             table=reg.qualified,
         )
+    by_name = {c.name: c for c in cols}
+    exprs = [sql_json_value(n, by_name[n].type, by_name[n].nullable) for n in names]
+    if all(e is not None for e in exprs):
+        return _read_table_sql(conn, snap, reg, cols, codec, [e for e in exprs if e is not None],
+                               store=store, store_lock=store_lock, progress=progress, ts_ms=ts_ms,
+                               estimate=estimate)
     convs: list[tuple[int, Callable[[Any], Any]]] = []
     for i, n in enumerate(names):
         conv = codec.text_converters[n]
@@ -157,6 +236,71 @@ def read_table(
         end = store.end_offsets(topic)
     conn.execute("COMMIT")
     progress.finish(reg.qualified, rows)
+    return TableSnapshot(reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end)))
+
+
+def _read_table_sql(
+    conn: psycopg.Connection[Any], snap: ExportedSnapshot, reg: TableReg, cols: tuple[Column, ...],
+    codec: TableCodec, exprs: list[tuple[sql.Composable, bool]], *, store: LogStore,
+    store_lock: threading.Lock, progress: Progress, ts_ms: int, estimate: int,
+) -> TableSnapshot:
+    """:func:`read_table` with every value's JSON built by Postgres (see the module docstring)."""
+    names = codec.included
+    quoted = [q for _, q in exprs]
+    after_t = _template(names, quoted)
+    key_idx = [names.index(k) for k in codec.key]
+    key_t = _template(list(codec.key), [quoted[i] for i in key_idx])
+    now = str(int(time.time() * 1000)).encode()
+
+    def value_template(last: bool) -> bytes:
+        src = codec.snapshot_source(snap.consistent_lsn, ts_ms, last=last).replace(b"%", b"%%")
+        return (b'{"before":null,"after":' + after_t + b',"source":' + src + b',"op":"r","ts_ms":' + now
+                + b',"unavailable":[]}')
+
+    value_t, last_t = value_template(False), value_template(True)
+    query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT WITH (NULL 'null')").format(
+        sql.SQL(", ").join(e for e, _ in exprs), sql.Identifier(reg.schema, reg.table)
+    )
+    topic = codec.topic
+    table = reg.qualified
+    progress.start(table, estimate)
+    single = key_idx[0] if len(key_idx) == 1 else -1
+    batch = Batch(store, store_lock)
+    rows = reported = 0
+    try:
+        pending: list[Record] = []
+        add = pending.append
+        fields: tuple[bytes, ...] | None = None
+        with conn.cursor().copy(query) as copy:
+            read = copy.read
+            while data := read():
+                line = bytes(data)
+                if b"\\" in line:  # COPY doubles every backslash (JSON escapes are the only ones)
+                    line = line.replace(b"\\\\", b"\\")
+                fields = tuple(line[:-1].split(b"\t"))
+                key = key_t % (fields[single] if single >= 0 else tuple(fields[i] for i in key_idx))
+                add(Record(key, value_t % fields))
+                if len(pending) > BATCH_ROWS:
+                    last = pending.pop()  # the table's last row is written with snapshot "last"
+                    batch.add(topic, pending)
+                    batch.submit(None)
+                    rows += len(pending)
+                    progress.advance(table, len(pending))
+                    reported += len(pending)
+                    pending = [last]
+                    add = pending.append
+        if fields is not None:
+            pending[-1] = Record(pending[-1].key, last_t % fields)
+            batch.add(topic, pending)
+            rows += len(pending)
+        batch.flush()
+    finally:
+        batch.close()
+    progress.advance(table, rows - reported)
+    with store_lock:
+        end = store.end_offsets(topic)
+    conn.execute("COMMIT")
+    progress.finish(table, rows)
     return TableSnapshot(reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end)))
 
 

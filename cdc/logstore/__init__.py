@@ -57,11 +57,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(msgspec.Struct, frozen=True, gc=False):
     """A record to append. ``value=None`` is a tombstone. ``timestamp_ms=None`` means now.
     ``partition=None`` places it by :func:`partition_for` of the key; an explicit partition is for
-    records that must reach every partition (a TRUNCATE marker)."""
+    records that must reach every partition (a TRUNCATE marker). (An immutable msgspec Struct, not
+    tracked by the cyclic GC: the reader builds one per change, ~10x cheaper than a frozen dataclass.)"""
 
     key: bytes
     value: bytes | None
