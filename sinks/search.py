@@ -20,11 +20,17 @@ Guarantees of :meth:`SearchSink.apply` (on top of :class:`sinks.Sink`):
 * **Version guard** through the side table: an upsert or delete applies only when newer than the
   key's stored version, its tombstone (kept ``tombstone_retention_hours``, default 7 days) and the
   last TRUNCATE. Upsert = ``delete_documents_by_term(_cdc_key)`` + ``add_document``; a delete
-  removes the document; a TRUNCATE (version T) removes every document older than T.
-* **Idempotent batches.** The index is committed first, then the side table (versions and the batch
-  id, in one SQLite transaction). A batch whose id is recorded for the app id is skipped. A crash
-  between the two commits replays the batch against stale versions, which re-deletes and re-adds the
-  same documents: same result.
+  removes the document; a TRUNCATE (version T) removes every document older than T. The delete by
+  term is skipped for a key the side table holds no live version of (a new key, a deleted or
+  truncated one): the index has no document for it (see the next point for why that holds).
+* **Idempotent batches.** Before the index commit the side table records the batch as *pending*
+  (``meta.pending = [app_id, batch_id]``); the index is committed, then the side table (versions,
+  the batch id, pending cleared, in one SQLite transaction). A batch whose id is recorded for the app
+  id is skipped. A crash between the two commits leaves the batch pending: while a batch is pending,
+  every key of every batch is deleted by term before its add (the index may hold documents the side
+  table does not know), and the replay of that same batch re-deletes and re-adds the same documents
+  (same result) and clears the flag. A pending batch that is never replayed (checkpoint wiped) keeps
+  the always-delete mode on for that index: slower, never wrong.
 * **Unavailable TOAST values** are taken from the key's previous event in the same batch, else the
   stored document; without one the batch fails with :class:`cdc.errors.ApplyError`.
 * Tables without search columns are ignored. Changing a table's search columns needs a rebuild
@@ -55,7 +61,6 @@ KEY = "_cdc_key"
 LSN = "_cdc_commit_lsn"
 SEQ = "_cdc_seq"
 DOCUMENT = "_cdc_document"
-_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,8 @@ class _Index:
         self.db.executescript(
             """
             CREATE TABLE IF NOT EXISTS versions (key TEXT PRIMARY KEY, commit_lsn INTEGER NOT NULL,
-                seq INTEGER NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, deleted_at_ms INTEGER);
+                seq INTEGER NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, deleted_at_ms INTEGER)
+                WITHOUT ROWID;
             CREATE INDEX IF NOT EXISTS versions_deleted ON versions (deleted, deleted_at_ms);
             CREATE TABLE IF NOT EXISTS applied (app_id TEXT PRIMARY KEY, batch_id INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -197,15 +203,29 @@ class _Index:
         lsn, seq = orjson.loads(row[0])
         return Version(lsn, seq)
 
+    def pending(self) -> tuple[str, int] | None:
+        """The (app_id, batch_id) whose index commit may lack its side-table record, if any."""
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'pending'").fetchone()
+        if row is None:
+            return None
+        app_id, batch_id = orjson.loads(row[0])
+        return str(app_id), int(batch_id)
+
+    def set_pending(self, app_id: str, batch_id: int) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('pending', ?)", (orjson.dumps([app_id, batch_id]).decode(),)
+        )
+
     def stored(self, keys: Iterable[str]) -> dict[str, tuple[Version, bool]]:
-        keys = list(keys)
-        out: dict[str, tuple[Version, bool]] = {}
-        for i in range(0, len(keys), _CHUNK):
-            chunk = keys[i : i + _CHUNK]
-            q = f"SELECT key, commit_lsn, seq, deleted FROM versions WHERE key IN ({','.join('?' * len(chunk))})"
-            for key, lsn, seq, deleted in self.db.execute(q, chunk):
-                out[key] = (Version(lsn, seq), bool(deleted))
-        return out
+        # one query: the keys as a JSON array joined through json_each
+        q = (
+            "SELECT v.key, v.commit_lsn, v.seq, v.deleted FROM json_each(?) AS j "
+            "JOIN versions AS v ON v.key = j.value"
+        )
+        return {
+            key: (Version(lsn, seq), bool(deleted))
+            for key, lsn, seq, deleted in self.db.execute(q, (orjson.dumps(list(keys)).decode(),))
+        }
 
     def document(self, key: str) -> dict[str, Any] | None:
         """The stored document (all columns, event encoding) of a key, from the committed index."""
@@ -266,9 +286,47 @@ class SearchSink(Sink):
         keys = sorted({ev.key_json for ev in latest if ev.op != "t"})
         stored = idx.stored(keys)
         marker = idx.marker()
+        pending = idx.pending()
+        # while a batch is pending the index may hold documents the side table does not know
+        always_delete = pending is not None
+        toast_keys = {e.key_json for e in batch.events if e.unavailable}
         overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
         writer = idx.writer
         fields = field_names(reg)
+        try:
+            truncate = self._upserts(
+                idx, latest, stored, marker, overlay, by_key, toast_keys, always_delete, fields
+            )
+        except BaseException:
+            writer.rollback()  # drop this attempt's uncommitted operations: a retry starts clean
+            raise
+        if not overlay and truncate is None:
+            self._record(idx, app_id, batch_id, {}, None, clear_pending=pending == (app_id, batch_id))
+            return
+        if pending is None:  # (another pending batch stays recorded: always-delete mode stays on)
+            idx.set_pending(app_id, batch_id)
+        writer.commit()
+        self._record(
+            idx, app_id, batch_id, overlay, truncate, clear_pending=pending in (None, (app_id, batch_id))
+        )
+        if batch_id % 100 == 0:
+            self.purge(reg)
+
+    def _upserts(
+        self,
+        idx: _Index,
+        latest: list[ChangeEvent],
+        stored: dict[str, tuple[Version, bool]],
+        marker: Version,
+        overlay: dict[str, tuple[Version, bool, int | None]],
+        by_key: dict[str, list[ChangeEvent]],
+        toast_keys: set[str],
+        always_delete: bool,
+        fields: dict[str, str],
+    ) -> ChangeEvent | None:
+        """The batch's index operations (uncommitted); fills ``overlay``; returns the applied TRUNCATE."""
+        reg = idx.reg
+        writer = idx.writer
         truncate: ChangeEvent | None = None
         for ev in latest:
             if ev.op == "t":
@@ -284,29 +342,30 @@ class SearchSink(Sink):
                 continue
             prev = overlay.get(ev.key_json)
             guard = marker
+            live = always_delete
             if prev is not None:
                 guard = max(guard, prev[0])
-            elif ev.key_json in stored:
-                guard = max(guard, stored[ev.key_json][0])
+                live = True
+            else:
+                st = stored.get(ev.key_json)
+                if st is not None:
+                    guard = max(guard, st[0])
+                    live = live or not st[1]
             if ev.version <= guard:
                 continue
-            writer.delete_documents_by_term(KEY, ev.key_json)
+            if live:  # a key without a live stored version has no document
+                writer.delete_documents_by_term(KEY, ev.key_json)
             if ev.op == "d":
                 overlay[ev.key_json] = (ev.version, True, ev.ts_ms)
                 continue
-            values = dict(ev.after or {})
-            chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
-            if any(e.unavailable for e in chain):
-                values = _resolve(idx, reg, chain)
+            values = ev.after or {}
+            if ev.key_json in toast_keys:
+                chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
+                if any(e.unavailable for e in chain):
+                    values = _resolve(idx, reg, chain)
             writer.add_document(_document(ev, values, fields))
             overlay[ev.key_json] = (ev.version, False, None)
-        if not overlay and truncate is None:
-            self._record(idx, app_id, batch_id, {}, None)
-            return
-        writer.commit()
-        self._record(idx, app_id, batch_id, overlay, truncate)
-        if batch_id % 100 == 0:
-            self.purge(reg)
+        return truncate
 
     def _record(
         self,
@@ -315,10 +374,14 @@ class SearchSink(Sink):
         batch_id: int,
         overlay: dict[str, tuple[Version, bool, int | None]],
         truncate: ChangeEvent | None,
+        *,
+        clear_pending: bool,
     ) -> None:
         db = idx.db
         db.execute("BEGIN IMMEDIATE")
         try:
+            if clear_pending:
+                db.execute("DELETE FROM meta WHERE name = 'pending'")
             if truncate is not None:  # the truncate marker guards the keys it removed
                 tv = truncate.version
                 db.execute(
@@ -329,9 +392,14 @@ class SearchSink(Sink):
                     "INSERT OR REPLACE INTO meta VALUES ('truncate', ?)",
                     (orjson.dumps([truncate.version.commit_lsn, truncate.version.seq]).decode(),),
                 )
-            db.executemany(
-                "INSERT OR REPLACE INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?)",
-                [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()],
+            db.executemany(  # in key order: B-tree pages are visited once, in order
+                "INSERT INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET commit_lsn = excluded.commit_lsn, seq = excluded.seq, "
+                "deleted = excluded.deleted, deleted_at_ms = excluded.deleted_at_ms",
+                [
+                    (k, v.commit_lsn, v.seq, int(dead), at)
+                    for k, (v, dead, at) in sorted(overlay.items(), key=lambda kv: kv[0])
+                ],
             )
             db.execute("INSERT OR REPLACE INTO applied VALUES (?, ?)", (app_id, batch_id))
             db.execute("COMMIT")

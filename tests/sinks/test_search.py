@@ -104,12 +104,24 @@ def test_idempotent_replay(tmp_path: Path, sink: SearchSink) -> None:
     b = f.batch(f.change("c", row(1, "one"), 100))
     sink.apply(b, 1, APP)
     sink.apply(b, 1, APP)
-    # crash between the index commit and the side table: forget the batch id and versions, replay
+    # crash between the index commit and the side table: the batch stays pending, its batch id and
+    # versions are not recorded; the replay must not add a second document (docs() checks one per key)
     idx = sink._index(reg)
     idx.db.execute("DELETE FROM applied")
     idx.db.execute("DELETE FROM versions")
+    idx.set_pending(APP, 1)
     sink.apply(b, 1, APP)
     assert set(docs(tmp_path, reg)) == {1}
+    assert idx.pending() is None
+    # a pending batch that is never replayed keeps every later batch in always-delete mode
+    b2 = f.batch(f.change("c", row(2, "two"), 200))
+    sink.apply(b2, 2, APP)
+    idx.db.execute("DELETE FROM applied")
+    idx.db.execute("DELETE FROM versions WHERE key = ?", ('{"id":2}',))
+    idx.set_pending(APP, 2)
+    sink.apply(f.batch(f.change("c", row(2, "two"), 200)), 7, "other-app")
+    assert set(docs(tmp_path, reg)) == {1, 2}
+    assert idx.pending() == (APP, 2)
 
 
 def test_table_without_search_columns_is_ignored_and_search_errors(tmp_path: Path, sink: SearchSink) -> None:
