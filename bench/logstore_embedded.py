@@ -81,6 +81,7 @@ def _stored_bytes(root: Path, topic: str) -> int:
 
 def run(quick: bool) -> str:
     n = 50_000 if quick else 1_000_000
+    load_before = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="bench-logstore-"))
     log_dir = root / "log"
     try:
@@ -143,6 +144,7 @@ def run(quick: bool) -> str:
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    load_after = os.getloadavg()[0]
 
     def verdict(ok: bool) -> str:
         return "meets the bar" if ok else "BELOW the bar"
@@ -164,5 +166,7 @@ record ({stored / nbytes:.2f}x the key+value bytes) for these events.
 | `compact()`, {keys:,} keys | {compact_s:.2f} s, {left:,} records left of {n:,} | | < 10 s, ~{keys:,} left{f": {verdict(compact_s < 10 and left <= keys * 1.05)}" if full else ""} |
 | durable append while the background thread compacts the same topic | {bg_rate:,.0f} records/s (batch p50 {_pct(bg_lat, 0.5):.1f} ms, p99 {_pct(bg_lat, 0.99):.1f} ms, max {max(bg_lat):.1f} ms); {bg_left:,} records left | {bg_rate / plain_rate:.2f} | |
 
-The machine's 2 cores are shared with other work; figures within ~15% of a bar are close to it.
+The machine's 2 cores are shared with other work (1-minute load average {load_before:.1f} at the
+start, {load_after:.1f} at the end of this run); figures within ~15% of a bar are close to it, and a
+busy machine moves them by more than that.
 """
