@@ -26,8 +26,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import msgspec
 import orjson
 
 from cdc.events import TRUNCATE_KEY_FIELD, Version
@@ -116,11 +117,7 @@ class ChangeBatch:
                 truncates.append(ev)
                 continue
             cur = newest.get(ev.key_json)
-            if cur is None or (ev.version, ev.partition, ev.offset) >= (
-                cur.version,
-                cur.partition,
-                cur.offset,
-            ):
+            if cur is None or _order(ev) >= _order(cur):
                 newest[ev.key_json] = ev
         out = [*newest.values(), *truncates]
         out.sort(key=_order)
@@ -132,12 +129,98 @@ class ChangeBatch:
         return max(versions) if versions else None
 
 
-def _order(ev: ChangeEvent) -> tuple[Version, int, int]:
-    return (ev.version, ev.partition, ev.offset)
+def _order(ev: ChangeEvent) -> tuple[int, int, int, int]:
+    """Sort key: (version, partition, offset) as plain ints (Version's dataclass comparisons are slow)."""
+    v = ev.version
+    return (v.commit_lsn, v.seq, ev.partition, ev.offset)
 
 
 class _Bad(Exception):
     pass
+
+
+_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _FastSource(msgspec.Struct):
+    commit_lsn: _NonNeg
+    seq: _NonNeg
+    ts_ms: int | None = None
+    schema: str | None = None
+    table: str | None = None
+    snapshot: Any = "false"
+
+
+class _FastEnvelope(msgspec.Struct):
+    """The envelope's fields the sinks read; ``after``/``before`` stay raw and are decoded by orjson,
+    exactly as the per-record path does."""
+
+    op: str
+    source: _FastSource
+    after: msgspec.Raw = msgspec.Raw(b"null")
+    before: msgspec.Raw = msgspec.Raw(b"null")
+    unavailable: list[str] | None = None
+    ts_ms: Any = None
+
+
+_ENVELOPE = msgspec.json.Decoder(_FastEnvelope)
+
+
+def _parse_fast(table: TableReg, rec: RawRecord, key_cols: tuple[str, ...]) -> ChangeEvent | None:
+    """The common, well-formed case through msgspec; None when anything is unusual (the caller then
+    runs :func:`_parse_one`, which gives the same event or the dead-letter reason)."""
+    assert rec.value is not None
+    try:
+        env = _ENVELOPE.decode(rec.value)
+        src = env.source
+        op = env.op
+        if op not in OPS or op == "t":
+            return None
+        ts_ms = src.ts_ms if src.ts_ms is not None else env.ts_ms
+        if type(ts_ms) is not int:
+            return None
+        if (src.schema is not None and src.schema != table.schema) or (
+            src.table is not None and src.table != table.table
+        ):
+            return None
+        key = orjson.loads(rec.key)
+        if type(key) is not dict or len(key) != len(key_cols):
+            return None
+        if tuple(key) != key_cols:
+            if set(key) != set(key_cols):
+                return None
+            key = {k: key[k] for k in key_cols}
+        after = orjson.loads(memoryview(env.after))
+        before = orjson.loads(memoryview(env.before))
+    except (msgspec.DecodeError, orjson.JSONDecodeError):
+        return None
+    if op == "d":
+        if after is not None:
+            return None
+    elif type(after) is not dict:
+        return None
+    if before is not None and type(before) is not dict:
+        return None
+    unavailable = env.unavailable or []
+    if (
+        unavailable
+        and after is not None
+        and (any(c in after for c in unavailable) or any(k in unavailable for k in key_cols))
+    ):
+        return None
+    return ChangeEvent(
+        key=key,
+        key_json=orjson.dumps(key).decode(),
+        op=op,
+        version=Version(src.commit_lsn, src.seq),
+        ts_ms=ts_ms,
+        after=after,
+        before=before,
+        unavailable=tuple(unavailable),
+        partition=rec.partition,
+        offset=rec.offset,
+        snapshot=str(src.snapshot) in ("true", "last"),
+    )
 
 
 def _parse_one(table: TableReg, rec: RawRecord) -> ChangeEvent:
@@ -230,8 +313,13 @@ def parse_batch(table: TableReg, records: Iterable[RawRecord]) -> tuple[ChangeBa
     """
     events: list[ChangeEvent] = []
     dead: list[DeadLetter] = []
+    key_cols = tuple(table.key)
     for rec in records:
         if rec.value is None:
+            continue
+        fast = _parse_fast(table, rec, key_cols)
+        if fast is not None:
+            events.append(fast)
             continue
         try:
             events.append(_parse_one(table, rec))

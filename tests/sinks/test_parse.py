@@ -103,3 +103,36 @@ def test_unavailable_and_snapshot_flags() -> None:
     snap, upd = batch.events
     assert upd.unavailable == ("note",) and not upd.snapshot
     assert snap.snapshot and snap.version == Version(50, 0)
+
+
+def test_fast_path_gives_the_per_record_path_s_event() -> None:
+    from sinks import _parse_fast, _parse_one
+
+    reg = table()
+    f = Feed(reg)
+    good = f.change("u", {"id": 1, "name": "a", "note": None}, 100)
+    v = orjson.loads(good.value or b"")
+    variants = [
+        v,
+        {**v, "before": {"id": 1, "name": "z", "note": "n"}},
+        {**v, "after": {"id": 1, "name": "a"}, "unavailable": ["note"]},
+        {**v, "source": {**v["source"], "snapshot": "last", "ts_ms": None}, "op": "r", "ts_ms": 7},
+        {**v, "source": {**v["source"], "snapshot": None}},
+        {**v, "op": "d", "after": None, "before": {"id": 1}},
+        {**v, "after": {"id": 1, "name": 2.5, "note": [1, {"x": None}], "big": 2**62}},
+    ]
+    for value in variants:
+        rec = RawRecord(reg.topic, 2, 9, b'{"id": 1}', orjson.dumps(value), 0)
+        fast = _parse_fast(reg, rec, tuple(reg.key))
+        assert fast is not None, value
+        assert fast == _parse_one(reg, rec)
+    # unusual shapes go to the per-record path (which knows the dead-letter reasons)
+    for value in (
+        {**v, "op": "t"},
+        {**v, "source": {**v["source"], "seq": -1}},
+        {**v, "source": {**v["source"], "ts_ms": True}},
+        {**v, "after": [1]},
+        {**v, "unavailable": ["name"]},
+    ):
+        rec = RawRecord(reg.topic, 2, 9, b'{"id": 1}', orjson.dumps(value), 0)
+        assert _parse_fast(reg, rec, tuple(reg.key)) is None, value
