@@ -33,6 +33,8 @@ from cdc.registry import Column, TableReg
 
 _dumps = orjson.dumps
 _MISSING = object()
+#: the per-change end of ``source``: (head, transaction part, lsn, commit_lsn, lsn, seq)
+_SOURCE_TAIL = b'%b%b"lsn":%d,"sequence":"[\\"%d\\",\\"%d\\"]","seq":%d}'
 
 #: called with (table, new column list) before an event that carries the change is produced
 ColumnsChanged = Callable[[TableReg, tuple[Column, ...]], None]
@@ -175,6 +177,10 @@ class EventBuilder:
         self.seq = 0
         self.tx_part = b""
         self.now = b"0"
+        # the table of the previous change (most changes follow one of the same table)
+        self._last_schema: str | None = None
+        self._last_table: str | None = None
+        self._last_codec: TableCodec | None = None
         self.tick()
 
     def tick(self) -> None:
@@ -225,7 +231,12 @@ class EventBuilder:
         """Records for one I/U/D/T message, or None when the change is already contained in the
         table's snapshot (commit LSN below the snapshot's consistent point)."""
         action = msg.action
-        codec = self.codecs.get((msg.schema or "", msg.table or ""))
+        table = msg.table
+        if table == self._last_table and msg.schema == self._last_schema:
+            codec: TableCodec | None = self._last_codec
+        else:
+            codec = self.codecs.get((msg.schema or "", table or ""))
+            self._last_schema, self._last_table, self._last_codec = msg.schema, table, codec
         if codec is None:
             raise DecodeError(
                 f"wal2json sent a change of {msg.schema}.{msg.table}, which is not registered",
@@ -237,9 +248,7 @@ class EventBuilder:
             return None
         hi, _, lo = (msg.lsn or "0/0").partition("/")
         lsn = (int(hi, 16) << 32) | int(lo, 16)
-        source = codec.source_head + self.tx_part + (
-            f'"lsn":{lsn},"sequence":"[\\"{self.commit_lsn}\\",\\"{lsn}\\"]","seq":{self.seq}}}'
-        ).encode()
+        source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
         if action == "I":
             after = codec.fast_row(msg.columns or [])
             if after is not None:

@@ -37,15 +37,16 @@ BASE_OPTIONS: dict[str, str] = {
 #: ``add-tables`` value that matches no table (wal2json treats an absent option as "every table").
 NO_TABLE = "pg_catalog.cdc\\.no\\.table"
 
-class Col(msgspec.Struct):
-    """One column of a change: ``value`` is absent from ``pk`` entries."""
+class Col(msgspec.Struct, gc=False):
+    """One column of a change: ``value`` is absent from ``pk`` entries. (Structs here are not
+    tracked by the cyclic GC: one message per change, never in a reference cycle.)"""
 
     name: str
     type: str
     value: Any = None
 
 
-class Message(msgspec.Struct):
+class Message(msgspec.Struct, gc=False):
     """One wal2json v2 message (fields this service reads; others are skipped)."""
 
     action: str
