@@ -99,6 +99,7 @@ META_PREFIX = "_cdc_"
 TRUNCATE_MARKER = "*"
 _BUCKETS_CONF = "cdc.buckets"
 _SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
+_DATA = "__cdc_data"  # key of a merge-source row dict holding its data values (event encoding)
 
 _TS_TYPE = pa.timestamp("us", tz="UTC")
 CURRENT_META = pa.schema(
@@ -366,7 +367,7 @@ class WarehouseSink(Sink):
                     resolver.forget(key_json)
                 else:
                     row = ctx.meta_row(ev)
-                    row.update(resolver.values(ev))
+                    row[_DATA] = resolver.values(ev)
                     row.update(
                         {
                             VALID_FROM: row[TS],
@@ -383,7 +384,7 @@ class WarehouseSink(Sink):
             return {}  # nothing to write: a replay computes the same nothing
         schema = pa.schema([*_arrow_schema(history), (_SRC_KIND, pa.string())])
         rows = [{**r, _SRC_KIND: "close"} for r in close_rows] + [{**r, _SRC_KIND: "new"} for r in new_rows]
-        source = _to_table(rows, schema, ctx.types)
+        source = _to_table(rows, schema, ctx.types, ctx.converted)
         predicate = (
             f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
             f" AND {_col('t', SEQ)} = {_col('s', SEQ)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
@@ -478,9 +479,9 @@ class WarehouseSink(Sink):
                             resolver.forget(e.key_json)
                         else:
                             vals = resolver.values(e)
-                    row.update(vals)
+                    row[_DATA] = vals
                 else:
-                    row.update(ev.after or {})
+                    row[_DATA] = ev.after or {}
             rows.append(row)
         if not rows and trunc is None:
             return {}  # nothing to write: a replay computes the same nothing
@@ -501,11 +502,14 @@ class WarehouseSink(Sink):
                 if not ups:
                     return {}  # nothing to write: a replay computes the same nothing
                 write_deltalake(
-                    current, _to_table(ups, schema, ctx.types), mode="append", commit_properties=commit
+                    current,
+                    _to_table(ups, schema, ctx.types, ctx.converted),
+                    mode="append",
+                    commit_properties=commit,
                 )
                 return {"num_target_files_removed": 0, "num_target_rows_inserted": len(ups), "appended": True}
             predicate += " AND " + _in_list("t", BUCKET, match)
-        source = _to_table(rows, schema, ctx.types)
+        source = _to_table(rows, schema, ctx.types, ctx.converted)
         merger = current.merge(
             source,
             predicate,
@@ -654,6 +658,7 @@ class _BatchContext:
         )
         self.tombstones = {r["key_json"]: Version(r["commit_lsn"], r["seq"]) for r in tomb_rows.to_pylist()}
         self.marker = self.tombstones.pop(TRUNCATE_MARKER, Version(-1, -1))
+        self.converted = _Converted()
 
     def guard(self, key_json: str) -> Version:
         """Newest version an event of this key must exceed, from deletes and truncates before the batch."""
@@ -689,8 +694,9 @@ class _Resolver:
 
     def values(self, ev: ChangeEvent) -> dict[str, Any]:
         assert ev.after is not None
-        vals = dict(ev.after)
+        vals = ev.after  # read-only from here on: a copy only when values are filled in
         if ev.unavailable:
+            vals = dict(vals)
             base = self.prev.get(ev.key_json)
             if base is None and ev.key_json not in self.deleted:
                 if self.stored is None:
@@ -858,28 +864,81 @@ def _latest_rows(history: DeltaTable, keys: Sequence[str], ctx: _BatchContext) -
     return best
 
 
-def _to_table(rows: list[dict[str, Any]], schema: pa.Schema, types: dict[str, str | None]) -> pa.Table:
-    """Rows (meta values as Python, data values in event encoding) as an Arrow table of ``schema``."""
+class _Converted:
+    """Data columns converted once per batch: the first table's source rows' value dicts become the
+    rows of this cache; the next table takes its columns from it when every value dict of its rows is
+    one of them (the usual case: current rows are a subset of the history's new rows)."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] | None = None  # id(value dict) -> row of the cache
+        self.rows: list[dict[str, Any]] = []
+        self.columns: dict[tuple[str, pa.DataType], pa.Array] = {}
+
+    def positions(self, datas: list[dict[str, Any] | None]) -> list[int | None] | None:
+        if self.index is None:
+            index: dict[int, int] = {}
+            for d in datas:
+                if d is not None and id(d) not in index:
+                    index[id(d)] = len(self.rows)
+                    self.rows.append(d)
+            self.index = index
+        pos: list[int | None] = []
+        for d in datas:
+            if d is None:
+                pos.append(None)
+                continue
+            i = self.index.get(id(d))
+            if i is None:
+                return None  # a value dict this cache does not hold: the table converts its own
+            pos.append(i)
+        return pos
+
+    def column(self, f: pa.Field, types: dict[str, str | None]) -> pa.Array:
+        arr = self.columns.get((f.name, f.type))
+        if arr is None:
+            arr = _convert(f, types, [d.get(f.name) for d in self.rows])
+            self.columns[(f.name, f.type)] = arr
+        return arr
+
+
+def _convert(f: pa.Field, types: dict[str, str | None], values: list[Any]) -> pa.Array:
+    arr = T.to_array(values, types[f.name])
+    if arr.type != f.type:
+        try:
+            arr = arr.cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ApplyError(
+                f"column {f.name} is {f.type} in the warehouse but the source now sends {types[f.name]}",
+                fix="a column's type changed at the source: move the warehouse tables aside and re-snapshot",
+                column=f.name,
+            ) from exc
+    return arr
+
+
+def _to_table(
+    rows: list[dict[str, Any]],
+    schema: pa.Schema,
+    types: dict[str, str | None],
+    cache: _Converted | None = None,
+) -> pa.Table:
+    """Rows (meta values as Python; data values, in event encoding, in the dict under ``_DATA``, absent
+    for a row without data) as an Arrow table of ``schema``."""
+    datas: list[dict[str, Any] | None] = [r.get(_DATA) for r in rows]
+    pos = cache.positions(datas) if cache is not None else None
+    take = pa.array(pos, type=pa.int64()) if pos is not None else None
     arrays = []
     for f in schema:
-        values = [r.get(f.name) for r in rows]
         meta = f.name in HISTORY_META.names or f.name == _SRC_KIND
         if meta and pa.types.is_timestamp(f.type):
+            values = [r.get(f.name) for r in rows]
             arrays.append(pa.array(values, type=pa.int64()).cast(f.type))  # microseconds since the epoch
         elif meta:
-            arrays.append(pa.array(values, type=f.type))
+            arrays.append(pa.array([r.get(f.name) for r in rows], type=f.type))
         elif f.name in types:
-            arr = T.to_array(values, types[f.name])
-            if arr.type != f.type:
-                try:
-                    arr = arr.cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise ApplyError(
-                        f"column {f.name} is {f.type} in the warehouse but the source now sends {types[f.name]}",
-                        fix="a column's type changed at the source: move the warehouse tables aside and re-snapshot",
-                        column=f.name,
-                    ) from exc
-            arrays.append(arr)
+            if cache is not None and take is not None:
+                arrays.append(cache.column(f, types).take(take))
+            else:
+                arrays.append(_convert(f, types, [None if d is None else d.get(f.name) for d in datas]))
         else:  # a column the table has but this batch does not know: null
             arrays.append(pa.nulls(len(rows), type=f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
