@@ -324,9 +324,10 @@ def run(quick: bool) -> str:
             f"{_mb(rss_big, 'maxrss')} MB through one {inserts:,}-change transaction (RssAnon {_mb(rss_big, 'RssAnon')} MB, "
             f"RssFile {_mb(rss_big, 'RssFile')} MB; {t_big:.1f} s, {summary_big['changes'] / t_big:,.0f} changes/s). "
             f"Bar < 200 MB. The same process with nothing to stream peaks at {_mb(rss_idle, 'maxrss')} MB "
-            "(imports of the whole `cdc` CLI: duckdb, deltalake, pyarrow, numpy...); RssFile is mapped files: those "
-            "packages' shared libraries and the embedded store's SQLite mmap of the topic file (the store also "
-            "keeps a SQLite page cache of up to 64 MB, in RssAnon).",
+            "(the reader's imports: psycopg, psycopg2, msgspec, numpy, rich...; the query, apply and verify "
+            "verbs import duckdb/deltalake/pyarrow/pyspark only in their handlers); RssFile is mostly those "
+            "packages' shared libraries (a writer instance of the embedded store keeps an 8 MiB SQLite page "
+            "cache and does not mmap its topic files; its background compaction holds the keys of a partition).",
             "",
         ]
     finally:
