@@ -63,7 +63,6 @@ from typing import Any
 
 import lz4.frame
 import msgspec
-import numpy as np
 
 from cdc.errors import (
     LogStoreError,
@@ -74,8 +73,9 @@ from cdc.errors import (
     WriterLockedError,
 )
 from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, partition_for
+from cdc.logstore.partitioner import partitions_for
 
-__all__ = ["EmbeddedLogStore", "partitions_for"]
+__all__ = ["EmbeddedLogStore"]
 
 log = logging.getLogger(__name__)
 
@@ -168,49 +168,6 @@ def _yield_gil() -> None:
 def _tombstone_wait(config: TopicConfig) -> int:
     """How long after its append a tombstone may be dropped (it must also be past the compaction lag)."""
     return max(config.delete_retention_ms, config.min_compaction_lag_ms)
-
-
-# -- partitioning ---------------------------------------------------------------------------------------
-_M = np.uint32(0x5BD1E995)
-_SEED = 0x9747B28C
-
-
-def partitions_for(keys: Sequence[bytes], partitions: int) -> list[int]:
-    """:func:`cdc.logstore.partition_for` of every key (Kafka's murmur2), vectorised with numpy for
-    large batches; the same answers, key by key."""
-    if len(keys) < 64:
-        return [partition_for(k, partitions) for k in keys]
-    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-    out = np.empty(len(keys), dtype=np.int64)
-    for length in np.unique(lengths).tolist():
-        idx = np.flatnonzero(lengths == length)
-        h = np.full(len(idx), (_SEED ^ length) & 0xFFFFFFFF, dtype=np.uint32)
-        if length:
-            joined = b"".join([keys[i] for i in idx.tolist()])
-            data = np.frombuffer(joined, dtype=np.uint8).reshape(len(idx), length)
-            n4 = length // 4
-            if n4:
-                words = np.ascontiguousarray(data[:, : n4 * 4]).view("<u4")
-                for i in range(n4):
-                    k = words[:, i] * _M
-                    k ^= k >> np.uint32(24)
-                    k *= _M
-                    h *= _M
-                    h ^= k
-            base = n4 * 4
-            extra = length % 4
-            if extra >= 3:
-                h ^= data[:, base + 2].astype(np.uint32) << np.uint32(16)
-            if extra >= 2:
-                h ^= data[:, base + 1].astype(np.uint32) << np.uint32(8)
-            if extra >= 1:
-                h ^= data[:, base].astype(np.uint32)
-                h *= _M
-        h ^= h >> np.uint32(13)
-        h *= _M
-        h ^= h >> np.uint32(15)
-        out[idx] = (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % partitions
-    return [int(p) for p in out.tolist()]
 
 
 # -- errors ---------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest
 
 from cdc.errors import LogStoreError, StoreCorruptError, UnknownTopicError, WriterLockedError
 from cdc.logstore import Record, TopicConfig, partition_for
-from cdc.logstore.embedded import EmbeddedLogStore, partitions_for
+from cdc.logstore.embedded import EmbeddedLogStore
+from cdc.logstore.partitioner import partitions_for
 from tests.plugins.postgres import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
