@@ -49,11 +49,14 @@ Guarantees of :meth:`WarehouseSink.apply` (on top of :class:`sinks.Sink`):
 * **Schema evolution.** A column in the registration or in an event that the tables lack is added
   (``alter.add_columns``, old rows null) before the batch's commits.
 
-What is bounded: both tables are partitioned by ``_cdc_bucket`` and every merge carries the batch's
-buckets as a predicate (``_cdc_bucket IN (...)``), so a merge reads and rewrites only the files of the
-buckets the batch touches (delta-rs merges are copy-on-write). Not bounded: a batch of random keys
-touches ``min(buckets, ~keys)`` buckets -- 10k random keys into 1M rows rewrite nearly every file --
-while keys clustered by bucket touch few. A TRUNCATE rewrites everything. Small files accumulate one
+What is bounded: both tables are partitioned by ``_cdc_bucket`` and every merge carries as a predicate
+(``_cdc_bucket IN (...)``) only the buckets of the batch's keys that already have a row there (current:
+a current row; history: any history row), so a merge reads and rewrites only those buckets' files
+(delta-rs merges are copy-on-write); a row of a key with nothing stored matches nothing and is inserted
+without reading any file. A batch whose keys are all new is a plain append (``write_deltalake``, same
+single commit with the app transaction). Not bounded: a batch updating random existing keys touches
+``min(buckets, ~keys)`` buckets -- 10k random keys into 1M rows rewrite nearly every file -- while keys
+clustered by bucket touch few. A TRUNCATE rewrites everything. Small files accumulate one
 per touched bucket per batch: :meth:`maintain` (every ``maintain_every`` batches) compacts them and
 vacuums unreferenced files.
 """
