@@ -67,6 +67,7 @@ import datetime as dt
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -926,17 +927,18 @@ def _to_table(
 ) -> pa.Table:
     """Rows (meta values as Python; data values, in event encoding, in the dict under ``_DATA``, absent
     for a row without data) as an Arrow table of ``schema``."""
-    datas: list[dict[str, Any] | None] = [r.get(_DATA) for r in rows]
+    datas: list[dict[str, Any] | None] = list(map(dict.get, rows, repeat(_DATA)))
     pos = cache.positions(datas) if cache is not None else None
     take = pa.array(pos, type=pa.int64()) if pos is not None else None
     arrays = []
     for f in schema:
         meta = f.name in HISTORY_META.names or f.name == _SRC_KIND
-        if meta and pa.types.is_timestamp(f.type):
-            values = [r.get(f.name) for r in rows]
-            arrays.append(pa.array(values, type=pa.int64()).cast(f.type))  # microseconds since the epoch
-        elif meta:
-            arrays.append(pa.array([r.get(f.name) for r in rows], type=f.type))
+        if meta:  # map(dict.get) runs in C: ~2x a comprehension of r.get over 100k+ rows
+            values = list(map(dict.get, rows, repeat(f.name)))
+            if pa.types.is_timestamp(f.type):  # microseconds since the epoch
+                arrays.append(pa.array(values, type=pa.int64()).cast(f.type))
+            else:
+                arrays.append(pa.array(values, type=f.type))
         elif f.name in types:
             if cache is not None and take is not None:
                 arrays.append(cache.column(f, types).take(take))
