@@ -269,17 +269,31 @@ def _read_table_sql(
     rows = reported = 0
     try:
         pending: list[Record] = []
-        add = pending.append
         fields: tuple[bytes, ...] | None = None
+        lines: list[bytes] = []
         with conn.cursor().copy(query) as copy:
             read = copy.read
-            while data := read():
-                line = bytes(data)
-                if b"\\" in line:  # COPY doubles every backslash (JSON escapes are the only ones)
-                    line = line.replace(b"\\\\", b"\\")
-                fields = tuple(line[:-1].split(b"\t"))
-                key = key_t % (fields[single] if single >= 0 else tuple(fields[i] for i in key_idx))
-                add(Record(key, value_t % fields))
+            more = True
+            while more:
+                data = read()
+                if data:
+                    lines.append(bytes(data))
+                    if len(lines) < 1000:
+                        continue
+                else:
+                    more = False
+                if not lines:
+                    break
+                # 1000 rows at a time: COPY doubles every backslash (JSON escapes are the only ones)
+                chunk = b"".join(lines)
+                lines = []
+                if b"\\" in chunk:
+                    chunk = chunk.replace(b"\\\\", b"\\")
+                add = pending.append
+                for line in chunk[:-1].split(b"\n"):
+                    fields = tuple(line.split(b"\t"))
+                    key = key_t % (fields[single] if single >= 0 else tuple(fields[i] for i in key_idx))
+                    add(Record(key, value_t % fields))
                 if len(pending) > BATCH_ROWS:
                     last = pending.pop()  # the table's last row is written with snapshot "last"
                     batch.add(topic, pending)
@@ -288,7 +302,6 @@ def _read_table_sql(
                     progress.advance(table, len(pending))
                     reported += len(pending)
                     pending = [last]
-                    add = pending.append
         if fields is not None:
             pending[-1] = Record(pending[-1].key, last_t % fields)
             batch.add(topic, pending)
