@@ -14,12 +14,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdc.cli import apply, capture, check, demo, query, status, tables, topic, verify
+from cdc.cli import apply, capture, check, demo, query, tables, topic, verify
 from cdc.cli.output import print_error
 from cdc.config import load_settings
 from cdc.errors import CdcError
 
-VERB_MODULES = (check, tables, capture, topic, apply, query, status, demo, verify)
+VERB_MODULES = (check, tables, capture, topic, apply, query, verify, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
