@@ -103,7 +103,7 @@ def _seed(dsn: str) -> None:
             cur.executemany(
                 "INSERT INTO shop.orders (id, customer_id, product_id, quantity, total) "
                 "SELECT %s, %s, p.id, %s, p.price * %s FROM shop.products p WHERE p.id = %s",
-                [(i, 1 + i % 50, 1 + i % 6, 1 + i % 3, 1 + i % 3, 1 + i % 6) for i in range(1, 201)],
+                [(i, 1 + i % 50, 1 + i % 3, 1 + i % 3, 1 + i % 6) for i in range(1, 201)],
             )
 
 
@@ -131,6 +131,7 @@ def run_demo(workdir: Path | None = None, keep: bool = False, out: Callable[[str
 
     base = Path(tempfile.mkdtemp(prefix="cdc-demo-")) if workdir is None else workdir
     base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)  # the cluster runs as the postgres OS user when we are root: it must reach base/pg
     state = base / "state"
     cluster: PgCluster | None = None
     started = time.monotonic()
@@ -138,6 +139,9 @@ def run_demo(workdir: Path | None = None, keep: bool = False, out: Callable[[str
         out(f"== starting a private PostgreSQL 15 (wal_level=logical, wal2json) under {base}")
         cluster = start_cluster(base / "pg")
         cluster.execute("CREATE DATABASE app")
+        # what `cdc check` asks a DBA for: a bound on the WAL a stalled slot may keep
+        cluster.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'")
+        cluster.execute("SELECT pg_reload_conf()")
         dsn = cluster.dsn("app")
         _seed(dsn)
         out("== created shop.customers (50 rows), shop.products (6), shop.orders (200)")
