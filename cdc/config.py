@@ -122,7 +122,11 @@ def load_settings(
     state_dir = Path(state)
     if not state_dir.is_absolute():
         state_dir = cwd / state_dir
-    extra = {k: v for k, v in file_values.items() if k not in {"source", "state", "log", "topic_prefix", "slot", "partitions"}}
+    extra = {
+        k: v
+        for k, v in file_values.items()
+        if k not in {"source", "state", "log", "topic_prefix", "slot", "partitions"}
+    }
     return Settings(
         source=SecretStr(str(source)) if source else None,
         state_dir=state_dir,

@@ -48,7 +48,9 @@ class PgCluster:
     def _ctl(self, *args: str) -> None:
         subprocess.run(
             [*_as_postgres_user(), str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "60", *args],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
     def start(self) -> None:
@@ -76,7 +78,9 @@ class PgCluster:
     def drop_database(self, name: str) -> None:
         """Drop a test database and any replication slot left in it."""
         for (slot,) in self.fetch(
-            sql.SQL("SELECT slot_name FROM pg_replication_slots WHERE database = {}").format(sql.Literal(name))
+            sql.SQL("SELECT slot_name FROM pg_replication_slots WHERE database = {}").format(
+                sql.Literal(name)
+            )
         ):
             self.execute(
                 sql.SQL(
@@ -100,9 +104,22 @@ def start_cluster(base: Path) -> PgCluster:
         for p in (base, sockdir):
             os.chown(p, pw.pw_uid, pw.pw_gid)
     subprocess.run(
-        [*_as_postgres_user(), str(PG_BIN / "initdb"), "-D", str(datadir), "-U", "postgres",
-         "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            *_as_postgres_user(),
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(datadir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     port = free_port()
     conf = f"""
@@ -130,5 +147,3 @@ log_min_messages = warning
     cluster = PgCluster(datadir=datadir, sockdir=sockdir, port=port)
     cluster.start()
     return cluster
-
-

@@ -332,9 +332,7 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
     name = f"cdc_check_{uuid.uuid4().hex[:12]}"
     conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(WAL2JSON_TIMEOUT_MS)))
     try:
-        conn.execute(
-            "SELECT pg_create_logical_replication_slot(%s, %s, true)", (name, plugin)
-        )
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, %s, true)", (name, plugin))
     except pg_errors.UndefinedFile as exc:
         return Finding(
             "wal2json",
@@ -393,7 +391,10 @@ def run_preflight(conn: psycopg.Connection[Any], slot_name: str, regs: Sequence[
             descriptions[(reg.schema, reg.table)] = describe_table(conn, reg.schema, reg.table)
         except RegistryError:
             descriptions[(reg.schema, reg.table)] = None
-    record(["registered_tables", "replica_identity", "select_privilege"], check_tables(regs, descriptions, info.role))
+    record(
+        ["registered_tables", "replica_identity", "select_privilege"],
+        check_tables(regs, descriptions, info.role),
+    )
     order = {name: i for i, name in enumerate(CHECKS)}
     findings.sort(key=lambda f: order.get(f.check, len(order)))
     return Report(tuple(findings), tuple(sorted(checked, key=lambda n: order.get(n, len(order)))), skipped)

@@ -153,9 +153,7 @@ class Registry:
                 path=str(self.state_dir),
             ) from exc
         try:
-            self._db = sqlite3.connect(
-                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise self._corrupt(exc) from exc
         try:
@@ -286,9 +284,7 @@ class Registry:
 
     def get(self, schema: str, table: str) -> TableReg:
         """The registration of ``schema.table`` (exact names); RegistryError if not registered."""
-        rows = self._read(
-            "SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table)
-        )
+        rows = self._read("SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table))
         if not rows:
             raise self._not_registered(schema, table)
         return _reg_from_json(rows[0][0])
@@ -306,9 +302,7 @@ class Registry:
             if len(exact) == 1:
                 return exact[0]
             raise parse_error
-        rows = self._read(
-            "SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table)
-        )
+        rows = self._read("SELECT body FROM tables WHERE schema_name = ? AND table_name = ?", (schema, table))
         if rows:
             return _reg_from_json(rows[0][0])
         exact = [r for r in self.list_tables() if r.qualified == name.strip()]
@@ -320,7 +314,9 @@ class Registry:
     def add(self, reg: TableReg) -> TableReg:
         """Register a table; RegistryError if it is already registered. Bumps the generation."""
         if reg.snapshot_state not in SNAPSHOT_STATES:
-            raise RegistryError(f"unknown snapshot state {reg.snapshot_state!r}", fix=f"use one of {SNAPSHOT_STATES}")
+            raise RegistryError(
+                f"unknown snapshot state {reg.snapshot_state!r}", fix=f"use one of {SNAPSHOT_STATES}"
+            )
         from cdc.catalog import quote_table_name
 
         with self._write() as db:

@@ -49,10 +49,17 @@ BATCH_ROWS = 5000
 #: snapshot's SELECT; floats and arrays are encoded in Python (Postgres' JSON differs from orjson's)
 SQL_KINDS = frozenset({"int", "numeric", "bool", "bytea", "json", "text"})
 #: types whose text output never holds a character JSON escapes: quoted as they are
-_PLAIN_TEXT_TYPES = frozenset({
-    "timestamp with time zone", "timestamp without time zone", "date", "time with time zone",
-    "time without time zone", "uuid", "interval",
-})
+_PLAIN_TEXT_TYPES = frozenset(
+    {
+        "timestamp with time zone",
+        "timestamp without time zone",
+        "date",
+        "time with time zone",
+        "time without time zone",
+        "uuid",
+        "interval",
+    }
+)
 #: types whose cast to text is not their text output: JSON-quoted by ``to_json(col)`` instead
 _OUTPUT_TEXT_TYPES = frozenset({"character", "char", "bpchar", "inet", "cidr"})
 
@@ -95,7 +102,7 @@ def copy_rows(chunks: Iterator[Any]) -> Iterator[list[Any]]:
         if cut < 0:
             rest = buf
             continue
-        rest = buf[cut + 1:]
+        rest = buf[cut + 1 :]
         for line in buf[:cut].decode().split("\n"):
             fields: list[Any] = line.split("\t")
             if "\\" in line:
@@ -204,9 +211,19 @@ def read_table(
     by_name = {c.name: c for c in cols}
     exprs = [sql_json_value(n, by_name[n].type, by_name[n].nullable) for n in names]
     if all(e is not None for e in exprs):
-        return _read_table_sql(conn, snap, reg, cols, codec, [e for e in exprs if e is not None],
-                               store=store, store_lock=store_lock, progress=progress, ts_ms=ts_ms,
-                               estimate=estimate)
+        return _read_table_sql(
+            conn,
+            snap,
+            reg,
+            cols,
+            codec,
+            [e for e in exprs if e is not None],
+            store=store,
+            store_lock=store_lock,
+            progress=progress,
+            ts_ms=ts_ms,
+            estimate=estimate,
+        )
     convs: list[tuple[int, Callable[[Any], Any]]] = []
     for i, n in enumerate(names):
         conv = codec.text_converters[n]
@@ -223,8 +240,9 @@ def read_table(
     record = codec.snapshot_record
     batch = Batch(store, store_lock)
     try:
-        rows, reported, last = _copy_table(conn, query, convs, names, record, src, batch, topic, progress,
-                                           reg.qualified, now)
+        rows, reported, last = _copy_table(
+            conn, query, convs, names, record, src, batch, topic, progress, reg.qualified, now
+        )
         if last is not None:
             batch.add(topic, [record(last, src_last, now)])
             rows += 1
@@ -236,13 +254,24 @@ def read_table(
         end = store.end_offsets(topic)
     conn.execute("COMMIT")
     progress.finish(reg.qualified, rows)
-    return TableSnapshot(reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end)))
+    return TableSnapshot(
+        reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end))
+    )
 
 
 def _read_table_sql(
-    conn: psycopg.Connection[Any], snap: ExportedSnapshot, reg: TableReg, cols: tuple[Column, ...],
-    codec: TableCodec, exprs: list[tuple[sql.Composable, bool]], *, store: LogStore,
-    store_lock: threading.Lock, progress: Progress, ts_ms: int, estimate: int,
+    conn: psycopg.Connection[Any],
+    snap: ExportedSnapshot,
+    reg: TableReg,
+    cols: tuple[Column, ...],
+    codec: TableCodec,
+    exprs: list[tuple[sql.Composable, bool]],
+    *,
+    store: LogStore,
+    store_lock: threading.Lock,
+    progress: Progress,
+    ts_ms: int,
+    estimate: int,
 ) -> TableSnapshot:
     """:func:`read_table` with every value's JSON built by Postgres (see the module docstring)."""
     names = codec.included
@@ -254,8 +283,15 @@ def _read_table_sql(
 
     def value_template(last: bool) -> bytes:
         src = codec.snapshot_source(snap.consistent_lsn, ts_ms, last=last).replace(b"%", b"%%")
-        return (b'{"before":null,"after":' + after_t + b',"source":' + src + b',"op":"r","ts_ms":' + now
-                + b',"unavailable":[]}')
+        return (
+            b'{"before":null,"after":'
+            + after_t
+            + b',"source":'
+            + src
+            + b',"op":"r","ts_ms":'
+            + now
+            + b',"unavailable":[]}'
+        )
 
     value_t, last_t = value_template(False), value_template(True)
     query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT WITH (NULL 'null')").format(
@@ -314,13 +350,23 @@ def _read_table_sql(
         end = store.end_offsets(topic)
     conn.execute("COMMIT")
     progress.finish(table, rows)
-    return TableSnapshot(reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end)))
+    return TableSnapshot(
+        reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end))
+    )
 
 
 def _copy_table(
-    conn: psycopg.Connection[Any], query: sql.Composed, convs: list[tuple[int, Callable[[Any], Any]]],
-    names: list[str], record: Callable[[dict[str, Any], bytes, bytes], Record], src: bytes, batch: Batch,
-    topic: str, progress: Progress, table: str, now: bytes,
+    conn: psycopg.Connection[Any],
+    query: sql.Composed,
+    convs: list[tuple[int, Callable[[Any], Any]]],
+    names: list[str],
+    record: Callable[[dict[str, Any], bytes, bytes], Record],
+    src: bytes,
+    batch: Batch,
+    topic: str,
+    progress: Progress,
+    table: str,
+    now: bytes,
 ) -> tuple[int, int, dict[str, Any] | None]:
     """COPY the rows into ``batch``, all but the last row, which is returned so the caller can
     mark it ``last``. Returns (rows added, rows reported to ``progress``, last row)."""
@@ -389,8 +435,16 @@ def read_tables(
                     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snap.name)))
                 results[i] = read_table(
-                    conn, snap, reg, prefix=prefix, db=db, partitions=partitions,
-                    store=store, store_lock=lock, progress=progress, ts_ms=ts_ms,
+                    conn,
+                    snap,
+                    reg,
+                    prefix=prefix,
+                    db=db,
+                    partitions=partitions,
+                    store=store,
+                    store_lock=lock,
+                    progress=progress,
+                    ts_ms=ts_ms,
                 )
         finally:
             if conn is not None:

@@ -38,8 +38,14 @@ class JsonProgress:
     def _emit(self, table: str, done: bool) -> None:
         rows, estimate, started, _ = self.tables[table]
         rate = rows / max(time.monotonic() - started, 1e-6)
-        line = {"event": "snapshot_progress", "table": table, "rows": int(rows), "estimate": int(estimate),
-                "rate": round(rate, 1), "done": done}
+        line = {
+            "event": "snapshot_progress",
+            "table": table,
+            "rows": int(rows),
+            "estimate": int(estimate),
+            "rate": round(rate, 1),
+            "done": done,
+        }
         self.stream.write(orjson.dumps(line).decode() + "\n")
         self.stream.flush()
 
@@ -75,9 +81,13 @@ class RichProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>10,.0f} rows/s"), TimeElapsedColumn(),
-            console=Console(stderr=True), transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>10,.0f} rows/s"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
         )
         self.progress.start()
         self.lock = threading.Lock()
@@ -94,8 +104,9 @@ class RichProgress:
             self.progress.advance(task, rows)
             done = self.progress.tasks[task].completed
             total = self.progress.tasks[task].total or 0
-            self.progress.update(task, rate=done / max(time.monotonic() - started, 1e-6),
-                                 total=max(total, done))
+            self.progress.update(
+                task, rate=done / max(time.monotonic() - started, 1e-6), total=max(total, done)
+            )
 
     def finish(self, table: str, rows: int) -> None:
         with self.lock:

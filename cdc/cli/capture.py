@@ -72,15 +72,19 @@ def run_capture(args: argparse.Namespace, settings: Settings) -> int:
     if as_json:
         print_json(result.to_dict())
     else:
-        print(f"{result.reason}: {result.changes} changes, {result.events} events written, "
-              f"confirmed up to {result.to_dict()['confirmed_lsn']}")
+        print(
+            f"{result.reason}: {result.changes} changes, {result.events} events written, "
+            f"confirmed up to {result.to_dict()['confirmed_lsn']}"
+        )
     return 0
 
 
 def request_snapshot(args: argparse.Namespace, settings: Settings) -> int:
     if bool(args.all) == bool(args.tables):
-        raise ConfigError("name the tables to re-snapshot, or pass --all (not both)",
-                          fix="e.g. `cdc snapshot public.orders` or `cdc snapshot --all`")
+        raise ConfigError(
+            "name the tables to re-snapshot, or pass --all (not both)",
+            fix="e.g. `cdc snapshot public.orders` or `cdc snapshot --all`",
+        )
     with Registry(settings.state_dir) as registry:
         regs = registry.list_tables() if args.all else [registry.find(name) for name in args.tables]
         for reg in regs:

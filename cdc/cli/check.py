@@ -61,5 +61,7 @@ def print_report(report: Report) -> None:
     for name, why in report.skipped.items():
         print(f"SKIP  {name}: {why}")
     errors, warnings = len(report.errors), len(report.warnings)
-    verdict = "ready" if not errors and not warnings else "ready, with warnings" if not errors else "NOT ready"
+    verdict = (
+        "ready" if not errors and not warnings else "ready, with warnings" if not errors else "NOT ready"
+    )
     print(f"{verdict}: {errors} error(s), {warnings} warning(s), {len(report.checked)} check(s) run")

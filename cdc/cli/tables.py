@@ -70,7 +70,9 @@ def _columns(text: str | None, flag: str, desc: TableDescription) -> tuple[str, 
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise RegistryError(
-            f"{flag} names {', '.join(dupes)} more than once", fix=f"name each column once in {flag}", flag=flag
+            f"{flag} names {', '.join(dupes)} more than once",
+            fix=f"name each column once in {flag}",
+            flag=flag,
         )
     missing = [n for n in names if desc.column(n) is None]
     if missing:
@@ -99,7 +101,9 @@ def validate_registration(
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """``(key, search, exclude)`` for a registration of ``desc``, or the RegistryError that refuses it."""
     if desc.relkind == "p":
-        leaves = " ".join(f"'{quote_table_name(s, t)}'" for s, t in desc.leaf_partitions) or "(it has none yet)"
+        leaves = (
+            " ".join(f"'{quote_table_name(s, t)}'" for s, t in desc.leaf_partitions) or "(it has none yet)"
+        )
         raise RegistryError(
             f"{desc.schema}.{desc.table} is a partitioned table: wal2json reports its changes under its "
             "partitions' names, so registering it would capture nothing",
@@ -199,7 +203,11 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
         snapshot_state="pending",
     )
     with Registry(settings.state_dir) as registry:
-        clash = [r for r in registry.list_tables() if r.topic == reg.topic and (r.schema, r.table) != (schema, table)]
+        clash = [
+            r
+            for r in registry.list_tables()
+            if r.topic == reg.topic and (r.schema, r.table) != (schema, table)
+        ]
         if clash:
             raise RegistryError(
                 f"topic {reg.topic} is already used by table {clash[0].qualified}; the two names differ only "
@@ -264,7 +272,9 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
         print_json([table_json(r, settings.state_dir) for r in regs])
         return 0
     if not regs:
-        print(f"no tables registered (state: {settings.state_dir}); add one with `cdc tables add SCHEMA.TABLE`")
+        print(
+            f"no tables registered (state: {settings.state_dir}); add one with `cdc tables add SCHEMA.TABLE`"
+        )
         return 0
     print_table(
         None,

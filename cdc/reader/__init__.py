@@ -67,6 +67,7 @@ def drop_before_key(schema: str, table: str) -> str:
     dropped (they are contained in its snapshot and were never streamed before)."""
     return "drop_before:" + orjson.dumps([schema, table]).decode()
 
+
 __all__ = ["Reader", "ReaderOptions", "RunResult"]
 
 
@@ -97,10 +98,13 @@ class ReaderOptions:
             try:
                 value = int(raw) if f.type in ("int", int) else float(raw)
             except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{f.name} must be a number, got {raw!r}",
-                                  fix=f"set {f.name} in cdc.toml to a number") from exc
+                raise ConfigError(
+                    f"{f.name} must be a number, got {raw!r}", fix=f"set {f.name} in cdc.toml to a number"
+                ) from exc
             if value < 0 or (value == 0 and f.name not in ("heartbeat_interval_s",)):
-                raise ConfigError(f"{f.name} must be positive, got {raw!r}", fix=f"set {f.name} > 0 in cdc.toml")
+                raise ConfigError(
+                    f"{f.name} must be positive, got {raw!r}", fix=f"set {f.name} > 0 in cdc.toml"
+                )
             kwargs[f.name] = value
         return cls(**kwargs)
 
@@ -117,9 +121,14 @@ class RunResult:
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "confirmed_lsn": int_to_lsn(self.confirmed_lsn),
-                "changes": self.changes, "events": self.events, "snapshot_rows": self.snapshots,
-                "elapsed_s": round(self.elapsed_s, 3)}
+        return {
+            "reason": self.reason,
+            "confirmed_lsn": int_to_lsn(self.confirmed_lsn),
+            "changes": self.changes,
+            "events": self.events,
+            "snapshot_rows": self.snapshots,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -132,11 +141,20 @@ def _retryable(exc: BaseException) -> bool:
 
 def _signature(regs: list[TableReg]) -> tuple[Any, ...]:
     """What the running stream depends on (columns excluded: the stream tracks those itself)."""
-    return tuple(sorted(
-        (r.schema, r.table, r.topic, r.key, r.exclude, r.snapshot_state,
-         r.alignment.consistent_lsn if r.alignment else None)
-        for r in regs
-    ))
+    return tuple(
+        sorted(
+            (
+                r.schema,
+                r.table,
+                r.topic,
+                r.key,
+                r.exclude,
+                r.snapshot_state,
+                r.alignment.consistent_lsn if r.alignment else None,
+            )
+            for r in regs
+        )
+    )
 
 
 class Reader:
@@ -185,8 +203,14 @@ class Reader:
                     self.log(f"catching up to {int_to_lsn(target)}")
                 reason = self._session(stop, target)
                 if reason in ("stopped", "caught_up"):
-                    return RunResult(reason, self.confirmed, self.stats["changes"], self.events, self.snapshots,
-                                     time.monotonic() - started)
+                    return RunResult(
+                        reason,
+                        self.confirmed,
+                        self.stats["changes"],
+                        self.events,
+                        self.snapshots,
+                        time.monotonic() - started,
+                    )
                 attempt = 0
             except SlotLostError:
                 raise
@@ -204,16 +228,29 @@ class Reader:
                         attempts=attempt,
                     ) from exc
                 delay = min(self.options.backoff_max_s, self.options.backoff_initial_s * 2 ** (attempt - 1))
-                self.log(f"source connection failed ({type(exc).__name__}: {str(exc).strip()[:200]}); "
-                         f"retry {attempt}/{self.options.max_attempts - 1} in {delay:.1f} s")
+                self.log(
+                    f"source connection failed ({type(exc).__name__}: {str(exc).strip()[:200]}); "
+                    f"retry {attempt}/{self.options.max_attempts - 1} in {delay:.1f} s"
+                )
                 if stop.wait(delay):
-                    return RunResult("stopped", self.confirmed, self.stats["changes"], self.events, self.snapshots,
-                                     time.monotonic() - started)
+                    return RunResult(
+                        "stopped",
+                        self.confirmed,
+                        self.stats["changes"],
+                        self.events,
+                        self.snapshots,
+                        time.monotonic() - started,
+                    )
 
     # -- plumbing -----------------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.dsn, autocommit=True, options=SESSION_OPTIONS,
-                               application_name="cdc-reader", connect_timeout=15)
+        return psycopg.connect(
+            self.dsn,
+            autocommit=True,
+            options=SESSION_OPTIONS,
+            application_name="cdc-reader",
+            connect_timeout=15,
+        )
 
     def _wal_position_now(self) -> int:
         """Emit a heartbeat message and return its LSN: every commit before it precedes it in WAL."""
@@ -222,7 +259,9 @@ class Reader:
 
     @staticmethod
     def _heartbeat(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute("SELECT pg_logical_emit_message(false, %s, '')::text", [HEARTBEAT_PREFIX]).fetchone()
+        row = conn.execute(
+            "SELECT pg_logical_emit_message(false, %s, '')::text", [HEARTBEAT_PREFIX]
+        ).fetchone()
         assert row is not None
         return lsn_to_int(str(row[0]))
 
@@ -230,7 +269,9 @@ class Reader:
         for reg in regs:
             if reg.topic not in self._topics:
                 with self.store_lock:
-                    self.store.create_topic(reg.topic, TopicConfig(partitions=self.settings.partitions, compacted=True))
+                    self.store.create_topic(
+                        reg.topic, TopicConfig(partitions=self.settings.partitions, compacted=True)
+                    )
                 self._topics.add(reg.topic)
 
     def _codec(self, reg: TableReg, db: str) -> TableCodec:
@@ -307,11 +348,15 @@ class Reader:
             builder = EventBuilder(codecs, columns_changed)
             batch = Batch(self.store, self.store_lock)
             ctl = StreamControl(
-                stop=stop, should_restart=should_restart,
+                stop=stop,
+                should_restart=should_restart,
                 heartbeat=lambda: self._heartbeat(conn),
-                heartbeat_interval_s=self.options.heartbeat_interval_s, target=target,
-                poll_s=self.options.poll_s, batch_max_events=self.options.batch_max_events,
-                batch_max_ms=self.options.batch_max_ms, stats=self.stats,
+                heartbeat_interval_s=self.options.heartbeat_interval_s,
+                target=target,
+                poll_s=self.options.poll_s,
+                batch_max_events=self.options.batch_max_events,
+                batch_max_ms=self.options.batch_max_ms,
+                stats=self.stats,
             )
 
             def on_confirm(pos: int) -> None:
@@ -320,8 +365,9 @@ class Reader:
             ctl.on_confirm = on_confirm
             self.log(f"streaming {len(regs)} table(s) from {int_to_lsn(self.confirmed)}")
             try:
-                reason, pos = stream(self.dsn, slot, [(r.schema, r.table) for r in regs], self.confirmed,
-                                     builder, batch, ctl)
+                reason, pos = stream(
+                    self.dsn, slot, [(r.schema, r.table) for r in regs], self.confirmed, builder, batch, ctl
+                )
             finally:
                 batch.close()
                 self.events += batch.written
@@ -344,15 +390,28 @@ class Reader:
         repl = open_replication(self.dsn)
         try:
             snap = create_exported_slot(repl.cursor(), slot, temporary=temporary)
-            self.log(f"{'initial' if not temporary else 'table'} snapshot of {len(regs)} table(s) at "
-                     f"{int_to_lsn(snap.consistent_lsn)}")
+            self.log(
+                f"{'initial' if not temporary else 'table'} snapshot of {len(regs)} table(s) at "
+                f"{int_to_lsn(snap.consistent_lsn)}"
+            )
             progress = self.progress_factory() if self.progress_factory else NullProgress()
             try:
-                results = read_tables(
-                    self.dsn, snap, regs, self.store, prefix=self.settings.topic_prefix, db=db,
-                    partitions=self.settings.partitions, progress=progress,
-                    workers=self.options.snapshot_workers, store_lock=self.store_lock,
-                ) if regs else []
+                results = (
+                    read_tables(
+                        self.dsn,
+                        snap,
+                        regs,
+                        self.store,
+                        prefix=self.settings.topic_prefix,
+                        db=db,
+                        partitions=self.settings.partitions,
+                        progress=progress,
+                        workers=self.options.snapshot_workers,
+                        store_lock=self.store_lock,
+                    )
+                    if regs
+                    else []
+                )
             finally:
                 progress.close()
         finally:
@@ -369,4 +428,3 @@ class Reader:
             self.events += res.rows
             self.log(f"snapshot of {res.reg.qualified}: {res.rows} rows")
         return snap.consistent_lsn
-

@@ -69,9 +69,17 @@ class TableCodec:
         self.key_prefix = b"{" + _dumps(self.key[0]) + b":" if len(self.key) == 1 else None
         self.set_columns(self.reg.columns)
         self.source_head = (
-            b'{"version":' + _dumps(CONNECTOR_VERSION) + b',"connector":"postgresql","name":'
-            + _dumps(self.prefix) + b',"db":' + _dumps(self.db) + b',"schema":' + _dumps(self.reg.schema)
-            + b',"table":' + _dumps(self.reg.table) + b","
+            b'{"version":'
+            + _dumps(CONNECTOR_VERSION)
+            + b',"connector":"postgresql","name":'
+            + _dumps(self.prefix)
+            + b',"db":'
+            + _dumps(self.db)
+            + b',"schema":'
+            + _dumps(self.reg.schema)
+            + b',"table":'
+            + _dumps(self.reg.table)
+            + b","
         )
 
     def fast_row(self, cols: list[Col]) -> dict[str, Any] | None:
@@ -134,30 +142,65 @@ class TableCodec:
             raise DecodeError(
                 f"a change of {self.reg.qualified} at LSN {lsn} lacks key column {exc.args[0]!r}",
                 fix="give the table REPLICA IDENTITY FULL or a primary key covering the key columns",
-                lsn=lsn, reason="missing key column",
+                lsn=lsn,
+                reason="missing key column",
             ) from exc
 
-    def value(self, before: Any, after: Any, source: bytes, op: bytes, unavailable: list[str],
-              now: bytes | None = None) -> bytes:
-        return b"".join((
-            b'{"before":', _dumps(before), b',"after":', _dumps(after), b',"source":', source,
-            b',"op":"', op, b'","ts_ms":', now or str(int(time.time() * 1000)).encode(),
-            b',"unavailable":', _dumps(unavailable), b"}",
-        ))
+    def value(
+        self,
+        before: Any,
+        after: Any,
+        source: bytes,
+        op: bytes,
+        unavailable: list[str],
+        now: bytes | None = None,
+    ) -> bytes:
+        return b"".join(
+            (
+                b'{"before":',
+                _dumps(before),
+                b',"after":',
+                _dumps(after),
+                b',"source":',
+                source,
+                b',"op":"',
+                op,
+                b'","ts_ms":',
+                now or str(int(time.time() * 1000)).encode(),
+                b',"unavailable":',
+                _dumps(unavailable),
+                b"}",
+            )
+        )
 
     def snapshot_source(self, consistent_lsn: int, ts_ms: int, last: bool) -> bytes:
         seq = _dumps(f'["{consistent_lsn}","{consistent_lsn}"]')
-        return self.source_head + (
-            f'"ts_ms":{ts_ms},"snapshot":"{"last" if last else "true"}","txId":null,'
-            f'"lsn":{consistent_lsn},"sequence":'
-        ).encode() + seq + f',"commit_lsn":{consistent_lsn},"seq":0}}'.encode()
+        return (
+            self.source_head
+            + (
+                f'"ts_ms":{ts_ms},"snapshot":"{"last" if last else "true"}","txId":null,'
+                f'"lsn":{consistent_lsn},"sequence":'
+            ).encode()
+            + seq
+            + f',"commit_lsn":{consistent_lsn},"seq":0}}'.encode()
+        )
 
     def snapshot_record(self, after: dict[str, Any], source: bytes, now: bytes) -> Record:
         """An ``op=r`` record for a row already encoded (excluded columns dropped)."""
-        return Record(self.key_bytes(after, 0), b"".join((
-            b'{"before":null,"after":', _dumps(after), b',"source":', source,
-            b',"op":"r","ts_ms":', now, b',"unavailable":[]}',
-        )))
+        return Record(
+            self.key_bytes(after, 0),
+            b"".join(
+                (
+                    b'{"before":null,"after":',
+                    _dumps(after),
+                    b',"source":',
+                    source,
+                    b',"op":"r","ts_ms":',
+                    now,
+                    b',"unavailable":[]}',
+                )
+            ),
+        )
 
 
 class EventBuilder:
@@ -203,8 +246,7 @@ class EventBuilder:
         self.xid = None
         return lsn_to_int(msg.nextlsn or msg.lsn or "0/0")
 
-    def _check_columns(self, codec: TableCodec, msg: Message, cols: list[Col],
-                       is_insert: bool) -> None:
+    def _check_columns(self, codec: TableCodec, msg: Message, cols: list[Col], is_insert: bool) -> None:
         types = codec.types
         changed = False
         for c in cols:
@@ -241,7 +283,8 @@ class EventBuilder:
             raise DecodeError(
                 f"wal2json sent a change of {msg.schema}.{msg.table}, which is not registered",
                 fix="this is a bug: the add-tables filter and the registry disagree",
-                lsn=msg.lsn, reason="unregistered table",
+                lsn=msg.lsn,
+                reason="unregistered table",
             )
         self.seq += 1
         if self.commit_lsn < codec.snapshot_lsn:
@@ -252,10 +295,22 @@ class EventBuilder:
         if action == "I":
             after = codec.fast_row(msg.columns or [])
             if after is not None:
-                return codec.topic, [Record(codec.key_bytes(after, lsn), b"".join((
-                    b'{"before":null,"after":', _dumps(after), b',"source":', source,
-                    b',"op":"c","ts_ms":', self.now, b',"unavailable":[]}',
-                )))]
+                return codec.topic, [
+                    Record(
+                        codec.key_bytes(after, lsn),
+                        b"".join(
+                            (
+                                b'{"before":null,"after":',
+                                _dumps(after),
+                                b',"source":',
+                                source,
+                                b',"op":"c","ts_ms":',
+                                self.now,
+                                b',"unavailable":[]}',
+                            )
+                        ),
+                    )
+                ]
         elif action == "U":
             after = codec.fast_row(msg.columns or [])
             identity = msg.identity
@@ -268,10 +323,24 @@ class EventBuilder:
                 if fast_before is not None:
                     key_b = codec.key_bytes(after, lsn)
                     if key_b == codec.key_bytes(fast_before, lsn):
-                        return codec.topic, [Record(key_b, b"".join((
-                            b'{"before":', _dumps(fast_before), b',"after":', _dumps(after), b',"source":', source,
-                            b',"op":"u","ts_ms":', self.now, b',"unavailable":[]}',
-                        )))]
+                        return codec.topic, [
+                            Record(
+                                key_b,
+                                b"".join(
+                                    (
+                                        b'{"before":',
+                                        _dumps(fast_before),
+                                        b',"after":',
+                                        _dumps(after),
+                                        b',"source":',
+                                        source,
+                                        b',"op":"u","ts_ms":',
+                                        self.now,
+                                        b',"unavailable":[]}',
+                                    )
+                                ),
+                            )
+                        ]
         if action == "T":
             value = codec.value(None, None, source, b"t", [], self.now)
             return codec.topic, [
@@ -284,25 +353,39 @@ class EventBuilder:
                 raise DecodeError(
                     f"a DELETE of {codec.reg.qualified} at LSN {msg.lsn} carries no old key",
                     fix="give the table a primary key or REPLICA IDENTITY FULL",
-                    lsn=msg.lsn, reason="no identity",
+                    lsn=msg.lsn,
+                    reason="no identity",
                 )
             self._check_columns(codec, msg, identity, False)
             old_row = codec.row(identity)
             key = encode_key(codec.key_of(old_row, lsn))
-            return codec.topic, [Record(key, codec.value(old_row, None, source, b"d", [], self.now)), Record(key, None)]
-        cols = (msg.columns or [])
+            return codec.topic, [
+                Record(key, codec.value(old_row, None, source, b"d", [], self.now)),
+                Record(key, None),
+            ]
+        cols = msg.columns or []
         is_insert = action == "I"
         self._check_columns(codec, msg, cols, is_insert)
         after = codec.row(cols)
         unavailable: list[str] = []
         if len(after) < len(codec.included):
             unavailable = [n for n in codec.included if n not in after]
-        new_key = codec.key_of(after, lsn) if not unavailable else self._key_with_identity(codec, after, identity, lsn)
+        new_key = (
+            codec.key_of(after, lsn)
+            if not unavailable
+            else self._key_with_identity(codec, after, identity, lsn)
+        )
         if is_insert:
-            return codec.topic, [Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now))]
+            return codec.topic, [
+                Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now))
+            ]
         if action != "U":
-            raise DecodeError(f"unknown wal2json action {action!r}", fix="report this message",
-                              lsn=msg.lsn, reason="unknown action")
+            raise DecodeError(
+                f"unknown wal2json action {action!r}",
+                fix="report this message",
+                lsn=msg.lsn,
+                reason="unknown action",
+            )
         before: dict[str, Any] | None = None
         if identity is not None:
             self._check_columns(codec, msg, identity, False)
@@ -313,12 +396,17 @@ class EventBuilder:
                 return codec.topic, [
                     Record(old, codec.value(before, None, source, b"d", [], self.now)),
                     Record(old, None),
-                    Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now)),
+                    Record(
+                        encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now)
+                    ),
                 ]
-        return codec.topic, [Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable, self.now))]
+        return codec.topic, [
+            Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable, self.now))
+        ]
 
-    def _key_with_identity(self, codec: TableCodec, after: dict[str, Any],
-                           identity: list[Col] | None, lsn: int) -> dict[str, Any]:
+    def _key_with_identity(
+        self, codec: TableCodec, after: dict[str, Any], identity: list[Col] | None, lsn: int
+    ) -> dict[str, Any]:
         if all(k in after for k in codec.key):
             return codec.key_of(after, lsn)
         old = codec.row(identity) if identity else {}

@@ -163,8 +163,10 @@ class StreamControl:
 def open_replication(dsn: str) -> Any:
     """A psycopg2 LogicalReplicationConnection with the shared session options."""
     return psycopg2.connect(
-        dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-        options=SESSION_OPTIONS, application_name="cdc-reader",
+        dsn,
+        connection_factory=psycopg2.extras.LogicalReplicationConnection,
+        options=SESSION_OPTIONS,
+        application_name="cdc-reader",
     )
 
 
@@ -201,8 +203,11 @@ def stream(
         cur = conn.cursor()
         try:
             cur.start_replication(
-                slot_name=slot, decode=False, start_lsn=start_lsn,
-                options=replication_options(tables), status_interval=10,
+                slot_name=slot,
+                decode=False,
+                start_lsn=start_lsn,
+                options=replication_options(tables),
+                status_interval=10,
             )
             return _loop(cur, builder, batch, ctl, start_lsn)
         except psycopg2.Error as exc:
@@ -212,7 +217,9 @@ def stream(
             conn.close()
 
 
-def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, start_lsn: int) -> tuple[str, int]:
+def _loop(
+    cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, start_lsn: int
+) -> tuple[str, int]:
     durable = start_lsn  # every event before this position is durable
     sent = start_lsn
     pending = start_lsn  # boundary position covered once the current batch is durable
@@ -220,7 +227,9 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
     want_restart = False
     now = time.monotonic()
     next_poll = now + ctl.poll_s
-    next_heartbeat = now + ctl.heartbeat_interval_s if ctl.heartbeat and ctl.heartbeat_interval_s > 0 else None
+    next_heartbeat = (
+        now + ctl.heartbeat_interval_s if ctl.heartbeat and ctl.heartbeat_interval_s > 0 else None
+    )
     last_feedback = now
     max_events = ctl.batch_max_events
     max_s = ctl.batch_max_ms / 1000.0
@@ -300,7 +309,13 @@ def _loop(cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, sta
         now = time.monotonic()
         if batch.count and (now - batch.started >= max_s or (msg is None and not in_txn)):
             batch.submit(pending if pending > batch.submitted else None)
-        elif not batch.count and not in_txn and batch.inflight and pending > batch.submitted and pending > durable:
+        elif (
+            not batch.count
+            and not in_txn
+            and batch.inflight
+            and pending > batch.submitted
+            and pending > durable
+        ):
             batch.submit(pending)  # a boundary after the last submitted batch
         confirm()
         if ctl.stop.is_set():

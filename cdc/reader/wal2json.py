@@ -37,6 +37,7 @@ BASE_OPTIONS: dict[str, str] = {
 #: ``add-tables`` value that matches no table (wal2json treats an absent option as "every table").
 NO_TABLE = "pg_catalog.cdc\\.no\\.table"
 
+
 class Col(msgspec.Struct, gc=False):
     """One column of a change: ``value`` is absent from ``pk`` entries. (Structs here are not
     tracked by the cyclic GC: one message per change, never in a reference cycle.)"""
@@ -74,7 +75,8 @@ def decode(data: bytes) -> Message:
         raise DecodeError(
             f"wal2json sent a message that is not valid JSON: {exc}",
             fix="check the wal2json version (2.5 with format-version 2 is supported)",
-            reason=str(exc), raw=data[:200].decode("utf-8", "replace"),
+            reason=str(exc),
+            raw=data[:200].decode("utf-8", "replace"),
         ) from exc
     return msg
 
@@ -141,7 +143,9 @@ def _numeric(v: Any) -> Any:
         return v
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
-    raise DecodeError(f"unexpected numeric value {v!r} from wal2json", fix="report this message", value=repr(v))
+    raise DecodeError(
+        f"unexpected numeric value {v!r} from wal2json", fix="report this message", value=repr(v)
+    )
 
 
 def _float(v: Any) -> Any:

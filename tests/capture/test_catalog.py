@@ -44,8 +44,12 @@ def test_describe_table(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     assert d.is_unique_key(("b", "A Id")) and not d.is_unique_key(("b",))
 
 
-def test_unique_keys_ignore_include_partial_and_expression_indexes(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    conn.execute("CREATE TABLE u (a int NOT NULL, b int, c text, d int NOT NULL, PRIMARY KEY (d) INCLUDE (c))")
+def test_unique_keys_ignore_include_partial_and_expression_indexes(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    conn.execute(
+        "CREATE TABLE u (a int NOT NULL, b int, c text, d int NOT NULL, PRIMARY KEY (d) INCLUDE (c))"
+    )
     conn.execute("CREATE UNIQUE INDEX u_ab ON u (a) INCLUDE (b)")
     conn.execute("CREATE UNIQUE INDEX u_part ON u (b) WHERE b > 0")
     conn.execute("CREATE UNIQUE INDEX u_expr ON u (lower(c))")
@@ -71,13 +75,13 @@ def test_describe_quoted_names_views_and_identity(conn: psycopg.Connection[tuple
     assert (d.replica_identity, d.replica_identity_columns) == ("i", ("y",))
     conn.execute('ALTER TABLE "Mixed Case"."tab le" REPLICA IDENTITY FULL')
     assert describe_table(conn, "Mixed Case", "tab le").replica_identity_columns == ("x", "y")
-    conn.execute('CREATE VIEW public.v AS SELECT 1 AS one')
+    conn.execute("CREATE VIEW public.v AS SELECT 1 AS one")
     v = describe_table(conn, "public", "v")
     assert v.relkind == "v" and not v.is_table and v.kind == "view"
-    conn.execute("CREATE TABLE public.\"Orders\" (id int)")
+    conn.execute('CREATE TABLE public."Orders" (id int)')
     with pytest.raises(RegistryError, match="does not exist") as err:
         describe_table(conn, "public", "orders")
-    assert '\'public."Orders"\'' in (err.value.fix or "")
+    assert "'public.\"Orders\"'" in (err.value.fix or "")
 
 
 def test_server_and_slot_info(conn: psycopg.Connection[tuple[object, ...]], pg_db: str) -> None:

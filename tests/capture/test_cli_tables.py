@@ -16,7 +16,13 @@ Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
-def cdc(pg: PgCluster, pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
+def cdc(
+    pg: PgCluster,
+    pg_db: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Iterator[Run]:
     for var in ("CDC_SOURCE", "CDC_STATE", "CDC_LOG", "CDC_TOPIC_PREFIX", "CDC_SLOT", "CDC_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -36,9 +42,12 @@ def sql(pg: PgCluster, db: str, *statements: str) -> None:
         pg.execute(s, db)
 
 
-def test_add_list_remove_round_trip_with_quoted_names(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+def test_add_list_remove_round_trip_with_quoted_names(
+    cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
     sql(
-        pg, pg_db,
+        pg,
+        pg_db,
         'CREATE SCHEMA "Mixed Case"',
         'CREATE TABLE "Mixed Case"."tab le" ("Id" int PRIMARY KEY, body text, secret text, n numeric(10,2) NOT NULL)',
         "CREATE TABLE public.orders (id bigint PRIMARY KEY, note text)",
@@ -82,7 +91,11 @@ def test_add_list_remove_round_trip_with_quoted_names(cdc: Run, pg: PgCluster, p
     with Registry(state) as r:  # the snapshot side records its alignment; list shows it
         r.set_snapshot_state("public", "orders", "done", Alignment(0x1_0000_00A0, {0: 3, 1: 0}))
     code, out, _ = cdc("tables", "list", "--json")
-    assert json.loads(out)[1]["snapshot"] == {"state": "done", "consistent_lsn": "1/A0", "end_offsets": {"0": 3, "1": 0}}
+    assert json.loads(out)[1]["snapshot"] == {
+        "state": "done",
+        "consistent_lsn": "1/A0",
+        "end_offsets": {"0": 3, "1": 0},
+    }
     code, out, _ = cdc("tables", "list")
     assert code == 0 and "1/A0" in out and '"Mixed Case"."tab le"' in out and "pending" in out
 
@@ -104,32 +117,95 @@ def test_add_list_remove_round_trip_with_quoted_names(cdc: Run, pg: PgCluster, p
     "setup,argv,message,fix",
     [
         ([], ["public.nope"], "does not exist", "quote"),
-        (["CREATE TABLE t (id int PRIMARY KEY)", "CREATE VIEW v AS SELECT * FROM t"], ["v"], "is a view", "table"),
-        (["CREATE TABLE t (id int PRIMARY KEY)", "CREATE MATERIALIZED VIEW mv AS SELECT * FROM t"], ["mv"],
-         "materialized view", "table"),
+        (
+            ["CREATE TABLE t (id int PRIMARY KEY)", "CREATE VIEW v AS SELECT * FROM t"],
+            ["v"],
+            "is a view",
+            "table",
+        ),
+        (
+            ["CREATE TABLE t (id int PRIMARY KEY)", "CREATE MATERIALIZED VIEW mv AS SELECT * FROM t"],
+            ["mv"],
+            "materialized view",
+            "table",
+        ),
         (["CREATE TABLE nopk (a int, b text)"], ["nopk"], "no primary key", "REPLICA IDENTITY FULL"),
-        (["CREATE TABLE nopk (a int, b text)"], ["nopk", "--key", "a"], "not carried by the replica identity",
-         "ALTER TABLE public.nopk REPLICA IDENTITY FULL"),
-        (["CREATE TABLE pk (id int PRIMARY KEY, email text)"], ["pk", "--key", "email"],
-         "not carried by the replica identity", "leave out --key"),
-        (["CREATE TABLE t (id int PRIMARY KEY, b text)"], ["t", "--key", "nocol"], "has no column 'nocol'", "id, b"),
-        (["CREATE TABLE t (id int PRIMARY KEY, b text)"], ["t", "--search", "zz"], "has no column 'zz'", "id, b"),
-        (["CREATE TABLE t (id int PRIMARY KEY, \"Body\" text)"], ["t", "--exclude", "body"], "has no column 'body'",
-         'write it as "Body"'),
-        (["CREATE TABLE t (id int PRIMARY KEY, b text)"], ["t", "--exclude", "id"], "key column", "--exclude"),
-        (["CREATE TABLE t (id int PRIMARY KEY, b text)"], ["t", "--search", "b", "--exclude", "b"], "both name", "--search"),
-        (["CREATE TABLE \"Orders\" (id int PRIMARY KEY)"], ["orders"], "does not exist", "'public.\"Orders\"'"),
+        (
+            ["CREATE TABLE nopk (a int, b text)"],
+            ["nopk", "--key", "a"],
+            "not carried by the replica identity",
+            "ALTER TABLE public.nopk REPLICA IDENTITY FULL",
+        ),
+        (
+            ["CREATE TABLE pk (id int PRIMARY KEY, email text)"],
+            ["pk", "--key", "email"],
+            "not carried by the replica identity",
+            "leave out --key",
+        ),
+        (
+            ["CREATE TABLE t (id int PRIMARY KEY, b text)"],
+            ["t", "--key", "nocol"],
+            "has no column 'nocol'",
+            "id, b",
+        ),
+        (
+            ["CREATE TABLE t (id int PRIMARY KEY, b text)"],
+            ["t", "--search", "zz"],
+            "has no column 'zz'",
+            "id, b",
+        ),
+        (
+            ['CREATE TABLE t (id int PRIMARY KEY, "Body" text)'],
+            ["t", "--exclude", "body"],
+            "has no column 'body'",
+            'write it as "Body"',
+        ),
+        (
+            ["CREATE TABLE t (id int PRIMARY KEY, b text)"],
+            ["t", "--exclude", "id"],
+            "key column",
+            "--exclude",
+        ),
+        (
+            ["CREATE TABLE t (id int PRIMARY KEY, b text)"],
+            ["t", "--search", "b", "--exclude", "b"],
+            "both name",
+            "--search",
+        ),
+        (['CREATE TABLE "Orders" (id int PRIMARY KEY)'], ["orders"], "does not exist", "'public.\"Orders\"'"),
         ([], ["Mixed Case.t"], "not valid", "double quotes"),
-        (["CREATE TABLE pt (id int PRIMARY KEY) PARTITION BY RANGE (id)",
-          "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (10)",
-          "CREATE TABLE pt_2 PARTITION OF pt FOR VALUES FROM (10) TO (20)"],
-         ["pt"], "partitioned table", "'public.pt_1' 'public.pt_2'"),
-        (["CREATE FOREIGN DATA WRAPPER w", "CREATE SERVER s FOREIGN DATA WRAPPER w",
-          "CREATE FOREIGN TABLE ft (id int) SERVER s"], ["ft"], "is a foreign table", "table"),
+        (
+            [
+                "CREATE TABLE pt (id int PRIMARY KEY) PARTITION BY RANGE (id)",
+                "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (10)",
+                "CREATE TABLE pt_2 PARTITION OF pt FOR VALUES FROM (10) TO (20)",
+            ],
+            ["pt"],
+            "partitioned table",
+            "'public.pt_1' 'public.pt_2'",
+        ),
+        (
+            [
+                "CREATE FOREIGN DATA WRAPPER w",
+                "CREATE SERVER s FOREIGN DATA WRAPPER w",
+                "CREATE FOREIGN TABLE ft (id int) SERVER s",
+            ],
+            ["ft"],
+            "is a foreign table",
+            "table",
+        ),
     ],
 )
-def test_add_refusals(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path,
-                      setup: list[str], argv: list[str], message: str, fix: str) -> None:
+def test_add_refusals(
+    cdc: Run,
+    pg: PgCluster,
+    pg_db: str,
+    tmp_path: Path,
+    setup: list[str],
+    argv: list[str],
+    message: str,
+    fix: str,
+) -> None:
     sql(pg, pg_db, *setup)
     code, out, err = cdc("tables", "add", *argv, "--json")
     assert code != 0 and out == ""
@@ -137,13 +213,23 @@ def test_add_refusals(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path,
     assert body["error"] == "RegistryError"
     assert message in body["message"], body
     assert fix in body["fix"], body
-    assert not (tmp_path / "state" / "registry.db").exists() or Registry(tmp_path / "state").list_tables() == []
+    assert (
+        not (tmp_path / "state" / "registry.db").exists() or Registry(tmp_path / "state").list_tables() == []
+    )
 
 
-def test_key_on_table_without_pk_is_accepted_with_replica_identity(cdc: Run, pg: PgCluster, pg_db: str) -> None:
-    sql(pg, pg_db, "CREATE TABLE full_t (a int, b text)", "ALTER TABLE full_t REPLICA IDENTITY FULL",
-        "CREATE TABLE idx_t (a int NOT NULL, b text)", "CREATE UNIQUE INDEX ux ON idx_t (a)",
-        "ALTER TABLE idx_t REPLICA IDENTITY USING INDEX ux")
+def test_key_on_table_without_pk_is_accepted_with_replica_identity(
+    cdc: Run, pg: PgCluster, pg_db: str
+) -> None:
+    sql(
+        pg,
+        pg_db,
+        "CREATE TABLE full_t (a int, b text)",
+        "ALTER TABLE full_t REPLICA IDENTITY FULL",
+        "CREATE TABLE idx_t (a int NOT NULL, b text)",
+        "CREATE UNIQUE INDEX ux ON idx_t (a)",
+        "ALTER TABLE idx_t REPLICA IDENTITY USING INDEX ux",
+    )
     code, out, err = cdc("tables", "add", "full_t", "--key", "a,b", "--json")
     assert code == 0, err
     added = json.loads(out)

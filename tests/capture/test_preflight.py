@@ -27,19 +27,41 @@ from cdc.registry import Column, Registry, TableReg
 from tests.plugins.postgres import PgCluster
 
 INFO = ServerInfo(
-    server_version_num=150000, database="app", wal_level="logical", max_replication_slots=10,
-    max_wal_senders=10, slots_in_use=2, senders_in_use=1, max_slot_wal_keep_size=1 << 30,
-    role="cdc", role_replication=True, role_superuser=False,
+    server_version_num=150000,
+    database="app",
+    wal_level="logical",
+    max_replication_slots=10,
+    max_wal_senders=10,
+    slots_in_use=2,
+    senders_in_use=1,
+    max_slot_wal_keep_size=1 << 30,
+    role="cdc",
+    role_replication=True,
+    role_superuser=False,
 )
 NO_SLOT = SlotInfo(name="cdc_slot", exists=False)
-OUR_SLOT = SlotInfo(name="cdc_slot", exists=True, plugin="wal2json", slot_type="logical", database="app",
-                    active=True, wal_status="reserved", retained_bytes=1000)
+OUR_SLOT = SlotInfo(
+    name="cdc_slot",
+    exists=True,
+    plugin="wal2json",
+    slot_type="logical",
+    database="app",
+    active=True,
+    wal_status="reserved",
+    retained_bytes=1000,
+)
 
 
 # --- pure logic ------------------------------------------------------------------------------------
 def test_clean_facts_give_no_findings() -> None:
-    found = [*check_wal_level(INFO), *check_role(INFO), *check_capacity(INFO, NO_SLOT),
-             *check_wal_keep(INFO), *check_slot(OUR_SLOT, "app"), *check_slot(NO_SLOT, "app")]
+    found = [
+        *check_wal_level(INFO),
+        *check_role(INFO),
+        *check_capacity(INFO, NO_SLOT),
+        *check_wal_keep(INFO),
+        *check_slot(OUR_SLOT, "app"),
+        *check_slot(NO_SLOT, "app"),
+    ]
     assert found == []
     assert verdict_exit_code(found) == 0
 
@@ -85,11 +107,17 @@ def test_wal_keep_unset_is_a_warning() -> None:
 
 def test_slot_states() -> None:
     (lost,) = check_slot(replace(OUR_SLOT, active=False, wal_status="lost"), "app")
-    assert lost.severity == "error" and "cdc snapshot" in lost.fix and "pg_drop_replication_slot('cdc_slot')" in lost.fix
+    assert (
+        lost.severity == "error"
+        and "cdc snapshot" in lost.fix
+        and "pg_drop_replication_slot('cdc_slot')" in lost.fix
+    )
     (unres,) = check_slot(replace(OUR_SLOT, wal_status="unreserved"), "app")
     assert unres.severity == "error"
     (idle,) = check_slot(replace(OUR_SLOT, active=False, retained_bytes=5 << 20), "app")
-    assert idle.severity == "warning" and "5.0 MB" in idle.message and idle.values["retained_bytes"] == 5 << 20
+    assert (
+        idle.severity == "warning" and "5.0 MB" in idle.message and idle.values["retained_bytes"] == 5 << 20
+    )
     (foreign,) = check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app")
     assert foreign.severity == "error" and "CDC_SLOT" in foreign.fix
     (other_db,) = check_slot(OUR_SLOT, "other")
@@ -98,9 +126,16 @@ def test_slot_states() -> None:
 
 def _desc(**kw: object) -> TableDescription:
     base = TableDescription(
-        schema="public", table="t", relkind="r", columns=(Column("id", "integer", False), Column("b", "text")),
-        primary_key=("id",), replica_identity="d", replica_identity_columns=("id",), estimated_rows=0,
-        has_select_privilege=True, sql_name="public.t",
+        schema="public",
+        table="t",
+        relkind="r",
+        columns=(Column("id", "integer", False), Column("b", "text")),
+        primary_key=("id",),
+        replica_identity="d",
+        replica_identity_columns=("id",),
+        estimated_rows=0,
+        has_select_privilege=True,
+        sql_name="public.t",
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -110,7 +145,9 @@ def test_table_findings() -> None:
     assert check_tables([reg], {("public", "t"): _desc()}, "cdc") == []
     (gone,) = check_tables([reg], {("public", "t"): None}, "cdc")
     assert gone.check == "registered_tables" and "cdc tables remove 'public.t'" in gone.fix
-    (nopk,) = check_tables([reg], {("public", "t"): _desc(primary_key=(), replica_identity_columns=())}, "cdc")
+    (nopk,) = check_tables(
+        [reg], {("public", "t"): _desc(primary_key=(), replica_identity_columns=())}, "cdc"
+    )
     assert nopk.check == "replica_identity" and "no primary key" in nopk.message
     assert nopk.fix.startswith("ALTER TABLE public.t REPLICA IDENTITY FULL")
     full = _desc(primary_key=(), replica_identity="f", replica_identity_columns=("id", "b"))
@@ -134,8 +171,14 @@ def slot(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
-def cdc(pg: PgCluster, pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], slot: str) -> Iterator[Run]:
+def cdc(
+    pg: PgCluster,
+    pg_db: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    slot: str,
+) -> Iterator[Run]:
     for var in ("CDC_SOURCE", "CDC_STATE", "CDC_LOG", "CDC_TOPIC_PREFIX", "CDC_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -164,7 +207,9 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     assert report["skipped"] == {}
     # the test cluster leaves max_slot_wal_keep_size unlimited (shared cluster: not changed here),
     # so that warning is the one finding
-    assert [(f["check"], f["severity"]) for f in report["findings"]] == [("max_slot_wal_keep_size", "warning")]
+    assert [(f["check"], f["severity"]) for f in report["findings"]] == [
+        ("max_slot_wal_keep_size", "warning")
+    ]
     assert report["ok"] is True and code == 1 == report["exit_code"]
     # the probe slot is gone again
     assert pg.fetch("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'cdc_check_%'") == [(0,)]
@@ -177,7 +222,9 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
 
 
 @pg_only
-def test_check_finds_table_without_key_identity_and_dropped_table(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+def test_check_finds_table_without_key_identity_and_dropped_table(
+    cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
     pg.execute("CREATE TABLE nokey (id int, b text)", pg_db)  # tables add refuses it: register directly
     pg.execute("CREATE TABLE dropme (id int PRIMARY KEY)", pg_db)
     _register(tmp_path, "nokey")
@@ -199,7 +246,9 @@ def test_check_finds_table_without_key_identity_and_dropped_table(cdc: Run, pg: 
 
 
 @pg_only
-def test_check_as_role_without_replication_or_select(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+def test_check_as_role_without_replication_or_select(
+    cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
     role = f"r_{uuid.uuid4().hex[:8]}"
     pg.execute(f"CREATE ROLE {role} LOGIN")
     pg.execute("CREATE TABLE private (id int PRIMARY KEY)", pg_db)
@@ -217,14 +266,18 @@ def test_check_as_role_without_replication_or_select(cdc: Run, pg: PgCluster, pg
     ]
     assert "wal2json" in report["skipped"] and "wal2json" not in report["checked"]
     code, out, _ = cdc("check", user=role)
-    assert f'ERROR replication_role: role \'{role}\' has neither REPLICATION' in out
+    assert f"ERROR replication_role: role '{role}' has neither REPLICATION" in out
     assert "SKIP  wal2json" in out and "NOT ready" in out
 
 
 @pg_only
-def test_check_warns_about_our_inactive_slot_retaining_wal(cdc: Run, pg: PgCluster, pg_db: str, slot: str) -> None:
+def test_check_warns_about_our_inactive_slot_retaining_wal(
+    cdc: Run, pg: PgCluster, pg_db: str, slot: str
+) -> None:
     pg.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'wal2json')", pg_db)
-    pg.execute("CREATE TABLE churn AS SELECT g AS id, md5(g::text) AS t FROM generate_series(1, 20000) g", pg_db)
+    pg.execute(
+        "CREATE TABLE churn AS SELECT g AS id, md5(g::text) AS t FROM generate_series(1, 20000) g", pg_db
+    )
     code, out, _ = cdc("check", "--json")
     report = json.loads(out)
     (finding,) = [f for f in report["findings"] if f["check"] == "slot"]
@@ -242,8 +295,19 @@ def test_probe_reports_a_missing_output_plugin(pg: PgCluster, pg_db: str) -> Non
     assert finding is not None and finding.severity == "error" and "not installed" in finding.message
 
 
-def test_connection_failure_is_an_error_not_a_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--source", "host=127.0.0.1 port=1 user=x password=sekret", "--state", str(tmp_path), "check", "--json"])
+def test_connection_failure_is_an_error_not_a_finding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "--source",
+            "host=127.0.0.1 port=1 user=x password=sekret",
+            "--state",
+            str(tmp_path),
+            "check",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
     body = json.loads(err)

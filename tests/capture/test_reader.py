@@ -17,12 +17,16 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+def env(
+    pg: PgCluster, pg_db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> Iterator[CaptureEnv]:
     yield from make_env(pg, pg_db, tmp_path, backend, request)
 
 
 @pytest.fixture
-def env_embedded(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+def env_embedded(
+    pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[CaptureEnv]:
     yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
@@ -47,7 +51,9 @@ def test_snapshot_then_stream_end_to_end(env: CaptureEnv) -> None:
     env.sql("UPDATE items SET qty = qty + 100 WHERE id % 10 = 0")
     env.sql("DELETE FROM items WHERE id BETWEEN 50 AND 59")
     env.sql("UPDATE items SET id = 10000 WHERE id = 1")  # primary-key change
-    env.sql("BEGIN; UPDATE items SET name = 'in tx' WHERE id = 2; UPDATE items SET name = 'in tx 2' WHERE id = 2; COMMIT")
+    env.sql(
+        "BEGIN; UPDATE items SET name = 'in tx' WHERE id = 2; UPDATE items SET name = 'in tx 2' WHERE id = 2; COMMIT"
+    )
     summary = env.run_once()
     assert summary["changes"] == 100 + 60 + 10 + 1 + 2
     records = env.records(reg.topic)
@@ -197,7 +203,7 @@ CREATE TABLE sqltyped (
 SQL_TYPES_VALUES = [
     "(%s, -32768, 2147483647, 9007199254740993, 4000000000, 12345678901234567890123456789.123456789, "
     "-0.000000000000000000001, 'NaN', true, '\\x00ff10', '\\x', '{\"a\": [1, 2.50, \"x\\ny\"], \"é\": null}', "
-    "'{ \"keep\" :  \"spacing\", \"a\":1, \"a\":2 }', "
+    '\'{ "keep" :  "spacing", "a":1, "a":2 }\', '
     "E'emoji 😀 é, newline\\n tab\\t back\\\\slash quote\" ctrl\\x01 del\\x7f %% %%b', 'v''c', 'ch', "
     "'2026-11-22 02:28:58.744379+00', '2026-11-22 02:28:58.123', '2026-02-28', '13:14:15.5', '13:14:15+02', "
     "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '1 year 2 mons 3 days 04:05:06.7', '192.168.0.1', 'a \"quoted\" label')",

@@ -81,7 +81,9 @@ class FakeCursor:
         for nextlsn, keys in self.commits:
             if nextlsn <= flush_lsn:
                 missing = keys - durable
-                assert not missing, f"confirmed {int_to_lsn(flush_lsn)} before {sorted(missing)[:3]} were durable"
+                assert not missing, (
+                    f"confirmed {int_to_lsn(flush_lsn)} before {sorted(missing)[:3]} were durable"
+                )
         self.feedback.append(flush_lsn)
 
 
@@ -99,21 +101,52 @@ def build_script(txns: int, per_txn: int) -> tuple[Script, list[tuple[int, set[b
     for t in range(txns):
         commit_lsn = lsn + per_txn * 0x100 + 0x80
         nextlsn = commit_lsn + 0x30
+
         def m(d: dict[str, Any]) -> bytes:
             return orjson.dumps(d)
-        script.append((m({"action": "B", "xid": t, "lsn": int_to_lsn(commit_lsn), "nextlsn": int_to_lsn(nextlsn),
-                          "timestamp": "2026-11-22 02:28:58+00"}), lsn))
+
+        script.append(
+            (
+                m(
+                    {
+                        "action": "B",
+                        "xid": t,
+                        "lsn": int_to_lsn(commit_lsn),
+                        "nextlsn": int_to_lsn(nextlsn),
+                        "timestamp": "2026-11-22 02:28:58+00",
+                    }
+                ),
+                lsn,
+            )
+        )
         keys: set[bytes] = set()
         for _ in range(per_txn):
             lsn += 0x100
             key += 1
             keys.add(orjson.dumps({"id": key}))
-            script.append((m({"action": "I", "xid": t, "lsn": int_to_lsn(lsn), "schema": "public", "table": "t",
-                              "columns": [{"name": "id", "type": "integer", "value": key}]}), lsn))
+            script.append(
+                (
+                    m(
+                        {
+                            "action": "I",
+                            "xid": t,
+                            "lsn": int_to_lsn(lsn),
+                            "schema": "public",
+                            "table": "t",
+                            "columns": [{"name": "id", "type": "integer", "value": key}],
+                        }
+                    ),
+                    lsn,
+                )
+            )
             if key % 7 == 0:
                 script.append((None, lsn))  # drained mid-transaction: wal_end must not be confirmed
-        script.append((m({"action": "C", "xid": t, "lsn": int_to_lsn(commit_lsn), "nextlsn": int_to_lsn(nextlsn)}),
-                       commit_lsn))
+        script.append(
+            (
+                m({"action": "C", "xid": t, "lsn": int_to_lsn(commit_lsn), "nextlsn": int_to_lsn(nextlsn)}),
+                commit_lsn,
+            )
+        )
         commits.append((nextlsn, keys))
         lsn = nextlsn + 0x10
         if t % 3 == 0:
@@ -122,15 +155,24 @@ def build_script(txns: int, per_txn: int) -> tuple[Script, list[tuple[int, set[b
     return script, commits, idle
 
 
-def run_loop(script: Script, commits: list[tuple[int, set[bytes]]], target: int | None,
-             batch_max_events: int) -> tuple[FakeCursor, FakeStore, str, int]:
+def run_loop(
+    script: Script, commits: list[tuple[int, set[bytes]]], target: int | None, batch_max_events: int
+) -> tuple[FakeCursor, FakeStore, str, int]:
     store = FakeStore()
     cur = FakeCursor(script, store, commits)
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=(Column("id", "integer"),))
-    builder = EventBuilder({("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=2)}, lambda r, c: None)
+    builder = EventBuilder(
+        {("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=2)}, lambda r, c: None
+    )
     batch = Batch(store)  # type: ignore[arg-type]
-    ctl = StreamControl(stop=cur.stop, should_restart=lambda: False, target=target,
-                        batch_max_events=batch_max_events, batch_max_ms=1, feedback_interval_s=0.0)
+    ctl = StreamControl(
+        stop=cur.stop,
+        should_restart=lambda: False,
+        target=target,
+        batch_max_events=batch_max_events,
+        batch_max_ms=1,
+        feedback_interval_s=0.0,
+    )
     try:
         reason, confirmed = _loop(cur, builder, batch, ctl, 0)
     finally:

@@ -44,8 +44,14 @@ class CaptureEnv:
         return self.pg.dsn(self.db)
 
     def environ(self) -> dict[str, str]:
-        env = {**os.environ, "CDC_SOURCE": self.dsn, "CDC_STATE": str(self.state), "CDC_SLOT": self.slot,
-               "CDC_TOPIC_PREFIX": self.prefix, "CDC_CONFIG": str(self.config)}
+        env = {
+            **os.environ,
+            "CDC_SOURCE": self.dsn,
+            "CDC_STATE": str(self.state),
+            "CDC_SLOT": self.slot,
+            "CDC_TOPIC_PREFIX": self.prefix,
+            "CDC_CONFIG": str(self.config),
+        }
         env.pop("CDC_LOG", None)
         if self.log_url:
             env["CDC_LOG"] = self.log_url
@@ -63,13 +69,20 @@ class CaptureEnv:
             return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
 
     def cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CDC, *args], env=self.environ(), capture_output=True, text=True,
-                              timeout=timeout, cwd=self.state.parent)
+        return subprocess.run(
+            [*CDC, *args],
+            env=self.environ(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.state.parent,
+        )
 
     def spawn(self, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.state.parent / f"run-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([*CDC, *args], env=self.environ(), stdout=log, stderr=subprocess.STDOUT,
-                                cwd=self.state.parent)
+        proc = subprocess.Popen(
+            [*CDC, *args], env=self.environ(), stdout=log, stderr=subprocess.STDOUT, cwd=self.state.parent
+        )
         self.procs.append(proc)
         return proc
 
@@ -106,7 +119,9 @@ class CaptureEnv:
     def slot_confirmed(self) -> int | None:
         from cdc.events import lsn_to_int
 
-        rows = self.pg.fetch(f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'")
+        rows = self.pg.fetch(
+            f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'"
+        )
         return lsn_to_int(str(rows[0][0])) if rows and rows[0][0] else None
 
     def stop_all(self) -> None:
@@ -116,8 +131,9 @@ class CaptureEnv:
                 proc.wait(timeout=30)
 
 
-def make_env(pg: PgCluster, db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest,
-             options: str = "") -> Iterator[CaptureEnv]:
+def make_env(
+    pg: PgCluster, db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest, options: str = ""
+) -> Iterator[CaptureEnv]:
     tag = uuid.uuid4().hex[:8]
     log_url = None
     if backend == "kafka":
@@ -126,7 +142,9 @@ def make_env(pg: PgCluster, db: str, tmp_path: Path, backend: str, request: pyte
     state = tmp_path / "state"
     state.mkdir()
     config = tmp_path / "cdc.toml"
-    config.write_text("heartbeat_interval_s = 1\npoll_s = 0.2\nbackoff_initial_s = 0.2\nbackoff_max_s = 2\n" + options)
+    config.write_text(
+        "heartbeat_interval_s = 1\npoll_s = 0.2\nbackoff_initial_s = 0.2\nbackoff_max_s = 2\n" + options
+    )
     env = CaptureEnv(pg, db, state, f"cdc_slot_{tag}", f"cdc{tag}", log_url, config)
     try:
         yield env
@@ -159,7 +177,8 @@ def materialize(records: list[StoredRecord]) -> dict[str, Any]:
         state[key] = (version, after if value["op"] != "d" else None)
     newest_truncate = max(truncates) if truncates else None
     return {
-        k: row for k, (v, row) in state.items()
+        k: row
+        for k, (v, row) in state.items()
         if row is not None and (newest_truncate is None or v > newest_truncate)
     }
 

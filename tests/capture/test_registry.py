@@ -10,7 +10,9 @@ COLS = (Column("id", "integer", False), Column("body", "text"))
 
 
 def reg(schema: str = "public", table: str = "orders", **kw: object) -> TableReg:
-    return TableReg(schema=schema, table=table, topic=f"cdc.{schema}.{table}", key=("id",), columns=COLS, **kw)  # type: ignore[arg-type]
+    return TableReg(
+        schema=schema, table=table, topic=f"cdc.{schema}.{table}", key=("id",), columns=COLS, **kw
+    )  # type: ignore[arg-type]
 
 
 def test_add_get_list_remove_round_trip(tmp_path: Path) -> None:

@@ -37,15 +37,20 @@ def wait_streaming(env: CaptureEnv, proc: subprocess.Popen[bytes]) -> None:
         assert proc.poll() is None, env.proc_log()
         rows = env.pg.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
         return bool(rows and rows[0][0])
+
     wait_for(active, timeout=60, what="the reader to stream")
 
 
 def rows_of(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
-    return {orjson.dumps({"id": i}).decode(): orjson.loads(r)
-            for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")}
+    return {
+        orjson.dumps({"id": i}).decode(): orjson.loads(r)
+        for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
+    }
 
 
-def test_slot_advances_when_registered_tables_idle_and_other_tables_or_databases_busy(env: CaptureEnv) -> None:
+def test_slot_advances_when_registered_tables_idle_and_other_tables_or_databases_busy(
+    env: CaptureEnv,
+) -> None:
     env.sql("CREATE TABLE idle_t (id int PRIMARY KEY)")
     env.sql("CREATE TABLE busy (id serial PRIMARY KEY, v text)")
     env.add_table("public.idle_t")
@@ -55,7 +60,11 @@ def test_slot_advances_when_registered_tables_idle_and_other_tables_or_databases
     for _ in range(20):
         env.sql("INSERT INTO busy (v) SELECT 'x' FROM generate_series(1, 100)")
     target = current_lsn(env)
-    wait_for(lambda: (env.slot_confirmed() or 0) >= target, timeout=30, what="confirmed_flush_lsn to pass busy writes")
+    wait_for(
+        lambda: (env.slot_confirmed() or 0) >= target,
+        timeout=30,
+        what="confirmed_flush_lsn to pass busy writes",
+    )
     # 2. this database is idle, another database writes WAL: heartbeats give the slot something to confirm
     other = env.pg.create_database()
     try:
@@ -63,8 +72,11 @@ def test_slot_advances_when_registered_tables_idle_and_other_tables_or_databases
         for _ in range(10):
             env.pg.execute("INSERT INTO w SELECT 'y' FROM generate_series(1, 1000)", other)
         target = current_lsn(env)
-        wait_for(lambda: (env.slot_confirmed() or 0) >= target, timeout=30,
-                 what="confirmed_flush_lsn to pass another database's writes (heartbeat)")
+        wait_for(
+            lambda: (env.slot_confirmed() or 0) >= target,
+            timeout=30,
+            what="confirmed_flush_lsn to pass another database's writes (heartbeat)",
+        )
     finally:
         env.pg.drop_database(other)
     assert proc.poll() is None
@@ -108,7 +120,9 @@ def test_kill_9_while_streaming_loses_no_committed_change(env: CaptureEnv) -> No
                                 conn.execute("INSERT INTO t VALUES (%s, 0, 'new')", [next_id])
                                 next_id += 1
                             elif op < 0.9:
-                                conn.execute("UPDATE t SET v = v + 1 WHERE id = %s", [rnd.randint(1, next_id)])
+                                conn.execute(
+                                    "UPDATE t SET v = v + 1 WHERE id = %s", [rnd.randint(1, next_id)]
+                                )
                             else:
                                 conn.execute("DELETE FROM t WHERE id = %s", [rnd.randint(1, next_id)])
         except BaseException as exc:  # surfaced below
@@ -140,8 +154,10 @@ def test_dropped_slot_stops_the_reader_with_slot_lost(env: CaptureEnv) -> None:
     def drop() -> bool:
         if proc.poll() is not None:
             return True
-        env.pg.execute(f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                       f"WHERE slot_name = '{env.slot}' AND active_pid IS NOT NULL")
+        env.pg.execute(
+            f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            f"WHERE slot_name = '{env.slot}' AND active_pid IS NOT NULL"
+        )
         try:
             env.pg.execute(f"SELECT pg_drop_replication_slot('{env.slot}')")
             return True
@@ -149,6 +165,7 @@ def test_dropped_slot_stops_the_reader_with_slot_lost(env: CaptureEnv) -> None:
             return False
         except psycopg.errors.UndefinedObject:
             return True
+
     wait_for(drop, timeout=30, what="the slot to be dropped")
     assert proc.wait(timeout=60) == 3, env.proc_log()
     log = env.proc_log()

@@ -28,8 +28,10 @@ def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureReques
 
 
 def rows_of(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
-    return {orjson.dumps({"id": i}).decode(): orjson.loads(r)
-            for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")}
+    return {
+        orjson.dumps({"id": i}).decode(): orjson.loads(r)
+        for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
+    }
 
 
 def topic_size(env: CaptureEnv, topic: str) -> int:
@@ -41,7 +43,9 @@ def topic_size(env: CaptureEnv, topic: str) -> int:
 
 
 @pytest.mark.slow
-def test_changes_during_the_initial_snapshot_are_neither_lost_nor_applied_before_their_row(env: CaptureEnv) -> None:
+def test_changes_during_the_initial_snapshot_are_neither_lost_nor_applied_before_their_row(
+    env: CaptureEnv,
+) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad text)")
     env.sql("INSERT INTO t SELECT g, 0, repeat('p', 100) FROM generate_series(1, 100000) g")
     env.add_table("public.t")
@@ -74,7 +78,9 @@ def test_changes_during_the_initial_snapshot_are_neither_lost_nor_applied_before
     assert not errors, errors
     topic = env.reg("public", "t").topic
     want = rows_of(env, "t")
-    wait_for(lambda: materialize(env.records(topic)) == want, timeout=60, what="the topic to match the source")
+    wait_for(
+        lambda: materialize(env.records(topic)) == want, timeout=60, what="the topic to match the source"
+    )
     records = env.records(topic)
     assert_versions_monotonic(records)
     ops = [orjson.loads(r.value)["op"] for r in records if r.value]
@@ -90,8 +96,12 @@ def test_kill_9_during_the_snapshot_then_restart_completes_it(env: CaptureEnv) -
     env.add_table("public.big")
     topic = env.reg("public", "big").topic
     proc = env.spawn("run")
-    wait_for(lambda: env.reg("public", "big").snapshot_state == "running" and topic_size(env, topic) > 0,
-             timeout=60, interval=0.01, what="the snapshot to be running")
+    wait_for(
+        lambda: env.reg("public", "big").snapshot_state == "running" and topic_size(env, topic) > 0,
+        timeout=60,
+        interval=0.01,
+        what="the snapshot to be running",
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     written = topic_size(env, topic)
@@ -124,7 +134,11 @@ def test_snapshot_request_resnapshots_only_that_table(env: CaptureEnv) -> None:
     second = env.run_once()
     assert second["snapshot_rows"] == {"public.a": 5}
     reg_a = env.reg("public", "a")
-    assert reg_a.snapshot_state == "done" and reg_a.alignment is not None and reg_a.alignment.consistent_lsn > lsn_a
+    assert (
+        reg_a.snapshot_state == "done"
+        and reg_a.alignment is not None
+        and reg_a.alignment.consistent_lsn > lsn_a
+    )
     assert len(materialize(env.records(reg_a.topic))) == 5
     bad = env.cdc("snapshot")
     assert bad.returncode == 2 and "--all" in bad.stderr
@@ -174,9 +188,21 @@ def test_slot_left_by_an_unfinished_initial_snapshot_is_recreated(env: CaptureEn
 
 def test_run_without_source_is_a_config_error(tmp_path: Path) -> None:
     res = subprocess.run(
-        ["env", "-u", "CDC_SOURCE", ".venv/bin/python", "-c", "from cdc.cli import entry; entry()",
-         "--state", str(tmp_path), "run", "--once"],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+        [
+            "env",
+            "-u",
+            "CDC_SOURCE",
+            ".venv/bin/python",
+            "-c",
+            "from cdc.cli import entry; entry()",
+            "--state",
+            str(tmp_path),
+            "run",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert res.returncode == 2 and "CDC_SOURCE" in res.stderr
 

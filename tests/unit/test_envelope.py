@@ -13,16 +13,27 @@ from cdc.reader.envelope import EventBuilder, TableCodec, commit_ts_ms
 from cdc.reader.wal2json import Message, decode
 from cdc.registry import Alignment, Column, TableReg
 
-COLS = (Column("id", "integer"), Column("n", "numeric(38,9)"), Column("big", "text"), Column("secret", "text"))
+COLS = (
+    Column("id", "integer"),
+    Column("n", "numeric(38,9)"),
+    Column("big", "text"),
+    Column("secret", "text"),
+)
 
 
-def make(reg_kw: dict[str, Any] | None = None, columns: tuple[Column, ...] = COLS) -> tuple[EventBuilder, list[Any]]:
+def make(
+    reg_kw: dict[str, Any] | None = None, columns: tuple[Column, ...] = COLS
+) -> tuple[EventBuilder, list[Any]]:
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=columns, **(reg_kw or {}))
     changed: list[Any] = []
     codec = TableCodec(reg, prefix="cdc", db="app", partitions=3)
     builder = EventBuilder({("public", "t"): codec}, lambda r, cols: changed.append(cols))
-    builder.begin(decode(b'{"action":"B","xid":727,"timestamp":"2026-11-22 02:28:58.744379+00",'
-                         b'"lsn":"0/1507B78","nextlsn":"0/1507BA8"}'))
+    builder.begin(
+        decode(
+            b'{"action":"B","xid":727,"timestamp":"2026-11-22 02:28:58.744379+00",'
+            b'"lsn":"0/1507B78","nextlsn":"0/1507BA8"}'
+        )
+    )
     return builder, changed
 
 
@@ -42,8 +53,9 @@ def M(d: dict[str, Any]) -> Message:
     return decode(orjson.dumps(d))
 
 
-def change(action: str, columns: list[Any] | None = None, identity: list[Any] | None = None,
-           lsn: str = "0/1507940") -> Message:
+def change(
+    action: str, columns: list[Any] | None = None, identity: list[Any] | None = None, lsn: str = "0/1507940"
+) -> Message:
     msg: dict[str, Any] = {"action": action, "xid": 727, "lsn": lsn, "schema": "public", "table": "t"}
     if columns is not None:
         msg["columns"] = columns

@@ -45,7 +45,14 @@ def test_malformed_names_say_how_to_quote(text: str, reason: str) -> None:
 
 @pytest.mark.parametrize(
     "schema,table",
-    [("public", "orders"), ("Mixed Case", "tab le"), ('a"b', "c"), ("s", "x.y"), ("s", "Upper"), ("s", "a$b")],
+    [
+        ("public", "orders"),
+        ("Mixed Case", "tab le"),
+        ('a"b', "c"),
+        ("s", "x.y"),
+        ("s", "Upper"),
+        ("s", "a$b"),
+    ],
 )
 def test_quote_round_trip(schema: str, table: str) -> None:
     assert parse_table_name(quote_table_name(schema, table)) == (schema, table)

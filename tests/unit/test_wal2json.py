@@ -40,10 +40,21 @@ def test_decode_rejects_garbage_with_decode_error() -> None:
 @pytest.mark.parametrize(
     ("pg_type", "kind"),
     [
-        ("integer", "int"), ("bigint", "int"), ("smallint", "int"), ("numeric(38,9)", "numeric"),
-        ("numeric", "numeric"), ("double precision", "float"), ("real", "float"), ("boolean", "bool"),
-        ("bytea", "bytea"), ("jsonb", "json"), ("json", "json"), ("integer[]", "array"),
-        ("timestamp with time zone", "text"), ("uuid", "text"), ("character varying(10)", "text"),
+        ("integer", "int"),
+        ("bigint", "int"),
+        ("smallint", "int"),
+        ("numeric(38,9)", "numeric"),
+        ("numeric", "numeric"),
+        ("double precision", "float"),
+        ("real", "float"),
+        ("boolean", "bool"),
+        ("bytea", "bytea"),
+        ("jsonb", "json"),
+        ("json", "json"),
+        ("integer[]", "array"),
+        ("timestamp with time zone", "text"),
+        ("uuid", "text"),
+        ("character varying(10)", "text"),
     ],
 )
 def test_type_kind(pg_type: str, kind: str) -> None:
@@ -58,7 +69,13 @@ def test_add_tables_escapes_commas_dots_wildcards_and_backslashes() -> None:
 
 def test_parse_array_simple_null_quoted_nested() -> None:
     assert parse_array("{1,2,NULL}", int) == [1, 2, None]
-    assert parse_array('{"a,b","q\\"x","NULL",NULL,"back\\\\slash"}') == ["a,b", 'q"x', "NULL", None, "back\\slash"]
+    assert parse_array('{"a,b","q\\"x","NULL",NULL,"back\\\\slash"}') == [
+        "a,b",
+        'q"x',
+        "NULL",
+        None,
+        "back\\slash",
+    ]
     assert parse_array("{{1,2},{3,4}}", int) == [[1, 2], [3, 4]]
     assert parse_array("{}") == []
     assert parse_array("[0:1]={7,8}", int) == [7, 8]
