@@ -197,8 +197,13 @@ def _check_header(path: Path) -> None:
     page_size = int.from_bytes(head[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(head[28:32], "big")
-    # The in-header page count is valid when the change counter equals "version valid for".
-    if head[24:28] == head[92:96] and pages and size < pages * page_size:
+    # The in-header page count is valid when the change counter equals "version valid for". A crash
+    # in the middle of a checkpoint can leave page 1 (with the new count) written before the pages
+    # that extend the file; the WAL still holds those pages and SQLite redoes the checkpoint, so the
+    # size only proves truncation when there is no WAL left to recover from.
+    wal = path.with_name(path.name + "-wal")
+    wal_pending = wal.exists() and wal.stat().st_size > 0
+    if not wal_pending and head[24:28] == head[92:96] and pages and size < pages * page_size:
         raise _corrupt(path, f"the file has {size} bytes but its header says {pages * page_size}")
 
 
