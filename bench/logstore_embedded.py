@@ -15,39 +15,16 @@ leaving ~10k records.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from bench._records import sample_records
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.embedded import EmbeddedLogStore
 
 BATCH = 1_000
-
-
-def _records(n: int, distinct_keys: int | None = None) -> list[Record]:
-    """Debezium-style change events of ~500 B: JSON with repeated field names, names drawn from a
-    vocabulary and 64 random hex characters per record (so the data is neither random nor trivially
-    compressible)."""
-    rng = random.Random(42)
-    words = [f"{rng.getrandbits(32):08x}" for _ in range(2_000)]
-    ts = int(time.time() * 1000)
-    out = []
-    for i in range(n):
-        k = i if distinct_keys is None else i % distinct_keys
-        value = (
-            f'{{"before": null, "after": {{"id": {k}, "name": "{rng.choice(words)} {rng.choice(words)}", '
-            f'"email": "{rng.choice(words)}@example.com", "balance": {rng.random() * 1000:.2f}, '
-            f'"note": "{rng.getrandbits(256):064x}", "updated_at": "2026-11-22T02:31:00.{i % 1000000:06d}Z"}}, '
-            f'"source": {{"version": "0.1.0", "connector": "postgresql", "name": "cdc", "ts_ms": {ts}, '
-            f'"snapshot": "false", "db": "app", "schema": "public", "table": "customers", '
-            f'"txId": {100000 + i // 10}, "lsn": {23456789 + i * 120}, "sequence": null}}, '
-            f'"op": "u", "ts_ms": {ts}}}'
-        )
-        out.append(Record(f'{{"id": {k}}}'.encode(), value.encode(), timestamp_ms=ts))
-    return out
 
 
 def _plain_file(path: Path, records: list[Record]) -> float:
@@ -86,7 +63,7 @@ def run(quick: bool) -> str:
     root = Path(tempfile.mkdtemp(prefix="bench-logstore-"))
     log_dir = root / "log"
     try:
-        records = _records(n)
+        records = sample_records(n)
         nbytes = sum(len(r.key) + len(r.value or b"") for r in records)
         print(f"{n:,} records, {nbytes / n:.0f} B key+value on average, batches of {BATCH:,}", flush=True)
 
@@ -123,7 +100,7 @@ def run(quick: bool) -> str:
 
         keys = max(n // 100, 1)
         store.create_topic("bench.compact", TopicConfig(partitions=4, min_compaction_lag_ms=0))
-        crecords = _records(n, distinct_keys=keys)
+        crecords = sample_records(n, distinct_keys=keys)
         _append_all(store, "bench.compact", crecords)
         started = time.perf_counter()
         removed = store.compact("bench.compact")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
 import statistics
 import time
 import uuid
@@ -34,32 +33,12 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from bench._records import sample_records
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.kafka import KafkaLogStore
 from tests.plugins.tansu import TansuBroker
 
 PARTITIONS = 4
-
-
-def _records(n: int) -> list[Record]:
-    """~500 B change events: JSON with repeated field names, words from a vocabulary and 64 random
-    hex characters per record (neither random nor trivially compressible)."""
-    rng = random.Random(7)
-    words = [f"{rng.getrandbits(32):08x}" for _ in range(2_000)]
-    ts = int(time.time() * 1000)
-    out = []
-    for i in range(n):
-        value = (
-            f'{{"before": null, "after": {{"id": {i}, "name": "{rng.choice(words)} {rng.choice(words)}", '
-            f'"email": "{rng.choice(words)}@example.com", "balance": {rng.random() * 1000:.2f}, '
-            f'"note": "{rng.getrandbits(256):064x}", "updated_at": "2026-11-22T02:31:00.{i % 1000000:06d}Z"}}, '
-            f'"source": {{"version": "0.1.0", "connector": "postgresql", "name": "cdc", "ts_ms": {ts}, '
-            f'"snapshot": "false", "db": "app", "schema": "public", "table": "customers", '
-            f'"txId": {100000 + i // 10}, "lsn": {23456789 + i * 120}, "sequence": null}}, '
-            f'"op": "u", "ts_ms": {ts}}}'
-        )
-        out.append(Record(f'{{"id": {i}}}'.encode(), value.encode(), timestamp_ms=ts))
-    return out
 
 
 def _topic() -> str:
@@ -141,7 +120,7 @@ def _cpu_s(pid: int) -> float:
 def run(quick: bool) -> str:
     n = 20_000 if quick else 200_000
     runs = 1 if quick else 3
-    records = _records(n)
+    records = sample_records(n, seed=7)
     avg = sum(len(r.key) + len(r.value or b"") for r in records) / n
     codecs = [
         c
