@@ -152,6 +152,25 @@ def sql_json_value(name: str, pg_type: str, nullable: bool) -> tuple[sql.Composa
     return None
 
 
+def json_copy_query(schema: str, table: str, exprs: Sequence[sql.Composable]) -> sql.Composed:
+    """The snapshot's ``COPY`` of a table whose every value's JSON Postgres builds (``exprs`` from
+    :func:`sql_json_value`, in column order); NULL is written as ``null``."""
+    return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT WITH (NULL 'null')").format(
+        sql.SQL(", ").join(exprs), sql.Identifier(schema, table)
+    )
+
+
+def json_exprs(conn: psycopg.Connection[Any], schema: str, table: str) -> list[sql.Composable] | None:
+    """:func:`sql_json_value` of every column of the table, or None when Python must encode one."""
+    exprs = []
+    for name, pg_type, nullable in conn.execute(_COLUMNS, {"schema": schema, "table": table}):
+        e = sql_json_value(str(name), str(pg_type), bool(nullable))
+        if e is None:
+            return None
+        exprs.append(e[0])
+    return exprs
+
+
 def _template(names: Sequence[str], quoted: Sequence[bool]) -> bytes:
     """A ``%b`` template of a JSON object whose members are ``names`` (orjson's bytes: no spaces)."""
     parts = []
@@ -294,9 +313,7 @@ def _read_table_sql(
         )
 
     value_t, last_t = value_template(False), value_template(True)
-    query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT WITH (NULL 'null')").format(
-        sql.SQL(", ").join(e for e, _ in exprs), sql.Identifier(reg.schema, reg.table)
-    )
+    query = json_copy_query(reg.schema, reg.table, [e for e, _ in exprs])
     topic = codec.topic
     table = reg.qualified
     progress.start(table, estimate)

@@ -58,11 +58,13 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 import lz4.frame
 import msgspec
+import numpy as np
 
 from cdc.errors import (
     LogStoreError,
@@ -73,7 +75,7 @@ from cdc.errors import (
     WriterLockedError,
 )
 from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, partition_for
-from cdc.logstore.partitioner import partitions_for
+from cdc.logstore.partitioner import partition_array
 
 __all__ = ["EmbeddedLogStore"]
 
@@ -638,25 +640,7 @@ class EmbeddedLogStore(LogStore):
             if topic.end is None:
                 topic.end = self._end_offsets(topic, conn)
             end = topic.end
-            # One pass: check each record and build it as stored, with its offset.
-            name = topic.name
-            nxt = [end[p] for p in range(n)]
-            groups: list[list[_Out]] = [[] for _ in range(n)]
-            tombstones = [0] * n
-            for i, (p, r) in enumerate(zip(parts, records, strict=True)):
-                key, value, ts = r.key, r.value, r.timestamp_ms
-                if value is None:
-                    tombstones[p] += 1
-                if (
-                    type(key) is not bytes
-                    or (value is not None and type(value) is not bytes)
-                    or (ts is not None and type(ts) is not int)
-                    or r.headers
-                ):
-                    _check_record(name, i, r)
-                offset = nxt[p]
-                nxt[p] = offset + 1
-                groups[p].append(_Out(name, p, offset, key, value, r.headers, now if ts is None else ts))
+            groups, tombstones = _stored_rows(topic.name, n, end, parts, records, now)
             packed = [(p, len(rows), _pack(rows, self.compress)) for p, rows in enumerate(groups) if rows]
             last: dict[int, int] = {}
             with topic.write_lock:
@@ -687,7 +671,7 @@ class EmbeddedLogStore(LogStore):
                 end[p] = lo + 1
         return last
 
-    def _partitions(self, topic: _Topic, records: Sequence[Record]) -> list[int]:
+    def _partitions(self, topic: _Topic, records: Sequence[Record]) -> Sequence[int] | np.ndarray:
         n = topic.config.partitions
         explicit = [r.partition for r in records]
         if explicit.count(None) != len(explicit):  # some record names its partition
@@ -704,7 +688,7 @@ class EmbeddedLogStore(LogStore):
                         partition=p,
                     )
         else:
-            parts = partitions_for([r.key for r in records], n)
+            return partition_array([r.key for r in records], n)
         return parts
 
     # -- reading -----------------------------------------------------------------------------------
@@ -1122,6 +1106,66 @@ class EmbeddedLogStore(LogStore):
             for fd in self._locks.values():
                 os.close(fd)
             self._locks.clear()
+
+
+def _stored_rows(
+    name: str,
+    n: int,
+    end: Mapping[int, int],
+    parts: Sequence[int] | np.ndarray,
+    records: Sequence[Record],
+    now: int,
+) -> tuple[list[list[_Out]], list[int]]:
+    """The records as stored, grouped by partition, with their offsets (partition ``p`` continues at
+    ``end[p]``), and the tombstones per partition. Checks every record (:func:`_check_record`).
+
+    The usual batch (keys bytes, values bytes or None, no headers, timestamps int or None) is built
+    without Python work per record (type sets, numpy grouping, ``map`` over the columns); anything
+    else takes the per-record loop, which names an offending record."""
+    keys = [r.key for r in records]
+    values = [r.value for r in records]
+    stamps = [r.timestamp_ms for r in records]
+    usual = (
+        set(map(type, keys)) == {bytes}
+        and set(map(type, values)) <= {bytes, type(None)}
+        and set(map(type, stamps)) <= {int, type(None)}
+        and not any(r.headers for r in records)
+    )
+    groups: list[list[_Out]] = [[] for _ in range(n)]
+    tombstones = [0] * n
+    if not usual:
+        nxt = [end[p] for p in range(n)]
+        for i, (p, r) in enumerate(zip(parts, records, strict=True)):
+            _check_record(name, i, r)
+            p = int(p)
+            if r.value is None:
+                tombstones[p] += 1
+            ts = r.timestamp_ms
+            groups[p].append(_Out(name, p, nxt[p], r.key, r.value, r.headers, now if ts is None else ts))
+            nxt[p] += 1
+        return groups, tombstones
+    if None in stamps:
+        stamps = [now if ts is None else ts for ts in stamps]
+    placed = np.asarray(parts, dtype=np.int64)
+    for p in range(n):
+        idx = np.flatnonzero(placed == p).tolist()
+        if not idx:
+            continue
+        vals = list(map(values.__getitem__, idx))
+        tombstones[p] = vals.count(None)
+        groups[p] = list(
+            map(
+                _Out,
+                repeat(name),
+                repeat(p),
+                range(end[p], end[p] + len(idx)),
+                map(keys.__getitem__, idx),
+                vals,
+                repeat(()),
+                map(stamps.__getitem__, idx),
+            )
+        )
+    return groups, tombstones
 
 
 def _check_record(topic: str, index: int, r: Record) -> None:
