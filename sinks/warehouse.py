@@ -15,7 +15,8 @@ or rename it):
 
 =========================  =====================================================================
 ``_cdc_key``               the key as canonical JSON (key-column order), e.g. ``{"id":42}``
-``_cdc_bucket``            partition column: ``murmur2(_cdc_key) % buckets``
+``_cdc_bucket``            partition column (:class:`Layout`): ``key // range_width`` for a single
+                           integer key, else ``murmur2(_cdc_key) % buckets``
 ``_cdc_commit_lsn``        version, part 1: the source transaction's commit LSN (int64)
 ``_cdc_seq``               version, part 2: position within the transaction (0 for snapshot rows)
 ``_cdc_ts``                source commit time of this version (timestamp, UTC)
@@ -54,9 +55,11 @@ What is bounded: both tables are partitioned by ``_cdc_bucket`` and every merge 
 a current row; history: any history row), so a merge reads and rewrites only those buckets' files
 (delta-rs merges are copy-on-write); a row of a key with nothing stored matches nothing and is inserted
 without reading any file. A batch whose keys are all new is a plain append (``write_deltalake``, same
-single commit with the app transaction). Not bounded: a batch updating random existing keys touches
-``min(buckets, ~keys)`` buckets -- 10k random keys into 1M rows rewrite nearly every file -- while keys
-clustered by bucket touch few. A TRUNCATE rewrites everything. Small files accumulate one
+single commit with the app transaction). A table with a single integer key is range-clustered
+(:class:`Layout`): a batch changing recent rows -- the usual CDC pattern -- rewrites only the newest
+buckets' files. Not bounded (copy-on-write, no deletion vectors in delta-rs): a batch updating K random
+existing keys touches ``min(buckets, ~K)`` buckets -- 10k random keys into 1M rows rewrite nearly every
+file whatever the layout. A TRUNCATE rewrites everything. Small files accumulate one
 per touched bucket per batch: :meth:`maintain` (every ``maintain_every`` batches) compacts them and
 vacuums unreferenced files.
 """
@@ -101,7 +104,9 @@ END_SEQ = "_cdc_end_seq"
 END_OP = "_cdc_end_op"
 META_PREFIX = "_cdc_"
 TRUNCATE_MARKER = "*"
-_BUCKETS_CONF = "cdc.buckets"
+_LAYOUT_CONF = "cdc.layout"  # "range:<width>" or "hash:<buckets>"
+_LEGACY_BUCKETS_CONF = "cdc.buckets"  # tables of the first layout: hash buckets only
+_INT_KEY_TYPES = frozenset({"smallint", "integer", "bigint"})
 _SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
 _DATA = "__cdc_data"  # key of a merge-source row dict holding its data values (event encoding)
 
@@ -109,7 +114,7 @@ _TS_TYPE = pa.timestamp("us", tz="UTC")
 CURRENT_META = pa.schema(
     [
         (KEY, pa.string()),
-        (BUCKET, pa.int32()),
+        (BUCKET, pa.int64()),
         (LSN, pa.int64()),
         (SEQ, pa.int64()),
         (TS, _TS_TYPE),
@@ -130,7 +135,7 @@ HISTORY_META = pa.schema(
 TOMBSTONES = pa.schema(
     [
         ("key_json", pa.string()),
-        (BUCKET, pa.int32()),
+        (BUCKET, pa.int64()),
         ("commit_lsn", pa.int64()),
         ("seq", pa.int64()),
         ("deleted_at", _TS_TYPE),
@@ -142,13 +147,16 @@ TOMBSTONES = pa.schema(
 class WarehouseOptions:
     """Tuning of the warehouse sink; from ``[warehouse]`` in cdc.toml (``Settings.extra``).
 
-    ``buckets`` applies to tables created afterwards (an existing table keeps the number it was created
-    with, stored in its configuration ``cdc.buckets``). ``maintain_every``: run :meth:`WarehouseSink.maintain`
+    ``clustering`` (``auto``, ``range``, ``hash``), ``range_width`` and ``buckets`` choose the
+    :class:`Layout` of tables created afterwards (an existing table keeps the layout it was created
+    with, stored in its configuration ``cdc.layout``). ``maintain_every``: run :meth:`WarehouseSink.maintain`
     on a table after every K-th batch id (0: never). ``vacuum_retention_hours``: files unreferenced for
     longer are deleted by vacuum (keep it above the longest reader/Spark batch). ``tombstone_retention_hours``:
     how long a delete's version guards against older late events."""
 
     buckets: int = 16
+    clustering: str = "auto"
+    range_width: int = 65_536
     tombstone_retention_hours: float = 7 * 24
     maintain_every: int = 100
     vacuum_retention_hours: int = 7 * 24
@@ -168,10 +176,17 @@ class WarehouseOptions:
                 f"unknown [warehouse] settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
             )
         opts = cls(**raw)
-        if opts.buckets < 1 or opts.maintain_every < 0 or opts.tombstone_retention_hours < 0:
+        if (
+            opts.buckets < 1
+            or opts.range_width < 1
+            or opts.clustering not in ("auto", "range", "hash")
+            or opts.maintain_every < 0
+            or opts.tombstone_retention_hours < 0
+        ):
             raise ConfigError(
                 f"invalid [warehouse] settings {raw}",
-                fix="buckets >= 1, maintain_every >= 0, tombstone_retention_hours >= 0",
+                fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
+                "maintain_every >= 0, tombstone_retention_hours >= 0",
             )
         return opts
 
@@ -191,6 +206,75 @@ def _paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path, Path]:
 def bucket_of(key_json: str, buckets: int) -> int:
     """The bucket of a key: ``(murmur2(key bytes) & 0x7fffffff) % buckets`` (stable, Kafka's hash)."""
     return (murmur2(key_json.encode()) & 0x7FFFFFFF) % buckets
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a table's rows are clustered into ``_cdc_bucket`` partitions (a table keeps the layout it
+    was created with, in its configuration ``cdc.layout``).
+
+    * ``range`` (width W): a single integer key column; bucket = ``key // W`` (Iceberg's
+      ``truncate[W]``). Neighbouring keys share files, so the usual CDC pattern -- recent rows change
+      -- rewrites only the newest buckets' files.
+    * ``hash`` (N buckets): ``murmur2(_cdc_key) % N`` (Iceberg's ``bucket[N]``); any key type. A batch
+      of K keys touches ``min(N, ~K)`` buckets wherever its keys are.
+    """
+
+    mode: str
+    size: int
+
+    def conf(self) -> str:
+        return f"{self.mode}:{self.size}"
+
+    @classmethod
+    def parse(cls, raw: str) -> Layout:
+        mode, _, size = raw.partition(":")
+        if mode not in ("range", "hash") or not size.isdigit() or int(size) < 1:
+            raise ValueError(raw)
+        return cls(mode, int(size))
+
+    @classmethod
+    def choose(cls, reg: TableReg, options: WarehouseOptions, events: Sequence[ChangeEvent]) -> Layout:
+        """The layout of a new table. ``auto``: range for a single integer key column unless the first
+        batch's keys are sparse (fewer than 1 key per 64 key values, e.g. snowflake ids: range buckets
+        would hold a row or two each), else hash."""
+        hashed = cls("hash", options.buckets)
+        types = {c.name: T.base_type(c.type) for c in reg.columns}
+        int_key = len(reg.key) == 1 and types.get(reg.key[0]) in _INT_KEY_TYPES
+        if options.clustering == "hash" or not int_key:
+            if options.clustering == "range":
+                raise ApplyError(
+                    f'[warehouse] clustering = "range" needs a single integer key; {reg.qualified} has '
+                    f"key {list(reg.key)}",
+                    fix='use clustering = "auto" or "hash"',
+                    table=reg.qualified,
+                )
+            return hashed
+        ranged = cls("range", options.range_width)
+        if options.clustering == "range":
+            return ranged
+        values = [v for ev in events if ev.op != "t" and type(v := ev.key.get(reg.key[0])) is int]
+        if len(values) > 1 and max(values) - min(values) + 1 > 64 * len(set(values)):
+            return hashed
+        return ranged
+
+    def buckets(self, reg: TableReg, keys: Sequence[str], by_key: dict[str, list[ChangeEvent]]) -> list[int]:
+        """The bucket of each key (``by_key`` holds each key's events, for the key values)."""
+        if self.mode == "hash":
+            return partitions_for([k.encode() for k in keys], self.size)
+        col = reg.key[0]
+        out = []
+        for k in keys:
+            v = by_key[k][0].key.get(col)
+            if type(v) is not int:
+                raise ApplyError(
+                    f"{reg.qualified}: key {k} is not an integer, but the warehouse table is range-clustered "
+                    "on it",
+                    fix="check the registration's key column against the source",
+                    key=k,
+                )
+            out.append(v // self.size)
+        return out
 
 
 # --- SQL helpers -----------------------------------------------------------------------------------
@@ -272,13 +356,17 @@ class WarehouseSink(Sink):
             return
         columns = _columns(reg, batch.events)
         cur_path, hist_path, tomb_path = self.paths(reg)
-        current = self._ensure(cur_path, columns, CURRENT_META)
-        history = self._ensure(hist_path, columns, HISTORY_META)
-        tombs = self._ensure(tomb_path, {}, TOMBSTONES)
-        buckets = _buckets_of(current)
-        if _buckets_of(history) != buckets or _buckets_of(tombs) != buckets:
+        layout = (
+            _layout_of(DeltaTable(str(cur_path)))
+            if DeltaTable.is_deltatable(str(cur_path))
+            else Layout.choose(reg, self.options, batch.events)
+        )
+        current = self._ensure(cur_path, columns, CURRENT_META, layout)
+        history = self._ensure(hist_path, columns, HISTORY_META, layout)
+        tombs = self._ensure(tomb_path, {}, TOMBSTONES, layout)
+        if _layout_of(current) != layout or _layout_of(history) != layout or _layout_of(tombs) != layout:
             raise ApplyError(
-                f"the warehouse tables of {reg.qualified} disagree on their bucket count",
+                f"the warehouse tables of {reg.qualified} disagree on their layout (cdc.layout)",
                 fix=f"delete {cur_path.parent}/{cur_path.name}* and re-snapshot the table",
             )
         todo = [
@@ -288,7 +376,7 @@ class WarehouseSink(Sink):
         ]
         if not todo:
             return
-        ctx = _BatchContext(reg, batch, columns, buckets, tombs, self.options)
+        ctx = _BatchContext(reg, batch, columns, layout, tombs, self.options)
         commit = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
         for name, _table in todo:
             if name == "history":
@@ -301,7 +389,9 @@ class WarehouseSink(Sink):
         if every and batch_id > 0 and batch_id % every == 0:
             self.maintain(reg)
 
-    def _ensure(self, path: Path, columns: dict[str, str | None], meta: pa.Schema) -> DeltaTable:
+    def _ensure(
+        self, path: Path, columns: dict[str, str | None], meta: pa.Schema, layout: Layout
+    ) -> DeltaTable:
         """Open the table, creating it or adding missing columns (old rows null)."""
         wanted = pa.schema([*meta, *((n, T.arrow_type(t or "text")) for n, t in columns.items())])
         if not DeltaTable.is_deltatable(str(path)):
@@ -311,7 +401,7 @@ class WarehouseSink(Sink):
                 wanted,
                 mode="ignore",
                 partition_by=[BUCKET],
-                configuration={_BUCKETS_CONF: str(self.options.buckets)},
+                configuration={_LAYOUT_CONF: layout.conf()},
                 raise_if_key_not_exists=False,
             )
         table = DeltaTable(str(path))
@@ -639,7 +729,7 @@ class _BatchContext:
         reg: TableReg,
         batch: ChangeBatch,
         columns: dict[str, str | None],
-        buckets: int,
+        layout: Layout,
         tombs: DeltaTable,
         options: WarehouseOptions,
     ) -> None:
@@ -652,9 +742,7 @@ class _BatchContext:
             if ev.op != "t":
                 self.by_key.setdefault(ev.key_json, []).append(ev)
         self.keys = sorted(self.by_key)
-        self.key_buckets = dict(
-            zip(self.keys, partitions_for([k.encode() for k in self.keys], buckets), strict=True)
-        )
+        self.key_buckets = dict(zip(self.keys, layout.buckets(reg, self.keys, self.by_key), strict=True))
         for k in self.keys:
             _check_lsn(self.by_key[k][-1].version)
         tomb_rows = _read(
@@ -821,14 +909,21 @@ def _not_applied(table: DeltaTable, app_id: str, batch_id: int) -> bool:
     return done is None or done < batch_id
 
 
-def _buckets_of(table: DeltaTable) -> int:
-    raw = table.metadata().configuration.get(_BUCKETS_CONF)
-    if raw is None:
-        raise ApplyError(
-            f"{table.table_uri} was not created by cdc (no {_BUCKETS_CONF} in its configuration)",
-            fix="move it aside and re-snapshot the table",
-        )
-    return int(raw)
+def _layout_of(table: DeltaTable) -> Layout:
+    conf = table.metadata().configuration
+    raw = conf.get(_LAYOUT_CONF)
+    legacy = conf.get(_LEGACY_BUCKETS_CONF)
+    try:
+        if raw is not None:
+            return Layout.parse(raw)
+        if legacy is not None:
+            return Layout("hash", int(legacy))
+    except ValueError:
+        pass
+    raise ApplyError(
+        f"{table.table_uri} was not created by cdc (no valid {_LAYOUT_CONF} in its configuration)",
+        fix="move it aside and re-snapshot the table",
+    )
 
 
 def _read(

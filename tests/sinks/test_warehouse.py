@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from cdc.errors import ApplyError
+from cdc.config import Settings
+from cdc.errors import ApplyError, ConfigError
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink
 from tests.sinks.feed import BASE_TS_MS, Feed, table
@@ -379,16 +380,21 @@ def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path) -> N
     assert current(sink, reg) == {2: current(sink, reg)[2]} and current(sink, reg)[2]["name"] == "b"
 
 
-def test_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
-    """What is bounded: a batch whose keys fall in one bucket rewrites only that bucket's file."""
-    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, maintain_every=0))
+def _files(path: Path) -> int:
+    return len(DeltaTable(str(path)).file_uris())
+
+
+def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
+    """What is bounded (hash layout): a batch whose keys fall in one bucket rewrites only that bucket's file."""
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, clustering="hash", maintain_every=0))
     reg = table()
     f = Feed(reg)
     sink.apply(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP
     )
     cur_path = sink.paths(reg)[0]
-    assert len(DeltaTable(str(cur_path)).file_uris()) == 8
+    assert DeltaTable(str(cur_path)).metadata().configuration["cdc.layout"] == "hash:8"
+    assert _files(cur_path) == 8
     same_bucket = [i for i in range(2000) if W.bucket_of(f'{{"id":{i}}}', 8) == 3][:50]
     sink.apply(
         f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 200) for i in same_bucket)), 2, APP
@@ -399,6 +405,64 @@ def test_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
     spread = list(range(0, 2000, 40))  # 50 keys over every bucket
     sink.apply(f.batch(*(f.change("u", {"id": i, "name": "c", "note": None}, 300) for i in spread)), 3, APP)
     assert sink.last_metrics["current"]["num_target_files_removed"] == 8
+
+
+def test_range_layout_merge_of_recent_keys_rewrites_only_the_newest_buckets(tmp_path: Path) -> None:
+    """An integer key is range-clustered by default: updating the most recent rows (the usual CDC
+    pattern) rewrites the newest bucket's file only; keys spread over the range touch every bucket."""
+    sink = WarehouseSink(tmp_path, WarehouseOptions(range_width=250, maintain_every=0))
+    reg = table()
+    f = Feed(reg)
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP
+    )
+    cur_path, hist_path, tomb_path = sink.paths(reg)
+    for path in (cur_path, hist_path, tomb_path):
+        assert DeltaTable(str(path)).metadata().configuration["cdc.layout"] == "range:250"
+    assert _files(cur_path) == 8
+    assert {r[W.BUCKET] for r in sink.current_rows(reg).to_pylist() if r["id"] in (0, 249, 250, 1999)} == {
+        0,
+        1,
+        7,
+    }
+    recent = list(range(1950, 2000))
+    sink.apply(f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 200) for i in recent)), 2, APP)
+    m = sink.last_metrics["current"]
+    assert m["num_target_files_removed"] == 1 and m["num_target_rows_updated"] == 50
+    assert sink.last_metrics["history"]["num_target_files_removed"] == 1
+    sink.apply(f.batch(f.change("d", {"id": 1999}, 250)), 3, APP)
+    assert sink.last_metrics["current"]["num_target_files_removed"] == 1
+    spread = list(range(0, 2000, 40))
+    sink.apply(f.batch(*(f.change("u", {"id": i, "name": "c", "note": None}, 300) for i in spread)), 4, APP)
+    assert sink.last_metrics["current"]["num_target_files_removed"] == 8
+    rows = current(sink, reg)
+    assert len(rows) == 1999 and 1999 not in rows
+    assert rows[1998]["name"] == "b" and rows[40]["name"] == "c" and rows[41]["name"] == "a"
+
+
+def test_layout_choice(tmp_path: Path) -> None:
+    """auto: range for a single integer key, hash for sparse integer keys (range buckets would hold a
+    row each) and for other keys; range asked for a key it cannot serve is refused."""
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
+    sparse = table("sparse")
+    f = Feed(sparse)
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i << 40, "name": "a", "note": None}, 100) for i in range(50))), 1, APP
+    )
+    assert DeltaTable(str(sink.paths(sparse)[0])).metadata().configuration["cdc.layout"] == "hash:4"
+    texts = table("texts", columns=(("code", "text"), ("name", "text")), key=("code",))
+    f = Feed(texts)
+    sink.apply(f.batch(f.change("c", {"code": "a", "name": "x"}, 100)), 1, APP)
+    assert DeltaTable(str(sink.paths(texts)[0])).metadata().configuration["cdc.layout"] == "hash:4"
+    ranged = WarehouseSink(tmp_path / "r", WarehouseOptions(clustering="range", maintain_every=0))
+    with pytest.raises(ApplyError) as err:
+        ranged.apply(f.batch(f.change("c", {"code": "b", "name": "y"}, 200)), 2, APP)
+    assert "single integer key" in str(err.value) and "hash" in (err.value.fix or "")
+    with pytest.raises(ConfigError) as bad:
+        WarehouseOptions.from_settings(
+            Settings(state_dir=tmp_path, extra={"warehouse": {"clustering": "zorder"}})
+        )
+    assert "clustering" in (bad.value.fix or "")
 
 
 def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink) -> None:
