@@ -36,7 +36,8 @@ test: setup ## set up, then run the whole test suite (real Postgres, Tansu, Spar
 demo: setup ## set up, then run the pipeline end to end on the embedded log store
 	$(BIN)/cdc demo
 
-bench: setup ## benchmarks with their peers in the same run; figures go to docs/benchmarks.md
+bench: setup ## benchmarks with their peers in the same run (installs the Debezium peer); figures go to docs/benchmarks/
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m bench
 
 lint: venv ## ruff and mypy (strict on cdc/)
