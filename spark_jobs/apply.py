@@ -19,6 +19,11 @@ How a micro-batch is applied (:meth:`ApplyJob.process_batch`, called by ``foreac
    committed positions. This commit is advisory (for lag and ``cdc verify``); Spark's checkpoint is
    the truth for where the job resumes.
 
+Stopping (:meth:`ApplyJob.stop`, SIGTERM in ``cdc apply``): the micro-batch in progress completes --
+its sinks and Spark's commit of it -- before the query is stopped, and no new batch starts (one that
+would start meanwhile fails at once, having done nothing, and is replayed by the next run). The same
+holds when the job restarts its query because the registered tables changed.
+
 Guarantees: exactly-once *effect* on the sinks (a crash anywhere -- before, between or after sink
 writes, before the checkpoint -- is repaired by the replay). Dead letters: a replayed batch does not
 append its dead letters again (the metrics file records the last batch whose dead letters were
@@ -67,6 +72,9 @@ if TYPE_CHECKING:
     from sinks import ChangeBatch, DeadLetter, RawRecord, Sink
 
 CONSUMER = "apply"
+#: the message of the error a micro-batch raises when it starts after a stop was requested (it has
+#: done nothing; Spark replays it on the next run)
+STOP_REQUESTED = "cdc apply: stop requested before this micro-batch started"
 DEAD_LETTER_CONFIG = TopicConfig(compacted=False, retention_ms=7 * 24 * 3600 * 1000)
 
 
@@ -210,6 +218,12 @@ class ApplyJob:
         self._by_topic: dict[str, TableReg] = {}
         self.summary = ApplySummary(app_id=self.app_id)
         self._stop = threading.Event()
+        # a stop waits for the micro-batch in progress (a query stopped mid-batch is interrupted
+        # inside the sinks, and Spark may die on the way, e.g. a StackOverflowError formatting it)
+        self._batch_cond = threading.Condition()
+        self._in_batch = False
+        self._halt = threading.Event()  # set while the query is being stopped: no batch may start
+        self._last_batch: int | None = None  # the last batch id whose foreachBatch body finished
         self.query: StreamingQuery | None = None
         # py4j runs foreachBatch on varying callback threads; sinks hold thread-bound handles
         # (SQLite, index writers), so each sink is only ever called from its own thread
@@ -241,15 +255,26 @@ class ApplyJob:
     # -- one micro-batch -----------------------------------------------------------------------------
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` body; see the module docstring for the guarantees."""
+        with self._batch_cond:
+            if self._halt.is_set():  # nothing done: the batch fails and is replayed by the next query
+                raise ApplyError(STOP_REQUESTED, fix="run `cdc apply` again", batch_id=batch_id)
+            self._in_batch = True
         # a batch allocates millions of acyclic objects (records, events, rows): the cyclic collector's
         # generational passes over them cost about a third of the parse; it runs again between batches
         gc_was_on = gc.isenabled()
         gc.disable()
+        done = None
         try:
             self._process_batch(df, batch_id)
+            done = batch_id
         finally:
             if gc_was_on:
                 gc.enable()
+            with self._batch_cond:
+                self._in_batch = False
+                if done is not None:
+                    self._last_batch = done
+                self._batch_cond.notify_all()
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         from sinks import RawRecord, parse_batch
@@ -447,11 +472,28 @@ class ApplyJob:
         return self.query
 
     def stop(self) -> None:
-        """Ask :meth:`run` to finish (from another thread or a signal handler)."""
+        """Ask :meth:`run` to finish (from another thread or a signal handler): the micro-batch in
+        progress completes -- sinks and checkpoint -- and no new one starts; :meth:`run` then stops the
+        query (within ``registry_poll_s``) and returns normally."""
         self._stop.set()
-        q = self.query
-        if q is not None and q.isActive:
-            q.stop()
+
+    def _stop_between_batches(self, query: StreamingQuery) -> None:
+        """Stop ``query`` once no micro-batch is in progress (for :meth:`stop` and for a restart on a
+        registry change). A batch that would start meanwhile fails at once, having done nothing
+        (:data:`STOP_REQUESTED`), and is replayed by the next query on the same checkpoint."""
+        self._halt.set()
+        try:
+            with self._batch_cond:
+                self._batch_cond.wait_for(lambda: not self._in_batch)
+                last = self._last_batch
+            if last is not None:  # Spark writes the batch's commit log entry right after the body returns
+                commit = self.ckpt / "commits" / str(last)
+                deadline = time.monotonic() + 60
+                while not commit.exists() and query.isActive and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            query.stop()
+        finally:
+            self._halt.clear()
 
     def run(self) -> ApplySummary:
         """Run until caught up (``once``) or until :meth:`stop`; raise ApplyError if a batch fails."""
@@ -480,9 +522,11 @@ class ApplyJob:
                         new_gen, new_tables = self.current_tables()
                         if new_gen != gen and {t.topic for t in new_tables} != {t.topic for t in tables}:
                             restart = True
-                            query.stop()
+                            self._stop_between_batches(query)
                             break
                         gen = new_gen
+                if self._stop.is_set() and query.isActive:
+                    self._stop_between_batches(query)
                 self._raise_if_failed(query)
                 if restart:
                     continue
@@ -500,6 +544,8 @@ class ApplyJob:
         if exc is None:
             return
         text = str(exc)
+        if STOP_REQUESTED in text:
+            return  # a batch that started while the query was being stopped did nothing; it is replayed
         raise ApplyError(
             f"micro-batch failed, the apply job stopped: {_first_lines(text)}",
             fix="fix the cause and run `cdc apply` again: the failed batch is retried from the checkpoint "

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from cdc.errors import ApplyError
+from sinks import ChangeBatch, Sink
 from sinks.warehouse import WarehouseSink
 from spark_jobs.apply import ApplyJob, ApplyOptions
 from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env
+from tests.apply.conftest import Env, run_job
 from tests.plugins.postgres import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -68,3 +69,69 @@ def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env
         job.close()
     assert not runner.is_alive()
     assert not errors, errors
+
+
+class _GateSink(Sink):
+    """Holds every batch inside ``apply`` until released; records what it applied."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.applied: list[tuple[int, int]] = []
+
+    def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
+        self.entered.set()
+        if not self.release.wait(120):
+            raise TimeoutError("the test never released the gate")
+        self.applied.append((batch_id, len(batch.events)))
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env: Env) -> None:
+    """stop() (what SIGTERM calls) during a micro-batch: the batch completes -- sinks and checkpoint --
+    run() returns normally, and a later run on the same checkpoint has nothing to replay."""
+    reg = env.register(make_reg(f"g{uuid.uuid4().hex[:6]}", "items", COLUMNS))
+    w = ChangeWriter(env.store, reg)
+    with w.txn():
+        for i in range(1, 6):
+            w.insert({"id": i, "name": f"n{i}"})
+    gate = _GateSink()
+    job = ApplyJob(
+        spark_clean,
+        env.settings,
+        ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1),
+        sinks=[gate],
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # surfaced by the assertions below
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        assert gate.entered.wait(120), "the first batch never reached the sink"
+        job.stop()
+        wait_for(job._halt.is_set, timeout=30, what="run() waiting for the batch in progress")
+        assert runner.is_alive() and not gate.applied
+        gate.release.set()
+        runner.join(120)
+        assert not runner.is_alive(), "run() did not return after the batch finished"
+    finally:
+        gate.release.set()
+        job.stop()
+        runner.join(60)
+        job.close()
+    assert not errors, errors
+    assert gate.applied == [(0, 5)]
+    assert job.summary.batches == 1 and job.summary.records == 5
+    assert (job.ckpt / "commits" / "0").exists(), "the batch's checkpoint commit was written"
+    again = _GateSink()
+    again.release.set()
+    summary = run_job(spark_clean, env, sinks=[again])
+    assert again.applied == [] and summary.records == 0, "nothing left to replay"
