@@ -29,6 +29,27 @@ def _ids(env: Env, reg: Any) -> set[int]:
         return set()
 
 
+def _continuous(spark: Any, env: Env, **kw: Any) -> ApplyJob:
+    return ApplyJob(
+        spark, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1), **kw
+    )
+
+
+def _start(job: ApplyJob) -> tuple[threading.Thread, list[BaseException]]:
+    """Run ``job.run()`` on a thread; what it raises is collected for the test's assertions."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # surfaced by the assertions of the test
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    return runner, errors
+
+
 @pytest.mark.parametrize("backend", ["embedded"])
 def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env: Env) -> None:
     schema = f"c{uuid.uuid4().hex[:6]}"
@@ -37,19 +58,8 @@ def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env
     with w1.txn():
         for i in range(1, 6):
             w1.insert({"id": i, "name": f"n{i}"})
-    job = ApplyJob(
-        spark_clean, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1)
-    )
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # surfaced by the assertions below
-            errors.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
+    job = _continuous(spark_clean, env)
+    runner, errors = _start(job)
     try:
         wait_for(lambda: _ids(env, first) == set(range(1, 6)), timeout=120, what="the first rows applied")
         with w1.txn():
@@ -98,22 +108,8 @@ def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env
         for i in range(1, 6):
             w.insert({"id": i, "name": f"n{i}"})
     gate = _GateSink()
-    job = ApplyJob(
-        spark_clean,
-        env.settings,
-        ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1),
-        sinks=[gate],
-    )
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # surfaced by the assertions below
-            errors.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
+    job = _continuous(spark_clean, env, sinks=[gate])
+    runner, errors = _start(job)
     try:
         assert gate.entered.wait(120), "the first batch never reached the sink"
         job.stop()
