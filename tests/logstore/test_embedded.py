@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sqlite3
 import subprocess
 import sys
@@ -16,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from cdc.errors import LogStoreError, StoreCorruptError, UnknownTopicError, WriterLockedError
-from cdc.logstore import Record, TopicConfig, partition_for
+from cdc.logstore import Record, TopicConfig
 from cdc.logstore.embedded import EmbeddedLogStore
-from cdc.logstore.partitioner import partitions_for
 from tests.plugins.postgres import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,14 +36,6 @@ def spawn(script: str, *args: str) -> subprocess.Popen[str]:
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "log"
-
-
-def test_partitions_for_matches_partition_for() -> None:
-    rng = random.Random(7)
-    keys = [rng.randbytes(rng.randrange(0, 40)) for _ in range(5_000)]
-    keys += [f'{{"id": {i}}}'.encode() for i in range(3_000)]
-    for n in (1, 4, 7, 64):
-        assert partitions_for(keys, n) == [partition_for(k, n) for k in keys]
 
 
 HOLD_WRITER = """

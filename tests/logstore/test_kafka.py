@@ -8,7 +8,6 @@ independent kafka-python clients where the broker's view matters.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +22,6 @@ from cdc.logstore import Record, TopicConfig, partition_for
 from cdc.logstore._kafka_producer import BulkProducer as _BulkProducer
 from cdc.logstore._kafka_producer import encode_batch
 from cdc.logstore.kafka import KafkaLogStore
-from cdc.logstore.partitioner import partitions_for
 from tests.plugins.tansu import TansuBroker, free_port
 
 pytestmark = pytest.mark.kafka
@@ -234,15 +232,6 @@ def test_large_append_spans_many_batches_and_requests(
     got = list(store.iter_partition(topic, 1))
     assert [r.value for r in got] == [r.value for r in records if r.partition == 1]
     assert [r.offset for r in got] == list(range(3000))
-
-
-def test_vectorised_placement_equals_partition_for() -> None:
-    rng = random.Random(5)
-    keys = [f'{{"id": {i}}}'.encode() for i in range(3000)]
-    keys += [rng.randbytes(rng.randint(0, 40)) for _ in range(3000)]
-    keys += [bytes([255] * 13)] * 20 + [b""] * 20
-    for n in (1, 3, 4, 7, 64, 1000):
-        assert partitions_for(keys, n) == [partition_for(k, n) for k in keys]
 
 
 @pytest.mark.parametrize("codec", ["none", "gzip"])
