@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -356,15 +356,13 @@ class WarehouseSink(Sink):
             return
         columns = _columns(reg, batch.events)
         cur_path, hist_path, tomb_path = self.paths(reg)
-        layout = (
-            _layout_of(DeltaTable(str(cur_path)))
-            if DeltaTable.is_deltatable(str(cur_path))
-            else Layout.choose(reg, self.options, batch.events)
+        current = self._ensure(
+            cur_path, columns, CURRENT_META, lambda: Layout.choose(reg, self.options, batch.events)
         )
-        current = self._ensure(cur_path, columns, CURRENT_META, layout)
-        history = self._ensure(hist_path, columns, HISTORY_META, layout)
-        tombs = self._ensure(tomb_path, {}, TOMBSTONES, layout)
-        if _layout_of(current) != layout or _layout_of(history) != layout or _layout_of(tombs) != layout:
+        layout = _layout_of(current)
+        history = self._ensure(hist_path, columns, HISTORY_META, lambda: layout)
+        tombs = self._ensure(tomb_path, {}, TOMBSTONES, lambda: layout)
+        if _layout_of(history) != layout or _layout_of(tombs) != layout:
             raise ApplyError(
                 f"the warehouse tables of {reg.qualified} disagree on their layout (cdc.layout)",
                 fix=f"delete {cur_path.parent}/{cur_path.name}* and re-snapshot the table",
@@ -390,9 +388,10 @@ class WarehouseSink(Sink):
             self.maintain(reg)
 
     def _ensure(
-        self, path: Path, columns: dict[str, str | None], meta: pa.Schema, layout: Layout
+        self, path: Path, columns: dict[str, str | None], meta: pa.Schema, layout: Callable[[], Layout]
     ) -> DeltaTable:
-        """Open the table, creating it or adding missing columns (old rows null)."""
+        """Open the table, creating it (with the layout ``layout()`` gives) or adding missing columns
+        (old rows null)."""
         wanted = pa.schema([*meta, *((n, T.arrow_type(t or "text")) for n, t in columns.items())])
         if not DeltaTable.is_deltatable(str(path)):
             path.mkdir(parents=True, exist_ok=True)
@@ -401,7 +400,7 @@ class WarehouseSink(Sink):
                 wanted,
                 mode="ignore",
                 partition_by=[BUCKET],
-                configuration={_LAYOUT_CONF: layout.conf()},
+                configuration={_LAYOUT_CONF: layout().conf()},
                 raise_if_key_not_exists=False,
             )
         table = DeltaTable(str(path))
