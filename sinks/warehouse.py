@@ -105,7 +105,6 @@ END_OP = "_cdc_end_op"
 META_PREFIX = "_cdc_"
 TRUNCATE_MARKER = "*"
 _LAYOUT_CONF = "cdc.layout"  # "range:<width>" or "hash:<buckets>"
-_LEGACY_BUCKETS_CONF = "cdc.buckets"  # tables of the first layout: hash buckets only
 _INT_KEY_TYPES = frozenset({"smallint", "integer", "bigint"})
 _SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
 _DATA = "__cdc_data"  # key of a merge-source row dict holding its data values (event encoding)
@@ -909,14 +908,10 @@ def _not_applied(table: DeltaTable, app_id: str, batch_id: int) -> bool:
 
 
 def _layout_of(table: DeltaTable) -> Layout:
-    conf = table.metadata().configuration
-    raw = conf.get(_LAYOUT_CONF)
-    legacy = conf.get(_LEGACY_BUCKETS_CONF)
+    raw = table.metadata().configuration.get(_LAYOUT_CONF)
     try:
         if raw is not None:
             return Layout.parse(raw)
-        if legacy is not None:
-            return Layout("hash", int(legacy))
     except ValueError:
         pass
     raise ApplyError(
