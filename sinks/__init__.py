@@ -36,6 +36,7 @@ from cdc.registry import TableReg
 
 if TYPE_CHECKING:
     from cdc.config import Settings
+    from sinks.columnar import Columns
 
 __all__ = [
     "OPS",
@@ -99,13 +100,45 @@ class DeadLetter:
     reason: str
 
 
-@dataclass
 class ChangeBatch:
     """Every parsed event of one micro-batch for one table, sorted by version (ties: partition,
-    offset). Tombstones (value None) are not in it: the ``d`` before them carries the delete."""
+    offset). Tombstones (value None) are not in it: the ``d`` before them carries the delete.
 
-    table: TableReg
-    events: list[ChangeEvent]
+    Built from the event list, or from :class:`sinks.columnar.Columns` (the columnar parse of a plain
+    batch: no TRUNCATE, no unavailable column, no dead letter); then ``columns`` is set and ``events``
+    is built from it on first use. A sink may take either form; both describe the same events.
+    """
+
+    def __init__(
+        self, table: TableReg, events: list[ChangeEvent] | None = None, *, columns: Columns | None = None
+    ) -> None:
+        if (events is None) == (columns is None):
+            raise ValueError("a ChangeBatch needs either events or columns")
+        self.table = table
+        self.columns = columns
+        self._events = events
+
+    @property
+    def events(self) -> list[ChangeEvent]:
+        if self._events is None:
+            assert self.columns is not None
+            self._events = self.columns.events()
+        return self._events
+
+    def __len__(self) -> int:
+        return len(self.columns) if self.columns is not None else len(self.events)
+
+    def ts_ms(self) -> list[int]:
+        """The source commit time of every event, in version order."""
+        if self.columns is not None:
+            return list(self.columns.table.column("ts_ms").to_pylist())
+        return [e.ts_ms for e in self.events]
+
+    def newest_ts_ms(self) -> int | None:
+        """The source commit time of the newest event (by version), None for an empty batch."""
+        if self.columns is not None:
+            return self.columns.table.column("ts_ms")[-1].as_py() if len(self.columns) else None
+        return self.events[-1].ts_ms if self.events else None
 
     def latest(self) -> list[ChangeEvent]:
         """The newest event per key (by version; a tie goes to the later record), plus every ``t``

@@ -277,36 +277,44 @@ class ApplyJob:
                 self._batch_cond.notify_all()
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
-        from sinks import RawRecord, parse_batch
+        import pyarrow.compute as pc
+
+        from sinks import ChangeBatch, RawRecord, parse_batch
+        from sinks.columnar import parse_columns
 
         started = time.monotonic()
         arrow = df.toArrow()
         n = arrow.num_rows
-        grouped: dict[str, list[RawRecord]] = {}
-        if n:
-            cols = [
-                arrow.column(name).to_pylist()
-                for name in ("topic", "partition", "offset", "key", "value", "timestamp")
-            ]
-            for topic, part, off, key, value, ts in zip(*cols, strict=True):
-                grouped.setdefault(topic, []).append(RawRecord(topic, part, off, key, value, ts))
         batches: list[ChangeBatch] = []
         dead: list[DeadLetter] = []
-        for topic in sorted(grouped):
+        topics = sorted(arrow.column("topic").unique().to_pylist()) if n else []
+        for topic in topics:
+            part = arrow.filter(pc.equal(arrow.column("topic"), topic)).sort_by(
+                [("partition", "ascending"), ("offset", "ascending")]
+            )
             reg = self._table_for(topic)
-            records = sorted(grouped[topic], key=lambda r: (r.partition, r.offset))
+            if reg is not None:
+                columns = parse_columns(
+                    reg, part.column("key"), part.column("value"), part.column("partition"), part.column("offset")
+                )
+                if columns is not None:
+                    batches.append(ChangeBatch(reg, columns=columns))
+                    continue
+            records = [
+                RawRecord(*row)
+                for row in zip(
+                    *(
+                        part.column(name).to_pylist()
+                        for name in ("topic", "partition", "offset", "key", "value", "timestamp")
+                    ),
+                    strict=True,
+                )
+            ]
             if reg is None:
                 from sinks import DeadLetter as DL
 
                 dead.extend(
-                    DL(
-                        r.topic,
-                        r.partition,
-                        r.offset,
-                        r.key,
-                        r.value,
-                        f"topic {topic} is no longer registered",
-                    )
+                    DL(r.topic, r.partition, r.offset, r.key, r.value, f"topic {topic} is no longer registered")
                     for r in records
                 )
                 continue
@@ -318,8 +326,8 @@ class ApplyJob:
         collected = time.monotonic()
         sink_s = self._apply_sinks(batches, batch_id)
         self._commit_positions(batch_id)
-        events = sum(len(b.events) for b in batches)
-        newest = max((b.events[-1].ts_ms for b in batches if b.events), default=None)
+        events = sum(len(b) for b in batches)
+        newest = max((t for b in batches if (t := b.newest_ts_ms()) is not None), default=None)
         self._update_metrics(batch_id, n, events, newest)
         report = BatchReport(
             batch_id=batch_id,
@@ -333,7 +341,7 @@ class ApplyJob:
             sink_seconds=sink_s,
         )
         if self.keep_event_ts:
-            report.event_ts_ms = [e.ts_ms for b in batches for e in b.events]
+            report.event_ts_ms = [t for b in batches for t in b.ts_ms()]
         s = self.summary
         s.batches += 1
         s.records += n

@@ -6,10 +6,16 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.registry import Column, TableReg
 from sinks import ChangeBatch, RawRecord, parse_batch
+from sinks.columnar import parse_columns
+
+#: set by the ``columnar`` fixture (tests/sinks/conftest.py): Feed.batch then builds the columnar form
+#: of a batch whenever the columnar parse takes it, so every sink test runs both forms
+COLUMNAR = False
 
 BASE_TS_MS = 1_790_000_000_000  # 2026-09-21
 
@@ -111,6 +117,17 @@ class Feed:
         flat: list[RawRecord] = []
         for r in records:
             flat.extend(r if isinstance(r, list) else [r])
+        if COLUMNAR:
+            columns = parse_columns(
+                self.reg,
+                pa.array([r.key for r in flat], pa.binary()),
+                pa.array([r.value for r in flat], pa.binary()),
+                pa.array([r.partition for r in flat], pa.int32()),
+                pa.array([r.offset for r in flat], pa.int64()),
+                min_records=1,
+            )
+            if columns is not None:
+                return ChangeBatch(self.reg, columns=columns)
         batch, dead = parse_batch(self.reg, flat)
         assert dead == [], dead
         return batch

@@ -15,6 +15,9 @@ from sinks import search as S
 from sinks.search import SearchSink
 from tests.sinks.feed import Feed, table
 
+# every test runs on both batch forms (per-event and columnar)
+pytestmark = pytest.mark.usefixtures("columnar")
+
 APP = "cdc-apply-test"
 COLS = (("id", "bigint"), ("title", "text"), ("body", "text"), ("price", "numeric(10,2)"))
 

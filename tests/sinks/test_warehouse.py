@@ -18,6 +18,9 @@ from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink
 from tests.sinks.feed import BASE_TS_MS, Feed, table
 
+# every test runs on both batch forms (per-event and columnar)
+pytestmark = pytest.mark.usefixtures("columnar")
+
 APP = "cdc-apply-test"
 
 
