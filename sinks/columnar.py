@@ -125,11 +125,23 @@ class Columns:
         names = [key_cols.field(i).name for i in range(key_cols.num_fields)]
         cols = [
             t.column(c).to_pylist()
-            for c in ("key_json", "op", "commit_lsn", "seq", "ts_ms", "after", "partition", "offset", "snapshot")
+            for c in (
+                "key_json",
+                "op",
+                "commit_lsn",
+                "seq",
+                "ts_ms",
+                "after",
+                "partition",
+                "offset",
+                "snapshot",
+            )
         ]
         keys = t.column("key").to_pylist()
         out = []
-        for key, (kj, op, lsn, seq, ts, after, part, off, snap) in zip(keys, zip(*cols, strict=True), strict=True):
+        for key, (kj, op, lsn, seq, ts, after, part, off, snap) in zip(
+            keys, zip(*cols, strict=True), strict=True
+        ):
             out.append(
                 ChangeEvent(
                     key={n: key[n] for n in names},

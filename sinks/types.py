@@ -333,14 +333,38 @@ def _fast_array(values: Sequence[Any], at: pa.DataType) -> pa.Array | None:
             ):
                 return pa.array(values, type=at)
         elif pa.types.is_timestamp(at) and all(v is None or type(v) is str for v in values):
-            text = pa.array(values, type=pa.string())
-            pattern = _FAST_TSTZ_RE if at.tz is not None else _FAST_TS_RE
-            ok = pc.match_substring_regex(text, pattern)
-            if pc.all(pc.fill_null(ok, True)).as_py():
-                return text.cast(at)
+            return _fast_timestamps(pa.array(values, type=pa.string()), at)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
         return None
     return None
+
+
+def _fast_timestamps(text: pa.Array, at: pa.DataType) -> pa.Array | None:
+    """Timestamp texts cast by Arrow when every one is a plain ISO timestamp, else None."""
+    pattern = _FAST_TSTZ_RE if at.tz is not None else _FAST_TS_RE
+    ok = pc.match_substring_regex(text, pattern)
+    if pc.all(pc.fill_null(ok, True)).as_py():
+        return text.cast(at)
+    return None
+
+
+def from_json_array(values: pa.Array, pg_type: str | None) -> pa.Array:
+    """Like :func:`to_array`, for a column already parsed into the Arrow type of its event encoding
+    (:func:`sinks.columnar.json_type`): Arrow casts where they are exact (a cast that would overflow
+    or round raises and the per-value path decides, with its error), else the per-value path."""
+    at = arrow_type(pg_type or "text")
+    if values.type == at:
+        return values
+    try:
+        if pa.types.is_integer(at) or pa.types.is_floating(at) or pa.types.is_decimal(at):
+            return values.cast(at)
+        if pa.types.is_timestamp(at) and pa.types.is_string(values.type):
+            fast = _fast_timestamps(values, at)
+            if fast is not None:
+                return fast
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+        pass
+    return to_array(values.to_pylist(), pg_type)
 
 
 def to_event_value(value: Any) -> Any:

@@ -233,10 +233,13 @@ class Layout:
         return cls(mode, int(size))
 
     @classmethod
-    def choose(cls, reg: TableReg, options: WarehouseOptions, events: Sequence[ChangeEvent]) -> Layout:
+    def choose(
+        cls, reg: TableReg, options: WarehouseOptions, key_values: Callable[[], Sequence[Any]]
+    ) -> Layout:
         """The layout of a new table. ``auto``: range for a single integer key column unless the first
         batch's keys are sparse (fewer than 1 key per 64 key values, e.g. snowflake ids: range buckets
-        would hold a row or two each), else hash."""
+        would hold a row or two each), else hash. ``key_values()``: the first batch's values of the key
+        column."""
         hashed = cls("hash", options.buckets)
         types = {c.name: T.base_type(c.type) for c in reg.columns}
         int_key = len(reg.key) == 1 and types.get(reg.key[0]) in _INT_KEY_TYPES
@@ -252,7 +255,7 @@ class Layout:
         ranged = cls("range", options.range_width)
         if options.clustering == "range":
             return ranged
-        values = [v for ev in events if ev.op != "t" and type(v := ev.key.get(reg.key[0])) is int]
+        values = [v for v in key_values() if type(v) is int]
         if len(values) > 1 and max(values) - min(values) + 1 > 64 * len(set(values)):
             return hashed
         return ranged
@@ -351,12 +354,16 @@ class WarehouseSink(Sink):
         """See :class:`sinks.Sink` and the module docstring. An empty batch writes nothing."""
         reg = batch.table
         self.last_metrics = {}
-        if not batch.events:
+        if not len(batch):
             return
-        columns = _columns(reg, batch.events)
+        cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
+        columns = _columns(reg, batch.events if cols is None else ())
         cur_path, hist_path, tomb_path = self.paths(reg)
         current = self._ensure(
-            cur_path, columns, CURRENT_META, lambda: Layout.choose(reg, self.options, batch.events)
+            cur_path,
+            columns,
+            CURRENT_META,
+            lambda: Layout.choose(reg, self.options, lambda: _key_values(batch)),
         )
         layout = _layout_of(current)
         history = self._ensure(hist_path, columns, HISTORY_META, lambda: layout)
@@ -373,8 +380,21 @@ class WarehouseSink(Sink):
         ]
         if not todo:
             return
-        ctx = _BatchContext(reg, batch, columns, layout, tombs, self.options)
         commit = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
+        if cols is not None:
+            from sinks.warehouse_columnar import ColumnarApply
+
+            fast = ColumnarApply(reg, cols, columns, layout, tombs)
+            for name, _table in todo:
+                if name == "history":
+                    self.last_metrics["history"] = fast.history(history, commit)
+                elif name == "current":
+                    self.last_metrics["current"] = fast.current(current, commit)
+                else:
+                    fast.tombstones(tombs, commit)
+            self._maintain_after(reg, batch_id)
+            return
+        ctx = _BatchContext(reg, batch, columns, layout, tombs, self.options)
         for name, _table in todo:
             if name == "history":
                 self.last_metrics["history"] = self._apply_history(ctx, history, commit)
@@ -382,6 +402,9 @@ class WarehouseSink(Sink):
                 self.last_metrics["current"] = self._apply_current(ctx, current, history, commit)
             else:
                 self._apply_tombstones(ctx, tombs, commit)
+        self._maintain_after(reg, batch_id)
+
+    def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
         every = self.options.maintain_every
         if every and batch_id > 0 and batch_id % every == 0:
             self.maintain(reg)
@@ -415,7 +438,7 @@ class WarehouseSink(Sink):
     ) -> dict[str, Any]:
         keys = ctx.keys
         meta_names = [KEY, BUCKET, LSN, SEQ]  # all a close row needs
-        stored = _read(history, keys, ctx.key_buckets, columns=[*meta_names, IS_CURRENT])
+        stored = _read(history, keys, ctx.key_buckets.values(), columns=[*meta_names, IS_CURRENT])
         # keys with any history row: only their buckets' files can hold a row this merge must match
         seen = set(stored.column(KEY).cast(pa.string()).to_pylist())
         open_rows = stored.filter(pc.field(IS_CURRENT) == True)  # noqa: E712
@@ -477,50 +500,13 @@ class WarehouseSink(Sink):
         schema = pa.schema([*_arrow_schema(history), (_SRC_KIND, pa.string())])
         rows = [{**r, _SRC_KIND: "close"} for r in close_rows] + [{**r, _SRC_KIND: "new"} for r in new_rows]
         source = _to_table(rows, schema, ctx.types, ctx.converted)
-        predicate = (
-            f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
-            f" AND {_col('t', SEQ)} = {_col('s', SEQ)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
-        )
-        target_cols = _arrow_schema(history).names
+        match = None
         if not truncates:
             # a close row matches its open row; a new row of a key with history might match a stored
             # row of the same version (kept out). A new row of a key without any history matches
             # nothing, so only the other rows' buckets are read and rewritten.
             match = {r[BUCKET] for r in close_rows} | {r[BUCKET] for r in new_rows if r[KEY] in seen}
-            if not match:  # only new keys: a plain append, one commit with the app transaction
-                write_deltalake(
-                    history,
-                    source.drop_columns([_SRC_KIND]).select(target_cols),
-                    mode="append",
-                    commit_properties=commit,
-                )
-                return {
-                    "num_target_files_removed": 0,
-                    "num_target_rows_inserted": len(new_rows),
-                    "appended": True,
-                }
-            predicate += " AND " + _in_list("t", BUCKET, match)
-        merger = history.merge(
-            source,
-            predicate,
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,
-            commit_properties=commit,
-            writer_properties=None,
-        )
-        close_cols = (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP)
-        merger = merger.when_matched_update(
-            {c: _col("s", c) for c in close_cols}, predicate=f"{_col('s', _SRC_KIND)} = 'close'"
-        ).when_not_matched_insert(
-            {c: _col("s", c) for c in target_cols}, predicate=f"{_col('s', _SRC_KIND)} = 'new'"
-        )
-        if truncates:
-            merger = merger.when_not_matched_by_source_update(
-                _truncate_close_updates(truncates),
-                predicate=f"{_col('t', IS_CURRENT)} AND {_older_than('t', truncates[-1].version)}",
-            )
-        return dict(merger.execute())
+        return _write_history(history, source, match, truncates, commit)
 
     def _apply_current(
         self, ctx: _BatchContext, current: DeltaTable, history: DeltaTable, commit: CommitProperties
@@ -542,7 +528,7 @@ class WarehouseSink(Sink):
         }
         stored: dict[str, dict[str, Any]] = {}
         if need:
-            stored = {r[KEY]: r for r in _read(current, sorted(need), ctx.key_buckets).to_pylist()}
+            stored = {r[KEY]: r for r in _read(current, sorted(need), ctx.buckets_of(need)).to_pylist()}
 
         def fetch(missing: Sequence[str]) -> dict[str, dict[str, Any]]:
             found = {k: stored[k] for k in missing if k in stored}
@@ -577,52 +563,8 @@ class WarehouseSink(Sink):
             rows.append(row)
         if not rows and trunc is None:
             return {}  # nothing to write: a replay computes the same nothing
-        schema = _arrow_schema(current)
-        predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
-        if trunc is None:
-            # only the buckets of keys that have a current row can hold a match; a row of an absent key
-            # is an insert (its version guard against deletes/truncates was applied above)
-            present = set(
-                _read(current, [r[KEY] for r in rows], ctx.key_buckets, columns=[KEY])
-                .column(KEY)
-                .cast(pa.string())
-                .to_pylist()
-            )
-            match = {r[BUCKET] for r in rows if r[KEY] in present}
-            if not match:  # only absent keys: append their upserts (a delete of an absent key is a no-op)
-                ups = [r for r in rows if r[OP] != "d"]
-                if not ups:
-                    return {}  # nothing to write: a replay computes the same nothing
-                write_deltalake(
-                    current,
-                    _to_table(ups, schema, ctx.types, ctx.converted),
-                    mode="append",
-                    commit_properties=commit,
-                )
-                return {"num_target_files_removed": 0, "num_target_rows_inserted": len(ups), "appended": True}
-            predicate += " AND " + _in_list("t", BUCKET, match)
-        source = _to_table(rows, schema, ctx.types, ctx.converted)
-        merger = current.merge(
-            source,
-            predicate,
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,
-            commit_properties=commit,
-        )
-        merger = (
-            merger.when_matched_delete(predicate=f"{_col('s', OP)} = 'd' AND {_newer('s', 't')}")
-            .when_matched_update(
-                {c: _col("s", c) for c in schema.names},
-                predicate=f"{_col('s', OP)} <> 'd' AND {_newer('s', 't')}",
-            )
-            .when_not_matched_insert(
-                {c: _col("s", c) for c in schema.names}, predicate=f"{_col('s', OP)} <> 'd'"
-            )
-        )
-        if trunc is not None:
-            merger = merger.when_not_matched_by_source_delete(predicate=_older_than("t", trunc))
-        return dict(merger.execute())
+        source = _to_table(rows, _arrow_schema(current), ctx.types, ctx.converted)
+        return _write_current(current, source, trunc, commit)
 
     def _apply_tombstones(self, ctx: _BatchContext, tombs: DeltaTable, commit: CommitProperties) -> None:
         rows: list[dict[str, Any]] = []
@@ -650,24 +592,7 @@ class WarehouseSink(Sink):
             )
         if not rows:
             return
-        source = pa.Table.from_pylist(rows, schema=TOMBSTONES)
-        pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
-            "t", BUCKET, (r[BUCKET] for r in rows)
-        )
-        newer = "(s.commit_lsn > t.commit_lsn OR (s.commit_lsn = t.commit_lsn AND s.seq > t.seq))"
-        (
-            tombs.merge(
-                source,
-                pred,
-                source_alias="s",
-                target_alias="t",
-                streamed_exec=False,
-                commit_properties=commit,
-            )
-            .when_matched_update_all(predicate=newer)
-            .when_not_matched_insert_all()
-            .execute()
-        )
+        _write_tombstones(tombs, pa.Table.from_pylist(rows, schema=TOMBSTONES), commit)
 
     # -- maintenance ---------------------------------------------------------------------------------
     def maintain(
@@ -717,6 +642,125 @@ class WarehouseSink(Sink):
         return None
 
 
+def _write_tombstones(tombs: DeltaTable, source: pa.Table, commit: CommitProperties) -> None:
+    """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
+    pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
+        "t", BUCKET, source.column(BUCKET).unique().to_pylist()
+    )
+    newer = "(s.commit_lsn > t.commit_lsn OR (s.commit_lsn = t.commit_lsn AND s.seq > t.seq))"
+    (
+        tombs.merge(
+            source,
+            pred,
+            source_alias="s",
+            target_alias="t",
+            streamed_exec=False,
+            commit_properties=commit,
+        )
+        .when_matched_update_all(predicate=newer)
+        .when_not_matched_insert_all()
+        .execute()
+    )
+
+
+def _write_history(
+    history: DeltaTable,
+    source: pa.Table,
+    match: Iterable[int] | None,
+    truncates: list[ChangeEvent],
+    commit: CommitProperties,
+) -> dict[str, Any]:
+    """Write the history's source rows in one commit: ``close`` rows (``_SRC_KIND``) close the stored
+    open row of the same key and version, ``new`` rows are inserted unless a row of that version is
+    stored; the batch's truncates close every open row older than them. ``match``: the buckets that
+    can hold a row to match (None: any, as with truncates); when empty, the new rows are appended."""
+    target_cols = _arrow_schema(history).names
+    predicate = (
+        f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
+        f" AND {_col('t', SEQ)} = {_col('s', SEQ)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
+    )
+    if match is not None:
+        match = set(match)
+        if not match:  # only new keys: a plain append, one commit with the app transaction
+            write_deltalake(
+                history,
+                source.drop_columns([_SRC_KIND]).select(target_cols),
+                mode="append",
+                commit_properties=commit,
+            )
+            return {
+                "num_target_files_removed": 0,
+                "num_target_rows_inserted": source.num_rows,
+                "appended": True,
+            }
+        predicate += " AND " + _in_list("t", BUCKET, match)
+    merger = history.merge(
+        source,
+        predicate,
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=False,
+        commit_properties=commit,
+        writer_properties=None,
+    )
+    close_cols = (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP)
+    merger = merger.when_matched_update(
+        {c: _col("s", c) for c in close_cols}, predicate=f"{_col('s', _SRC_KIND)} = 'close'"
+    ).when_not_matched_insert(
+        {c: _col("s", c) for c in target_cols}, predicate=f"{_col('s', _SRC_KIND)} = 'new'"
+    )
+    if truncates:
+        merger = merger.when_not_matched_by_source_update(
+            _truncate_close_updates(truncates),
+            predicate=f"{_col('t', IS_CURRENT)} AND {_older_than('t', truncates[-1].version)}",
+        )
+    return dict(merger.execute())
+
+
+def _write_current(
+    current: DeltaTable, source: pa.Table, trunc: Version | None, commit: CommitProperties
+) -> dict[str, Any]:
+    """Merge the current table's source rows (every column of the table; ``_cdc_op`` 'd' for a delete,
+    each already version-guarded against tombstones) in one commit; ``trunc``: the batch's newest
+    TRUNCATE. Only the buckets of keys with a current row are read and rewritten; with none, the
+    upserts are appended."""
+    schema = source.schema
+    predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
+    if trunc is None:
+        # only the buckets of keys that have a current row can hold a match; a row of an absent key
+        # is an insert (its version guard against deletes/truncates was applied by the caller)
+        keys = source.column(KEY)
+        present = _read(current, keys.to_pylist(), source.column(BUCKET).unique().to_pylist(), columns=[KEY])
+        hit = pc.is_in(keys, value_set=present.column(KEY).cast(pa.string()))
+        match = source.column(BUCKET).filter(hit).unique().to_pylist()
+        if not match:  # only absent keys: append their upserts (a delete of an absent key is a no-op)
+            ups = source.filter(pc.not_equal(source.column(OP), "d"))
+            if ups.num_rows == 0:
+                return {}  # nothing to write: a replay computes the same nothing
+            write_deltalake(current, ups, mode="append", commit_properties=commit)
+            return {"num_target_files_removed": 0, "num_target_rows_inserted": ups.num_rows, "appended": True}
+        predicate += " AND " + _in_list("t", BUCKET, match)
+    merger = current.merge(
+        source,
+        predicate,
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=False,
+        commit_properties=commit,
+    )
+    merger = (
+        merger.when_matched_delete(predicate=f"{_col('s', OP)} = 'd' AND {_newer('s', 't')}")
+        .when_matched_update(
+            {c: _col("s", c) for c in schema.names},
+            predicate=f"{_col('s', OP)} <> 'd' AND {_newer('s', 't')}",
+        )
+        .when_not_matched_insert({c: _col("s", c) for c in schema.names}, predicate=f"{_col('s', OP)} <> 'd'")
+    )
+    if trunc is not None:
+        merger = merger.when_not_matched_by_source_delete(predicate=_older_than("t", trunc))
+    return dict(merger.execute())
+
+
 # --- batch context and helpers ---------------------------------------------------------------------
 class _BatchContext:
     """What every table's write of one batch needs: columns, keys, buckets and the pre-batch guards
@@ -744,11 +788,14 @@ class _BatchContext:
         for k in self.keys:
             _check_lsn(self.by_key[k][-1].version)
         tomb_rows = _read(
-            tombs, [*self.keys, TRUNCATE_MARKER], {**self.key_buckets, TRUNCATE_MARKER: 0}, key="key_json"
+            tombs, [*self.keys, TRUNCATE_MARKER], [*self.key_buckets.values(), 0], key="key_json"
         )
         self.tombstones = {r["key_json"]: Version(r["commit_lsn"], r["seq"]) for r in tomb_rows.to_pylist()}
         self.marker = self.tombstones.pop(TRUNCATE_MARKER, Version(-1, -1))
         self.converted = _Converted()
+
+    def buckets_of(self, keys: Iterable[str]) -> set[int]:
+        return {self.key_buckets[k] for k in keys}
 
     def guard(self, key_json: str) -> Version:
         """Newest version an event of this key must exceed, from deletes and truncates before the batch."""
@@ -855,6 +902,14 @@ def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | No
     return cols
 
 
+def _key_values(batch: ChangeBatch) -> list[Any]:
+    """The values of the first key column in a batch (for :meth:`Layout.choose`)."""
+    col = batch.table.key[0]
+    if batch.columns is not None:
+        return list(pc.struct_field(batch.columns.table.column("key").combine_chunks(), [col]).to_pylist())
+    return [ev.key.get(col) for ev in batch.events if ev.op != "t"]
+
+
 def _check_lsn(v: Version) -> None:
     if v.commit_lsn >= 1 << 63:
         raise ApplyError(f"commit LSN {v.commit_lsn} does not fit int64", fix="report this source")
@@ -923,20 +978,21 @@ def _layout_of(table: DeltaTable) -> Layout:
 def _read(
     table: DeltaTable,
     keys: Sequence[str],
-    buckets: dict[str, int],
+    buckets: Iterable[int],
     *,
     key: str = KEY,
     extra_filter: pc.Expression | None = None,
     columns: list[str] | None = None,
 ) -> pa.Table:
-    """Rows of the given keys (only ``columns`` when given), reading only their buckets' files."""
+    """Rows of the given keys (only ``columns`` when given), reading only the files of ``buckets``
+    (which must hold every bucket of ``keys``)."""
     if not keys:
         empty = _arrow_schema(table).empty_table()
         return empty.select(columns) if columns else empty
     ds = table.to_pyarrow_dataset()
     # partition pruning by bucket; the key filter runs in memory (delta-rs writes some string columns
     # as string_view, which pyarrow's statistics pruning cannot compare with a string literal)
-    flt = pc.field(BUCKET).isin(sorted({buckets[k] for k in keys}))
+    flt = pc.field(BUCKET).isin(sorted(set(buckets)))
     got = ds.to_table(filter=flt, columns=columns)
     mask = pc.is_in(got[key].cast(pa.string()), value_set=pa.array(list(keys), pa.string()))
     if extra_filter is not None:
@@ -947,8 +1003,7 @@ def _read(
 
 def _latest_rows(history: DeltaTable, keys: Sequence[str], ctx: _BatchContext) -> dict[str, dict[str, Any]]:
     """Per key, the history row with the newest version (open or closed)."""
-    buckets = {k: ctx.key_buckets[k] for k in keys}
-    rows = _read(history, keys, buckets).to_pylist()
+    rows = _read(history, keys, ctx.buckets_of(keys)).to_pylist()
     best: dict[str, dict[str, Any]] = {}
     for r in rows:
         b = best.get(r[KEY])
@@ -995,7 +1050,11 @@ class _Converted:
 
 
 def _convert(f: pa.Field, types: dict[str, str | None], values: list[Any]) -> pa.Array:
-    arr = T.to_array(values, types[f.name])
+    return _cast_to_field(f, types, T.to_array(values, types[f.name]))
+
+
+def _cast_to_field(f: pa.Field, types: dict[str, str | None], arr: pa.Array) -> pa.Array:
+    """A column's converted values in the table's type (a type changed at the source: ApplyError)."""
     if arr.type != f.type:
         try:
             arr = arr.cast(f.type)

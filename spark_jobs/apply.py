@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from sinks import ChangeBatch, DeadLetter, RawRecord, Sink
+    from sinks import ChangeBatch, DeadLetter, Sink
 
 CONSUMER = "apply"
 #: the message of the error a micro-batch raises when it starts after a stop was requested (it has
@@ -295,7 +295,11 @@ class ApplyJob:
             reg = self._table_for(topic)
             if reg is not None:
                 columns = parse_columns(
-                    reg, part.column("key"), part.column("value"), part.column("partition"), part.column("offset")
+                    reg,
+                    part.column("key"),
+                    part.column("value"),
+                    part.column("partition"),
+                    part.column("offset"),
                 )
                 if columns is not None:
                     batches.append(ChangeBatch(reg, columns=columns))
@@ -314,7 +318,14 @@ class ApplyJob:
                 from sinks import DeadLetter as DL
 
                 dead.extend(
-                    DL(r.topic, r.partition, r.offset, r.key, r.value, f"topic {topic} is no longer registered")
+                    DL(
+                        r.topic,
+                        r.partition,
+                        r.offset,
+                        r.key,
+                        r.value,
+                        f"topic {topic} is no longer registered",
+                    )
                     for r in records
                 )
                 continue
