@@ -14,6 +14,7 @@ built from the columns only when something asks for them (``ChangeBatch.events``
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -200,8 +201,8 @@ def parse_columns(
     )
     if env is None:
         return None
-    key_tab = _read_lines(keys, pa.schema([("key", key_type)]), wrap=True)
-    if key_tab is None or not _canonical_keys(keys, tuple(reg.key)):
+    key_struct = _parse_keys(keys, key_type)
+    if key_struct is None:
         return None
     src = env.column("source").combine_chunks()
     op = env.column("op").combine_chunks()
@@ -238,7 +239,7 @@ def parse_columns(
             "partition": partitions.cast(pa.int32()),
             "offset": offsets.cast(pa.int64()),
             "snapshot": pc.fill_null(snapshot, False),
-            "key": key_tab.column("key").combine_chunks(),
+            "key": key_struct,
             "after": after,
         }
     )
@@ -309,6 +310,32 @@ def _read_lines(arr: pa.Array, schema: pa.Schema, *, wrap: bool = False) -> pa.T
     if table.num_rows != len(arr):
         return None
     return table
+
+
+_CANONICAL_INT = "0|-?[1-9][0-9]*"  # how orjson writes an integer
+
+
+def _parse_keys(keys: pa.Array, key_type: pa.StructType) -> pa.StructArray | None:
+    """The key columns of canonical keys (the bytes are then ``ChangeEvent.key_json``), or None when a
+    key is not canonical. Integer keys: one regular expression over all keys; others: Arrow's JSON
+    reader plus a per-key comparison with orjson's output."""
+    names = [key_type.field(i).name for i in range(key_type.num_fields)]
+    if all(pa.types.is_integer(key_type.field(i).type) for i in range(key_type.num_fields)):
+        pattern = ",".join(
+            re.escape(orjson.dumps(n).decode()) + f":(?P<k{i}>{_CANONICAL_INT})" for i, n in enumerate(names)
+        )
+        try:
+            got = pc.extract_regex(keys.cast(pa.string()), "^\\{" + pattern + "\\}$")
+            if got.null_count:
+                return None
+            fields = [pc.struct_field(got, [i]).cast(pa.int64()) for i in range(len(names))]
+        except (pa.ArrowInvalid, OverflowError):  # not UTF-8, beyond int64: the per-record path decides
+            return None
+        return pa.StructArray.from_arrays(fields, names=names)
+    tab = _read_lines(keys, pa.schema([("key", key_type)]), wrap=True)
+    if tab is None or not _canonical_keys(keys, tuple(names)):
+        return None
+    return tab.column("key").combine_chunks()
 
 
 def _canonical_keys(keys: pa.Array, key_cols: tuple[str, ...]) -> bool:

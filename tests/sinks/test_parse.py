@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
+import pyarrow as pa
 
 from cdc.events import Version
 from sinks import RawRecord, parse_batch
+from sinks.columnar import Columns, parse_columns
 from tests.sinks.feed import Feed, table
 
 
@@ -136,3 +140,83 @@ def test_fast_path_gives_the_per_record_path_s_event() -> None:
     ):
         rec = RawRecord(reg.topic, 2, 9, b'{"id": 1}', orjson.dumps(value), 0)
         assert _parse_fast(reg, rec, tuple(reg.key)) is None, value
+
+
+def _columns(reg: Any, records: list[RawRecord]) -> Columns | None:
+    return parse_columns(
+        reg,
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        min_records=1,
+    )
+
+
+def test_columnar_parse_gives_the_per_record_events() -> None:
+    reg = table(
+        columns=(
+            ("a", "integer"),
+            ("b", "text"),
+            ("n", "numeric(10,2)"),
+            ("f", "double precision"),
+            ("ok", "boolean"),
+        ),
+        key=("a", "b"),
+    )
+    f = Feed(reg)
+    recs = [
+        f.change("r", {"a": 1, "b": "x", "n": "1.50", "f": 2.5, "ok": True}, 100, 0),
+        f.change("u", {"a": 1, "b": "x", "n": None, "f": 3, "ok": None}, 300, 2),
+        f.change("c", {"a": -7, "b": 'q"\\u00e9', "n": "-0.01", "f": -1e300, "ok": False}, 200, 1),
+        *f.delete({"a": 1, "b": "x"}, 300, 1),
+    ]
+    cols = _columns(reg, recs)
+    assert cols is not None
+    batch, dead = parse_batch(reg, recs)
+    assert dead == []
+    events = cols.events()
+    assert [(e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in events] == [
+        (e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in batch.events
+    ]
+    for got, want in zip(events, batch.events, strict=True):
+        assert got.key == want.key and got.ts_ms == want.ts_ms
+        assert got.after == want.after  # 3 and 3.0 compare equal; both convert to the same double
+    assert [r["key_json"] for r in cols.latest().to_pylist()] == [
+        '{"a":-7,"b":"q\\"\\\\u00e9"}',
+        '{"a":1,"b":"x"}',
+    ]
+
+
+def test_columnar_parse_declines_what_the_per_record_parse_must_judge() -> None:
+    reg = table()
+    f = Feed(reg)
+    good = f.change("c", {"id": 1, "name": "a", "note": None}, 100)
+    assert _columns(reg, [good]) is not None
+
+    def with_value(**changes: Any) -> RawRecord:
+        v = orjson.loads(good.value or b"")
+        v.update(changes)
+        return RawRecord(reg.topic, 0, 9, good.key, orjson.dumps(v), 0)
+
+    declined = {
+        "truncate": f.truncate(200),
+        "unavailable column": [f.change("u", {"id": 1, "name": "a"}, 200, unavailable=["note"])],
+        "unknown column": [f.change("u", {"id": 1, "name": "a", "note": None, "new": 1}, 200)],
+        "wrong type": [f.change("u", {"id": 1, "name": 5, "note": None}, 200)],
+        "bad JSON": [RawRecord(reg.topic, 0, 9, good.key, b"{not json", 0)],
+        "two objects": [RawRecord(reg.topic, 0, 9, good.key, (good.value or b"") * 2, 0)],
+        "raw newline": [
+            RawRecord(reg.topic, 0, 9, good.key, (good.value or b"").replace(b",", b",\n", 1), 0)
+        ],
+        "unknown op": [with_value(op="x")],
+        "no after": [with_value(after=None)],
+        "other table": [with_value(source={**orjson.loads(good.value or b"")["source"], "table": "t2"})],
+        "key not canonical": [RawRecord(reg.topic, 0, 9, b'{"id": 1}', good.value, 0)],
+        "key of other columns": [RawRecord(reg.topic, 0, 9, b'{"other":1}', good.value, 0)],
+    }
+    for why, bad in declined.items():
+        assert _columns(reg, [good, *bad]) is None, why
+    assert parse_columns(reg, *(pa.array([x]) for x in (good.key, good.value, 0, 1))) is None, (
+        "too few records"
+    )
