@@ -31,6 +31,10 @@ Guarantees of :meth:`SearchSink.apply` (on top of :class:`sinks.Sink`):
   table does not know), and the replay of that same batch re-deletes and re-adds the same documents
   (same result) and clears the flag. A pending batch that is never replayed (checkpoint wiped) keeps
   the always-delete mode on for that index: slower, never wrong.
+* **Columnar batches** (``ChangeBatch.columns``: no TRUNCATE, no unavailable column) never build
+  events: only each key's newest row is applied, under the same guard, and per chunk of keys the
+  deletes by term become one delete-by-query of those keys before their adds -- the same documents
+  and side-table rows as the per-event path.
 * **Unavailable TOAST values** are taken from the key's previous event in the same batch, else the
   stored document; without one the batch fails with :class:`cdc.errors.ApplyError`.
 * Tables without search columns are ignored. Changing a table's search columns needs a rebuild
@@ -47,6 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 import tantivy
 
 from cdc.errors import ApplyError, ConfigError
@@ -56,11 +62,14 @@ from sinks import ChangeBatch, ChangeEvent, Sink
 
 if TYPE_CHECKING:
     from cdc.config import Settings
+    from sinks.columnar import Columns
 
 KEY = "_cdc_key"
 LSN = "_cdc_commit_lsn"
 SEQ = "_cdc_seq"
 DOCUMENT = "_cdc_document"
+
+_Row = tuple[str, int, int, int, int | None]  # a side-table row: key, commit_lsn, seq, deleted, deleted_at_ms
 
 
 @dataclass(frozen=True)
@@ -216,14 +225,15 @@ class _Index:
             "INSERT OR REPLACE INTO meta VALUES ('pending', ?)", (orjson.dumps([app_id, batch_id]).decode(),)
         )
 
-    def stored(self, keys: Iterable[str]) -> dict[str, tuple[Version, bool]]:
+    def stored(self, keys: Iterable[str]) -> dict[str, tuple[tuple[int, int], bool]]:
+        """key -> ((commit_lsn, seq), deleted) for the keys the side table holds (plain ints: cheap)."""
         # one query: the keys as a JSON array joined through json_each
         q = (
             "SELECT v.key, v.commit_lsn, v.seq, v.deleted FROM json_each(?) AS j "
             "JOIN versions AS v ON v.key = j.value"
         )
         return {
-            key: (Version(lsn, seq), bool(deleted))
+            key: ((lsn, seq), bool(deleted))
             for key, lsn, seq, deleted in self.db.execute(q, (orjson.dumps(list(keys)).decode(),))
         }
 
@@ -272,61 +282,53 @@ class SearchSink(Sink):
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
         """See :class:`sinks.Sink` and the module docstring; a table without search columns is a no-op."""
         reg = batch.table
-        if not reg.search or not batch.events:
+        if not reg.search or not len(batch):
             return
         idx = self._index(reg)
         done = idx.applied(app_id)
         if done is not None and done >= batch_id:
             return
-        latest = batch.latest()
-        by_key: dict[str, list[ChangeEvent]] = {}
-        for e in batch.events:
-            if e.op != "t":
-                by_key.setdefault(e.key_json, []).append(e)
-        keys = sorted({ev.key_json for ev in latest if ev.op != "t"})
-        stored = idx.stored(keys)
         marker = idx.marker()
         pending = idx.pending()
         # while a batch is pending the index may hold documents the side table does not know
         always_delete = pending is not None
-        toast_keys = {e.key_json for e in batch.events if e.unavailable}
-        overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
         writer = idx.writer
-        fields = field_names(reg)
         try:
-            truncate = self._upserts(
-                idx, latest, stored, marker, overlay, by_key, toast_keys, always_delete, fields
-            )
+            if batch.columns is not None:
+                rows, truncate = _columnar_upserts(idx, batch.columns, marker, always_delete), None
+            else:
+                rows, truncate = self._upserts(idx, batch, marker, always_delete)
         except BaseException:
             writer.rollback()  # drop this attempt's uncommitted operations: a retry starts clean
             raise
-        if not overlay and truncate is None:
-            self._record(idx, app_id, batch_id, {}, None, clear_pending=pending == (app_id, batch_id))
+        if not rows and truncate is None:
+            self._record(idx, app_id, batch_id, (), None, clear_pending=pending == (app_id, batch_id))
             return
         if pending is None:  # (another pending batch stays recorded: always-delete mode stays on)
             idx.set_pending(app_id, batch_id)
         writer.commit()
         self._record(
-            idx, app_id, batch_id, overlay, truncate, clear_pending=pending in (None, (app_id, batch_id))
+            idx, app_id, batch_id, rows, truncate, clear_pending=pending in (None, (app_id, batch_id))
         )
         if batch_id % 100 == 0:
             self.purge(reg)
 
     def _upserts(
-        self,
-        idx: _Index,
-        latest: list[ChangeEvent],
-        stored: dict[str, tuple[Version, bool]],
-        marker: Version,
-        overlay: dict[str, tuple[Version, bool, int | None]],
-        by_key: dict[str, list[ChangeEvent]],
-        toast_keys: set[str],
-        always_delete: bool,
-        fields: dict[str, str],
-    ) -> ChangeEvent | None:
-        """The batch's index operations (uncommitted); fills ``overlay``; returns the applied TRUNCATE."""
+        self, idx: _Index, batch: ChangeBatch, marker: Version, always_delete: bool
+    ) -> tuple[list[_Row], ChangeEvent | None]:
+        """The batch's index operations (uncommitted), per event; returns the side-table rows and the
+        applied TRUNCATE."""
         reg = idx.reg
         writer = idx.writer
+        fields = field_names(reg)
+        latest = batch.latest()
+        by_key: dict[str, list[ChangeEvent]] = {}
+        for e in batch.events:
+            if e.op != "t":
+                by_key.setdefault(e.key_json, []).append(e)
+        stored = idx.stored(sorted({ev.key_json for ev in latest if ev.op != "t"}))
+        toast_keys = {e.key_json for e in batch.events if e.unavailable}
+        overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
         truncate: ChangeEvent | None = None
         for ev in latest:
             if ev.op == "t":
@@ -349,7 +351,7 @@ class SearchSink(Sink):
             else:
                 st = stored.get(ev.key_json)
                 if st is not None:
-                    guard = max(guard, st[0])
+                    guard = max(guard, Version(*st[0]))
                     live = live or not st[1]
             if ev.version <= guard:
                 continue
@@ -363,20 +365,24 @@ class SearchSink(Sink):
                 chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
                 if any(e.unavailable for e in chain):
                     values = _resolve(idx, reg, chain)
-            writer.add_document(_document(ev, values, fields))
+            writer.add_document(_document(ev.key_json, ev.version.commit_lsn, ev.version.seq, values, fields))
             overlay[ev.key_json] = (ev.version, False, None)
-        return truncate
+        rows = [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()]
+        rows.sort(key=lambda r: r[0])
+        return rows, truncate
 
     def _record(
         self,
         idx: _Index,
         app_id: str,
         batch_id: int,
-        overlay: dict[str, tuple[Version, bool, int | None]],
+        rows: Iterable[_Row],
         truncate: ChangeEvent | None,
         *,
         clear_pending: bool,
     ) -> None:
+        """The side table's commit: ``rows`` = (key, commit_lsn, seq, deleted, deleted_at_ms) in key
+        order (B-tree pages are then visited once, in order), the truncate marker, the batch id."""
         db = idx.db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -392,14 +398,11 @@ class SearchSink(Sink):
                     "INSERT OR REPLACE INTO meta VALUES ('truncate', ?)",
                     (orjson.dumps([truncate.version.commit_lsn, truncate.version.seq]).decode(),),
                 )
-            db.executemany(  # in key order: B-tree pages are visited once, in order
+            db.executemany(
                 "INSERT INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET commit_lsn = excluded.commit_lsn, seq = excluded.seq, "
                 "deleted = excluded.deleted, deleted_at_ms = excluded.deleted_at_ms",
-                [
-                    (k, v.commit_lsn, v.seq, int(dead), at)
-                    for k, (v, dead, at) in sorted(overlay.items(), key=lambda kv: kv[0])
-                ],
+                rows,
             )
             db.execute("INSERT OR REPLACE INTO applied VALUES (?, ?)", (app_id, batch_id))
             db.execute("COMMIT")
@@ -448,11 +451,69 @@ def _resolve(idx: _Index, reg: TableReg, chain: list[ChangeEvent]) -> dict[str, 
     return base
 
 
-def _document(ev: ChangeEvent, values: dict[str, Any], fields: dict[str, str]) -> tantivy.Document:
+_CHUNK = 8192  # rows per step of the columnar path: its Python objects stay few (fresh memory is slow)
+
+
+def _columnar_upserts(idx: _Index, cols: Columns, marker: Version, always_delete: bool) -> list[_Row]:
+    """The index operations (uncommitted) of a columnar batch; returns the side-table rows in key order.
+
+    Same result as the per-event path: a columnar batch has no TRUNCATE and no unavailable column, so
+    only each key's newest row (:meth:`Columns.latest`) matters, applied when newer than the truncate
+    marker and the key's stored version. Per chunk of rows, one delete-by-query of the keys with a live
+    stored version (every key while a batch is pending) comes before the chunk's adds: each key occurs
+    once, so it removes exactly what the per-key delete by term would."""
+    writer = idx.writer
+    schema = idx.schema
+    fields = field_names(idx.reg)
+    mark = (marker.commit_lsn, marker.seq)
+    latest = cols.latest()
+    applied: list[pa.Table] = []
+    for start in range(0, latest.num_rows, _CHUNK):
+        chunk = latest.slice(start, _CHUNK)
+        keys, lsns, seqs = (chunk.column(c).to_pylist() for c in ("key_json", "commit_lsn", "seq"))
+        stored = idx.stored(keys)
+        keep: list[int] = []
+        live: list[str] = []
+        for i, (key, lsn, seq) in enumerate(zip(keys, lsns, seqs, strict=True)):
+            v = (lsn, seq)
+            st = stored.get(key)
+            if v <= mark or (st is not None and v <= st[0]):
+                continue
+            keep.append(i)
+            if always_delete or (st is not None and not st[1]):
+                live.append(key)
+        if not keep:
+            continue
+        if live:  # a key without a live stored version has no document
+            writer.delete_documents_by_query(tantivy.Query.term_set_query(schema, KEY, live))
+        chunk = chunk.take(keep)
+        applied.append(chunk.select(["key_json", "commit_lsn", "seq", "op", "ts_ms"]))
+        names = ("key_json", "commit_lsn", "seq", "op", "after")
+        for key, lsn, seq, op, after in zip(*(chunk.column(c).to_pylist() for c in names), strict=True):
+            if op != "d":
+                writer.add_document(_document(key, lsn, seq, after, fields))
+    if not applied:
+        return []
+    rows = pa.concat_tables(applied)
+    rows = rows.take(pc.sort_indices(rows, [("key_json", "ascending")]))
+    deleted = pc.equal(rows.column("op"), "d")
+    return list(
+        zip(
+            *(rows.column(c).to_pylist() for c in ("key_json", "commit_lsn", "seq")),
+            deleted.cast(pa.int64()).to_pylist(),
+            pc.if_else(deleted, rows.column("ts_ms"), None).to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _document(
+    key_json: str, commit_lsn: int, seq: int, values: dict[str, Any], fields: dict[str, str]
+) -> tantivy.Document:
     doc = tantivy.Document()
-    doc.add_text(KEY, ev.key_json)
-    doc.add_unsigned(LSN, ev.version.commit_lsn)
-    doc.add_unsigned(SEQ, ev.version.seq)
+    doc.add_text(KEY, key_json)
+    doc.add_unsigned(LSN, commit_lsn)
+    doc.add_unsigned(SEQ, seq)
     for col, field in fields.items():
         v = values.get(col)
         if v is None:
