@@ -91,7 +91,7 @@ class Columns:
     table: pa.Table
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
     def by_key(self) -> pa.Table:
         """The rows sorted by key, then version, partition, offset."""

@@ -50,7 +50,8 @@ _TS_TYPE = pa.timestamp("us", tz="UTC")
 
 def _newer(a_lsn: np.ndarray, a_seq: np.ndarray, b_lsn: np.ndarray, b_seq: np.ndarray) -> np.ndarray:
     """Element-wise: version a is strictly newer than version b."""
-    return (a_lsn > b_lsn) | ((a_lsn == b_lsn) & (a_seq > b_seq))
+    out: np.ndarray = (a_lsn > b_lsn) | ((a_lsn == b_lsn) & (a_seq > b_seq))
+    return out
 
 
 def _versions_of(
@@ -132,7 +133,8 @@ class ColumnarApply:
                 fix="check the registration's key column against the source",
                 key=bad,
             )
-        return np.floor_divide(col.to_numpy(), layout.size).astype(np.int64)
+        out: np.ndarray = np.floor_divide(col.to_numpy(), layout.size).astype(np.int64)
+        return out
 
     # -- source tables -------------------------------------------------------------------------------
     def _data(self, rows: np.ndarray, schema: pa.Schema, meta: dict[str, pa.Array]) -> pa.Table:
