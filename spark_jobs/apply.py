@@ -6,7 +6,10 @@ How a micro-batch is applied (:meth:`ApplyJob.process_batch`, called by ``foreac
 -------------------------------------------------------------------------------------------
 1. The batch's records (read by the ``cdclog`` source, :mod:`spark_jobs.source`) are collected to
    the driver as Arrow and grouped by topic -> registered table.
-2. :func:`sinks.parse_batch` parses them; a record it cannot parse becomes a dead letter, appended
+2. A table's records are parsed in columns first (:func:`sinks.columnar.parse_columns`, Arrow's JSON
+   reader); a batch with anything unusual in it (a TRUNCATE, unchanged TOAST columns, a new column,
+   a malformed record) is parsed record by record instead. There,
+   :func:`sinks.parse_batch` turns a record it cannot parse into a dead letter, appended
    to the dead-letter topic (``<prefix>.__dead_letter``, not compacted) with the reason and the
    source position (headers and a JSON value holding the original bytes), and counted in
    ``<state>/spark/apply-metrics.json``. The good records of the batch are still applied.
