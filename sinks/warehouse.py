@@ -78,6 +78,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake.table import TableMerger
 
 from cdc.errors import ApplyError, ConfigError
 from cdc.events import _TOPIC_UNSAFE, Version
@@ -642,6 +643,13 @@ class WarehouseSink(Sink):
         return None
 
 
+def _merger(table: DeltaTable, source: pa.Table, predicate: str, commit: CommitProperties) -> TableMerger:
+    """A merge of ``source`` (alias ``s``) into ``table`` (alias ``t``), committed with ``commit``."""
+    return table.merge(
+        source, predicate, source_alias="s", target_alias="t", streamed_exec=False, commit_properties=commit
+    )
+
+
 def _write_tombstones(tombs: DeltaTable, source: pa.Table, commit: CommitProperties) -> None:
     """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
     pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
@@ -649,14 +657,7 @@ def _write_tombstones(tombs: DeltaTable, source: pa.Table, commit: CommitPropert
     )
     newer = "(s.commit_lsn > t.commit_lsn OR (s.commit_lsn = t.commit_lsn AND s.seq > t.seq))"
     (
-        tombs.merge(
-            source,
-            pred,
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,
-            commit_properties=commit,
-        )
+        _merger(tombs, source, pred, commit)
         .when_matched_update_all(predicate=newer)
         .when_not_matched_insert_all()
         .execute()
@@ -694,15 +695,7 @@ def _write_history(
                 "appended": True,
             }
         predicate += " AND " + _in_list("t", BUCKET, match)
-    merger = history.merge(
-        source,
-        predicate,
-        source_alias="s",
-        target_alias="t",
-        streamed_exec=False,
-        commit_properties=commit,
-        writer_properties=None,
-    )
+    merger = _merger(history, source, predicate, commit)
     close_cols = (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP)
     merger = merger.when_matched_update(
         {c: _col("s", c) for c in close_cols}, predicate=f"{_col('s', _SRC_KIND)} = 'close'"
@@ -740,14 +733,7 @@ def _write_current(
             write_deltalake(current, ups, mode="append", commit_properties=commit)
             return {"num_target_files_removed": 0, "num_target_rows_inserted": ups.num_rows, "appended": True}
         predicate += " AND " + _in_list("t", BUCKET, match)
-    merger = current.merge(
-        source,
-        predicate,
-        source_alias="s",
-        target_alias="t",
-        streamed_exec=False,
-        commit_properties=commit,
-    )
+    merger = _merger(current, source, predicate, commit)
     merger = (
         merger.when_matched_delete(predicate=f"{_col('s', OP)} = 'd' AND {_newer('s', 't')}")
         .when_matched_update(

@@ -11,7 +11,7 @@ import pyarrow as pa
 from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.registry import Column, TableReg
 from sinks import ChangeBatch, RawRecord, parse_batch
-from sinks.columnar import parse_columns
+from sinks.columnar import Columns, parse_columns
 
 #: set by the ``columnar`` fixture (tests/sinks/conftest.py): Feed.batch then builds the columnar form
 #: of a batch whenever the columnar parse takes it, so every sink test runs both forms
@@ -36,6 +36,18 @@ def table(
         search=search,
         columns=tuple(Column(n, t) for n, t in columns),
         snapshot_state="done",
+    )
+
+
+def columns_of(reg: TableReg, records: list[RawRecord]) -> Columns | None:
+    """The columnar parse of ``records`` (any number of them), None when it declines."""
+    return parse_columns(
+        reg,
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        min_records=1,
     )
 
 
@@ -118,14 +130,7 @@ class Feed:
         for r in records:
             flat.extend(r if isinstance(r, list) else [r])
         if COLUMNAR:
-            columns = parse_columns(
-                self.reg,
-                pa.array([r.key for r in flat], pa.binary()),
-                pa.array([r.value for r in flat], pa.binary()),
-                pa.array([r.partition for r in flat], pa.int32()),
-                pa.array([r.offset for r in flat], pa.int64()),
-                min_records=1,
-            )
+            columns = columns_of(self.reg, flat)
             if columns is not None:
                 return ChangeBatch(self.reg, columns=columns)
         batch, dead = parse_batch(self.reg, flat)

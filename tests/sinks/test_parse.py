@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from cdc.events import Version
 from sinks import RawRecord, parse_batch
-from sinks.columnar import Columns, parse_columns
-from tests.sinks.feed import Feed, table
+from sinks.columnar import parse_columns
+from tests.sinks.feed import Feed, columns_of, table
 
 
 def test_dead_letters_carry_the_record_and_reason() -> None:
@@ -142,17 +142,6 @@ def test_fast_path_gives_the_per_record_path_s_event() -> None:
         assert _parse_fast(reg, rec, tuple(reg.key)) is None, value
 
 
-def _columns(reg: Any, records: list[RawRecord]) -> Columns | None:
-    return parse_columns(
-        reg,
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
-        pa.array([r.partition for r in records], pa.int32()),
-        pa.array([r.offset for r in records], pa.int64()),
-        min_records=1,
-    )
-
-
 def test_columnar_parse_gives_the_per_record_events() -> None:
     reg = table(
         columns=(
@@ -171,7 +160,7 @@ def test_columnar_parse_gives_the_per_record_events() -> None:
         f.change("c", {"a": -7, "b": 'q"\\u00e9', "n": "-0.01", "f": -1e300, "ok": False}, 200, 1),
         *f.delete({"a": 1, "b": "x"}, 300, 1),
     ]
-    cols = _columns(reg, recs)
+    cols = columns_of(reg, recs)
     assert cols is not None
     batch, dead = parse_batch(reg, recs)
     assert dead == []
@@ -192,7 +181,7 @@ def test_columnar_parse_declines_what_the_per_record_parse_must_judge() -> None:
     reg = table()
     f = Feed(reg)
     good = f.change("c", {"id": 1, "name": "a", "note": None}, 100)
-    assert _columns(reg, [good]) is not None
+    assert columns_of(reg, [good]) is not None
 
     def with_value(**changes: Any) -> RawRecord:
         v = orjson.loads(good.value or b"")
@@ -216,7 +205,7 @@ def test_columnar_parse_declines_what_the_per_record_parse_must_judge() -> None:
         "key of other columns": [RawRecord(reg.topic, 0, 9, b'{"other":1}', good.value, 0)],
     }
     for why, bad in declined.items():
-        assert _columns(reg, [good, *bad]) is None, why
+        assert columns_of(reg, [good, *bad]) is None, why
     assert parse_columns(reg, *(pa.array([x]) for x in (good.key, good.value, 0, 1))) is None, (
         "too few records"
     )

@@ -9,16 +9,14 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 import tantivy
 
 from cdc.errors import ApplyError
 from sinks import ChangeBatch, parse_batch
 from sinks import search as S
-from sinks.columnar import parse_columns
 from sinks.search import SearchSink
-from tests.sinks.feed import Feed, table
+from tests.sinks.feed import Feed, columns_of, table
 
 # every test runs on both batch forms (per-event and columnar)
 pytestmark = pytest.mark.usefixtures("columnar")
@@ -172,14 +170,7 @@ def _both(f: Feed, records: list) -> tuple[ChangeBatch, ChangeBatch]:
     """The same records as a per-event batch and as a columnar batch."""
     batch, dead = parse_batch(f.reg, records)
     assert dead == []
-    cols = parse_columns(
-        f.reg,
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
-        pa.array([r.partition for r in records], pa.int32()),
-        pa.array([r.offset for r in records], pa.int64()),
-        min_records=1,
-    )
+    cols = columns_of(f.reg, records)
     assert cols is not None, "the columnar parse declined the batch"
     return batch, ChangeBatch(f.reg, columns=cols)
 
