@@ -164,6 +164,9 @@ class _Index:
         )
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = FULL")
+        # 64 MB of page cache (default 2 MB): with a million keys the version lookups and updates of a
+        # batch otherwise miss it (measured: updates of 250k keys into 1M, ~40 -> ~33 us per change)
+        self.db.execute("PRAGMA cache_size = -65536")
         self.db.executescript(
             """
             CREATE TABLE IF NOT EXISTS versions (key TEXT PRIMARY KEY, commit_lsn INTEGER NOT NULL,
