@@ -186,6 +186,8 @@ def parse_columns(
         return None
     values = _as_binary(values)
     keys = _as_binary(keys)
+    if values is None or keys is None:
+        return None
     env = _read_lines(
         values,
         pa.schema(
@@ -274,7 +276,15 @@ def _one_chunk(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
 
 
-def _as_binary(arr: pa.Array) -> pa.Array:
+#: above this many bytes of values in one table's batch the per-record parse takes it (Arrow's binary
+#: arrays hold at most 2 GiB; a catch-up without maxRecordsPerBatch can bring more)
+MAX_BYTES = 1 << 30
+
+
+def _as_binary(arr: pa.Array) -> pa.Array | None:
+    """The array as ``binary`` (32-bit offsets), None when it holds more than :data:`MAX_BYTES`."""
+    if arr.nbytes > MAX_BYTES:
+        return None
     if arr.type == pa.large_binary():
         arr = arr.cast(pa.binary())
     return arr
