@@ -49,6 +49,9 @@ Guarantees of :meth:`WarehouseSink.apply` (on top of :class:`sinks.Sink`):
   older than T is closed (``_cdc_end_op='t'``); T is remembered so older late events are ignored.
 * **Schema evolution.** A column in the registration or in an event that the tables lack is added
   (``alter.add_columns``, old rows null) before the batch's commits.
+* **Either batch form.** A columnar batch (``ChangeBatch.columns``) is written by
+  :mod:`sinks.warehouse_columnar` with Arrow and numpy: the same rows and the same three commits as
+  the per-event path below (tests compare the tables of both after every batch).
 
 What is bounded: both tables are partitioned by ``_cdc_bucket`` and every merge carries as a predicate
 (``_cdc_bucket IN (...)``) only the buckets of the batch's keys that already have a row there (current:
