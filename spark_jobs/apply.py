@@ -153,6 +153,7 @@ class BatchReport:
     tables: int
     seconds: float
     applied_at_ms: int
+    columnar: int = 0  # tables of the batch parsed in columns (the others record by record)
     event_ts_ms: list[int] = field(default_factory=list)  # filled when ApplyJob.keep_event_ts
     read_parse_seconds: float = 0.0  # collecting the records and parsing them
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink name
@@ -171,6 +172,7 @@ class ApplySummary:
     records: int = 0
     events: int = 0
     dead_letters: int = 0
+    columnar: int = 0  # table batches parsed in columns (sinks.columnar); the rest record by record
     seconds: float = 0.0
     tables: list[str] = field(default_factory=list)
     last_batch_id: int | None = None
@@ -349,6 +351,7 @@ class ApplyJob:
             events=events,
             dead_letters=len(dead),
             tables=len(batches),
+            columnar=sum(b.columns is not None for b in batches),
             seconds=time.monotonic() - started,
             applied_at_ms=int(time.time() * 1000),
             read_parse_seconds=collected - started,
@@ -361,6 +364,7 @@ class ApplyJob:
         s.records += n
         s.events += events
         s.dead_letters += len(dead)
+        s.columnar += report.columnar
         s.last_batch_id = batch_id
         if self.on_batch is not None:
             self.on_batch(report)

@@ -81,6 +81,25 @@ def test_redelivered_out_of_order_events_leave_the_same_tables(spark_clean: Any,
     assert env.store.committed(CONSUMER, reg.topic) == env.store.end_offsets(reg.topic)
 
 
+def test_plain_batches_are_parsed_in_columns_and_unusual_ones_per_record(spark_clean: Any, env: Env) -> None:
+    reg = env.register(_reg(search=("name",)))
+    w = ChangeWriter(env.store, reg)
+    state = _workload(w)  # 100+ plain records: one columnar batch
+    summary = run_job(spark_clean, env)
+    assert (summary.batches, summary.columnar) == (1, 1)
+    assert _current(env, reg) == _expected(state)
+    with w.txn():  # a TRUNCATE: that batch is parsed record by record
+        w.truncate()
+    state = {}
+    for i in range(200, 300):
+        with w.txn():
+            w.insert(_row(i))
+        state[i] = _row(i)
+    summary = run_job(spark_clean, env)
+    assert (summary.batches, summary.columnar) == (1, 0)
+    assert _current(env, reg) == _expected(state)
+
+
 def test_corrupt_records_go_to_the_dead_letter_topic(spark_clean: Any, env: Env) -> None:
     reg = env.register(_reg())
     w = ChangeWriter(env.store, reg)
