@@ -216,6 +216,7 @@ def parse_columns(
     is_delete = pc.equal(op, "d")
     checks = [
         pc.is_in(op, pa.array(["r", "c", "u", "d"])),
+        pc.is_valid(src),
         pc.greater_equal(commit_lsn, 0),
         pc.greater_equal(seq, 0),
         pc.is_valid(ts_ms),

@@ -199,6 +199,8 @@ def test_columnar_parse_declines_what_the_per_record_parse_must_judge() -> None:
             RawRecord(reg.topic, 0, 9, good.key, (good.value or b"").replace(b",", b",\n", 1), 0)
         ],
         "unknown op": [with_value(op="x")],
+        "no source": [with_value(source=None)],
+        "no version": [with_value(source={"ts_ms": 1, "schema": reg.schema, "table": reg.table})],
         "no after": [with_value(after=None)],
         "other table": [with_value(source={**orjson.loads(good.value or b"")["source"], "table": "t2"})],
         "key not canonical": [RawRecord(reg.topic, 0, 9, b'{"id": 1}', good.value, 0)],
