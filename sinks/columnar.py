@@ -36,9 +36,6 @@ __all__ = ["Columns", "json_type", "parse_columns"]
 #: below this many records the per-record parse is as fast (Arrow's reader has a fixed cost)
 MIN_RECORDS = 64
 
-_INT_TYPES = frozenset(("smallint", "int2", "integer", "int", "int4", "bigint", "int8", "oid", "xid"))
-_FLOAT_TYPES = frozenset(("real", "float4", "double precision", "float8"))
-
 _SOURCE = pa.struct(
     [
         ("version", pa.string()),
@@ -58,23 +55,34 @@ _SOURCE = pa.struct(
 )
 
 
+def key_starts(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """For keys sorted so that equal keys are adjacent: True where a row starts a new key."""
+    n = len(keys)
+    first = np.ones(n, dtype=bool)
+    if n > 1:
+        first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return first
+
+
 def json_type(pg_type: str | None) -> pa.DataType | None:
     """The Arrow type of a column's *event* encoding (cdc.events), or None for a type the columnar path
-    leaves to the per-record parse (arrays, unknown columns)."""
-    from sinks.types import base_type
+    leaves to the per-record parse (arrays, unknown columns): JSON integers, numbers and booleans for
+    the columns stored as such (:func:`sinks.types.arrow_type`), text for everything else (numeric,
+    json/jsonb, bytea hex, timestamps, dates, text, ...)."""
+    from sinks.types import arrow_type
 
     if pg_type is None:
         return None
-    t = base_type(pg_type)
-    if t.endswith("[]"):
+    at = arrow_type(pg_type)
+    if pa.types.is_list(at):
         return None
-    if t in _INT_TYPES:
+    if pa.types.is_integer(at):
         return pa.int64()
-    if t in _FLOAT_TYPES:
+    if pa.types.is_floating(at):
         return pa.float64()
-    if t in ("boolean", "bool"):
+    if pa.types.is_boolean(at):
         return pa.bool_()
-    return pa.string()  # numeric as text, json/jsonb as text, bytea hex, timestamps, text, ...
+    return pa.string()
 
 
 @dataclass(frozen=True)
@@ -104,13 +112,8 @@ class Columns:
     def latest(self) -> pa.Table:
         """The newest row per key (by version; a tie goes to the later record), sorted by version."""
         t = self.by_key()
-        keys = t.column("key_json")
-        n = t.num_rows
-        if n == 0:
-            return t
-        last = np.ones(n, dtype=bool)
-        if n > 1:
-            last[:-1] = pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        last = np.ones(t.num_rows, dtype=bool)
+        last[:-1] = key_starts(t.column("key_json"))[1:]
         t = t.filter(pa.array(last))
         order = pc.sort_indices(
             t, sort_keys=[(c, "ascending") for c in ("commit_lsn", "seq", "partition", "offset")]

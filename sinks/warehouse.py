@@ -77,6 +77,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -85,7 +86,7 @@ from deltalake.table import TableMerger
 
 from cdc.errors import ApplyError, ConfigError
 from cdc.events import _TOPIC_UNSAFE, Version
-from cdc.logstore.partitioner import murmur2, partitions_for
+from cdc.logstore.partitioner import murmur2, partition_array
 from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, Sink
 from sinks import types as T
@@ -264,22 +265,19 @@ class Layout:
             return hashed
         return ranged
 
-    def buckets(self, reg: TableReg, keys: Sequence[str], by_key: dict[str, list[ChangeEvent]]) -> list[int]:
-        """The bucket of each key (``by_key`` holds each key's events, for the key values)."""
+    def buckets(self, reg: TableReg, keys: Sequence[str], key_values: Sequence[Any]) -> np.ndarray:
+        """The bucket of each key (int64), given each key's value of the first key column (what the
+        range layout divides)."""
         if self.mode == "hash":
-            return partitions_for([k.encode() for k in keys], self.size)
-        col = reg.key[0]
-        out = []
-        for k in keys:
-            v = by_key[k][0].key.get(col)
-            if type(v) is not int:
-                raise ApplyError(
-                    f"{reg.qualified}: key {k} is not an integer, but the warehouse table is range-clustered "
-                    "on it",
-                    fix="check the registration's key column against the source",
-                    key=k,
-                )
-            out.append(v // self.size)
+            return partition_array([k.encode() for k in keys], self.size)
+        bad = next((k for k, v in zip(keys, key_values, strict=True) if type(v) is not int), None)
+        if bad is not None:
+            raise ApplyError(
+                f"{reg.qualified}: key {bad} is not an integer, but the warehouse table is range-clustered on it",
+                fix="check the registration's key column against the source",
+                key=bad,
+            )
+        out: np.ndarray = np.floor_divide(np.asarray(key_values, dtype=np.int64), self.size)
         return out
 
 
@@ -773,7 +771,10 @@ class _BatchContext:
             if ev.op != "t":
                 self.by_key.setdefault(ev.key_json, []).append(ev)
         self.keys = sorted(self.by_key)
-        self.key_buckets = dict(zip(self.keys, layout.buckets(reg, self.keys, self.by_key), strict=True))
+        first_values = [self.by_key[k][0].key.get(reg.key[0]) for k in self.keys]
+        self.key_buckets = dict(
+            zip(self.keys, layout.buckets(reg, self.keys, first_values).tolist(), strict=True)
+        )
         for k in self.keys:
             _check_lsn(self.by_key[k][-1].version)
         tomb_rows = _read(

@@ -16,13 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
-from cdc.errors import ApplyError
-from cdc.logstore.partitioner import partitions_for
 from cdc.registry import TableReg
 from sinks import types as T
-from sinks.columnar import Columns
+from sinks.columnar import Columns, key_starts
 from sinks.warehouse import (
     _SRC_KIND,
+    _TS_TYPE,
     BUCKET,
     END_LSN,
     END_OP,
@@ -39,13 +38,12 @@ from sinks.warehouse import (
     VALID_TO,
     Layout,
     _arrow_schema,
+    _cast_to_field,
     _read,
     _write_current,
     _write_history,
     _write_tombstones,
 )
-
-_TS_TYPE = pa.timestamp("us", tz="UTC")
 
 
 def _newer(a_lsn: np.ndarray, a_seq: np.ndarray, b_lsn: np.ndarray, b_seq: np.ndarray) -> np.ndarray:
@@ -93,16 +91,15 @@ class ColumnarApply:
         self.ts_us = t.column("ts_ms").to_numpy() * 1000
         self.op = t.column("op").combine_chunks()
         self.is_delete = pc.equal(self.op, "d").to_numpy(zero_copy_only=False)
-        first = np.ones(n, dtype=bool)
-        if n > 1:
-            first[1:] = pc.not_equal(key.slice(1), key.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        first = key_starts(key)
         self.first_of_key = first
         self.last_of_key = np.ones(n, dtype=bool)
         self.last_of_key[:-1] = first[1:]
         self.key_of_row = np.cumsum(first) - 1
         self.keys = key.filter(pa.array(first))
         self.key_list: list[str] = self.keys.to_pylist()
-        self.key_bucket = self._buckets(layout, t.column("key").combine_chunks().filter(pa.array(first)))
+        first_values = pc.struct_field(t.column("key").combine_chunks().filter(pa.array(first)), [reg.key[0]])
+        self.key_bucket = layout.buckets(reg, self.key_list, first_values.to_pylist())
         self.bucket_set = set(self.key_bucket.tolist())
         tomb = _read(tombs, [*self.key_list, TRUNCATE_MARKER], [*self.bucket_set, 0], key="key_json")
         is_marker = pc.equal(tomb.column("key_json").cast(pa.string()), TRUNCATE_MARKER)
@@ -118,24 +115,6 @@ class ColumnarApply:
         self.guard_lsn = np.where(older, m_lsn, g_lsn)
         self.guard_seq = np.where(older, m_seq, g_seq)
 
-    def _buckets(self, layout: Layout, key_values: pa.StructArray) -> np.ndarray:
-        if layout.mode == "hash":
-            return np.asarray(
-                partitions_for([k.encode() for k in self.key_list], layout.size), dtype=np.int64
-            )
-        col = key_values.field(self.reg.key[0])
-        if col.null_count or not pa.types.is_integer(col.type):
-            bad = (
-                self.key_list[pc.index(pc.is_null(col), True).as_py()] if col.null_count else self.key_list[0]
-            )
-            raise ApplyError(
-                f"{self.reg.qualified}: key {bad} is not an integer, but the warehouse table is range-clustered on it",
-                fix="check the registration's key column against the source",
-                key=bad,
-            )
-        out: np.ndarray = np.floor_divide(col.to_numpy(), layout.size).astype(np.int64)
-        return out
-
     # -- source tables -------------------------------------------------------------------------------
     def _data(self, rows: np.ndarray, schema: pa.Schema, meta: dict[str, pa.Array]) -> pa.Table:
         """A source table of ``schema``: ``meta`` columns as given, data columns from the batch's
@@ -144,7 +123,7 @@ class ColumnarApply:
         has = rows >= 0
         take = pa.array(rows, mask=~has) if not has.all() else pa.array(rows)
         arrays = []
-        names = set(after.type.names) if isinstance(after.type, pa.StructType) else set()
+        names = set(after.type.names)
         for f in schema:
             if f.name in meta:
                 arrays.append(meta[f.name])
@@ -270,6 +249,4 @@ class ColumnarApply:
 
 
 def _convert(f: pa.Field, types: dict[str, str | None], values: pa.Array) -> pa.Array:
-    from sinks.warehouse import _cast_to_field
-
     return _cast_to_field(f, types, T.from_json_array(values, types[f.name]))
