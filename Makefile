@@ -3,11 +3,11 @@ SHELL := /bin/bash
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless stunnel4 openssl chromium prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: help setup system venv test demo bench lint clean
+.PHONY: help setup system venv test demo bench chaos soak lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -40,10 +40,19 @@ bench: setup ## benchmarks with their peers in the same run (installs the Debezi
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m bench
 
-lint: venv ## ruff and mypy (strict on cdc/)
+chaos: setup ## the fault suite at full size on both log-store backends (figures go in the README)
+	$(BIN)/python -m tests.chaos --size full
+
+DURATION ?= 10m
+soak: setup ## a steady 2,000 changes/s through the whole pipeline for DURATION (default 10m)
+	$(BIN)/python -m tests.chaos.soak --duration $(DURATION)
+
+lint: venv ## ruff, mypy (strict on cdc/), the layer contract (import-linter) and no import cycles
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
+	$(BIN)/python tools/check_cycles.py
 
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .cdc .pytest_cache .mypy_cache .ruff_cache

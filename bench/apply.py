@@ -37,8 +37,9 @@ from cdc.events import encode_key, topic_name
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.embedded import EmbeddedLogStore
 from cdc.registry import Column, Registry, TableReg
-from sinks import ChangeBatch, RawRecord, Sink, parse_batch
+from sinks import ChangeBatch, RawRecord, Sink
 from sinks import types as T
+from sinks.parse import parse_batch
 
 COLUMNS = (
     ("id", "bigint"),

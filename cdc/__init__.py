@@ -1,3 +1,3 @@
-"""cdc: change-data-capture for PostgreSQL (see ../shared/DESIGN.md)."""
+"""cdc: change-data-capture for PostgreSQL (design: docs/architecture.md)."""
 
 __version__ = "0.1.0"

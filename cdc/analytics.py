@@ -3,7 +3,7 @@
 Each registered table ``schema.table`` that the apply job has written is a view ``schema.table``
 (current state) and ``schema.table__history`` (history) in a DuckDB schema named like the source
 schema, so joins across tables work as they would at the source. The views show the source columns
-and the ``_cdc_*`` meta columns documented in :mod:`sinks.warehouse` (the internal ``_cdc_bucket``
+and the ``_cdc_*`` meta columns documented in :mod:`sinks.warehouse` (``docs/warehouse.md``) (the internal ``_cdc_bucket``
 partition column and the tombstones table are hidden). Reads see the tables' latest committed
 versions when the connection is opened; nothing is written.
 """
@@ -23,7 +23,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdc.errors import CdcError
-from cdc.registry import TableReg
+from cdc.registry import TableReg, warehouse_paths
+from sinks.warehouse.layout import BUCKET
 
 
 class QueryError(CdcError):
@@ -47,12 +48,11 @@ class Warehouse:
     """A DuckDB connection with every applied table registered as views (see the module docstring)."""
 
     def __init__(self, state_dir: Path, tables: Sequence[TableReg]) -> None:
-        from sinks.warehouse import BUCKET, _paths
 
         self.con = duckdb.connect(":memory:")
         self.catalog = Catalog()
         for i, reg in enumerate(tables):
-            current, history, _ = _paths(Path(state_dir), reg)
+            current, history = warehouse_paths(Path(state_dir), reg)
             if not DeltaTable.is_deltatable(str(current)):
                 self.catalog.not_applied.append(reg.qualified)
                 continue

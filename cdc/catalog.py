@@ -5,31 +5,22 @@ names passed as values, never spliced into SQL text; identifiers that must appea
 with :mod:`psycopg.sql`. Functions take an open connection and leave its transaction state as they
 found it when it is in autocommit mode (the callers here use autocommit connections).
 
-:func:`parse_table_name` and :func:`parse_column_list` are pure: they apply Postgres' identifier
-rules to what a person typed on the command line.
+Connections come from :mod:`cdc.connect`; identifier parsing and quoting live in :mod:`cdc.names`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from cdc.connect import connect as connect
 from cdc.errors import RegistryError, SourceError
 from cdc.events import lsn_to_int
+from cdc.names import QUOTING_FIX
+from cdc.names import quote_table_name as quote_table_name
 from cdc.registry import Column
-
-NAMEDATALEN = 64  # Postgres identifiers hold at most NAMEDATALEN - 1 bytes
-_UNQUOTED = re.compile(r"[^\W\d][\w$]*")  # a letter or underscore, then letters, digits, _ or $
-_PLAIN = re.compile(r"[a-z_][a-z0-9_$]*")
-
-_QUOTING_FIX = (
-    "write SCHEMA.TABLE; put a name that has upper case, spaces, dots or other special characters in "
-    'double quotes, doubling a double quote inside it, e.g. \'"Mixed Case"."tab le"\' or \'"a""b".c\' '
-    "(single-quote the whole argument for the shell)"
-)
 
 RELKIND_NAMES = {
     "r": "table",
@@ -43,114 +34,6 @@ RELKIND_NAMES = {
     "I": "partitioned index",
     "t": "TOAST table",
 }
-
-
-def connect(dsn: str, *, application_name: str = "cdc") -> psycopg.Connection[Any]:
-    """An autocommit psycopg 3 connection to the source, or a SourceError that does not show the
-    password and says what to check."""
-    from cdc.config import redact_dsn
-
-    try:
-        return psycopg.connect(dsn, autocommit=True, application_name=application_name, connect_timeout=15)
-    except psycopg.Error as exc:
-        detail = redact_dsn(str(exc).strip())
-        raise SourceError(
-            f"cannot connect to the source {redact_dsn(dsn)}: {detail}",
-            fix="check CDC_SOURCE / --source (host, port, database, user, password) and that the server "
-            "accepts this client in pg_hba.conf",
-            source=redact_dsn(dsn),
-        ) from exc
-
-
-# --- names -----------------------------------------------------------------------------------------
-def _fold(name: str) -> str:
-    """Postgres folds unquoted identifiers to lower case, ASCII letters only (UTF-8 databases)."""
-    return "".join(chr(ord(ch) + 32) if "A" <= ch <= "Z" else ch for ch in name)
-
-
-def _scan_identifiers(text: str, sep: str, what: str, fix: str) -> list[str]:
-    """Split ``text`` into identifiers separated by ``sep`` (whitespace around them allowed)."""
-
-    def bad(reason: str) -> RegistryError:
-        return RegistryError(f"{what} {text!r} is not valid: {reason}", fix=fix, name=text)
-
-    parts: list[str] = []
-    i, n = 0, len(text)
-    while True:
-        while i < n and text[i].isspace():
-            i += 1
-        if i < n and text[i] == '"':
-            j, buf = i + 1, []
-            while True:
-                k = text.find('"', j)
-                if k < 0:
-                    raise bad(f"the double quote at position {i + 1} is never closed")
-                buf.append(text[j:k])
-                if k + 1 < n and text[k + 1] == '"':
-                    buf.append('"')
-                    j = k + 2
-                    continue
-                j = k + 1
-                break
-            ident = "".join(buf)
-            if not ident:
-                raise bad('"" is an empty name')
-            i = j
-        else:
-            m = _UNQUOTED.match(text, i)
-            if m is None:
-                if i >= n:
-                    raise bad("a name is missing" if parts or sep in text else "it is empty")
-                if text[i] == sep:
-                    raise bad("a name is missing")
-                raise bad(f"unexpected {text[i]!r} at position {i + 1}")
-            ident = _fold(m.group())
-            i = m.end()
-        if len(ident.encode()) >= NAMEDATALEN:
-            raise bad(f"{ident!r} is longer than Postgres' {NAMEDATALEN - 1}-byte identifier limit")
-        parts.append(ident)
-        while i < n and text[i].isspace():
-            i += 1
-        if i == n:
-            return parts
-        if text[i] != sep:
-            raise bad(f"unexpected {text[i]!r} at position {i + 1}")
-        i += 1
-
-
-def parse_table_name(text: str) -> tuple[str, str]:
-    """``schema.table`` under Postgres' identifier rules -> ``(schema, table)``.
-
-    Unquoted parts fold to lower case; double-quoted parts keep their case and may hold dots, spaces
-    and doubled double quotes (``"Mixed Case"."tab le"``, ``"a""b".c``); no schema means ``public``.
-    Malformed input raises :class:`RegistryError` whose fix shows how to quote.
-    """
-    parts = _scan_identifiers(text, ".", "table name", _QUOTING_FIX)
-    if len(parts) == 1:
-        return "public", parts[0]
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise RegistryError(
-        f"table name {text!r} has {len(parts)} dotted parts; expected SCHEMA.TABLE",
-        fix="leave out the database name (the source DSN chooses the database); " + _QUOTING_FIX,
-        name=text,
-    )
-
-
-def parse_column_list(text: str) -> tuple[str, ...]:
-    """``a,b,"Mixed Col"`` -> column names, with the same rules as :func:`parse_table_name`."""
-    fix = "separate column names with commas; double-quote names with upper case or special characters, e.g. 'id,\"Order No\"'"
-    return tuple(_scan_identifiers(text, ",", "column list", fix))
-
-
-def quote_ident(name: str) -> str:
-    """The name as a person types it so that :func:`parse_table_name` gives it back (quoted only
-    when needed; does not know SQL keywords, so use :attr:`TableDescription.sql_name` in SQL)."""
-    return name if _PLAIN.fullmatch(name) else '"' + name.replace('"', '""') + '"'
-
-
-def quote_table_name(schema: str, table: str) -> str:
-    return f"{quote_ident(schema)}.{quote_ident(table)}"
 
 
 # --- tables ----------------------------------------------------------------------------------------
@@ -270,7 +153,7 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
             f"table {quote_table_name(schema, table)} does not exist in the source database",
             fix=hint
             + "check the name (and its schema: no schema means public) with \\dt in psql; "
-            + _QUOTING_FIX,
+            + QUOTING_FIX,
             schema=schema,
             table=table,
         )

@@ -1,9 +1,19 @@
-"""Configuration: one frozen object, built once at the entry point.
+"""Configuration: validated frozen models, built once at the entry point.
 
-Precedence: flags, then environment (``CDC_SOURCE``, ``CDC_STATE``, ``CDC_LOG``, ``CDC_TOPIC_PREFIX``,
-``CDC_SLOT``), then ``cdc.toml`` (in the working directory, or the file named by ``CDC_CONFIG``).
-Only :func:`load_settings` reads the environment; everything else receives a :class:`Settings`.
-The source DSN is a secret: it is held as ``SecretStr`` and only :func:`redact_dsn` output is printed.
+Precedence: flags, then environment, then ``cdc.toml`` (in the working directory, or the file named
+by ``CDC_CONFIG``). Only :func:`load_settings` reads the environment; everything else receives a
+:class:`Settings`. The sections and keys of ``cdc.toml`` are the models below (:class:`CdcFile` and
+its sections); an unknown key anywhere, or a value of the wrong type (``buckets = "16"``), is a
+:class:`~cdc.errors.ConfigError` naming the key and what is allowed, never a traceback. Values in
+the file are taken as TOML types, with no coercion (a quoted number is a string). Environment
+variables: ``CDC_SOURCE``, ``CDC_STATE``, ``CDC_LOG``, ``CDC_TOPIC_PREFIX``, ``CDC_SLOT``,
+``CDC_PARTITIONS``, ``CDC_CONFIG``, ``CDC_KAFKA_SASL_PASSWORD``, ``CDC_SERVE_TOKEN`` (and the
+process knobs in :data:`OTHER_ENV`); another ``CDC_*`` variable is refused as a likely typo.
+
+Secrets (the source DSN, the Kafka SASL password, the serve token) are held as ``SecretStr``; only
+:func:`redact_dsn` / :func:`redact_text` output of a DSN is ever printed. ``Settings.extra`` keeps
+the validated sections and reader options as plain mappings (only the keys that were set; secrets
+stay ``SecretStr``) for the ``from_settings`` readers of each area. Reference: ``docs/config.md``.
 """
 
 from __future__ import annotations
@@ -11,23 +21,165 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from cdc.errors import ConfigError
+from cdc.errors import ConfigError, DsnError
 
 DEFAULT_STATE = ".cdc"
 DEFAULT_PREFIX = "cdc"
 DEFAULT_SLOT = "cdc_slot"
 DEFAULT_PARTITIONS = 4
+GIB = 1 << 30
+
+#: environment variables the service reads (at the entry point)
+ENV_KEYS = (
+    "CDC_SOURCE",
+    "CDC_STATE",
+    "CDC_LOG",
+    "CDC_TOPIC_PREFIX",
+    "CDC_SLOT",
+    "CDC_PARTITIONS",
+    "CDC_CONFIG",
+    "CDC_KAFKA_SASL_PASSWORD",
+    "CDC_SERVE_TOKEN",
+)
+#: other ``CDC_*`` variables that belong to parts of the system outside this model (fault
+#: injection, the Spark master, the compose file's password); ``CDC_TEST_*`` are test hooks
+OTHER_ENV = ("CDC_FAULTS", "CDC_SPARK_MASTER", "CDC_PASSWORD")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class WarehouseConfig(_Section):
+    """``[warehouse]`` (see ``sinks.warehouse.WarehouseOptions``)."""
+
+    buckets: int = Field(default=16, ge=1)
+    clustering: Literal["auto", "range", "hash"] = "auto"
+    range_width: int = Field(default=65_536, ge=1)
+    tombstone_retention_hours: float = Field(default=7 * 24, ge=0)
+    maintain_every: int = Field(default=100, ge=0)
+    vacuum_retention_hours: int = Field(default=7 * 24, ge=0)
+    target_file_size: int | None = Field(default=None, ge=1)
+
+
+class SearchConfig(_Section):
+    """``[search]`` (see ``sinks.search.SearchOptions``)."""
+
+    tombstone_retention_hours: float = Field(default=7 * 24, ge=0)
+    heap_size: int = Field(default=64_000_000, ge=1)
+    threads: int = Field(default=1, ge=1)
+
+
+class KafkaConfig(_Section):
+    """``[kafka]``: the Kafka log store's connection security and retries."""
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None  # also CDC_KAFKA_SASL_PASSWORD
+    request_timeout_ms: int = Field(default=30_000, ge=1)
+    retry_max_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaConfig:
+        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
+            raise ValueError(
+                f"security_protocol = {self.security_protocol!r} needs sasl_mechanism and sasl_username "
+                "(and sasl_password or CDC_KAFKA_SASL_PASSWORD)"
+            )
+        return self
+
+
+class StatusConfig(_Section):
+    """``[status]``: the thresholds of ``cdc status``."""
+
+    window_s: float = Field(default=300, gt=0)
+    lag_warn_s: float = Field(default=60, gt=0)
+    lag_critical_s: float = Field(default=600, gt=0)
+    retained_wal_warn_bytes: int = Field(default=GIB, ge=0)
+    retained_wal_critical_bytes: int = Field(default=8 * GIB, ge=0)
+    slot_policy: Literal["keep", "drop"] = "keep"
+    slot_drop_at_bytes: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _drop_needs_size(self) -> StatusConfig:
+        if self.slot_policy == "drop" and self.slot_drop_at_bytes is None:
+            raise ValueError('slot_policy = "drop" needs slot_drop_at_bytes')
+        return self
+
+
+class ServeConfig(_Section):
+    """``[serve]``: the dashboard and ``/metrics`` server (the token: ``--token`` or CDC_SERVE_TOKEN)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=1, le=65535)
+    sample_interval_s: float = Field(default=5, gt=0)
+    history_s: float = Field(default=3600, gt=0)
+
+
+class SnapshotConfig(_Section):
+    """``[snapshot]``: chunked snapshots of tables registered later."""
+
+    chunk_size: int = Field(default=8192, ge=1)
+    parallel_chunks: int = Field(default=1, ge=1)
+    watermark_table: str = "public.cdc_watermark"
+
+
+READER_KEYS = (
+    "batch_max_events",
+    "batch_max_ms",
+    "heartbeat_interval_s",
+    "max_attempts",
+    "backoff_initial_s",
+    "backoff_max_s",
+    "snapshot_workers",
+    "poll_s",
+    "retry_max_s",
+)
+SECTIONS = ("warehouse", "search", "kafka", "status", "serve", "snapshot")
+
+
+class CdcFile(_Section):
+    """The whole of ``cdc.toml``: top-level keys, the reader options, and the sections."""
+
+    source: SecretStr | None = None
+    state: str | None = None
+    log: str | None = None
+    topic_prefix: str | None = None
+    slot: str | None = None
+    partitions: int | None = Field(default=None, ge=1)
+    # reader options (cdc.reader.ReaderOptions)
+    batch_max_events: int = Field(default=5000, ge=1)
+    batch_max_ms: int = Field(default=100, ge=1)
+    heartbeat_interval_s: float = Field(default=10.0, ge=0)
+    max_attempts: int = Field(default=10, ge=1)
+    backoff_initial_s: float = Field(default=0.5, gt=0)
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    snapshot_workers: int = Field(default=2, ge=1)
+    poll_s: float = Field(default=1.0, gt=0)
+    retry_max_s: float = Field(default=300.0, gt=0)
+    warehouse: WarehouseConfig = Field(default_factory=WarehouseConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    status: StatusConfig = Field(default_factory=StatusConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a command needs to find the source, the state and the log store."""
+    """Everything a command needs: where the source, the state and the log store are, and the
+    validated ``cdc.toml`` (:attr:`config`)."""
 
     source: SecretStr | None = None
     state_dir: Path = Path(DEFAULT_STATE)
@@ -36,6 +188,8 @@ class Settings:
     slot_name: str = DEFAULT_SLOT
     partitions: int = DEFAULT_PARTITIONS
     extra: Mapping[str, Any] = field(default_factory=dict)
+    config: CdcFile = field(default_factory=CdcFile)
+    serve_token: SecretStr | None = None
 
     def require_source(self) -> str:
         """The source DSN, or a ConfigError that says how to give one."""
@@ -47,22 +201,142 @@ class Settings:
             )
         return self.source.get_secret_value()
 
-    @property
-    def source_display(self) -> str:
-        return redact_dsn(self.source.get_secret_value()) if self.source else "(not set)"
 
-    def with_overrides(self, **changes: Any) -> Settings:
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-
-_URI_PASSWORD = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# --- secrets in text ---------------------------------------------------------------------------------
+#: ``user:password@`` anywhere (a URI with any number of slashes after the scheme, or none, or a
+#: malformed one such as ``postgres:/u:pw@h/db``): the password runs to the last ``@`` of the word
+_USERINFO_PASSWORD = re.compile(r"((?:^|[\s=])(?:[A-Za-z][\w+.-]*:/*)?[^\s:/@=]*:)((?!/)\S*)(@)")
+#: ``password=...`` (key=value form, a URI query parameter, ``sslpassword``); a quoted value that is
+#: never closed runs to the end
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*(?:'|$)|[^\s&]+)", re.IGNORECASE)
 
 
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by ``***`` (URI and key=value forms)."""
-    dsn = _URI_PASSWORD.sub(r"\1***\3", dsn)
+    """The DSN with its password replaced by ``***``: URI and key=value forms, and strings that
+    are neither (a DSN that does not parse is still shown without its password)."""
+    dsn = _USERINFO_PASSWORD.sub(r"\1***\3", dsn)
     return _KV_PASSWORD.sub(r"\1***", dsn)
+
+
+def dsn_passwords(dsn: str) -> list[str]:
+    """Every string of ``dsn`` that may be its password (for scrubbing other text)."""
+    found = [m.group(2) for m in _USERINFO_PASSWORD.finditer(dsn)]
+    for m in _KV_PASSWORD.finditer(dsn):
+        value = m.group(2)
+        found.append(value)
+        if value.startswith("'"):
+            found.append(value.strip("'").replace("\\'", "'").replace("\\\\", "\\"))
+    try:
+        password = parse_dsn(dsn).get("password")
+        if password:
+            found.append(password)
+    except DsnError:  # a DSN that does not parse has no parsed password to add
+        pass
+    return sorted({p for p in found if p and p != "***"}, key=len, reverse=True)
+
+
+def redact_text(text: str, dsn: str | None) -> str:
+    """``text`` (an exception's message, a log line) with the DSN and its password hidden."""
+    if dsn:
+        text = text.replace(dsn, redact_dsn(dsn))
+        for password in dsn_passwords(dsn):
+            text = text.replace(password, "***")
+    return redact_dsn(text)
+
+
+def parse_dsn(dsn: str) -> dict[str, str]:
+    """The DSN's parameters; :class:`~cdc.errors.DsnError` (without the password, and without
+    psycopg's text, which quotes the whole DSN) if it does not parse."""
+    from psycopg import Error as PsycopgError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    except PsycopgError:
+        raise DsnError(
+            f"the source DSN {redact_dsn(dsn)} does not parse",
+            fix="set CDC_SOURCE / --source / source in cdc.toml to a libpq key=value string "
+            "(host=H port=5432 dbname=D user=U) or a URI (postgresql://U@H:5432/D); "
+            "keep the password in ~/.pgpass or PGPASSWORD rather than in the DSN",
+            source=redact_dsn(dsn),
+        ) from None
+
+
+# --- loading -----------------------------------------------------------------------------------------
+_TYPE_NAMES = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "model_type": "a table ([section] with key = value lines)",
+    "dict_type": "a table ([section] with key = value lines)",
+}
+
+
+def _toml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+def _allowed(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = CdcFile
+    for part in loc[:-1]:
+        ann = model.model_fields[str(part)].annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+    return sorted(model.model_fields)
+
+
+def _config_error(exc: ValidationError, where: str) -> ConfigError:
+    problems: list[str] = []
+    fixes: list[str] = []
+    keys: list[str] = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not isinstance(p, int))
+        name = (f"[{loc[0]}] " if len(loc) > 1 else "") + ".".join(str(p) for p in loc[-1:])
+        keys.append(name or "(top level)")
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            problems.append(f"unknown key {name!r}")
+            section = f"[{loc[0]}]" if len(loc) > 1 else "the top level"
+            fixes.append(f"remove or correct {name!r}; {section} allows {', '.join(_allowed(loc))}")
+        elif kind in _TYPE_NAMES or kind.endswith("_type"):
+            got = err.get("input")
+            secret = "password" in name or name == "source"
+            shown = _toml_type(got) if secret else f"{got!r} ({_toml_type(got)})"
+            problems.append(
+                f"{name!r} must be {_TYPE_NAMES.get(kind, kind.removesuffix('_type'))}, got {shown}"
+            )
+            fixes.append(
+                f"write {loc[-1]} = <{_TYPE_NAMES.get(kind, 'value')}>"
+                + (" without quotes" if isinstance(got, str) else "")
+            )
+        elif kind == "literal_error":
+            problems.append(f"{name!r} is {err.get('input')!r}: {err['msg'].lower()}")
+            fixes.append(f"set {name} to one of the values listed")
+        elif kind == "value_error":
+            section = f"[{loc[0]}]" if loc else "the top level"
+            problems.append(f"{section}: {str(err['msg']).removeprefix('Value error, ')}")
+            fixes.append("complete the section as the message says")
+        else:
+            problems.append(f"{name!r}: {err['msg'].lower()} (got {err.get('input')!r})")
+            fixes.append(f"correct {name}")
+    return ConfigError(
+        f"{where}: " + "; ".join(problems),
+        fix="; ".join(dict.fromkeys(fixes)),
+        keys=keys,
+    )
 
 
 def load_settings(
@@ -74,24 +348,47 @@ def load_settings(
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     environ = environ or {}
     cwd = cwd or Path.cwd()
-    toml_path = Path(environ["CDC_CONFIG"]) if "CDC_CONFIG" in environ else cwd / "cdc.toml"
+    unknown_env = sorted(
+        k
+        for k in environ
+        if k.startswith("CDC_") and k not in ENV_KEYS and k not in OTHER_ENV and not k.startswith("CDC_TEST_")
+    )
+    if unknown_env:
+        raise ConfigError(
+            f"unknown environment variable {', '.join(unknown_env)}",
+            fix=f"unset it or correct its name; cdc reads {', '.join(ENV_KEYS)}",
+            keys=unknown_env,
+        )
+    toml_path = Path(environ["CDC_CONFIG"]) if environ.get("CDC_CONFIG") else cwd / "cdc.toml"
     file_values: dict[str, Any] = {}
-    if toml_path.exists():
+    if toml_path.is_file():
         try:
-            file_values = tomllib.loads(toml_path.read_text())
-        except tomllib.TOMLDecodeError as exc:
+            file_values = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"{toml_path} is not valid TOML: {exc}", fix=f"correct the syntax of {toml_path}"
-            ) from exc
-    elif "CDC_CONFIG" in environ:
+            ) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {toml_path}: {exc.strerror}", fix="make it readable") from None
+    elif environ.get("CDC_CONFIG"):
         raise ConfigError(f"CDC_CONFIG names {toml_path}, which does not exist", fix="point it at a file")
+    try:
+        config = CdcFile.model_validate(file_values)
+    except ValidationError as exc:
+        raise _config_error(exc, str(toml_path)) from None
+    if environ.get("CDC_KAFKA_SASL_PASSWORD"):
+        kafka = config.kafka.model_copy(
+            update={"sasl_password": SecretStr(environ["CDC_KAFKA_SASL_PASSWORD"])}
+        )
+        config = config.model_copy(update={"kafka": kafka})
 
     def pick(flag: str, env: str, key: str) -> Any:
         if flag in flags:
             return flags[flag]
         if env in environ and environ[env] != "":
             return environ[env]
-        return file_values.get(key)
+        value = getattr(config, key)
+        return value.get_secret_value() if isinstance(value, SecretStr) else value
 
     source = pick("source", "CDC_SOURCE", "source")
     state = pick("state", "CDC_STATE", "state") or DEFAULT_STATE
@@ -101,12 +398,12 @@ def load_settings(
     partitions_raw = pick("partitions", "CDC_PARTITIONS", "partitions") or DEFAULT_PARTITIONS
     try:
         partitions = int(partitions_raw)
-        if partitions < 1:
+        if partitions < 1 or isinstance(partitions_raw, bool):
             raise ValueError
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError):
         raise ConfigError(
             f"partitions must be a positive integer, got {partitions_raw!r}", fix="set CDC_PARTITIONS=4"
-        ) from exc
+        ) from None
     if log_url is not None and not str(log_url).startswith(("kafka://", "embedded")):
         raise ConfigError(
             f"CDC_LOG={log_url!r} is not a log store this service knows",
@@ -119,14 +416,22 @@ def load_settings(
             f"slot name {slot!r} is not a valid replication slot name",
             fix="use lower-case letters, digits and underscores (at most 63 characters)",
         )
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}", str(prefix)):
+        raise ConfigError(
+            f"topic prefix {prefix!r} is not a valid topic name prefix",
+            fix="use letters, digits, '.', '_' and '-' (not starting with '.'), at most 100 characters",
+        )
+    if source:
+        parse_dsn(str(source))  # a DSN that does not parse is a ConfigError here, before any verb runs
     state_dir = Path(state)
     if not state_dir.is_absolute():
         state_dir = cwd / state_dir
-    extra = {
-        k: v
-        for k, v in file_values.items()
-        if k not in {"source", "state", "log", "topic_prefix", "slot", "partitions"}
-    }
+    set_keys = config.model_fields_set
+    extra: dict[str, Any] = {k: getattr(config, k) for k in READER_KEYS if k in set_keys}
+    for section in SECTIONS:
+        model = getattr(config, section)
+        extra[section] = {k: getattr(model, k) for k in model.model_fields_set}
+    serve_token = environ.get("CDC_SERVE_TOKEN") or None
     return Settings(
         source=SecretStr(str(source)) if source else None,
         state_dir=state_dir,
@@ -135,4 +440,6 @@ def load_settings(
         slot_name=str(slot),
         partitions=partitions,
         extra=extra,
+        config=config,
+        serve_token=SecretStr(serve_token) if serve_token else None,
     )

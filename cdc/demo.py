@@ -125,10 +125,15 @@ def _change(dsn: str) -> None:
         )
 
 
-def run_demo(workdir: Path | None = None, keep: bool = False, out: Callable[[str], None] = print) -> int:
-    """Run the demo; return the exit code of the first failing step, or 0."""
-    from cdc.cli import main as cdc_main
-
+def run_demo(
+    run_cli: Callable[[list[str]], int],
+    workdir: Path | None = None,
+    keep: bool = False,
+    out: Callable[[str], None] = print,
+) -> int:
+    """Run the demo, each step through ``run_cli`` (``cdc.cli.main``, passed in by the ``demo``
+    verb so this module does not import the CLI above it); return the exit code of the first
+    failing step, or 0."""
     base = Path(tempfile.mkdtemp(prefix="cdc-demo-")) if workdir is None else workdir
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o755)  # the cluster runs as the postgres OS user when we are root: it must reach base/pg
@@ -149,7 +154,7 @@ def run_demo(workdir: Path | None = None, keep: bool = False, out: Callable[[str
         def step(title: str, *args: str) -> None:
             out(f"\n$ cdc {' '.join(_shell_quote(a) for a in args)}    # {title}")
             sys.stdout.flush()
-            code = cdc_main(["--source", dsn, "--state", str(state), *args])
+            code = run_cli(["--source", dsn, "--state", str(state), *args])
             sys.stdout.flush()
             if code != 0:
                 raise _StepFailed(title, code)

@@ -141,9 +141,13 @@ log_min_messages = warning
         fh.write(conf)
     with open(datadir / "pg_hba.conf", "w") as fh:
         fh.write(
+            # members of the role cdc_password_auth log in with a password (tests of wrong passwords)
             "local all all trust\nlocal replication all trust\n"
+            "host all +cdc_password_auth 127.0.0.1/32 scram-sha-256\n"
+            "host replication +cdc_password_auth 127.0.0.1/32 scram-sha-256\n"
             "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
         )
     cluster = PgCluster(datadir=datadir, sockdir=sockdir, port=port)
     cluster.start()
+    cluster.execute("CREATE ROLE cdc_password_auth NOLOGIN")
     return cluster

@@ -83,6 +83,37 @@ class SourceError(CdcError):
     """The Postgres source refused or failed an operation."""
 
 
+class SourceUnavailableError(SourceError):
+    """Transient: the source cannot be reached or dropped the connection (refused, unreachable,
+    timed out, restarting, too many connections). Retried with backoff for ``retry_max_s``; raised
+    when that time is spent (``source``, ``attempts``)."""
+
+
+class SourcePermanentError(SourceError):
+    """Permanent: the source answered and refused; retrying cannot help. Fails fast (exit 2)."""
+
+    exit_code = 2
+
+
+class SourceAuthError(SourcePermanentError):
+    """Authentication failed (SQLSTATE 28P01 invalid password, 28000; a role that does not exist
+    or a client that pg_hba.conf rejects) (``source``, ``user``)."""
+
+
+class SourcePrivilegeError(SourcePermanentError):
+    """The role lacks a privilege (SQLSTATE 42501) (``source``, ``sqlstate``)."""
+
+
+class SourceMissingError(SourcePermanentError):
+    """A database, schema or table does not exist (SQLSTATE 3D000, 3F000, 42P01) (``source``,
+    ``sqlstate``)."""
+
+
+class DsnError(ConfigError):
+    """The source DSN does not parse as a libpq ``key=value`` string or a ``postgresql://`` URI
+    (``source``: the DSN with its password hidden)."""
+
+
 class RegistryError(CdcError):
     """A table registration was refused or the registry is inconsistent."""
 
@@ -102,5 +133,8 @@ class ApplyError(CdcError):
     """The apply job or a sink failed."""
 
 
-class VerifyMismatchError(CdcError):
-    """``cdc verify`` found a difference between the source and a derived table."""
+class LockedError(CdcError):
+    """Another process holds this role's lock on the state directory (``role``, ``path``, ``pid``,
+    ``host``). Nothing was changed."""
+
+    exit_code = 2

@@ -1,36 +1,19 @@
-"""The change event: Debezium-style envelope, key, topic name and version (DESIGN.md "The event").
+"""The change event: Debezium-style envelope, key, topic name and version. Full contract, with the
+value encoding per column type: ``docs/events.md``.
 
-Key: the key columns as a JSON object, keys in key-column order, e.g. ``{"id": 42}``.
-Value (JSON)::
-
-    {"before": {...} | null, "after": {...} | null,
-     "source": {"version", "connector": "postgresql", "name", "ts_ms", "snapshot": "true"|"last"|"false",
-                "db", "schema", "table", "txId", "lsn", "sequence", "commit_lsn", "seq"},
-     "op": "r"|"c"|"u"|"d"|"t", "ts_ms", "unavailable": [col, ...]}
-
-* ``source.lsn``: the change's own LSN (int); ``source.commit_lsn``: its transaction's commit LSN
-  (the snapshot's consistent point for ``op=r``); ``source.seq``: position within the transaction,
-  from 1 (0 for snapshot rows). **Version** = ``(commit_lsn, seq)``: every sink keeps, per key, the
-  version it stored and ignores an event whose version is not newer.
-* ``unavailable``: columns whose value the source did not send (an unchanged out-of-line TOASTed
-  value). They are absent from ``after``; a sink must keep the stored value, never write null.
-* A delete is followed by a tombstone (same key, value ``null``). A primary-key change is emitted as
-  ``d`` of the old key + tombstone + ``c`` of the new key. ``op=t`` (TRUNCATE) is written to every
-  partition of the table's topic (explicit partition) with key ``{"__truncate__": <partition>}``,
-  so each partition's reader sees it in order with that partition's other events; a sink removes
-  every row whose version is older than the truncate's.
-
-Details fixed by the reader (:mod:`cdc.reader.envelope`): ``unavailable`` is always present (``[]``
-when complete); ``source.sequence`` is ``'["<commit_lsn>","<lsn>"]'`` with decimal LSNs; the events
-derived from one change (``d`` + tombstone + ``c`` of a key change, the ``t`` markers) share its
-``seq``; snapshot rows have ``txId`` null, ``source.ts_ms`` the snapshot's start, and
-``source.snapshot`` ``"last"`` on the last row *of each table*; ``ts_ms`` is processing time.
-
-Value encoding (the JSON value of a column): integers (any size) as JSON integers, ``numeric`` as a
-string with every digit (``null`` for NaN/Infinity, which wal2json sends as null), ``float``/``double``
-as JSON numbers, ``bool`` as JSON booleans, ``json``/``jsonb`` as the JSON text in a string, ``bytea``
-as lower-case hex without ``\\x``, arrays as JSON lists of encoded elements, everything else (dates,
-timestamps with or without zone, uuid, text, intervals, ...) as Postgres' text output.
+* Key: the key columns as a JSON object in key-column order (``{"id": 42}``); value:
+  ``{"before", "after", "source", "op", "ts_ms", "unavailable"}``, ``op`` one of ``r c u d t``.
+* **Version** = ``(source.commit_lsn, source.seq)``: every sink keeps, per key, the version it
+  stored and ignores an event whose version is not newer.
+* ``unavailable``: columns the source did not send (unchanged out-of-line TOAST); a sink keeps the
+  stored value, never writes null.
+* A delete is followed by a tombstone (same key, value ``null``); ``op=t`` (TRUNCATE) goes to every
+  partition of the table's topic with key ``{"__truncate__": <partition>}``.
+* Values: integers as JSON integers, ``numeric`` as a string with every digit, floats as JSON
+  numbers, float/numeric NaN, Infinity, -Infinity as the strings ``"NaN"``, ``"Infinity"``,
+  ``"-Infinity"`` (never null; wal2json 2.5 streams a scalar one as null, see the page), ``bool`` as
+  JSON booleans, json/jsonb as their text, ``bytea`` as hex, arrays as JSON lists, everything else
+  as Postgres' text output.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from psycopg import sql
 
 from cdc.catalog import ServerInfo, SlotInfo, TableDescription, describe_table, server_info, slot_info
 from cdc.errors import RegistryError
+from cdc.names import quote_table_name
 from cdc.registry import TableReg
 
 Severity = Literal["error", "warning"]
@@ -37,6 +38,7 @@ CHECKS = (
     "registered_tables",
     "replica_identity",
     "select_privilege",
+    "watermark_table",  # run by cdc.cli.check (snapshot.chunked.check_watermark_table)
 )
 WAL2JSON_TIMEOUT_MS = 10_000
 
@@ -313,8 +315,6 @@ _IDENTITY_NAMES = {"d": "DEFAULT", "f": "FULL", "n": "NOTHING", "i": "USING INDE
 
 
 def _cli_name(reg: TableReg) -> str:
-    from cdc.catalog import quote_table_name
-
     return quote_table_name(reg.schema, reg.table)
 
 

@@ -8,7 +8,6 @@ to notice a registration change and applies it without losing or repeating a com
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -17,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cdc import paths
 from cdc.errors import RegistryError
+from cdc.names import parse_table_name, quote_table_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class Column:
 
 @dataclass(frozen=True, slots=True)
 class Alignment:
-    """Where a table's snapshot meets the stream (DESIGN.md "Snapshot alignment")."""
+    """Where a table's snapshot meets the stream (docs/architecture.md, "Snapshot alignment")."""
 
     consistent_lsn: int
     end_offsets: dict[int, int]
@@ -55,6 +56,24 @@ class TableReg:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def schema_version(self) -> int:
+        """The version of the table's registered columns (``extra["schema_version"]``, 1 at
+        registration): :meth:`Registry.set_columns` bumps it whenever the columns change. Events
+        carry it as ``source.schema_version`` (docs/schema-changes.md)."""
+        return int(self.extra.get("schema_version", 1))
+
+    @property
+    def dropped_columns(self) -> tuple[str, ...]:
+        """Columns dropped at the source since registration (``extra["dropped_columns"]``): the
+        warehouse keeps them, null from then on (docs/schema-changes.md)."""
+        return tuple(self.extra.get("dropped_columns", ()))
+
+    def search_field(self, column: str) -> str:
+        """The search index's field of a search column: the column's name, or for a column renamed
+        at the source since the index was built, the name it had then (``extra["search_fields"]``)."""
+        return str(self.extra.get("search_fields", {}).get(column, column))
+
+    @property
     def qualified(self) -> str:
         """``schema.table`` as people write it (unquoted), used as the table's name in the CLI."""
         return f"{self.schema}.{self.table}"
@@ -63,21 +82,19 @@ class TableReg:
 # --- storage ---------------------------------------------------------------------------------------
 SNAPSHOT_STATES = ("pending", "running", "done")
 _SCHEMA_VERSION = 1
-_PATH_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def warehouse_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path]:
     """Where the apply job keeps a table's Delta tables: ``(current, history)`` =
-    ``<state>/warehouse/<schema>/<table>`` and ``.../<table>__history`` (each name with characters
-    outside ``[A-Za-z0-9._-]`` replaced by ``_``, as in topic names)."""
-    base = state_dir / "warehouse" / _PATH_UNSAFE.sub("_", reg.schema)
-    table = _PATH_UNSAFE.sub("_", reg.table)
-    return base / table, base / f"{table}__history"
+    ``<state>/warehouse/<schema>/<table>`` and ``.../<table>__history`` (names made safe by
+    :func:`cdc.paths.component`: they cannot leave the warehouse directory)."""
+    current, history, _ = paths.warehouse_tables(state_dir, reg.schema, reg.table)
+    return current, history
 
 
 def search_index_path(state_dir: Path, reg: TableReg) -> Path | None:
     """``<state>/search/<topic>`` when the table has search columns, else None."""
-    return state_dir / "search" / reg.topic if reg.search else None
+    return paths.search_index(state_dir, reg.topic) if reg.search else None
 
 
 def _reg_to_json(reg: TableReg) -> str:
@@ -142,10 +159,10 @@ class Registry:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
-        self.path = self.state_dir / "registry.db"
+        self.path = paths.registry_path(self.state_dir)
         self._lock = threading.Lock()
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            paths.ensure_private_dir(self.state_dir)
         except OSError as exc:
             raise RegistryError(
                 f"cannot create the state directory {self.state_dir}: {exc.strerror}",
@@ -250,8 +267,6 @@ class Registry:
         )
 
     def _not_registered(self, schema: str, table: str) -> RegistryError:
-        from cdc.catalog import quote_table_name
-
         return RegistryError(
             f"table {schema}.{table} is not registered",
             fix=f"register it with `cdc tables add '{quote_table_name(schema, table)}'`, "
@@ -291,10 +306,8 @@ class Registry:
 
     def find(self, name: str) -> TableReg:
         """The registration named ``name`` as the CLI receives it (``schema.table``, Postgres quoting
-        rules, see :func:`cdc.catalog.parse_table_name`). As a convenience, a name that does not parse
+        rules, see :func:`cdc.names.parse_table_name`). As a convenience, a name that does not parse
         or match but equals exactly one table's unquoted ``schema.table`` also finds it."""
-        from cdc.catalog import parse_table_name
-
         try:
             schema, table = parse_table_name(name)
         except RegistryError as parse_error:
@@ -317,8 +330,6 @@ class Registry:
             raise RegistryError(
                 f"unknown snapshot state {reg.snapshot_state!r}", fix=f"use one of {SNAPSHOT_STATES}"
             )
-        from cdc.catalog import quote_table_name
-
         with self._write() as db:
             exists = db.execute(
                 "SELECT 1 FROM tables WHERE schema_name = ? AND table_name = ?", (reg.schema, reg.table)
@@ -363,15 +374,51 @@ class Registry:
             self._put_in(db, new)
         return new
 
-    def set_columns(self, schema: str, table: str, columns: tuple[Column, ...]) -> TableReg:
-        """Record the table's current columns (e.g. a column added at the source). Bumps the
-        generation when they differ from the stored ones."""
+    def set_columns(
+        self, schema: str, table: str, columns: tuple[Column, ...], renamed: dict[str, str] | None = None
+    ) -> TableReg:
+        """Record the table's current columns (a column added, dropped, renamed or retyped at the
+        source). When they differ from the stored ones (and some were stored): bumps the table's
+        :attr:`TableReg.schema_version`, remembers the columns that are gone
+        (:attr:`TableReg.dropped_columns`; a column that comes back is forgotten there), drops
+        them from the search columns (the index stops indexing them), and bumps the generation.
+        ``renamed`` (old name -> new name): a search column renamed at the source stays a search
+        column under its new name, indexed in the field of its old one (:meth:`TableReg.search_field`);
+        the old name counts as dropped (the warehouse keeps it, null from then on)."""
+        columns = tuple(columns)
         with self._write() as db:
             reg = self._get_in(db, schema, table)
-            new = replace(reg, columns=tuple(columns))
-            if new.columns != reg.columns:
-                self._put_in(db, new)
-                self._bump(db)
+            if columns == reg.columns:
+                return reg
+            extra = dict(reg.extra)
+            search = reg.search
+            if reg.columns:
+                names = {c.name for c in columns}
+                gone = [c.name for c in reg.columns if c.name not in names]
+                dropped = [n for n in reg.dropped_columns if n not in names]
+                dropped += [n for n in gone if n not in dropped]
+                types = {**dict(extra.get("dropped_types", {})), **{c.name: c.type for c in reg.columns}}
+                if dropped:
+                    extra["dropped_columns"] = dropped
+                    extra["dropped_types"] = {n: types[n] for n in dropped if n in types}
+                else:
+                    extra.pop("dropped_columns", None)
+                    extra.pop("dropped_types", None)
+                extra["schema_version"] = reg.schema_version + 1
+                renamed = {o: n for o, n in (renamed or {}).items() if n in names}
+                fields = dict(extra.get("search_fields", {}))
+                search = tuple(renamed.get(s, s) for s in reg.search if s in names or s in renamed)
+                for old, new_name in renamed.items():
+                    if old in reg.search:
+                        fields[new_name] = fields.pop(old, old)
+                fields = {c: f for c, f in fields.items() if c in search and c != f}
+                if fields:
+                    extra["search_fields"] = fields
+                else:
+                    extra.pop("search_fields", None)
+            new = replace(reg, columns=columns, extra=extra, search=search)
+            self._put_in(db, new)
+            self._bump(db)
         return new
 
     def get_state(self, name: str) -> str | None:

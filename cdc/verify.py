@@ -10,7 +10,8 @@ How (for each registered table, or the one named):
    If the deadline passes, the report says **not caught up** (exit 3), distinct from **different**
    (exit 1).
 2. **Normalisation.** Source values are read in the event encoding (Postgres text output, UTC,
-   ISO dates; numeric NaN/Infinity as null as wal2json sends them; arrays through ``to_json``) and
+   ISO dates, ``char(n)`` with its blank padding; numeric NaN/Infinity as null as wal2json sends
+   them; arrays through ``to_json``) and
    converted with the sinks' own converters (:func:`sinks.types.to_array`), so both sides are the
    exact Arrow values the warehouse stores: ``numeric(p,s)`` compares ``Decimal`` to ``Decimal``,
    timestamps to the microsecond, floats bit for bit (NaN equals NaN).
@@ -48,7 +49,8 @@ import psycopg
 from psycopg import sql
 
 from cdc.config import Settings
-from cdc.errors import CdcError, SourceError, UnknownTopicError
+from cdc.connect import connect
+from cdc.errors import UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.registry import Registry, TableReg, search_index_path
 
@@ -57,12 +59,6 @@ DEFAULT_RANGE_ROWS = 1024
 FETCH_CHUNK = 20_000
 
 Key = tuple[Any, ...]
-
-
-class NotCaughtUpError(CdcError):
-    """The pipeline did not catch up with the source's consistent point within the wait."""
-
-    exit_code = 3
 
 
 @dataclass
@@ -187,16 +183,32 @@ def _select_expr(column: str, pg_type: str) -> sql.Composable:
         return sql.SQL(
             "CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) THEN NULL ELSE {c}::text END"
         ).format(c=c)
+    if _is_blank_padded(t):
+        # char(n): a cast to text strips the blank padding that the type's output (hence the events
+        # and the warehouse) carries; concat() uses the output function and keeps it
+        return sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END").format(c=c)
     return sql.SQL("{}::text").format(c)
+
+
+def _is_blank_padded(pg_type: str) -> bool:
+    """``character(n)`` / ``char(n)`` / ``bpchar`` (not ``character varying``)."""
+    t = pg_type.strip().lower()
+    return t == "bpchar" or t.startswith("bpchar(") or t == "character" or t.startswith("character(")
 
 
 def _from_text(text: str | None, pg_type: str) -> Any:
     """A value as the source sent it (text) in the event encoding the converters accept."""
     if text is None:
         return None
-    if pg_type.strip().endswith("[]"):
+    t = pg_type.strip().lower()
+    if t.endswith("[]"):
         return json.loads(text, parse_float=str)
+    if t in _FLOAT_TYPES and text not in ("NaN", "Infinity", "-Infinity"):
+        return float(text)  # events carry floats as JSON numbers (the special values as strings)
     return text
+
+
+_FLOAT_TYPES = frozenset({"real", "double precision", "float4", "float8"})
 
 
 def _normalise(
@@ -310,7 +322,7 @@ class Verifier:
     ) -> dict[str, Any]:
         """Wait until the slot and the apply job reached ``lsn``; return the remaining lag (empty if
         caught up)."""
-        from cdc.logstore import open_log_store
+        from cdc.logstore.factory import open_log_store
 
         deadline = time.monotonic() + self.wait_s
         while True:
@@ -355,13 +367,7 @@ class Verifier:
 
     def _verify_table(self, dsn: str, reg: TableReg) -> TableReport:
         report = TableReport(table=reg.qualified)
-        try:
-            conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.OperationalError as exc:
-            raise SourceError(
-                f"cannot connect to the source: {exc}",
-                fix="check CDC_SOURCE / --source and that the server is up",
-            ) from exc
+        conn = connect(dsn, application_name="cdc verify")
         with conn:
             conn.execute("SET TimeZone = 'UTC'")
             conn.execute("SET DateStyle = 'ISO, YMD'")
@@ -373,7 +379,7 @@ class Verifier:
                 assert row is not None
                 lsn = lsn_to_int(str(row[0]))
                 report.consistent_lsn = str(row[0])
-                with psycopg.connect(dsn, autocommit=True) as side:
+                with connect(dsn, application_name="cdc verify") as side:
                     lag = self.wait_caught_up(side, lsn, [reg])
                 if lag:
                     report.caught_up = False
@@ -454,7 +460,9 @@ class Verifier:
             body = searcher.doc(addr).to_dict()
             keys = body.get(SEARCH_KEY) or []
             if keys:
-                docs[str(keys[0])] = {c: str(body[c][0]) for c in reg.search if body.get(c)}
+                docs[str(keys[0])] = {
+                    c: str(body[f][0]) for c in reg.search if body.get(f := reg.search_field(c))
+                }
         return docs
 
     def _compare(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport) -> None:

@@ -1,44 +1,10 @@
 """The search sink: one tantivy index per registered table with search columns.
 
-Layout: the index at ``<state>/search/<topic>``; beside it ``<state>/search/<topic>.versions.sqlite``,
-the side table of each key's stored version, the deletes' versions (tombstones), the last TRUNCATE's
-version and the last applied batch id per app id (tantivy's Python commit carries no payload).
-
-One document per key:
-
-=====================  ==========================================================================
-``_cdc_key``           the key's canonical JSON, indexed as a single term (raw tokenizer), stored
-``_cdc_commit_lsn``,   the version of the stored row (u64, stored)
-``_cdc_seq``
-<search column>        one text field per registered search column (default tokenizer: BM25,
-                       phrase queries), stored for snippets; null values are left out
-``_cdc_document``      every column of the row as JSON (event encoding), stored, not indexed
-=====================  ==========================================================================
-
-Guarantees of :meth:`SearchSink.apply` (on top of :class:`sinks.Sink`):
-
-* **Version guard** through the side table: an upsert or delete applies only when newer than the
-  key's stored version, its tombstone (kept ``tombstone_retention_hours``, default 7 days) and the
-  last TRUNCATE. Upsert = ``delete_documents_by_term(_cdc_key)`` + ``add_document``; a delete
-  removes the document; a TRUNCATE (version T) removes every document older than T. The delete by
-  term is skipped for a key the side table holds no live version of (a new key, a deleted or
-  truncated one): the index has no document for it (see the next point for why that holds).
-* **Idempotent batches.** Before the index commit the side table records the batch as *pending*
-  (``meta.pending = [app_id, batch_id]``); the index is committed, then the side table (versions,
-  the batch id, pending cleared, in one SQLite transaction). A batch whose id is recorded for the app
-  id is skipped. A crash between the two commits leaves the batch pending: while a batch is pending,
-  every key of every batch is deleted by term before its add (the index may hold documents the side
-  table does not know), and the replay of that same batch re-deletes and re-adds the same documents
-  (same result) and clears the flag. A pending batch that is never replayed (checkpoint wiped) keeps
-  the always-delete mode on for that index: slower, never wrong.
-* **Columnar batches** (``ChangeBatch.columns``: no TRUNCATE, no unavailable column) never build
-  events: only each key's newest row is applied, under the same guard, and per chunk of keys the
-  deletes by term become one delete-by-query of those keys before their adds -- the same documents
-  and side-table rows as the per-event path.
-* **Unavailable TOAST values** are taken from the key's previous event in the same batch, else the
-  stored document; without one the batch fails with :class:`cdc.errors.ApplyError`.
-* Tables without search columns are ignored. Changing a table's search columns needs a rebuild
-  (ApplyError says how).
+One document per key (the key's canonical JSON as a raw term, its version, one text field per search
+column, every column as JSON for ``cdc search``), kept beside a SQLite side table of versions,
+tombstones, the TRUNCATE marker and the applied batch per app id. The guarantees of
+:meth:`SearchSink.apply` (version guard, idempotent batches through a *pending* mark, the columnar
+path, unavailable TOAST values) and the layout: ``docs/search.md``.
 """
 
 from __future__ import annotations
@@ -46,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +76,7 @@ def field_names(reg: TableReg) -> dict[str, str]:
                 fix="rename the column or pick other search columns",
                 column=col,
             )
-        out[col] = col
+        out[col] = reg.search_field(col)
     return out
 
 
@@ -125,8 +91,17 @@ def build_schema(reg: TableReg) -> tantivy.Schema:
     return sb.build()
 
 
+def _only_dropped(reg: TableReg, built: list[str]) -> bool:
+    """The index was built for the fields ``built`` and the registration lost only columns dropped
+    at the source since (:attr:`TableReg.dropped_columns`): the index goes on without them."""
+    fields = [reg.search_field(c) for c in reg.search]
+    gone = [c for c in built if c not in fields]
+    return set(fields) <= set(built) and all(c in reg.dropped_columns for c in gone)
+
+
 def _schema_signature(reg: TableReg) -> str:
-    return orjson.dumps({"version": 2, "search": list(reg.search)}).decode()
+    """The index's fields (a search column renamed at the source keeps its field)."""
+    return orjson.dumps({"version": 2, "search": [reg.search_field(c) for c in reg.search]}).decode()
 
 
 def _older_than(schema: tantivy.Schema, v: Version) -> tantivy.Query:
@@ -179,7 +154,12 @@ class _Index:
         )
         sig = _schema_signature(reg)
         row = self.db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-        if row is not None and row[0] != sig:
+        built = (
+            list(orjson.loads(row[0])["search"])
+            if row is not None
+            else [reg.search_field(c) for c in reg.search]
+        )
+        if row is not None and row[0] != sig and not _only_dropped(reg, built):
             raise ApplyError(
                 f"the search index of {reg.qualified} was built for search columns "
                 f"{orjson.loads(row[0])['search']}, the registration now says {list(reg.search)}",
@@ -187,7 +167,9 @@ class _Index:
                 "so the index is rebuilt",
                 table=reg.qualified,
             )
-        self.schema = build_schema(reg)
+        # a search column dropped at the source keeps its (empty from now on) field: tantivy cannot
+        # remove one; documents written from now on leave it out
+        self.schema = build_schema(replace(reg, search=tuple(built), extra={}))
         if tantivy.Index.exists(str(self.path)):
             self.index = tantivy.Index.open(str(self.path))
         else:
@@ -543,7 +525,7 @@ def search(state_dir: Path, reg: TableReg, query: str, *, limit: int = 10) -> li
     """Ranked hits (BM25) for ``query`` (tantivy query syntax) over the table's search columns.
     Snippets are plain text with matches between ``**`` markers. ApplyError when the table has no
     search columns or no index yet; a query syntax error is an ApplyError naming the query."""
-    from cdc.catalog import quote_table_name
+    from cdc.names import quote_table_name
 
     if not reg.search:
         raise ApplyError(

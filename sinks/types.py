@@ -1,34 +1,11 @@
 """Postgres types -> Arrow/Delta types, and event values -> Arrow values.
 
-The mapping is faithful (no value changes on the way), with two documented exceptions:
-
-* ``timestamp``/``timestamptz``/``date`` ``infinity`` and ``-infinity`` are clamped to the largest and
-  smallest values every reader (Python, DuckDB, Spark) can hold: ``9999-12-31 23:59:59.999999`` and
-  ``0001-01-01 00:00:00`` (UTC for timestamptz; ``9999-12-31`` and ``0001-01-01`` for dates). A real
-  value at exactly those instants is indistinguishable from infinity. BC dates and years after 9999
-  cannot be represented: they raise :class:`cdc.errors.ApplyError` (fix: exclude the column).
-* ``numeric`` NaN/Infinity arrive as null (wal2json sends null) and stay null.
-
-=======================================  =========================================================
-Postgres (``format_type``)               Arrow / Delta
-=======================================  =========================================================
-smallint / integer / bigint (oid, xid)  int16 / int32 / int64 (short / integer / long)
-numeric(p,s), p <= 38                    decimal128(p, s)
-numeric(p,s), p > 38; numeric            string (every digit kept)
-real / double precision                  float32 / float64
-boolean                                  bool
-timestamp with time zone                 timestamp(us, UTC)   (Delta timestamp)
-timestamp without time zone              timestamp(us)        (Delta timestamp_ntz)
-date                                     date32
-bytea                                    binary (event value is hex)
-json / jsonb                             string (the JSON text)
-T[] (one-dimensional)                    list<mapping of T>  (multi-dimensional: ApplyError)
-everything else (text, varchar, char,    string (Postgres' text output)
-uuid, inet, interval, time, enums, ...)
-=======================================  =========================================================
-
-A column seen in an event but missing from the registration's columns is typed ``string`` (its
-JSON value as text when it is not a string).
+The mapping is faithful (no value changes on the way) except where ``docs/warehouse.md`` ("Types")
+says otherwise: timestamp/date ``infinity`` clamps to the largest/smallest value every reader holds;
+float NaN/Infinity (JSON strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` in events) are stored as
+the float values. A value a column cannot hold (a BC date, a year past 9999, a numeric NaN/Infinity or
+too many digits for ``numeric(p,s)``) raises :class:`cdc.errors.ApplyError`; :func:`unstorable` finds
+such values per record, so the apply job dead-letters those records and applies the others.
 """
 
 from __future__ import annotations
@@ -161,12 +138,14 @@ def _float(value: Any, pg_type: str) -> float:
         raise _bad(value, pg_type, "not a number")
     if isinstance(value, int | float):
         return float(value)
-    if isinstance(value, str):  # 'NaN', 'Infinity', '-Infinity' if the reader sends text
-        try:
-            return float(value)
-        except ValueError as exc:
-            raise _bad(value, pg_type, "not a number") from exc
-    raise _bad(value, pg_type, "not a number")
+    if isinstance(value, str):  # the event contract sends NaN/Infinity/-Infinity as these strings
+        special = _SPECIAL_FLOATS.get(value)
+        if special is not None:
+            return special
+    raise _bad(value, pg_type, 'not a number (special values arrive as "NaN", "Infinity", "-Infinity")')
+
+
+_SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
 def _bool(value: Any, pg_type: str) -> bool:
@@ -381,3 +360,50 @@ def to_event_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: to_event_value(v) for k, v in value.items()}
     return value
+
+
+def unstorable(values: Sequence[Any], pg_type: str | None) -> dict[int, str]:
+    """The positions of the event values (None = null) that :func:`to_array` cannot store as
+    :func:`arrow_type`, each with the reason (a BC date, a year past 9999, a numeric NaN or Infinity
+    for a decimal column, too many digits, ...). Empty when the whole column converts, which is
+    checked first, vectorised; the per-value check runs only then."""
+    typ = pg_type or "text"
+    at = arrow_type(typ)
+    if pa.types.is_string(at):
+        return {}
+    try:
+        to_array(values, typ)
+        return {}
+    except ApplyError:
+        pass
+    return _per_value(values, typ, at)
+
+
+def unstorable_json(values: pa.Array, pg_type: str | None) -> dict[int, str]:
+    """:func:`unstorable` for a column in the Arrow type of its event encoding
+    (:func:`sinks.columnar.json_type`), as :func:`from_json_array` converts it."""
+    typ = pg_type or "text"
+    at = arrow_type(typ)
+    if pa.types.is_string(at) or values.type == at:
+        return {}
+    try:
+        from_json_array(values, typ)
+        return {}
+    except ApplyError:
+        pass
+    return _per_value(values.to_pylist(), typ, at)
+
+
+def _per_value(values: Sequence[Any], typ: str, at: pa.DataType) -> dict[int, str]:
+    conv = converter(typ)
+    bad: dict[int, str] = {}
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        try:
+            pa.array([conv(v)], type=at)
+        except ApplyError as exc:
+            bad[i] = exc.message
+        except (pa.ArrowInvalid, OverflowError) as exc:
+            bad[i] = f"cannot store {v!r} as {typ} ({at}): {exc}"
+    return bad

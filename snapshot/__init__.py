@@ -1,6 +1,8 @@
-"""Snapshots: read registered tables under an exported snapshot and write ``op=r`` events.
+"""Snapshots: read registered tables and write ``op=r`` events (``docs/snapshots.md``).
 
-The interface of the stage (DESIGN.md "Data flow", "Snapshot alignment"):
+Two kinds: the initial snapshot, under an exported snapshot (below, :mod:`snapshot.exported`), and
+every later one, in chunks while streaming (:mod:`snapshot.chunked`). Both read with a plain COPY
+and build the events in the service (:mod:`snapshot.encode`). The initial snapshot's interface:
 
 * :func:`create_exported_slot` runs ``CREATE_REPLICATION_SLOT <slot> [TEMPORARY] LOGICAL wal2json
   EXPORT_SNAPSHOT`` on a replication connection and returns the snapshot name and the slot's
@@ -8,14 +10,14 @@ The interface of the stage (DESIGN.md "Data flow", "Snapshot alignment"):
   snapshot (closing it drops a temporary slot and ends the export).
 * :func:`read_tables` (in :mod:`snapshot.exported`) reads tables under that snapshot: every worker
   thread has its own psycopg 3 connection that runs ``BEGIN ISOLATION LEVEL REPEATABLE READ;
-  SET TRANSACTION SNAPSHOT '<name>'`` first, then ``COPY (SELECT ...) TO STDOUT`` (text format). It
+  SET TRANSACTION SNAPSHOT '<name>'`` first, then ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``. It
   appends each row as an ``op=r`` event with version ``(consistent_lsn, 0)`` in durable batches and
   returns, per table, the alignment (consistent point and the topic's end offsets right after the
   table's last row). The caller records it in the registry.
 
-Failure: any error propagates and nothing is recorded; the table stays ``running`` in the registry,
-and the next run snapshots it again from scratch (duplicates in the topic are harmless: sinks keep
-the newest version per key).
+Failure: any error propagates and nothing is recorded; the next run snapshots again from scratch
+under a new slot, starting with a TRUNCATE marker just below the new consistent point so the rows
+of the killed run (keys deleted since included) are superseded.
 """
 
 from __future__ import annotations

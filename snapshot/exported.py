@@ -1,38 +1,28 @@
-"""Read tables under an exported snapshot with ``COPY (SELECT ...) TO STDOUT`` (text format) and
+"""Read tables under an exported snapshot with a plain ``COPY ... TO STDOUT (FORMAT csv)`` and
 append ``op=r`` events. See :mod:`snapshot` for the guarantees.
 
-Two ways to read a table, both giving the bytes the stream gives for the same row:
+Postgres does what any COPY does (its output functions); the events are built here, vectorised,
+by :mod:`snapshot.encode` (Arrow's CSV reader and compute kernels), with the stream's encoding.
+Parallelism: one table per worker thread, each worker its own connection importing the snapshot.
 
-* **JSON built by Postgres** (every column of a type in :data:`SQL_KINDS`): the ``SELECT`` turns each
-  column into its JSON value text (:func:`sql_json_value`: ints as they are, numeric as a string with
-  every digit or null for NaN/Infinity, bool as ``true``/``false``, bytea as quoted hex, timestamps,
-  dates, uuids... as their quoted text output, text/json/jsonb and every other type through
-  ``to_json(col::text)``, which escapes exactly as orjson does), NULL as ``null`` (``COPY ... NULL
-  'null'``). Python only undoes COPY's backslash doubling and fills a byte template per row: the key
-  (``{"id":42}``, :func:`cdc.events.encode_key`'s bytes) and the whole ``op=r`` value. Postgres does
-  the encoding on its own core.
-* **Encoded in Python** (a table with a float or array column, whose JSON Postgres writes differently
-  from orjson): rows are split on newlines and fields on tabs (a tab or newline inside a value is
-  always escaped), ``\\N`` is NULL, backslash escapes are undone only in fields that contain a
-  backslash, and fields are encoded by column type (:func:`cdc.reader.wal2json.text_converter_for`).
-
-Parallelism: one table per worker thread, each worker its own connection importing the snapshot
-(tables are not split into key ranges).
+:func:`sql_json_value` / :func:`json_copy_query` (the earlier COPY that built each value's JSON in
+Postgres) are kept only as the peer of ``bench/capture.py``; the snapshot no longer uses them.
 """
 
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 import orjson
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from cdc.errors import SourceError
@@ -42,6 +32,7 @@ from cdc.reader.replication import SESSION_OPTIONS, Batch
 from cdc.reader.wal2json import type_kind
 from cdc.registry import Alignment, Column, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot
+from snapshot.encode import RowEncoder, copy_query, read_csv_batches
 
 BATCH_ROWS = 5000
 
@@ -75,41 +66,6 @@ _ESTIMATE = """
 SELECT GREATEST(c.reltuples, 0)::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = %(table)s
 """
-
-_UNESCAPE = re.compile(r"\\(.)")
-_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
-
-
-def _unescape_sub(m: re.Match[str]) -> str:
-    c = m.group(1)
-    return _ESCAPES.get(c, c)
-
-
-def unescape(field: str) -> str | None:
-    """One COPY text field: ``\\N`` is NULL, backslash escapes undone."""
-    if field == "\\N":
-        return None
-    return _UNESCAPE.sub(_unescape_sub, field)
-
-
-def copy_rows(chunks: Iterator[Any]) -> Iterator[list[Any]]:
-    """Split COPY text output (chunks of bytes, not aligned to rows) into lists of field values
-    (``None`` for NULL)."""
-    rest = b""
-    for chunk in chunks:
-        buf = rest + bytes(chunk) if rest else bytes(chunk)
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            rest = buf
-            continue
-        rest = buf[cut + 1 :]
-        for line in buf[:cut].decode().split("\n"):
-            fields: list[Any] = line.split("\t")
-            if "\\" in line:
-                fields = [unescape(f) if "\\" in f else f for f in fields]
-            yield fields
-    if rest:
-        raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
 
 
 def _base_type(pg_type: str) -> str:
@@ -205,9 +161,9 @@ def read_table(
     progress: Progress,
     ts_ms: int,
 ) -> TableSnapshot:
-    """Read one table on ``conn`` (which imported ``snap``) and append its rows to ``store``
-    (a writer thread appends batch n while batch n+1 is parsed; ``store_lock`` serialises the
-    store between threads). Returns once every row is durable."""
+    """Read one table on ``conn`` (which imported ``snap``) with a plain COPY and append its rows to
+    ``store`` (a writer thread appends batch n while batch n+1 is encoded; ``store_lock`` serialises
+    the store between threads). Returns once every row is durable."""
     params = {"schema": reg.schema, "table": reg.table}
     cols = tuple(Column(str(n), str(t), bool(nullable)) for n, t, nullable in conn.execute(_COLUMNS, params))
     if not cols:
@@ -227,142 +183,46 @@ def read_table(
             fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
             table=reg.qualified,
         )
-    by_name = {c.name: c for c in cols}
-    exprs = [sql_json_value(n, by_name[n].type, by_name[n].nullable) for n in names]
-    if all(e is not None for e in exprs):
-        return _read_table_sql(
-            conn,
-            snap,
-            reg,
-            cols,
-            codec,
-            [e for e in exprs if e is not None],
-            store=store,
-            store_lock=store_lock,
-            progress=progress,
-            ts_ms=ts_ms,
-            estimate=estimate,
-        )
-    convs: list[tuple[int, Callable[[Any], Any]]] = []
-    for i, n in enumerate(names):
-        conv = codec.text_converters[n]
-        if conv is not None:
-            convs.append((i, conv))
-    src = codec.snapshot_source(snap.consistent_lsn, ts_ms, last=False)
-    src_last = codec.snapshot_source(snap.consistent_lsn, ts_ms, last=True)
-    topic = codec.topic
-    query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
-        sql.SQL(", ").join(sql.Identifier(n) for n in names), sql.Identifier(reg.schema, reg.table)
-    )
-    progress.start(reg.qualified, estimate)
+    encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key)
     now = str(int(time.time() * 1000)).encode()
-    record = codec.snapshot_record
-    batch = Batch(store, store_lock)
-    try:
-        rows, reported, last = _copy_table(
-            conn, query, convs, names, record, src, batch, topic, progress, reg.qualified, now
-        )
-        if last is not None:
-            batch.add(topic, [record(last, src_last, now)])
-            rows += 1
-        batch.flush()
-    finally:
-        batch.close()
-    progress.advance(reg.qualified, rows - reported)
-    with store_lock:
-        end = store.end_offsets(topic)
-    conn.execute("COMMIT")
-    progress.finish(reg.qualified, rows)
-    return TableSnapshot(
-        reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end))
-    )
+    head = b'{"before":null,"after":'
 
+    def tail(last: bool) -> bytes:
+        src = codec.snapshot_source(snap.consistent_lsn, ts_ms, last=last)
+        return b',"source":' + src + b',"op":"r","ts_ms":' + now + b',"unavailable":[]}'
 
-def _read_table_sql(
-    conn: psycopg.Connection[Any],
-    snap: ExportedSnapshot,
-    reg: TableReg,
-    cols: tuple[Column, ...],
-    codec: TableCodec,
-    exprs: list[tuple[sql.Composable, bool]],
-    *,
-    store: LogStore,
-    store_lock: threading.Lock,
-    progress: Progress,
-    ts_ms: int,
-    estimate: int,
-) -> TableSnapshot:
-    """:func:`read_table` with every value's JSON built by Postgres (see the module docstring)."""
-    names = codec.included
-    quoted = [q for _, q in exprs]
-    after_t = _template(names, quoted)
-    key_idx = [names.index(k) for k in codec.key]
-    key_t = _template(list(codec.key), [quoted[i] for i in key_idx])
-    now = str(int(time.time() * 1000)).encode()
-
-    def value_template(last: bool) -> bytes:
-        src = codec.snapshot_source(snap.consistent_lsn, ts_ms, last=last).replace(b"%", b"%%")
-        return (
-            b'{"before":null,"after":'
-            + after_t
-            + b',"source":'
-            + src
-            + b',"op":"r","ts_ms":'
-            + now
-            + b',"unavailable":[]}'
-        )
-
-    value_t, last_t = value_template(False), value_template(True)
-    query = json_copy_query(reg.schema, reg.table, [e for e, _ in exprs])
+    tail_row, tail_last = tail(False), tail(True)
+    head_s, tail_s, sep = (pa.scalar(x, pa.binary()) for x in (head, tail_row, b""))
     topic = codec.topic
     table = reg.qualified
     progress.start(table, estimate)
-    single = key_idx[0] if len(key_idx) == 1 else -1
     batch = Batch(store, store_lock)
-    rows = reported = 0
+    rows = 0
+    held: tuple[bytes, bytes] | None = None  # the newest row: written last, marked "last"
     try:
-        pending: list[Record] = []
-        fields: tuple[bytes, ...] | None = None
-        lines: list[bytes] = []
-        with conn.cursor().copy(query) as copy:
-            read = copy.read
-            more = True
-            while more:
-                data = read()
-                if data:
-                    lines.append(bytes(data))
-                    if len(lines) < 1000:
-                        continue
-                else:
-                    more = False
-                if not lines:
-                    break
-                # 1000 rows at a time: COPY doubles every backslash (JSON escapes are the only ones)
-                chunk = b"".join(lines)
-                lines = []
-                if b"\\" in chunk:
-                    chunk = chunk.replace(b"\\\\", b"\\")
-                add = pending.append
-                for line in chunk[:-1].split(b"\n"):
-                    fields = tuple(line.split(b"\t"))
-                    key = key_t % (fields[single] if single >= 0 else tuple(fields[i] for i in key_idx))
-                    add(Record(key, value_t % fields))
-                if len(pending) > BATCH_ROWS:
-                    last = pending.pop()  # the table's last row is written with snapshot "last"
-                    batch.add(topic, pending)
+        with conn.cursor().copy(copy_query(reg.schema, reg.table, names)) as copy:
+            for rb in read_csv_batches(copy, names):
+                if rb.num_rows == 0:
+                    continue
+                keys, afters = encoder.encode(rb)
+                values = pc.binary_join_element_wise(head_s, afters, tail_s, sep).to_pylist()
+                records = [Record(k, v) for k, v in zip(keys.to_pylist(), values, strict=True)]
+                if held is not None:
+                    records.insert(0, Record(held[0], head + held[1] + tail_row))
+                last = records.pop()
+                held = (last.key, afters[-1].as_py())
+                if records:
+                    batch.add(topic, records)
                     batch.submit(None)
-                    rows += len(pending)
-                    progress.advance(table, len(pending))
-                    reported += len(pending)
-                    pending = [last]
-        if fields is not None:
-            pending[-1] = Record(pending[-1].key, last_t % fields)
-            batch.add(topic, pending)
-            rows += len(pending)
+                    rows += len(records)
+                    progress.advance(table, len(records))
+        if held is not None:
+            batch.add(topic, [Record(held[0], head + held[1] + tail_last)])
+            rows += 1
+            progress.advance(table, 1)
         batch.flush()
     finally:
         batch.close()
-    progress.advance(table, rows - reported)
     with store_lock:
         end = store.end_offsets(topic)
     conn.execute("COMMIT")
@@ -370,47 +230,6 @@ def _read_table_sql(
     return TableSnapshot(
         reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end))
     )
-
-
-def _copy_table(
-    conn: psycopg.Connection[Any],
-    query: sql.Composed,
-    convs: list[tuple[int, Callable[[Any], Any]]],
-    names: list[str],
-    record: Callable[[dict[str, Any], bytes, bytes], Record],
-    src: bytes,
-    batch: Batch,
-    topic: str,
-    progress: Progress,
-    table: str,
-    now: bytes,
-) -> tuple[int, int, dict[str, Any] | None]:
-    """COPY the rows into ``batch``, all but the last row, which is returned so the caller can
-    mark it ``last``. Returns (rows added, rows reported to ``progress``, last row)."""
-    pending: list[Record] = []
-    previous: dict[str, Any] | None = None
-    rows = reported = 0
-    with conn.cursor().copy(query) as copy:
-        for fields in copy_rows(iter(copy)):
-            for i, f in convs:
-                v = fields[i]
-                if v is not None:
-                    fields[i] = f(v)
-            after = dict(zip(names, fields, strict=True))
-            if previous is not None:
-                pending.append(record(previous, src, now))
-                if len(pending) >= BATCH_ROWS:
-                    batch.add(topic, pending)
-                    batch.submit(None)
-                    rows += len(pending)
-                    progress.advance(table, len(pending))
-                    reported += len(pending)
-                    pending = []
-            previous = after
-    if pending:
-        batch.add(topic, pending)
-        rows += len(pending)
-    return rows, reported, previous
 
 
 def read_tables(

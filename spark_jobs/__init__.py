@@ -5,5 +5,5 @@
   (embedded or Kafka) into Structured Streaming, with offsets checkpointed by Spark.
 * :mod:`spark_jobs.apply` is the apply job: micro-batches of records are parsed, dead letters are
   set aside, and every sink (:mod:`sinks`) applies the batch; runnable as
-  ``spark-submit spark_jobs/apply.py`` or through ``cdc apply``.
+  ``spark-submit cdc/cli/spark_submit.py`` or through ``cdc apply``.
 """

@@ -1,51 +1,16 @@
 """The apply job: log-store topics -> Structured Streaming -> sinks (warehouse + search index).
 
-Runnable as ``cdc apply [--once]`` or ``spark-submit spark_jobs/apply.py [--once] ...`` (same flags).
-
-How a micro-batch is applied (:meth:`ApplyJob.process_batch`, called by ``foreachBatch``)
--------------------------------------------------------------------------------------------
-1. The batch's records (read by the ``cdclog`` source, :mod:`spark_jobs.source`) are collected to
-   the driver as Arrow and grouped by topic -> registered table.
-2. A table's records are parsed in columns first (:func:`sinks.columnar.parse_columns`, Arrow's JSON
-   reader); a batch with anything unusual in it (a TRUNCATE, unchanged TOAST columns, a new column,
-   a malformed record) is parsed record by record instead. There,
-   :func:`sinks.parse_batch` turns a record it cannot parse into a dead letter, appended
-   to the dead-letter topic (``<prefix>.__dead_letter``, not compacted) with the reason and the
-   source position (headers and a JSON value holding the original bytes), and counted in
-   ``<state>/spark/apply-metrics.json``. The good records of the batch are still applied.
-3. Every sink applies every table's batch: ``sink.apply(batch, batch_id, app_id)``. A sink that
-   raises fails the micro-batch, which fails the query (the job exits non-zero); nothing is
-   skipped. On restart Spark replays that batch from its checkpoint with the same batch id and
-   offsets; sinks are idempotent per ``(app_id, batch_id)`` and version-guarded per key.
-4. After every sink succeeded, the batch's end offsets (read from Spark's offset log for that batch
-   id) are committed in the log store under the consumer name ``apply``, so lag = end offsets -
-   committed positions. This commit is advisory (for lag and ``cdc verify``); Spark's checkpoint is
-   the truth for where the job resumes.
-
-Stopping (:meth:`ApplyJob.stop`, SIGTERM in ``cdc apply``): the micro-batch in progress completes --
-its sinks and Spark's commit of it -- before the query is stopped, and no new batch starts (one that
-would start meanwhile fails at once, having done nothing, and is replayed by the next run). The same
-holds when the job restarts its query because the registered tables changed.
-
-Guarantees: exactly-once *effect* on the sinks (a crash anywhere -- before, between or after sink
-writes, before the checkpoint -- is repaired by the replay). Dead letters: a replayed batch does not
-append its dead letters again (the metrics file records the last batch whose dead letters were
-written); only a crash between that append and that record can write them twice (at least once).
-``<state>/spark/apply-metrics.json`` holds the counters of the current checkpoint (batches, records,
-events, dead letters, last batch id, newest applied source commit time).
-
-Identity: ``app_id = "cdc-apply-" + uuid`` stored in ``<state>/spark/checkpoint/apply.id``, created
-together with the checkpoint (deleting the checkpoint directory gives a new app id, so sinks do not
-mistake the new query's batch 0 for the old one's).
-
-Tables registered while the job runs: the job polls :meth:`cdc.registry.Registry.generation` and
-restarts its query (same checkpoint) when the set of topics changed; a new topic is read from its
-start offset.
+Runnable as ``cdc apply [--once]`` or ``spark-submit cdc/cli/spark_submit.py [--once] ...`` (same
+flags). This module is the Spark glue: it reads a micro-batch, hands each table's records to
+:func:`sinks.parse.parse`, removes what a sink rejects (:meth:`sinks.Sink.reject`), writes the dead
+letters, calls every sink and commits the positions. How a micro-batch is applied, what stopping and
+restarting guarantee, the dead letters and the job's identity: ``docs/apply.md``.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import faulthandler
 import gc
 import os
 import re
@@ -56,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,20 +31,23 @@ import orjson
 from cdc.config import Settings
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import dead_letter_topic
-from cdc.logstore import LogStore, Record, TopicConfig, open_log_store
+from cdc.faults import Faults
+from cdc.logstore import LogStore
+from cdc.logstore.factory import open_log_store
+from cdc.metrics import Publisher
 from cdc.registry import Registry, TableReg
+from sinks import ChangeBatch, DeadLetter, Sink, dead_letters
+from sinks.parse import Parsed, parse
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from sinks import ChangeBatch, DeadLetter, Sink
 
 CONSUMER = "apply"
 #: the message of the error a micro-batch raises when it starts after a stop was requested (it has
 #: done nothing; Spark replays it on the next run)
 STOP_REQUESTED = "cdc apply: stop requested before this micro-batch started"
-DEAD_LETTER_CONFIG = TopicConfig(compacted=False, retention_ms=7 * 24 * 3600 * 1000)
 
 
 def checkpoint_dir(state_dir: Path) -> Path:
@@ -127,19 +96,21 @@ def batch_end_offsets(ckpt: Path, batch_id: int) -> dict[str, dict[int, int]]:
 
 @dataclass(frozen=True)
 class ApplyOptions:
-    """How to run the job.
-
-    ``crash_after_sink_batch`` is a test hook (``CDC_TEST_CRASH_AFTER_SINK``): after the first
-    sink applied batch N, SIGKILL the JVM and this process (a kill -9 between a sink write and the
-    checkpoint).
-    """
+    """How to run the job. ``faults``: the enabled fault-injection points (:mod:`cdc.faults`; the
+    job offers ``apply.after_sink``), parsed by the entry point."""
 
     once: bool = False
     trigger_interval_s: float = 1.0
     max_records_per_batch: int = 0
     registry_poll_s: float = 2.0
-    crash_after_sink_batch: int | None = None
+    faults: Faults = field(default_factory=Faults)
     query_name: str = "cdc-apply"
+    #: the watchdog: a micro-batch (trigger) that shows no sign of progress for this long fails the run
+    #: with :class:`StalledError` after dumping every thread (0: no watchdog); see ``docs/apply.md``
+    stall_timeout_s: float = 300.0
+    #: if even the job's main loop stops checking in (blocked in py4j), a backstop thread dumps the
+    #: threads and ends the process with ``os._exit(1)`` -- for the CLI process only, never in-process
+    hard_exit_on_stall: bool = False
 
 
 @dataclass
@@ -182,10 +153,15 @@ class ApplySummary:
         return asdict(self)
 
 
+class StalledError(ApplyError):
+    """The watchdog's verdict: a micro-batch made no progress for ``stall_timeout_s``. The job cannot
+    be stopped cleanly any more (a thread is stuck in Spark, py4j or a sink); the process must exit."""
+
+
 class ApplyJob:
     """One apply job: a streaming query over the registered tables' topics feeding the sinks.
 
-    ``sinks``: defaults to :func:`sinks.open_sinks` (closed by :meth:`close`).
+    ``sinks``: defaults to :func:`open_sinks` (closed by :meth:`close`).
     ``registry``: defaults to ``Registry(settings.state_dir)``; ``tables`` overrides it with a fixed
     list (tests, benchmarks).
     """
@@ -211,8 +187,6 @@ class ApplyJob:
         self.app_id = app_id_for(self.state_dir)
         self._own_sinks = sinks is None
         if sinks is None:
-            from sinks import open_sinks
-
             sinks = open_sinks(settings)
         self.sinks: list[Sink] = list(sinks)
         self._fixed_tables = list(tables) if tables is not None else None
@@ -222,6 +196,7 @@ class ApplyJob:
         self._store: LogStore | None = None
         self._by_topic: dict[str, TableReg] = {}
         self.summary = ApplySummary(app_id=self.app_id)
+        self.metrics = Publisher(self.state_dir, "apply")  # on-call counters (cdc.metrics)
         self._stop = threading.Event()
         # a stop waits for the micro-batch in progress (a query stopped mid-batch is interrupted
         # inside the sinks, and Spark may die on the way, e.g. a StackOverflowError formatting it)
@@ -229,6 +204,12 @@ class ApplyJob:
         self._in_batch = False
         self._halt = threading.Event()  # set while the query is being stopped: no batch may start
         self._last_batch: int | None = None  # the last batch id whose foreachBatch body finished
+        # the watchdog (:meth:`_check_stall`): the last sign of life and what it was
+        self._alive_at = time.monotonic()
+        self._alive_mark: Any = None
+        self._stalled = False
+        self._jvm_pid: int | None = None
+        self._loop_at = time.monotonic()  # the main loop's last check-in (for the backstop)
         self.query: StreamingQuery | None = None
         # py4j runs foreachBatch on varying callback threads; sinks hold thread-bound handles
         # (SQLite, index writers), so each sink is only ever called from its own thread
@@ -264,6 +245,7 @@ class ApplyJob:
             if self._halt.is_set():  # nothing done: the batch fails and is replayed by the next query
                 raise ApplyError(STOP_REQUESTED, fix="run `cdc apply` again", batch_id=batch_id)
             self._in_batch = True
+            self._alive_at = time.monotonic()
         # a batch allocates millions of acyclic objects (records, events, rows): the cyclic collector's
         # generational passes over them cost about a third of the parse; it runs again between batches
         gc_was_on = gc.isenabled()
@@ -277,15 +259,13 @@ class ApplyJob:
                 gc.enable()
             with self._batch_cond:
                 self._in_batch = False
+                self._alive_at = time.monotonic()
                 if done is not None:
                     self._last_batch = done
                 self._batch_cond.notify_all()
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         import pyarrow.compute as pc
-
-        from sinks import ChangeBatch, RawRecord, parse_batch
-        from sinks.columnar import parse_columns
 
         started = time.monotonic()
         arrow = df.toArrow()
@@ -294,49 +274,13 @@ class ApplyJob:
         dead: list[DeadLetter] = []
         topics = sorted(arrow.column("topic").unique().to_pylist()) if n else []
         for topic in topics:
-            part = arrow.filter(pc.equal(arrow.column("topic"), topic)).sort_by(
-                [("partition", "ascending"), ("offset", "ascending")]
-            )
-            reg = self._table_for(topic)
-            if reg is not None:
-                columns = parse_columns(
-                    reg,
-                    part.column("key"),
-                    part.column("value"),
-                    part.column("partition"),
-                    part.column("offset"),
-                )
-                if columns is not None:
-                    batches.append(ChangeBatch(reg, columns=columns))
-                    continue
-            records = [
-                RawRecord(*row)
-                for row in zip(
-                    *(
-                        part.column(name).to_pylist()
-                        for name in ("topic", "partition", "offset", "key", "value", "timestamp")
-                    ),
-                    strict=True,
-                )
-            ]
-            if reg is None:
-                from sinks import DeadLetter as DL
-
-                dead.extend(
-                    DL(
-                        r.topic,
-                        r.partition,
-                        r.offset,
-                        r.key,
-                        r.value,
-                        f"topic {topic} is no longer registered",
-                    )
-                    for r in records
-                )
-                continue
-            batch, bad = parse_batch(reg, records)
-            dead.extend(bad)
-            batches.append(batch)
+            part = arrow.filter(pc.equal(arrow.column("topic"), topic))
+            parsed = parse(self._table_for(topic), part)
+            dead.extend(parsed.dead)
+            if parsed.batch is not None:
+                batch, rejected = self._reject(parsed)
+                dead.extend(rejected)
+                batches.append(batch)
         if dead:
             self._write_dead_letters(dead, batch_id)
         collected = time.monotonic()
@@ -345,6 +289,7 @@ class ApplyJob:
         events = sum(len(b) for b in batches)
         newest = max((t for b in batches if (t := b.newest_ts_ms()) is not None), default=None)
         self._update_metrics(batch_id, n, events, newest)
+        self._publish_batch(batches, batch_id, n, events, len(dead), time.monotonic() - started)
         report = BatchReport(
             batch_id=batch_id,
             records=n,
@@ -369,6 +314,38 @@ class ApplyJob:
         if self.on_batch is not None:
             self.on_batch(report)
 
+    def _reject(self, parsed: Parsed) -> tuple[ChangeBatch, list[DeadLetter]]:
+        """The batch without the events a sink cannot hold (:meth:`sinks.Sink.reject`), and their dead
+        letters: a poison record never stops the others."""
+        batch = parsed.batch
+        assert batch is not None
+        reasons: dict[tuple[int, int], list[str]] = {}
+        for sink in self.sinks:
+            for r in sink.reject(batch):
+                reasons.setdefault((r.partition, r.offset), []).append(f"{sink.name}: {r.reason}")
+        if not reasons:
+            return batch, []
+        positions = set(reasons)
+        raw = parsed.raw(positions)
+        events = {(e.partition, e.offset): e for e in batch.events if (e.partition, e.offset) in positions}
+        dead = []
+        for pos in sorted(positions):
+            rec, ev = raw[pos], events[pos]
+            dead.append(
+                DeadLetter(
+                    rec.topic,
+                    rec.partition,
+                    rec.offset,
+                    rec.key,
+                    rec.value,
+                    "; ".join(reasons[pos]),
+                    table=batch.table.qualified,
+                    key_json=ev.key_json,
+                    version=ev.version,
+                )
+            )
+        return batch.without(positions), dead
+
     def _apply_sinks(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, float]:
         """Every sink applies every table's batch; the sinks run concurrently (each on its own
         thread), the tables of one sink in order. Returns seconds per sink; re-raises the first
@@ -381,9 +358,9 @@ class ApplyJob:
             return time.monotonic() - t0
 
         futures = [self._threads[i].submit(one, sink) for i, sink in enumerate(self.sinks)]
-        if self.options.crash_after_sink_batch == batch_id and futures:
+        if futures and self.options.faults.on("apply.after_sink", batch_id):
             futures[0].result()
-            self._crash()
+            self.options.faults.point("apply.after_sink", batch_id, self._crash)
         wait(futures)
         out: dict[str, float] = {}
         for sink, fut in zip(self.sinks, futures, strict=True):
@@ -408,8 +385,8 @@ class ApplyJob:
             return
         topic = dead_letter_topic(self.settings.topic_prefix)
         store = self.store()
-        store.create_topic(topic, DEAD_LETTER_CONFIG)
-        records = [dead_letter_record(d, batch_id, self.app_id) for d in dead]
+        store.create_topic(topic, dead_letters.TOPIC_CONFIG)
+        records = [dead_letters.encode(d, batch_id, self.app_id) for d in dead]
         store.append(topic, records)
         metrics["dead_letter_batch"] = batch_id
         metrics["dead_letters"] = int(metrics.get("dead_letters", 0)) + len(dead)
@@ -461,9 +438,22 @@ class ApplyJob:
         current["applied_ms"] = int(time.time() * 1000)
         self._write_metrics(current)
 
+    def _publish_batch(
+        self, batches: Sequence[ChangeBatch], batch_id: int, records: int, events: int, dead: int, s: float
+    ) -> None:
+        """Counters for on-call (``<state>/metrics/apply.json``, per process life)."""
+        m = self.metrics
+        m.add("records_read", records)
+        m.add("events_applied", events)
+        m.add("dead_letters", dead)
+        m.batch(s)
+        m.set("last_batch_id", batch_id)
+        for b in batches:
+            m.newest(b.table.qualified, b.newest_ts_ms())
+
     def _crash(self) -> None:
-        """Test hook: SIGKILL the JVM and this process, mid-batch."""
-        sys.stderr.write("CDC_TEST_CRASH_AFTER_SINK: killing the JVM and the driver now\n")
+        """Fault ``apply.after_sink`` (:mod:`cdc.faults`): SIGKILL the JVM and this process, mid-batch."""
+        sys.stderr.write("cdc-fault: apply.after_sink: killing the JVM and the driver now\n")
         sys.stderr.flush()
         try:
             jvm_pid = int(self.spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
@@ -495,6 +485,11 @@ class ApplyJob:
                 processingTime=f"{int(self.options.trigger_interval_s * 1000)} milliseconds"
             )
         self.query = writer.start()
+        if self._jvm_pid is None:  # for the watchdog's thread dump (SIGQUIT)
+            try:
+                self._jvm_pid = int(self.spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
+            except Exception:  # a remote/Connect session: no JVM of ours to dump
+                self._jvm_pid = None
         return self.query
 
     def stop(self) -> None:
@@ -506,26 +501,132 @@ class ApplyJob:
     def _stop_between_batches(self, query: StreamingQuery) -> None:
         """Stop ``query`` once no micro-batch is in progress (for :meth:`stop` and for a restart on a
         registry change). A batch that would start meanwhile fails at once, having done nothing
-        (:data:`STOP_REQUESTED`), and is replayed by the next query on the same checkpoint."""
+        (:data:`STOP_REQUESTED`), and is replayed by the next query on the same checkpoint. Bounded: a
+        batch still running after ``stall_timeout_s`` is a stall (:class:`StalledError`), and a query
+        that does not stop is an error, never a hang."""
         self._halt.set()
+        timeout = self.options.stall_timeout_s if self.options.stall_timeout_s > 0 else None
         try:
             with self._batch_cond:
-                self._batch_cond.wait_for(lambda: not self._in_batch)
+                if not self._batch_cond.wait_for(lambda: not self._in_batch, timeout):
+                    self._stall(
+                        query, f"the micro-batch in progress did not finish within {timeout:.0f} s of a stop"
+                    )
                 last = self._last_batch
             if last is not None:  # Spark writes the batch's commit log entry right after the body returns
                 commit = self.ckpt / "commits" / str(last)
                 deadline = time.monotonic() + 60
                 while not commit.exists() and query.isActive and time.monotonic() < deadline:
+                    self._loop_at = time.monotonic()
                     time.sleep(0.05)
-            query.stop()
+            try:
+                query.stop()
+            except (
+                Exception
+            ) as exc:  # py4j: the query's thread did not stop (spark.sql.streaming.stopTimeout)
+                self._stalled = True
+                raise ApplyError(
+                    f"the streaming query did not stop: {_first_lines(str(exc))}",
+                    fix="the process must exit and be restarted; the batch in progress is retried from the "
+                    f"checkpoint ({self.ckpt}), nothing is skipped",
+                    checkpoint=str(self.ckpt),
+                ) from exc
         finally:
             self._halt.clear()
 
+    # -- the watchdog --------------------------------------------------------------------------------
+    def _check_stall(self, query: StreamingQuery) -> None:
+        """Called by :meth:`_run` between waits: a sign of life is a micro-batch body starting or
+        finishing, a new progress report of the query, or the query idle between triggers. A trigger
+        with none of these for ``stall_timeout_s`` raises :class:`StalledError` (after a thread dump)."""
+        self._loop_at = now = time.monotonic()
+        timeout = self.options.stall_timeout_s
+        if timeout <= 0:
+            return
+        with self._batch_cond:
+            in_batch = self._in_batch
+        status = query.status or {}
+        progress = query.lastProgress
+        mark = (progress.get("batchId"), progress.get("timestamp")) if progress else None
+        if mark != self._alive_mark or (not in_batch and not status.get("isTriggerActive", True)):
+            self._alive_mark = mark
+            self._alive_at = now
+            return
+        if now - self._alive_at >= timeout:
+            what = "a micro-batch's sinks" if in_batch else f"Spark ({status.get('message', '?')})"
+            self._stall(query, f"no progress for {now - self._alive_at:.0f} s in {what}")
+
+    def _stall(self, query: StreamingQuery | None, what: str) -> None:
+        """Dump every thread (Python's here, the JVM's through SIGQUIT, which it prints to its stdout)
+        and raise :class:`StalledError`; :meth:`close` then does not wait for the stuck threads."""
+        self._stalled = True
+        self._dump_threads(what)
+        raise StalledError(
+            f"the apply job is stuck: {what}",
+            fix="restart `cdc apply` (a supervisor does): the batch is retried from the checkpoint "
+            f"({self.ckpt}), nothing is skipped; the thread dump above shows where it hung; if batches "
+            "legitimately take longer, raise --stall-timeout",
+            checkpoint=str(self.ckpt),
+            stall_timeout_s=self.options.stall_timeout_s,
+        )
+
+    def _dump_threads(self, what: str) -> None:
+        sys.stderr.write(f"cdc apply: watchdog: {what}; thread dump follows\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if self._jvm_pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self._jvm_pid, signal.SIGQUIT)  # the JVM prints its thread dump to its stdout
+        sys.stderr.flush()
+
+    def _backstop(self, done: threading.Event) -> None:
+        """The last line of defence (``ApplyOptions.hard_exit_on_stall``, set by ``cdc apply``): if
+        :meth:`_run`'s loop itself stops checking in (blocked in py4j), dump the threads and exit the
+        process hard -- a process that hangs is never restarted by its supervisor."""
+        limit = 2 * self.options.stall_timeout_s + 180  # stop() may wait for a batch, the commit, the query
+        while not done.wait(1.0):
+            idle = time.monotonic() - self._loop_at
+            if idle > limit:
+                self._dump_threads(f"the job's main loop made no progress for {idle:.0f} s")
+                sys.stderr.write(
+                    "error: the apply job is stuck and exits now (exit code 1)\n  fix: restart `cdc apply`; "
+                    f"the batch is retried from the checkpoint ({self.ckpt}), nothing is skipped\n"
+                )
+                sys.stderr.flush()
+                sys.stdout.flush()
+                os._exit(1)
+
     def run(self) -> ApplySummary:
-        """Run until caught up (``once``) or until :meth:`stop`; raise ApplyError if a batch fails."""
+        """Run until caught up (``once``) or until :meth:`stop`; raise ApplyError if a batch fails, and
+        :class:`StalledError` if one makes no progress for ``stall_timeout_s`` (the watchdog)."""
+        from py4j.protocol import Py4JNetworkError  # deferred with pyspark (heavy)
+
+        self._loop_at = time.monotonic()
+        done = threading.Event()
+        if self.options.hard_exit_on_stall and self.options.stall_timeout_s > 0:
+            threading.Thread(
+                target=self._backstop, args=(done,), name="cdc-apply-backstop", daemon=True
+            ).start()
+        try:
+            with self.metrics:  # publishes <state>/metrics/apply.json; records an error that ends the run
+                try:
+                    return self._run()
+                except (ConnectionError, Py4JNetworkError) as exc:  # the JVM exited or was killed
+                    self._stalled = True  # nothing may wait on the JVM any more
+                    raise ApplyError(
+                        f"the Spark JVM of the apply job went away ({exc}); its log above says why",
+                        fix="restart `cdc apply`: the batch is retried from the checkpoint "
+                        f"({self.ckpt}), nothing is skipped; check the free space and memory of this host",
+                        checkpoint=str(self.ckpt),
+                    ) from exc
+        finally:
+            done.set()
+
+    def _run(self) -> ApplySummary:
         from pyspark.errors import StreamingQueryException
 
         started = time.monotonic()
+        failed = True
         try:
             while not self._stop.is_set():
                 gen, tables = self.current_tables()
@@ -544,6 +645,7 @@ class ApplyJob:
                             break
                     except StreamingQueryException:
                         break
+                    self._check_stall(query)
                     if gen >= 0:
                         new_gen, new_tables = self.current_tables()
                         if new_gen != gen and {t.topic for t in new_tables} != {t.topic for t in tables}:
@@ -558,11 +660,20 @@ class ApplyJob:
                     continue
                 if self.options.once or self._stop.is_set():
                     break
+            failed = False
         finally:
             self.summary.seconds = time.monotonic() - started
             q = self.query
-            if q is not None and q.isActive:  # interrupted (Ctrl-C): no batch may run after close()
-                q.stop()
+            # interrupted (Ctrl-C): no batch may run after close(); a stalled query would not stop
+            if q is not None and not self._stalled:
+                try:
+                    if q.isActive:
+                        q.stop()
+                except Exception:
+                    if not failed:
+                        raise
+                    # the run already failed with its own error, which is the one to report (a JVM
+                    # that died, a query that does not stop): this cleanup must not replace it
         return self.summary
 
     def _raise_if_failed(self, query: StreamingQuery) -> None:
@@ -572,17 +683,38 @@ class ApplyJob:
         text = str(exc)
         if STOP_REQUESTED in text:
             return  # a batch that started while the query was being stopped did nothing; it is replayed
+        cause = "fix the cause"
+        if "No space left on device" in text or "ENOSPC" in text:
+            cause = f"free space on the filesystem of the state directory ({self.state_dir})"
         raise ApplyError(
             f"micro-batch failed, the apply job stopped: {_first_lines(text)}",
-            fix="fix the cause and run `cdc apply` again: the failed batch is retried from the checkpoint "
+            fix=f"{cause} and run `cdc apply` again: the failed batch is retried from the checkpoint "
             f"({self.ckpt}), nothing was skipped",
             checkpoint=str(self.ckpt),
         )
 
     def close(self) -> None:
+        """Close the sinks and the stores. After a stall nothing waits for the stuck threads (the
+        process is about to exit)."""
+        if self._stalled:
+            for pool in self._threads:
+                pool.shutdown(wait=False, cancel_futures=True)
+            return
+        timeout = self.options.stall_timeout_s if self.options.stall_timeout_s > 0 else None
         if self._own_sinks:
             for i, sink in enumerate(self.sinks):
-                self._threads[i].submit(sink.close).result()
+                try:
+                    self._threads[i].submit(sink.close).result(timeout)
+                except FuturesTimeout as exc:
+                    self._stalled = True
+                    for pool in self._threads:
+                        pool.shutdown(wait=False, cancel_futures=True)
+                    raise StalledError(
+                        f"closing the sink {getattr(sink, 'name', type(sink).__name__)} did not finish "
+                        f"within {timeout:.0f} s",
+                        fix="restart `cdc apply`: it resumes from the checkpoint, nothing is skipped",
+                        checkpoint=str(self.ckpt),
+                    ) from exc
         for pool in self._threads:
             pool.shutdown(wait=True)
         if self._store is not None:
@@ -602,30 +734,13 @@ def _first_lines(text: str, limit: int = 1500) -> str:
     return out[:limit]
 
 
-def dead_letter_record(d: DeadLetter, batch_id: int, app_id: str) -> Record:
-    """The dead-letter topic's record for ``d``: same key, headers with the reason and the source
-    position, value a JSON object holding them and the original value (text, or hex if not UTF-8)."""
-    body: dict[str, Any] = {
-        "reason": d.reason,
-        "source": {"topic": d.topic, "partition": d.partition, "offset": d.offset},
-        "batch_id": batch_id,
-        "app_id": app_id,
-    }
-    for name, raw in (("key", d.key), ("value", d.value)):
-        if raw is None:
-            body[name] = None
-        else:
-            try:
-                body[name] = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                body[f"{name}_hex"] = raw.hex()
-    headers = (
-        ("reason", d.reason.encode()),
-        ("source_topic", d.topic.encode()),
-        ("source_partition", str(d.partition).encode()),
-        ("source_offset", str(d.offset).encode()),
-    )
-    return Record(key=d.key, value=orjson.dumps(body), headers=headers, partition=None)
+def open_sinks(settings: Settings) -> list[Sink]:
+    """The job's sinks: the warehouse and the search index (which only acts on tables with search
+    columns)."""
+    from sinks.search import SearchSink
+    from sinks.warehouse import WarehouseSink
+
+    return [WarehouseSink.from_settings(settings), SearchSink.from_settings(settings)]
 
 
 def run_apply(
@@ -645,31 +760,27 @@ def run_apply(
     if threading.current_thread() is threading.main_thread():
         previous = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, lambda *_: job.stop())
+    failed: BaseException | None = None
     try:
         return job.run()
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        job.close()
+        try:
+            job.close()
+        except Exception as exc:
+            if failed is None:
+                raise
+            # the run's error is the cause (e.g. ENOSPC); a sink failing to close after it (a tantivy
+            # writer whose thread died on the same full disk) must not replace it: it is told, then
+            # the run's error is raised
+            sys.stderr.write(f"cdc apply: closing the sinks after the failure also failed: {exc!r}\n")
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``spark-submit spark_jobs/apply.py [cdc apply flags]``: the same as ``cdc apply``."""
-    from cdc.cli import main as cdc_main
-
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--state")
-    parser.add_argument("--log")
-    known, rest = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
-    pre = []
-    if known.state:
-        pre += ["--state", known.state]
-    if known.log:
-        pre += ["--log", known.log]
-    if rest[:1] == ["apply"]:
-        rest = rest[1:]
-    return cdc_main([*pre, "apply", *rest])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if job._stalled and options.hard_exit_on_stall and job._jvm_pid is not None:
+            # a stuck JVM may not exit on its own (its shutdown hooks wait for the stuck query):
+            # give it a moment to print the thread dump it was asked for, then end it
+            time.sleep(2)
+            with contextlib.suppress(OSError):
+                os.kill(job._jvm_pid, signal.SIGKILL)

@@ -10,11 +10,16 @@ write through ``deltalake`` and ``tantivy``).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from cdc.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,6 +51,29 @@ def prepare_environment() -> None:
         os.environ["JAVA_HOME"] = java
 
 
+def private_scratch(local_dir: Path | None = None) -> Path:
+    """Spark's scratch directory, private to this user: ``local_dir`` (e.g.
+    :func:`cdc.paths.spark_scratch` of the state directory) created 0700, or a new
+    ``tempfile.mkdtemp`` directory (0700, a fresh name another user cannot create first) removed at
+    exit. A ``local_dir`` that is a symlink or belongs to another user is refused (ConfigError)."""
+    if local_dir is None:
+        scratch = Path(tempfile.mkdtemp(prefix="cdc-spark-"))
+        atexit.register(shutil.rmtree, scratch, True)
+        return scratch
+    scratch = Path(local_dir)
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = scratch.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"Spark scratch directory {scratch} is a symlink or belongs to another user",
+            fix="remove it, or point the state directory somewhere only this user can write",
+            path=str(scratch),
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        scratch.chmod(0o700)
+    return scratch
+
+
 def get_session(
     app_name: str = "cdc-apply",
     master: str | None = None,
@@ -57,6 +85,7 @@ def get_session(
     """The process's Spark session, created on first call (later calls return the same one).
 
     ``master`` defaults to ``$CDC_SPARK_MASTER`` or ``local[2]`` (under ``spark-submit``: its ``--master``).
+    ``local_dir``: Spark's scratch (see :func:`private_scratch`; default a private temp directory).
     """
     prepare_environment()
     from pyspark.sql import SparkSession
@@ -64,8 +93,7 @@ def get_session(
     # under spark-submit (the JVM is already up) its --master and --conf win unless a master is asked for
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     master = master or os.environ.get("CDC_SPARK_MASTER") or (None if submitted else "local[2]")
-    scratch = local_dir or Path(tempfile.gettempdir()) / "cdc-spark"
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = private_scratch(local_dir)
     builder = (
         SparkSession.builder.appName(app_name)
         .config("spark.driver.memory", driver_memory)
@@ -74,6 +102,8 @@ def get_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", "2")
         .config("spark.local.dir", str(scratch))
+        # Hadoop's local filesystem applies its own umask (022) to checkpoint files: keep them private
+        .config("spark.hadoop.fs.permissions.umask-mask", "077")
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

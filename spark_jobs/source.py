@@ -1,41 +1,10 @@
 """``cdclog``: a Python Data Source that streams log-store records into Structured Streaming.
 
-Usage::
-
-    spark.dataSource.register(CdcLogDataSource)
-    df = (spark.readStream.format("cdclog")
-          .option("state", "/path/.cdc")            # state directory (embedded store under <state>/log)
-          .option("log", "kafka://127.0.0.1:9092")  # optional; unset/empty = embedded
-          .option("topics", "cdc.public.a,cdc.public.b")
-          .option("maxRecordsPerBatch", "100000")   # optional admission control
-          .load())
-
 Rows: ``topic string, partition int, offset long, key binary, value binary (null = tombstone),
-timestamp long`` (the record's timestamp in ms).
-
-Guarantees
-----------
-* Offsets are JSON objects ``{"<topic>|<partition>": next_offset}`` (string keys, as Spark's offset
-  log requires). Spark checkpoints them; after a restart the query resumes exactly at the
-  checkpointed offsets, and a batch that failed is replayed with the same start and end offsets
-  (so the same records, unless compaction removed some superseded ones in between; it never removes
-  the newest record of a key, so the effect on version-guarded sinks is the same).
-* ``initialOffset`` is every partition's *start* offset (0, or later after retention): a new query
-  reads every topic from its beginning, which for a compacted change topic is the table's full state.
-* A partition missing from a start offset (a topic added to the option list, or created after the
-  query started) starts at its log start offset; a topic that does not exist yet is simply absent
-  until it is created (no error), so a table whose topic appears later is picked up.
-* ``latestOffset`` never goes past the end offsets seen at ``prepareForTriggerAvailableNow`` when the
-  query runs with ``availableNow``; with ``maxRecordsPerBatch`` it spreads the budget over the
-  partitions with pending records (water filling), always making progress.
-* A partition whose end offset is *below* the query's position (the topic was deleted and created
-  again) is read again from its start (harmless: sinks are version-guarded). A recreated topic that
-  already grew past the old position cannot be told apart from the old one by offsets: its first
-  records would be skipped -- after recreating a topic, delete the checkpoint
-  (``<state>/spark/checkpoint``) so the job starts over.
-* ``partitions`` returns one input partition per (topic, partition) offset range (ranges longer than
-  ``splitRecords`` are split), so executors read in parallel; ``read`` opens the log store inside the
-  executor (embedded read-only or a Kafka consumer) and yields Arrow record batches.
+timestamp long``; offsets ``{"<topic>|<partition>": next_offset}``, checkpointed by Spark, so a
+restarted query resumes exactly there and a failed batch is replayed with the same offsets. Usage,
+options and every guarantee (new topics, recreated topics, read limits, ``availableNow``):
+``docs/spark_source.md``.
 """
 
 from __future__ import annotations
@@ -93,7 +62,7 @@ def parse_offset_key(key: str) -> tuple[str, int]:
 def open_store(state: str, log: str | None) -> Any:
     """A read-only log store (embedded, or Kafka for ``kafka://``), as :func:`cdc.logstore.open_log_store`."""
     from cdc.config import Settings
-    from cdc.logstore import open_log_store
+    from cdc.logstore.factory import open_log_store
 
     settings = Settings(state_dir=Path(state), log_url=log or None)
     return open_log_store(settings, writer=False)

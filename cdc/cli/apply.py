@@ -5,10 +5,16 @@
 ``--trigger-interval`` seconds. Progress goes to stdout (stderr with ``--json``, whose summary --
 batches, records, events applied, dead letters -- is the only thing on stdout).
 
-Exit codes: 0 done; 1 a micro-batch failed (the job stopped; the batch is retried from the
-checkpoint on the next run, nothing is skipped).
+Exit codes: 0 done; 1 a micro-batch failed or made no progress for ``--stall-timeout`` seconds (the
+job stopped; the batch is retried from the checkpoint on the next run, nothing is skipped).
 
-``CDC_TEST_CRASH_AFTER_SINK=N`` (test hook): kill -9 the job after the first sink applied batch N.
+A failure ends the process hard (``os._exit`` after the error is written and the streams flushed): a
+thread stuck in Spark, py4j's callback server or a sink would otherwise keep the interpreter alive at
+exit (``concurrent.futures`` joins its worker threads, pyspark's exit hook stops the SparkContext
+through the JVM), and a process that hangs instead of exiting is never restarted by its supervisor.
+
+``CDC_FAULTS`` (tests only, :mod:`cdc.faults`) is read here, at the entry point, and passed to the job,
+e.g. ``CDC_FAULTS=apply.after_sink:3``.
 """
 
 from __future__ import annotations
@@ -16,11 +22,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+import traceback
+from typing import Any, NoReturn
 
-from cdc.cli.output import print_json
+from cdc.cli.output import print_error, print_json
 from cdc.config import Settings
-from cdc.errors import ConfigError
+from cdc.errors import CdcError, ConfigError
+from cdc.faults import ENV as FAULTS_ENV
+from cdc.faults import Faults
+from cdc.locks import ProcessLock
 
 #: a micro-batch is collected on the driver: bound it (about 0.5-1 KB of driver memory per record)
 DEFAULT_MAX_RECORDS = 250_000
@@ -45,18 +55,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"at most N log records per micro-batch, bounding the driver's memory "
         f"(default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
     )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a micro-batch without any progress for this long is a stall: dump every thread and exit 1 "
+        "(default 300; 0: no watchdog)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(handler=handle)
 
 
-def _hook(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a batch id", fix=f"unset {name}") from exc
+def _exit_hard(exc: BaseException, *, as_json: bool) -> NoReturn:
+    """Report ``exc`` (as the CLI's error boundary would) and end the process now (module docstring)."""
+    if isinstance(exc, CdcError):
+        print_error(exc, as_json=as_json)
+        code = exc.exit_code
+    elif isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        code = 130
+    else:  # an unknown error: crash loudly, the supervisor restarts from the checkpoint
+        traceback.print_exception(exc, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
@@ -71,7 +95,9 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         once=bool(args.once),
         trigger_interval_s=float(args.trigger_interval),
         max_records_per_batch=max(int(args.max_records_per_batch), 0),
-        crash_after_sink_batch=_hook("CDC_TEST_CRASH_AFTER_SINK"),
+        faults=Faults.parse(os.environ.get(FAULTS_ENV, "")),
+        stall_timeout_s=max(float(args.stall_timeout), 0.0),
+        hard_exit_on_stall=True,
     )
     out = sys.stderr if args.json else sys.stdout
 
@@ -84,9 +110,15 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         )
         out.flush()
 
-    out.write(f"apply: state {settings.state_dir}, log {settings.log_url or 'embedded'}, starting Spark...\n")
-    out.flush()
-    summary = run_apply(settings, options, on_batch=progress)
+    with ProcessLock(settings.state_dir, "apply"):  # one `cdc apply` per state directory
+        out.write(
+            f"apply: state {settings.state_dir}, log {settings.log_url or 'embedded'}, starting Spark...\n"
+        )
+        out.flush()
+        try:
+            summary = run_apply(settings, options, on_batch=progress)
+        except BaseException as exc:  # reported, then the process ends (see the module docstring)
+            _exit_hard(exc, as_json=bool(args.json))
     body: dict[str, Any] = summary.to_dict()
     if args.json:
         print_json(body)

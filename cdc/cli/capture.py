@@ -1,4 +1,4 @@
-"""``cdc run [--once] [--json]`` and ``cdc snapshot SCHEMA.TABLE ... | --all [--json]``.
+"""``cdc run [--once] [--json]`` (``cdc snapshot`` is in :mod:`cdc.cli.snapshot`).
 
 * ``run`` snapshots what needs it (the initial snapshot when the slot does not exist yet, tables
   registered or re-snapshot-requested later), then streams changes into the log store until SIGTERM
@@ -6,10 +6,9 @@
   position at the start of the run is confirmed. Snapshot progress goes to stderr (a bar per table
   on a terminal; JSON lines with ``--json``). ``--json`` prints a summary object on stdout at the
   end: ``{"reason", "confirmed_lsn", "changes", "events", "snapshot_rows"}``.
-  Exit codes: 0 done, 1 error, 2 configuration, 3 slot lost (``cdc snapshot --all`` needed).
-* ``snapshot`` requests a re-snapshot: the table's state becomes ``pending`` and the registry
-  generation is bumped; a running reader picks it up within a second, otherwise the next
-  ``cdc run`` does it.
+  Exit codes: 0 done, 1 error, 2 configuration, a permanent source error, or another ``cdc run``
+  holding the state directory's ``run`` lock (:mod:`cdc.locks`), 3 slot lost (``cdc snapshot
+  --all`` needed).
 """
 
 from __future__ import annotations
@@ -20,28 +19,22 @@ import sys
 import threading
 from types import FrameType
 
-from cdc.cli.output import print_json
+from cdc.cli.output import json_dumps, print_json
 from cdc.config import Settings
-from cdc.errors import ConfigError
+from cdc.locks import ProcessLock
 from cdc.registry import Registry
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``cdc run`` and ``cdc snapshot`` to the ``cdc`` parser."""
+    """Add ``cdc run`` to the ``cdc`` parser."""
     run = sub.add_parser("run", help="snapshot, then stream changes into the log store")
     run.add_argument("--once", action="store_true", help="catch up to the WAL position at start, then exit")
     run.add_argument("--json", action="store_true", help="JSON progress on stderr and a JSON summary")
     run.set_defaults(handler=run_capture)
 
-    snap = sub.add_parser("snapshot", help="request a re-snapshot of tables (done by `cdc run`)")
-    snap.add_argument("tables", nargs="*", metavar="SCHEMA.TABLE")
-    snap.add_argument("--all", action="store_true", help="every registered table")
-    snap.add_argument("--json", action="store_true")
-    snap.set_defaults(handler=request_snapshot)
-
 
 def run_capture(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.logstore import open_log_store
+    from cdc.logstore.factory import open_log_store
     from cdc.reader import Reader
     from snapshot.progress import make_progress
 
@@ -58,12 +51,17 @@ def run_capture(args: argparse.Namespace, settings: Settings) -> int:
             previous[sig] = signal.signal(sig, on_signal)
 
     def log(message: str) -> None:
-        if not as_json:
-            sys.stderr.write(f"cdc run: {message}\n")
-            sys.stderr.flush()
+        # with --json, as JSON lines beside the snapshot progress (retries and warnings stay visible)
+        line = json_dumps({"event": "log", "message": message}) if as_json else f"cdc run: {message}"
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
     try:
-        with Registry(settings.state_dir) as registry, open_log_store(settings, writer=True) as store:
+        with (
+            ProcessLock(settings.state_dir, "run"),
+            Registry(settings.state_dir) as registry,
+            open_log_store(settings, writer=True) as store,
+        ):
             reader = Reader(settings, store, registry, progress=lambda: make_progress(as_json), log=log)
             result = reader.run(once=bool(args.once), stop=stop)
     finally:
@@ -76,23 +74,4 @@ def run_capture(args: argparse.Namespace, settings: Settings) -> int:
             f"{result.reason}: {result.changes} changes, {result.events} events written, "
             f"confirmed up to {result.to_dict()['confirmed_lsn']}"
         )
-    return 0
-
-
-def request_snapshot(args: argparse.Namespace, settings: Settings) -> int:
-    if bool(args.all) == bool(args.tables):
-        raise ConfigError(
-            "name the tables to re-snapshot, or pass --all (not both)",
-            fix="e.g. `cdc snapshot public.orders` or `cdc snapshot --all`",
-        )
-    with Registry(settings.state_dir) as registry:
-        regs = registry.list_tables() if args.all else [registry.find(name) for name in args.tables]
-        for reg in regs:
-            registry.set_snapshot_state(reg.schema, reg.table, "pending")
-    names = [r.qualified for r in regs]
-    if args.json:
-        print_json({"requested": names})
-    else:
-        for name in names:
-            print(f"re-snapshot requested: {name} (a running `cdc run` picks it up, else the next one)")
     return 0

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from cdc.config import Settings
+from cdc.demo import run_demo
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,6 +18,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.demo import run_demo
-
-    return run_demo(args.dir, keep=args.keep)
+    return run_demo(args.run_cli, args.dir, keep=args.keep)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cdc.errors import CdcError
 
@@ -17,7 +19,10 @@ _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 def json_dumps(value: Any, *, pretty: bool = False) -> str:
     opts = _OPTS | (orjson.OPT_INDENT_2 if pretty else 0)
-    return orjson.dumps(value, default=str, option=opts).decode()
+    try:
+        return orjson.dumps(value, default=str, option=opts).decode()
+    except orjson.JSONEncodeError:  # e.g. a str with lone surrogates (a non-UTF-8 argument)
+        return json.dumps(value, default=str, indent=2 if pretty else None)
 
 
 def print_json(value: Any) -> None:
@@ -25,11 +30,14 @@ def print_json(value: Any) -> None:
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    table = Table(title=title, show_lines=False)
+    """A table for people. Every title, header and cell is shown as the literal text it is: user data
+    such as ``[/x]`` or ``[bold]`` is never read as Rich markup (so it can neither raise
+    ``MarkupError`` nor restyle the output). Callers pass plain strings, not escaped ones."""
+    table = Table(title=None if title is None else Text(title), show_lines=False)
     for col in columns:
-        table.add_column(col, overflow="fold")
+        table.add_column(Text(str(col)), overflow="fold")
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        table.add_row(*(Text("" if v is None else str(v)) for v in row))
     # not a terminal (a pipe, a log file): don't wrap at rich's default 80 columns
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 

@@ -17,7 +17,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from rich.markup import escape
 
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
@@ -83,8 +82,8 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print_table(
             None,
-            [escape(c) for c in result.column_names],
-            ([escape(_text(v)) for v in row] for row in _tuples(result)),
+            list(result.column_names),
+            ([_text(v) for v in row] for row in _tuples(result)),
         )
         sys.stdout.write(f"({result.num_rows} row{'' if result.num_rows == 1 else 's'})\n")
     return 0
@@ -106,10 +105,7 @@ def run_search(args: argparse.Namespace, settings: Settings) -> int:
     print_table(
         f"{reg.qualified}: {args.query}",
         ["key", "score", "snippet"],
-        (
-            [escape(orjson.dumps(h.key).decode()), f"{h.score:.3f}", escape(h.snippet.replace("\n", " "))]
-            for h in hits
-        ),
+        ([orjson.dumps(h.key).decode(), f"{h.score:.3f}", h.snippet.replace("\n", " ")] for h in hits),
     )
     sys.stdout.write(f"({len(hits)} hit{'' if len(hits) == 1 else 's'})\n")
     return 0

@@ -3,39 +3,36 @@
 * ``add SCHEMA.TABLE [--key COL,...] [--search COL,...] [--exclude COL,...]`` describes the table at
   the source and registers it (snapshot state ``pending``: ``cdc run``/``cdc snapshot`` takes its
   snapshot). It refuses, with the reason and the fix, anything that would be captured wrongly or
-  silently incompletely: a missing table, a view/materialized view/foreign table, a partitioned
-  table (wal2json reports changes under the partitions' names: register those), a table whose key
+  silently incompletely: a missing table, a view/materialized view/foreign table, a table whose key
   is not carried by its replica identity (no primary key and no ``--key``, or ``--key`` without
   REPLICA IDENTITY FULL / a covering replica identity index: wal2json would drop its UPDATEs and
   DELETEs), unknown key/search/exclude columns, an excluded key column, a role without SELECT on
   it, and a second registration of the same table or of the same topic.
+  A partitioned table is registered as itself: the reader captures every leaf partition into its
+  topic (``docs/snapshots.md``, "Partitioned tables").
 * ``list`` shows the registrations (``--json``: one object per table, see :func:`table_json`).
 * ``remove`` deletes a registration only: the topic, its events and the derived tables are kept.
 
-Names follow Postgres' rules (:func:`cdc.catalog.parse_table_name`): ``'"Mixed Case"."tab le"'``.
+Names follow Postgres' rules (:func:`cdc.names.parse_table_name`): ``'"Mixed Case"."tab le"'``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from cdc.catalog import (
-    TableDescription,
-    connect,
-    describe_table,
-    parse_column_list,
-    parse_table_name,
-    quote_ident,
-    quote_table_name,
-)
+from cdc.catalog import TableDescription, describe_table
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
+from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
+from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
 from cdc.registry import Registry, TableReg, search_index_path, warehouse_paths
+from snapshot.chunked import load_progress, missing_key, progress_view, refused_key
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,18 +97,7 @@ def validate_registration(
     role: str,
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """``(key, search, exclude)`` for a registration of ``desc``, or the RegistryError that refuses it."""
-    if desc.relkind == "p":
-        leaves = (
-            " ".join(f"'{quote_table_name(s, t)}'" for s, t in desc.leaf_partitions) or "(it has none yet)"
-        )
-        raise RegistryError(
-            f"{desc.schema}.{desc.table} is a partitioned table: wal2json reports its changes under its "
-            "partitions' names, so registering it would capture nothing",
-            fix=f"register each partition as its own table: cdc tables add PARTITION for each of {leaves}",
-            relkind=desc.relkind,
-            partitions=[f"{s}.{t}" for s, t in desc.leaf_partitions],
-        )
-    if not desc.is_table:
+    if not desc.is_table and desc.relkind != "p":  # a partitioned table: its leaves go to its topic
         raise RegistryError(
             f"{desc.schema}.{desc.table} is a {desc.kind}; only tables can be captured "
             "(logical decoding carries changes of tables only)",
@@ -231,12 +217,14 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # --- list / remove -----------------------------------------------------------------------------------
-def table_json(reg: TableReg, state_dir: Path) -> dict[str, Any]:
-    """The ``--json`` shape of one registration (``cdc tables list --json`` prints a list of these)."""
+def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None) -> dict[str, Any]:
+    """The ``--json`` shape of one registration (``cdc tables list --json`` prints a list of these);
+    ``snapshot.progress`` (only once a chunked snapshot ran): its progress
+    (:func:`snapshot.chunked.progress_view`)."""
     current, history = warehouse_paths(state_dir, reg)
     search = search_index_path(state_dir, reg)
     align = reg.alignment
-    return {
+    out: dict[str, Any] = {
         "table": reg.qualified,
         "schema": reg.schema,
         "name": reg.table,
@@ -245,6 +233,8 @@ def table_json(reg: TableReg, state_dir: Path) -> dict[str, Any]:
         "search": list(reg.search),
         "exclude": list(reg.exclude),
         "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in reg.columns],
+        "schema_version": reg.schema_version,
+        "dropped_columns": list(reg.dropped_columns),
         "snapshot": {
             "state": reg.snapshot_state,
             "consistent_lsn": int_to_lsn(align.consistent_lsn) if align else None,
@@ -253,6 +243,16 @@ def table_json(reg: TableReg, state_dir: Path) -> dict[str, Any]:
         "warehouse": {"current": str(current), "history": str(history)},
         "search_index": str(search) if search else None,
     }
+    progress = progress_view(load_progress(registry, reg.schema, reg.table)) if registry else None
+    if progress is not None:
+        out["snapshot"]["progress"] = progress
+    missing = registry.get_state(missing_key(reg.schema, reg.table)) if registry else None
+    if missing is not None:  # dropped or renamed at the source (noticed by `cdc run`)
+        out["source_missing_since"] = int(missing)
+    refused = registry.get_state(refused_key(reg.schema, reg.table)) if registry else None
+    if refused is not None:  # its key columns are gone at the source: not captured any more
+        out["refused"] = json.loads(refused)
+    return out
 
 
 def _open_existing(settings: Settings) -> Registry | None:
@@ -265,11 +265,13 @@ def _open_existing(settings: Settings) -> Registry | None:
 def list_tables(args: argparse.Namespace, settings: Settings) -> int:
     registry = _open_existing(settings)
     regs: list[TableReg] = []
+    rows: list[dict[str, Any]] = []
     if registry is not None:
         with registry:
             regs = registry.list_tables()
+            rows = [table_json(r, settings.state_dir, registry) for r in regs]
     if args.json:
-        print_json([table_json(r, settings.state_dir) for r in regs])
+        print_json(rows)
         return 0
     if not regs:
         print(
@@ -278,20 +280,37 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print_table(
         None,
-        ["table", "topic", "key", "search", "snapshot", "consistent LSN"],
+        ["table", "topic", "key", "search", "snapshot", "consistent LSN", "chunks"],
         [
             (
                 quote_table_name(r.schema, r.table),
                 r.topic,
                 ", ".join(r.key),
                 ", ".join(r.search),
-                r.snapshot_state,
+                r.snapshot_state
+                + (" (MISSING at the source)" if "source_missing_since" in row else "")
+                + (
+                    f" (REFUSED: {row['refused']['reason']}; fix: {row['refused']['fix']})"
+                    if "refused" in row
+                    else ""
+                ),
                 int_to_lsn(r.alignment.consistent_lsn) if r.alignment else "",
+                _chunks_text(row["snapshot"].get("progress")),
             )
-            for r in regs
+            for r, row in zip(regs, rows, strict=True)
         ],
     )
     return 0
+
+
+def _chunks_text(p: dict[str, Any] | None) -> str:
+    """``12 done, 30 left, 41,000 rows/s, ETA 31 s`` (a chunked snapshot's progress), or ""."""
+    if p is None:
+        return ""
+    if p["done"]:
+        return f"{p['chunks_done']} done"
+    eta = f", ETA {p['eta_s']:.0f} s" if p["eta_s"] is not None else ""
+    return f"{p['chunks_done']} done, {p['chunks_left']} left, {p['rate']:,.0f} rows/s{eta}"
 
 
 def remove_table(args: argparse.Namespace, settings: Settings) -> int:

@@ -31,7 +31,8 @@ import orjson
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import LogStoreError
-from cdc.logstore import LogStore, StoredRecord, open_log_store
+from cdc.logstore import LogStore, StoredRecord
+from cdc.logstore.factory import open_log_store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -134,12 +135,19 @@ def _dump_records(
     ends: Mapping[int, int],
 ) -> Iterator[StoredRecord]:
     if partition is not None:
-        # strict: the store says what the range is if the offset is outside it
-        if from_offset >= ends[partition]:
+        # strict: the store says what the range is if the offset is outside it (before the start:
+        # removed by retention; past the end)
+        if from_offset >= ends[partition] or from_offset < starts[partition]:
             store.read(topic, partition, from_offset, 1)
             return
         yield from store.iter_partition(topic, partition, from_offset, ends[partition])
         return
+    if from_offset < 0:
+        raise LogStoreError(
+            f"--from {from_offset} is not an offset",
+            fix="give an offset >= 0 (without --partition it applies to each partition, clamped to its start)",
+            offset=from_offset,
+        )
     for p in sorted(ends):
         start = max(from_offset, starts[p])
         if start < ends[p]:

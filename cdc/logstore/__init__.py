@@ -2,7 +2,7 @@
 
 One interface (:class:`LogStore`), two backends beside it: :mod:`cdc.logstore.embedded` (the default,
 SQLite on local disk, no server) and :mod:`cdc.logstore.kafka` (kafka-python against any
-Kafka-protocol broker). :func:`open_log_store` picks one from the settings. The contract test suite
+Kafka-protocol broker). :func:`cdc.logstore.factory.open_log_store` picks one from the settings. The contract test suite
 (``tests/logstore/test_contract.py``) runs against both.
 
 Guarantees every backend gives
@@ -30,23 +30,20 @@ import abc
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from cdc.errors import LogStoreError
 from cdc.logstore.partitioner import murmur2, partition_for
-
-if TYPE_CHECKING:
-    from cdc.config import Settings
 
 __all__ = [
     "LogStore",
     "Record",
+    "StoreFullError",
     "StoredRecord",
     "TopicConfig",
     "TopicInfo",
     "murmur2",
-    "open_log_store",
     "partition_for",
 ]
 
@@ -55,6 +52,14 @@ Headers = tuple[tuple[str, bytes], ...]
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class StoreFullError(LogStoreError):
+    """The disk (or quota) holding the log store is full (``path``, ``free_bytes``). The write that
+    hit it is not acknowledged and not visible; everything acknowledged before stays; once space is
+    freed, the same writer (or a restarted one) goes on. (Defined here until ``cdc.errors`` holds it.)"""
+
+    exit_code = 2
 
 
 class Record(msgspec.Struct, frozen=True, gc=False):
@@ -114,6 +119,15 @@ class TopicInfo:
 class LogStore(abc.ABC):
     """A set of partitioned topics. Safe to use from one thread at a time per instance; open one
     instance per process (the embedded backend admits one writing process and any number of readers).
+
+    Who calls what: the reader (``cdc run``) creates topics and appends; the apply job reads and
+    commits its positions; the CLI lists, reads and deletes. Every failure is a
+    :class:`~cdc.errors.LogStoreError` subclass carrying the values involved and a fix; a failed call
+    leaves the store usable (open a new instance after :class:`~cdc.errors.BrokerUnavailableError` if
+    the broker stays away). Nothing acknowledged is ever lost by a failure of a later call.
+    Resume: a process that crashed opens a new instance and goes on from its own checkpoint (the
+    reader from the slot's confirmed LSN, re-appending what was not acknowledged; the apply job from
+    its committed or checkpointed offsets); the store needs no recovery call.
     """
 
     #: "embedded" or "kafka"
@@ -122,16 +136,21 @@ class LogStore(abc.ABC):
     # -- topics --------------------------------------------------------------------------------------
     @abc.abstractmethod
     def create_topic(self, name: str, config: TopicConfig) -> TopicInfo:
-        """Create ``name``; if it exists with the same partition count, return it unchanged.
-        Raises TopicExistsError if it exists with another partition count."""
+        """Create ``name``; if it exists with the same partition count, return it unchanged
+        (idempotent: a reader that crashed while registering a table calls it again on restart).
+        Raises TopicExistsError if it exists with another partition count; LogStoreError for a name
+        outside ``[A-Za-z0-9._-]``. A failure creates nothing half-way (the embedded store creates
+        the file under a temporary name and links it into place)."""
 
     @abc.abstractmethod
     def delete_topic(self, name: str) -> None:
-        """Delete a topic and all its records and consumer positions. UnknownTopicError if absent."""
+        """Delete a topic and all its records and consumer positions (``cdc tables remove``).
+        UnknownTopicError if absent. Not undoable; readers of the topic get UnknownTopicError next."""
 
     @abc.abstractmethod
     def list_topics(self) -> list[TopicInfo]:
-        """All topics, sorted by name, with their start and end offsets."""
+        """All topics, sorted by name, with their start and end offsets (a snapshot: topics created
+        or deleted meanwhile may or may not appear)."""
 
     @abc.abstractmethod
     def topic(self, name: str) -> TopicInfo:
@@ -142,9 +161,16 @@ class LogStore(abc.ABC):
     def append_many(self, batch: Mapping[str, Sequence[Record]]) -> dict[str, dict[int, int]]:
         """Append records to several topics; return, per topic, the last offset written per partition.
 
-        Returns only when every record of the batch is durable. Records of one key keep their order.
-        The embedded backend commits each topic's part of the batch atomically (topic by topic);
-        Kafka does not (at least once).
+        Called by the one writer of the topics (the reader) after a batch of changes, before it
+        confirms their LSN to Postgres. Returns only when every record of the batch is durable.
+        Records of one key keep their order, also across calls. The embedded backend commits each
+        topic's part of the batch atomically (topic by topic); Kafka does not.
+
+        On failure it raises and any subset of the batch may have been written (at least once): the
+        caller retries the whole batch, or crashes and re-reads the changes from its checkpoint;
+        records acknowledged by earlier calls are never lost or reordered. A record the store cannot
+        hold (wrong types, a partition out of range) raises LogStoreError (the embedded store before
+        anything is written).
         """
 
     def append(self, topic: str, records: Sequence[Record]) -> dict[int, int]:
@@ -157,7 +183,13 @@ class LogStore(abc.ABC):
         self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
     ) -> list[StoredRecord]:
         """Records of one partition with ``offset >= from_offset``, in offset order, at most
-        ``max_records``. Empty at the end; OffsetOutOfRangeError before the start or past the end."""
+        ``max_records`` (compaction may leave gaps in the offsets, never a reordering).
+
+        Empty at the end offset (a reader polls again later). OffsetOutOfRangeError (with ``start``
+        and ``end``) before the start offset (removed by retention) or past the end; UnknownTopicError;
+        LogStoreError for a partition the topic does not have. Only whole acknowledged appends are
+        visible. Resume: a reader keeps the offset after the last record it processed and calls
+        ``read`` from there; nothing else is needed."""
 
     def iter_partition(
         self,
@@ -192,7 +224,10 @@ class LogStore(abc.ABC):
     # -- consumer positions --------------------------------------------------------------------------
     @abc.abstractmethod
     def commit(self, consumer: str, topic: str, offsets: Mapping[int, int]) -> None:
-        """Durably store ``consumer``'s next offset to read, per partition of ``topic``."""
+        """Durably store ``consumer``'s next offset to read, per partition of ``topic``. Called by a
+        consumer after it processed the records before those offsets; after a crash it resumes from
+        :meth:`committed` (records after the commit are read again: at least once). Raises on failure,
+        and then the previous positions stand."""
 
     @abc.abstractmethod
     def committed(self, consumer: str, topic: str) -> dict[int, int]:
@@ -217,16 +252,3 @@ class LogStore(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_log_store(settings: Settings, *, writer: bool = False) -> LogStore:
-    """The log store the settings name: embedded under ``state_dir/log`` unless ``log_url`` is
-    ``kafka://HOST:PORT[,HOST:PORT]``. ``writer=True`` takes the embedded store's single-writer lock
-    (WriterLockedError if another process holds it) and starts its background compaction."""
-    if settings.log_url and settings.log_url.startswith("kafka://"):
-        from cdc.logstore.kafka import KafkaLogStore
-
-        return KafkaLogStore(settings.log_url.removeprefix("kafka://"))
-    from cdc.logstore.embedded import EmbeddedLogStore
-
-    return EmbeddedLogStore(settings.state_dir / "log", writer=writer)

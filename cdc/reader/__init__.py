@@ -11,28 +11,29 @@ Guarantees
   before it is durable (see :mod:`cdc.reader.replication`). After a crash (kill -9 at any moment)
   the next run resumes from the slot's confirmed position: no committed change of a registered
   table is missing from its topic; some may be repeated (their versions make that harmless).
-* **Snapshot alignment.** A table is streamed only after its snapshot is complete. A table new to
-  the stream (registered after the initial snapshot) drops its stream changes whose commit LSN is
-  below its snapshot's consistent point (the snapshot holds them): no change is lost and none is
-  written before its snapshot row. A *re-snapshot* of a table the stream already carried keeps those
-  changes (they follow the snapshot rows with older versions, which sinks ignore; dropping them would
-  lose deletes of rows the new snapshot no longer has). The drop position is kept in the registry
-  state (``drop_before:[schema, table]``) so it survives restarts.
+* **Snapshot alignment.** The initial snapshot's rows are versioned at the slot's consistent point
+  and streaming starts there. A table snapshotted later (registered on a running pipeline, a
+  re-snapshot request, the recovery after a lost slot) is streamed from the moment its snapshot
+  starts and read in chunks between watermarks (:mod:`snapshot.chunked`, ``docs/snapshots.md``):
+  no stream change is dropped, and each chunk row's version orders it against them.
 * **Resume state** is the slot's ``confirmed_flush_lsn`` plus the registry: ``snapshot_state`` per
-  table and the ``initial_snapshot`` state. A slot whose initial snapshot never completed is dropped
-  and the initial snapshot is done again from scratch; a table left ``running`` or ``pending`` is
-  snapshotted again.
-* **Failures.** A dropped connection or a restarted source is retried with exponential backoff
-  (``max_attempts`` consecutive failures, then SourceError). A dropped or invalidated slot raises
+  table, the ``initial_snapshot`` state and each chunked snapshot's progress. A slot whose initial
+  snapshot never completed is dropped and the initial snapshot is done again from scratch; a table
+  left ``running`` resumes its chunked snapshot after its last done chunk.
+* **Failures** are classified (:mod:`cdc.connect`). Transient ones (a dropped connection, a
+  restarting or unreachable source, a timeout) are retried with exponential backoff, each retry
+  logged, for at most ``retry_max_s`` seconds and ``max_attempts`` consecutive failures without
+  progress, then SourceUnavailableError. Permanent ones (authentication, privilege, a missing
+  database or table) fail at once with a SourcePermanentError (exit 2). A dropped or invalidated slot raises
   SlotLostError (re-snapshot needed), never a silent skip. Any other error propagates: the process
   exits and restarts from the slot.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -40,12 +41,21 @@ from typing import Any
 import orjson
 import psycopg
 import psycopg2
+import psycopg2.errors
 
 from cdc.catalog import slot_info
-from cdc.config import Settings, redact_dsn
-from cdc.errors import ConfigError, SlotLostError, SourceError
+from cdc.config import Settings, redact_dsn, redact_text
+from cdc.connect import classify, connect, is_transient
+from cdc.errors import (
+    ConfigError,
+    SlotLostError,
+    SourceError,
+    SourcePermanentError,
+    SourceUnavailableError,
+)
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import LogStore, TopicConfig
+from cdc.metrics import Publisher
 from cdc.reader.envelope import EventBuilder, TableCodec
 from cdc.reader.replication import (
     HEARTBEAT_PREFIX,
@@ -55,11 +65,35 @@ from cdc.reader.replication import (
     open_replication,
     stream,
 )
+from cdc.reader.wal2json import type_kind
 from cdc.registry import Column, Registry, TableReg
 
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"
 #: registry state: the tables the last stream session read (JSON list of [schema, table])
 STREAMED_TABLES_KEY = "streamed_tables"
+
+
+#: how often (seconds) the stream checks that the registered tables exist, and their partitions
+SOURCE_CHECK_S = 2.0
+_SOURCE_TABLES = """
+SELECT n.nspname::text, c.relname::text, c.relkind::text, ln.nspname::text, l.relname::text
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
+LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON t.isleaf
+LEFT JOIN pg_catalog.pg_class l ON l.oid = t.relid
+LEFT JOIN pg_catalog.pg_namespace ln ON ln.oid = l.relnamespace
+"""
+
+
+_TABLE_COLUMNS = """
+SELECT r.schema_name, r.table_name, array_agg(a.attname::text) FILTER (WHERE a.attname IS NOT NULL)
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name
+LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY 1, 2
+"""
 
 
 def drop_before_key(schema: str, table: str) -> str:
@@ -83,6 +117,7 @@ class ReaderOptions:
     backoff_max_s: float = 30.0
     snapshot_workers: int = 2
     poll_s: float = 1.0
+    retry_max_s: float = 300.0  # time spent retrying transient source errors before giving up
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReaderOptions:
@@ -131,12 +166,16 @@ class RunResult:
         }
 
 
-def _retryable(exc: BaseException) -> bool:
-    """Connection-level failures (dropped connection, restarting source, slot still held by the
-    previous walsender) -- by class, never by message."""
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | psycopg.OperationalError):
-        return True
-    return type(exc) is psycopg2.DatabaseError
+def _renamed(old: tuple[Column, ...], new: tuple[Column, ...]) -> dict[str, str]:
+    """A non-key column renamed at the source, as the stream sees it: in one change, exactly one
+    column gone and one new column of the same type ({old: new}); else {} (a drop, an add)."""
+    names = {c.name for c in new}
+    before = {c.name for c in old}
+    gone = [c for c in old if c.name not in names]
+    added = [c for c in new if c.name not in before]
+    if old and len(gone) == 1 and len(added) == 1 and gone[0].type == added[0].type:
+        return {gone[0].name: added[0].name}
+    return {}
 
 
 def _signature(regs: list[TableReg]) -> tuple[Any, ...]:
@@ -188,13 +227,23 @@ class Reader:
         self.snapshots: dict[str, int] = {}
         self.store_lock = threading.Lock()
         self._topics: set[str] = set()
+        #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
+        self._numeric_as_string: bool | None = None
+        self.metrics = Publisher(settings.state_dir, "capture")  # on-call counters (cdc.metrics)
 
     # -- entry point ------------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> RunResult:
+        with self.metrics:  # publishes <state>/metrics/capture.json; records an error that ends the run
+            result = self._run(once=once, stop=stop)
+            self._publish_progress(result.confirmed_lsn, result.events)
+            return result
+
+    def _run(self, *, once: bool = False, stop: threading.Event | None = None) -> RunResult:
         stop = stop or threading.Event()
         started = time.monotonic()
         target: int | None = None
         attempt = 0
+        failing_since: float | None = None
         while True:
             progressed_before = self.stats["changes"], self.confirmed
             try:
@@ -211,26 +260,34 @@ class Reader:
                         self.snapshots,
                         time.monotonic() - started,
                     )
-                attempt = 0
+                attempt, failing_since = 0, None
             except SlotLostError:
                 raise
-            except Exception as exc:
-                if not _retryable(exc):
-                    raise
+            except (psycopg.Error, psycopg2.Error, SourceError) as exc:
+                if not is_transient(exc):
+                    raise (exc if isinstance(exc, SourceError) else classify(exc, self.dsn)) from None
+                now = time.monotonic()
                 if (self.stats["changes"], self.confirmed) != progressed_before:
-                    attempt = 0
+                    attempt, failing_since = 0, None
+                failing_since = now if failing_since is None else failing_since
                 attempt += 1
-                if attempt >= self.options.max_attempts:
-                    raise SourceError(
-                        f"lost the connection to the source {redact_dsn(self.dsn)} and could not restore it "
-                        f"after {attempt} attempts: {str(exc).strip()}",
-                        fix="check that the source is up and reachable; `cdc run` resumes from the slot",
-                        attempts=attempt,
-                    ) from exc
+                detail = (
+                    exc.message if isinstance(exc, SourceError) else redact_text(str(exc).strip(), self.dsn)
+                )
                 delay = min(self.options.backoff_max_s, self.options.backoff_initial_s * 2 ** (attempt - 1))
+                spent = now - failing_since
+                if attempt >= self.options.max_attempts or spent + delay > self.options.retry_max_s:
+                    raise SourceUnavailableError(
+                        f"lost the connection to the source {redact_dsn(self.dsn)} and could not restore it "
+                        f"in {spent:.1f} s ({attempt} attempts): {detail}",
+                        fix="check that the source is up and reachable; `cdc run` resumes from the slot "
+                        "(retry_max_s in cdc.toml bounds the time spent retrying)",
+                        attempts=attempt,
+                        source=redact_dsn(self.dsn),
+                    ) from None
                 self.log(
-                    f"source connection failed ({type(exc).__name__}: {str(exc).strip()[:200]}); "
-                    f"retry {attempt}/{self.options.max_attempts - 1} in {delay:.1f} s"
+                    f"source connection failed ({type(exc).__name__}: {detail[:300]}); "
+                    f"retry {attempt} in {delay:.1f} s ({spent:.1f} of {self.options.retry_max_s:.0f} s spent)"
                 )
                 if stop.wait(delay):
                     return RunResult(
@@ -244,13 +301,7 @@ class Reader:
 
     # -- plumbing -----------------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(
-            self.dsn,
-            autocommit=True,
-            options=SESSION_OPTIONS,
-            application_name="cdc-reader",
-            connect_timeout=15,
-        )
+        return connect(self.dsn, options=SESSION_OPTIONS, application_name="cdc-reader")
 
     def _wal_position_now(self) -> int:
         """Emit a heartbeat message and return its LSN: every commit before it precedes it in WAL."""
@@ -265,6 +316,25 @@ class Reader:
         assert row is not None
         return lsn_to_int(str(row[0]))
 
+    def _published_heartbeat(self, conn: psycopg.Connection[Any]) -> int:
+        """A heartbeat whose LSN and wall time go to the metrics: once it is confirmed, everything
+        committed before that time is captured (``cdc status`` computes capture lag from it)."""
+        now = time.time()
+        lsn = self._heartbeat(conn)
+        prev = self.metrics.snapshot()["gauges"]
+        self.metrics.set("prev_heartbeat_lsn", prev.get("heartbeat_lsn"))
+        self.metrics.set("prev_heartbeat_emitted_ms", prev.get("heartbeat_emitted_ms"))
+        self.metrics.set("heartbeat_lsn", lsn)
+        self.metrics.set("heartbeat_emitted_ms", int(now * 1000))
+        return lsn
+
+    def _publish_progress(self, confirmed: int, events: int) -> None:
+        m = self.metrics
+        m.set("confirmed_lsn", confirmed)
+        m.set("confirmed_ms", int(time.time() * 1000))
+        m.total("changes_read", self.stats["changes"])
+        m.total("events_written", events)
+
     def _ensure_topics(self, regs: list[TableReg]) -> None:
         for reg in regs:
             if reg.topic not in self._topics:
@@ -275,7 +345,13 @@ class Reader:
                 self._topics.add(reg.topic)
 
     def _codec(self, reg: TableReg, db: str) -> TableCodec:
-        codec = TableCodec(reg, prefix=self.settings.topic_prefix, db=db, partitions=self.settings.partitions)
+        codec = TableCodec(
+            reg,
+            prefix=self.settings.topic_prefix,
+            db=db,
+            partitions=self.settings.partitions,
+            numeric_as_string=self._numeric_as_string is not False,
+        )
         drop_before = self.registry.get_state(drop_before_key(reg.schema, reg.table))
         if drop_before is not None:
             codec.snapshot_lsn = int(drop_before)
@@ -288,6 +364,29 @@ class Reader:
             fix="re-snapshot every table: `cdc snapshot --all`, then `cdc run` (it creates a new slot)",
             slot=self.settings.slot_name,
         )
+
+    def _warn_special_values(self, regs: list[TableReg]) -> None:
+        """wal2json < 2.6 sends a scalar float/numeric NaN or +-Infinity as null: say so, per table."""
+        for reg in regs:
+            cols = [c.name for c in reg.columns if type_kind(c.type) in ("float", "numeric")]
+            if cols:
+                self.log(
+                    f"warning: this wal2json (< 2.6) sends NaN/Infinity in {reg.qualified} "
+                    f"({', '.join(cols)}) as null; upgrade wal2json to 2.6+ to capture them"
+                )
+
+    def _refuse_if_active(self, conn: psycopg.Connection[Any], slot: str) -> None:
+        """Refuse to drop a slot another process is streaming from (read again just before)."""
+        info = slot_info(conn, slot)
+        if info.active:
+            raise SourcePermanentError(
+                f"replication slot {slot!r} is in use by another process (walsender pid "
+                f"{info.active_pid}); refusing to drop and recreate it",
+                fix="stop the other `cdc run` using this slot (another state directory with the same "
+                "slot name?), or give this one its own slot (CDC_SLOT)",
+                slot=slot,
+                active_pid=info.active_pid,
+            )
 
     # -- one session: snapshots, then stream until a registration change / stop / target ---------
     def _session(self, stop: threading.Event, target: int | None) -> str:
@@ -311,46 +410,105 @@ class Reader:
             if not info.exists and initial_done and any(r.snapshot_state == "done" for r in regs):
                 raise self._slot_lost("does not exist any more")
             self._ensure_topics(regs)
-            if not info.exists or not initial_done:
+            if not info.exists and initial_done:
+                # recovery after a lost slot (`cdc snapshot --all` made every table pending): a new
+                # slot, and every table snapshotted in chunks while streaming from its start; each
+                # full chunked snapshot ends with a TRUNCATE marker that removes the rows whose
+                # deletes the lost slot never delivered
+                row = conn.execute(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'wal2json')", [slot]
+                ).fetchone()
+                assert row is not None
+                start_lsn = lsn_to_int(str(row[0]))
+                self.log(f"slot {slot} created at {row[0]}; every table is snapshotted in chunks")
+            elif not info.exists or not initial_done:
                 if info.exists:
                     # we created it (state "running"), but the snapshot it exported is gone
+                    self._refuse_if_active(conn, slot)
                     self.log(f"slot {slot} exists but its initial snapshot never completed: recreating it")
                     conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
                 start_lsn = self._snapshot(regs, db, slot, temporary=False)
                 self.registry.set_state(INITIAL_SNAPSHOT_KEY, "done")
             else:
                 start_lsn = max(self.confirmed, info.confirmed_flush_lsn or 0)
-                todo = [r for r in regs if r.snapshot_state != "done"]
-                if todo:
-                    tmp = f"{slot}_snap{os.getpid()}"[:63]
-                    self._snapshot(todo, db, tmp, temporary=True)
             self.confirmed = max(self.confirmed, start_lsn)
             regs = self.registry.list_tables()
-            if any(r.snapshot_state != "done" for r in regs):
-                return "restart"  # registered while we were snapshotting
             self._ensure_topics(regs)
+            # a table whose key columns are gone at the source (dropped or renamed) is refused,
+            # loudly, and left out of this session; the others go on
+            refused = self._refuse_lost_keys(conn, regs)
+            regs = [r for r in regs if (r.schema, r.table) not in refused]
+            # tables registered (or re-snapshot-requested) after the initial snapshot: chunked
+            # snapshots while every table streams (snapshot.chunked, docs/snapshots.md)
+            chunking = self._prepare_chunks(regs)
+            regs = [r for r in self.registry.list_tables() if (r.schema, r.table) not in refused]
             signature = _signature(regs)
             generation = [self.registry.generation()]
 
+            # partitioned tables: every leaf partition's changes go to the parent's topic
+            source = self._source_tables(conn, regs)
+            self._record_missing(source)
+            leaves = {k: v for k, v in source.items() if v}
+            next_source_check = [time.monotonic() + SOURCE_CHECK_S]
+
             def should_restart() -> bool:
+                if time.monotonic() >= next_source_check[0]:
+                    next_source_check[0] = time.monotonic() + SOURCE_CHECK_S
+                    if self._source_changed(conn, regs, source):
+                        return True
+                    if self._refuse_lost_keys(conn, regs):
+                        return True  # restart without the refused table
                 gen = self.registry.generation()
                 if gen == generation[0]:
                     return False
                 generation[0] = gen
                 return _signature(self.registry.list_tables()) != signature
 
-            def columns_changed(reg: TableReg, cols: tuple[Column, ...]) -> None:
-                self.log(f"columns of {reg.qualified} changed at the source: {[c.name for c in cols]}")
-                self.registry.set_columns(reg.schema, reg.table, cols)
+            def columns_changed(reg: TableReg, cols: tuple[Column, ...]) -> TableReg:
+                renamed = _renamed(reg.columns, cols)
+                new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
+                self.log(
+                    f"columns of {reg.qualified} changed at the source (schema version "
+                    f"{new.schema_version}): {[f'{c.name} {c.type}' for c in cols]}"
+                )
+                if renamed:
+                    # the rows not changed since hold the column under its old name only: a chunked
+                    # snapshot (while streaming) brings every row's value under the new name
+                    from snapshot.chunked import request_key
+
+                    self.log(
+                        f"{reg.qualified}: column(s) renamed at the source {renamed}; "
+                        "snapshotting the table again (chunked) so every row carries the new name"
+                    )
+                    self.registry.set_state(request_key(reg.schema, reg.table), None)
+                    self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
+                return new
+
+            seen_columns: dict[tuple[str, str], tuple[float, set[str] | None]] = {}
+
+            def columns_gone(reg: TableReg, names: list[str]) -> set[str]:
+                # the catalog, read at most every SOURCE_CHECK_S per table (an UPDATE leaving a
+                # TOASTed value unchanged does not send it either: only the catalog tells them apart)
+                at, have = seen_columns.get((reg.schema, reg.table), (-SOURCE_CHECK_S, None))
+                if time.monotonic() - at >= SOURCE_CHECK_S:
+                    rows = conn.execute(_TABLE_COLUMNS, [[reg.schema], [reg.table]]).fetchall()
+                    have = set(rows[0][2] or ()) if rows else None
+                    seen_columns[(reg.schema, reg.table)] = (time.monotonic(), have)
+                if have is None:  # the table itself is gone: the source check says so
+                    return set()
+                return {n for n in names if n not in have}
 
             codecs = {(r.schema, r.table): self._codec(r, db) for r in regs}
+            for parent, parts in leaves.items():
+                for leaf in parts:
+                    codecs[leaf] = codecs[parent]
             self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
-            builder = EventBuilder(codecs, columns_changed)
+            builder = EventBuilder(codecs, columns_changed, columns_gone)
             batch = Batch(self.store, self.store_lock)
             ctl = StreamControl(
                 stop=stop,
                 should_restart=should_restart,
-                heartbeat=lambda: self._heartbeat(conn),
+                heartbeat=lambda: self._published_heartbeat(conn),
                 heartbeat_interval_s=self.options.heartbeat_interval_s,
                 target=target,
                 poll_s=self.options.poll_s,
@@ -361,18 +519,245 @@ class Reader:
 
             def on_confirm(pos: int) -> None:
                 self.confirmed = pos
+                self._publish_progress(pos, self.events + batch.written)
 
             ctl.on_confirm = on_confirm
+            tables = [(r.schema, r.table) for r in regs] + [
+                leaf for parts in leaves.values() for leaf in parts
+            ]
+            driver = None
+            if chunking:
+                driver = self._chunk_driver(conn, chunking, db)
+                ctl.chunks = driver.tracker
+                tables.append(driver.tracker.schema_table)
             self.log(f"streaming {len(regs)} table(s) from {int_to_lsn(self.confirmed)}")
+            self._publish_progress(self.confirmed, self.events)
             try:
+                if driver is not None:
+                    driver.start()
                 reason, pos = stream(
-                    self.dsn, slot, [(r.schema, r.table) for r in regs], self.confirmed, builder, batch, ctl
+                    self.dsn,
+                    slot,
+                    tables,
+                    self.confirmed,
+                    builder,
+                    batch,
+                    ctl,
+                    numeric_as_string=self._numeric_as_string is not False,
                 )
+                self._numeric_as_string = self._numeric_as_string is not False
+            except psycopg2.errors.InvalidParameterValue:
+                if self._numeric_as_string is not None:
+                    raise
+                # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
+                self._numeric_as_string = False
+                self._warn_special_values(regs)
+                return "restart"
             finally:
+                if driver is not None:
+                    driver.stop()
                 batch.close()
                 self.events += batch.written
             self.confirmed = max(self.confirmed, pos)
             return reason
+
+    # -- partitioned tables -----------------------------------------------------------------------
+    @staticmethod
+    def _source_tables(
+        conn: psycopg.Connection[Any], regs: list[TableReg]
+    ) -> dict[tuple[str, str], tuple[tuple[str, str], ...] | None]:
+        """Per registered table: None when it does not exist at the source (dropped, or renamed),
+        else the leaf partitions of a partitioned table (wal2json reports a partitioned table's
+        changes under its leaves' names), ``()`` for a plain table."""
+        out: dict[tuple[str, str], tuple[tuple[str, str], ...] | None] = {
+            (r.schema, r.table): None for r in regs
+        }
+        if not regs:
+            return out
+        parts: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for schema, table, kind, leaf_schema, leaf in conn.execute(
+            _SOURCE_TABLES, [[r.schema for r in regs], [r.table for r in regs]]
+        ).fetchall():
+            lst = parts.setdefault((str(schema), str(table)), [])
+            if kind == "p" and leaf is not None:
+                lst.append((str(leaf_schema), str(leaf)))
+        for key, lst in parts.items():
+            out[key] = tuple(sorted(lst))
+        return out
+
+    def _refuse_lost_keys(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> set[tuple[str, str]]:
+        """The registered tables whose key columns no longer exist at the source (dropped, or
+        renamed: logical decoding carries no DDL, and every event of the table would lack its
+        key). Each is recorded (registry state ``schema_refused:[schema, table]``: reason and fix,
+        shown by ``cdc tables list``) and logged; a table whose key is back is cleared."""
+        from snapshot.chunked import refused_key
+
+        if not regs:
+            return set()
+        columns = {
+            (str(sch), str(tab)): set(cols or ())
+            for sch, tab, cols in conn.execute(
+                _TABLE_COLUMNS, [[r.schema for r in regs], [r.table for r in regs]]
+            ).fetchall()
+        }
+        refused: set[tuple[str, str]] = set()
+        for reg in regs:
+            key = refused_key(reg.schema, reg.table)
+            cols = columns.get((reg.schema, reg.table))
+            lost = [k for k in reg.key if cols is not None and k not in cols]
+            if not lost:
+                if self.registry.get_state(key) is not None:
+                    self.registry.set_state(key, None)
+                continue
+            refused.add((reg.schema, reg.table))
+            if self.registry.get_state(key) is None:
+                reason = (
+                    f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
+                    "(dropped or renamed); its changes cannot be keyed, so it is no longer captured"
+                )
+                fix = (
+                    f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
+                    f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back"
+                )
+                self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
+                self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix}).decode())
+        return refused
+
+    def _record_missing(self, source: dict[tuple[str, str], tuple[tuple[str, str], ...] | None]) -> None:
+        from snapshot.chunked import missing_key
+
+        for (schema, table), found in source.items():
+            key = missing_key(schema, table)
+            if found is None:
+                if self.registry.get_state(key) is None:
+                    self.log(
+                        f"{schema}.{table} does not exist at the source (dropped or renamed); the others go on"
+                    )
+                    self.registry.set_state(key, str(int(time.time())))
+            elif self.registry.get_state(key) is not None:
+                self.registry.set_state(key, None)
+
+    def _source_changed(
+        self,
+        conn: psycopg.Connection[Any],
+        regs: list[TableReg],
+        seen: dict[tuple[str, str], tuple[tuple[str, str], ...] | None],
+    ) -> bool:
+        """Polled by the stream (every :data:`SOURCE_CHECK_S`): a registered table dropped or renamed
+        at the source is recorded (registry state ``source_missing:[schema, table]``, shown by
+        ``cdc tables list``) and the other tables go on; a partition attached, created, detached or
+        dropped makes the parent be snapshotted again (chunked: its full snapshot's TRUNCATE marker
+        removes the rows of a detached partition, and its chunks read the rows of an attached one,
+        which the stream never carried) and restarts the stream with the new leaves (True)."""
+        from snapshot.chunked import missing_key, request_key
+
+        now = self._source_tables(conn, regs)
+        restart = False
+        for key, before in list(seen.items()):
+            after = now.get(key)
+            if after == before:
+                continue
+            schema, table = key
+            if after is None:
+                self.log(
+                    f"{schema}.{table} no longer exists at the source (dropped or renamed); the others go on"
+                )
+                self.registry.set_state(missing_key(schema, table), str(int(time.time())))
+            elif before is None:
+                self.log(f"{schema}.{table} exists at the source again")
+                self.registry.set_state(missing_key(schema, table), None)
+                restart = True
+            else:
+                self.log(
+                    f"partitions of {schema}.{table} changed: {[f'{s}.{t}' for s, t in after]}; snapshotting it again"
+                )
+                self.registry.set_state(request_key(schema, table), None)
+                self.registry.set_snapshot_state(schema, table, "pending")
+                restart = True
+            seen[key] = after
+        return restart
+
+    # -- chunked snapshots (snapshot.chunked) -----------------------------------------------------
+    def _prepare_chunks(self, regs: list[TableReg]) -> list[TableReg]:
+        """The tables whose snapshot this session does in chunks: a table ``pending`` (registered,
+        or a re-snapshot requested) starts a new run; one ``running`` resumes its run after its last
+        done chunk. Their stream changes are never dropped (``drop_before`` 0)."""
+        from snapshot.chunked import ChunkProgress, load_progress, request_key, save_progress
+
+        opts = self._snapshot_options()
+        out = []
+        for reg in regs:
+            if reg.snapshot_state == "done":
+                continue
+            progress = load_progress(self.registry, reg.schema, reg.table)
+            if reg.snapshot_state == "pending" or progress is None or progress.done:
+                raw = self.registry.get_state(request_key(reg.schema, reg.table))
+                where = orjson.loads(raw).get("where") if raw else None
+                progress = ChunkProgress(
+                    run=uuid.uuid4().hex, full=where is None, where=where, chunk_size=opts.chunk_size
+                )
+                save_progress(self.registry, reg.schema, reg.table, progress)
+                self.registry.set_state(request_key(reg.schema, reg.table), None)
+                self.registry.set_state(drop_before_key(reg.schema, reg.table), "0")
+                self.registry.set_snapshot_state(reg.schema, reg.table, "running")
+            out.append(reg)
+        return out
+
+    def _snapshot_options(self) -> Any:
+        from snapshot.chunked import SnapshotOptions
+
+        return SnapshotOptions.from_settings(self.settings)
+
+    def _chunk_driver(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str) -> Any:
+        from snapshot.chunked import ChunkDriver, ChunkTracker, ensure_watermark_table
+
+        opts = self._snapshot_options()
+        wm = opts.watermark
+        if ensure_watermark_table(conn, *wm):
+            self.log(f"created the watermark table {wm[0]}.{wm[1]}")
+        tracker = ChunkTracker(self.settings.slot_name, wm, {r.topic for r in regs})
+
+        def codec_for(reg: TableReg) -> TableCodec:
+            return TableCodec(
+                reg, prefix=self.settings.topic_prefix, db=db, partitions=self.settings.partitions
+            )
+
+        def on_done(reg: TableReg, cols: tuple[Column, ...], rows: int, alignment: Any) -> None:
+            self.registry.set_columns(reg.schema, reg.table, cols)
+            self.registry.set_snapshot_state(reg.schema, reg.table, "done", alignment)
+            self.snapshots[reg.qualified] = rows
+
+        return ChunkDriver(
+            dsn=self.dsn,
+            slot=self.settings.slot_name,
+            registry=self.registry,
+            store=self.store,
+            store_lock=self.store_lock,
+            tracker=tracker,
+            options=opts,
+            regs=regs,
+            codec_for=codec_for,
+            session_options=SESSION_OPTIONS,
+            on_done=on_done,
+            log=self.log,
+        )
+
+    def _supersede_earlier_rows(self, regs: list[TableReg], db: str, consistent_lsn: int) -> None:
+        """Before an initial snapshot at ``consistent_lsn`` into topics that already hold events (an
+        earlier snapshot that was killed, or a slot that was lost): a TRUNCATE marker at version
+        ``(consistent_lsn - 1, 0)``, so sinks drop every older row -- keys deleted at the source
+        since, whose delete the new slot cannot see -- and keep the new snapshot's rows."""
+        from snapshot.chunked import truncate_marker
+
+        for reg in regs:
+            with self.store_lock:
+                if not any(self.store.end_offsets(reg.topic).values()):
+                    continue
+                codec = TableCodec(
+                    reg, prefix=self.settings.topic_prefix, db=db, partitions=self.settings.partitions
+                )
+                self.store.append_many({reg.topic: truncate_marker(codec, consistent_lsn - 1)})
+            self.log(f"{reg.qualified}: rows of an earlier snapshot superseded (TRUNCATE marker)")
 
     def _snapshot(self, regs: list[TableReg], db: str, slot: str, *, temporary: bool) -> int:
         """Snapshot ``regs`` from a new slot's exported snapshot; record each table's alignment.
@@ -394,6 +779,7 @@ class Reader:
                 f"{'initial' if not temporary else 'table'} snapshot of {len(regs)} table(s) at "
                 f"{int_to_lsn(snap.consistent_lsn)}"
             )
+            self._supersede_earlier_rows(regs, db, snap.consistent_lsn)
             progress = self.progress_factory() if self.progress_factory else NullProgress()
             try:
                 results = (

@@ -36,8 +36,14 @@ _MISSING = object()
 #: the per-change end of ``source``: (head, transaction part, lsn, commit_lsn, lsn, seq)
 _SOURCE_TAIL = b'%b%b"lsn":%d,"sequence":"[\\"%d\\",\\"%d\\"]","seq":%d}'
 
-#: called with (table, new column list) before an event that carries the change is produced
-ColumnsChanged = Callable[[TableReg, tuple[Column, ...]], None]
+#: called with (table, new column list) before an event that carries the change is produced; returns
+#: the table's new registration (its bumped ``schema_version``), or None to keep the codec's
+ColumnsChanged = Callable[[TableReg, tuple[Column, ...]], "TableReg | None"]
+
+
+#: called with (table, columns an UPDATE did not send); returns those no longer at the source (a
+#: dropped column and an unchanged TOASTed value look the same in an UPDATE)
+ColumnsGone = Callable[[TableReg, list[str]], set[str]]
 
 
 def commit_ts_ms(ts: str | None) -> int | None:
@@ -60,6 +66,7 @@ class TableCodec:
     converters: dict[str, Converter | None] = field(default_factory=dict)
     text_converters: dict[str, Converter | None] = field(default_factory=dict)
     source_head: bytes = b""
+    numeric_as_string: bool = False  # the stream sends numeric-family values as strings (wal2json 2.6+)
 
     def __post_init__(self) -> None:
         self.topic = self.reg.topic
@@ -68,6 +75,15 @@ class TableCodec:
         self.snapshot_lsn = self.reg.alignment.consistent_lsn if self.reg.alignment else 0
         self.key_prefix = b"{" + _dumps(self.key[0]) + b":" if len(self.key) == 1 else None
         self.set_columns(self.reg.columns)
+        self._set_head()
+
+    def follow(self, reg: TableReg) -> None:
+        """Take a newer registration of the same table (its columns changed at the source): the
+        events from now on carry its ``source.schema_version``."""
+        self.reg = reg
+        self._set_head()
+
+    def _set_head(self) -> None:
         self.source_head = (
             b'{"version":'
             + _dumps(CONNECTOR_VERSION)
@@ -79,6 +95,8 @@ class TableCodec:
             + _dumps(self.reg.schema)
             + b',"table":'
             + _dumps(self.reg.table)
+            + b',"schema_version":'
+            + str(self.reg.schema_version).encode()
             + b","
         )
 
@@ -115,7 +133,9 @@ class TableCodec:
         self.columns = tuple(columns)
         self.ncols = len(self.columns)
         self.types = {c.name: c.type for c in columns}
-        self.converters = {c.name: converter_for(c.type) for c in columns}
+        self.converters = {
+            c.name: converter_for(c.type, numeric_as_string=self.numeric_as_string) for c in columns
+        }
         self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
         self.included = [c.name for c in columns if c.name not in self.exclude]
 
@@ -212,9 +232,15 @@ class EventBuilder:
     its type changed), before the change's events are returned.
     """
 
-    def __init__(self, codecs: dict[tuple[str, str], TableCodec], columns_changed: ColumnsChanged) -> None:
+    def __init__(
+        self,
+        codecs: dict[tuple[str, str], TableCodec],
+        columns_changed: ColumnsChanged,
+        columns_gone: ColumnsGone | None = None,
+    ) -> None:
         self.codecs = codecs
         self.columns_changed = columns_changed
+        self.columns_gone = columns_gone
         self.xid: int | None = None
         self.commit_lsn = 0
         self.seq = 0
@@ -257,17 +283,28 @@ class EventBuilder:
         if not changed and not dropped:
             return
         present = {c.name: c.type for c in cols}
+        gone: set[str] = set()
+        if not is_insert and self.columns_gone is not None:
+            # an UPDATE/DELETE leaves out TOASTed values and (identity) non-key columns: only the
+            # catalog tells a column dropped (or renamed) at the source
+            missing = [c.name for c in codec.columns if c.name not in present]
+            gone = self.columns_gone(codec.reg, missing) if missing else set()
         new_cols: list[Column] = []
         for col in codec.columns:
             if col.name in present:
                 new_cols.append(Column(col.name, present[col.name], col.nullable))
-            elif not is_insert:
+            elif not is_insert and col.name not in gone:
                 new_cols.append(col)
         known = {c.name for c in new_cols}
         new_cols.extend(Column(n, t) for n, t in present.items() if n not in known)
         cols_t = tuple(new_cols)
-        self.columns_changed(codec.reg, cols_t)
-        codec.set_columns(cols_t)
+        self._columns_now(codec, cols_t)
+
+    def _columns_now(self, codec: TableCodec, cols: tuple[Column, ...]) -> None:
+        new_reg = self.columns_changed(codec.reg, cols)
+        codec.set_columns(cols)
+        if new_reg is not None:
+            codec.follow(new_reg)
 
     def change(self, msg: Message) -> tuple[str, list[Record]] | None:
         """Records for one I/U/D/T message, or None when the change is already contained in the
@@ -291,7 +328,8 @@ class EventBuilder:
             return None
         hi, _, lo = (msg.lsn or "0/0").partition("/")
         lsn = (int(hi, 16) << 32) | int(lo, 16)
-        source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
+        head = codec.source_head
+        source = _SOURCE_TAIL % (head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
         if action == "I":
             after = codec.fast_row(msg.columns or [])
             if after is not None:
@@ -357,6 +395,8 @@ class EventBuilder:
                     reason="no identity",
                 )
             self._check_columns(codec, msg, identity, False)
+            if codec.source_head is not head:  # the columns changed: the new schema version
+                source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
             old_row = codec.row(identity)
             key = encode_key(codec.key_of(old_row, lsn))
             return codec.topic, [
@@ -370,6 +410,12 @@ class EventBuilder:
         unavailable: list[str] = []
         if len(after) < len(codec.included):
             unavailable = [n for n in codec.included if n not in after]
+            gone = self.columns_gone(codec.reg, unavailable) if self.columns_gone else set()
+            if gone:  # dropped at the source: no longer in the events (the warehouse keeps it, null)
+                self._columns_now(codec, tuple(c for c in codec.columns if c.name not in gone))
+                unavailable = [n for n in unavailable if n not in gone]
+        if codec.source_head is not head:  # the columns changed: the new schema version
+            source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
         new_key = (
             codec.key_of(after, lsn)
             if not unavailable
@@ -389,6 +435,8 @@ class EventBuilder:
         before: dict[str, Any] | None = None
         if identity is not None:
             self._check_columns(codec, msg, identity, False)
+            if codec.source_head is not head:
+                source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
             before = codec.row(identity)
             old_key = codec.key_of(before, lsn)
             if old_key != new_key:

@@ -4,7 +4,7 @@ psycopg 3 has no replication support, so this module is the only user of psycopg
 ``read_message()`` + ``select()`` (not ``consume_stream``) so it can batch, time out, poll the
 registry generation and send feedback itself.
 
-Confirmation rule (DESIGN.md "Delivery"): a position is sent as ``flush_lsn`` only when every event
+Confirmation rule (docs/architecture.md, "Delivery"): a position is sent as ``flush_lsn`` only when every event
 before it is durable in the log store, and only at a transaction boundary:
 
 * after a batch is durable, the ``nextlsn`` of the last ``C`` whose events were all in it (batches
@@ -31,6 +31,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
+from cdc.connect import connect_replication
 from cdc.errors import SlotLostError
 from cdc.events import lsn_to_int
 from cdc.logstore import LogStore, Record
@@ -158,16 +159,13 @@ class StreamControl:
     feedback_interval_s: float = 0.5
     on_confirm: Callable[[int], None] | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"changes": 0})
+    #: chunked snapshots in progress (a :class:`snapshot.chunked.ChunkTracker`), or None
+    chunks: Any = None
 
 
 def open_replication(dsn: str) -> Any:
     """A psycopg2 LogicalReplicationConnection with the shared session options."""
-    return psycopg2.connect(
-        dsn,
-        connection_factory=psycopg2.extras.LogicalReplicationConnection,
-        options=SESSION_OPTIONS,
-        application_name="cdc-reader",
-    )
+    return connect_replication(dsn, options=SESSION_OPTIONS, application_name="cdc-reader")
 
 
 def translate_start_error(exc: Exception, slot: str) -> Exception:
@@ -190,6 +188,8 @@ def stream(
     builder: EventBuilder,
     batch: Batch,
     ctl: StreamControl,
+    *,
+    numeric_as_string: bool = False,
 ) -> tuple[str, int]:
     """Stream from ``start_lsn`` (0: the slot's confirmed position) until stopped.
 
@@ -206,7 +206,7 @@ def stream(
                 slot_name=slot,
                 decode=False,
                 start_lsn=start_lsn,
-                options=replication_options(tables),
+                options=replication_options(tables, numeric_as_string=numeric_as_string),
                 status_interval=10,
             )
             return _loop(cur, builder, batch, ctl, start_lsn)
@@ -239,11 +239,16 @@ def _loop(
     changes = 0
     fileno = cur.connection.fileno()
     n = 0
+    chunks = ctl.chunks
+    wm_schema, wm_table = (chunks.schema, chunks.table) if chunks is not None else (None, None)
+    chunk_topics = chunks.topics if chunks is not None else frozenset()
 
     def confirm(force: bool = False) -> None:
         nonlocal sent, last_feedback, durable
         if batch.durable > durable:
             durable = batch.durable
+        if chunks is not None:
+            chunks.durable(durable)
         t = time.monotonic()
         if durable > sent and (force or t - last_feedback >= ctl.feedback_interval_s):
             cur.send_feedback(write_lsn=durable, flush_lsn=durable, reply=force, force=force)
@@ -282,10 +287,16 @@ def _loop(
             elif action == "M":
                 if not in_txn:
                     boundary(lsn_to_int(data.lsn or "0/0"))
+            elif data.table == wm_table and data.schema == wm_schema:
+                # a chunked snapshot's watermark: at a high watermark, the chunk's rows
+                for topic, records in chunks.watermark(data, builder.commit_lsn):
+                    batch.add(topic, records)
             else:
                 out = change(data)
                 changes += 1
                 if out is not None:
+                    if out[0] in chunk_topics:
+                        chunks.saw(out[0], builder.xid, out[1])
                     batch.add(out[0], out[1])
                     if batch.count >= max_events:
                         # mid-transaction the last complete boundary is still `pending`
@@ -325,6 +336,8 @@ def _loop(
             return "stopped", durable
         if now >= next_poll:
             next_poll = now + ctl.poll_s
+            if chunks is not None:
+                chunks.check()
             if not want_restart and ctl.should_restart():
                 want_restart = True
         if want_restart and not in_txn:
@@ -332,7 +345,12 @@ def _loop(
             confirm(force=True)
             stats["changes"] += changes
             return "restart", durable
-        if ctl.target is not None and not in_txn and max(durable, pending) >= ctl.target:
+        if (
+            ctl.target is not None
+            and not in_txn
+            and max(durable, pending) >= ctl.target
+            and (chunks is None or not chunks.busy())
+        ):
             flush()
             confirm(force=True)
             stats["changes"] += changes
@@ -341,7 +359,7 @@ def _loop(
             ctl.heartbeat()
             next_heartbeat = time.monotonic() + ctl.heartbeat_interval_s
         if msg is None:
-            timeout = 0.2
+            timeout = 0.2 if chunks is None or not chunks.busy() else 0.05
             if batch.count:
                 timeout = max(0.0, min(timeout, batch.started + max_s - now))
             select.select([fileno], [], [], timeout)

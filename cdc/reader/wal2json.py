@@ -1,6 +1,6 @@
 """wal2json format-version 2: plugin options, message decoding, and value encoding by column type.
 
-What wal2json 2.5 sends (measured, see DESIGN.md "Environment facts"):
+What wal2json 2.5 sends (measured on Debian's postgresql-15-wal2json 2.5):
 
 * ``B`` (begin): ``lsn`` is the transaction's *commit* LSN, ``nextlsn`` the end of its commit record;
   ``C`` (commit) repeats both. B/C are sent even when ``add-tables`` filtered every change out.
@@ -8,7 +8,10 @@ What wal2json 2.5 sends (measured, see DESIGN.md "Environment facts"):
   old row under REPLICA IDENTITY FULL), ``pk``. An unchanged out-of-line TOASTed column is absent
   from ``columns``. ``T``: TRUNCATE of one table. ``M``: a logical message (our heartbeat).
 * ``numeric`` and floats are bare JSON numbers: they are decoded with a float hook that keeps the
-  exact text (a float parse would lose digits); integers of any size stay Python ints.
+  exact text (a float parse would lose digits); integers of any size stay Python ints. NaN and
+  +-Infinity come as null -- unless the plugin knows ``numeric-data-types-as-string`` (wal2json
+  2.6+; the reader asks for it when it does), then every numeric/float value is a JSON string of
+  its text output. Arrays are text literals either way, so their elements keep NaN/Infinity.
 
 Value encoding (the contract in :mod:`cdc.events`) is implemented by :func:`converter_for` (values
 as wal2json sends them) and :func:`text_converter_for` (values as Postgres' text output, used by the
@@ -81,6 +84,9 @@ def decode(data: bytes) -> Message:
     return msg
 
 
+#: the characters Postgres' array parser and output treat as white space (array_isspace)
+_PG_SPACE = " \t\n\r\v\f"
+
 _ESCAPE = str.maketrans({c: "\\" + c for c in "\\,.* "})
 
 
@@ -96,8 +102,19 @@ def add_tables_option(tables: Iterable[tuple[str, str]]) -> str:
     return ",".join(parts) if parts else NO_TABLE
 
 
-def replication_options(tables: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return {**BASE_OPTIONS, "add-tables": add_tables_option(tables)}
+#: wal2json >= 2.6: numeric, float4 and float8 values as JSON strings of their text output, so
+#: NaN and +-Infinity arrive (2.5 and older send them as null and do not know the option)
+NUMERIC_AS_STRING = "numeric-data-types-as-string"
+
+
+def replication_options(
+    tables: Iterable[tuple[str, str]], *, numeric_as_string: bool = False
+) -> dict[str, str]:
+    """START_REPLICATION options; ``numeric_as_string`` only for a wal2json that knows it (2.6+)."""
+    options = {**BASE_OPTIONS, "add-tables": add_tables_option(tables)}
+    if numeric_as_string:
+        options[NUMERIC_AS_STRING] = "1"
+    return options
 
 
 # --- value encoding ------------------------------------------------------------------------------
@@ -138,8 +155,12 @@ def element_type(pg_type: str) -> str:
 Converter = Callable[[Any], Any]
 
 
+#: float values that JSON has no number for: kept as these strings (the events contract)
+FLOAT_SPECIALS = frozenset({"NaN", "Infinity", "-Infinity"})
+
+
 def _numeric(v: Any) -> Any:
-    if v is None or isinstance(v, str):
+    if v is None or isinstance(v, str):  # a string: every digit, or NaN / Infinity / -Infinity
         return v
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
@@ -151,7 +172,13 @@ def _numeric(v: Any) -> Any:
 def _float(v: Any) -> Any:
     if v is None or isinstance(v, float):
         return v
+    if isinstance(v, str):
+        return v if v in FLOAT_SPECIALS else float(v)
     return float(v)
+
+
+def _text_float(s: str) -> Any:
+    return s if s in FLOAT_SPECIALS else float(s)
 
 
 def _text_int(s: str) -> Any:
@@ -159,7 +186,7 @@ def _text_int(s: str) -> Any:
 
 
 def _text_numeric(s: str) -> Any:
-    return None if s in ("NaN", "Infinity", "-Infinity") else s
+    return s  # every digit; NaN, Infinity, -Infinity as those strings
 
 
 def _text_bool(s: str) -> Any:
@@ -178,7 +205,7 @@ def _element_text_converter(elem_type: str) -> Converter:
     table: dict[str, Converter] = {
         "int": _text_int,
         "numeric": _text_numeric,
-        "float": float,
+        "float": _text_float,
         "bool": _text_bool,
         "bytea": _text_bytea,
     }
@@ -196,10 +223,18 @@ def _array_converter(pg_type: str) -> Converter:
     return convert
 
 
-def converter_for(pg_type: str) -> Converter | None:
+def _int_any(v: Any) -> Any:
+    return v if type(v) is int else int(v)
+
+
+def converter_for(pg_type: str, *, numeric_as_string: bool = False) -> Converter | None:
     """How to turn the value wal2json sent for a column of ``pg_type`` into its event value;
-    ``None`` when it is already right (text, ints, bool, json text, bytea hex)."""
+    ``None`` when it is already right (text, ints, bool, json text, bytea hex).
+    ``numeric_as_string``: the stream was started with ``numeric-data-types-as-string`` (values of
+    the numeric family may come as strings)."""
     kind = type_kind(pg_type)
+    if kind == "int" and numeric_as_string:
+        return _int_any
     if kind == "numeric":
         return _numeric
     if kind == "float":
@@ -267,7 +302,7 @@ def parse_array(text: str, elem: Converter = _identity) -> list[Any]:
                     buf.append(ch)
                     i += 1
             stack[-1].append(elem("".join(buf)))
-        elif c in " \t\n":
+        elif c in _PG_SPACE:
             i += 1
         else:
             start = i
@@ -279,7 +314,7 @@ def parse_array(text: str, elem: Converter = _identity) -> list[Any]:
                 else:
                     buf2.append(text[i])
                     i += 1
-            token = "".join(buf2).strip()
+            token = "".join(buf2).strip(_PG_SPACE)  # array_isspace(): not Unicode spaces
             if token == "NULL" and "\\" not in text[start:i]:
                 stack[-1].append(None)
             else:

@@ -55,14 +55,14 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
             "--max-records-per-batch",
             "20",
         ],
-        env={**os.environ, "CDC_TEST_CRASH_AFTER_SINK": str(crash_batch)},
+        env={**os.environ, "CDC_FAULTS": f"apply.after_sink:{crash_batch}"},
         capture_output=True,
         text=True,
         timeout=300,
         start_new_session=True,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert "CDC_TEST_CRASH_AFTER_SINK" in proc.stderr
+    assert "cdc-fault: apply.after_sink" in proc.stderr
     # the warehouse (first sink) committed batch 1, the checkpoint did not
     app_id = app_id_for(env.state)
     current_path = WarehouseSink(env.state).paths(reg)[0]

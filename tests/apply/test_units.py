@@ -9,9 +9,12 @@ from pathlib import Path
 
 import orjson
 
+from cdc.events import Version
+from cdc.logstore import StoredRecord
 from cdc.verify import canonical, row_hash
 from sinks import DeadLetter
-from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, dead_letter_record
+from sinks.dead_letters import decode, encode
+from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir
 from spark_jobs.source import offset_key, parse_offset_key, split_budget
 
 
@@ -47,13 +50,18 @@ def test_app_id_is_kept_with_its_checkpoint_and_renewed_without(tmp_path: Path) 
 
 
 def test_dead_letter_record_keeps_the_original_bytes_reason_and_position() -> None:
-    rec = dead_letter_record(
-        DeadLetter("cdc.s.t", 2, 41, b'{"id":1}', b"\xff\xfe", "value is not JSON"), 9, "app"
+    letter = DeadLetter(
+        "cdc.s.t", 2, 41, b'{"id":1}', b"\xff\xfe", "value is not JSON", "s.t", '{"id":1}', Version(7, 3)
     )
+    rec = encode(letter, 9, "app")
     body = orjson.loads(rec.value or b"")
     assert body["reason"] == "value is not JSON" and body["value_hex"] == "fffe"
     assert body["source"] == {"topic": "cdc.s.t", "partition": 2, "offset": 41}
+    assert body["table"] == "s.t" and body["version"] == {"commit_lsn": 7, "seq": 3}
     assert dict(rec.headers)["source_offset"] == b"41" and rec.key == b'{"id":1}'
+    stored = StoredRecord("cdc.__dead_letter", 0, 5, rec.key, rec.value, rec.headers, 1)
+    entry = decode(stored)
+    assert entry.letter == letter and entry.id == "0:5" and entry.batch_id == 9
 
 
 def test_canonical_values_distinguish_exactly() -> None:
@@ -98,3 +106,22 @@ def test_stream_reader_offsets_limits_and_a_recreated_topic(tmp_path: Path) -> N
     reader.stop()
     fresh.stop()
     store.close()
+
+
+def test_faults_parse_names_points_and_arguments() -> None:
+    from cdc.errors import ConfigError
+    from cdc.faults import POINTS, Faults
+
+    f = Faults.parse("apply.after_sink:3")
+    assert f.on("apply.after_sink", 3) and not f.on("apply.after_sink", 2)
+    fired: list[int] = []
+    assert f.point("apply.after_sink", 3, lambda: fired.append(3)) and fired == [3]
+    assert not Faults.parse("").on("apply.after_sink", 3)
+    assert set(POINTS) == {"apply.after_sink"}
+    for bad in ("nope:1", "apply.after_sink:x"):
+        try:
+            Faults.parse(bad)
+        except ConfigError as err:
+            assert "CDC_FAULTS" in str(err)
+        else:
+            raise AssertionError(bad)

@@ -79,6 +79,8 @@ def test_add_list_remove_round_trip_with_quoted_names(
             {"name": "secret", "type": "text", "nullable": True},
             {"name": "n", "type": "numeric(10,2)", "nullable": False},
         ],
+        "schema_version": 1,
+        "dropped_columns": [],
         "snapshot": {"state": "pending", "consistent_lsn": None, "end_offsets": None},
         "warehouse": {
             "current": str(state / "warehouse" / "Mixed_Case" / "tab_le"),
@@ -174,16 +176,6 @@ def test_add_list_remove_round_trip_with_quoted_names(
         ),
         (['CREATE TABLE "Orders" (id int PRIMARY KEY)'], ["orders"], "does not exist", "'public.\"Orders\"'"),
         ([], ["Mixed Case.t"], "not valid", "double quotes"),
-        (
-            [
-                "CREATE TABLE pt (id int PRIMARY KEY) PARTITION BY RANGE (id)",
-                "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (10)",
-                "CREATE TABLE pt_2 PARTITION OF pt FOR VALUES FROM (10) TO (20)",
-            ],
-            ["pt"],
-            "partitioned table",
-            "'public.pt_1' 'public.pt_2'",
-        ),
         (
             [
                 "CREATE FOREIGN DATA WRAPPER w",

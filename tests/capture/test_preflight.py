@@ -311,5 +311,5 @@ def test_connection_failure_is_an_error_not_a_finding(
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
     body = json.loads(err)
-    assert body["error"] == "SourceError" and "cannot connect" in body["message"]
+    assert body["error"] == "SourceUnavailableError" and "cannot connect" in body["message"]
     assert "sekret" not in err

@@ -104,7 +104,7 @@ TYPES_EXPECTED = {
     "j": '{"a": [1, 2.50, "x\\ny"], "b": null}',
     "ia": [1, None, 3],
     "ta": ["a,b", 'q"x', "NULL", None, "back\\slash", "tab\there"],
-    "na": ["1.10", None],
+    "na": ["1.10", "NaN"],
     "nested": [[1, 2], [3, 4]],
     "b": "00ff10",
     "ts": "2026-11-22 02:28:58.744379+00",
@@ -113,7 +113,7 @@ TYPES_EXPECTED = {
     "t": "emoji 😀 combining é and ǅ, newline\n and tab\tand back\\slash",
     "f": 1.5,
     "ok": True,
-    "nan": None,
+    "nan": "NaN",
 }
 
 
@@ -128,8 +128,11 @@ def test_value_encoding_is_exact_and_identical_in_snapshot_and_stream(env_embedd
     records = env.records(env.reg("public", "typed").topic)
     by_op = {orjson.loads(r.value)["op"]: orjson.loads(r.value)["after"] for r in records if r.value}
     assert set(by_op) == {"r", "c"}
+    old_wal2json = "this wal2json (< 2.6) sends NaN/Infinity" in env.last_stderr
     for op, after in by_op.items():
         for col, want in TYPES_EXPECTED.items():
+            if col == "nan" and op == "c" and old_wal2json:
+                want = None  # wal2json 2.5 streams a scalar numeric NaN as null (warned about)
             assert after[col] == want, f"{op}: {col} = {after[col]!r}, expected {want!r}"
     # bigint beyond 2^53 is an exact JSON integer in the raw bytes
     raw = next(r.value for r in records if r.value)
@@ -212,6 +215,13 @@ SQL_TYPES_VALUES = [
 ]
 
 
+SPECIALS_LOST_BY_WAL2JSON_25 = (
+    (b'"nan":"NaN"', b'"nan":null'),
+    (b'"nn":"Infinity"', b'"nn":null'),
+    (b'"nan":"-Infinity"', b'"nan":null'),
+)
+
+
 def test_snapshot_json_built_by_postgres_is_byte_identical_to_the_stream(env_embedded: CaptureEnv) -> None:
     """Every type the snapshot encodes in SQL (no float or array column: this table takes that path)
     gives the same key bytes and the same ``after`` bytes as the stream's encoding of the same row."""
@@ -236,12 +246,18 @@ def test_snapshot_json_built_by_postgres_is_byte_identical_to_the_stream(env_emb
         stream_key, stream_after, stream_op = by_id[stream_id]
         assert (snap_op, stream_op) == ("r", "c")
         assert snap_key == f'{{"id":{snap_id}}}'.encode() and stream_key == f'{{"id":{stream_id}}}'.encode()
+        if orjson.loads(by_id[11][1])["nan"] is None:
+            # wal2json 2.5 prints numeric NaN/Infinity as null in the stream (no option to do otherwise,
+            # docs/events.md); the snapshot carries them as the contract's strings
+            for carried, lost in SPECIALS_LOST_BY_WAL2JSON_25:
+                snap_after = snap_after.replace(carried, lost)
         assert snap_after.replace(b'"id":%d' % snap_id, b'"id":%d' % stream_id, 1) == stream_after
     reg = env.reg("public", "sqltyped")
     assert all(sql_json_value(c.name, c.type, c.nullable) is not None for c in reg.columns)  # the SQL path
     first = orjson.loads(by_id[1][1])
-    assert first["nan"] is None and first["n"] == "12345678901234567890123456789.123456789"
+    assert first["nan"] == "NaN" and first["n"] == "12345678901234567890123456789.123456789"
     assert first["big"] == 9007199254740993 and first["ok"] is True and first["b"] == "00ff10"
     assert first["js"] == '{ "keep" :  "spacing", "a":1, "a":2 }' and first["e"] == 'a "quoted" label'
     second = orjson.loads(by_id[2][1])
-    assert second["nn"] is None and second["nan"] is None and second["ok"] is False and second["bn"] == "0a"
+    assert second["nn"] == "Infinity" and second["nan"] == "-Infinity" and second["ok"] is False
+    assert second["bn"] == "0a"

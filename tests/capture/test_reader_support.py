@@ -21,7 +21,8 @@ import pytest
 from cdc.config import Settings, load_settings
 from cdc.devcluster import PgCluster
 from cdc.events import TRUNCATE_KEY_FIELD, Version
-from cdc.logstore import LogStore, StoredRecord, open_log_store
+from cdc.logstore import LogStore, StoredRecord
+from cdc.logstore.factory import open_log_store
 from cdc.registry import Registry, TableReg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +39,7 @@ class CaptureEnv:
     log_url: str | None
     config: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    last_stderr: str = ""  # of the last `cdc` run by :meth:`cdc`
 
     @property
     def dsn(self) -> str:
@@ -69,7 +71,7 @@ class CaptureEnv:
             return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
 
     def cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        res = subprocess.run(
             [*CDC, *args],
             env=self.environ(),
             capture_output=True,
@@ -77,6 +79,8 @@ class CaptureEnv:
             timeout=timeout,
             cwd=self.state.parent,
         )
+        self.last_stderr = res.stderr
+        return res
 
     def spawn(self, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.state.parent / f"run-{len(self.procs)}.log", "wb")  # noqa: SIM115

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -129,7 +130,7 @@ def test_snapshot_request_resnapshots_only_that_table(env: CaptureEnv) -> None:
     env.sql("DELETE FROM a WHERE id > 5")
     res = env.cdc("snapshot", "public.a", "--json")
     assert res.returncode == 0, res.stderr
-    assert orjson.loads(res.stdout) == {"requested": ["public.a"]}
+    assert orjson.loads(res.stdout) == {"requested": ["public.a"], "where": None}
     assert env.reg("public", "a").snapshot_state == "pending"
     second = env.run_once()
     assert second["snapshot_rows"] == {"public.a": 5}
@@ -192,7 +193,7 @@ def test_run_without_source_is_a_config_error(tmp_path: Path) -> None:
             "env",
             "-u",
             "CDC_SOURCE",
-            ".venv/bin/python",
+            sys.executable,
             "-c",
             "from cdc.cli import entry; entry()",
             "--state",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -139,13 +142,13 @@ def test_topic_tail_follows_new_records(filled: Path, capsys: pytest.CaptureFixt
     tail.start()
     appended: list[bytes] = []
     with EmbeddedLogStore(filled / "log", writer=True, compaction_interval_s=None) as store:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # generous: the assertion is on what tail prints
         while tail.is_alive() and time.monotonic() < deadline:
             value = json.dumps({"n": len(appended)}).encode()
             store.append("cdc.dead_letter", [Record(b'"k"', value)])
             appended.append(value)
             tail.join(timeout=0.05)
-    tail.join(timeout=5)
+    tail.join(timeout=60)
     assert not tail.is_alive(), "tail did not stop after --limit records"
     assert codes == [0]
     lines = records_by_position(capsys.readouterr().out)
@@ -153,3 +156,75 @@ def test_topic_tail_follows_new_records(filled: Path, capsys: pytest.CaptureFixt
     ns = [line["value"]["n"] for line in lines]  # type: ignore[index]
     assert ns == list(range(ns[0], ns[0] + 3))  # consecutive new records, none skipped
     assert [line["offset"] for line in lines] == ns
+
+
+# -- bad input: each a clear error with its fix and a non-zero exit, through the real `cdc` command ----
+def cdc_command(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from cdc.cli import entry; entry()",
+            "--state",
+            str(state),
+            "--log",
+            "embedded",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CDC_LOG": "", "CDC_STATE": ""},
+    )
+
+
+def test_dump_a_corrupt_topic_file(filled: Path) -> None:
+    path = filled / "log" / "cdc.public.users.db"
+    with path.open("r+b") as fh:
+        fh.write(b"this is not a SQLite header at all" * 3)
+    done = cdc_command(filled, "topic", "dump", "cdc.public.users", "--json")
+    assert done.returncode != 0 and done.stdout == ""
+    err = json.loads(done.stderr.strip().splitlines()[-1])
+    assert err["error"] == "StoreCorruptError"
+    assert err["path"] == str(path)
+    assert "restore" in err["fix"] and "cdc snapshot" in err["fix"]
+    assert path.read_bytes().startswith(b"this is not")  # nothing rewritten or dropped
+    text = cdc_command(filled, "topic", "dump", "cdc.public.users")
+    assert text.returncode != 0 and "corrupt" in text.stderr and "fix:" in text.stderr
+
+
+def test_dump_an_unknown_topic(filled: Path) -> None:
+    done = cdc_command(filled, "topic", "dump", "cdc.public.nope", "--json")
+    assert done.returncode != 0
+    err = json.loads(done.stderr.strip().splitlines()[-1])
+    assert err["error"] == "UnknownTopicError" and err["topic"] == "cdc.public.nope"
+    assert "cdc topic list" in err["fix"]
+
+
+@pytest.mark.parametrize(
+    ("offset", "says"), [("99", "past the end offset"), ("-1", "before the start offset")]
+)
+def test_dump_an_offset_out_of_range(filled: Path, offset: str, says: str) -> None:
+    done = cdc_command(
+        filled, "topic", "dump", "cdc.public.users", "--partition", "0", "--from", offset, "--json"
+    )
+    assert done.returncode != 0
+    err = json.loads(done.stderr.strip().splitlines()[-1])
+    assert err["error"] == "OffsetOutOfRangeError" and says in err["message"]
+    assert err["offset"] == int(offset) and err["fix"]
+
+
+def test_dump_before_the_start_after_retention(state: Path) -> None:
+    with EmbeddedLogStore(state / "log", writer=True, compaction_interval_s=None) as store:
+        store.create_topic(
+            "dlq", TopicConfig(partitions=1, compacted=False, retention_ms=None, retention_bytes=1)
+        )
+        for i in range(3):
+            store.append("dlq", [Record(b"k", b'{"n": %d}' % i)])
+        assert store.enforce_retention("dlq") > 0
+        start = store.start_offsets("dlq")[0]
+    done = cdc_command(state, "topic", "dump", "dlq", "--partition", "0", "--from", "0", "--json")
+    assert done.returncode != 0
+    err = json.loads(done.stderr.strip().splitlines()[-1])
+    assert err["error"] == "OffsetOutOfRangeError" and err["start"] == start
+    assert f"read from offset {start}" in err["fix"]

@@ -17,6 +17,7 @@ import pytest
 
 from cdc.errors import OffsetOutOfRangeError, TopicExistsError, UnknownTopicError
 from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, partition_for
+from cdc.logstore.embedded import EmbeddedLogStore
 from tests.plugins.postgres import wait_for
 
 COMPACTION_SKIP = "Tansu never compacts; the embedded backend carries this contract"
@@ -26,6 +27,24 @@ RETENTION_SKIP = "Tansu never deletes by retention; the embedded backend carries
 def embedded_only(store: LogStore, reason: str) -> None:
     if store.backend != "embedded":
         pytest.skip(reason)
+
+
+@pytest.fixture
+def advance_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """Move the clock compaction and retention read (``cdc.logstore.now_ms``) forward by ``ms``, so a
+    test shows what happens once a retention time has passed without sleeping through it (appends
+    keep stamping the real time)."""
+    import cdc.logstore
+
+    real = cdc.logstore.now_ms
+    shift = 0
+
+    def advance(ms: int) -> None:
+        nonlocal shift
+        shift += ms
+        monkeypatch.setattr(cdc.logstore, "now_ms", lambda: real() + shift)
+
+    return advance
 
 
 def read_all(store: LogStore, topic: str, partition: int, from_offset: int = 0) -> list[StoredRecord]:
@@ -291,18 +310,20 @@ def test_compaction_keeps_final_state_in_offset_order(log_store: LogStore, topic
     assert log_store.compact(topic_name) == 0  # nothing more to do
 
 
-def test_compaction_drops_tombstones_after_delete_retention(log_store: LogStore, topic_name: str) -> None:
+def test_compaction_drops_tombstones_after_delete_retention(
+    log_store: LogStore, topic_name: str, advance_clock: Callable[[int], None]
+) -> None:
     embedded_only(log_store, COMPACTION_SKIP)
-    _compaction_topic(log_store, topic_name, min_compaction_lag_ms=0, delete_retention_ms=400)
+    _compaction_topic(log_store, topic_name, min_compaction_lag_ms=0, delete_retention_ms=60_000)
     log_store.append(topic_name, [Record(b"gone", b"1"), Record(b"kept", b"1"), Record(b"gone", None)])
     log_store.compact(topic_name)
     assert {r.key: r.value for r in all_records(log_store, topic_name)} == {b"gone": None, b"kept": b"1"}
-
-    def tombstone_dropped() -> bool:
-        log_store.compact(topic_name)
-        return {r.key for r in all_records(log_store, topic_name)} == {b"kept"}
-
-    wait_for(tombstone_dropped, timeout=10, what="the tombstone to be dropped after delete_retention_ms")
+    advance_clock(30_000)  # not yet
+    log_store.compact(topic_name)
+    assert {r.key: r.value for r in all_records(log_store, topic_name)} == {b"gone": None, b"kept": b"1"}
+    advance_clock(31_000)  # delete_retention_ms has passed
+    log_store.compact(topic_name)
+    assert {r.key: r.value for r in all_records(log_store, topic_name)} == {b"kept": b"1"}
     assert sum(log_store.end_offsets(topic_name).values()) == 3  # offsets never move back
 
 
@@ -320,18 +341,23 @@ def test_background_compaction_while_appending_and_reading(
 ) -> None:
     """A writer appends updates of 20 keys while its background thread compacts every 20 ms and a
     reader (another instance) keeps up: the caught-up reader sees every offset (the lag protects what
-    it has not read yet), compaction really removes records, and reading from 0 afterwards gives the
-    final state of every key in offset order."""
+    it has not read yet), compaction really removes records while appends go on, and reading from 0
+    afterwards gives the final state of every key in offset order.
+
+    The writer waits for the reader after each append, so the reader is never more than one append
+    behind whatever the machine's load; the appends go on until the background thread has removed
+    records (behaviour, not a duration)."""
     writer = log_store_factory(writer=True, compaction_interval_s=0.02)
     embedded_only(writer, COMPACTION_SKIP)
-    _compaction_topic(writer, topic_name, min_compaction_lag_ms=2_500, delete_retention_ms=0)
+    assert isinstance(writer, EmbeddedLogStore)
+    _compaction_topic(writer, topic_name, min_compaction_lag_ms=3_000, delete_retention_ms=0)
     reader = log_store_factory()
     stop = threading.Event()
     seen: dict[int, list[int]] = {0: [], 1: []}
+    pos = {0: 0, 1: 0}
     errors: list[BaseException] = []
 
     def follow() -> None:
-        pos = {0: 0, 1: 0}
         try:
             while not stop.is_set() or any(pos[p] < reader.end_offsets(topic_name)[p] for p in pos):
                 for p in pos:
@@ -345,19 +371,27 @@ def test_background_compaction_while_appending_and_reading(
     thread = threading.Thread(target=follow)
     thread.start()
     last: dict[bytes, bytes] = {}
-    deadline = time.monotonic() + 4.0
-    i = 0
+    appended = 0
     try:
-        while time.monotonic() < deadline:
-            recs = [Record(f'{{"id": {k}}}'.encode(), f"{i}/{k}".encode()) for k in range(20)]
-            writer.append(topic_name, recs)
+        while True:
+            recs = [Record(f'{{"id": {k}}}'.encode(), f"{appended}/{k}".encode()) for k in range(20)]
+            ends = writer.append(topic_name, recs)
             for r in recs:
                 last[r.key] = r.value or b""
-            i += 1
-            time.sleep(0.002)
+            appended += len(recs)
+            wait_for(
+                lambda ends=ends: errors or all(pos[p] > off for p, off in ends.items()),
+                timeout=120,
+                what="the reader to catch up",
+            )
+            assert not errors, errors
+            if sum(writer.record_counts(topic_name).values()) < appended - 200:
+                break  # the background thread compacted while appends and reads went on
+            assert appended < 1_000_000, "background compaction never ran"
+            time.sleep(0.01)  # pace the appends (a few thousand updates per key at most)
     finally:
         stop.set()
-        thread.join(timeout=30)
+        thread.join(timeout=120)
     assert not errors, errors
     ends = writer.end_offsets(topic_name)
     for p in (0, 1):
@@ -368,7 +402,7 @@ def test_background_compaction_while_appending_and_reading(
         return len(state) == len(last)
 
     # records older than the lag get compacted by the background thread, not by this test
-    wait_for(compacted, timeout=20, what="background compaction down to one record per key")
+    wait_for(compacted, timeout=120, what="background compaction down to one record per key")
     state = all_records(reader, topic_name)
     assert {r.key: r.value for r in state} == last
     for p in (0, 1):
@@ -400,13 +434,18 @@ def test_retention_by_size_moves_start_offset(log_store: LogStore, topic_name: s
     assert [r.offset for r in log_store.iter_partition(topic_name, 0)] == list(range(start, 100))
 
 
-def test_retention_by_time(log_store: LogStore, topic_name: str) -> None:
+def test_retention_by_time(
+    log_store: LogStore, topic_name: str, advance_clock: Callable[[int], None]
+) -> None:
     embedded_only(log_store, RETENTION_SKIP)
-    log_store.create_topic(topic_name, TopicConfig(partitions=1, compacted=False, retention_ms=300))
+    log_store.create_topic(topic_name, TopicConfig(partitions=1, compacted=False, retention_ms=60_000))
     log_store.append(topic_name, [Record(b"k", str(i).encode()) for i in range(10)])
     assert log_store.enforce_retention(topic_name) == 0  # not old enough yet
+    advance_clock(30_000)
+    assert log_store.enforce_retention(topic_name) == 0
     assert log_store.start_offsets(topic_name) == {0: 0}
-    wait_for(lambda: log_store.enforce_retention(topic_name) == 10, timeout=10, what="time retention")
+    advance_clock(31_000)
+    assert log_store.enforce_retention(topic_name) == 10
     assert log_store.start_offsets(topic_name) == {0: 10}
     assert log_store.end_offsets(topic_name) == {0: 10}
     assert log_store.read(topic_name, 0, 10) == []
@@ -414,10 +453,12 @@ def test_retention_by_time(log_store: LogStore, topic_name: str) -> None:
     assert [r.offset for r in log_store.read(topic_name, 0, 10)] == [10]
 
 
-def test_compacted_topic_ignores_time_retention(log_store: LogStore, topic_name: str) -> None:
+def test_compacted_topic_ignores_time_retention(
+    log_store: LogStore, topic_name: str, advance_clock: Callable[[int], None]
+) -> None:
     embedded_only(log_store, RETENTION_SKIP)
     log_store.create_topic(topic_name, TopicConfig(partitions=1, compacted=True, retention_ms=1))
     log_store.append(topic_name, [Record(b"k", b"v")])
-    time.sleep(0.01)  # let retention_ms pass: the assertion is that nothing happens
+    advance_clock(60_000)  # retention_ms has passed: the assertion is that nothing happens
     assert log_store.enforce_retention(topic_name) == 0
     assert len(log_store.read(topic_name, 0, 0)) == 1

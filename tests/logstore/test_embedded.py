@@ -256,7 +256,7 @@ def test_delete_and_recreate_while_background_compaction_runs(store_dir: Path) -
         for round_ in range(20):
             store.create_topic("t", config)
             store.append("t", [Record(b"k", str(i).encode()) for i in range(50)])
-            wait_for(lambda: store.record_counts("t") == {0: 1}, timeout=10, what="background compaction")
+            wait_for(lambda: store.record_counts("t") == {0: 1}, timeout=120, what="background compaction")
             assert [r.value for r in store.read("t", 0, 0)] == [b"49"]
             store.delete_topic("t")
             del round_

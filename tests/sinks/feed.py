@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,12 +11,15 @@ import pyarrow as pa
 
 from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.registry import Column, TableReg
-from sinks import ChangeBatch, RawRecord, parse_batch
-from sinks.columnar import Columns, parse_columns
+from sinks import ChangeBatch, RawRecord
+from sinks.columnar import Columns
+from sinks.parse import Form, parse, parse_columns
 
-#: set by the ``columnar`` fixture (tests/sinks/conftest.py): Feed.batch then builds the columnar form
-#: of a batch whenever the columnar parse takes it, so every sink test runs both forms
-COLUMNAR = False
+
+class ColumnarFallback(UserWarning):
+    """The columnar form was asked for, the columnar parse declined the batch: the per-event form was
+    used (shown in pytest's warnings summary, so a test that meant to cover the columnar form sees it)."""
+
 
 BASE_TS_MS = 1_790_000_000_000  # 2026-09-21
 
@@ -52,11 +56,17 @@ def columns_of(reg: TableReg, records: list[RawRecord]) -> Columns | None:
 
 
 class Feed:
-    """Records for one table's topic; offsets increase per partition 0."""
+    """Records for one table's topic; offsets increase per partition 0.
 
-    def __init__(self, reg: TableReg) -> None:
+    ``form``: the batch form :meth:`batch` builds: ``events`` (per-event), or ``columns`` (the columnar
+    form whenever the columnar parse takes the batch; otherwise the per-event form with a
+    :class:`ColumnarFallback` warning, and the reason in :attr:`fallbacks`)."""
+
+    def __init__(self, reg: TableReg, form: Form = "events") -> None:
         self.reg = reg
         self.offset = 0
+        self.form = form
+        self.fallbacks: list[str] = []
 
     def _rec(self, key: dict[str, Any], value: Any, partition: int = 0) -> RawRecord:
         self.offset += 1
@@ -129,10 +139,13 @@ class Feed:
         flat: list[RawRecord] = []
         for r in records:
             flat.extend(r if isinstance(r, list) else [r])
-        if COLUMNAR:
-            columns = columns_of(self.reg, flat)
-            if columns is not None:
-                return ChangeBatch(self.reg, columns=columns)
-        batch, dead = parse_batch(self.reg, flat)
-        assert dead == [], dead
-        return batch
+        parsed = parse(self.reg, flat, form=self.form)
+        assert parsed.dead == [], parsed.dead
+        assert parsed.batch is not None
+        if self.form == "columns" and parsed.form != "columns":
+            self.fallbacks.append(str(parsed.declined))
+            warnings.warn(
+                ColumnarFallback(f"{self.reg.qualified}: per-event form used: {parsed.declined}"),
+                stacklevel=2,
+            )
+        return parsed.batch

@@ -8,8 +8,8 @@ import orjson
 import pyarrow as pa
 
 from cdc.events import Version
-from sinks import RawRecord, parse_batch
-from sinks.columnar import parse_columns
+from sinks import ChangeBatch, RawRecord
+from sinks.parse import parse, parse_batch, parse_columns
 from tests.sinks.feed import Feed, columns_of, table
 
 
@@ -110,7 +110,7 @@ def test_unavailable_and_snapshot_flags() -> None:
 
 
 def test_fast_path_gives_the_per_record_path_s_event() -> None:
-    from sinks import _parse_fast, _parse_one
+    from sinks.parse import _parse_fast, _parse_one
 
     reg = table()
     f = Feed(reg)
@@ -164,7 +164,7 @@ def test_columnar_parse_gives_the_per_record_events() -> None:
     assert cols is not None
     batch, dead = parse_batch(reg, recs)
     assert dead == []
-    events = cols.events()
+    events = ChangeBatch(reg, columns=cols).events
     assert [(e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in events] == [
         (e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in batch.events
     ]
@@ -211,3 +211,22 @@ def test_columnar_parse_declines_what_the_per_record_parse_must_judge() -> None:
     assert parse_columns(reg, *(pa.array([x]) for x in (good.key, good.value, 0, 1))) is None, (
         "too few records"
     )
+
+
+def test_feed_builds_the_form_asked_for_and_shows_a_fallback() -> None:
+    """The sink tests' two forms are real: ``columns`` gives the columnar form for a plain batch, and
+    a batch the columnar parse declines comes back per-event with a visible warning and the reason."""
+    import pytest
+
+    from tests.sinks.feed import ColumnarFallback
+
+    reg = table()
+    f = Feed(reg, "columns")
+    plain = f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100))
+    assert plain.columns is not None and f.fallbacks == []
+    with pytest.warns(ColumnarFallback, match="per-event form used"):
+        declined = f.batch(f.truncate(200))
+    assert declined.columns is None and len(f.fallbacks) == 1
+    assert Feed(reg).batch(f.change("c", {"id": 2, "name": "b", "note": None}, 300)).columns is None
+    parsed = parse(reg, [f.change("c", {"id": 3, "name": "c", "note": None}, 400)])
+    assert parsed.form == "events" and parsed.declined, "auto: too few records for the columnar parse"

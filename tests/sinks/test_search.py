@@ -13,9 +13,11 @@ import pytest
 import tantivy
 
 from cdc.errors import ApplyError
-from sinks import ChangeBatch, parse_batch
+from sinks import ChangeBatch
 from sinks import search as S
+from sinks.parse import parse_batch
 from sinks.search import SearchSink
+from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import Feed, columns_of, table
 
 # every test runs on both batch forms (per-event and columnar)
@@ -47,9 +49,9 @@ def row(i: int, title: str, body: str = "", price: str | None = None) -> dict[st
     return {"id": i, "title": title, "body": body, "price": price}
 
 
-def test_upsert_delete_and_version_guard(tmp_path: Path, sink: SearchSink) -> None:
+def test_upsert_delete_and_version_guard(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
     reg = table("docs", columns=COLS, search=("title", "body"))
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(
         f.batch(f.change("c", row(1, "red apple"), 100), f.change("c", row(2, "green pear"), 110)), 1, APP
     )
@@ -69,9 +71,9 @@ def test_upsert_delete_and_version_guard(tmp_path: Path, sink: SearchSink) -> No
     assert S.search(tmp_path, reg, "zombie") == []
 
 
-def test_truncate_removes_older_documents(tmp_path: Path, sink: SearchSink) -> None:
+def test_truncate_removes_older_documents(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
     reg = table("docs", columns=COLS, search=("title",))
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(*(f.change("c", row(i, f"doc {i}"), 100 + i) for i in range(5))), 1, APP)
     sink.apply(
         f.batch(
@@ -89,9 +91,9 @@ def test_truncate_removes_older_documents(tmp_path: Path, sink: SearchSink) -> N
     assert set(docs(tmp_path, reg)) == {8, 9}
 
 
-def test_unavailable_toast_keeps_stored_text(tmp_path: Path, sink: SearchSink) -> None:
+def test_unavailable_toast_keeps_stored_text(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
     reg = table("docs", columns=COLS, search=("title", "body"))
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", row(1, "t", "long searchable body"), 100)), 1, APP)
     sink.apply(
         f.batch(f.change("u", {"id": 1, "title": "t2", "price": "1.00"}, 200, unavailable=["body"])), 2, APP
@@ -104,9 +106,9 @@ def test_unavailable_toast_keeps_stored_text(tmp_path: Path, sink: SearchSink) -
         )
 
 
-def test_idempotent_replay(tmp_path: Path, sink: SearchSink) -> None:
+def test_idempotent_replay(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
     reg = table("docs", columns=COLS, search=("title",))
-    f = Feed(reg)
+    f = feed(reg)
     b = f.batch(f.change("c", row(1, "one"), 100))
     sink.apply(b, 1, APP)
     sink.apply(b, 1, APP)
@@ -130,9 +132,11 @@ def test_idempotent_replay(tmp_path: Path, sink: SearchSink) -> None:
     assert idx.pending() == (APP, 2)
 
 
-def test_table_without_search_columns_is_ignored_and_search_errors(tmp_path: Path, sink: SearchSink) -> None:
+def test_table_without_search_columns_is_ignored_and_search_errors(
+    tmp_path: Path, sink: SearchSink, feed: FeedMaker
+) -> None:
     reg = table("plain", columns=COLS)
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", row(1, "x"), 100)), 1, APP)
     assert not S.index_path(tmp_path, reg).exists()
     with pytest.raises(ApplyError) as err:
@@ -141,14 +145,16 @@ def test_table_without_search_columns_is_ignored_and_search_errors(tmp_path: Pat
     reg2 = table("docs", columns=COLS, search=("title",))
     with pytest.raises(ApplyError, match="not indexed"):
         S.search(tmp_path, reg2, "x")
-    sink.apply(Feed(reg2).batch(Feed(reg2).change("c", row(1, "x"), 100)), 1, APP)
+    sink.apply(feed(reg2).batch(feed(reg2).change("c", row(1, "x"), 100)), 1, APP)
     with pytest.raises(ApplyError, match="cannot parse"):
         S.search(tmp_path, reg2, "title:(x")
 
 
-def test_unavailable_toast_from_earlier_event_in_the_same_batch(tmp_path: Path, sink: SearchSink) -> None:
+def test_unavailable_toast_from_earlier_event_in_the_same_batch(
+    tmp_path: Path, sink: SearchSink, feed: FeedMaker
+) -> None:
     reg = table("docs", columns=COLS, search=("title", "body"))
-    f = Feed(reg)
+    f = feed(reg)
     b = f.batch(
         f.change("c", row(1, "t", "the body text"), 100),
         f.change("u", {"id": 1, "title": "t2", "price": None}, 110, unavailable=["body"]),
@@ -232,12 +238,12 @@ def test_columnar_path_gives_the_per_event_result(tmp_path: Path) -> None:
 
 
 def test_columnar_batch_while_a_batch_is_pending_deletes_before_adding(
-    tmp_path: Path, sink: SearchSink, columnar: bool
+    tmp_path: Path, sink: SearchSink, columnar: bool, feed: FeedMaker
 ) -> None:
     reg = table("docs", columns=COLS, search=("title",))
-    f = Feed(reg)
+    f = feed(reg)
     b = f.batch(*(f.change("c", row(i, f"old {i}"), 100 + i) for i in range(3)))
-    assert (b.columns is not None) == columnar
+    assert (b.columns is not None) == (columnar == "columns")
     sink.apply(b, 1, APP)
     # crash between the index commit and the side table: the index holds documents for keys the side
     # table does not know
@@ -246,8 +252,22 @@ def test_columnar_batch_while_a_batch_is_pending_deletes_before_adding(
     idx.db.execute("DELETE FROM versions")
     idx.set_pending(APP, 1)
     b2 = f.batch(*(f.change("u", row(i, f"new {i}"), 200 + i) for i in range(3)))
-    assert (b2.columns is not None) == columnar
+    assert (b2.columns is not None) == (columnar == "columns")
     sink.apply(b2, 2, APP)
     d = docs(tmp_path, reg)  # one document per key: the stale ones were deleted by term
     assert {k: v["title"] for k, v in d.items()} == {i: [f"new {i}"] for i in range(3)}
     assert idx.pending() == (APP, 1)  # batch 1 was never replayed: always-delete mode stays on
+
+
+def test_special_float_values_are_held_in_the_document(
+    tmp_path: Path, sink: SearchSink, feed: FeedMaker
+) -> None:
+    """NaN/Infinity/-Infinity (JSON strings in events) are kept in the document, never null."""
+    reg = table("floats", columns=(*COLS, ("score", "double precision")), search=("title",))
+    f = feed(reg)
+    specials = ["NaN", "Infinity", "-Infinity"]
+    recs = [f.change("c", {**row(i, f"float {i}"), "score": s}, 100 + i) for i, s in enumerate(specials)]
+    recs += [f.change("c", {**row(10 + i, f"plain {i}"), "score": 0.5}, 200 + i) for i in range(70)]
+    sink.apply(f.batch(recs), 1, APP)
+    got = {h.key["id"]: h.document for h in S.search(tmp_path, reg, "float", limit=10)}
+    assert {i: d["score"] for i, d in got.items()} == dict(enumerate(specials))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ from deltalake import DeltaTable
 from cdc.config import Settings
 from cdc.errors import ApplyError, ConfigError
 from sinks import warehouse as W
-from sinks.warehouse import WarehouseOptions, WarehouseSink
+from sinks.warehouse import WarehouseOptions, WarehouseSink, per_event
+from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import BASE_TS_MS, Feed, table
 
 # every test runs on both batch forms (per-event and columnar)
@@ -46,9 +49,9 @@ def ts(lsn: int) -> dt.datetime:
     return dt.datetime.fromtimestamp((BASE_TS_MS + lsn) / 1000, tz=dt.UTC)
 
 
-def test_insert_update_delete_history_validity(sink: WarehouseSink) -> None:
+def test_insert_update_delete_history_validity(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "x"}, 100)), 1, APP)
     sink.apply(f.batch(f.change("u", {"id": 1, "name": "b", "note": "x"}, 200)), 2, APP)
     assert current(sink, reg)[1]["name"] == "b"
@@ -64,9 +67,11 @@ def test_insert_update_delete_history_validity(sink: WarehouseSink) -> None:
     assert (h[1][W.END_LSN], h[1][W.END_SEQ]) == (300, 1)
 
 
-def test_intermediate_versions_within_one_batch_are_kept_in_history(sink: WarehouseSink) -> None:
+def test_intermediate_versions_within_one_batch_are_kept_in_history(
+    sink: WarehouseSink, feed: FeedMaker
+) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     b = f.batch(
         f.change("c", {"id": 1, "name": "a", "note": None}, 100),
         f.change("u", {"id": 1, "name": "b", "note": None}, 100, 2),
@@ -79,9 +84,9 @@ def test_intermediate_versions_within_one_batch_are_kept_in_history(sink: Wareho
     assert h[2][W.VALID_TO] is None
 
 
-def test_version_guard_older_and_repeated_events_ignored(sink: WarehouseSink) -> None:
+def test_version_guard_older_and_repeated_events_ignored(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     new = f.change("u", {"id": 1, "name": "new", "note": None}, 500)
     sink.apply(f.batch(new), 1, APP)
     sink.apply(f.batch(f.change("u", {"id": 1, "name": "old", "note": None}, 400)), 2, APP)
@@ -91,9 +96,9 @@ def test_version_guard_older_and_repeated_events_ignored(sink: WarehouseSink) ->
     assert [r["name"] for r in history(sink, reg, 1)] == ["new"]
 
 
-def test_delete_not_resurrected_by_older_late_event(sink: WarehouseSink) -> None:
+def test_delete_not_resurrected_by_older_late_event(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 7, "name": "a", "note": None}, 100)), 1, APP)
     sink.apply(f.batch(f.delete({"id": 7}, 300)), 2, APP)
     late = f.change("u", {"id": 7, "name": "zombie", "note": None}, 200)
@@ -107,9 +112,9 @@ def test_delete_not_resurrected_by_older_late_event(sink: WarehouseSink) -> None
     assert current(sink, reg)[7]["name"] == "reborn"
 
 
-def test_primary_key_change(sink: WarehouseSink) -> None:
+def test_primary_key_change(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
     b = f.batch(f.delete({"id": 1}, 200, 1), f.change("c", {"id": 2, "name": "a", "note": None}, 200, 2))
     sink.apply(b, 2, APP)
@@ -117,9 +122,9 @@ def test_primary_key_change(sink: WarehouseSink) -> None:
     assert [(r["id"], r[W.IS_CURRENT]) for r in history(sink, reg)] == [(1, False), (2, True)]
 
 
-def test_truncate(sink: WarehouseSink) -> None:
+def test_truncate(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(
         f.batch(*(f.change("c", {"id": i, "name": str(i), "note": None}, 100 + i) for i in range(10))), 1, APP
     )
@@ -147,9 +152,9 @@ def test_truncate(sink: WarehouseSink) -> None:
     assert (row42[W.END_LSN], row42[W.END_OP], row42[W.VALID_TO]) == (300, "t", ts(300))
 
 
-def test_unavailable_toast_keeps_stored_value(sink: WarehouseSink) -> None:
+def test_unavailable_toast_keeps_stored_value(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     big = "z" * 10_000
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": big}, 100)), 1, APP)
     sink.apply(f.batch(f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["note"])), 2, APP)
@@ -165,9 +170,9 @@ def test_unavailable_toast_keeps_stored_value(sink: WarehouseSink) -> None:
     assert [r["note"] for r in history(sink, reg, 2)] == ["first", "first"]
 
 
-def test_unavailable_toast_without_stored_row_is_an_error(sink: WarehouseSink) -> None:
+def test_unavailable_toast_without_stored_row_is_an_error(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     with pytest.raises(ApplyError) as err:
         sink.apply(f.batch(f.change("u", {"id": 9, "name": "b"}, 200, unavailable=["note"])), 1, APP)
     assert "note" in str(err.value) and err.value.fix and "snapshot" in err.value.fix
@@ -196,9 +201,9 @@ TYPED = (
 )
 
 
-def test_types_are_faithful(sink: WarehouseSink) -> None:
+def test_types_are_faithful(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table("typed", columns=TYPED)
-    f = Feed(reg)
+    f = feed(reg)
     row = {
         "id": 2**62 + 1,  # beyond 2^53
         "small": -32768,
@@ -247,16 +252,16 @@ def test_types_are_faithful(sink: WarehouseSink) -> None:
     assert clamped["lts"] == dt.datetime(1, 1, 1) and clamped["d"] == dt.date(9999, 12, 31)
 
 
-def test_unrepresentable_value_is_a_clear_error(sink: WarehouseSink) -> None:
+def test_unrepresentable_value_is_a_clear_error(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table("typed2", columns=(("id", "bigint"), ("ts", "timestamp with time zone")))
-    f = Feed(reg)
+    f = feed(reg)
     with pytest.raises(ApplyError) as err:
         sink.apply(f.batch(f.change("c", {"id": 1, "ts": "0044-03-15 12:00:00+00 BC"}, 100)), 1, APP)
     assert "BC" in str(err.value) or "1..9999" in str(err.value)
     assert err.value.fix
 
 
-def test_toast_value_of_typed_columns_round_trips(sink: WarehouseSink) -> None:
+def test_toast_value_of_typed_columns_round_trips(sink: WarehouseSink, feed: FeedMaker) -> None:
     """A value kept for an unavailable column is re-read from the table and stored unchanged."""
     reg = table(
         "typed3",
@@ -268,7 +273,7 @@ def test_toast_value_of_typed_columns_round_trips(sink: WarehouseSink) -> None:
             ("name", "text"),
         ),
     )
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(
         f.batch(
             f.change(
@@ -294,12 +299,12 @@ def test_toast_value_of_typed_columns_round_trips(sink: WarehouseSink) -> None:
     assert got["amount"] == Decimal("1.500000000") and got["blob"] == b"\xab\xcd" and got["name"] == "b"
 
 
-def test_schema_evolution_new_column(sink: WarehouseSink) -> None:
+def test_schema_evolution_new_column(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
     reg2 = table(columns=(("id", "bigint"), ("name", "text"), ("note", "text"), ("price", "numeric(10,2)")))
-    f2 = Feed(reg2)
+    f2 = feed(reg2)
     sink.apply(f2.batch(f2.change("c", {"id": 2, "name": "b", "note": None, "price": "9.99"}, 200)), 2, APP)
     rows = current(sink, reg2)
     assert rows[1]["price"] is None and rows[2]["price"] == Decimal("9.99")
@@ -311,9 +316,9 @@ def test_schema_evolution_new_column(sink: WarehouseSink) -> None:
     assert current(sink, reg2)[3]["extra"] == "5"
 
 
-def test_idempotent_replay_same_batch(sink: WarehouseSink) -> None:
+def test_idempotent_replay_same_batch(sink: WarehouseSink, feed: FeedMaker) -> None:
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     b = f.batch(
         f.change("c", {"id": 1, "name": "a", "note": None}, 100),
         f.change("u", {"id": 1, "name": "b", "note": None}, 110),
@@ -327,10 +332,12 @@ def test_idempotent_replay_same_batch(sink: WarehouseSink) -> None:
     assert len(history(sink, reg)) == 2
 
 
-def test_replay_after_crash_between_commits(sink: WarehouseSink, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_after_crash_between_commits(
+    sink: WarehouseSink, monkeypatch: pytest.MonkeyPatch, feed: FeedMaker
+) -> None:
     """History committed, current not (crash): the replay gives what an uninterrupted run gives."""
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "keep"}, 100)), 1, APP)
     b = f.batch(
         f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["note"]),
@@ -342,7 +349,7 @@ def test_replay_after_crash_between_commits(sink: WarehouseSink, monkeypatch: py
         raise RuntimeError("crash after the history commit")
 
     with monkeypatch.context() as m:
-        m.setattr(WarehouseSink, "_apply_current", crash)
+        m.setattr(per_event, "apply_current", crash)
         with pytest.raises(RuntimeError):
             sink.apply(b, 2, APP)
     assert current(sink, reg)[1]["name"] == "a"  # current untouched
@@ -358,13 +365,13 @@ def test_replay_after_crash_between_commits(sink: WarehouseSink, monkeypatch: py
     assert [r["key_json"] for r in sink.tombstone_rows(reg).to_pylist()] == ['{"id":2}']
 
 
-def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path) -> None:
+def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path, feed: FeedMaker) -> None:
     sink = WarehouseSink(
         tmp_path,
         WarehouseOptions(buckets=2, maintain_every=3, tombstone_retention_hours=0, vacuum_retention_hours=0),
     )
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
     sink.apply(
         f.batch(f.change("c", {"id": 2, "name": "a", "note": None}, 110), f.delete({"id": 1}, 120)), 2, APP
@@ -387,11 +394,11 @@ def _files(path: Path) -> int:
     return len(DeltaTable(str(path)).file_uris())
 
 
-def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None:
+def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: FeedMaker) -> None:
     """What is bounded (hash layout): a batch whose keys fall in one bucket rewrites only that bucket's file."""
     sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, clustering="hash", maintain_every=0))
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP
     )
@@ -410,12 +417,14 @@ def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path) -> None
     assert sink.last_metrics["current"]["num_target_files_removed"] == 8
 
 
-def test_range_layout_merge_of_recent_keys_rewrites_only_the_newest_buckets(tmp_path: Path) -> None:
+def test_range_layout_merge_of_recent_keys_rewrites_only_the_newest_buckets(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
     """An integer key is range-clustered by default: updating the most recent rows (the usual CDC
     pattern) rewrites the newest bucket's file only; keys spread over the range touch every bucket."""
     sink = WarehouseSink(tmp_path, WarehouseOptions(range_width=250, maintain_every=0))
     reg = table()
-    f = Feed(reg)
+    f = feed(reg)
     sink.apply(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(2000))), 1, APP
     )
@@ -443,18 +452,18 @@ def test_range_layout_merge_of_recent_keys_rewrites_only_the_newest_buckets(tmp_
     assert rows[1998]["name"] == "b" and rows[40]["name"] == "c" and rows[41]["name"] == "a"
 
 
-def test_layout_choice(tmp_path: Path) -> None:
+def test_layout_choice(tmp_path: Path, feed: FeedMaker) -> None:
     """auto: range for a single integer key, hash for sparse integer keys (range buckets would hold a
     row each) and for other keys; range asked for a key it cannot serve is refused."""
     sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
     sparse = table("sparse")
-    f = Feed(sparse)
+    f = feed(sparse)
     sink.apply(
         f.batch(*(f.change("c", {"id": i << 40, "name": "a", "note": None}, 100) for i in range(50))), 1, APP
     )
     assert DeltaTable(str(sink.paths(sparse)[0])).metadata().configuration["cdc.layout"] == "hash:4"
     texts = table("texts", columns=(("code", "text"), ("name", "text")), key=("code",))
-    f = Feed(texts)
+    f = feed(texts)
     sink.apply(f.batch(f.change("c", {"code": "a", "name": "x"}, 100)), 1, APP)
     assert DeltaTable(str(sink.paths(texts)[0])).metadata().configuration["cdc.layout"] == "hash:4"
     ranged = WarehouseSink(tmp_path / "r", WarehouseOptions(clustering="range", maintain_every=0))
@@ -468,10 +477,10 @@ def test_layout_choice(tmp_path: Path) -> None:
     assert "clustering" in (bad.value.fix or "")
 
 
-def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink) -> None:
+def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink, feed: FeedMaker) -> None:
     for bad in ("_cdc_key", "valid_from"):
         reg = table(f"clash_{bad}", columns=(("id", "bigint"), (bad, "text")))
-        f = Feed(reg)
+        f = feed(reg)
         with pytest.raises(ApplyError) as err:
             sink.apply(f.batch(f.change("c", {"id": 1, bad: "x"}, 100)), 1, APP)
         assert bad in str(err.value) and "exclude" in (err.value.fix or "")
@@ -512,17 +521,12 @@ def _mixed_batches(f: Feed, seed: int) -> list[list[Any]]:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_columnar_and_per_event_forms_write_the_same_tables(
-    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tests.sinks import feed
-
+def test_columnar_and_per_event_forms_write_the_same_tables(tmp_path: Path, seed: int) -> None:
     reg = table()
     got: dict[bool, list[Any]] = {False: [], True: []}
     for form in (False, True):
-        monkeypatch.setattr(feed, "COLUMNAR", form)
         sink = WarehouseSink(tmp_path / str(form), WarehouseOptions(buckets=4, maintain_every=0))
-        f = Feed(reg)
+        f = Feed(reg, "columns" if form else "events")
         for batch_id, recs in enumerate(_mixed_batches(f, seed)):
             batch = f.batch(recs)
             assert (batch.columns is not None) == (form and batch_id != 3)
@@ -538,3 +542,92 @@ def test_columnar_and_per_event_forms_write_the_same_tables(
     assert all(got[True][-1])
     for batch_id, (fast, slow) in enumerate(zip(got[True], got[False], strict=True)):
         assert fast == slow, f"after batch {batch_id}"
+
+
+POISON = (
+    ("id", "bigint"),
+    ("ts", "timestamp with time zone"),
+    ("d", "date"),
+    ("amount", "numeric(10,2)"),
+    ("name", "text"),
+)
+
+
+def test_reject_names_each_poison_record_and_the_rest_applies(sink: WarehouseSink, feed: FeedMaker) -> None:
+    """A value the warehouse cannot hold is rejected per record, with the column and the reason; the
+    batch without it applies (what the apply job does with :meth:`Sink.reject`)."""
+    reg = table("poison", columns=POISON)
+    f = feed(reg)
+    good = {"ts": "2026-01-01 00:00:00+00", "d": "2026-01-01", "amount": "1.50", "name": "ok"}
+    recs = [f.change("c", {"id": i, **good}, 100 + i) for i in range(1, 80)]
+    recs[9] = f.change("c", {"id": 10, **good, "ts": "0044-03-15 12:00:00+00 BC"}, 110)
+    recs[19] = f.change("c", {"id": 20, **good, "d": "12000-01-01"}, 120)
+    recs[29] = f.change("c", {"id": 30, **good, "amount": "NaN"}, 130)
+    recs[39] = f.change("c", {"id": 40, **good, "amount": "123456789.5"}, 140)
+    batch = f.batch(recs)
+    rejected = sink.reject(batch)
+    by_offset = {r.offset: r.reason for r in rejected}
+    assert sorted(by_offset) == [recs[i].offset for i in (9, 19, 29, 39)]
+    assert "column ts" in by_offset[recs[9].offset] and "1..9999" in by_offset[recs[9].offset]
+    assert "column d" in by_offset[recs[19].offset]
+    assert "column amount" in by_offset[recs[29].offset] and "not finite" in by_offset[recs[29].offset]
+    assert "column amount" in by_offset[recs[39].offset]
+    rest = batch.without({(r.partition, r.offset) for r in rejected})
+    assert (rest.columns is not None) == (batch.columns is not None)
+    sink.apply(rest, 1, APP)
+    assert sorted(current(sink, reg)) == [i for i in range(1, 80) if i not in (10, 20, 30, 40)]
+    assert sink.reject(f.batch(f.change("u", {"id": 1, **good, "name": "x"}, 300))) == []
+
+
+def test_excluded_columns_never_reach_the_warehouse(sink: WarehouseSink, feed: FeedMaker) -> None:
+    """``--exclude`` is honoured even when events (written before the exclusion) carry the column."""
+    reg = replace(table("excl", columns=(*POISON, ("_cdc_clash", "text"))), exclude=("ts", "_cdc_clash"))
+    f = feed(reg)
+    row = {"id": 1, "ts": "0044-03-15 12:00:00+00 BC", "d": "2026-01-01", "amount": "1", "name": "a"}
+    batch = f.batch(f.change("c", {**row, "_cdc_clash": "x"}, 100))
+    assert all("ts" not in (ev.after or {}) for ev in batch.events)
+    assert sink.reject(batch) == []
+    sink.apply(batch, 1, APP)
+    t = sink.current_rows(reg, meta=False)
+    assert "ts" not in t.column_names and "_cdc_clash" not in t.column_names
+    assert t.to_pylist()[0]["name"] == "a"
+
+
+def test_special_floats_are_stored_as_floats_and_special_numerics_rejected(
+    sink: WarehouseSink, feed: FeedMaker
+) -> None:
+    """Issue 9 item 9: NaN/Infinity/-Infinity arrive as JSON strings; float columns hold the float
+    values (never null), a numeric(p,s) column cannot hold them (the record is rejected with the
+    reason), an unconstrained numeric keeps the text."""
+    reg = table(
+        "special",
+        columns=(
+            ("id", "bigint"),
+            ("r", "real"),
+            ("f", "double precision"),
+            ("n", "numeric"),
+            ("d", "numeric(8,2)"),
+        ),
+    )
+    f = feed(reg)
+    specials = ["NaN", "Infinity", "-Infinity"]
+    recs = [
+        f.change("c", {"id": i, "r": s, "f": specials[(i + 1) % 3], "n": s, "d": "1.25"}, 100 + i)
+        for i, s in enumerate(specials)
+    ]
+    recs += [
+        f.change("c", {"id": 10 + i, "r": 1.5, "f": -2.25, "n": "3", "d": s}, 200 + i)
+        for i, s in enumerate(specials)
+    ]
+    batch = f.batch(recs)
+    if f.form == "columns":
+        assert batch.columns is None, "the columnar parse declines a float column holding a string"
+    rejected = sink.reject(batch)
+    assert sorted(r.offset for r in rejected) == [r.offset for r in recs[3:]]
+    assert all("column d" in r.reason and "not finite" in r.reason for r in rejected)
+    sink.apply(batch.without({(r.partition, r.offset) for r in rejected}), 1, APP)
+    got = current(sink, reg)
+    assert sorted(got) == [0, 1, 2]
+    assert math.isnan(got[0]["r"]) and got[1]["r"] == math.inf and got[2]["r"] == -math.inf
+    assert got[0]["f"] == math.inf and got[1]["f"] == -math.inf and math.isnan(got[2]["f"])
+    assert [got[i]["n"] for i in range(3)] == specials

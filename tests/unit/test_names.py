@@ -1,7 +1,7 @@
 import pytest
 
-from cdc.catalog import parse_column_list, parse_table_name, quote_table_name
 from cdc.errors import RegistryError
+from cdc.names import parse_column_list, parse_table_name, quote_table_name
 
 
 @pytest.mark.parametrize(

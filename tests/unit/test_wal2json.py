@@ -91,7 +91,21 @@ def test_parse_array_malformed_raises() -> None:
 
 def test_array_converters_encode_elements_by_type() -> None:
     num = converter_for("numeric(10,2)[]")
-    assert num is not None and num("{1.50,NULL,NaN}") == ["1.50", None, None]
+    assert num is not None and num("{1.50,NULL,NaN,Infinity,-Infinity}") == [
+        "1.50",
+        None,
+        "NaN",
+        "Infinity",
+        "-Infinity",
+    ]
+    flt = converter_for("double precision[]")
+    assert flt is not None and flt("{1.5,NaN,Infinity,-Infinity,NULL}") == [
+        1.5,
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        None,
+    ]
     bools = converter_for("boolean[]")
     assert bools is not None and bools("{t,f}") == [True, False]
     byt = converter_for("bytea[]")
@@ -105,9 +119,27 @@ def test_text_converters_match_stream_encoding() -> None:
     assert text_converter_for("jsonb") is None
     assert text_converter_for("bigint")("9007199254740993") == 9007199254740993  # type: ignore[misc]
     assert text_converter_for("numeric(38,9)")("1.000000000") == "1.000000000"  # type: ignore[misc]
-    assert text_converter_for("numeric")("NaN") is None  # type: ignore[misc]
+    for special in ("NaN", "Infinity", "-Infinity"):  # never null (issue 9)
+        assert text_converter_for("numeric")(special) == special  # type: ignore[misc]
+        assert text_converter_for("real")(special) == special  # type: ignore[misc]
+        assert converter_for("double precision")(special) == special  # type: ignore[misc]
+        assert converter_for("numeric")(special) == special  # type: ignore[misc]
+    # numeric-data-types-as-string (wal2json 2.6+): numbers as strings of their text output
+    assert converter_for("double precision")("0.1") == 0.1  # type: ignore[misc]
+    assert converter_for("real")("3.4028235e+38") == 3.4028235e38  # type: ignore[misc]
+    assert converter_for("numeric")("1.000000000000000000001") == "1.000000000000000000001"  # type: ignore[misc]
+    assert converter_for("bigint", numeric_as_string=True)("9007199254740993") == 9007199254740993  # type: ignore[misc]
+    assert converter_for("bigint", numeric_as_string=True)(7) == 7  # type: ignore[misc]
+    assert converter_for("bigint") is None
     assert text_converter_for("boolean")("t") is True  # type: ignore[misc]
     assert text_converter_for("bytea")("\\x0102ff") == "0102ff"  # type: ignore[misc]
     assert text_converter_for("double precision")("1.5") == 1.5  # type: ignore[misc]
     assert converter_for("double precision")("1.5") == 1.5  # type: ignore[misc]
     assert converter_for("double precision")(2) == 2.0  # type: ignore[misc]
+
+
+def test_parse_array_keeps_characters_python_but_not_postgres_calls_space() -> None:
+    # Postgres quotes array elements only for its own white space (array_isspace): a non-breaking
+    # space or a unit separator at an element's edge comes unquoted and must be kept
+    assert parse_array("{\xa0a\xa0,\x1f,b\u3000}") == ["\xa0a\xa0", "\x1f", "b\u3000"]
+    assert parse_array("{ a , b }") == ["a", "b"]

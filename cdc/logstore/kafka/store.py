@@ -1,48 +1,4 @@
-"""The Kafka backend: kafka-python against any Kafka-protocol broker (Apache Kafka, Redpanda, Tansu).
-
-Mapping of the :class:`~cdc.logstore.LogStore` contract onto Kafka
--------------------------------------------------------------------
-* **Topics** are created through the admin API with every field of :class:`TopicConfig` as a topic
-  config: ``cleanup.policy`` (``compact`` or ``delete``), ``min.compaction.lag.ms``,
-  ``delete.retention.ms``, ``retention.ms`` and ``retention.bytes`` (``-1`` for "no limit", i.e.
-  ``None``). All five are always set, so :meth:`KafkaLogStore.topic` reads the same
-  :class:`TopicConfig` back (DescribeConfigs, every source). A broker that does not report one of
-  them (Tansu reports only what was set at creation, and a topic made by another tool has none)
-  falls back to :class:`TopicConfig`'s default for that field. Replication factor: the broker's
-  default (``-1``, KIP-464) unless ``replication_factor=`` says otherwise.
-* **Appends** are idempotent with acks=all. Every record is sent with an explicit partition:
-  ``Record.partition`` if set, otherwise :func:`~cdc.logstore.partition_for` of the key
-  (computed for a whole append at once by :func:`~cdc.logstore.partitioner.partitions_for`), so
-  placement is identical to the embedded backend whatever a client partitioner would do.
-  :meth:`KafkaLogStore.append_many` returns only when the broker acknowledged every record, and
-  returns the highest acknowledged offset per partition. The default ``producer="bulk"``
-  (:class:`~cdc.logstore._kafka_producer.BulkProducer`, in its own module with its record-batch
-  encoder) encodes each partition's records into whole v2 record batches carrying the producer
-  id, epoch and sequence numbers (InitProducerId, KIP-98) and sends them as pipelined
-  ProduceRequests with acks=-1; ``producer="kafka-python"`` uses ``KafkaProducer`` with
-  ``enable_idempotence=True, acks="all"``, ``send()`` per record, ``flush()`` and every future
-  resolved. A failed append drops the producer (a fresh producer id next time) and raises; any
-  subset of the batch may have been written (at least once).
-* **Reads** use a consumer without group membership (``assign`` + ``seek``, ``group_id=None``,
-  no auto commit, ``auto_offset_reset='none'``).
-* **End offsets** are *not* taken from ListOffsets alone: some brokers (Tansu) answer ListOffsets
-  LATEST with the last record *batch*'s base offset + 1. The reported value is only a lower
-  bound; the true end is the highwater mark of a fetch from ``reported - 1`` (which always has a
-  record on a correct broker and on Tansu), see :meth:`KafkaLogStore.end_offsets`.
-* **Consumer positions** are committed with OffsetCommit through the admin API under the group id
-  = consumer name, without joining the group (no JoinGroup, no rebalance, no heartbeats); offset
-  metadata is not used (Tansu returns it as None). A broker drops the committed offsets of a
-  deleted topic itself (Apache Kafka and Tansu both do).
-* **Compaction and retention** are the broker's job: :meth:`compact` and :meth:`enforce_retention`
-  return 0. Tansu stores ``cleanup.policy=compact`` but never compacts and never applies
-  retention, so on Tansu every record stays readable and start offsets stay 0.
-* **Failures**: a broker that is down or unreachable raises
-  :class:`~cdc.errors.BrokerUnavailableError` naming the bootstrap address within about
-  ``request_timeout_ms`` (10 s by default); never a hang. A topic that does not exist raises
-  :class:`~cdc.errors.UnknownTopicError` (checked through metadata before producing or reading,
-  because some brokers, Tansu included, create a topic on first use even when the client asks
-  them not to).
-"""
+"""The Kafka log store (:class:`KafkaLogStore`); its guarantees are in :mod:`cdc.logstore.kafka`."""
 
 from __future__ import annotations
 
@@ -70,7 +26,9 @@ from cdc.errors import (
     UnknownTopicError,
 )
 from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo
-from cdc.logstore._kafka_producer import BulkProducer, ProducerStateError, TopicRefusedError
+from cdc.logstore.kafka.options import KafkaOptions
+from cdc.logstore.kafka.producer import BulkProducer, ProducerStateError, TopicRefusedError
+from cdc.logstore.kafka.topic_config import config_from_kafka, config_to_kafka
 from cdc.logstore.partitioner import partitions_for
 
 __all__ = ["DEFAULT_PRODUCER_CONFIG", "KafkaLogStore"]
@@ -125,9 +83,11 @@ class KafkaLogStore(LogStore):
         bootstrap: str,
         *,
         writer: bool = False,
+        options: KafkaOptions | None = None,
         client_id: str = "cdc",
-        request_timeout_ms: int = 10_000,
+        request_timeout_ms: int | None = None,
         connect_timeout_ms: int = 10_000,
+        retry_max_s: float | None = None,
         replication_factor: int = -1,
         producer: str = "bulk",
         compression: str | None = "lz4",
@@ -135,20 +95,28 @@ class KafkaLogStore(LogStore):
         compaction_interval_s: float | None = None,
     ) -> None:
         """``producer``: ``"bulk"`` (default) writes whole record batches through
-        :class:`~cdc.logstore._kafka_producer.BulkProducer`; ``"kafka-python"`` uses
+        :class:`~cdc.logstore.kafka.producer.BulkProducer`; ``"kafka-python"`` uses
         ``KafkaProducer.send()`` per record with :data:`DEFAULT_PRODUCER_CONFIG` updated by
         ``producer_config``. Both are idempotent with acks=all. ``compression`` of the record
         batches: ``"lz4"`` (default: it costs the client less than it saves, and the broker stores
         and serves fewer bytes), None, ``"gzip"``, ``"snappy"`` or ``"zstd"`` (snappy and zstd need
         their Python package installed). ``compaction_interval_s`` is accepted for symmetry with
-        the embedded backend and ignored: the broker compacts on its own schedule."""
+        the embedded backend and ignored: the broker compacts on its own schedule.
+
+        ``options``: security (TLS, SASL) and retry settings, the ``[kafka]`` section
+        (:class:`~cdc.logstore.kafka.options.KafkaOptions`; default: plaintext, no authentication).
+        ``request_timeout_ms`` and ``retry_max_s``, when given, override the options' values."""
         if producer not in ("bulk", "kafka-python"):
             raise ValueError(f"producer must be 'bulk' or 'kafka-python', not {producer!r}")
         self.producer_kind = producer
         self.compression = compression
         self.bootstrap = bootstrap
         self.client_id = client_id
+        self.options = options if options is not None else KafkaOptions()
+        if request_timeout_ms is None:
+            request_timeout_ms = self.options.request_timeout_ms
         self.request_timeout_ms = request_timeout_ms
+        self.retry_max_s = self.options.retry_max_s if retry_max_s is None else retry_max_s
         self.connect_timeout_ms = connect_timeout_ms
         self.replication_factor = replication_factor
         self.producer_config = {
@@ -164,6 +132,7 @@ class KafkaLogStore(LogStore):
         self._cursor: tuple[TopicPartition, int] | None = None
         self._closed = False
         self._common: dict[str, Any] = {
+            **self.options.client_config(),
             "bootstrap_servers": bootstrap.split(","),
             "client_id": client_id,
             "request_timeout_ms": request_timeout_ms,
@@ -257,7 +226,7 @@ class KafkaLogStore(LogStore):
         with self._broker("describe configs"):
             described = self._admin.describe_configs(resources, config_filter="all")
         per_topic: dict[str, dict[str, Any]] = described.get("topic", {})
-        return {name: _config_from_kafka(per_topic.get(name, {}), self._partitions[name]) for name in topics}
+        return {name: config_from_kafka(per_topic.get(name, {}), self._partitions[name]) for name in topics}
 
     def _get_producer(self) -> Any:
         if self._producer is None:
@@ -271,6 +240,7 @@ class KafkaLogStore(LogStore):
                         max_request_bytes=8 * BATCH_BYTES,
                         max_in_flight=4,
                         compression=self.compression,
+                        retry_max_s=self.retry_max_s,
                     )
                 else:
                     cfg = dict(self.producer_config)
@@ -282,7 +252,11 @@ class KafkaLogStore(LogStore):
                         enable_idempotence=True,
                         allow_auto_create_topics=False,
                         max_block_ms=self.request_timeout_ms,
-                        delivery_timeout_ms=self.request_timeout_ms + linger + 1000,
+                        # kafka-python retries transient errors itself (idempotent) until then
+                        delivery_timeout_ms=self.request_timeout_ms
+                        + linger
+                        + 1000
+                        + int(self.retry_max_s * 1000),
                     )
         return self._producer
 
@@ -318,7 +292,7 @@ class KafkaLogStore(LogStore):
             name,
             config.partitions,
             self.replication_factor,
-            topic_configs=_config_to_kafka(config),
+            topic_configs=config_to_kafka(config),
         )
         try:
             with self._broker("create topic", name):
@@ -439,15 +413,26 @@ class KafkaLogStore(LogStore):
         return result
 
     def _append_bulk(self, grouped: Mapping[TopicPartition, list[Record]]) -> dict[TopicPartition, int]:
-        leaders = {tp: self._leaders[tp.topic][tp.partition] for tp in grouped}
+        topics = sorted({tp.topic for tp in grouped})
+
+        def leaders(refresh: bool) -> dict[TopicPartition, int]:
+            if refresh:  # after a failure: the leader may have moved
+                self._describe(topics)
+            return {tp: self._leaders[tp.topic][tp.partition] for tp in grouped}
+
         producer: BulkProducer = self._get_producer()
         try:
             try:
-                return producer.produce(grouped, leaders)
+                last = producer.produce(grouped, leaders)
             except ProducerStateError:
-                return producer.produce(grouped, leaders)
+                last = producer.produce(grouped, leaders)
         except TopicRefusedError as exc:  # deleted since this store looked it up
             raise self._unknown(exc.topic) from None
+        unknown = [tp for tp, offset in last.items() if offset is None]
+        ends = self._bounds(unknown)[1] if unknown else {}
+        # a last batch the broker answered as a duplicate (written before a dropped connection):
+        # its last offset is the partition's end - 1 (one writer per topic)
+        return {tp: ends[tp] - 1 if offset is None else offset for tp, offset in last.items()}
 
     def _append_kafka_python(
         self, grouped: Mapping[TopicPartition, list[Record]]
@@ -683,49 +668,6 @@ class KafkaLogStore(LogStore):
             if client is not None:
                 with contextlib.suppress(Exception):
                     client.close()
-
-
-def _config_to_kafka(config: TopicConfig) -> dict[str, str]:
-    return {
-        "cleanup.policy": "compact" if config.compacted else "delete",
-        "min.compaction.lag.ms": str(config.min_compaction_lag_ms),
-        "delete.retention.ms": str(config.delete_retention_ms),
-        "retention.ms": str(-1 if config.retention_ms is None else config.retention_ms),
-        "retention.bytes": str(-1 if config.retention_bytes is None else config.retention_bytes),
-    }
-
-
-def _config_from_kafka(entries: Mapping[str, Any], partitions: int) -> TopicConfig:
-    """Read TopicConfig back from DescribeConfigs entries; a missing entry takes the default."""
-    default = TopicConfig()
-
-    def value(name: str) -> str | None:
-        entry = entries.get(name)
-        if entry is None:
-            return None
-        v = entry.get("value") if isinstance(entry, Mapping) else entry
-        return None if v is None else str(v)
-
-    def integer(name: str, fallback: int) -> int:
-        v = value(name)
-        return fallback if v is None else int(v)
-
-    def optional(name: str, fallback: int | None) -> int | None:
-        v = value(name)
-        if v is None:
-            return fallback
-        n = int(v)
-        return None if n < 0 else n
-
-    policy = value("cleanup.policy")
-    return TopicConfig(
-        partitions=partitions,
-        compacted=default.compacted if policy is None else "compact" in policy.split(","),
-        min_compaction_lag_ms=integer("min.compaction.lag.ms", default.min_compaction_lag_ms),
-        delete_retention_ms=integer("delete.retention.ms", default.delete_retention_ms),
-        retention_ms=optional("retention.ms", default.retention_ms),
-        retention_bytes=optional("retention.bytes", default.retention_bytes),
-    )
 
 
 def _stored(r: Any) -> StoredRecord:

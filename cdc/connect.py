@@ -1,0 +1,206 @@
+"""Connecting to the source: the one place that opens Postgres connections and classifies failures.
+
+* :func:`connect`: an ordinary psycopg 3 connection (autocommit by default).
+* :func:`connect_replication`: a psycopg2 ``LogicalReplicationConnection`` (psycopg 3 has no
+  replication protocol).
+
+Both use a connect timeout (:data:`CONNECT_TIMEOUT_S`), check the DSN parses first, and never
+raise anything but a :class:`~cdc.errors.CdcError` whose message holds no password: a DSN that does
+not parse is a :class:`~cdc.errors.DsnError` (psycopg's own text of that error quotes the whole DSN,
+so it is never shown); any other failure goes through :func:`classify`.
+
+:func:`classify` sorts an exception into *permanent* (:class:`~cdc.errors.SourcePermanentError`:
+authentication, privilege, a missing database or table -- exit 2, fail fast) or *transient*
+(:class:`~cdc.errors.SourceUnavailableError`: refused, unreachable, timed out, dropped, restarting --
+the long-running reader retries those for ``retry_max_s``). After a connection is established the
+server's SQLSTATE decides (``psycopg.errors`` / psycopg2 ``pgcode``). libpq reports a failure
+*while connecting* without a SQLSTATE, so there a TCP probe decides: a server that cannot be
+reached is transient; a server that answered and refused the session is permanent, except for the
+server states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many
+connections), which libpq only reports as text.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from cdc.config import parse_dsn, redact_dsn, redact_text
+from cdc.errors import (
+    CdcError,
+    DsnError,
+    SourceAuthError,
+    SourceError,
+    SourceMissingError,
+    SourcePermanentError,
+    SourcePrivilegeError,
+    SourceUnavailableError,
+)
+
+CONNECT_TIMEOUT_S = 10
+
+_CONNECT_FIX = (
+    "check CDC_SOURCE / --source (host, port, database, user, password) and that the server "
+    "accepts this client in pg_hba.conf"
+)
+
+#: SQLSTATE classes and codes that are worth retrying: connection exceptions, operator
+#: intervention (admin/crash shutdown, cannot connect now), insufficient resources, the slot held
+#: by a walsender that is still going away (55006 object_in_use), serialization failures.
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "57", "53")
+_TRANSIENT_SQLSTATES = frozenset({"55006", "40001", "40P01"})
+_AUTH_SQLSTATES = frozenset({"28P01", "28000"})
+_MISSING_SQLSTATES = frozenset({"3D000", "3F000", "42P01", "42704"})
+
+#: libpq's text for server states that refuse a session for now (it gives no SQLSTATE while
+#: connecting): 57P03 cannot_connect_now, 53300 too_many_connections.
+_TRANSIENT_STARTUP = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "too many connections",
+    "remaining connection slots are reserved",
+)
+
+
+def connect(
+    dsn: str,
+    *,
+    application_name: str = "cdc",
+    options: str | None = None,
+    autocommit: bool = True,
+) -> psycopg.Connection[Any]:
+    """A psycopg 3 connection to the source, or a classified :class:`SourceError` (see
+    :func:`classify`) that does not show the password."""
+    params = parse_dsn(dsn)
+    kwargs: dict[str, Any] = {"application_name": application_name}
+    if "connect_timeout" not in params:
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    if options is not None:
+        kwargs["options"] = options
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, **kwargs)
+    except psycopg.Error as exc:
+        raise classify(exc, dsn, connecting=True) from None
+
+
+def connect_replication(dsn: str, *, application_name: str = "cdc-reader", options: str | None = None) -> Any:
+    """A psycopg2 ``LogicalReplicationConnection`` with a connect timeout, or a classified
+    :class:`SourceError`."""
+    params = parse_dsn(dsn)
+    kwargs: dict[str, Any] = {"application_name": application_name}
+    if "connect_timeout" not in params:
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    if options is not None:
+        kwargs["options"] = options
+    try:
+        return psycopg2.connect(
+            dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs
+        )
+    except psycopg2.Error as exc:
+        raise classify(exc, dsn, connecting=True) from None
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg 3 or psycopg2 error, if the server sent one."""
+    if isinstance(exc, psycopg.Error):
+        return exc.sqlstate
+    if isinstance(exc, psycopg2.Error):
+        code: str | None = exc.pgcode
+        return code
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying ``exc`` may help (see the module docstring). CdcErrors say it by class."""
+    if isinstance(exc, SourceUnavailableError):
+        return True
+    if isinstance(exc, CdcError):
+        return False
+    code = sqlstate(exc)
+    if code:
+        return code.startswith(_TRANSIENT_SQLSTATE_CLASSES) or code in _TRANSIENT_SQLSTATES
+    # no SQLSTATE: the link broke (server closed the connection, SSL SYSCALL, timeout, a closed
+    # connection used) -- psycopg 3 OperationalError, psycopg2 OperationalError/InterfaceError, and
+    # the bare psycopg2 DatabaseError that replication commands raise when the walsender goes away
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    return type(exc) is psycopg2.DatabaseError
+
+
+def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> SourceError:
+    """A :class:`SourceError` for a psycopg 3 / psycopg2 error: permanent or transient, with the
+    server's text redacted (never the password, never the raw DSN)."""
+    shown = redact_dsn(dsn)
+    detail = redact_text(str(exc).strip(), dsn)
+    code = sqlstate(exc)
+    values: dict[str, Any] = {"source": shown, "sqlstate": code}
+    if code in _AUTH_SQLSTATES:
+        return SourceAuthError(
+            f"cannot connect to the source {shown}: the server refused the login: {detail}",
+            fix=_CONNECT_FIX,
+            **values,
+        )
+    if code == "42501":
+        return SourcePrivilegeError(
+            f"the source role lacks a privilege: {detail}",
+            fix="grant the role what `cdc check` lists (SELECT on the registered tables, REPLICATION)",
+            **values,
+        )
+    if code in _MISSING_SQLSTATES:
+        return SourceMissingError(
+            f"the source has no such object: {detail}",
+            fix="check the database name in the DSN and the registered tables (`cdc tables list`)",
+            **values,
+        )
+    if connecting and code is None:
+        if not _reachable(dsn) or any(s in detail for s in _TRANSIENT_STARTUP):
+            return SourceUnavailableError(
+                f"cannot connect to the source {shown} (it cannot be reached): {detail}",
+                fix="check that the server is up and reachable from here (host, port, firewall)",
+                **values,
+            )
+        return SourceAuthError(
+            f"cannot connect to the source {shown}: the server refused the connection: {detail}",
+            fix=_CONNECT_FIX + "; the database and the role must exist",
+            **values,
+        )
+    if is_transient(exc):
+        return SourceUnavailableError(
+            f"lost the connection to the source {shown}: {detail}",
+            fix="check that the source is up and reachable",
+            **values,
+        )
+    return SourcePermanentError(f"the source refused an operation: {detail}", fix=None, **values)
+
+
+def _reachable(dsn: str, timeout: float = 3.0) -> bool:
+    """Whether some host of the DSN accepts a TCP (or Unix-socket) connection on its port."""
+    try:
+        params: Mapping[str, str] = parse_dsn(dsn)
+    except DsnError:
+        return False
+    hosts = (params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = (params.get("port") or "5432").split(",")
+    for i, host in enumerate(hosts):
+        port = int(ports[i] if i < len(ports) else ports[-1] or 5432)
+        try:
+            if host.startswith("/"):
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(timeout)
+                    s.connect(f"{host}/.s.PGSQL.{port}")
+            else:
+                socket.create_connection((host, port), timeout=timeout).close()
+        except (OSError, ValueError):
+            continue
+        return True
+    return False

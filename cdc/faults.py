@@ -1,0 +1,110 @@
+"""Fault-injection points for tests: one place that lists every point the product code offers.
+
+Product code calls ``faults.point(name, arg, action)`` at a named place -- on the :class:`Faults` it
+was handed (e.g. ``ApplyOptions.faults``), or the module's :func:`point` for the process-wide installed
+set; nothing happens unless a test enabled that point. Points are enabled from ``CDC_FAULTS``, read
+only at a process's entry point (``cdc apply`` parses it with :meth:`Faults.parse` and passes the
+result on), never deep in the code. The value is a
+comma-separated list of ``NAME[:ARG]``; ``ARG`` is the point's parameter (for the batch points: the
+micro-batch id at which the fault fires), e.g. ``CDC_FAULTS=apply.after_sink:3``.
+
+Points (:data:`POINTS`):
+
+* ``apply.after_sink:N`` -- in the apply job, after the first sink applied micro-batch N and before
+  the other sinks finish and Spark checkpoints it: kill -9 of the JVM and the driver (a crash between
+  a sink write and the checkpoint). The job writes ``cdc-fault: apply.after_sink`` to stderr first.
+
+A point fires by calling the action given to :func:`point` (the caller knows how to crash its own
+process); :func:`point` returns whether the point is enabled for that argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from cdc.errors import ConfigError
+
+__all__ = ["ENV", "POINTS", "Faults", "enabled", "install", "install_from_env", "point"]
+
+ENV = "CDC_FAULTS"
+
+#: every fault-injection point: name -> what it does (see the module docstring)
+POINTS: dict[str, str] = {
+    "apply.after_sink": "kill -9 of the apply job after the first sink applied micro-batch ARG",
+}
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The enabled points: name -> argument (None for a point without one)."""
+
+    points: Mapping[str, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: str) -> Faults:
+        """``NAME[:ARG],...`` -> Faults; a ConfigError names an unknown point or a bad argument."""
+        out: dict[str, int | None] = {}
+        for item in (p.strip() for p in raw.split(",")):
+            if not item:
+                continue
+            name, sep, arg = item.partition(":")
+            if name not in POINTS:
+                raise ConfigError(
+                    f"{ENV}: unknown fault-injection point {name!r}",
+                    fix=f"use one of {sorted(POINTS)} (or unset {ENV})",
+                )
+            try:
+                out[name] = int(arg) if sep else None
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{ENV}: the argument of {name} must be an integer, got {arg!r}",
+                    fix=f"e.g. {ENV}={name}:3",
+                ) from exc
+        return cls(out)
+
+    def arg(self, name: str) -> int | None:
+        return self.points.get(name)
+
+    def on(self, name: str, arg: int | None = None) -> bool:
+        """Whether ``name`` is enabled (and, when the point has an argument, for ``arg``)."""
+        if name not in self.points:
+            return False
+        want = self.points[name]
+        return want is None or want == arg
+
+    def point(self, name: str, arg: int | None = None, action: Callable[[], None] | None = None) -> bool:
+        """A fault-injection point: when ``name`` is enabled (for ``arg``), run ``action``. Returns
+        whether it fired. ``name`` must be listed in :data:`POINTS`."""
+        assert name in POINTS, name
+        if not self.on(name, arg):
+            return False
+        if action is not None:
+            action()
+        return True
+
+
+_installed = Faults()
+
+
+def install(faults: Faults) -> None:
+    """Enable ``faults`` for this process (the entry point calls it once)."""
+    global _installed
+    _installed = faults
+
+
+def install_from_env(environ: Mapping[str, str]) -> Faults:
+    """Parse ``CDC_FAULTS`` from ``environ`` (entry points only) and install it."""
+    faults = Faults.parse(environ.get(ENV, ""))
+    install(faults)
+    return faults
+
+
+def enabled() -> Faults:
+    """The installed faults (to pass on explicitly, e.g. into a job's options)."""
+    return _installed
+
+
+def point(name: str, arg: int | None = None, action: Callable[[], None] | None = None) -> bool:
+    """:meth:`Faults.point` of the installed faults (code that is handed no :class:`Faults`)."""
+    return _installed.point(name, arg, action)

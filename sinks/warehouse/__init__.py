@@ -1,0 +1,351 @@
+"""The warehouse sink: per registered table a current-state and a history Delta table (``deltalake``).
+
+The tables, their meta columns, the guarantees of :meth:`WarehouseSink.apply` and what a batch costs
+are described in ``docs/warehouse.md``. Parts: :mod:`.layout` (meta columns, paths, options, bucket
+clustering), :mod:`.plan` (the decisions -- which events apply, what closes each history row, which
+rows the current and tombstone tables get -- pure Arrow, for both batch forms), :mod:`.per_event` and
+:mod:`.columnar` (the source rows of each batch form, from the plan) and :mod:`.delta` (the Delta
+merges and reads).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+
+from cdc.errors import ApplyError
+from cdc.registry import TableReg
+from sinks import ChangeBatch, ChangeEvent, Rejection, Sink
+from sinks import types as T
+from sinks.warehouse import evolve, per_event
+from sinks.warehouse.columnar import ColumnarApply
+from sinks.warehouse.delta import arrow_schema, layout_of, not_applied, read_all, ts_literal
+from sinks.warehouse.layout import (
+    BUCKET,
+    CURRENT_META,
+    END_LSN,
+    END_OP,
+    END_SEQ,
+    HISTORY_META,
+    HISTORY_RESERVED,
+    IS_CURRENT,
+    KEY,
+    LAYOUT_CONF,
+    LSN,
+    META_PREFIX,
+    OP,
+    SEQ,
+    TOMBSTONES,
+    TRUNCATE_MARKER,
+    TS,
+    VALID_FROM,
+    VALID_TO,
+    Layout,
+    WarehouseOptions,
+    bucket_of,
+    table_paths,
+)
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
+
+__all__ = [
+    "BUCKET",
+    "DROPPED_CONF",
+    "END_LSN",
+    "END_OP",
+    "END_SEQ",
+    "IS_CURRENT",
+    "KEY",
+    "LSN",
+    "OP",
+    "SEQ",
+    "TRUNCATE_MARKER",
+    "TS",
+    "VALID_FROM",
+    "VALID_TO",
+    "Layout",
+    "WarehouseOptions",
+    "WarehouseSink",
+    "bucket_of",
+    "table_paths",
+]
+
+
+class WarehouseSink(Sink):
+    """Delta Lake current-state + history tables per registered table (see the module docstring).
+
+    Not thread-safe; one writer per table at a time (the apply job). ``last_metrics`` holds the merge
+    metrics of the last :meth:`apply` per table kind (``current``/``history``): delta-rs's
+    ``num_target_files_removed``/``_added`` (files rewritten), ``num_target_rows_updated``/``_inserted``/
+    ``_deleted``, ``execution_time_ms``.
+
+    Memory is proportional to the batch (Python rows, then Arrow): load a large table in batches of
+    ~100k events. Measured costs: ``docs/benchmarks/apply.md``.
+    """
+
+    name = "warehouse"
+
+    def __init__(self, state_dir: Path, options: WarehouseOptions | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.options = options or WarehouseOptions()
+        self.last_metrics: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WarehouseSink:
+        return cls(Path(settings.state_dir), WarehouseOptions.from_settings(settings))
+
+    def paths(self, reg: TableReg) -> tuple[Path, Path, Path]:
+        """``(current, history, tombstones)`` paths of a table."""
+        return table_paths(self.state_dir, reg)
+
+    # -- apply ---------------------------------------------------------------------------------------
+    def reject(self, batch: ChangeBatch) -> list[Rejection]:
+        """The events holding a value a Delta column cannot store (:func:`sinks.types.unstorable`):
+        a BC date, a year past 9999, a numeric NaN/Infinity or too many digits for ``numeric(p,s)``.
+        Also every non-null value of a column whose type changed at the source in a way the stored
+        column cannot hold (:func:`.evolve.changes`). Writes nothing; reads only the current table's
+        schema. See :meth:`sinks.Sink.reject`."""
+        reg = batch.table
+        types = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
+        bad: dict[int, list[str]] = {}
+        # a type changed at the source that the stored column cannot hold: every non-null value of it
+        _widened, refused = evolve.changes(reg, evolve.stored_types(self.paths(reg)[0]))
+        for name in refused:
+            types.pop(name, None)
+        if refused:
+            if batch.columns is not None:
+                after = batch.columns.table.column("after").combine_chunks()
+                names = set(after.type.names) if len(after) else set()
+                for name, why in refused.items():
+                    if name in names:
+                        valid = pc.is_valid(pc.struct_field(after, [name])).to_pylist()
+                        for i, ok in enumerate(valid):
+                            if ok:
+                                bad.setdefault(i, []).append(why)
+            else:
+                for i, ev in enumerate(ev for ev in batch.events if ev.after):
+                    for name, why in refused.items():
+                        if ev.after is not None and ev.after.get(name) is not None:
+                            bad.setdefault(i, []).append(why)
+        if batch.columns is not None:
+            t = batch.columns.table
+            after = t.column("after").combine_chunks()
+            names = set(after.type.names) if len(after) else set()
+            for name, pg in types.items():
+                if name not in names:
+                    continue
+                try:
+                    batch.columns.stored_values(name, pg)  # converted once, kept for apply
+                except ApplyError:
+                    for i, why in T.unstorable_json(pc.struct_field(after, [name]), pg).items():
+                        bad.setdefault(i, []).append(f"column {name}: {why}")
+            if not bad:
+                return []
+            parts = t.column("partition").to_pylist()
+            offs = t.column("offset").to_pylist()
+            positions = [(parts[i], offs[i]) for i in sorted(bad)]
+        else:
+            rows = [ev for ev in batch.events if ev.after]
+            for name, pg in types.items():
+                values = [ev.after.get(name) if ev.after else None for ev in rows]
+                for i, why in T.unstorable(values, pg).items():
+                    bad.setdefault(i, []).append(f"column {name}: {why}")
+            if not bad:
+                return []
+            positions = [(rows[i].partition, rows[i].offset) for i in sorted(bad)]
+        return [Rejection(p, o, "; ".join(bad[i])) for (p, o), i in zip(positions, sorted(bad), strict=True)]
+
+    def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
+        """See :class:`sinks.Sink` and the module docstring. An empty batch writes nothing."""
+        reg = batch.table
+        self.last_metrics = {}
+        if not len(batch):
+            return
+        cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
+        columns = _columns(reg, batch.events if cols is None else ())
+        cur_path, hist_path, tomb_path = self.paths(reg)
+        stored = evolve.stored_types(cur_path) or {}
+        widened, refused = evolve.changes(reg, stored)
+        for name in refused:  # its non-null values were rejected: the stored type stays
+            columns[name] = evolve.pg_type_of(stored[name]) or columns[name]
+        if widened:  # a safe type change at the source: cast the stored column, once
+            for path in (hist_path, cur_path):
+                if DeltaTable.is_deltatable(str(path)):
+                    evolve.widen(path, widened)
+        current = self._ensure(
+            cur_path,
+            columns,
+            CURRENT_META,
+            lambda: Layout.choose(reg, self.options, lambda: _key_values(batch)),
+        )
+        layout = layout_of(current)
+        history = self._ensure(hist_path, columns, HISTORY_META, lambda: layout)
+        tombs = self._ensure(tomb_path, {}, TOMBSTONES, lambda: layout)
+        current = _mark_dropped(current, reg)
+        history = _mark_dropped(history, reg)
+        if layout_of(history) != layout or layout_of(tombs) != layout:
+            raise ApplyError(
+                f"the warehouse tables of {reg.qualified} disagree on their layout (cdc.layout)",
+                fix=f"delete {cur_path.parent}/{cur_path.name}* and re-snapshot the table",
+            )
+        todo = [
+            (name, table)
+            for name, table in (("history", history), ("current", current), ("tombstones", tombs))
+            if not_applied(table, app_id, batch_id)
+        ]
+        if not todo:
+            return
+        commit = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
+        if cols is not None:
+            fast = ColumnarApply(reg, cols, columns, layout, tombs)
+            for name, _table in todo:
+                if name == "history":
+                    self.last_metrics["history"] = fast.history(history, commit)
+                elif name == "current":
+                    self.last_metrics["current"] = fast.current(current, commit)
+                else:
+                    fast.tombstones(tombs, commit)
+            self._maintain_after(reg, batch_id)
+            return
+        ctx = per_event.BatchContext(reg, batch, columns, layout, tombs)
+        for name, _table in todo:
+            if name == "history":
+                self.last_metrics["history"] = per_event.apply_history(ctx, history, commit)
+            elif name == "current":
+                self.last_metrics["current"] = per_event.apply_current(ctx, current, history, commit)
+            else:
+                per_event.apply_tombstones(ctx, tombs, commit)
+        self._maintain_after(reg, batch_id)
+
+    def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
+        every = self.options.maintain_every
+        if every and batch_id > 0 and batch_id % every == 0:
+            self.maintain(reg)
+
+    def _ensure(
+        self, path: Path, columns: dict[str, str | None], meta: pa.Schema, layout: Callable[[], Layout]
+    ) -> DeltaTable:
+        """Open the table, creating it (with the layout ``layout()`` gives) or adding missing columns
+        (old rows null)."""
+        wanted = pa.schema([*meta, *((n, T.arrow_type(t or "text")) for n, t in columns.items())])
+        if not DeltaTable.is_deltatable(str(path)):
+            path.mkdir(parents=True, exist_ok=True)
+            return DeltaTable.create(
+                str(path),
+                wanted,
+                mode="ignore",
+                partition_by=[BUCKET],
+                configuration={LAYOUT_CONF: layout().conf()},
+                raise_if_key_not_exists=False,
+            )
+        table = DeltaTable(str(path))
+        have = set(arrow_schema(table).names)
+        missing = [f for f in wanted if f.name not in have]
+        if missing:
+            table.alter.add_columns(list(Schema.from_arrow(pa.schema(missing)).fields))
+            table = DeltaTable(str(path))
+        return table
+
+    # -- maintenance ---------------------------------------------------------------------------------
+    def maintain(
+        self, reg: TableReg, *, compact: bool = True, vacuum_retention_hours: int | None = None
+    ) -> dict[str, Any]:
+        """Keep a table's Delta tables healthy: purge tombstones older than the retention, compact small
+        files (``optimize.compact``) and vacuum files unreferenced for ``vacuum_retention_hours``
+        (default from the options). Safe to run between batches; never changes what a reader sees.
+        Returns per table ``{"compacted": metrics, "vacuumed": n_files}``."""
+        retention = (
+            self.options.vacuum_retention_hours if vacuum_retention_hours is None else vacuum_retention_hours
+        )
+        out: dict[str, Any] = {}
+        cur_path, hist_path, tomb_path = self.paths(reg)
+        if DeltaTable.is_deltatable(str(tomb_path)):
+            cutoff_ms = int((time.time() - self.options.tombstone_retention_hours * 3600) * 1000)
+            DeltaTable(str(tomb_path)).delete(f"deleted_at < {ts_literal(cutoff_ms)}")
+        for name, path in (("current", cur_path), ("history", hist_path), ("tombstones", tomb_path)):
+            if not DeltaTable.is_deltatable(str(path)):
+                continue
+            table = DeltaTable(str(path))
+            entry: dict[str, Any] = {}
+            if compact:
+                entry["compacted"] = table.optimize.compact(target_size=self.options.target_file_size)
+            table = DeltaTable(str(path))
+            entry["vacuumed"] = len(
+                table.vacuum(retention_hours=retention, dry_run=False, enforce_retention_duration=False)
+            )
+            out[name] = entry
+        return out
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def current_rows(self, reg: TableReg, *, meta: bool = True) -> pa.Table:
+        """The current state of ``reg`` (one row per live key). ``meta=False`` drops the ``_cdc_*``
+        columns. ApplyError when the table was never applied."""
+        return read_all(self.paths(reg)[0], reg, meta)
+
+    def history_rows(self, reg: TableReg, *, meta: bool = True) -> pa.Table:
+        """Every history row of ``reg`` (see the module docstring for the meta columns)."""
+        return read_all(self.paths(reg)[1], reg, meta)
+
+    def tombstone_rows(self, reg: TableReg) -> pa.Table:
+        """The internal tombstones (key_json, version, deleted_at); for tests and debugging."""
+        return read_all(self.paths(reg)[2], reg, True)
+
+    def close(self) -> None:
+        return None
+
+
+def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | None]:
+    """Data columns in order: the registration's (without the excluded ones), then any new ones seen in
+    events (type unknown)."""
+    cols: dict[str, str | None] = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
+    # dropped at the source: kept in the warehouse, null from then on (docs/schema-changes.md)
+    dropped_types = reg.extra.get("dropped_types", {})
+    for name in reg.dropped_columns:
+        if name not in cols and name not in reg.exclude:
+            cols[name] = dropped_types.get(name)
+    for ev in events:
+        for src in (ev.after, ev.before):
+            if src:
+                for name in src:
+                    if name not in cols:
+                        cols[name] = None
+        for name in ev.unavailable:
+            if name not in cols:
+                cols[name] = None
+    bad = [c for c in cols if c.startswith(META_PREFIX) or c in HISTORY_RESERVED]
+    if bad:
+        raise ApplyError(
+            f"{reg.qualified} has columns {bad} that clash with the warehouse's meta columns "
+            f"({META_PREFIX}*, {', '.join(HISTORY_RESERVED)})",
+            fix="exclude them (`cdc tables add ... --exclude COL`) or rename them at the source",
+        )
+    return cols
+
+
+#: Delta table property listing the columns dropped at the source (kept, null from then on)
+DROPPED_CONF = "cdc.dropped_columns"
+
+
+def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
+    """Record the registration's dropped columns in the table's configuration (``cdc.dropped_columns``,
+    comma-separated) when it says otherwise."""
+    want = ",".join(reg.dropped_columns)
+    if table.metadata().configuration.get(DROPPED_CONF, "") == want:
+        return table
+    table.alter.set_table_properties({DROPPED_CONF: want}, raise_if_not_exists=False)
+    return DeltaTable(table.table_uri)
+
+
+def _key_values(batch: ChangeBatch) -> list[Any]:
+    """The values of the first key column in a batch (for :meth:`Layout.choose`)."""
+    col = batch.table.key[0]
+    if batch.columns is not None:
+        return list(pc.struct_field(batch.columns.table.column("key").combine_chunks(), [col]).to_pylist())
+    return [ev.key.get(col) for ev in batch.events if ev.op != "t"]

@@ -1,0 +1,293 @@
+"""The warehouse's Delta writes and reads (``deltalake``): the merges of the three tables, each one
+commit carrying the batch's app transaction, and the bucket-pruned reads the writes need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.table import TableMerger
+
+from cdc.errors import ApplyError
+from cdc.events import Version
+from cdc.registry import TableReg
+from sinks.warehouse.layout import (
+    BUCKET,
+    END_LSN,
+    END_OP,
+    END_SEQ,
+    HISTORY_META,
+    IS_CURRENT,
+    KEY,
+    LAYOUT_CONF,
+    LSN,
+    OP,
+    SEQ,
+    SRC_KIND,
+    TRUNCATE_MARKER,
+    VALID_TO,
+    Layout,
+)
+from sinks.warehouse.plan import Stored, versions_of
+
+#: a TRUNCATE as the Delta writes take it: its version and source commit time (ms)
+Truncate = tuple[Version, int]
+
+
+def _q(name: str) -> str:
+    """A quoted identifier for delta-rs (DataFusion) SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _col(alias: str, name: str) -> str:
+    return f"{alias}.{_q(name)}"
+
+
+def _newer(a: str, b: str) -> str:
+    """SQL: version of alias ``a`` is strictly newer than version of alias ``b``."""
+    return (
+        f"({_col(a, LSN)} > {_col(b, LSN)} OR "
+        f"({_col(a, LSN)} = {_col(b, LSN)} AND {_col(a, SEQ)} > {_col(b, SEQ)}))"
+    )
+
+
+def _older_than(alias: str, v: Version) -> str:
+    return f"({_col(alias, LSN)} < {v.commit_lsn} OR ({_col(alias, LSN)} = {v.commit_lsn} AND {_col(alias, SEQ)} < {v.seq}))"
+
+
+def ts_literal(ms: int) -> str:
+    return f"arrow_cast({ms * 1000}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+def _in_list(alias: str, column: str, values: Iterable[int]) -> str:
+    return f"{_col(alias, column)} IN ({', '.join(str(v) for v in sorted(set(values)))})"
+
+
+def _merger(table: DeltaTable, source: pa.Table, predicate: str, commit: CommitProperties) -> TableMerger:
+    """A merge of ``source`` (alias ``s``) into ``table`` (alias ``t``), committed with ``commit``."""
+    return table.merge(
+        source, predicate, source_alias="s", target_alias="t", streamed_exec=False, commit_properties=commit
+    )
+
+
+def write_tombstones(tombs: DeltaTable, source: pa.Table, commit: CommitProperties) -> None:
+    """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
+    pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
+        "t", BUCKET, source.column(BUCKET).unique().to_pylist()
+    )
+    newer = "(s.commit_lsn > t.commit_lsn OR (s.commit_lsn = t.commit_lsn AND s.seq > t.seq))"
+    (
+        _merger(tombs, source, pred, commit)
+        .when_matched_update_all(predicate=newer)
+        .when_not_matched_insert_all()
+        .execute()
+    )
+
+
+def write_history(
+    history: DeltaTable,
+    source: pa.Table,
+    match: Iterable[int] | None,
+    truncates: Sequence[Truncate],
+    commit: CommitProperties,
+) -> dict[str, Any]:
+    """Write the history's source rows in one commit: ``close`` rows (``SRC_KIND``) close the stored
+    open row of the same key and version, ``new`` rows are inserted unless a row of that version is
+    stored; the batch's truncates close every open row older than them. ``match``: the buckets that
+    can hold a row to match (None: any, as with truncates); when empty, the new rows are appended."""
+    target_cols = arrow_schema(history).names
+    predicate = (
+        f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
+        f" AND {_col('t', SEQ)} = {_col('s', SEQ)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
+    )
+    if match is not None:
+        match = set(match)
+        if not match:  # only new keys: a plain append, one commit with the app transaction
+            write_deltalake(
+                history,
+                source.drop_columns([SRC_KIND]).select(target_cols),
+                mode="append",
+                commit_properties=commit,
+            )
+            return {
+                "num_target_files_removed": 0,
+                "num_target_rows_inserted": source.num_rows,
+                "appended": True,
+            }
+        predicate += " AND " + _in_list("t", BUCKET, match)
+    merger = _merger(history, source, predicate, commit)
+    close_cols = (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP)
+    merger = merger.when_matched_update(
+        {c: _col("s", c) for c in close_cols}, predicate=f"{_col('s', SRC_KIND)} = 'close'"
+    ).when_not_matched_insert(
+        {c: _col("s", c) for c in target_cols}, predicate=f"{_col('s', SRC_KIND)} = 'new'"
+    )
+    if truncates:
+        merger = merger.when_not_matched_by_source_update(
+            _truncate_close_updates(truncates),
+            predicate=f"{_col('t', IS_CURRENT)} AND {_older_than('t', truncates[-1][0])}",
+        )
+    return dict(merger.execute())
+
+
+def write_current(
+    current: DeltaTable, source: pa.Table, trunc: Version | None, commit: CommitProperties
+) -> dict[str, Any]:
+    """Merge the current table's source rows (every column of the table; ``_cdc_op`` 'd' for a delete,
+    each already version-guarded against tombstones) in one commit; ``trunc``: the batch's newest
+    TRUNCATE. Only the buckets of keys with a current row are read and rewritten; with none, the
+    upserts are appended."""
+    schema = source.schema
+    predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
+    if trunc is None:
+        # only the buckets of keys that have a current row can hold a match; a row of an absent key
+        # is an insert (its version guard against deletes/truncates was applied by the caller)
+        keys = source.column(KEY)
+        present = read_rows(
+            current, keys.to_pylist(), source.column(BUCKET).unique().to_pylist(), columns=[KEY]
+        )
+        hit = pc.is_in(keys, value_set=present.column(KEY).cast(pa.string()))
+        match = source.column(BUCKET).filter(hit).unique().to_pylist()
+        if not match:  # only absent keys: append their upserts (a delete of an absent key is a no-op)
+            ups = source.filter(pc.not_equal(source.column(OP), "d"))
+            if ups.num_rows == 0:
+                return {}  # nothing to write: a replay computes the same nothing
+            write_deltalake(current, ups, mode="append", commit_properties=commit)
+            return {"num_target_files_removed": 0, "num_target_rows_inserted": ups.num_rows, "appended": True}
+        predicate += " AND " + _in_list("t", BUCKET, match)
+    merger = _merger(current, source, predicate, commit)
+    merger = (
+        merger.when_matched_delete(predicate=f"{_col('s', OP)} = 'd' AND {_newer('s', 't')}")
+        .when_matched_update(
+            {c: _col("s", c) for c in schema.names},
+            predicate=f"{_col('s', OP)} <> 'd' AND {_newer('s', 't')}",
+        )
+        .when_not_matched_insert({c: _col("s", c) for c in schema.names}, predicate=f"{_col('s', OP)} <> 'd'")
+    )
+    if trunc is not None:
+        merger = merger.when_not_matched_by_source_delete(predicate=_older_than("t", trunc))
+    return dict(merger.execute())
+
+
+def _truncate_close_updates(truncates: Sequence[Truncate]) -> dict[str, str]:
+    """Updates closing an open history row at the first truncate newer than it (CASE over truncates)."""
+
+    def case(value: Any) -> str:
+        arms = " ".join(f"WHEN {_older_than('t', v)} THEN {value(v, ts)}" for v, ts in truncates)
+        return f"CASE {arms} END"
+
+    return {
+        VALID_TO: case(lambda v, ts: ts_literal(ts)),
+        IS_CURRENT: "false",
+        END_LSN: case(lambda v, ts: str(v.commit_lsn)),
+        END_SEQ: case(lambda v, ts: str(v.seq)),
+        END_OP: "'t'",
+    }
+
+
+def not_applied(table: DeltaTable, app_id: str, batch_id: int) -> bool:
+    """Whether the table has no commit of ``(app_id, batch_id)`` or later (batch ids start at 0)."""
+    done = table.transaction_version(app_id)
+    return done is None or done < batch_id
+
+
+def layout_of(table: DeltaTable) -> Layout:
+    raw = table.metadata().configuration.get(LAYOUT_CONF)
+    try:
+        if raw is not None:
+            return Layout.parse(raw)
+    except ValueError:
+        pass
+    raise ApplyError(
+        f"{table.table_uri} was not created by cdc (no valid {LAYOUT_CONF} in its configuration)",
+        fix="move it aside and re-snapshot the table",
+    )
+
+
+def read_rows(
+    table: DeltaTable,
+    keys: Sequence[str],
+    buckets: Iterable[int],
+    *,
+    key: str = KEY,
+    extra_filter: pc.Expression | None = None,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """Rows of the given keys (only ``columns`` when given), reading only the files of ``buckets``
+    (which must hold every bucket of ``keys``)."""
+    if not keys:
+        empty = arrow_schema(table).empty_table()
+        return empty.select(columns) if columns else empty
+    ds = table.to_pyarrow_dataset()
+    # partition pruning by bucket; the key filter runs in memory (delta-rs writes some string columns
+    # as string_view, which pyarrow's statistics pruning cannot compare with a string literal)
+    flt = pc.field(BUCKET).isin(sorted(set(buckets)))
+    got = ds.to_table(filter=flt, columns=columns)
+    mask = pc.is_in(got[key].cast(pa.string()), value_set=pa.array(list(keys), pa.string()))
+    if extra_filter is not None:
+        got = got.filter(mask)
+        return got.filter(extra_filter)
+    return got.filter(mask)
+
+
+def cast_to_field(f: pa.Field, types: dict[str, str | None], arr: pa.Array) -> pa.Array:
+    """A column's converted values in the table's type (a type changed at the source: ApplyError)."""
+    if arr.type != f.type:
+        try:
+            arr = arr.cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ApplyError(
+                f"column {f.name} is {f.type} in the warehouse but the source now sends {types[f.name]}",
+                fix="a column's type changed at the source: move the warehouse tables aside and re-snapshot",
+                column=f.name,
+            ) from exc
+    return arr
+
+
+def read_all(path: Path, reg: TableReg, meta: bool) -> pa.Table:
+    if not DeltaTable.is_deltatable(str(path)):
+        raise ApplyError(
+            f"{reg.qualified} has no warehouse table at {path} yet",
+            fix="run the apply job (`cdc apply --once`) after the table's snapshot",
+            table=reg.qualified,
+        )
+    table = DeltaTable(str(path)).to_pyarrow_table()
+    if not meta:
+        table = table.select([n for n in table.column_names if n not in HISTORY_META.names])
+    return table
+
+
+def arrow_schema(table: DeltaTable) -> pa.Schema:
+    """The table's schema as a pyarrow schema (deltalake returns an arro3 schema)."""
+    return pa.schema(table.schema().to_arrow())
+
+
+def stored_guards(tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int]) -> Stored:
+    """The tombstones table's state for ``keys`` (their buckets given): each key's tombstone version
+    and the TRUNCATE marker, as the plan's :class:`Stored` (no open rows yet)."""
+    key_list = keys.to_pylist()
+    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, 0], key="key_json")
+    is_marker = pc.equal(tomb.column("key_json").cast(pa.string()), TRUNCATE_MARKER)
+    marker = tomb.filter(is_marker)
+    m = (-1, -1)
+    if marker.num_rows:
+        m = (int(marker.column("commit_lsn")[0].as_py()), int(marker.column("seq")[0].as_py()))
+    t_lsn, t_seq = versions_of(keys, tomb.filter(pc.invert(is_marker)), "key_json", "commit_lsn", "seq")
+    none = np.full(len(key_list), -1, dtype=np.int64)
+    return Stored(t_lsn, t_seq, none, none, m)
+
+
+def open_rows(
+    history: DeltaTable, keys: pa.Array, buckets: Iterable[int]
+) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The history's rows of ``keys`` (meta columns a close row needs) and, per key, the version of
+    its open row ((-1, -1): none)."""
+    stored = read_rows(history, keys.to_pylist(), buckets, columns=[KEY, BUCKET, LSN, SEQ, IS_CURRENT])
+    open_ = stored.filter(pc.equal(stored.column(IS_CURRENT), True))
+    o_lsn, o_seq = versions_of(keys, open_, KEY, LSN, SEQ)
+    return stored, o_lsn, o_seq

@@ -1,0 +1,203 @@
+"""The warehouse's schema and layout: meta columns, table paths, options and bucket clustering.
+
+See ``docs/warehouse.md`` for the tables and what each meta column means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from cdc.errors import ApplyError, ConfigError
+from cdc.logstore.partitioner import murmur2, partition_array
+from cdc.registry import TableReg, warehouse_paths
+from sinks import types as T
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
+
+KEY = "_cdc_key"
+BUCKET = "_cdc_bucket"
+LSN = "_cdc_commit_lsn"
+SEQ = "_cdc_seq"
+TS = "_cdc_ts"
+OP = "_cdc_op"
+VALID_FROM = "valid_from"
+VALID_TO = "valid_to"
+IS_CURRENT = "is_current"
+HISTORY_RESERVED = (VALID_FROM, VALID_TO, IS_CURRENT)
+END_LSN = "_cdc_end_commit_lsn"
+END_SEQ = "_cdc_end_seq"
+END_OP = "_cdc_end_op"
+META_PREFIX = "_cdc_"
+TRUNCATE_MARKER = "*"
+LAYOUT_CONF = "cdc.layout"  # "range:<width>" or "hash:<buckets>"
+INT_KEY_TYPES = frozenset({"smallint", "integer", "bigint"})
+SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
+
+TS_TYPE = pa.timestamp("us", tz="UTC")
+CURRENT_META = pa.schema(
+    [
+        (KEY, pa.string()),
+        (BUCKET, pa.int64()),
+        (LSN, pa.int64()),
+        (SEQ, pa.int64()),
+        (TS, TS_TYPE),
+        (OP, pa.string()),
+    ]
+)
+HISTORY_META = pa.schema(
+    [
+        *CURRENT_META,
+        (VALID_FROM, TS_TYPE),
+        (VALID_TO, TS_TYPE),
+        (IS_CURRENT, pa.bool_()),
+        (END_LSN, pa.int64()),
+        (END_SEQ, pa.int64()),
+        (END_OP, pa.string()),
+    ]
+)
+TOMBSTONES = pa.schema(
+    [
+        ("key_json", pa.string()),
+        (BUCKET, pa.int64()),
+        ("commit_lsn", pa.int64()),
+        ("seq", pa.int64()),
+        ("deleted_at", TS_TYPE),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class WarehouseOptions:
+    """Tuning of the warehouse sink; from ``[warehouse]`` in cdc.toml (``Settings.extra``).
+
+    ``clustering`` (``auto``, ``range``, ``hash``), ``range_width`` and ``buckets`` choose the
+    :class:`Layout` of tables created afterwards (an existing table keeps the layout it was created
+    with, stored in its configuration ``cdc.layout``). ``maintain_every``: run :meth:`WarehouseSink.maintain`
+    on a table after every K-th batch id (0: never). ``vacuum_retention_hours``: files unreferenced for
+    longer are deleted by vacuum (keep it above the longest reader/Spark batch). ``tombstone_retention_hours``:
+    how long a delete's version guards against older late events."""
+
+    buckets: int = 16
+    clustering: str = "auto"
+    range_width: int = 65_536
+    tombstone_retention_hours: float = 7 * 24
+    maintain_every: int = 100
+    vacuum_retention_hours: int = 7 * 24
+    target_file_size: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WarehouseOptions:
+        raw = settings.extra.get("warehouse", {}) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                "[warehouse] in cdc.toml must be a table", fix="write [warehouse] then key = value lines"
+            )
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(raw) - known
+        if unknown:
+            raise ConfigError(
+                f"unknown [warehouse] settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
+            )
+        opts = cls(**raw)
+        if (
+            opts.buckets < 1
+            or opts.range_width < 1
+            or opts.clustering not in ("auto", "range", "hash")
+            or opts.maintain_every < 0
+            or opts.tombstone_retention_hours < 0
+        ):
+            raise ConfigError(
+                f"invalid [warehouse] settings {raw}",
+                fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
+                "maintain_every >= 0, tombstone_retention_hours >= 0",
+            )
+        return opts
+
+
+def table_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path, Path]:
+    """``(current, history, tombstones)``: ``<state>/warehouse/<schema>/<table>``, ``...__history`` and
+    ``...__tombstones`` (characters outside ``[A-Za-z0-9._-]`` replaced by ``_``, as in topic names).
+    The first two are :func:`cdc.registry.warehouse_paths` (one computation of the paths)."""
+    current, history = warehouse_paths(Path(state_dir), reg)
+    return current, history, current.with_name(f"{current.name}__tombstones")
+
+
+def bucket_of(key_json: str, buckets: int) -> int:
+    """The bucket of a key: ``(murmur2(key bytes) & 0x7fffffff) % buckets`` (stable, Kafka's hash)."""
+    return (murmur2(key_json.encode()) & 0x7FFFFFFF) % buckets
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a table's rows are clustered into ``_cdc_bucket`` partitions (a table keeps the layout it
+    was created with, in its configuration ``cdc.layout``).
+
+    * ``range`` (width W): a single integer key column; bucket = ``key // W`` (Iceberg's
+      ``truncate[W]``). Neighbouring keys share files, so the usual CDC pattern -- recent rows change
+      -- rewrites only the newest buckets' files.
+    * ``hash`` (N buckets): ``murmur2(_cdc_key) % N`` (Iceberg's ``bucket[N]``); any key type. A batch
+      of K keys touches ``min(N, ~K)`` buckets wherever its keys are.
+    """
+
+    mode: str
+    size: int
+
+    def conf(self) -> str:
+        return f"{self.mode}:{self.size}"
+
+    @classmethod
+    def parse(cls, raw: str) -> Layout:
+        mode, _, size = raw.partition(":")
+        if mode not in ("range", "hash") or not size.isdigit() or int(size) < 1:
+            raise ValueError(raw)
+        return cls(mode, int(size))
+
+    @classmethod
+    def choose(
+        cls, reg: TableReg, options: WarehouseOptions, key_values: Callable[[], Sequence[Any]]
+    ) -> Layout:
+        """The layout of a new table. ``auto``: range for a single integer key column unless the first
+        batch's keys are sparse (fewer than 1 key per 64 key values, e.g. snowflake ids: range buckets
+        would hold a row or two each), else hash. ``key_values()``: the first batch's values of the key
+        column."""
+        hashed = cls("hash", options.buckets)
+        types = {c.name: T.base_type(c.type) for c in reg.columns}
+        int_key = len(reg.key) == 1 and types.get(reg.key[0]) in INT_KEY_TYPES
+        if options.clustering == "hash" or not int_key:
+            if options.clustering == "range":
+                raise ApplyError(
+                    f'[warehouse] clustering = "range" needs a single integer key; {reg.qualified} has '
+                    f"key {list(reg.key)}",
+                    fix='use clustering = "auto" or "hash"',
+                    table=reg.qualified,
+                )
+            return hashed
+        ranged = cls("range", options.range_width)
+        if options.clustering == "range":
+            return ranged
+        values = [v for v in key_values() if type(v) is int]
+        if len(values) > 1 and max(values) - min(values) + 1 > 64 * len(set(values)):
+            return hashed
+        return ranged
+
+    def buckets(self, reg: TableReg, keys: Sequence[str], key_values: Sequence[Any]) -> np.ndarray:
+        """The bucket of each key (int64), given each key's value of the first key column (what the
+        range layout divides)."""
+        if self.mode == "hash":
+            return partition_array([k.encode() for k in keys], self.size)
+        bad = next((k for k, v in zip(keys, key_values, strict=True) if type(v) is not int), None)
+        if bad is not None:
+            raise ApplyError(
+                f"{reg.qualified}: key {bad} is not an integer, but the warehouse table is range-clustered on it",
+                fix="check the registration's key column against the source",
+                key=bad,
+            )
+        out: np.ndarray = np.floor_divide(np.asarray(key_values, dtype=np.int64), self.size)
+        return out

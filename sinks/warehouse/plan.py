@@ -1,0 +1,237 @@
+"""The warehouse's apply plan: which events of a batch apply, what closes each history row, which rows
+the current and tombstone tables get -- decided once, on columns, for both batch forms.
+
+Pure Arrow/numpy in, row positions out; no Delta (tested alone, like pyiceberg's ``upsert_util``).
+Input: the batch's events as an Arrow table (:func:`events_table` for the per-event form;
+:class:`sinks.columnar.Columns` already is one) and the stored state before the batch
+(:class:`Stored`: each key's tombstone, the last TRUNCATE, each key's open history row). The rules
+(``docs/warehouse.md``): an event applies when it is newer than its key's tombstone, the last
+TRUNCATE (stored, or earlier in the batch), the key's open history row and the key's previous applied
+event (a repeat of a version counts once); each applied upsert opens a history row, closed by the
+key's next applied event or by a TRUNCATE newer than it that comes first; the stored open row is
+closed the same way by the key's first applied event or a TRUNCATE; the current table takes each
+key's newest event when newer than the last TRUNCATE and (for an upsert) than the key's tombstone;
+the tombstones take each key's newest event when it is a delete, and the last TRUNCATE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sinks import ChangeEvent
+from sinks.columnar import key_starts
+
+__all__ = ["NONE", "HistoryPlan", "Plan", "Stored", "events_table", "ranks", "versions_of"]
+
+NONE = -1  #: "no row" in an index array
+
+#: the columns the plan reads (``idx``: position of the event in the caller's list, optional)
+EVENT_COLUMNS = ("key_json", "op", "commit_lsn", "seq", "ts_ms", "partition", "offset")
+
+
+def events_table(events: Sequence[ChangeEvent]) -> pa.Table:
+    """The per-event form of a batch as the plan's Arrow table (``idx``: position in ``events``)."""
+    return pa.table(
+        {
+            "key_json": pa.array([e.key_json for e in events], pa.string()),
+            "op": pa.array([e.op for e in events], pa.string()),
+            "commit_lsn": pa.array([e.version.commit_lsn for e in events], pa.int64()),
+            "seq": pa.array([e.version.seq for e in events], pa.int64()),
+            "ts_ms": pa.array([e.ts_ms for e in events], pa.int64()),
+            "partition": pa.array([e.partition for e in events], pa.int32()),
+            "offset": pa.array([e.offset for e in events], pa.int64()),
+            "idx": pa.array(np.arange(len(events), dtype=np.int64)),
+        }
+    )
+
+
+def ranks(lsn: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Dense ranks of versions ``(lsn, seq)``: equal versions get equal ranks, order is kept."""
+    n = len(lsn)
+    out = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return out
+    order = np.lexsort((seq, lsn))
+    ls, ss = lsn[order], seq[order]
+    step = np.zeros(n, dtype=np.int64)
+    step[1:] = (ls[1:] != ls[:-1]) | (ss[1:] != ss[:-1])
+    out[order] = np.cumsum(step)
+    return out
+
+
+def versions_of(
+    keys: pa.Array, table: pa.Table, key: str, lsn: str, seq: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per key, the version held in ``table`` (one row per key), (-1, -1) where it holds none."""
+    n = len(keys)
+    out_lsn = np.full(n, -1, dtype=np.int64)
+    out_seq = np.full(n, -1, dtype=np.int64)
+    if table.num_rows:
+        idx = pc.index_in(keys, value_set=table.column(key).combine_chunks().cast(pa.string()))
+        found = pc.is_valid(idx).to_numpy(zero_copy_only=False)
+        if found.any():
+            at = idx.filter(pc.is_valid(idx))
+            out_lsn[found] = table.column(lsn).take(at).to_numpy()
+            out_seq[found] = table.column(seq).take(at).to_numpy()
+    return out_lsn, out_seq
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The stored state before the batch, per key of :attr:`Plan.keys` (-1: none): the tombstone's
+    version, the open history row's version; and the last TRUNCATE's version."""
+
+    tomb_lsn: np.ndarray
+    tomb_seq: np.ndarray
+    open_lsn: np.ndarray
+    open_seq: np.ndarray
+    marker: tuple[int, int] = (-1, -1)
+
+    @classmethod
+    def empty(cls, n_keys: int) -> Stored:
+        none = np.full(n_keys, -1, dtype=np.int64)
+        return cls(none, none, none, none)
+
+    def with_open(self, open_lsn: np.ndarray, open_seq: np.ndarray) -> Stored:
+        return Stored(self.tomb_lsn, self.tomb_seq, open_lsn, open_seq, self.marker)
+
+
+class Plan:
+    """The decisions for one table's batch. ``t``: the non-TRUNCATE events sorted by key, then version,
+    partition, offset (row positions below index it); ``truncates``: the batch's TRUNCATEs, one per
+    version, in version order (columns ``commit_lsn``, ``seq``, ``ts_ms``)."""
+
+    def __init__(self, events: pa.Table) -> None:
+        is_t = pc.equal(events.column("op"), "t")
+        t = events.filter(pc.invert(is_t))
+        by_key = pc.sort_indices(
+            t, sort_keys=[(c, "ascending") for c in ("key_json", "commit_lsn", "seq", "partition", "offset")]
+        )
+        self.t = t.take(by_key)
+        #: the position in ``events`` of each row of :attr:`t`
+        self.order = np.flatnonzero(~is_t.to_numpy(zero_copy_only=False))[by_key.to_numpy()]
+        tr = events.filter(is_t).select(["commit_lsn", "seq", "ts_ms"])
+        tr = tr.take(pc.sort_indices(tr, sort_keys=[("commit_lsn", "ascending"), ("seq", "ascending")]))
+        if tr.num_rows:
+            lsn, seq = tr.column("commit_lsn").to_numpy(), tr.column("seq").to_numpy()
+            first = np.ones(tr.num_rows, dtype=bool)
+            first[1:] = (lsn[1:] != lsn[:-1]) | (seq[1:] != seq[:-1])
+            tr = tr.filter(pa.array(first))
+        self.truncates = tr
+        n = self.t.num_rows
+        key = self.t.column("key_json").combine_chunks()
+        self.lsn = self.t.column("commit_lsn").to_numpy()
+        self.seq = self.t.column("seq").to_numpy()
+        self.is_delete = pc.equal(self.t.column("op"), "d").to_numpy(zero_copy_only=False)
+        first = key_starts(key)
+        self.first_of_key = first
+        self.last_of_key = np.ones(n, dtype=bool)
+        self.last_of_key[:-1] = first[1:]
+        self.key_of_row = np.cumsum(first) - 1
+        self.keys = key.filter(pa.array(first))
+        self.first_of_version = first.copy()
+        self.first_of_version[1:] |= (self.lsn[1:] != self.lsn[:-1]) | (self.seq[1:] != self.seq[:-1])
+
+    # -- decisions -----------------------------------------------------------------------------------
+    def _ranks(self, stored: Stored) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Ranks of: the events, the truncates, each key's tombstone-or-marker guard, each key's open
+        row (-1 none) -- all in one version order."""
+        n, k = self.t.num_rows, len(self.keys)
+        t_lsn = self.truncates.column("commit_lsn").to_numpy()
+        t_seq = self.truncates.column("seq").to_numpy()
+        m = len(t_lsn)
+        lsn = np.concatenate([self.lsn, t_lsn, stored.tomb_lsn, stored.open_lsn, [stored.marker[0], -1]])
+        seq = np.concatenate([self.seq, t_seq, stored.tomb_seq, stored.open_seq, [stored.marker[1], -1]])
+        r = ranks(lsn.astype(np.int64), seq.astype(np.int64))
+        none = r[-1]  # the rank of (-1, -1): "nothing stored"
+        r = r - none  # nothing stored -> 0, every real version > 0
+        ev, tr = r[:n], r[n : n + m]
+        tomb, open_ = r[n + m : n + m + k], r[n + m + k : n + m + 2 * k]
+        guard = np.maximum(tomb, r[-2])
+        return ev, tr, guard, np.where(open_ > 0, open_, -1), open_ > 0
+
+    def history(self, stored: Stored) -> HistoryPlan:
+        """Which events open history rows, and what closes them and the stored open rows."""
+        ev, tr, guard, open_rank, has_open = self._ranks(stored)
+        key = self.key_of_row
+        # the last truncate at or before each event (equal: the truncate comes first and wins)
+        t_le = np.searchsorted(tr, ev, side="right") - 1
+        max_t = np.where(t_le >= 0, tr[np.maximum(t_le, 0)] if len(tr) else 0, 0)
+        key_guard = np.maximum(guard, np.maximum(open_rank, 0))
+        applied = self.first_of_version & (ev > key_guard[key]) & (ev > max_t)
+        s = np.flatnonzero(applied)
+        s_key = key[s]
+        nxt = np.full(len(s), NONE)
+        same = np.zeros(len(s), dtype=bool)
+        same[:-1] = s_key[1:] == s_key[:-1]
+        nxt[:-1] = np.where(same[:-1], s[1:], NONE)
+        # first truncate strictly newer than each applied event
+        t_gt = np.searchsorted(tr, ev[s], side="right")
+        has_t = t_gt < len(tr)
+        t_rank = np.where(has_t, tr[np.minimum(t_gt, max(len(tr) - 1, 0))] if len(tr) else 0, 0)
+        by_t = has_t & ((nxt == NONE) | (t_rank < ev[np.maximum(nxt, 0)]))
+        up = ~self.is_delete[s]
+        new = s[up]
+        new_next = np.where(by_t[up], NONE, nxt[up])
+        new_trunc = np.where(by_t[up], t_gt[up], NONE)
+        # the stored open rows: closed by the key's first applied event, or a truncate newer than them
+        first_applied = np.ones(len(s), dtype=bool)
+        first_applied[1:] = s_key[1:] != s_key[:-1]
+        first_ev = np.full(len(self.keys), NONE)
+        first_ev[s_key[first_applied]] = s[first_applied]
+        o_t = np.searchsorted(tr, open_rank, side="right")
+        o_has_t = has_open & (o_t < len(tr))
+        o_t_rank = np.where(o_has_t, tr[np.minimum(o_t, max(len(tr) - 1, 0))] if len(tr) else 0, 0)
+        o_by_t = o_has_t & ((first_ev == NONE) | (o_t_rank < ev[np.maximum(first_ev, 0)]))
+        o_by_ev = has_open & ~o_by_t & (first_ev != NONE)
+        closed_keys = np.flatnonzero(o_by_t | o_by_ev)
+        return HistoryPlan(
+            applied=s,
+            new=new,
+            new_next=new_next,
+            new_truncate=new_trunc,
+            closed_keys=closed_keys,
+            close_event=np.where(o_by_ev[closed_keys], first_ev[closed_keys], NONE),
+            close_truncate=np.where(o_by_t[closed_keys], o_t[closed_keys], NONE),
+        )
+
+    def current(self, stored: Stored) -> np.ndarray:
+        """Rows for the current table: each key's newest event, when newer than the batch's last
+        TRUNCATE and -- for an upsert -- than the key's tombstone and the stored TRUNCATE."""
+        ev, tr, guard, _, _ = self._ranks(stored)
+        last = np.flatnonzero(self.last_of_key)
+        keep = self.is_delete[last] | (ev[last] > guard[self.key_of_row[last]])
+        if len(tr):
+            keep &= ev[last] > tr[-1]
+        out: np.ndarray = last[keep]
+        return out
+
+    def tombstones(self) -> np.ndarray:
+        """Rows for the tombstones table: each key's newest event when it is a delete (the last
+        TRUNCATE is ``truncates[-1]``)."""
+        out: np.ndarray = np.flatnonzero(self.last_of_key & self.is_delete)
+        return out
+
+
+@dataclass(frozen=True)
+class HistoryPlan:
+    """Row positions (into :attr:`Plan.t`) of the history's writes.
+
+    ``applied``: every applied event, in key then version order. ``new``: the applied upserts (each
+    opens a row); ``new_next[i]``: the row closing ``new[i]`` (NONE: none), or ``new_truncate[i]``: the
+    position in :attr:`Plan.truncates` of the TRUNCATE closing it. ``closed_keys``: the keys (positions
+    in :attr:`Plan.keys`) whose stored open row is closed, by ``close_event`` (a row) or
+    ``close_truncate`` (a truncate), one of them NONE."""
+
+    applied: np.ndarray
+    new: np.ndarray
+    new_next: np.ndarray
+    new_truncate: np.ndarray
+    closed_keys: np.ndarray
+    close_event: np.ndarray
+    close_truncate: np.ndarray

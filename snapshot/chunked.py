@@ -1,0 +1,825 @@
+"""Chunked snapshots while streaming (DBLog, arXiv 2010.12597; Debezium's incremental snapshots).
+
+Every snapshot after the initial one (a table registered later, ``cdc snapshot SCHEMA.TABLE``, the
+recovery after a lost slot) reads the table in primary-key chunks while the stream of every table
+goes on. The design, the version rule and the resume state are in ``docs/snapshots.md``; in short:
+
+* The table is streamed from the moment its snapshot starts (it is in wal2json's ``add-tables``,
+  together with the watermark table); no stream change of it is dropped.
+* A chunk is a key range ``(lo, hi]``. The driver (:class:`ChunkDriver`, a thread per session)
+  writes a low watermark (LW) to the watermark table, reads the chunk in a REPEATABLE READ
+  transaction S, hands the rows to the :class:`ChunkTracker`, writes a high watermark (HW).
+* The stream loop calls :meth:`ChunkTracker.watermark` for changes of the watermark table and
+  :meth:`ChunkTracker.saw` for the events of tables under snapshot. Between LW and HW a chunk row
+  is dropped when the stream carried an event for its key (or one of S's invisible transactions did,
+  just before LW); at HW the remaining rows are emitted as ``op=r`` with version
+  ``(commit LSN of HW, 0)``: above every change S saw, below every change after HW.
+* Progress (:class:`ChunkProgress`) is in the registry; a chunk counts as done once its rows are
+  durable in the log store (the stream confirmed past HW). After kill -9 the snapshot resumes after
+  the last done chunk.
+* A full snapshot ends with a TRUNCATE marker at version ``(floor - 1, 0)`` (``floor``: the commit
+  LSN of the run's first LW): sinks remove every row older than it, i.e. keys the source no longer
+  has whose delete never reached the topic (a lost slot, an earlier killed snapshot).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc.config import Settings
+from cdc.errors import ConfigError, SourceError
+from cdc.events import TRUNCATE_KEY_FIELD, encode_key
+from cdc.logstore import LogStore, Record
+from cdc.names import parse_table_name
+from cdc.reader.envelope import TableCodec
+from cdc.reader.wal2json import Message
+from cdc.registry import Alignment, Column, Registry, TableReg
+from snapshot.encode import RowEncoder, copy_query, read_csv_batches
+from snapshot.where import parse_where, where_sql
+
+__all__ = [
+    "ChunkDriver",
+    "ChunkProgress",
+    "ChunkTracker",
+    "SnapshotOptions",
+    "check_watermark_table",
+    "ensure_watermark_table",
+    "load_progress",
+    "progress_view",
+]
+
+
+# --- options -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SnapshotOptions:
+    """``[snapshot]`` of ``cdc.toml``."""
+
+    chunk_size: int = 8192
+    parallel_chunks: int = 1
+    watermark_table: str = "public.cdc_watermark"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SnapshotOptions:
+        raw = settings.extra.get("snapshot", {}) or {}
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_mapping(cls, raw: Any) -> SnapshotOptions:
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                "[snapshot] must be a table", fix="write [snapshot] on its own line in cdc.toml"
+            )
+        unknown = set(raw) - {"chunk_size", "parallel_chunks", "watermark_table"}
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) in [snapshot]: {sorted(unknown)}",
+                fix="[snapshot] takes chunk_size, parallel_chunks, watermark_table",
+            )
+        kwargs: dict[str, Any] = {}
+        for name in ("chunk_size", "parallel_chunks"):
+            if name in raw:
+                v = raw[name]
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ConfigError(
+                        f"[snapshot] {name} must be a positive integer, got {v!r}",
+                        fix=f"set [snapshot] {name} = 8192 (or another integer >= 1)",
+                    )
+                kwargs[name] = v
+        if "watermark_table" in raw:
+            v = raw["watermark_table"]
+            if not isinstance(v, str):
+                raise ConfigError(
+                    f"[snapshot] watermark_table must be a string, got {v!r}",
+                    fix='set [snapshot] watermark_table = "public.cdc_watermark"',
+                )
+            parse_table_name(v)  # raises with a fix when malformed
+            kwargs["watermark_table"] = v
+        return cls(**kwargs)
+
+    @property
+    def watermark(self) -> tuple[str, str]:
+        return parse_table_name(self.watermark_table)
+
+
+def watermark_ddl(schema: str, table: str) -> sql.Composed:
+    return sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, mark text NOT NULL, "
+        "written_at timestamptz NOT NULL DEFAULT now())"
+    ).format(sql.Identifier(schema, table))
+
+
+def ensure_watermark_table(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
+    """Create the watermark table if it does not exist; True if it was created. A role that may not
+    create it gets a SourceError with the DDL a DBA can run (or ``cdc check --fix``)."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        [schema, table],
+    ).fetchone()
+    if row is not None:
+        return False
+    ddl = watermark_ddl(schema, table)
+    try:
+        conn.execute(ddl)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise SourceError(
+            f"the watermark table {schema}.{table} does not exist and this role may not create it",
+            fix=f"have a DBA run: {ddl.as_string(conn)}; GRANT INSERT, UPDATE, SELECT ON it to the cdc role "
+            "(or run `cdc check --fix` as a role that may)",
+            table=f"{schema}.{table}",
+        ) from exc
+    return True
+
+
+_WATERMARK_STATE = """
+SELECT c.oid IS NOT NULL,
+       coalesce(has_table_privilege(c.oid, 'INSERT') AND has_table_privilege(c.oid, 'UPDATE')
+                AND has_table_privilege(c.oid, 'SELECT'), false),
+       coalesce(has_schema_privilege(n.oid, 'CREATE'), false),
+       n.oid IS NOT NULL,
+       coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}')
+FROM (SELECT 1) one
+LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = %(schema)s
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = %(table)s
+"""
+
+
+def check_watermark_table(
+    conn: psycopg.Connection[Any], schema: str, table: str
+) -> tuple[str, str, str] | None:
+    """``cdc check``'s view of the watermark table: None when usable (or missing but ``cdc run``
+    may create it), else ``(severity, message, fix)``."""
+    row = conn.execute(_WATERMARK_STATE, {"schema": schema, "table": table}).fetchone()
+    assert row is not None
+    exists, writable, can_create, schema_exists, columns = row
+    ddl = watermark_ddl(schema, table).as_string(conn)
+    what = (
+        f"the watermark table {schema}.{table} (two small writes per chunk of a chunked snapshot: tables "
+        "registered later, `cdc snapshot`, recovery after a lost slot)"
+    )
+    if not exists:
+        if schema_exists and can_create:
+            return None
+        return (
+            "warning",
+            f"{what} does not exist and this role may not create it",
+            f"run `cdc check --fix` as a role that may, or have a DBA run: {ddl}; "
+            f"GRANT SELECT, INSERT, UPDATE ON {schema}.{table} TO <the cdc role>",
+        )
+    if not {"slot", "mark"} <= set(columns):
+        return (
+            "error",
+            f"{what} exists but lacks the columns slot and mark (it has {', '.join(columns)})",
+            f"point [snapshot] watermark_table at another table, or drop this one and run `cdc check --fix`: {ddl}",
+        )
+    if not writable:
+        return (
+            "error",
+            f"{what} exists but this role may not SELECT, INSERT and UPDATE it",
+            f"GRANT SELECT, INSERT, UPDATE ON {schema}.{table} TO <the cdc role>",
+        )
+    return None
+
+
+# --- progress (durable, in the registry) --------------------------------------------------------
+def progress_key(schema: str, table: str) -> str:
+    return "chunked:" + orjson.dumps([schema, table]).decode()
+
+
+def missing_key(schema: str, table: str) -> str:
+    """Registry state key set (to the epoch seconds it was noticed) while a registered table does
+    not exist at the source (dropped or renamed); the capture of the other tables goes on."""
+    return "source_missing:" + orjson.dumps([schema, table]).decode()
+
+
+def refused_key(schema: str, table: str) -> str:
+    """Registry state key (JSON ``{"reason", "fix"}``) of a registered table the capture refuses
+    because its key columns are gone at the source (dropped or renamed)."""
+    return "schema_refused:" + orjson.dumps([schema, table]).decode()
+
+
+def request_key(schema: str, table: str) -> str:
+    """Registry state key of a pending ``cdc snapshot --where`` request (JSON ``{"where": ...}``)."""
+    return "snapshot_request:" + orjson.dumps([schema, table]).decode()
+
+
+@dataclass
+class ChunkProgress:
+    """Resume state of one table's chunked snapshot (registry state ``chunked:[schema, table]``).
+
+    ``after``: the key (text values, key-column order) of the last done chunk's upper bound; None
+    before the first. ``floor``: the commit LSN of the run's first LW. ``full``: no ``--where``
+    (ends with the TRUNCATE marker). ``done``: every chunk is durable.
+    """
+
+    run: str
+    full: bool = True
+    where: str | None = None
+    after: list[str] | None = None
+    chunks: int = 0
+    rows: int = 0
+    read: int = 0
+    floor: int | None = None
+    last_lsn: int | None = None
+    estimate: int = 0
+    chunk_size: int = 8192
+    started: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    done: bool = False
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> ChunkProgress:
+        body = orjson.loads(text)
+        return cls(**{k: v for k, v in body.items() if k in cls.__dataclass_fields__})
+
+
+def load_progress(registry: Registry, schema: str, table: str) -> ChunkProgress | None:
+    raw = registry.get_state(progress_key(schema, table))
+    return ChunkProgress.from_json(raw) if raw else None
+
+
+def save_progress(registry: Registry, schema: str, table: str, progress: ChunkProgress) -> None:
+    registry.set_state(progress_key(schema, table), progress.to_json())
+
+
+def progress_view(progress: ChunkProgress | None) -> dict[str, Any] | None:
+    """What ``cdc tables list`` shows: chunks done and left (from the row estimate), rows, the rate
+    (rows read per second since the run started) and the ETA in seconds (None when unknown)."""
+    if progress is None:
+        return None
+    elapsed = max(progress.updated - progress.started, 1e-6)
+    rate = progress.read / elapsed if progress.read else 0.0
+    left_rows = max(progress.estimate - progress.read, 0)
+    left = 0 if progress.done else max(-(-left_rows // max(progress.chunk_size, 1)), 1)
+    return {
+        "run": progress.run,
+        "done": progress.done,
+        "chunks_done": progress.chunks,
+        "chunks_left": left,
+        "rows_read": progress.read,
+        "rows_written": progress.rows,
+        "estimate": progress.estimate,
+        "rate": round(rate, 1),
+        "eta_s": None if progress.done or not rate else round(left_rows / rate, 1),
+        "where": progress.where,
+    }
+
+
+# --- the tracker: windows in the stream ------------------------------------------------------------
+#: events of a table under snapshot remembered before a window opens (see docs/snapshots.md)
+LOOKBACK = 4096
+#: how an event with every column ends (:mod:`cdc.reader.envelope`: ``unavailable`` comes last)
+_COMPLETE = b'"unavailable":[]}'
+#: reads of one chunk at most, when a dropped row's change lacked a TOASTed column
+MAX_CHUNK_READS = 3
+
+
+@dataclass(eq=False)
+class _Window:
+    nonce: str
+    topic: str
+    codec: TableCodec
+    rows: list[tuple[bytes, bytes]] | None = None
+    last: bool = False
+    read_ts_ms: int = 0
+    xmax: int = 0
+    xip: frozenset[int] = frozenset()
+    before: list[tuple[int | None, bytes]] = field(default_factory=list)
+    seen: set[bytes] = field(default_factory=set)
+    partial: set[bytes] = field(default_factory=set)  # keys whose in-window event lacked a column
+    redo: bool = False
+    poisoned: bool = False
+    lw_commit: int = 0
+    hw_commit: int = 0
+    emitted: int = 0
+    durable: bool = False
+
+
+def _invisible(xid: int | None, xmax: int, xip: frozenset[int]) -> bool:
+    """Whether a transaction (32-bit xid from wal2json) was not visible to a snapshot with these
+    32-bit ``xmax``/``xip``: in progress at the snapshot, or started after it."""
+    if xid is None:
+        return True
+    return xid in xip or ((xid - xmax) & 0xFFFFFFFF) < 0x80000000
+
+
+class ChunkTracker:
+    """The stream side of chunked snapshots: watermark windows and the events inside them.
+
+    The stream loop (one thread) calls :meth:`watermark`, :meth:`saw` and :meth:`durable`; the
+    driver threads call :meth:`begin`, :meth:`put_rows`, :meth:`wait_durable`. ``topics``: topics
+    of tables under snapshot (the loop calls :meth:`saw` only for those). :meth:`check` re-raises a
+    driver's error in the stream loop.
+    """
+
+    def __init__(self, slot: str, watermark: tuple[str, str], topics: set[str]) -> None:
+        self.slot = slot
+        self.schema, self.table = watermark
+        self.topics = topics
+        self.open: dict[str, list[_Window]] = {}
+        self._pending: dict[str, _Window] = {}
+        self._awaiting: list[_Window] = []
+        self._recent: dict[str, deque[tuple[int | None, bytes]]] = {t: deque(maxlen=LOOKBACK) for t in topics}
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self.durable_pos = 0
+
+    @property
+    def schema_table(self) -> tuple[str, str]:
+        """The watermark table, for wal2json's ``add-tables``."""
+        return self.schema, self.table
+
+    # driver side
+    def begin(self, nonce: str, codec: TableCodec) -> None:
+        with self._cond:
+            self._pending[nonce] = _Window(nonce, codec.topic, codec)
+
+    def put_rows(
+        self, nonce: str, rows: list[tuple[bytes, bytes]], *, last: bool, snapshot: str, read_ts_ms: int
+    ) -> None:
+        """The chunk's rows (key bytes, ``after`` JSON bytes), read under ``snapshot``
+        (``pg_current_snapshot()`` text); called before HW is written."""
+        _xmin, xmax_s, xip_s = snapshot.split(":")
+        with self._cond:
+            w = self._pending[nonce]
+            w.rows = rows
+            w.last = last
+            w.read_ts_ms = read_ts_ms
+            w.xmax = int(xmax_s) & 0xFFFFFFFF
+            w.xip = frozenset(int(x) & 0xFFFFFFFF for x in xip_s.split(",") if x)
+
+    def wait_durable(self, nonce: str, stop: threading.Event) -> _Window | None:
+        """Block until the chunk's rows are durable (None if ``stop`` is set first)."""
+        with self._cond:
+            while True:
+                w = self._pending.get(nonce)
+                if w is not None and w.durable:
+                    del self._pending[nonce]
+                    return w
+                if stop.is_set():
+                    self._pending.pop(nonce, None)
+                    return None
+                self._cond.wait(0.2)
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+
+    # stream side
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def busy(self) -> bool:
+        return not self.finished.is_set()
+
+    def saw(self, topic: str, xid: int | None, records: Sequence[Record]) -> None:
+        """Events of a table under snapshot (``topic`` in :attr:`topics`), in stream order."""
+        windows = self.open.get(topic)
+        recent = self._recent[topic]
+        for rec in records:
+            if rec.partition is not None:  # a TRUNCATE marker: every open chunk of the table is stale
+                for w in windows or ():
+                    w.poisoned = True
+                continue
+            recent.append((xid, rec.key))
+            if windows:
+                lacks = rec.value is not None and not rec.value.endswith(_COMPLETE)
+                for w in windows:
+                    w.seen.add(rec.key)
+                    if lacks:
+                        w.partial.add(rec.key)
+
+    def watermark(self, msg: Message, commit_lsn: int) -> list[tuple[str, list[Record]]]:
+        """A change of the watermark table: opens (LW) or closes (HW) a chunk's window. Returns the
+        chunk's records to append at HW. Marks of other slots and stale marks (a previous session's,
+        replayed after a restart) are ignored."""
+        values = {c.name: c.value for c in msg.columns or ()}
+        if values.get("slot") != self.slot:
+            return []
+        nonce, _, kind = str(values.get("mark") or "").partition(":")
+        with self._cond:
+            w = self._pending.get(nonce)
+            if w is None:
+                return []
+            if kind == "lw" and not w.lw_commit:
+                w.lw_commit = commit_lsn
+                w.before = list(self._recent.get(w.topic, ()))
+                self.open.setdefault(w.topic, []).append(w)
+                return []
+            if kind != "hw" or not w.lw_commit or w.hw_commit:
+                return []
+            windows = self.open.get(w.topic, [])
+            if w in windows:
+                windows.remove(w)
+            if not windows:
+                self.open.pop(w.topic, None)
+            w.hw_commit = commit_lsn
+            records = self._emit(w)
+            self._awaiting.append(w)
+            return [(w.topic, records)] if records else []
+
+    def _emit(self, w: _Window) -> list[Record]:
+        if w.rows is None:
+            raise SourceError(
+                f"high watermark of chunk {w.nonce} arrived before its rows",
+                fix="this is a bug; restart `cdc run` (the snapshot resumes from the last chunk)",
+            )
+        if w.poisoned:
+            w.rows = []
+            return []
+        # a dropped row whose in-window change left an unchanged TOASTed column out: its value
+        # reaches the sinks only from a chunk row, so the driver reads the chunk again
+        w.redo = bool(w.partial) and any(k in w.partial for k, _ in w.rows)
+        drop = w.seen
+        for xid, key in w.before:
+            if _invisible(xid, w.xmax, w.xip):
+                drop.add(key)
+        codec = w.codec
+        now = str(int(time.time() * 1000)).encode()
+
+        def value(after: bytes, src: bytes) -> bytes:
+            return (
+                b'{"before":null,"after":'
+                + after
+                + b',"source":'
+                + src
+                + b',"op":"r","ts_ms":'
+                + now
+                + b',"unavailable":[]}'
+            )
+
+        src = codec.snapshot_source(w.hw_commit, w.read_ts_ms, last=False)
+        kept = [(k, a) for k, a in w.rows if k not in drop]
+        out = [Record(k, value(a, src)) for k, a in kept]
+        if w.last and kept:
+            k, a = kept[-1]
+            out[-1] = Record(k, value(a, codec.snapshot_source(w.hw_commit, w.read_ts_ms, last=True)))
+        w.emitted = len(out)
+        w.rows = None
+        w.before = []
+        w.seen = set()
+        return out
+
+    def durable(self, pos: int) -> None:
+        """Every event before ``pos`` is durable in the log store (called by the stream loop)."""
+        if pos <= self.durable_pos:
+            return
+        self.durable_pos = pos
+        if not self._awaiting:
+            return
+        with self._cond:
+            still = []
+            for w in self._awaiting:
+                if pos > w.hw_commit:
+                    w.durable = True
+                else:
+                    still.append(w)
+            if len(still) != len(self._awaiting):
+                self._awaiting = still
+                self._cond.notify_all()
+
+
+def truncate_marker(codec: TableCodec, commit_lsn: int) -> list[Record]:
+    """The TRUNCATE marker records (one per partition) at version ``(commit_lsn, 0)`` that end a
+    full snapshot: sinks remove every row of the table older than it (docs/snapshots.md)."""
+    src = codec.snapshot_source(commit_lsn, int(time.time() * 1000), last=False)
+    value = codec.value(None, None, src, b"t", [], str(int(time.time() * 1000)).encode())
+    return [
+        Record(encode_key({TRUNCATE_KEY_FIELD: part}), value, partition=part)
+        for part in range(codec.partitions)
+    ]
+
+
+# --- the driver: reads chunks between watermarks ---------------------------------------------------
+_COLUMNS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
+FROM pg_attribute a
+WHERE a.attrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = %(schema)s AND c.relname = %(table)s)
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+_ESTIMATE = """
+SELECT GREATEST(c.reltuples, 0)::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = %(table)s
+"""
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _Missing(Exception):
+    pass
+
+
+def _key_tuple(key: Sequence[str]) -> sql.Composable:
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in key))
+
+
+def _values_tuple(values: Sequence[str]) -> sql.Composable:
+    # untyped literals: Postgres reads each as its key column's type
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(v) for v in values))
+
+
+@dataclass
+class _TablePlan:
+    reg: TableReg
+    codec: TableCodec
+    names: list[str]
+    where: sql.Composable
+    progress: ChunkProgress
+    ident: sql.Composable
+    encoder: RowEncoder
+
+
+class ChunkDriver:
+    """Reads the chunks of ``regs`` (one table after another, ``parallel_chunks`` chunks of a table
+    at a time) between watermarks; started by the reader for a stream session and stopped with it
+    (:meth:`stop`: the chunk in flight is abandoned; its table resumes from its last done chunk).
+
+    ``on_done(reg, columns, rows, alignment)`` is called when a table's snapshot is complete and
+    durable (the caller records it in the registry). Errors are handed to the tracker, which
+    re-raises them in the stream loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        slot: str,
+        registry: Registry,
+        store: LogStore,
+        store_lock: threading.Lock,
+        tracker: ChunkTracker,
+        options: SnapshotOptions,
+        regs: list[TableReg],
+        codec_for: Callable[[TableReg], TableCodec],
+        session_options: str,
+        on_done: Callable[[TableReg, tuple[Column, ...], int, Alignment], None],
+        log: Callable[[str], None],
+    ) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.registry = registry
+        self.store = store
+        self.store_lock = store_lock
+        self.tracker = tracker
+        self.options = options
+        self.regs = regs
+        self.codec_for = codec_for
+        self.session_options = session_options
+        self.on_done = on_done
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cdc-chunks", daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.dsn,
+            autocommit=True,
+            options=self.session_options,
+            application_name="cdc-snapshot",
+            connect_timeout=15,
+        )
+
+    def _run(self) -> None:
+        try:
+            for reg in self.regs:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._table(reg)
+                except _Missing:
+                    # dropped or renamed at the source: recorded, skipped; the other tables go on
+                    self.log(
+                        f"{reg.qualified} does not exist at the source (dropped or renamed): its snapshot waits; "
+                        f"`cdc tables remove {reg.qualified}` if it is gone for good"
+                    )
+                    self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
+            self.tracker.finished.set()
+        except _Stopped:
+            return
+        except BaseException as exc:
+            self.tracker.fail(exc)
+
+    # -- one table ------------------------------------------------------------------------------
+    def _plan(self, conn: psycopg.Connection[Any], reg: TableReg) -> _TablePlan:
+        params = {"schema": reg.schema, "table": reg.table}
+        cols = tuple(Column(str(n), str(t), bool(nl)) for n, t, nl in conn.execute(_COLUMNS, params))
+        if not cols:
+            raise _Missing(reg.qualified)
+        codec = self.codec_for(replace(reg, columns=cols))
+        names = list(codec.included)
+        missing = [k for k in codec.key if k not in names]
+        if missing:
+            raise SourceError(
+                f"key column(s) {missing} of {reg.qualified} are not in the table (or are excluded)",
+                fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
+                table=reg.qualified,
+            )
+        progress = load_progress(self.registry, reg.schema, reg.table)
+        if progress is None:
+            raise SourceError(f"no snapshot progress for {reg.qualified}", fix="this is a bug; run again")
+        where = (
+            where_sql(parse_where(progress.where, [c.name for c in cols]))
+            if progress.where
+            else sql.SQL("TRUE")
+        )
+        row = conn.execute(_ESTIMATE, params).fetchone()
+        if progress.estimate == 0 and row:
+            progress.estimate = int(row[0])
+        progress.chunk_size = self.options.chunk_size
+        encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key)
+        return _TablePlan(reg, codec, names, where, progress, sql.Identifier(reg.schema, reg.table), encoder)
+
+    def _table(self, reg: TableReg) -> None:
+        with self._connect() as conn:
+            plan = self._plan(conn, reg)
+        p = plan.progress
+        self.log(
+            f"chunked snapshot of {reg.qualified}: "
+            + (f"resuming after chunk {p.chunks}" if p.chunks else "starting")
+            + (f" (where {p.where})" if p.where else "")
+        )
+        state: dict[str, Any] = {
+            "next_lo": p.after,
+            "index": 0,
+            "planned_last": False,
+            "done": {},
+            "commit": 0,
+            "finished": False,
+        }
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                with self._connect() as conn:
+                    while not self._stop.is_set() and not errors:
+                        with self._lock:
+                            if state["planned_last"]:
+                                return
+                            lo = state["next_lo"]
+                            hi = self._upper(conn, plan, lo)
+                            i = state["index"]
+                            state["index"] = i + 1
+                            state["next_lo"] = hi
+                            state["planned_last"] = hi is None
+                        w, read = self._chunk(conn, plan, lo, hi)
+                        with self._lock:
+                            state["done"][i] = (hi, w, read)
+                            while state["commit"] in state["done"]:
+                                hi_c, w_c, read_c = state["done"].pop(state["commit"])
+                                state["commit"] += 1
+                                p.after = hi_c
+                                p.chunks += 1
+                                p.rows += w_c.emitted
+                                p.read += read_c
+                                p.floor = p.floor or w_c.lw_commit
+                                p.last_lsn = w_c.hw_commit
+                                p.updated = time.time()
+                                if hi_c is None:
+                                    state["finished"] = True
+                                save_progress(self.registry, reg.schema, reg.table, p)
+            except _Stopped:
+                return
+            except BaseException as exc:
+                errors.append(exc)
+
+        n = max(1, self.options.parallel_chunks)
+        threads = [threading.Thread(target=worker, name=f"cdc-chunk-{i}", daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        if self._stop.is_set() or not state["finished"]:
+            raise _Stopped()
+        self._finish(plan)
+
+    def _upper(
+        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None
+    ) -> list[str] | None:
+        """The upper bound (inclusive) of the chunk after ``lo``: the key ``chunk_size`` rows on; None
+        when fewer rows are left (the last chunk)."""
+        key = plan.codec.key
+        lo_cond = (
+            sql.SQL("TRUE") if lo is None else sql.SQL("{} > {}").format(_key_tuple(key), _values_tuple(lo))
+        )
+        query = sql.SQL("SELECT {} FROM {} WHERE {} AND {} ORDER BY {} OFFSET {} LIMIT 1").format(
+            # aliased: ORDER BY a bare name would sort by the text output column
+            sql.SQL(", ").join(
+                sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_k{i}"))
+                for i, k in enumerate(key)
+            ),
+            plan.ident,
+            lo_cond,
+            plan.where,
+            sql.SQL(", ").join(sql.Identifier(k) for k in key),
+            sql.Literal(self.options.chunk_size - 1),
+        )
+        row = conn.execute(query).fetchone()
+        return None if row is None else [str(v) for v in row]
+
+    def _mark(self, conn: psycopg.Connection[Any], mark: str) -> None:
+        schema, table = self.tracker.schema, self.tracker.table
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (slot, mark) VALUES (%s, %s) "
+                "ON CONFLICT (slot) DO UPDATE SET mark = excluded.mark, written_at = now()"
+            ).format(sql.Identifier(schema, table)),
+            [self.slot, mark],
+        )
+
+    def _chunk(
+        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None, hi: list[str] | None
+    ) -> tuple[_Window, int]:
+        """Read the chunk ``(lo, hi]`` between watermarks until its rows are durable; again (up to
+        :data:`MAX_CHUNK_READS` reads) when a dropped row's in-window change lacked a TOASTed column."""
+        first_lw = 0
+        total = 0
+        for attempt in range(1, MAX_CHUNK_READS + 1):
+            w, read = self._chunk_once(conn, plan, lo, hi)
+            first_lw = first_lw or w.lw_commit
+            total += read
+            if not w.redo:
+                break
+            if attempt == MAX_CHUNK_READS:
+                self.log(
+                    f"{plan.reg.qualified}: a row of the chunk after {lo} changed during each of "
+                    f"{MAX_CHUNK_READS} reads without its TOASTed column; its next change or a "
+                    "`cdc snapshot --where` fills it"
+                )
+        w.lw_commit = first_lw
+        return w, total
+
+    def _chunk_once(
+        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None, hi: list[str] | None
+    ) -> tuple[_Window, int]:
+        key = plan.codec.key
+        conds: list[sql.Composable] = [plan.where]
+        if lo is not None:
+            conds.append(sql.SQL("{} > {}").format(_key_tuple(key), _values_tuple(lo)))
+        if hi is not None:
+            conds.append(sql.SQL("{} <= {}").format(_key_tuple(key), _values_tuple(hi)))
+        query = copy_query(plan.reg.schema, plan.reg.table, plan.names, sql.SQL(" AND ").join(conds))
+        encoder = plan.encoder
+        nonce = uuid.uuid4().hex
+        self.tracker.begin(nonce, plan.codec)
+        self._mark(conn, nonce + ":lw")
+        rows: list[tuple[bytes, bytes]] = []
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        try:
+            srow = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+            assert srow is not None
+            snapshot = str(srow[0])
+            read_ts = int(time.time() * 1000)
+            with conn.cursor().copy(query) as copy:
+                for batch in read_csv_batches(copy, plan.names):
+                    keys, afters = encoder.encode(batch)
+                    rows.extend(zip(keys.to_pylist(), afters.to_pylist(), strict=True))
+        finally:
+            conn.execute("COMMIT")
+        read = len(rows)
+        self.tracker.put_rows(nonce, rows, last=hi is None, snapshot=snapshot, read_ts_ms=read_ts)
+        self._mark(conn, nonce + ":hw")
+        w = self.tracker.wait_durable(nonce, self._stop)
+        if w is None:
+            raise _Stopped()
+        return w, read
+
+    def _finish(self, plan: _TablePlan) -> None:
+        reg, p, codec = plan.reg, plan.progress, plan.codec
+        with self.store_lock:
+            if p.full and p.floor:
+                self.store.append_many({codec.topic: truncate_marker(codec, p.floor - 1)})
+            end = dict(self.store.end_offsets(codec.topic))
+        p.done = True
+        p.updated = time.time()
+        save_progress(self.registry, reg.schema, reg.table, p)
+        self.log(f"chunked snapshot of {reg.qualified} done: {p.chunks} chunks, {p.rows} rows written")
+        self.on_done(reg, codec.columns, p.rows, Alignment(p.last_lsn or 0, end))

@@ -1,0 +1,209 @@
+"""Snapshot rows from a plain ``COPY ... TO STDOUT (FORMAT csv)`` to event bytes, vectorised with Arrow.
+
+Postgres only runs its output functions (what any ``COPY`` does); the JSON of each event is built
+here, column by column, with Arrow compute kernels:
+
+* :func:`copy_query` is the plain ``COPY (SELECT cols FROM t WHERE ...) TO STDOUT (FORMAT csv)``.
+* :func:`read_csv_batches` parses the COPY stream with Arrow's CSV reader (every column as text:
+  nothing is converted through a float or a decimal, so numeric keeps every digit and bigint stays
+  exact). An unquoted empty field is NULL, a quoted one (``""``) the empty string.
+* :class:`RowEncoder` turns a batch into the key bytes and the ``after`` object bytes, with the
+  stream's encoding (:mod:`cdc.reader.wal2json`, :mod:`cdc.events`): integers and floats as JSON
+  numbers (Postgres' text output is valid JSON and round-trips exactly; ``extra_float_digits=1``),
+  numeric as a string with every digit, booleans, bytea as hex without ``\\x``, every other type
+  (dates with ``BC``, ``infinity`` timestamps, json/jsonb text, uuid, ...) as its text output in a
+  JSON string, escaped exactly as orjson escapes. The special values (float ``NaN``/``Infinity``/
+  ``-Infinity``, numeric ``NaN``/``Infinity``/``-Infinity``) are encoded by the stream's own
+  converter (:func:`cdc.reader.wal2json.text_converter_for`), so both paths agree by construction.
+  Array columns and strings holding control characters other than newline, carriage return and
+  tab (rare) are encoded value by value with the same converter and orjson.
+
+The bytes are the stream's bytes for the same row (key and ``after``), except for floats, whose
+digits may be written differently (``1e+30`` here, ``1e30`` from the stream) but parse to the same
+number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from psycopg import sql
+
+from cdc.errors import SourceError
+from cdc.reader.wal2json import text_converter_for, type_kind
+
+__all__ = ["RowEncoder", "copy_query", "read_csv_batches"]
+
+_SPECIALS = ("NaN", "Infinity", "-Infinity")
+_CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # escaped by orjson as \b, \f or \u00XX
+
+
+def copy_query(
+    schema: str, table: str, names: Sequence[str], where: sql.Composable | None = None
+) -> sql.Composed:
+    """The plain ``COPY`` of the snapshot: the columns as they are, CSV."""
+    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+        sql.SQL(", ").join(sql.Identifier(n) for n in names),
+        sql.Identifier(schema, table),
+        sql.SQL("") if where is None else sql.SQL(" WHERE ") + where,
+    )
+
+
+def _row_end(buf: bytes) -> int:
+    """The end (after its newline) of the last complete CSV row in ``buf``, which starts at a row
+    boundary; 0 if none. A newline ends a row when an even number of double quotes precede it
+    (a quote inside a quoted value is doubled, which keeps the parity)."""
+    pos = len(buf)
+    while True:
+        nl = buf.rfind(b"\n", 0, pos)
+        if nl < 0:
+            return 0
+        if buf.count(b'"', 0, nl) % 2 == 0:
+            return nl + 1
+        pos = nl
+
+
+def read_csv_batches(copy: Any, names: Sequence[str], block_size: int = 4 << 20) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches (every column ``string``) of a running ``COPY ... (FORMAT csv)``: the
+    output is cut into blocks of whole rows of about ``block_size`` bytes, each parsed by Arrow's
+    (multi-threaded) CSV reader."""
+    read_options = pacsv.ReadOptions(column_names=list(names), use_threads=True)
+    parse_options = pacsv.ParseOptions(newlines_in_values=True, double_quote=True)
+    convert_options = pacsv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        null_values=[""],
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+    )
+
+    def parse(block: bytes) -> Iterator[pa.RecordBatch]:
+        table = pacsv.read_csv(
+            pa.BufferReader(block),
+            read_options=read_options,
+            parse_options=parse_options,
+            convert_options=convert_options,
+        )
+        yield from table.combine_chunks().to_batches()
+
+    parts: list[bytes] = []
+    size = 0
+    for data in copy:
+        parts.append(bytes(data))
+        size += len(data)
+        if size < block_size:
+            continue
+        buf = b"".join(parts)
+        cut = _row_end(buf)
+        if cut == 0:  # one row longer than a block: keep reading
+            parts, size = [buf], len(buf)
+            continue
+        yield from parse(buf[:cut])
+        rest = buf[cut:]
+        parts, size = ([rest], len(rest)) if rest else ([], 0)
+    if size:
+        buf = b"".join(parts)
+        if _row_end(buf) != len(buf):
+            raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
+        yield from parse(buf)
+
+
+def _lit(text: str | bytes) -> pa.Scalar:
+    return pa.scalar(text.decode() if isinstance(text, bytes) else text, pa.string())
+
+
+def _quote(arr: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise(_lit('"'), arr, _lit('"'), _lit(""))
+
+
+def _escape(arr: pa.Array) -> pa.Array:
+    """JSON string bodies (no quotes), as orjson escapes them (control characters excepted:
+    see :func:`_text`)."""
+    for old, new in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
+        if pc.any(pc.match_substring(arr, old)).as_py():
+            arr = pc.replace_substring(arr, old, new)
+    return arr
+
+
+class RowEncoder:
+    """Encodes batches of one table's rows (columns ``names``, Postgres types ``types``) into key
+    bytes and ``after`` bytes (see the module docstring). ``key``: the key columns, in key order."""
+
+    def __init__(self, names: Sequence[str], types: dict[str, str], key: Sequence[str]) -> None:
+        self.names = list(names)
+        self.key = list(key)
+        self.kinds = {n: type_kind(types[n]) for n in self.names}
+        self.converters = {n: text_converter_for(types[n]) for n in self.names}
+        # the special values as the stream encodes them
+        self.specials: dict[str, dict[str, str]] = {}
+        for n in self.names:
+            if self.kinds[n] in ("float", "numeric"):
+                conv = self.converters[n]
+                self.specials[n] = {
+                    s: orjson.dumps(conv(s) if conv is not None else s).decode() for s in _SPECIALS
+                }
+        self._after_parts = [orjson.dumps(n).decode() for n in self.names]
+        self._key_parts = [orjson.dumps(n).decode() for n in self.key]
+
+    def fragment(self, name: str, arr: pa.Array) -> pa.Array:
+        """The JSON text of each value of column ``name`` (``null`` for NULL)."""
+        kind = self.kinds[name]
+        out: pa.Array
+        if kind == "int":
+            out = arr
+        elif kind == "float":
+            out = self._special(name, arr, arr)
+        elif kind == "numeric":
+            out = self._special(name, arr, _quote(arr))
+        elif kind == "bool":
+            out = pc.if_else(pc.equal(arr, "t"), _lit("true"), _lit("false"))
+        elif kind == "bytea":
+            out = _quote(pc.utf8_slice_codeunits(arr, 2))
+        elif kind == "array":
+            conv = self.converters[name]
+            assert conv is not None
+            out = pa.array(
+                [None if v is None else orjson.dumps(conv(v)).decode() for v in arr.to_pylist()], pa.string()
+            )
+        else:
+            out = self._text(arr)
+        return pc.fill_null(out, _lit("null"))
+
+    def _special(self, name: str, arr: pa.Array, plain: pa.Array) -> pa.Array:
+        out = plain
+        for text, encoded in self.specials[name].items():
+            mask = pc.equal(arr, text)
+            if pc.any(mask).as_py():
+                out = pc.if_else(mask, _lit(encoded), out)
+        return out
+
+    def _text(self, arr: pa.Array) -> pa.Array:
+        out = _quote(_escape(arr))
+        control = pc.match_substring_regex(arr, _CONTROL)
+        if pc.any(control).as_py():
+            values = arr.to_pylist()
+            flags = control.to_pylist()
+            fixed = [orjson.dumps(v).decode() if f else None for v, f in zip(values, flags, strict=True)]
+            out = pc.if_else(control, pa.array(fixed, pa.string()), out)
+        return out
+
+    def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+        """(key bytes, ``after`` bytes) of every row of ``batch``, as Arrow binary arrays."""
+        frags = {n: self.fragment(n, batch.column(i)) for i, n in enumerate(self.names)}
+        return self._object(self._key_parts, [frags[k] for k in self.key]), self._object(
+            self._after_parts, [frags[n] for n in self.names]
+        )
+
+    @staticmethod
+    def _object(names: list[str], frags: list[pa.Array]) -> pa.Array:
+        parts: list[Any] = []
+        for i, (name, frag) in enumerate(zip(names, frags, strict=True)):
+            parts.append(_lit(("{" if i == 0 else ",") + name + ":"))
+            parts.append(frag)
+        parts.append(_lit("}"))
+        parts.append(_lit(""))  # the separator
+        return pc.cast(pc.binary_join_element_wise(*parts), pa.binary())

@@ -1,0 +1,132 @@
+"""Connecting to the source: one helper, a connect timeout, errors classified (issue 9 item 3)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from cdc.cli import main
+from cdc.connect import CONNECT_TIMEOUT_S, classify, connect, connect_replication, is_transient
+from cdc.devcluster import PgCluster, free_port
+from cdc.errors import (
+    DsnError,
+    SourceAuthError,
+    SourceMissingError,
+    SourcePrivilegeError,
+    SourceUnavailableError,
+)
+from cdc.registry import Registry, TableReg
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pw_role(pg: PgCluster) -> str:
+    """A role that must log in with the password 'right-pw' (pg_hba: scram for cdc_password_auth)."""
+    name = f"pw_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE ROLE {name} LOGIN REPLICATION PASSWORD 'right-pw' IN ROLE cdc_password_auth")
+    return name
+
+
+def test_wrong_password_is_permanent_and_not_shown(pg: PgCluster, pg_db: str, pw_role: str) -> None:
+    with pytest.raises(SourceAuthError) as err:
+        connect(pg.dsn(pg_db, pw_role, "wr0ng-s3cret"))
+    assert err.value.exit_code == 2
+    assert "wr0ng-s3cret" not in str(err.value) and "wr0ng-s3cret" not in str(err.value.to_dict())
+    with pytest.raises(SourceAuthError):
+        connect_replication(pg.dsn(pg_db, pw_role, "wr0ng-s3cret"))
+    connect(pg.dsn(pg_db, pw_role, "right-pw")).close()
+
+
+def test_unknown_database_and_role_are_permanent(pg: PgCluster) -> None:
+    with pytest.raises(SourceAuthError) as err:  # the server refused the session
+        connect(pg.dsn("no_such_db_x"))
+    assert not is_transient(err.value)
+    with pytest.raises(SourceAuthError):
+        connect(pg.dsn("postgres", "no_such_role_x"))
+
+
+def test_refused_port_is_transient() -> None:
+    with pytest.raises(SourceUnavailableError) as err:
+        connect(f"host=127.0.0.1 port={free_port()} dbname=x user=u password=hunter22")
+    assert is_transient(err.value)
+    assert "hunter22" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgres:/user:hunter22@host/db",
+        "host=h password=hunter22 port=notaport dbname",
+        "postgresql://u:hunter22@h:5432/db?nonsense_option=1",
+    ],
+)
+def test_dsn_that_does_not_parse_is_a_config_error_without_the_password(dsn: str) -> None:
+    with pytest.raises(DsnError) as err:
+        connect(dsn)
+    assert err.value.exit_code == 2
+    assert "hunter22" not in str(err.value) and "hunter22" not in str(err.value.to_dict())
+
+
+def test_sqlstates_after_connecting(pg: PgCluster, pg_db: str) -> None:
+    weak = f"weak_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE ROLE {weak} LOGIN")
+    pg.execute("CREATE TABLE secret_t (id int)", pg_db)
+    with connect(pg.dsn(pg_db, weak)) as conn:
+        with pytest.raises(Exception) as raw:
+            conn.execute("SELECT * FROM secret_t")
+        assert isinstance(classify(raw.value, pg.dsn(pg_db)), SourcePrivilegeError)
+        with pytest.raises(Exception) as raw:
+            conn.execute("SELECT * FROM no_such_table_x")
+        assert isinstance(classify(raw.value, pg.dsn(pg_db)), SourceMissingError)
+
+
+def test_replication_connection_has_a_connect_timeout(pg: PgCluster, pg_db: str) -> None:
+    conn = connect_replication(pg.dsn(pg_db))
+    try:
+        assert conn.get_dsn_parameters()["connect_timeout"] == str(CONNECT_TIMEOUT_S)
+        assert isinstance(conn, psycopg2.extras.LogicalReplicationConnection)
+    finally:
+        conn.close()
+
+
+def _cli(tmp_path: Path, dsn: str, *args: str) -> int:
+    return main(["--source", dsn, "--state", str(tmp_path / "state"), *args])
+
+
+def test_cli_wrong_password_fails_fast_with_exit_2(
+    pg: PgCluster, pg_db: str, pw_role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for verb in (["check"], ["tables", "add", "public.t"]):
+        assert _cli(tmp_path, pg.dsn(pg_db, pw_role, "wr0ng-s3cret"), *verb) == 2
+        err = capsys.readouterr().err
+        assert "refused" in err and "fix:" in err and "wr0ng-s3cret" not in err
+
+
+def test_run_permanent_error_is_not_retried(
+    pg: PgCluster, pg_db: str, pw_role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Registry(tmp_path / "state") as reg:
+        reg.add(TableReg("public", "t", "cdc.public.t", ("id",)))
+    assert _cli(tmp_path, pg.dsn(pg_db, pw_role, "wr0ng-s3cret"), "run", "--once") == 2
+    err = capsys.readouterr().err
+    assert "retry" not in err and "wr0ng-s3cret" not in err
+
+
+def test_run_transient_error_retried_for_retry_max_s_each_retry_logged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cdc.toml").write_text("retry_max_s = 2\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n")
+    with Registry(tmp_path / "state") as reg:
+        reg.add(TableReg("public", "t", "cdc.public.t", ("id",)))
+    monkeypatch.chdir(tmp_path)  # cdc.toml is read from the working directory
+    dsn = f"host=127.0.0.1 port={free_port()} dbname=x user=u password=hunter22"
+    code = _cli(tmp_path, dsn, "run", "--once")
+    err = capsys.readouterr().err
+    assert code == 1
+    retries = [line for line in err.splitlines() if "retry" in line]
+    assert len(retries) >= 2, err
+    assert "could not restore it" in err and "hunter22" not in err

@@ -1,0 +1,143 @@
+"""One process per role per state directory (issue 9 item 1): real processes, both backends."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdc.devcluster import PgCluster
+from cdc.errors import LockedError
+from cdc.locks import ProcessLock
+from tests.capture.test_reader_support import CDC, CaptureEnv, make_env
+from tests.capture.test_run import wait_streaming
+from tests.plugins.postgres import wait_for
+
+pytestmark = [pytest.mark.postgres]
+
+HOLD = (
+    "import sys; from pathlib import Path; from cdc.locks import ProcessLock\n"
+    "with ProcessLock(Path(sys.argv[1]), sys.argv[2]):\n"
+    "    print('held', flush=True); sys.stdin.read()\n"
+)
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    yield from make_env(pg, pg_db, tmp_path, request.param, request)
+
+
+def _snapshot_of_state(env: CaptureEnv) -> tuple[object, ...]:
+    with env.registry() as reg:
+        regs = reg.list_tables()
+        state = (reg.generation(), [(r.qualified, r.snapshot_state) for r in regs])
+    with env.store() as store:
+        ends = {t.name: t.end_offsets for t in sorted(store.list_topics(), key=lambda t: t.name)}
+    slots = env.pg.fetch(
+        f"SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name LIKE '{env.slot}%'"
+    )
+    return state, ends, slots
+
+
+def test_second_run_is_refused_with_the_first_ones_pid_and_host(env: CaptureEnv) -> None:
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 50) g")
+    env.add_table("public.t")
+    first = env.spawn("run")
+    wait_streaming(env, first)
+    env.sql("INSERT INTO t VALUES (51, 'y')")
+    wait_for(lambda: sum(len(v) for v in [env.records(env.reg("public", "t").topic)]) >= 51, what="event 51")
+    before = _snapshot_of_state(env)
+    second = env.cdc("run", "--once", timeout=120)
+    assert second.returncode == 2, second.stderr
+    assert f"pid {first.pid}" in second.stderr and socket.gethostname() in second.stderr
+    assert "nothing was changed" in second.stderr
+    assert first.poll() is None  # the first goes on
+    assert _snapshot_of_state(env) == before
+
+
+def test_second_apply_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(state), "apply"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        res = subprocess.run(
+            [*CDC, "--state", str(state), "apply", "--once"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
+        )
+        assert res.returncode == 2, res.stderr
+        assert f"pid {holder.pid}" in res.stderr and socket.gethostname() in res.stderr
+        assert "starting Spark" not in res.stdout  # refused before anything ran
+        assert sorted(p.name for p in state.iterdir()) == ["locks"]
+    finally:
+        holder.communicate("", timeout=30)
+
+
+def test_lock_is_released_when_the_holder_dies(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path), "run"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(LockedError) as err:
+        ProcessLock(tmp_path, "run").acquire()
+    assert err.value.pid == holder.pid  # type: ignore[attr-defined]
+    holder.kill()
+    holder.wait(timeout=30)
+    with ProcessLock(tmp_path, "run") as lock:
+        assert lock.holder()["pid"] == os.getpid()
+    assert oct((tmp_path / "locks" / "run.lock").stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_reader_refuses_to_drop_an_active_slot(env: CaptureEnv) -> None:
+    """A slot whose initial snapshot never completed is recreated -- unless a process streams from it."""
+    if env.log_url:
+        pytest.skip("backend-independent")
+    env.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    env.add_table("public.t")
+    env.pg.execute(f"SELECT pg_create_logical_replication_slot('{env.slot}', 'wal2json')", env.db)
+    with env.registry() as reg:
+        reg.set_state("initial_snapshot", "running")
+    # another process streams from the slot (pg_recvlogical stands in for a second reader)
+    other = subprocess.Popen(
+        [
+            "/usr/lib/postgresql/15/bin/pg_recvlogical",
+            "-d",
+            env.dsn,
+            "-S",
+            env.slot,
+            "--start",
+            "-f",
+            "/dev/null",
+        ]
+    )
+    try:
+        wait_for(
+            lambda: env.pg.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")[
+                0
+            ][0],
+            what="the other process to hold the slot",
+        )
+        res = env.cdc("run", "--once", timeout=120)
+        assert res.returncode == 2
+        assert "in use by another process" in res.stderr, res.stderr
+        rows = env.pg.fetch(f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
+        assert rows and rows[0][0] is not None  # still there, still the other one's
+    finally:
+        other.kill()
+        other.wait(timeout=30)

@@ -1,0 +1,662 @@
+"""The fault suite (`make chaos`): a mixed workload against the private Postgres while faults are
+injected at random moments into every process of the pipeline; after each fault the pipeline must
+catch up with `cdc verify` clean for every table.
+
+The pipeline runs as it does in production: `cdc run` and `cdc apply` as separate processes, which
+this harness supervises the way systemd or Kubernetes would (a process that exits is started again,
+from its checkpoint). Everything is driven through the CLI, so the suite tests what users run.
+
+What it prints at the end: the faults injected per kind, the changes made, lost (rows of the source
+missing or different in the warehouse or the index after recovery: must be 0), duplicated in effect
+(history rows repeating a key's version: must be 0) and the time to recover per kind of fault
+(from the fault to a clean `cdc verify`, with the writes stopped after the fault).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from cdc.devcluster import PgCluster
+
+CDC = [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())"]
+
+DDL = """
+CREATE TABLE chaos_accounts (
+    id bigint PRIMARY KEY, name text NOT NULL, balance numeric(30, 6), ratio float8,
+    born date, updated_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE chaos_events (
+    tenant int, seq bigint, payload text, amount numeric, PRIMARY KEY (tenant, seq));
+CREATE TABLE chaos_docs (slug text PRIMARY KEY, title text, body text);
+ALTER TABLE chaos_docs ALTER COLUMN body SET STORAGE EXTERNAL;
+"""
+TABLES = ("public.chaos_accounts", "public.chaos_events", "public.chaos_docs")
+NUMERIC_EDGES = (
+    "0",
+    "-0.000001",
+    "99999999999999999999999.999999",
+    "-99999999999999999999999.999999",
+    "1e-6",
+    "123456789012345678.123456",
+)
+
+FAULT_KINDS = (
+    "reader_kill9",
+    "reader_term",
+    "apply_kill9",
+    "apply_kill9_after_sink",
+    "apply_term",
+    "walsender_terminate",
+    "pg_restart_fast",
+    "pg_restart_immediate",
+    "disk_full",
+    "corrupt_record",
+    "poison_value",
+)
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much to run: cycles (one fault each), the longest transaction, seconds of writes a cycle."""
+
+    cycles: int
+    max_tx: int
+    write_s: tuple[float, float]
+    verify_wait_s: float
+
+    @staticmethod
+    def named(name: str) -> Size:
+        if name == "ci":
+            return Size(cycles=len(FAULT_KINDS), max_tx=500, write_s=(0.5, 1.5), verify_wait_s=240)
+        if name == "full":
+            return Size(cycles=4 * len(FAULT_KINDS), max_tx=100_000, write_s=(2.0, 8.0), verify_wait_s=900)
+        raise ValueError(f"unknown size {name!r}: ci or full")
+
+
+@dataclass
+class Report:
+    backend: str
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    recover_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    changes: int = 0
+    transactions: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    dead_letters_expected: int = 0
+    dead_letters_seen: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"chaos on the {self.backend} log store"]
+        out.append(f"  changes made: {self.changes:,} in {self.transactions:,} transactions")
+        out.append(f"  faults injected: {sum(self.faults.values())}")
+        for kind in FAULT_KINDS:
+            if kind in self.skipped:
+                out.append(f"    {kind:24} skipped: {self.skipped[kind]}")
+            elif self.faults.get(kind):
+                times = sorted(self.recover_s[kind])
+                took = (
+                    f"p50 {times[len(times) // 2]:.1f} s, max {times[-1]:.1f} s" if times else "NOT RECOVERED"
+                )
+                out.append(f"    {kind:24} x{self.faults[kind]:<3} recovered in {took}")
+        out.append(f"  lost: {self.lost}")
+        out.append(f"  duplicated in effect: {self.duplicated}")
+        out.append(f"  dead letters: {self.dead_letters_seen} (expected {self.dead_letters_expected})")
+        out.extend(f"  FAILURE: {f}" for f in self.failures)
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and self.lost == 0 and self.duplicated == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "changes": self.changes,
+            "transactions": self.transactions,
+            "faults": dict(self.faults),
+            "recover_s": {k: sorted(v) for k, v in self.recover_s.items()},
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "dead_letters": self.dead_letters_seen,
+            "skipped": self.skipped,
+            "failures": self.failures,
+        }
+
+
+class Proc:
+    """One supervised `cdc` process (its own process group, so a kill reaches the Spark JVM too)."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.args, self.env, self.log = name, args, env, log
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, extra_env: dict[str, str] | None = None) -> None:
+        with self.log.open("ab") as out:
+            out.write(f"\n=== start {self.name} #{self.starts} at {time.time():.3f}\n".encode())
+            self.popen = subprocess.Popen(
+                self.args,
+                env={**self.env, **(extra_env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.popen is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.popen is None:
+            return None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        self.signal(signal.SIGTERM)
+        if self.wait(60) is None:
+            self.signal(signal.SIGKILL)
+            self.wait(30)
+
+    def ensure(self) -> None:
+        """The supervisor: start the process again if it has exited."""
+        if not self.alive():
+            self.start()
+
+
+class Workload:
+    """Random transactions of 1..max_tx changes over the three tables, on a thread, until paused.
+    The only writer, so it knows which keys exist; after a lost connection it re-reads them."""
+
+    def __init__(self, dsn: str, rng: random.Random, max_tx: int) -> None:
+        self.dsn, self.rng, self.max_tx = dsn, rng, max_tx
+        self.accounts: list[int] = []
+        self.events: list[tuple[int, int]] = []
+        self.docs: list[str] = []
+        self.next_id = 1
+        self.next_seq = 1
+        self.changes = 0
+        self.transactions = 0
+        self.errors = 0
+        self._run = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self._conn: psycopg.Connection[Any] | None = None
+
+    # -- control
+    def start(self) -> None:
+        self._run.set()
+        self._idle.clear()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="workload", daemon=True)
+            self._thread.start()
+
+    def pause(self) -> None:
+        self._run.clear()
+        deadline = time.monotonic() + 300
+        while not self._idle.wait(0.2):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workload did not pause within 300 s")
+
+    def close(self) -> None:
+        self.pause()
+        if self._conn is not None:
+            self._conn.close()
+
+    # -- the loop
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.dsn, connect_timeout=5)
+            self._reload()
+        return self._conn
+
+    def _reload(self) -> None:
+        assert self._conn is not None
+        with self._conn.transaction():
+            self.accounts = [r[0] for r in self._conn.execute("SELECT id FROM chaos_accounts")]
+            self.events = [(r[0], r[1]) for r in self._conn.execute("SELECT tenant, seq FROM chaos_events")]
+            self.docs = [r[0] for r in self._conn.execute("SELECT slug FROM chaos_docs")]
+            self.next_id = max([self.next_id, *[a + 1 for a in self.accounts]])
+            self.next_seq = max([self.next_seq, *[s + 1 for _, s in self.events]])
+
+    def _loop(self) -> None:
+        while True:
+            if not self._run.is_set():
+                self._idle.set()
+                self._run.wait()
+                continue
+            try:
+                conn = self._connect()
+                size = self._tx_size()
+                with conn.transaction():
+                    for _ in range(size):
+                        self._change(conn)
+                self.changes += size
+                self.transactions += 1
+            except psycopg.OperationalError:
+                # the source restarted or our backend was terminated: the transaction's outcome is
+                # unknown, so the key sets are read again after reconnecting
+                self.errors += 1
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                time.sleep(0.2)  # a source restart takes a moment; retried until paused
+
+    def _tx_size(self) -> int:
+        r = self.rng.random()
+        if r < 0.7:
+            return self.rng.randint(1, 10)
+        if r < 0.95:
+            return self.rng.randint(10, max(10, self.max_tx // 20))
+        return self.rng.randint(1, self.max_tx)
+
+    def _change(self, conn: psycopg.Connection[Any]) -> None:
+        r = self.rng.random()
+        rng = self.rng
+        if r < 0.35 or len(self.accounts) < 20:
+            i = self.next_id
+            self.next_id += 1
+            conn.execute(
+                "INSERT INTO chaos_accounts (id, name, balance, ratio, born) VALUES (%s, %s, %s, %s, %s)",
+                (
+                    i,
+                    f"account {i} {secrets.token_hex(3)}",
+                    rng.choice(NUMERIC_EDGES),
+                    rng.random() * 1e6,
+                    f"{rng.randint(1900, 2020)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
+                ),
+            )
+            self.accounts.append(i)
+        elif r < 0.55:
+            i = rng.choice(self.accounts)
+            conn.execute(
+                "UPDATE chaos_accounts SET balance = %s, name = %s, updated_at = now() WHERE id = %s",
+                (rng.choice(NUMERIC_EDGES), f"renamed {i} {secrets.token_hex(2)}", i),
+            )
+        elif r < 0.62:
+            i = self.accounts.pop(rng.randrange(len(self.accounts)))
+            conn.execute("DELETE FROM chaos_accounts WHERE id = %s", (i,))
+        elif r < 0.65:
+            old = self.accounts.pop(rng.randrange(len(self.accounts)))
+            new = self.next_id
+            self.next_id += 1
+            conn.execute("UPDATE chaos_accounts SET id = %s WHERE id = %s", (new, old))
+            self.accounts.append(new)
+        elif r < 0.80:
+            t, s = rng.randint(1, 5), self.next_seq
+            self.next_seq += 1
+            conn.execute(
+                "INSERT INTO chaos_events (tenant, seq, payload, amount) VALUES (%s, %s, %s, %s)",
+                (t, s, secrets.token_hex(16), rng.choice(NUMERIC_EDGES)),
+            )
+            self.events.append((t, s))
+        elif r < 0.85 and self.events:
+            t, s = self.events.pop(rng.randrange(len(self.events)))
+            conn.execute("DELETE FROM chaos_events WHERE tenant = %s AND seq = %s", (t, s))
+        elif r < 0.9 or len(self.docs) < 5:
+            slug = f"doc-{secrets.token_hex(6)}"
+            # incompressible and over the TOAST threshold, stored out of line (STORAGE EXTERNAL)
+            conn.execute(
+                "INSERT INTO chaos_docs (slug, title, body) VALUES (%s, %s, %s)",
+                (slug, "draft", secrets.token_hex(3000)),
+            )
+            self.docs.append(slug)
+        elif r < 0.98:
+            # a TOAST update: body unchanged, so wal2json leaves it out of the change
+            conn.execute(
+                "UPDATE chaos_docs SET title = %s WHERE slug = %s",
+                (f"title {secrets.token_hex(4)}", rng.choice(self.docs)),
+            )
+        elif r < 0.999:
+            slug = self.docs.pop(rng.randrange(len(self.docs)))
+            conn.execute("DELETE FROM chaos_docs WHERE slug = %s", (slug,))
+        else:
+            conn.execute("TRUNCATE chaos_events")
+            self.events.clear()
+
+
+class Chaos:
+    """One run of the suite on one backend."""
+
+    def __init__(
+        self,
+        pg: PgCluster,
+        db: str,
+        workdir: Path,
+        backend: str,
+        size: Size,
+        seed: int,
+        kafka_bootstrap: str | None = None,
+        say: Callable[[str], None] = print,
+        kinds: tuple[str, ...] | None = None,
+    ) -> None:
+        unknown = set(kinds or ()) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown kinds of fault {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        self.kinds = kinds or FAULT_KINDS
+        self.pg, self.db, self.workdir, self.backend, self.size = pg, db, workdir, backend, size
+        self.rng = random.Random(seed)
+        self.say = say
+        self.report = Report(backend)
+        self.dsn = pg.dsn(db)
+        self.state = workdir / "state"
+        self.mounted = False
+        self.kafka_bootstrap = kafka_bootstrap
+        self.prefix = f"chaos{seed}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        # heartbeats every second: an idle source's slot confirms quickly, so verify need not wait
+        (workdir / "cdc.toml").write_text("heartbeat_interval_s = 1\n")
+        self.env = {
+            "CDC_CONFIG": str(workdir / "cdc.toml"),
+            **os.environ,
+            "CDC_SOURCE": self.dsn,
+            "CDC_STATE": str(self.state),
+            "CDC_TOPIC_PREFIX": self.prefix,
+            "CDC_SLOT": f"chaos_{seed}_{backend}",
+        }
+        if kafka_bootstrap:
+            self.env["CDC_LOG"] = f"kafka://{kafka_bootstrap}"
+        else:
+            self.env.pop("CDC_LOG", None)
+        logs = workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.reader = Proc("cdc run", [*CDC, "run"], self.env, logs / "run.log")
+        self.apply = Proc("cdc apply", [*CDC, "apply", "--stall-timeout", "60"], self.env, logs / "apply.log")
+        self.workload = Workload(self.dsn, self.rng, size.max_tx)
+
+    # -- set-up
+    def _cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CDC, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def _mount_log(self) -> None:
+        """The embedded log store on a size-limited filesystem of its own, so its disk can really fill
+        up (the fault the suite injects is the log store's disk full; the Kafka backend's disk is the
+        broker's, and the test broker keeps everything in memory)."""
+        self.log_dir = self.state / "log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.kafka_bootstrap:
+            self.report.skipped["disk_full"] = "the Kafka log store's disk is the broker's (memory-only here)"
+            return
+        if os.geteuid() != 0:
+            self.report.skipped["disk_full"] = "not root: no size-limited filesystem can be mounted"
+            return
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2g,mode=0700", "tmpfs", str(self.log_dir)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            self.report.skipped["disk_full"] = f"mount of a size-limited tmpfs failed: {proc.stderr.strip()}"
+            return
+        self.mounted = True
+
+    def setup(self) -> None:
+        self._mount_log()
+        self.pg.execute(DDL, self.db)
+        for table in TABLES:
+            extra = ["--search", "name"] if table.endswith("accounts") else []
+            proc = self._cdc("tables", "add", table, *extra)
+            if proc.returncode != 0:
+                raise RuntimeError(f"cdc tables add {table} failed: {proc.stderr}")
+        self.reader.start()
+        self.apply.start()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.workload.close()
+        self.reader.stop()
+        self.apply.stop()
+        with contextlib.suppress(Exception):
+            self.pg.execute(f"SELECT pg_drop_replication_slot('{self.env['CDC_SLOT']}')", self.db)
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.log_dir)], check=False)
+
+    # -- faults
+    def inject(self, kind: str) -> None:
+        getattr(self, f"_fault_{kind}")()
+
+    def _fault_reader_kill9(self) -> None:
+        self.reader.signal(signal.SIGKILL)
+
+    def _fault_reader_term(self) -> None:
+        self.reader.signal(signal.SIGTERM)
+
+    def _fault_apply_kill9(self) -> None:
+        self.apply.signal(signal.SIGKILL)
+
+    def _fault_apply_term(self) -> None:
+        self.apply.signal(signal.SIGTERM)
+
+    def _fault_apply_kill9_after_sink(self) -> None:
+        """kill -9 of the Spark job between a sink's write and Spark's checkpoint of that batch: the
+        job is restarted with the fault point ``apply.after_sink`` on, which fires at the first batch
+        it applies (the supervisor then starts it again without the fault)."""
+        self.apply.stop()
+        self.apply.start({"CDC_FAULTS": "apply.after_sink"})
+
+    def _fault_walsender_terminate(self) -> None:
+        self.pg.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            f"WHERE slot_name = '{self.env['CDC_SLOT']}' AND active_pid IS NOT NULL",
+            self.db,
+        )
+
+    def _fault_pg_restart_fast(self) -> None:
+        self.pg.stop("fast")
+        self.pg.start()
+
+    def _fault_pg_restart_immediate(self) -> None:
+        self.pg.stop("immediate")
+        self.pg.start()
+
+    def _fault_disk_full(self) -> None:
+        if not self.mounted:
+            return
+        filler = self.log_dir / "filler"
+        with filler.open("wb") as f:
+            chunk = b"\0" * (1 << 20)
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(chunk)
+                    f.flush()
+        # keep writing into the full disk for a while: the processes must fail loudly, not lose data
+        time.sleep(self.rng.uniform(1.0, 3.0))  # the fault's duration, not a synchronisation
+        filler.unlink()
+
+    def _fault_corrupt_record(self) -> None:
+        """A record that is not an event, appended to a table's topic (the reader is paused for it:
+        the embedded store admits one writer per topic)."""
+        self.reader.stop()
+        topic = f"{self.prefix}.public.chaos_accounts"
+        code = (
+            "import sys\n"
+            "from cdc.config import load_settings\n"
+            "from cdc.logstore import Record\n"
+            "from cdc.logstore.factory import open_log_store\n"
+            "import os\n"
+            "from pathlib import Path\n"
+            "s = load_settings({}, dict(os.environ), Path.cwd())\n"
+            "store = open_log_store(s, writer=True)\n"
+            f"store.append({topic!r}, [Record(key=b'{{\"id\": -1}}', value=b'{{not json')])\n"
+            "store.close()\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        if proc.returncode != 0:
+            self.report.failures.append(f"could not append a corrupt record: {proc.stderr[-500:]}")
+            return
+        self.report.dead_letters_expected += 1
+        self.reader.start()
+
+    def _fault_poison_value(self) -> None:
+        """A row holding a value the warehouse cannot store (a BC date): it must go to the dead-letter
+        topic while everything else applies; the row is then corrected at the source."""
+        i = 10_000_000 + self.rng.randint(0, 1_000_000)
+        self.pg.execute(
+            f"INSERT INTO chaos_accounts (id, name, balance, born) VALUES ({i}, 'poison', 1, '0044-03-15 BC')",
+            self.db,
+        )
+        self.report.dead_letters_expected += 1
+        self._poisoned = i
+
+    # -- checks
+    def dead_letters(self) -> int:
+        proc = self._cdc("topic", "dump", f"{self.prefix}.__dead_letter", "--json")
+        if proc.returncode != 0:
+            return 0  # no dead-letter topic yet
+        return sum(1 for line in proc.stdout.splitlines() if line.strip())
+
+    def verify(self) -> list[dict[str, Any]] | None:
+        """``cdc verify --json`` once the pipeline caught up; None until it is clean."""
+        proc = self._cdc("verify", "--json", "--wait", "20", "--limit", "5", timeout=300)
+        try:
+            reports = orjson.loads(proc.stdout)
+        except orjson.JSONDecodeError:
+            self._last_verify = [{"exit": proc.returncode, "stderr": proc.stderr[-1000:]}]
+            return None
+        if proc.returncode == 0 and all(r.get("status") == "ok" for r in reports):
+            return list(reports)
+        self._last_verify = reports
+        return None
+
+    def duplicated(self) -> int:
+        total = 0
+        for table in TABLES:
+            query = (
+                f"SELECT count(*) AS n FROM (SELECT _cdc_key, _cdc_commit_lsn, _cdc_seq FROM {table}__history "
+                "GROUP BY ALL HAVING count(*) > 1)"
+            )
+            proc = self._cdc("sql", query, "--json")
+            if proc.returncode != 0:
+                self.report.failures.append(f"history query of {table} failed: {proc.stderr[-300:]}")
+                continue
+            total += int(orjson.loads(proc.stdout)[0]["n"])
+        return total
+
+    def baseline(self) -> None:
+        """Before the first fault: the initial snapshot is applied and `cdc verify` is clean (so every
+        topic exists and recovery times measure the faults, not the start-up)."""
+        self.workload.start()
+        time.sleep(self.rng.uniform(*self.size.write_s))  # some writes on top of the snapshot
+        self.workload.pause()
+        deadline = time.monotonic() + self.size.verify_wait_s
+        while self.verify() is None:
+            self.reader.ensure()
+            self.apply.ensure()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the pipeline did not come up clean within {self.size.verify_wait_s:.0f} s: "
+                    f"{orjson.dumps(getattr(self, '_last_verify', None)).decode()[:1500]}"
+                )
+
+    def recover(self, kind: str, t_fault: float) -> None:
+        deadline = time.monotonic() + self.size.verify_wait_s
+        poisoned = getattr(self, "_poisoned", None)
+        while True:
+            self.reader.ensure()
+            self.apply.ensure()
+            if poisoned is not None and self.dead_letters() >= self.report.dead_letters_expected:
+                # the poison row is in the dead-letter topic: correct it at the source
+                self.pg.execute(
+                    f"UPDATE chaos_accounts SET born = '2001-01-01' WHERE id = {poisoned}", self.db
+                )
+                poisoned = self._poisoned = None
+            if poisoned is None and self.verify() is not None:
+                self.report.recover_s[kind].append(time.monotonic() - t_fault)
+                return
+            if time.monotonic() > deadline:
+                last = getattr(self, "_last_verify", None)
+                self.report.failures.append(
+                    f"after {kind}: not recovered within {self.size.verify_wait_s:.0f} s; last verify: "
+                    f"{orjson.dumps(last).decode()[:1500] if last else 'no answer'}"
+                )
+                return
+
+    def run(self) -> Report:
+        self.setup()
+        self.baseline()
+        kinds = [k for k in self.kinds if k not in self.report.skipped]
+        plan = [kinds[i % len(kinds)] for i in range(self.size.cycles)]
+        self.rng.shuffle(plan)
+        try:
+            for n, kind in enumerate(plan, 1):
+                self.workload.start()
+                time.sleep(self.rng.uniform(*self.size.write_s))  # writes before the fault
+                t_fault = time.monotonic()
+                self.inject(kind)
+                self.report.faults[kind] += 1
+                time.sleep(self.rng.uniform(0, self.size.write_s[0]))  # writes after the fault
+                self.workload.pause()
+                self.recover(kind, t_fault)
+                self.say(
+                    f"  [{n}/{len(plan)}] {kind}: recovered in {self.report.recover_s[kind][-1]:.1f} s"
+                    if self.report.recover_s[kind] and len(self.report.failures) == 0
+                    else f"  [{n}/{len(plan)}] {kind}: FAILED"
+                )
+                if self.report.failures:
+                    break
+            self.report.changes = self.workload.changes
+            self.report.transactions = self.workload.transactions
+            final = self.verify()
+            if final is None:
+                self.report.failures.append("the final verify is not clean")
+                self.report.lost = sum(
+                    int(r.get("missing_count", 0)) + int(r.get("different_count", 0))
+                    for r in getattr(self, "_last_verify", []) or []
+                )
+            self.report.duplicated = self.duplicated()
+            self.report.dead_letters_seen = self.dead_letters()
+            if self.report.dead_letters_seen < self.report.dead_letters_expected:
+                self.report.failures.append(
+                    f"{self.report.dead_letters_expected} dead letters expected, "
+                    f"{self.report.dead_letters_seen} in the dead-letter topic"
+                )
+        finally:
+            self.close()
+        return self.report
+
+
+@contextlib.contextmanager
+def tansu() -> Iterator[str]:
+    from tests.plugins.tansu import TansuBroker
+
+    broker = TansuBroker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()

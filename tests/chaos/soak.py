@@ -1,0 +1,286 @@
+"""`make soak DURATION=10m`: a steady 2,000 changes/s through the whole pipeline (`cdc run` and
+`cdc apply` as processes, the embedded log store), for a duration.
+
+It prints the resident memory (RSS) of every process -- the reader, the Spark driver (the `cdc apply`
+Python process and its JVM) and Spark's Python workers -- at the start, the middle and the end, the
+end-to-end lag over time (now minus the source commit time of the newest change applied, sampled
+every second; the source is never idle, so this is the freshness of the derived tables), and ends
+with `cdc verify`. Memory must be flat. The figures go to `docs/benchmarks/soak.md`.
+
+    python -m tests.chaos.soak [--duration 10m] [--rate 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import psycopg
+
+from cdc.devcluster import start_cluster
+from tests.chaos.harness import CDC, DDL, TABLES, Proc
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_duration(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", text.strip())
+    if not m:
+        raise SystemExit(f"--duration {text!r}: use e.g. 90s, 10m or 1h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE / 1e6
+    except OSError:
+        return 0.0
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def memory(reader: Proc, apply: Proc) -> dict[str, float]:
+    """RSS in MB: the reader; the Spark driver (Python + JVM); the Python workers (summed)."""
+    out = {
+        "reader": 0.0,
+        "spark driver (python)": 0.0,
+        "spark driver (jvm)": 0.0,
+        "spark python workers": 0.0,
+    }
+    if reader.popen:
+        out["reader"] = _rss_mb(reader.popen.pid)
+    if apply.popen:
+        root = apply.popen.pid
+        out["spark driver (python)"] = _rss_mb(root)
+        todo = _children(root)
+        while todo:
+            pid = todo.pop()
+            todo.extend(_children(pid))
+            cmd = _comm(pid)
+            if "java" in cmd.split(" ")[0]:
+                out["spark driver (jvm)"] += _rss_mb(pid)
+            elif "python" in cmd:
+                out["spark python workers"] += _rss_mb(pid)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+@dataclass
+class Writer:
+    """Changes at a steady rate: every 100 ms a transaction of rate/10 changes (60% updates, 30%
+    inserts, 10% deletes of the accounts table, plus events rows)."""
+
+    dsn: str
+    rate: int
+    changes: int = 0
+    behind_s: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        per_tick = max(1, self.rate // 10)
+        next_id = 1
+        live: list[int] = []
+        with psycopg.connect(self.dsn) as conn:
+            tick = time.monotonic()
+            while not self.stop.is_set():
+                with conn.transaction(), conn.cursor() as cur:
+                    rows = []
+                    for _ in range(per_tick):
+                        r = (next_id * 7919) % 100
+                        if r < 30 or len(live) < 100:
+                            rows.append(("i", next_id))
+                            live.append(next_id)
+                            next_id += 1
+                        elif r < 90:
+                            rows.append(("u", live[(next_id * 31 + r) % len(live)]))
+                        else:
+                            rows.append(("d", live.pop((next_id * 17) % len(live))))
+                    ins = [(i, f"account {i}", i % 1000, i * 0.5) for op, i in rows if op == "i"]
+                    if ins:
+                        cur.executemany(
+                            "INSERT INTO chaos_accounts (id, name, balance, ratio) VALUES (%s, %s, %s, %s)",
+                            ins,
+                        )
+                    upd = [(f"renamed {i} {self.changes}", i) for op, i in rows if op == "u"]
+                    if upd:
+                        cur.executemany(
+                            "UPDATE chaos_accounts SET name = %s, updated_at = now() WHERE id = %s", upd
+                        )
+                    dels = [(i,) for op, i in rows if op == "d"]
+                    if dels:
+                        cur.executemany("DELETE FROM chaos_accounts WHERE id = %s", dels)
+                self.changes += per_tick
+                tick += 0.1
+                delay = tick - time.monotonic()
+                if delay > 0:
+                    self.stop.wait(delay)
+                else:
+                    self.behind_s = -delay
+
+
+def newest_applied_ms(state: Path) -> int | None:
+    """The source commit time of the newest change the apply job applied (its metrics file)."""
+    for path in (state / "metrics" / "apply.json", state / "spark" / "apply-metrics.json"):
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        for key in ("newest_applied_commit_ms", "newest_event_ts_ms"):
+            if isinstance(data.get(key), int):
+                return int(data[key])
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.soak", description=__doc__)
+    parser.add_argument("--duration", default="10m")
+    parser.add_argument("--rate", type=int, default=2000, help="changes per second (default 2000)")
+    parser.add_argument("--out", default="docs/benchmarks/soak.md", help="where the figures go ('' for none)")
+    args = parser.parse_args()
+    duration = parse_duration(args.duration)
+    pg_base = Path(tempfile.mkdtemp(prefix="cdc-soak-pg-"))
+    work = Path(tempfile.mkdtemp(prefix="cdc-soak-"))
+    cluster = start_cluster(pg_base)
+    db = cluster.create_database("soak")
+    dsn = cluster.dsn(db)
+    (work / "cdc.toml").write_text("heartbeat_interval_s = 1\n")
+    env = {
+        **os.environ,
+        "CDC_SOURCE": dsn,
+        "CDC_STATE": str(work / "state"),
+        "CDC_CONFIG": str(work / "cdc.toml"),
+    }
+    env.pop("CDC_LOG", None)
+    cluster.execute(DDL, db)
+    for table in TABLES:
+        subprocess.run([*CDC, "tables", "add", table], env=env, check=True, capture_output=True)
+    reader = Proc("cdc run", [*CDC, "run"], env, work / "run.log")
+    apply = Proc("cdc apply", [*CDC, "apply", "--stall-timeout", "60"], env, work / "apply.log")
+    writer = Writer(dsn, args.rate)
+    samples: list[tuple[float, float]] = []
+    memory_at: dict[str, dict[str, float]] = {}
+    lines: list[str] = []
+    try:
+        reader.start()
+        apply.start()
+        thread = threading.Thread(target=writer.run, daemon=True)
+        thread.start()
+        t0 = time.monotonic()
+        marks = {"start": min(60.0, duration / 4), "middle": duration / 2, "end": duration - 5}
+        next_report = t0 + 60
+        while (now := time.monotonic()) - t0 < duration:
+            if not reader.alive() or not apply.alive():
+                raise SystemExit(f"a process died during the soak: see {work}/run.log and apply.log")
+            newest = newest_applied_ms(work / "state")
+            if newest is not None:
+                samples.append((now - t0, time.time() - newest / 1000))
+            for name, at in list(marks.items()):
+                if now - t0 >= at:
+                    memory_at[name] = memory(reader, apply)
+                    del marks[name]
+                    print(f"  memory at the {name}: {memory_at[name]}", file=sys.stderr, flush=True)
+            if now >= next_report:
+                recent = [lag for t, lag in samples if t > now - t0 - 60]
+                if recent:
+                    print(
+                        f"  {now - t0:5.0f} s: {writer.changes:,} changes, lag p50 {statistics.median(recent):.2f} s,"
+                        f" max {max(recent):.2f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                next_report += 60
+            time.sleep(1.0)  # the sampling period
+        writer.stop.set()
+        thread.join(30)
+        verify = subprocess.run(
+            [*CDC, "verify", "--json", "--wait", "300"], env=env, capture_output=True, text=True
+        )
+        reports = orjson.loads(verify.stdout) if verify.stdout.strip() else []
+        lags = sorted(lag for t, lag in samples if t > 30)
+        per_minute: list[tuple[int, float]] = []
+        for minute in range(int(duration // 60) + 1):
+            window = sorted(lag for t, lag in samples if minute * 60 <= t < (minute + 1) * 60)
+            if window:
+                per_minute.append((minute, window[int(0.99 * (len(window) - 1))]))
+        achieved = writer.changes / duration
+        lines += [
+            "## Soak: a steady load through the whole pipeline",
+            "",
+            f"{duration / 60:.0f} minutes at {args.rate:,} changes/s asked, {achieved:,.0f}/s achieved "
+            f"({writer.changes:,} changes; the writer ended {writer.behind_s:.2f} s behind its schedule), "
+            "embedded log store, `cdc run` and `cdc apply` (local[2]) as processes.",
+            "",
+            "| process | RSS at the start (MB) | middle | end |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for proc in memory_at.get("start", {}):
+            lines.append(
+                f"| {proc} | {memory_at.get('start', {}).get(proc, 0):,.0f} | "
+                f"{memory_at.get('middle', {}).get(proc, 0):,.0f} | {memory_at.get('end', {}).get(proc, 0):,.0f} |"
+            )
+        lines += [
+            "",
+            "End-to-end lag (now - source commit time of the newest change applied), p99 per minute:",
+            "",
+        ]
+        lines += ["| minute | " + " | ".join(str(m + 1) for m, _ in per_minute) + " |"]
+        lines += ["| --- | " + " | ".join("---:" for _ in per_minute) + " |"]
+        lines += ["| p99 (s) | " + " | ".join(f"{p:.2f}" for _, p in per_minute) + " |"]
+        if lags:
+            lines += [
+                "",
+                f"Over the whole run: p50 {statistics.median(lags):.2f} s, "
+                f"p99 {lags[int(0.99 * (len(lags) - 1))]:.2f} s, max {lags[-1]:.2f} s.",
+            ]
+        clean = verify.returncode == 0 and all(r.get("status") == "ok" for r in reports)
+        lines += [
+            "",
+            f"`cdc verify` at the end: {'clean' if clean else 'NOT CLEAN: ' + verify.stdout[:500]}",
+            "",
+        ]
+        print("\n".join(lines))
+        if args.out:
+            Path(args.out).write_text(
+                f"<!-- written by `make soak DURATION={args.duration}` on {time.strftime('%Y-%m-%d')} -->\n"
+                + "\n".join(lines)
+            )
+        return 0 if clean else 1
+    finally:
+        writer.stop.set()
+        reader.stop()
+        apply.stop()
+        cluster.stop("immediate")
+        shutil.rmtree(pg_base, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""A slot Postgres invalidated (wal_status = lost): the reader stops with SlotLostError, status says
+ERROR with the fix, and under slot_policy = "drop" status drops the dead slot and marks the tables, so
+the next `cdc run` re-snapshots them. Changes the session cluster's max_slot_wal_keep_size for the
+duration of the test (reset after)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdc.devcluster import PgCluster
+from tests.capture.test_reader_support import CaptureEnv
+from tests.oncall.support import env_with_status, stage, status
+from tests.plugins.postgres import wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+@pytest.fixture
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    extra = 'slot_policy = "drop"\nslot_drop_at_bytes = 1099511627776\n'  # 1 TiB: only "lost" triggers it
+    yield from env_with_status(pg, pg_db, tmp_path, request, window=3, extra=extra)
+
+
+def test_invalidated_slot_is_dropped_marked_and_resnapshotted(pg: PgCluster, env: CaptureEnv) -> None:
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 10) g")
+    env.add_table("public.t")
+    env.run_once()
+    pg.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        env.sql("INSERT INTO t SELECT g, 'y' FROM generate_series(11, 20) g")
+
+        def lost() -> bool:
+            env.sql("SELECT pg_switch_wal()")
+            env.sql("INSERT INTO t VALUES (1000, 'z') ON CONFLICT (id) DO UPDATE SET v = t.v || 'z'")
+            env.sql("CHECKPOINT")
+            rows = env.fetch("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", [env.slot])
+            return bool(rows) and rows[0][0] == "lost"
+
+        wait_for(lost, timeout=60, interval=0.2, what="Postgres to invalidate the slot")
+    finally:
+        pg.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        pg.execute("SELECT pg_reload_conf()")
+    res = env.cdc("run", "--once")
+    assert res.returncode == 3, res.stderr  # the reader's own answer: SlotLostError
+    code, report = status(env)  # the policy drops the dead slot and marks the table
+    assert code == 2
+    cap, slot = stage(report, "capture"), stage(report, "slot")
+    assert cap["verdict"] == "ERROR" and "SlotLostError" in cap["reason"]
+    assert slot["verdict"] == "ERROR" and "wal_status = lost" in slot["dropped"]["reason"]
+    assert slot["dropped"]["tables"] == ["public.t"]
+    assert not env.fetch("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", [env.slot])
+    summary = env.run_once()
+    assert summary["snapshot_rows"] == {"public.t": 21}
+    code, report = status(env)
+    assert stage(report, "slot")["verdict"] == "OK" and stage(report, "capture")["verdict"] == "OK"

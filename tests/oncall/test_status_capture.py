@@ -1,0 +1,87 @@
+"""`cdc status` against a real Postgres and the embedded log store: the capture and slot stages."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdc.devcluster import PgCluster
+from tests.capture.test_reader_support import CaptureEnv
+from tests.oncall.support import env_with_status, stage, status
+from tests.plugins.postgres import wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+@pytest.fixture
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    extra = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
+    yield from env_with_status(pg, pg_db, tmp_path, request, window=3, extra=extra)
+
+
+def _setup(env: CaptureEnv) -> None:
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 10) g")
+    env.add_table("public.t")
+
+
+def test_idle_source_longer_than_window_is_zero_seconds_and_ok(env: CaptureEnv) -> None:
+    _setup(env)
+    proc = env.spawn("run")
+    wait_for(lambda: status(env)[1]["processes"]["capture"]["running"], timeout=60, what="capture running")
+    env.sql("INSERT INTO t VALUES (100, 'y')")
+    wait_for(lambda: stage(status(env)[1], "capture")["lag_bytes"] == 0, timeout=60, what="caught up")
+    # the source now stays idle for longer than the window (3 s)
+    deadline = time.monotonic() + 4
+    wait_for(lambda: time.monotonic() > deadline, timeout=10, what="the window to pass")
+    for _ in range(3):  # heartbeats move the slot: every sample says 0 s, not a growing lag
+        _, report = status(env)
+        cap = stage(report, "capture")
+        assert cap["lag_seconds"] == 0, cap
+        assert cap["verdict"] == "OK", cap
+        assert stage(report, "slot")["verdict"] == "OK"
+        assert report["processes"]["capture"]["running"] is True
+    assert proc.poll() is None, env.proc_log()
+    counters = report["processes"]["capture"]["counters"]
+    assert counters["events_written"] >= 11
+
+
+def test_writes_while_capture_stopped_grow_lag_then_stopped_critical(env: CaptureEnv) -> None:
+    _setup(env)
+    env.run_once()
+    _, report = status(env)
+    assert stage(report, "capture")["verdict"] == "OK", stage(report, "capture")
+    env.sql("INSERT INTO t SELECT g, repeat('w', 100) FROM generate_series(1000, 2000) g")
+    _, first = status(env)
+    env.sql("UPDATE t SET v = 'again'")
+    _, second = status(env)
+    lag1, lag2 = stage(first, "capture")["lag_bytes"], stage(second, "capture")["lag_bytes"]
+    assert 0 < lag1 < lag2
+    assert stage(second, "capture")["lag_seconds"] > 0
+
+    def stopped() -> bool:
+        code, report = status(env)
+        cap = stage(report, "capture")
+        return code == 2 and cap["verdict"] == "STOPPED" and "cdc run" in cap["fix"]
+
+    wait_for(stopped, timeout=30, interval=0.5, what="capture STOPPED, exit 2")
+
+
+def test_retained_wal_past_threshold_exits_2_with_the_fix(env: CaptureEnv) -> None:
+    _setup(env)
+    env.run_once()
+    env.sql("CREATE TABLE filler (id int, v text)")
+    for _ in range(4):  # ~5 MiB of WAL the stopped slot must retain
+        env.sql(
+            "INSERT INTO filler SELECT g, md5(g::text) || repeat('z', 500) FROM generate_series(1, 2500) g"
+        )
+    code, report = status(env)
+    slot = stage(report, "slot")
+    assert code == 2 and report["severity"] == "critical"
+    assert slot["severity"] == "critical" and slot["retained_wal_bytes"] > 4194304
+    assert "pg_drop_replication_slot" in slot["fix"] and "cdc run" in slot["fix"]
+    text = env.cdc("status")
+    assert text.returncode == 2 and "what to do:" in text.stdout and "retained WAL" in text.stdout

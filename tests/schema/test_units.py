@@ -1,0 +1,110 @@
+"""Schema versions and dropped columns in the registry, and ``source.schema_version`` in events
+(pure: no Postgres)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+
+from cdc.reader.envelope import EventBuilder, TableCodec
+from cdc.reader.wal2json import Col, Message
+from cdc.registry import Column, Registry, TableReg
+
+
+def _reg() -> TableReg:
+    cols = (Column("id", "integer"), Column("name", "text"), Column("note", "text"))
+    return TableReg("public", "t", "cdc.public.t", ("id",), search=("name", "note"), columns=cols)
+
+
+def test_set_columns_bumps_the_version_and_remembers_dropped_columns(tmp_path: Path) -> None:
+    with Registry(tmp_path) as r:
+        r.add(_reg())
+        assert r.get("public", "t").schema_version == 1
+        same = r.set_columns("public", "t", _reg().columns)
+        assert same.schema_version == 1  # unchanged columns: no new version
+        new = r.set_columns("public", "t", (Column("id", "integer"), Column("name", "text")))
+        assert new.schema_version == 2 and new.dropped_columns == ("note",) and new.search == ("name",)
+        assert new.extra["dropped_types"] == {"note": "text"}
+        back = r.set_columns(
+            "public", "t", (Column("id", "bigint"), Column("name", "text"), Column("note", "text"))
+        )
+        assert back.schema_version == 3 and back.dropped_columns == ()
+        assert r.get("public", "t") == back
+
+
+def test_events_carry_the_schema_version_and_follow_a_change() -> None:
+    reg = _reg()
+    codec = TableCodec(reg, prefix="cdc", db="db", partitions=1)
+    seen: list[tuple[Column, ...]] = []
+
+    def changed(old: TableReg, cols: tuple[Column, ...]) -> TableReg:
+        seen.append(cols)
+        return replace(old, columns=cols, extra={"schema_version": 2})
+
+    b = EventBuilder({("public", "t"): codec}, changed, lambda reg, names: set(names))
+    b.begin(Message(action="B", xid=7, lsn="0/10", timestamp=None))
+
+    def ins(cols: list[Col]) -> dict[str, object]:
+        msg = Message(action="I", schema="public", table="t", lsn="0/11", columns=cols)
+        out = b.change(msg)
+        assert out is not None
+        return dict(orjson.loads(out[1][0].value or b"null"))
+
+    ev = ins([Col("id", "integer", 1), Col("name", "text", "a"), Col("note", "text", "n")])
+    assert ev["source"]["schema_version"] == 1  # type: ignore[index]
+    # an UPDATE without "note": the catalog (here: the callback) says it is gone, not TOASTed
+    msg = Message(
+        action="U",
+        schema="public",
+        table="t",
+        lsn="0/12",
+        columns=[Col("id", "integer", 1), Col("name", "text", "b")],
+        identity=[Col("id", "integer", 1)],
+    )
+    out = b.change(msg)
+    assert out is not None
+    ev = orjson.loads(out[1][0].value or b"null")
+    assert ev["source"]["schema_version"] == 2 and ev["unavailable"] == [] and "note" not in ev["after"]
+    assert [c.name for c in seen[-1]] == ["id", "name"]
+
+
+def test_a_renamed_search_column_keeps_its_index_field(tmp_path: Path) -> None:
+    with Registry(tmp_path) as r:
+        r.add(_reg())
+        cols = (Column("id", "integer"), Column("title", "text"), Column("note", "text"))
+        new = r.set_columns("public", "t", cols, {"name": "title"})
+        assert new.search == ("title", "note") and new.search_field("title") == "name"
+        assert new.dropped_columns == ("name",) and new.search_field("note") == "note"
+        again = r.set_columns(
+            "public", "t", (Column("id", "integer"), Column("head", "text")), {"title": "head"}
+        )
+        assert again.search == ("head",) and again.search_field("head") == "name"
+
+
+def test_events_with_a_schema_version_take_the_columnar_parse() -> None:
+    import pyarrow as pa
+
+    from sinks import RawRecord
+    from sinks.parse import MIN_RECORDS, parse_columns
+
+    reg = replace(_reg(), extra={"schema_version": 3})
+    codec = TableCodec(reg, prefix="cdc", db="db", partitions=1)
+    b = EventBuilder({("public", "t"): codec}, lambda r, c: None)
+    records = []
+    for i in range(MIN_RECORDS):
+        b.begin(Message(action="B", xid=7 + i, lsn=f"0/{16 + i:X}", timestamp="2026-11-23 09:00:00+00"))
+        cols = [Col("id", "integer", i), Col("name", "text", f"n{i}"), Col("note", "text", None)]
+        out = b.change(Message(action="I", schema="public", table="t", lsn=f"0/{16 + i:X}", columns=cols))
+        assert out is not None
+        records.append(RawRecord(reg.topic, 0, i, out[1][0].key, out[1][0].value, 0))
+    assert orjson.loads(records[0].value or b"")["source"]["schema_version"] == 3
+    arrays = (
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([0] * len(records), pa.int32()),
+        pa.array(range(len(records)), pa.int64()),
+    )
+    cols = parse_columns(reg, *arrays)
+    assert cols is not None and len(cols) == MIN_RECORDS

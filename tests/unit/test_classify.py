@@ -1,0 +1,57 @@
+"""Error classification by class and SQLSTATE (no message parsing once a SQLSTATE exists)."""
+
+from __future__ import annotations
+
+import psycopg
+import psycopg.errors as pe
+import psycopg2
+import pytest
+
+from cdc.connect import classify, is_transient
+from cdc.errors import (
+    ConfigError,
+    SourceAuthError,
+    SourceMissingError,
+    SourcePermanentError,
+    SourcePrivilegeError,
+    SourceUnavailableError,
+)
+
+DSN = "postgresql://u:hunter22@127.0.0.1:1/db"
+
+
+@pytest.mark.parametrize(
+    "exc,cls",
+    [
+        (pe.InvalidPassword("x"), SourceAuthError),  # 28P01
+        (pe.InvalidAuthorizationSpecification("x"), SourceAuthError),  # 28000
+        (pe.InsufficientPrivilege("x"), SourcePrivilegeError),  # 42501
+        (pe.InvalidCatalogName("x"), SourceMissingError),  # 3D000
+        (pe.UndefinedTable("x"), SourceMissingError),  # 42P01
+        (pe.InvalidSchemaName("x"), SourceMissingError),  # 3F000
+        (pe.AdminShutdown("x"), SourceUnavailableError),  # 57P01: pg_terminate_backend, fast shutdown
+        (pe.CannotConnectNow("x"), SourceUnavailableError),  # 57P03
+        (pe.ConnectionFailure("x"), SourceUnavailableError),  # 08006
+        (pe.TooManyConnections("x"), SourceUnavailableError),  # 53300
+        (pe.ObjectInUse("x"), SourceUnavailableError),  # 55006: slot still held by the old walsender
+        (pe.SyntaxError("x"), SourcePermanentError),  # 42601: a bug, not retried
+        (psycopg.OperationalError("server closed the connection unexpectedly"), SourceUnavailableError),
+        (psycopg2.OperationalError("SSL SYSCALL error: EOF detected"), SourceUnavailableError),
+        (psycopg2.InterfaceError("connection already closed"), SourceUnavailableError),
+    ],
+)
+def test_classify(exc: Exception, cls: type[Exception]) -> None:
+    err = classify(exc, DSN)
+    assert type(err) is cls
+    assert is_transient(err) == (cls is SourceUnavailableError)
+    assert err.exit_code == (1 if cls is SourceUnavailableError else 2)
+    assert "hunter22" not in str(err.to_dict())
+
+
+def test_driver_text_with_the_dsn_is_scrubbed() -> None:
+    err = classify(psycopg.ProgrammingError(f'missing "=" after "{DSN}" in connection info string'), DSN)
+    assert "hunter22" not in err.message and "u:***@127.0.0.1" in err.message
+
+
+def test_config_errors_are_not_transient() -> None:
+    assert not is_transient(ConfigError("x"))
