@@ -599,7 +599,7 @@ class ApplyJob:
     def run(self) -> ApplySummary:
         """Run until caught up (``once``) or until :meth:`stop`; raise ApplyError if a batch fails, and
         :class:`StalledError` if one makes no progress for ``stall_timeout_s`` (the watchdog)."""
-        from py4j.protocol import Py4JNetworkError  # deferred with pyspark (heavy)
+        from py4j.protocol import Py4JError, Py4JJavaError  # deferred with pyspark (heavy)
 
         self._loop_at = time.monotonic()
         done = threading.Event()
@@ -611,7 +611,12 @@ class ApplyJob:
             with self.metrics:  # publishes <state>/metrics/apply.json; records an error that ends the run
                 try:
                     return self._run()
-                except (ConnectionError, Py4JNetworkError) as exc:  # the JVM exited or was killed
+                except (ConnectionError, Py4JError) as exc:
+                    # the JVM exited or was killed: the gateway's socket fails (Py4JNetworkError), or
+                    # pyspark's conversion of the query's error finds no JVM to ask ("... does not exist
+                    # in the JVM", seen when a full disk ended the JVM); a Java error is not this case
+                    if isinstance(exc, Py4JJavaError):
+                        raise
                     self._stalled = True  # nothing may wait on the JVM any more
                     raise ApplyError(
                         f"the Spark JVM of the apply job went away ({exc}); its log above says why",
