@@ -9,47 +9,61 @@ Text goes to people, ``--json`` to scripts; errors go to stderr (as JSON with ``
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-from cdc.cli import (
-    apply,
-    capture,
-    check,
-    deadletters,
-    demo,
-    query,
-    serve,
-    snapshot,
-    status,
-    tables,
-    topic,
-    verify,
-)
 from cdc.cli.output import print_error
 from cdc.config import load_settings
 from cdc.errors import CdcError
 from cdc.paths import PRIVATE_UMASK, tighten
 
-VERB_MODULES = (
-    check,
-    tables,
-    capture,
-    snapshot,
-    topic,
-    apply,
-    deadletters,
-    query,
-    verify,
-    demo,
-    status,
-    serve,
-)
+#: the verb modules, in the order of `cdc --help`, each with the verbs it adds. Only the module of
+#: the verb being run is imported (a verb's module imports what it needs: pyarrow, the snapshot
+#: reader, Spark glue); `cdc --help` and a verb not listed here import all of them.
+VERB_MODULES: dict[str, tuple[str, ...]] = {
+    "check": ("check",),
+    "tables": ("tables",),
+    "capture": ("run",),
+    "snapshot": ("snapshot",),
+    "topic": ("topic",),
+    "apply": ("apply",),
+    "deadletters": ("deadletters",),
+    "query": ("sql", "search"),
+    "verify": ("verify",),
+    "demo": ("demo",),
+    "status": ("status",),
+    "serve": ("serve",),
+}
+
+_GLOBAL_OPTIONS_WITH_VALUE = ("--source", "--state", "--log")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _verb_of(argv: Sequence[str]) -> str | None:
+    """The verb of ``argv`` (the first word that is neither a global option nor its value)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _GLOBAL_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+        elif not arg.startswith(_GLOBAL_OPTIONS_WITH_VALUE):  # -h, --help, an unknown option
+            return None
+    return None
+
+
+def _modules_for(verb: str | None) -> list[ModuleType]:
+    names = [m for m, verbs in VERB_MODULES.items() if verb in verbs] or list(VERB_MODULES)
+    return [importlib.import_module(f"cdc.cli.{name}") for name in names]
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The `cdc` parser; with ``verb``, only that verb's module is registered (see VERB_MODULES)."""
     parser = argparse.ArgumentParser(prog="cdc", description="Change-data-capture for PostgreSQL.")
     parser.add_argument("--source", help="source DSN or URI (default: $CDC_SOURCE, cdc.toml)")
     parser.add_argument("--state", help="state directory (default: $CDC_STATE or .cdc)")
@@ -57,13 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(run_cli=main)  # for `cdc demo`, which runs verbs without importing the CLI
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
-    for module in VERB_MODULES:
+    for module in _modules_for(verb):
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_verb_of(argv))
     args = parser.parse_args(argv)
     as_json = bool(getattr(args, "json", False))
     # least privilege on disk: whatever this process (and Spark, tantivy, delta-rs under it) creates
