@@ -70,6 +70,17 @@ _TRANSIENT_STARTUP = (
 )
 
 
+def _connect_kwargs(dsn: str, application_name: str, options: str | None) -> dict[str, Any]:
+    """libpq parameters added to ``dsn``: the application name, the connect timeout (unless the DSN
+    sets one), the session options."""
+    kwargs: dict[str, Any] = {"application_name": application_name}
+    if "connect_timeout" not in parse_dsn(dsn):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    if options is not None:
+        kwargs["options"] = options
+    return kwargs
+
+
 def connect(
     dsn: str,
     *,
@@ -79,12 +90,7 @@ def connect(
 ) -> psycopg.Connection[Any]:
     """A psycopg 3 connection to the source, or a classified :class:`SourceError` (see
     :func:`classify`) that does not show the password."""
-    params = parse_dsn(dsn)
-    kwargs: dict[str, Any] = {"application_name": application_name}
-    if "connect_timeout" not in params:
-        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
-    if options is not None:
-        kwargs["options"] = options
+    kwargs = _connect_kwargs(dsn, application_name, options)
     try:
         return psycopg.connect(dsn, autocommit=autocommit, **kwargs)
     except psycopg.Error as exc:
@@ -94,12 +100,7 @@ def connect(
 def connect_replication(dsn: str, *, application_name: str = "cdc-reader", options: str | None = None) -> Any:
     """A psycopg2 ``LogicalReplicationConnection`` with a connect timeout, or a classified
     :class:`SourceError`."""
-    params = parse_dsn(dsn)
-    kwargs: dict[str, Any] = {"application_name": application_name}
-    if "connect_timeout" not in params:
-        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
-    if options is not None:
-        kwargs["options"] = options
+    kwargs = _connect_kwargs(dsn, application_name, options)
     try:
         return psycopg2.connect(
             dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs

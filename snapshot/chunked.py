@@ -45,6 +45,7 @@ from cdc.reader.envelope import TableCodec
 from cdc.reader.wal2json import Message
 from cdc.registry import Alignment, Column, Registry, TableReg
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
+from snapshot.table_info import row_estimate, table_columns
 from snapshot.where import parse_where, where_sql
 
 __all__ = [
@@ -506,18 +507,6 @@ def truncate_marker(codec: TableCodec, commit_lsn: int) -> list[Record]:
 
 
 # --- the driver: reads chunks between watermarks ---------------------------------------------------
-_COLUMNS = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
-FROM pg_attribute a
-WHERE a.attrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE n.nspname = %(schema)s AND c.relname = %(table)s)
-  AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-_ESTIMATE = """
-SELECT GREATEST(c.reltuples, 0)::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %(schema)s AND c.relname = %(table)s
-"""
 
 
 class _Stopped(Exception):
@@ -628,8 +617,7 @@ class ChunkDriver:
 
     # -- one table ------------------------------------------------------------------------------
     def _plan(self, conn: psycopg.Connection[Any], reg: TableReg) -> _TablePlan:
-        params = {"schema": reg.schema, "table": reg.table}
-        cols = tuple(Column(str(n), str(t), bool(nl)) for n, t, nl in conn.execute(_COLUMNS, params))
+        cols = table_columns(conn, reg.schema, reg.table)
         if not cols:
             raise _Missing(reg.qualified)
         codec = self.codec_for(replace(reg, columns=cols))
@@ -649,9 +637,8 @@ class ChunkDriver:
             if progress.where
             else sql.SQL("TRUE")
         )
-        row = conn.execute(_ESTIMATE, params).fetchone()
-        if progress.estimate == 0 and row:
-            progress.estimate = int(row[0])
+        if progress.estimate == 0:
+            progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
         encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key)
         return _TablePlan(reg, codec, names, where, progress, sql.Identifier(reg.schema, reg.table), encoder)

@@ -30,9 +30,10 @@ from cdc.logstore import LogStore, Record
 from cdc.reader.envelope import TableCodec
 from cdc.reader.replication import SESSION_OPTIONS, Batch
 from cdc.reader.wal2json import type_kind
-from cdc.registry import Alignment, Column, TableReg
+from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
+from snapshot.table_info import row_estimate, table_columns
 
 BATCH_ROWS = 5000
 
@@ -53,19 +54,6 @@ _PLAIN_TEXT_TYPES = frozenset(
 )
 #: types whose cast to text is not their text output: JSON-quoted by ``to_json(col)`` instead
 _OUTPUT_TEXT_TYPES = frozenset({"character", "char", "bpchar", "inet", "cidr"})
-
-_COLUMNS = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
-FROM pg_attribute a
-WHERE a.attrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE n.nspname = %(schema)s AND c.relname = %(table)s)
-  AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-_ESTIMATE = """
-SELECT GREATEST(c.reltuples, 0)::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %(schema)s AND c.relname = %(table)s
-"""
 
 
 def _base_type(pg_type: str) -> str:
@@ -119,8 +107,8 @@ def json_copy_query(schema: str, table: str, exprs: Sequence[sql.Composable]) ->
 def json_exprs(conn: psycopg.Connection[Any], schema: str, table: str) -> list[sql.Composable] | None:
     """:func:`sql_json_value` of every column of the table, or None when Python must encode one."""
     exprs = []
-    for name, pg_type, nullable in conn.execute(_COLUMNS, {"schema": schema, "table": table}):
-        e = sql_json_value(str(name), str(pg_type), bool(nullable))
+    for col in table_columns(conn, schema, table):
+        e = sql_json_value(col.name, col.type, col.nullable)
         if e is None:
             return None
         exprs.append(e[0])
@@ -164,16 +152,14 @@ def read_table(
     """Read one table on ``conn`` (which imported ``snap``) with a plain COPY and append its rows to
     ``store`` (a writer thread appends batch n while batch n+1 is encoded; ``store_lock`` serialises
     the store between threads). Returns once every row is durable."""
-    params = {"schema": reg.schema, "table": reg.table}
-    cols = tuple(Column(str(n), str(t), bool(nullable)) for n, t, nullable in conn.execute(_COLUMNS, params))
+    cols = table_columns(conn, reg.schema, reg.table)
     if not cols:
         raise SourceError(
             f"table {reg.qualified} does not exist at the source (any more)",
             fix=f"remove its registration with `cdc tables remove {reg.qualified}`, or re-create it",
             table=reg.qualified,
         )
-    row = conn.execute(_ESTIMATE, params).fetchone()
-    estimate = int(row[0]) if row else 0
+    estimate = row_estimate(conn, reg.schema, reg.table)
     codec = TableCodec(replace(reg, columns=cols), prefix=prefix, db=db, partitions=partitions)
     names = codec.included
     missing = [k for k in codec.key if k not in names]

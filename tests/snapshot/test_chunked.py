@@ -141,8 +141,9 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     code, out = _cdc(env, "tables", "list", "--json")
     listed = {t["table"]: t for t in orjson.loads(out)}
     prog = listed["public.big"]["snapshot"]["progress"]
-    # chunks of chunk_size rows in key order (200k rows + the load's inserts, 2048 a chunk)
-    assert code == 0 and prog["done"] and 98 <= prog["chunks_done"] <= 104 and prog["chunks_left"] == 0, prog
+    # chunks of chunk_size rows in key order: 200k rows, 2048 a chunk, give or take the load's deletes
+    # ahead of the snapshot (fewer rows: 97 chunks seen) and its inserts behind the last key (more)
+    assert code == 0 and prog["done"] and 95 <= prog["chunks_done"] <= 104 and prog["chunks_left"] == 0, prog
 
     # the Spark apply job, then verify against the source: clean
     from cdc.config import Settings
