@@ -15,6 +15,7 @@ import pytest
 from cdc.devcluster import PgCluster
 from tests.capture.test_reader_support import CaptureEnv, make_env
 from tests.plugins.postgres import wait_for
+from tests.schema.helpers import install_recorder
 from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres]
@@ -23,14 +24,6 @@ pytestmark = [pytest.mark.postgres]
 @pytest.fixture
 def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
     yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def install_recorder(env: CaptureEnv) -> None:
-    res = env.cdc("check", "--fix", "--json")
-    assert "installed the DDL recorder" in res.stderr, res.stderr
-    report = orjson.loads(res.stdout)
-    assert "ddl_recorder" in report["checked"]
-    assert not [f for f in report["findings"] if f["check"] == "ddl_recorder"], report
 
 
 def _values(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:
