@@ -673,10 +673,11 @@ class Reader:
             )
             body = {"what": what, "to": to, "tag": tag}
             self.registry.set_state(missing_ddl_key(reg.schema, reg.table), orjson.dumps(body).decode())
-            self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
+            if self.registry.get_state(missing_key(reg.schema, reg.table)) is None:
+                self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
             seen[(reg.schema, reg.table)] = None  # the source check need not tell it again
 
-        return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse, log=self.log)
+        return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse)
 
     def _record_missing(self, source: dict[tuple[str, str], tuple[tuple[str, str], ...] | None]) -> None:
         from snapshot.chunked import missing_ddl_key, missing_key

@@ -51,7 +51,6 @@ __all__ = [
     "install_ddl_recorder",
     "install_script",
     "parse_ddl",
-    "remove_script",
 ]
 
 #: the recorder's function (schema, name)
@@ -122,23 +121,9 @@ def install_statements() -> list[sql.Composed]:
     return out
 
 
-def remove_statements() -> list[sql.Composed]:
-    out = [sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(sql.Identifier(n)) for n in TRIGGERS]
-    out.append(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function()))
-    return out
-
-
-def _script(statements: list[sql.Composed], conn: psycopg.Connection[Any]) -> str:
-    return "BEGIN;\n" + "".join(s.as_string(conn) + ";\n" for s in statements) + "COMMIT;\n"
-
-
 def install_script(conn: psycopg.Connection[Any]) -> str:
     """The install statements as a psql script (``cdc check --ddl-recorder-sql``)."""
-    return _script(install_statements(), conn)
-
-
-def remove_script(conn: psycopg.Connection[Any]) -> str:
-    return _script(remove_statements(), conn)
+    return "BEGIN;\n" + "".join(s.as_string(conn) + ";\n" for s in install_statements()) + "COMMIT;\n"
 
 
 _STATE = """
@@ -338,18 +323,14 @@ class DdlFollower:
         *,
         on_gone: TableGone,
         on_key_lost: KeyLost,
-        log: Callable[[str], None] | None = None,
     ) -> None:
         self.builder = builder
         self.oids = dict(oids)
         self.on_gone = on_gone
         self.on_key_lost = on_key_lost
-        self.log = log or (lambda _m: None)
-        self.messages = 0
 
     def __call__(self, msg: Message) -> None:
         ddl = parse_ddl(msg.content, msg.lsn)
-        self.messages += 1
         for obj in ddl.objects:
             self._object(ddl, obj)
 
