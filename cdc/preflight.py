@@ -5,7 +5,7 @@ query failed) are raised as :class:`~cdc.errors.CdcError`, never reported as fin
 facts (:func:`run_preflight`) is kept apart from judging them (the ``check_*`` functions, pure,
 unit-testable on :class:`~cdc.catalog.ServerInfo` / :class:`~cdc.catalog.SlotInfo` values).
 
-Verdict (:meth:`Report.exit_code`): 0 no findings, 1 warnings only, 2 at least one error.
+Verdict (:meth:`Report.exit_code`): 0 no findings (or ``info`` only), 1 warnings, 2 at least one error.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from cdc.errors import RegistryError
 from cdc.names import quote_table_name
 from cdc.registry import TableReg
 
-Severity = Literal["error", "warning"]
+#: ``info``: worth knowing, nothing to fix for capture to be right (it does not change the exit code)
+Severity = Literal["error", "warning", "info"]
 
 # The checks in the order they run; each name appears in Report.checked when it ran.
 CHECKS = (
@@ -39,6 +40,7 @@ CHECKS = (
     "replica_identity",
     "select_privilege",
     "watermark_table",  # run by cdc.cli.check (snapshot.chunked.check_watermark_table)
+    "ddl_recorder",  # run by cdc.cli.check (cdc.reader.ddl.check_ddl_recorder)
 )
 WAL2JSON_TIMEOUT_MS = 10_000
 
@@ -78,6 +80,10 @@ class Report:
         return [f for f in self.findings if f.severity == "warning"]
 
     @property
+    def infos(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "info"]
+
+    @property
     def ok(self) -> bool:
         """No errors: capture can start (warnings may still need attention)."""
         return not self.errors
@@ -97,7 +103,7 @@ class Report:
 
 
 def verdict_exit_code(findings: Iterable[Finding]) -> int:
-    """0 when there is nothing to report, 1 for warnings only, 2 when there is an error."""
+    """0 when there is nothing to report (or only ``info``), 1 for warnings, 2 when there is an error."""
     severities = {f.severity for f in findings}
     return 2 if "error" in severities else 1 if "warning" in severities else 0
 

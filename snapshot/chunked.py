@@ -204,6 +204,13 @@ def missing_key(schema: str, table: str) -> str:
     return "source_missing:" + orjson.dumps([schema, table]).decode()
 
 
+def missing_ddl_key(schema: str, table: str) -> str:
+    """Registry state key (JSON ``{"what": "dropped" | "renamed", "to": new name or null, "tag":
+    command tag}``) set with :func:`missing_key` when the DDL recorder told what happened
+    (``cdc.reader.ddl``); cleared with it."""
+    return "source_missing_ddl:" + orjson.dumps([schema, table]).decode()
+
+
 def refused_key(schema: str, table: str) -> str:
     """Registry state key (JSON ``{"reason", "fix"}``) of a registered table the capture refuses
     because its key columns are gone at the source (dropped or renamed)."""

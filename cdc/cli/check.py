@@ -1,10 +1,13 @@
-"""``cdc check [--json] [--fix]``: preflight of the source (see :mod:`cdc.preflight`); ``--fix``
-creates the watermark table of chunked snapshots (``docs/snapshots.md``).
+"""``cdc check [--json] [--fix] [--ddl-recorder-sql]``: preflight of the source (see
+:mod:`cdc.preflight`); ``--fix`` creates the watermark table of chunked snapshots
+(``docs/snapshots.md``) and, when the role may (a superuser), installs the DDL recorder
+(:mod:`cdc.reader.ddl`, ``docs/schema-changes.md``); ``--ddl-recorder-sql`` prints the SQL that
+installs the recorder (for a superuser's ``psql``) and checks nothing.
 
-Text: one line per check, ``OK|WARN|ERROR check: message — fix: ...``. ``--json``:
+Text: one line per check, ``OK|INFO|WARN|ERROR check: message — fix: ...``. ``--json``:
 ``{"ok", "exit_code", "findings": [{check, severity, message, fix, values}], "checked": [...], "skipped": {...}}``.
-Exit code: 0 clean, 1 warnings only, 2 errors. A check that cannot run at all (no connection, a
-failed query) is an error of the command, not a finding.
+Exit code: 0 clean (``info`` findings included), 1 warnings, 2 errors. A check that cannot run at
+all (no connection, a failed query) is an error of the command, not a finding.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import psycopg
 from cdc.cli.output import print_json
 from cdc.config import Settings
 from cdc.connect import classify, connect
+from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
+from cdc.reader.ddl import check_ddl_recorder, install_ddl_recorder, install_script
 from cdc.registry import Registry, TableReg
 from snapshot.chunked import SnapshotOptions, check_watermark_table, ensure_watermark_table
 
@@ -27,7 +32,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc check`` to the ``cdc`` parser."""
     check = sub.add_parser("check", help="check that the source is ready for capture")
     check.add_argument("--json", action="store_true", help="print the findings as JSON")
-    check.add_argument("--fix", action="store_true", help="create the watermark table of chunked snapshots")
+    check.add_argument(
+        "--fix",
+        action="store_true",
+        help="create the watermark table of chunked snapshots, and the DDL recorder if the role may",
+    )
+    check.add_argument(
+        "--ddl-recorder-sql",
+        action="store_true",
+        help="print the SQL a superuser runs to install the DDL recorder, and exit",
+    )
     check.set_defaults(handler=run_check)
 
 
@@ -43,9 +57,14 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_source()
     with connect(dsn, application_name="cdc check") as conn:
         try:
-            if args.fix and ensure_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark):
-                print("created the watermark table", file=sys.stderr)
-            report = _with_watermark(run_preflight(conn, settings.slot_name, regs), conn, settings)
+            if args.ddl_recorder_sql:
+                sys.stdout.write(install_script(conn))
+                return 0
+            if args.fix:
+                if ensure_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark):
+                    print("created the watermark table", file=sys.stderr)
+                _fix_ddl_recorder(conn)
+            report = _with_source_objects(run_preflight(conn, settings.slot_name, regs), conn, settings)
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None
     if args.json:
@@ -55,14 +74,31 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     return report.exit_code
 
 
-def _with_watermark(report: Report, conn: psycopg.Connection[Any], settings: Settings) -> Report:
-    """The report with the watermark table's check (see :func:`snapshot.chunked.check_watermark_table`)."""
-    found = check_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark)
+def _fix_ddl_recorder(conn: psycopg.Connection[Any]) -> None:
+    """Install the DDL recorder if the role may; else say why (the finding keeps the fix)."""
+    try:
+        if install_ddl_recorder(conn):
+            print("installed the DDL recorder", file=sys.stderr)
+    except SourceError as exc:
+        print(f"did not install the DDL recorder: {exc} — fix: {exc.fix}", file=sys.stderr)
+
+
+def _with_source_objects(report: Report, conn: psycopg.Connection[Any], settings: Settings) -> Report:
+    """The report with the checks of the objects the service keeps at the source: the watermark
+    table (:func:`snapshot.chunked.check_watermark_table`) and the DDL recorder
+    (:func:`cdc.reader.ddl.check_ddl_recorder`)."""
     findings = report.findings
-    if found is not None:
-        severity, message, fix = found
-        findings = (*findings, Finding("watermark_table", severity, message, fix))  # type: ignore[arg-type]
-    return Report(findings, (*report.checked, "watermark_table"), report.skipped)
+    for name, found in (
+        ("watermark_table", check_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark)),
+        ("ddl_recorder", check_ddl_recorder(conn)),
+    ):
+        if found is not None:
+            severity, message, fix = found
+            findings = (*findings, Finding(name, severity, message, fix))  # type: ignore[arg-type]
+    return Report(findings, (*report.checked, "watermark_table", "ddl_recorder"), report.skipped)
+
+
+_LABELS = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
 
 
 def print_report(report: Report) -> None:
@@ -71,7 +107,7 @@ def print_report(report: Report) -> None:
         if not found:
             print(f"OK    {name}")
         for f in found:
-            print(f"{'ERROR' if f.severity == 'error' else 'WARN ':5} {name}: {f.message} — fix: {f.fix}")
+            print(f"{_LABELS.get(f.severity, f.severity.upper()):5} {name}: {f.message} — fix: {f.fix}")
     for name, why in report.skipped.items():
         print(f"SKIP  {name}: {why}")
     errors, warnings = len(report.errors), len(report.warnings)

@@ -32,7 +32,7 @@ from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
 from cdc.registry import Registry, TableReg, search_index_path, warehouse_paths
-from snapshot.chunked import load_progress, missing_key, progress_view, refused_key
+from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -249,10 +249,21 @@ def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None)
     missing = registry.get_state(missing_key(reg.schema, reg.table)) if registry else None
     if missing is not None:  # dropped or renamed at the source (noticed by `cdc run`)
         out["source_missing_since"] = int(missing)
+        told = registry.get_state(missing_ddl_key(reg.schema, reg.table)) if registry else None
+        if told is not None:  # what the DDL recorder said: {"what", "to", "tag"}
+            out["source_missing_ddl"] = json.loads(told)
     refused = registry.get_state(refused_key(reg.schema, reg.table)) if registry else None
     if refused is not None:  # its key columns are gone at the source: not captured any more
         out["refused"] = json.loads(refused)
     return out
+
+
+def _told(row: dict[str, Any]) -> str:
+    """``: renamed to public.t2`` / ``: dropped (DROP TABLE)`` when the DDL recorder said so."""
+    told = row.get("source_missing_ddl")
+    if not told:
+        return ""
+    return f": {told['what']}" + (f" to {told['to']}" if told.get("to") else f" ({told['tag']})")
 
 
 def _open_existing(settings: Settings) -> Registry | None:
@@ -288,7 +299,7 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
                 ", ".join(r.key),
                 ", ".join(r.search),
                 r.snapshot_state
-                + (" (MISSING at the source)" if "source_missing_since" in row else "")
+                + (f" (MISSING at the source{_told(row)})" if "source_missing_since" in row else "")
                 + (
                     f" (REFUSED: {row['refused']['reason']}; fix: {row['refused']['fix']})"
                     if "refused" in row

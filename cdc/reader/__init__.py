@@ -56,6 +56,7 @@ from cdc.errors import (
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import LogStore, TopicConfig
 from cdc.metrics import Publisher
+from cdc.reader.ddl import DdlFollower
 from cdc.reader.envelope import EventBuilder, TableCodec
 from cdc.reader.replication import (
     HEARTBEAT_PREFIX,
@@ -93,6 +94,14 @@ JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name
 LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
 GROUP BY 1, 2
+"""
+
+
+_TABLE_OIDS = """
+SELECT c.oid::bigint, n.nspname::text, c.relname::text
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
 """
 
 
@@ -464,12 +473,16 @@ class Reader:
                 generation[0] = gen
                 return _signature(self.registry.list_tables()) != signature
 
-            def columns_changed(reg: TableReg, cols: tuple[Column, ...]) -> TableReg:
-                renamed = _renamed(reg.columns, cols)
+            def columns_changed(
+                reg: TableReg, cols: tuple[Column, ...], told: dict[str, str] | None = None, /
+            ) -> TableReg:
+                # ``told``: the renames the DDL recorder reported (exact); else inferred from rows
+                renamed = _renamed(reg.columns, cols) if told is None else told
                 new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
                 self.log(
                     f"columns of {reg.qualified} changed at the source (schema version "
-                    f"{new.schema_version}): {[f'{c.name} {c.type}' for c in cols]}"
+                    f"{new.schema_version}{', told by the DDL recorder' if told is not None else ''}): "
+                    f"{[f'{c.name} {c.type}' for c in cols]}"
                 )
                 if renamed:
                     # the rows not changed since hold the column under its old name only: a chunked
@@ -477,7 +490,8 @@ class Reader:
                     from snapshot.chunked import request_key
 
                     self.log(
-                        f"{reg.qualified}: column(s) renamed at the source {renamed}; "
+                        f"{reg.qualified}: column(s) renamed at the source {renamed}"
+                        f"{' (DDL recorder)' if told is not None else ''}; "
                         "snapshotting the table again (chunked) so every row carries the new name"
                     )
                     self.registry.set_state(request_key(reg.schema, reg.table), None)
@@ -504,6 +518,7 @@ class Reader:
                     codecs[leaf] = codecs[parent]
             self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
             builder = EventBuilder(codecs, columns_changed, columns_gone)
+            follower = self._ddl_follower(conn, builder, regs, source)
             batch = Batch(self.store, self.store_lock)
             ctl = StreamControl(
                 stop=stop,
@@ -515,6 +530,7 @@ class Reader:
                 batch_max_events=self.options.batch_max_events,
                 batch_max_ms=self.options.batch_max_ms,
                 stats=self.stats,
+                ddl=follower,
             )
 
             def on_confirm(pos: int) -> None:
@@ -610,21 +626,61 @@ class Reader:
                     self.registry.set_state(key, None)
                 continue
             refused.add((reg.schema, reg.table))
-            if self.registry.get_state(key) is None:
-                reason = (
-                    f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
-                    "(dropped or renamed); its changes cannot be keyed, so it is no longer captured"
-                )
-                fix = (
-                    f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
-                    f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back"
-                )
-                self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
-                self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix}).decode())
+            self._refuse(reg, lost)
         return refused
 
+    def _refuse(self, reg: TableReg, lost: list[str]) -> None:
+        """Record (once) that ``reg`` is refused: its key column(s) ``lost`` are gone at the source."""
+        from snapshot.chunked import refused_key
+
+        key = refused_key(reg.schema, reg.table)
+        if self.registry.get_state(key) is not None:
+            return
+        reason = (
+            f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
+            "(dropped or renamed); its changes cannot be keyed, so it is no longer captured"
+        )
+        fix = (
+            f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
+            f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back"
+        )
+        self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
+        self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix}).decode())
+
+    def _ddl_follower(
+        self,
+        conn: psycopg.Connection[Any],
+        builder: EventBuilder,
+        regs: list[TableReg],
+        seen: dict[tuple[str, str], tuple[tuple[str, str], ...] | None],
+    ) -> DdlFollower:
+        """The DDL recorder's side of this session (:mod:`cdc.reader.ddl`): a registered table
+        dropped or renamed is recorded missing at once (with what happened), one whose key column
+        went is refused at once; column changes are applied by the follower itself."""
+        from snapshot.chunked import missing_ddl_key, missing_key
+
+        oids: dict[int, tuple[str, str]] = {}
+        if regs:
+            for oid, schema, table in conn.execute(
+                _TABLE_OIDS, [[r.schema for r in regs], [r.table for r in regs]]
+            ).fetchall():
+                oids[int(oid)] = (str(schema), str(table))
+
+        def on_gone(reg: TableReg, what: str, to: str | None, tag: str) -> None:
+            self.log(
+                f"{reg.qualified} {what}{f' to {to}' if to else ''} at the source ({tag}, told by the "
+                "DDL recorder); no longer captured, the others go on"
+            )
+            body = {"what": what, "to": to, "tag": tag}
+            self.registry.set_state(missing_ddl_key(reg.schema, reg.table), orjson.dumps(body).decode())
+            if self.registry.get_state(missing_key(reg.schema, reg.table)) is None:
+                self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
+            seen[(reg.schema, reg.table)] = None  # the source check need not tell it again
+
+        return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse)
+
     def _record_missing(self, source: dict[tuple[str, str], tuple[tuple[str, str], ...] | None]) -> None:
-        from snapshot.chunked import missing_key
+        from snapshot.chunked import missing_ddl_key, missing_key
 
         for (schema, table), found in source.items():
             key = missing_key(schema, table)
@@ -636,6 +692,7 @@ class Reader:
                     self.registry.set_state(key, str(int(time.time())))
             elif self.registry.get_state(key) is not None:
                 self.registry.set_state(key, None)
+                self.registry.set_state(missing_ddl_key(schema, table), None)
 
     def _source_changed(
         self,
@@ -649,7 +706,7 @@ class Reader:
         dropped makes the parent be snapshotted again (chunked: its full snapshot's TRUNCATE marker
         removes the rows of a detached partition, and its chunks read the rows of an attached one,
         which the stream never carried) and restarts the stream with the new leaves (True)."""
-        from snapshot.chunked import missing_key, request_key
+        from snapshot.chunked import missing_ddl_key, missing_key, request_key
 
         now = self._source_tables(conn, regs)
         restart = False
@@ -666,6 +723,7 @@ class Reader:
             elif before is None:
                 self.log(f"{schema}.{table} exists at the source again")
                 self.registry.set_state(missing_key(schema, table), None)
+                self.registry.set_state(missing_ddl_key(schema, table), None)
                 restart = True
             else:
                 self.log(

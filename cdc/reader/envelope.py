@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -36,9 +36,16 @@ _MISSING = object()
 #: the per-change end of ``source``: (head, transaction part, lsn, commit_lsn, lsn, seq)
 _SOURCE_TAIL = b'%b%b"lsn":%d,"sequence":"[\\"%d\\",\\"%d\\"]","seq":%d}'
 
-#: called with (table, new column list) before an event that carries the change is produced; returns
-#: the table's new registration (its bumped ``schema_version``), or None to keep the codec's
-ColumnsChanged = Callable[[TableReg, tuple[Column, ...]], "TableReg | None"]
+
+class ColumnsChanged(Protocol):
+    """Called with (table, new column list) before an event that carries the change is produced;
+    returns the table's new registration (its bumped ``schema_version``), or None to keep the
+    codec's. ``renamed`` ({old: new}) is passed only when the DDL recorder told which columns were
+    renamed (:mod:`cdc.reader.ddl`); without it the callee infers renames from the columns."""
+
+    def __call__(
+        self, reg: TableReg, columns: tuple[Column, ...], renamed: dict[str, str] | None = None, /
+    ) -> TableReg | None: ...
 
 
 #: called with (table, columns an UPDATE did not send); returns those no longer at the source (a
@@ -239,6 +246,9 @@ class EventBuilder:
         columns_gone: ColumnsGone | None = None,
     ) -> None:
         self.codecs = codecs
+        #: tables no longer decoded (dropped, renamed or refused at the source, told by the DDL
+        #: recorder): their changes are skipped
+        self.detached: dict[tuple[str, str], TableCodec] = {}
         self.columns_changed = columns_changed
         self.columns_gone = columns_gone
         self.xid: int | None = None
@@ -300,11 +310,40 @@ class EventBuilder:
         cols_t = tuple(new_cols)
         self._columns_now(codec, cols_t)
 
-    def _columns_now(self, codec: TableCodec, cols: tuple[Column, ...]) -> None:
-        new_reg = self.columns_changed(codec.reg, cols)
+    def _columns_now(
+        self, codec: TableCodec, cols: tuple[Column, ...], renamed: dict[str, str] | None = None
+    ) -> None:
+        if renamed is None:
+            new_reg = self.columns_changed(codec.reg, cols)
+        else:
+            new_reg = self.columns_changed(codec.reg, cols, renamed)
         codec.set_columns(cols)
         if new_reg is not None:
             codec.follow(new_reg)
+
+    # -- the DDL recorder (cdc.reader.ddl) ------------------------------------------------------
+    def set_table_columns(self, codec: TableCodec, cols: tuple[Column, ...], renamed: dict[str, str]) -> None:
+        """The table's columns as a DDL command left them (``renamed``: exactly the columns it
+        renamed, possibly none): recorded now, before the next change of the table."""
+        self._columns_now(codec, cols, renamed)
+
+    def detach(self, codec: TableCodec) -> None:
+        """Stop decoding the table's changes (its leaf partitions' too): they are skipped."""
+        for key in [k for k, c in self.codecs.items() if c is codec]:
+            self.detached[key] = self.codecs.pop(key)
+        self._last_schema = self._last_table = self._last_codec = None
+
+    def reattach(self, key: tuple[str, str]) -> TableCodec | None:
+        """A detached table back under its name (created again): decoded again; None if it was
+        not detached."""
+        codec = self.detached.pop(key, None)
+        if codec is None:
+            return None
+        for k in [k for k, c in self.detached.items() if c is codec]:
+            self.codecs[k] = self.detached.pop(k)
+        self.codecs[key] = codec
+        self._last_schema = self._last_table = self._last_codec = None
+        return codec
 
     def change(self, msg: Message) -> tuple[str, list[Record]] | None:
         """Records for one I/U/D/T message, or None when the change is already contained in the
@@ -317,6 +356,9 @@ class EventBuilder:
             codec = self.codecs.get((msg.schema or "", table or ""))
             self._last_schema, self._last_table, self._last_codec = msg.schema, table, codec
         if codec is None:
+            if (msg.schema or "", table or "") in self.detached:
+                self.seq += 1
+                return None
             raise DecodeError(
                 f"wal2json sent a change of {msg.schema}.{msg.table}, which is not registered",
                 fix="this is a bug: the add-tables filter and the registry disagree",

@@ -36,13 +36,12 @@ from cdc.errors import SlotLostError
 from cdc.events import lsn_to_int
 from cdc.logstore import LogStore, Record
 from cdc.reader.envelope import EventBuilder
-from cdc.reader.wal2json import decode, replication_options
+from cdc.reader.wal2json import DDL_PREFIX, decode, replication_options
+from cdc.reader.wal2json import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
 
 #: session options for every source connection, so text output (timestamps, floats) is the same in
 #: the stream and in the snapshot's COPY
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
-
-HEARTBEAT_PREFIX = "cdc_heartbeat"
 
 
 class Batch:
@@ -161,6 +160,8 @@ class StreamControl:
     stats: dict[str, int] = field(default_factory=lambda: {"changes": 0})
     #: chunked snapshots in progress (a :class:`snapshot.chunked.ChunkTracker`), or None
     chunks: Any = None
+    #: called with each DDL recorder message (``cdc.ddl``, inside its transaction), or None
+    ddl: Callable[[Any], None] | None = None
 
 
 def open_replication(dsn: str) -> Any:
@@ -242,6 +243,7 @@ def _loop(
     chunks = ctl.chunks
     wm_schema, wm_table = (chunks.schema, chunks.table) if chunks is not None else (None, None)
     chunk_topics = chunks.topics if chunks is not None else frozenset()
+    ddl = ctl.ddl
 
     def confirm(force: bool = False) -> None:
         nonlocal sent, last_feedback, durable
@@ -285,7 +287,10 @@ def _loop(
                 in_txn = False
                 boundary(builder.commit(data))
             elif action == "M":
-                if not in_txn:
+                if in_txn:
+                    if data.prefix == DDL_PREFIX and ddl is not None:
+                        ddl(data)  # the recorder's: in order with the transaction's changes
+                else:
                     boundary(lsn_to_int(data.lsn or "0/0"))
             elif data.table == wm_table and data.schema == wm_schema:
                 # a chunked snapshot's watermark: at a high watermark, the chunk's rows

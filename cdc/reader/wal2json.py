@@ -6,7 +6,9 @@ What wal2json 2.5 sends (measured on Debian's postgresql-15-wal2json 2.5):
   ``C`` (commit) repeats both. B/C are sent even when ``add-tables`` filtered every change out.
 * ``I``/``U``/``D``: one change per message, ``columns`` (new row), ``identity`` (old key, or the full
   old row under REPLICA IDENTITY FULL), ``pk``. An unchanged out-of-line TOASTed column is absent
-  from ``columns``. ``T``: TRUNCATE of one table. ``M``: a logical message (our heartbeat).
+  from ``columns``. ``T``: TRUNCATE of one table. ``M``: a logical message (``prefix``, ``content``, ``transactional``):
+  our heartbeat, or the DDL recorder's (:mod:`cdc.reader.ddl`), which comes inside its
+  transaction, in order with the changes.
 * ``numeric`` and floats are bare JSON numbers: they are decoded with a float hook that keeps the
   exact text (a float parse would lose digits); integers of any size stay Python ints. NaN and
   +-Infinity come as null -- unless the plugin knows ``numeric-data-types-as-string`` (wal2json
@@ -27,7 +29,14 @@ import msgspec
 
 from cdc.errors import DecodeError
 
-#: Options every START_REPLICATION passes (``add-tables`` is added per call).
+#: prefix of the reader's heartbeat messages (non-transactional, empty)
+HEARTBEAT_PREFIX = "cdc_heartbeat"
+#: prefix of the DDL recorder's messages (transactional, JSON; :mod:`cdc.reader.ddl`)
+DDL_PREFIX = "cdc.ddl"
+
+#: Options every START_REPLICATION passes (``add-tables`` is added per call). ``add-msg-prefixes``
+#: (exact prefixes, wal2json 2.5 knows it): logical messages of other software (pgstream's, ...)
+#: are left out by the plugin.
 BASE_OPTIONS: dict[str, str] = {
     "format-version": "2",
     "include-lsn": "1",
@@ -35,6 +44,7 @@ BASE_OPTIONS: dict[str, str] = {
     "include-timestamp": "1",
     "include-pk": "1",
     "include-transaction": "1",
+    "add-msg-prefixes": f"{HEARTBEAT_PREFIX},{DDL_PREFIX}",
 }
 
 #: ``add-tables`` value that matches no table (wal2json treats an absent option as "every table").
@@ -64,6 +74,7 @@ class Message(msgspec.Struct, gc=False):
     identity: list[Col] | None = None
     transactional: bool | None = None
     prefix: str | None = None
+    content: str | None = None  # of an ``M``: the message (wal2json sends it as text)
 
 
 _decoder = msgspec.json.Decoder(Message, float_hook=str)

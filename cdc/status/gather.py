@@ -33,7 +33,7 @@ from cdc.registry import Registry, TableReg
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
 from cdc.status.slot import DROP_KEY, drop_slot, judge_slot, should_drop
-from snapshot.chunked import missing_key, refused_key
+from snapshot.chunked import missing_ddl_key, missing_key, refused_key
 
 CATCH_UP_WAIT_S = 1.5
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
@@ -62,12 +62,22 @@ def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dic
             continue
         if missing is not None:
             since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(missing)))
+            told = orjson.loads(registry.get_state(missing_ddl_key(reg.schema, reg.table)) or "null")
+            if told and told.get("to"):
+                what = f"renamed to {told['to']}, told by the DDL recorder"
+                new_name = str(told["to"])
+            elif told:
+                what = f"dropped by {told.get('tag')}, told by the DDL recorder"
+                new_name = "NEW_NAME"
+            else:
+                what = "dropped or renamed"
+                new_name = "NEW_NAME"
             reason = (
-                f"{name} does not exist at the source since {since} (dropped or renamed): it is no "
+                f"{name} does not exist at the source since {since} ({what}): it is no "
                 "longer captured; the other tables go on"
             )
             fix = (
-                f"`cdc tables remove {name}`; if it was renamed, also `cdc tables add NEW_NAME` "
+                f"`cdc tables remove {name}`; if it was renamed, also `cdc tables add {new_name}` "
                 "(a new topic and snapshot); or restore the table under its name"
             )
         else:

@@ -5,6 +5,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -206,9 +207,10 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     assert report["checked"] == list(CHECKS)  # every check ran, wal2json included
     assert report["skipped"] == {}
     # the test cluster leaves max_slot_wal_keep_size unlimited (shared cluster: not changed here),
-    # so that warning is the one finding
+    # so that warning is the one warning; the optional DDL recorder is not installed (info)
     assert [(f["check"], f["severity"]) for f in report["findings"]] == [
-        ("max_slot_wal_keep_size", "warning")
+        ("max_slot_wal_keep_size", "warning"),
+        ("ddl_recorder", "info"),
     ]
     assert report["ok"] is True and code == 1 == report["exit_code"]
     # the probe slot is gone again
@@ -219,6 +221,7 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     assert "OK    wal_level" in out and "OK    wal2json" in out
     assert "WARN  max_slot_wal_keep_size:" in out and "— fix: ALTER SYSTEM SET max_slot_wal_keep_size" in out
     assert "ready, with warnings" in out
+    assert "INFO  ddl_recorder: the DDL recorder is not installed" in out and "cdc check --fix" in out
 
 
 @pg_only
@@ -242,7 +245,7 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     pg.execute("ALTER TABLE nokey REPLICA IDENTITY FULL", pg_db)
     pg.execute("CREATE TABLE dropme (id int PRIMARY KEY)", pg_db)
     code, out, _ = cdc("check", "--json")
-    assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size"]
+    assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size", "ddl_recorder"]
 
 
 @pg_only
@@ -268,6 +271,52 @@ def test_check_as_role_without_replication_or_select(
     code, out, _ = cdc("check", user=role)
     assert f"ERROR replication_role: role '{role}' has neither REPLICATION" in out
     assert "SKIP  wal2json" in out and "NOT ready" in out
+
+
+@pg_only
+def test_check_reports_the_ddl_recorder_and_fix_installs_it_when_the_role_may(
+    cdc: Run, pg: PgCluster, pg_db: str
+) -> None:
+    def recorder(*argv: str, user: str | None = None) -> tuple[int, dict[str, Any] | None, str]:
+        code, out, err = cdc("check", "--json", *argv, user=user)
+        found = [f for f in json.loads(out)["findings"] if f["check"] == "ddl_recorder"]
+        return code, found[0] if found else None, err
+
+    code, found, _ = recorder()
+    assert code == 1  # the max_slot_wal_keep_size warning only: info does not count
+    assert found is not None and found["severity"] == "info" and "not installed" in found["message"]
+    assert found["fix"].startswith("run `cdc check --fix`") and "cdc_record_ddl" in found["fix"]
+
+    # a role that may not: --fix says what a superuser must run, the finding stays
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+    pg.execute(f"GRANT CREATE ON SCHEMA public TO {role}", pg_db)  # it may create the function, not a trigger
+    _, found, err = recorder("--fix", user=role)
+    assert "did not install the DDL recorder" in err and "superuser" in err, err
+    assert (
+        found is not None
+        and "need a superuser" in found["fix"]
+        and "--ddl-recorder-sql | psql" in found["fix"]
+    )
+    assert pg.fetch("SELECT count(*) FROM pg_event_trigger", pg_db) == [(0,)]
+    assert pg.fetch("SELECT to_regproc('public.cdc_record_ddl')", pg_db) == [(None,)]  # all or nothing
+
+    _, found, err = recorder("--fix")
+    assert "installed the DDL recorder" in err and found is None
+    triggers = pg.fetch("SELECT evtname, evtevent FROM pg_event_trigger ORDER BY 1", pg_db)
+    assert triggers == [("cdc_ddl_command_end", "ddl_command_end"), ("cdc_ddl_sql_drop", "sql_drop")]
+    _, found, err = recorder("--fix")  # again: nothing to do
+    assert "installed" not in err and found is None
+
+    # half removed, or disabled: a warning with the same fix
+    pg.execute("ALTER EVENT TRIGGER cdc_ddl_sql_drop DISABLE", pg_db)
+    code, found, _ = recorder()
+    assert found is not None and found["severity"] == "warning" and "cdc_ddl_sql_drop" in found["message"]
+    # the SQL a superuser can run by hand installs it too
+    code, out, _ = cdc("check", "--ddl-recorder-sql")
+    assert code == 0 and out.startswith("BEGIN;") and "CREATE EVENT TRIGGER" in out
+    pg.execute(out, pg_db)
+    assert recorder()[1] is None
 
 
 @pg_only

@@ -24,6 +24,7 @@ from sinks.warehouse import DROPPED_CONF, WarehouseSink
 from tests.apply.conftest import Env, run_job
 from tests.capture.test_reader_support import CaptureEnv, make_env
 from tests.plugins.postgres import wait_for
+from tests.schema.helpers import install_recorder
 from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -220,6 +221,53 @@ def test_rename_column_is_followed_as_a_new_column_and_in_the_search_columns(
     assert current[2]["title"] == "renamed widget" and current[1]["qty"] == -1
     assert current[20]["title"] == "item 20"  # the re-snapshot brought every row's value
     assert current[31]["title"] == "gadget 31"
+    code, out = _cdc(env, "search", "public.items", "renamed", "--json")
+    assert code == 0 and [h["key"] for h in orjson.loads(out)] == [{"id": 2}], out
+    _verify_clean(env, "public.items")
+
+
+def test_renames_told_by_the_ddl_recorder_end_to_end(env: CaptureEnv, spark_clean: Any) -> None:
+    """The trigger variant of the rename test: two columns renamed before any row (the rows alone
+    show two drops and two adds) are followed as renames, the warehouse gets every row's values
+    under the new names, and `cdc verify` is clean."""
+    env.sql("CREATE TABLE items (id int PRIMARY KEY, name text, note text, qty int)")
+    env.sql("INSERT INTO items SELECT g, 'item ' || g, 'note ' || g, g FROM generate_series(1, 30) g")
+    install_recorder(env)
+    env.add_table("public.items", "--search", "name")
+    proc = env.spawn("run")
+    try:
+        wait_streaming(env, proc)
+        env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
+        wait_caught_up(env)
+        _apply(env, spark_clean)
+
+        env.sql(
+            "BEGIN; ALTER TABLE items RENAME COLUMN name TO title; "
+            "ALTER TABLE items RENAME COLUMN note TO memo; COMMIT"
+        )
+        env.sql("UPDATE items SET qty = -1 WHERE id = 1")
+        env.sql("INSERT INTO items VALUES (31, 'gadget 31', 'memo 31', 31)")
+        wait_for(
+            lambda: (p := progress(env, "items")) is not None and p.done,
+            timeout=120,
+            what="the renames followed and the table snapshotted again",
+        )
+        env.sql("UPDATE items SET title = 'renamed widget' WHERE id = 2")
+        wait_caught_up(env)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, env.proc_log()
+
+    reg = env.reg("public", "items")
+    assert [c.name for c in reg.columns] == ["id", "title", "memo", "qty"]
+    assert reg.dropped_columns == ("name", "note") and reg.search == ("title",)
+    assert "told by the DDL recorder" in env.proc_log()
+
+    _apply(env, spark_clean)
+    current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    assert current[2]["title"] == "renamed widget" and current[1]["qty"] == -1
+    assert current[20]["title"] == "item 20" and current[20]["memo"] == "note 20"
+    assert current[31]["memo"] == "memo 31"
     code, out = _cdc(env, "search", "public.items", "renamed", "--json")
     assert code == 0 and [h["key"] for h in orjson.loads(out)] == [{"id": 2}], out
     _verify_clean(env, "public.items")
