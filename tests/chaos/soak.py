@@ -2,7 +2,8 @@
 `cdc apply` as processes, the embedded log store), for a duration.
 
 It prints the resident memory (RSS) of every process -- the reader, the Spark driver (the `cdc apply`
-Python process and its JVM) and Spark's Python workers -- at the start, the middle and the end, the
+Python process and its JVM) and Spark's Python workers -- every minute, with the growth over the
+second half of the run (after the warm-up: JIT, caches, Spark's first batches) as the flatness test, the
 end-to-end lag over time (now minus the source commit time of the newest change applied, sampled
 every second; the source is never idle, so this is the freshness of the derived tables), and ends
 with `cdc verify`. Memory must be flat. The figures go to `docs/benchmarks/soak.md`.
@@ -187,6 +188,7 @@ def main() -> int:
     writer = Writer(dsn, args.rate)
     samples: list[tuple[float, float]] = []
     memory_at: dict[str, dict[str, float]] = {}
+    memory_by_minute: dict[int, dict[str, float]] = {}
     lines: list[str] = []
     try:
         reader.start()
@@ -195,6 +197,7 @@ def main() -> int:
         thread.start()
         t0 = time.monotonic()
         marks = {"start": min(60.0, duration / 4), "middle": duration / 2, "end": duration - 5}
+        next_memory = t0 + 60
         next_report = t0 + 60
         while (now := time.monotonic()) - t0 < duration:
             if not reader.alive() or not apply.alive():
@@ -207,6 +210,9 @@ def main() -> int:
                     memory_at[name] = memory(reader, apply)
                     del marks[name]
                     print(f"  memory at the {name}: {memory_at[name]}", file=sys.stderr, flush=True)
+            if now >= next_memory:
+                memory_by_minute[round((now - t0) / 60)] = memory(reader, apply)
+                next_memory += 60
             if now >= next_report:
                 recent = [lag for t, lag in samples if t > now - t0 - 60]
                 if recent:
@@ -246,6 +252,17 @@ def main() -> int:
                 f"| {proc} | {memory_at.get('start', {}).get(proc, 0):,.0f} | "
                 f"{memory_at.get('middle', {}).get(proc, 0):,.0f} | {memory_at.get('end', {}).get(proc, 0):,.0f} |"
             )
+        minutes = sorted(memory_by_minute)
+        if minutes:
+            half = [m for m in minutes if m >= duration / 120]
+            lines += ["", "RSS (MB) per minute:", ""]
+            lines += ["| process | " + " | ".join(str(m) for m in minutes) + " | second half |"]
+            lines += ["| --- | " + " | ".join("---:" for _ in minutes) + " | ---: |"]
+            for proc in memory_by_minute[minutes[0]]:
+                series = [memory_by_minute[m].get(proc, 0.0) for m in minutes]
+                lo, hi = memory_by_minute[half[0]].get(proc, 0.0), memory_by_minute[half[-1]].get(proc, 0.0)
+                growth = f"{hi - lo:+,.0f} MB ({(hi - lo) / lo * 100 if lo else 0:+.1f} %)"
+                lines.append(f"| {proc} | " + " | ".join(f"{v:,.0f}" for v in series) + f" | {growth} |")
         lines += [
             "",
             "End-to-end lag (now - source commit time of the newest change applied), p99 per minute:",
