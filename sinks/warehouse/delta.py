@@ -224,15 +224,15 @@ def read_rows(
         empty = arrow_schema(table).empty_table()
         return empty.select(columns) if columns else empty
     ds = table.to_pyarrow_dataset()
-    # partition pruning by bucket; the key filter runs inside the scan, batch by batch, so only the
-    # rows of ``keys`` are ever held (the history grows without bound: reading its buckets whole made
-    # the apply job's memory grow with it). The key column is cast first: delta-rs writes some string
-    # columns as string_view, which pyarrow's statistics pruning cannot compare with a string literal.
-    flt = pc.field(BUCKET).isin(sorted(set(buckets))) & pc.field(key).cast(pa.string()).isin(
-        pa.array(list(keys), pa.string())
-    )
+    # partition pruning by bucket; the key filter runs in memory (delta-rs writes some string columns
+    # as string_view, which pyarrow's statistics pruning cannot compare with a string literal)
+    flt = pc.field(BUCKET).isin(sorted(set(buckets)))
     got = ds.to_table(filter=flt, columns=columns)
-    return got.filter(extra_filter) if extra_filter is not None else got
+    mask = pc.is_in(got[key].cast(pa.string()), value_set=pa.array(list(keys), pa.string()))
+    if extra_filter is not None:
+        got = got.filter(mask)
+        return got.filter(extra_filter)
+    return got.filter(mask)
 
 
 def cast_to_field(f: pa.Field, types: dict[str, str | None], arr: pa.Array) -> pa.Array:
