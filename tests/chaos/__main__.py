@@ -42,9 +42,18 @@ def main() -> int:
             db = cluster.create_database("chaos")
             say = lambda line: print(line, file=sys.stderr)  # noqa: E731
             if backend == "kafka":
-                with tansu() as bootstrap:
+                with tansu() as (bootstrap, pid):
                     run = Chaos(
-                        cluster, db, base / backend, backend, size, args.seed, bootstrap, say=say, kinds=kinds
+                        cluster,
+                        db,
+                        base / backend,
+                        backend,
+                        size,
+                        args.seed,
+                        bootstrap,
+                        say=say,
+                        kinds=kinds,
+                        kafka_pid=pid,
                     )
                     reports.append(run.run())
             else:

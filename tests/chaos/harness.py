@@ -10,6 +10,13 @@ What it prints at the end: the faults injected per kind, the changes made, lost 
 missing or different in the warehouse or the index after recovery: must be 0), duplicated in effect
 (history rows repeating a key's version: must be 0) and the time to recover per kind of fault
 (from the fault to a clean `cdc verify`, with the writes stopped after the fault).
+
+Two kinds belong to one backend each: ``disk_full`` fills the embedded log store's disk (a tmpfs of its
+own); ``broker_freeze`` is the Kafka equivalent, the broker unavailable. The test broker (Tansu) keeps
+everything in memory, so it cannot be stopped and started again without losing every record it
+acknowledged (a loss no real broker with durable storage would cause); it is frozen instead (SIGSTOP,
+then SIGCONT after a few seconds to longer than a client's request timeout): it answers nothing, every
+request times out, connections are dropped and retried, and its records are kept.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ FAULT_KINDS = (
     "pg_restart_fast",
     "pg_restart_immediate",
     "disk_full",
+    "broker_freeze",
     "corrupt_record",
     "poison_value",
 )
@@ -82,9 +90,12 @@ class Size:
     @staticmethod
     def named(name: str) -> Size:
         if name == "ci":
-            return Size(cycles=len(FAULT_KINDS), max_tx=500, write_s=(0.5, 1.5), verify_wait_s=240)
+            return Size(cycles=len(FAULT_KINDS) - 1, max_tx=500, write_s=(0.2, 0.6), verify_wait_s=240)
         if name == "full":
-            return Size(cycles=4 * len(FAULT_KINDS), max_tx=100_000, write_s=(2.0, 8.0), verify_wait_s=900)
+            # every kind four times: disk_full and broker_freeze belong to one backend each
+            return Size(
+                cycles=4 * (len(FAULT_KINDS) - 1), max_tx=100_000, write_s=(2.0, 8.0), verify_wait_s=900
+            )
         raise ValueError(f"unknown size {name!r}: ci or full")
 
 
@@ -147,6 +158,10 @@ class Proc:
         self.name, self.args, self.env, self.log = name, args, env, log
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        #: held by whoever starts or stops the process (the supervisor, a fault)
+        self.lock = threading.RLock()
+        #: True while a fault keeps the process down on purpose (the supervisor leaves it alone)
+        self.held = False
 
     def start(self, extra_env: dict[str, str] | None = None) -> None:
         with self.log.open("ab") as out:
@@ -185,9 +200,52 @@ class Proc:
             self.wait(30)
 
     def ensure(self) -> None:
-        """The supervisor: start the process again if it has exited."""
-        if not self.alive():
-            self.start()
+        """Start the process again if it has exited (unless a fault holds it down)."""
+        with self.lock:
+            if not self.held and not self.alive():
+                self.start()
+
+    @contextlib.contextmanager
+    def held_down(self) -> Iterator[None]:
+        """Stop the process and keep the supervisor from starting it again until the block ends."""
+        with self.lock:
+            self.held = True
+        try:
+            self.stop()
+            yield
+        finally:
+            with self.lock:
+                self.held = False
+
+
+class Supervisor:
+    """Starts a process again as soon as it has exited, the way systemd (``Restart=always``) or
+    Kubernetes would: polled every ``interval`` seconds on a thread of its own, so a restart does not
+    wait for whatever the harness is doing (a `cdc verify` can take a minute)."""
+
+    def __init__(self, procs: list[Proc], interval: float = 0.2) -> None:
+        self.procs = procs
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            for proc in self.procs:
+                if proc.lock.acquire(blocking=False):  # busy: a fault is stopping or starting it
+                    try:
+                        if not proc.held and not proc.alive():
+                            proc.start()
+                    finally:
+                        proc.lock.release()
 
 
 class Workload:
@@ -356,6 +414,7 @@ class Chaos:
         kafka_bootstrap: str | None = None,
         say: Callable[[str], None] = print,
         kinds: tuple[str, ...] | None = None,
+        kafka_pid: int | None = None,
     ) -> None:
         unknown = set(kinds or ()) - set(FAULT_KINDS)
         if unknown:
@@ -369,6 +428,7 @@ class Chaos:
         self.state = workdir / "state"
         self.mounted = False
         self.kafka_bootstrap = kafka_bootstrap
+        self.kafka_pid = kafka_pid
         self.prefix = f"chaos{seed}"
         workdir.mkdir(parents=True, exist_ok=True)
         # heartbeats every second: an idle source's slot confirms quickly, so verify need not wait
@@ -387,9 +447,18 @@ class Chaos:
             self.env.pop("CDC_LOG", None)
         logs = workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        self.notes = logs / "harness.log"
         self.reader = Proc("cdc run", [*CDC, "run"], self.env, logs / "run.log")
         self.apply = Proc("cdc apply", [*CDC, "apply", "--stall-timeout", "60"], self.env, logs / "apply.log")
+        self.supervisor = Supervisor([self.reader, self.apply])
+        self._poisoned: int | None = None
+        self._thaw: threading.Timer | None = None
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
+
+    def note(self, line: str) -> None:
+        """A line in logs/harness.log (faults, restarts and each verify, timestamped like the other logs)."""
+        with self.notes.open("a") as f:
+            f.write(f"{time.time():.3f} {line}\n")
 
     # -- set-up
     def _cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -402,17 +471,25 @@ class Chaos:
             stdin=subprocess.DEVNULL,
         )
 
+    def _skip(self, kind: str, why: str) -> None:
+        if kind in self.kinds:
+            self.report.skipped[kind] = why
+
     def _mount_log(self) -> None:
         """The embedded log store on a size-limited filesystem of its own, so its disk can really fill
-        up (the fault the suite injects is the log store's disk full; the Kafka backend's disk is the
-        broker's, and the test broker keeps everything in memory)."""
+        up (``disk_full``). The Kafka backend's disk is the broker's: its fault is ``broker_freeze``."""
         self.log_dir = self.state / "log"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.kafka_bootstrap:
-            self.report.skipped["disk_full"] = "the Kafka log store's disk is the broker's (memory-only here)"
+            self._skip("disk_full", "the Kafka log store's disk is the broker's: see broker_freeze")
+            if self.kafka_pid is None:
+                self._skip("broker_freeze", "the broker's process is not ours to freeze")
+            return
+        self._skip("broker_freeze", "no broker: the embedded log store's equivalent is disk_full")
+        if "disk_full" not in self.kinds:
             return
         if os.geteuid() != 0:
-            self.report.skipped["disk_full"] = "not root: no size-limited filesystem can be mounted"
+            self._skip("disk_full", "not root: no size-limited filesystem can be mounted")
             return
         proc = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=2g,mode=0700", "tmpfs", str(self.log_dir)],
@@ -420,7 +497,7 @@ class Chaos:
             text=True,
         )
         if proc.returncode != 0:
-            self.report.skipped["disk_full"] = f"mount of a size-limited tmpfs failed: {proc.stderr.strip()}"
+            self._skip("disk_full", f"mount of a size-limited tmpfs failed: {proc.stderr.strip()}")
             return
         self.mounted = True
 
@@ -434,10 +511,15 @@ class Chaos:
                 raise RuntimeError(f"cdc tables add {table} failed: {proc.stderr}")
         self.reader.start()
         self.apply.start()
+        self.supervisor.start()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.workload.close()
+        if self._thaw is not None:  # never leave the broker frozen
+            self._thaw.cancel()
+            self._thaw_broker()
+        self.supervisor.stop()
         self.reader.stop()
         self.apply.stop()
         with contextlib.suppress(Exception):
@@ -465,8 +547,9 @@ class Chaos:
         """kill -9 of the Spark job between a sink's write and Spark's checkpoint of that batch: the
         job is restarted with the fault point ``apply.after_sink`` on, which fires at the first batch
         it applies (the supervisor then starts it again without the fault)."""
-        self.apply.stop()
-        self.apply.start({"CDC_FAULTS": "apply.after_sink"})
+        with self.apply.lock:
+            self.apply.stop()
+            self.apply.start({"CDC_FAULTS": "apply.after_sink"})
 
     def _fault_walsender_terminate(self) -> None:
         self.pg.execute(
@@ -497,10 +580,26 @@ class Chaos:
         time.sleep(self.rng.uniform(1.0, 3.0))  # the fault's duration, not a synchronisation
         filler.unlink()
 
+    def _fault_broker_freeze(self) -> None:
+        """The Kafka broker stops answering (SIGSTOP) for 3 to 15 s, then goes on (SIGCONT, from a
+        timer: the harness goes on with the fault's usual course meanwhile, so the recovery time counts
+        from the freeze and includes it). Requests time out (the request timeout is 10 s), connections
+        are dropped, the producer retries its batches unchanged, the apply job's reads fail and it is
+        restarted; nothing acknowledged is lost. A freeze, not a restart: the test broker keeps its
+        records in memory only."""
+        assert self.kafka_pid is not None
+        os.kill(self.kafka_pid, signal.SIGSTOP)
+        self._thaw = threading.Timer(self.rng.uniform(3.0, 15.0), self._thaw_broker)
+        self._thaw.start()
+
+    def _thaw_broker(self) -> None:
+        if self.kafka_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.kafka_pid, signal.SIGCONT)
+
     def _fault_corrupt_record(self) -> None:
         """A record that is not an event, appended to a table's topic (the reader is paused for it:
         the embedded store admits one writer per topic)."""
-        self.reader.stop()
         topic = f"{self.prefix}.public.chaos_accounts"
         code = (
             "import sys\n"
@@ -514,14 +613,14 @@ class Chaos:
             f"store.append({topic!r}, [Record(key=b'{{\"id\": -1}}', value=b'{{not json')])\n"
             "store.close()\n"
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120
-        )
+        with self.reader.held_down():
+            proc = subprocess.run(
+                [sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120
+            )
         if proc.returncode != 0:
             self.report.failures.append(f"could not append a corrupt record: {proc.stderr[-500:]}")
             return
         self.report.dead_letters_expected += 1
-        self.reader.start()
 
     def _fault_poison_value(self) -> None:
         """A row holding a value the warehouse cannot store (a BC date): it must go to the dead-letter
@@ -543,15 +642,20 @@ class Chaos:
 
     def verify(self) -> list[dict[str, Any]] | None:
         """``cdc verify --json`` once the pipeline caught up; None until it is clean."""
+        t0 = time.monotonic()
         proc = self._cdc("verify", "--json", "--wait", "20", "--limit", "5", timeout=300)
+        took = time.monotonic() - t0
         try:
             reports = orjson.loads(proc.stdout)
         except orjson.JSONDecodeError:
             self._last_verify = [{"exit": proc.returncode, "stderr": proc.stderr[-1000:]}]
+            self.note(f"verify ({took:.1f} s): exit {proc.returncode}, {proc.stderr[-300:]!r}")
             return None
         if proc.returncode == 0 and all(r.get("status") == "ok" for r in reports):
+            self.note(f"verify ({took:.1f} s): clean")
             return list(reports)
         self._last_verify = reports
+        self.note(f"verify ({took:.1f} s): not clean: {orjson.dumps(reports).decode()[:600]}")
         return None
 
     def duplicated(self) -> int:
@@ -576,8 +680,6 @@ class Chaos:
         self.workload.pause()
         deadline = time.monotonic() + self.size.verify_wait_s
         while self.verify() is None:
-            self.reader.ensure()
-            self.apply.ensure()
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the pipeline did not come up clean within {self.size.verify_wait_s:.0f} s: "
@@ -586,10 +688,8 @@ class Chaos:
 
     def recover(self, kind: str, t_fault: float) -> None:
         deadline = time.monotonic() + self.size.verify_wait_s
-        poisoned = getattr(self, "_poisoned", None)
+        poisoned = self._poisoned
         while True:
-            self.reader.ensure()
-            self.apply.ensure()
             if poisoned is not None and self.dead_letters() >= self.report.dead_letters_expected:
                 # the poison row is in the dead-letter topic: correct it at the source
                 self.pg.execute(
@@ -618,7 +718,9 @@ class Chaos:
                 self.workload.start()
                 time.sleep(self.rng.uniform(*self.size.write_s))  # writes before the fault
                 t_fault = time.monotonic()
+                self.note(f"fault {n}/{len(plan)}: {kind}")
                 self.inject(kind)
+                self.note(f"fault {n}/{len(plan)}: {kind} injected")
                 self.report.faults[kind] += 1
                 time.sleep(self.rng.uniform(0, self.size.write_s[0]))  # writes after the fault
                 self.workload.pause()
@@ -632,7 +734,8 @@ class Chaos:
                     break
             self.report.changes = self.workload.changes
             self.report.transactions = self.workload.transactions
-            final = self.verify()
+            # the last recovery's clean verify stands if nothing was written since (writes are paused)
+            final = self.verify() if self.report.failures or not plan else True
             if final is None:
                 self.report.failures.append("the final verify is not clean")
                 self.report.lost = sum(
@@ -652,11 +755,12 @@ class Chaos:
 
 
 @contextlib.contextmanager
-def tansu() -> Iterator[str]:
+def tansu() -> Iterator[tuple[str, int]]:
+    """A private Tansu broker: (its bootstrap address, its process id for ``broker_freeze``)."""
     from tests.plugins.tansu import TansuBroker
 
     broker = TansuBroker.start()
     try:
-        yield broker.bootstrap
+        yield broker.bootstrap, broker.proc.pid
     finally:
         broker.stop()
