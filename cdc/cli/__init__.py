@@ -39,7 +39,13 @@ VERB_MODULES: dict[str, tuple[str, ...]] = {
     "serve": ("serve",),
 }
 
-_GLOBAL_OPTIONS_WITH_VALUE = ("--source", "--state", "--log")
+#: the options before the verb, each with a value: (flag, help)
+_GLOBAL_OPTIONS = (
+    ("--source", "source DSN or URI (default: $CDC_SOURCE, cdc.toml)"),
+    ("--state", "state directory (default: $CDC_STATE or .cdc)"),
+    ("--log", "log store: kafka://HOST:PORT (default: $CDC_LOG, else embedded)"),
+)
+_GLOBAL_OPTIONS_WITH_VALUE = tuple(flag for flag, _ in _GLOBAL_OPTIONS)
 
 
 def _verb_of(argv: Sequence[str]) -> str | None:
@@ -65,9 +71,8 @@ def _modules_for(verb: str | None) -> list[ModuleType]:
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The `cdc` parser; with ``verb``, only that verb's module is registered (see VERB_MODULES)."""
     parser = argparse.ArgumentParser(prog="cdc", description="Change-data-capture for PostgreSQL.")
-    parser.add_argument("--source", help="source DSN or URI (default: $CDC_SOURCE, cdc.toml)")
-    parser.add_argument("--state", help="state directory (default: $CDC_STATE or .cdc)")
-    parser.add_argument("--log", help="log store: kafka://HOST:PORT (default: $CDC_LOG, else embedded)")
+    for flag, text in _GLOBAL_OPTIONS:
+        parser.add_argument(flag, help=text)
     parser.set_defaults(run_cli=main)  # for `cdc demo`, which runs verbs without importing the CLI
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
