@@ -15,8 +15,8 @@ import pytest
 from cdc.devcluster import PgCluster
 from tests.capture.test_reader_support import CaptureEnv, make_env
 from tests.plugins.postgres import wait_for
-from tests.schema.helpers import install_recorder
-from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
+from tests.schema.helpers import install_recorder, rename_two_columns_then_write
+from tests.snapshot.helpers import wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres]
 
@@ -57,19 +57,7 @@ def test_renames_are_told_exactly_and_ddl_elsewhere_does_not_disturb_capture(env
 
         # two renames before any row: the rows alone show two columns gone and two new ones (a drop
         # and an add each); the recorder says they are renames
-        env.sql(
-            "BEGIN; ALTER TABLE items RENAME COLUMN name TO title; "
-            "ALTER TABLE items RENAME COLUMN note TO memo; COMMIT"
-        )
-        env.sql("UPDATE items SET qty = -1 WHERE id = 1")
-        env.sql("INSERT INTO items VALUES (31, 'gadget 31', 'memo 31', 31)")
-        wait_for(
-            lambda: (p := progress(env, "items")) is not None and p.done,
-            timeout=120,
-            what="the renames followed and the table snapshotted again",
-        )
-        env.sql("UPDATE items SET title = 'renamed widget' WHERE id = 2")
-        wait_caught_up(env)
+        rename_two_columns_then_write(env)
         assert proc.poll() is None, env.proc_log()
     finally:
         proc.send_signal(signal.SIGTERM)

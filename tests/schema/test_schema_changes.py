@@ -24,7 +24,7 @@ from sinks.warehouse import DROPPED_CONF, WarehouseSink
 from tests.apply.conftest import Env, run_job
 from tests.capture.test_reader_support import CaptureEnv, make_env
 from tests.plugins.postgres import wait_for
-from tests.schema.helpers import install_recorder
+from tests.schema.helpers import install_recorder, rename_two_columns_then_write
 from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -241,19 +241,7 @@ def test_renames_told_by_the_ddl_recorder_end_to_end(env: CaptureEnv, spark_clea
         wait_caught_up(env)
         _apply(env, spark_clean)
 
-        env.sql(
-            "BEGIN; ALTER TABLE items RENAME COLUMN name TO title; "
-            "ALTER TABLE items RENAME COLUMN note TO memo; COMMIT"
-        )
-        env.sql("UPDATE items SET qty = -1 WHERE id = 1")
-        env.sql("INSERT INTO items VALUES (31, 'gadget 31', 'memo 31', 31)")
-        wait_for(
-            lambda: (p := progress(env, "items")) is not None and p.done,
-            timeout=120,
-            what="the renames followed and the table snapshotted again",
-        )
-        env.sql("UPDATE items SET title = 'renamed widget' WHERE id = 2")
-        wait_caught_up(env)
+        rename_two_columns_then_write(env)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, env.proc_log()
