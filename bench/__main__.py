@@ -13,7 +13,7 @@ import platform
 import time
 from pathlib import Path
 
-BENCHMARKS = ["logstore_embedded", "logstore_kafka", "capture", "snapshot", "apply", "freshness"]
+BENCHMARKS = ["logstore_embedded", "logstore_kafka", "capture", "nonfinite", "snapshot", "apply", "freshness"]
 
 
 def main() -> None:

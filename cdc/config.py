@@ -158,6 +158,10 @@ class CdcFile(_Section):
     topic_prefix: str | None = None
     slot: str | None = None
     partitions: int | None = Field(default=None, ge=1)
+    #: keep the non-finite recorder's triggers on captured tables where wal2json < 2.6 would turn a
+    #: float/numeric NaN or infinity into null (cdc.reader.nonfinite); false: never install them
+    #: (such values then reach the topics as null, and cdc run / cdc check say where)
+    nonfinite_recorder: bool = True
     # reader options (cdc.reader.ReaderOptions)
     batch_max_events: int = Field(default=5000, ge=1)
     batch_max_ms: int = Field(default=100, ge=1)

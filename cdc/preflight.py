@@ -41,6 +41,9 @@ CHECKS = (
     "select_privilege",
     "watermark_table",  # run by cdc.cli.check (snapshot.chunked.check_watermark_table)
     "ddl_recorder",  # run by cdc.cli.check (cdc.reader.ddl.check_ddl_recorder)
+    # run by cdc.cli.check (cdc.reader.nonfinite.check_nonfinite) unless the reader found a wal2json
+    # that sends NaN/Infinity itself (2.6+)
+    "nonfinite_recorder",
 )
 WAL2JSON_TIMEOUT_MS = 10_000
 

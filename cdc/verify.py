@@ -10,11 +10,13 @@ How (for each registered table, or the one named):
    If the deadline passes, the report says **not caught up** (exit 3), distinct from **different**
    (exit 1).
 2. **Normalisation.** Source values are read in the event encoding (Postgres text output, UTC,
-   ISO dates, ``char(n)`` with its blank padding; numeric NaN/Infinity as null as wal2json sends
-   them; arrays through ``to_json``) and
+   ISO dates, ``char(n)`` with its blank padding, float and numeric NaN/Infinity as those strings;
+   arrays through ``to_json``) and
    converted with the sinks' own converters (:func:`sinks.types.to_array`), so both sides are the
    exact Arrow values the warehouse stores: ``numeric(p,s)`` compares ``Decimal`` to ``Decimal``,
-   timestamps to the microsecond, floats bit for bit (NaN equals NaN).
+   timestamps to the microsecond, floats bit for bit (NaN equals NaN). A source value the
+   warehouse cannot hold (a NaN for ``numeric(p,s)``, a BC date: the apply job dead-letters it)
+   becomes a marker no stored value equals, so its row is reported as different.
 3. **Per-key-range hashes.** Rows are hashed (blake2b of canonical JSON of the normalised values)
    and grouped into ranges of the source's key order (``range_rows`` keys each); each range gets a
    hash over its (key, row hash) pairs on both sides. Only ranges whose hashes differ are examined
@@ -50,7 +52,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.connect import connect
-from cdc.errors import UnknownTopicError
+from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.registry import Registry, TableReg, search_index_path
 
@@ -179,10 +181,6 @@ def _select_expr(column: str, pg_type: str) -> sql.Composable:
     t = pg_type.strip().lower()
     if t.endswith("[]"):
         return sql.SQL("to_json({})::text").format(c)
-    if t.startswith("numeric"):
-        return sql.SQL(
-            "CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) THEN NULL ELSE {c}::text END"
-        ).format(c=c)
     if _is_blank_padded(t):
         # char(n): a cast to text strips the blank padding that the type's output (hence the events
         # and the warehouse) carries; concat() uses the output function and keeps it
@@ -222,13 +220,27 @@ def _normalise(
 
     cols: list[list[Any]] = []
     for i, (name, pg_type) in enumerate(columns):
-        arr = to_array([_from_text(r[i], pg_type) for r in rows], pg_type)
+        values = [_from_text(r[i], pg_type) for r in rows]
+        try:
+            arr = to_array(values, pg_type)
+        except ApplyError:  # a value the warehouse cannot hold: never equal to a stored one
+            cols.append([_storable(v, pg_type) for v in values])
+            continue
         want = target.field(name).type if target is not None and name in target.names else None
         if want is not None and arr.type != want:
             with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 arr = arr.cast(want)
         cols.append(arr.to_pylist())
     return [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in rows]
+
+
+def _storable(value: Any, pg_type: str) -> Any:
+    from sinks.types import to_array
+
+    try:
+        return to_array([value], pg_type).to_pylist()[0]
+    except ApplyError as exc:
+        return f"<not storable as {pg_type}: {exc.message}>"
 
 
 @dataclass

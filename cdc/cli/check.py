@@ -1,8 +1,10 @@
-"""``cdc check [--json] [--fix] [--ddl-recorder-sql]``: preflight of the source (see
-:mod:`cdc.preflight`); ``--fix`` creates the watermark table of chunked snapshots
-(``docs/snapshots.md``) and, when the role may (a superuser), installs the DDL recorder
-(:mod:`cdc.reader.ddl`, ``docs/schema-changes.md``); ``--ddl-recorder-sql`` prints the SQL that
-installs the recorder (for a superuser's ``psql``) and checks nothing.
+"""``cdc check [--json] [--fix] [--ddl-recorder-sql] [--nonfinite-recorder-sql]``: preflight of the
+source (see :mod:`cdc.preflight`); ``--fix`` creates the watermark table of chunked snapshots
+(``docs/snapshots.md``) and, when the role may, installs the DDL recorder (a superuser;
+:mod:`cdc.reader.ddl`, ``docs/schema-changes.md``) and the non-finite recorder's triggers on the
+registered tables (the tables' owner; :mod:`cdc.reader.nonfinite`); ``--ddl-recorder-sql`` and
+``--nonfinite-recorder-sql`` print the SQL that installs either (for the right role's ``psql``) and
+check nothing.
 
 Text: one line per check, ``OK|INFO|WARN|ERROR check: message — fix: ...``. ``--json``:
 ``{"ok", "exit_code", "findings": [{check, severity, message, fix, values}], "checked": [...], "skipped": {...}}``.
@@ -24,6 +26,8 @@ from cdc.connect import classify, connect
 from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
 from cdc.reader.ddl import check_ddl_recorder, install_ddl_recorder, install_script
+from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, check_nonfinite, ensure_nonfinite, tracked_columns
+from cdc.reader.nonfinite import install_script as nonfinite_script
 from cdc.registry import Registry, TableReg
 from snapshot.chunked import SnapshotOptions, check_watermark_table, ensure_watermark_table
 
@@ -41,6 +45,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--ddl-recorder-sql",
         action="store_true",
         help="print the SQL a superuser runs to install the DDL recorder, and exit",
+    )
+    check.add_argument(
+        "--nonfinite-recorder-sql",
+        action="store_true",
+        help="print the SQL the tables' owner runs so that NaN/Infinity are captured with wal2json < 2.6, and exit",
     )
     check.set_defaults(handler=run_check)
 
@@ -60,11 +69,16 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
             if args.ddl_recorder_sql:
                 sys.stdout.write(install_script(conn))
                 return 0
+            if args.nonfinite_recorder_sql:
+                sys.stdout.write(nonfinite_script(conn, [r for r in regs if tracked_columns(r)]))
+                return 0
             if args.fix:
                 if ensure_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark):
                     print("created the watermark table", file=sys.stderr)
                 _fix_ddl_recorder(conn)
-            report = _with_source_objects(run_preflight(conn, settings.slot_name, regs), conn, settings)
+                if settings.config.nonfinite_recorder:
+                    _fix_nonfinite(conn, regs)
+            report = _with_source_objects(run_preflight(conn, settings.slot_name, regs), conn, settings, regs)
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None
     if args.json:
@@ -83,19 +97,45 @@ def _fix_ddl_recorder(conn: psycopg.Connection[Any]) -> None:
         print(f"did not install the DDL recorder: {exc} — fix: {exc.fix}", file=sys.stderr)
 
 
-def _with_source_objects(report: Report, conn: psycopg.Connection[Any], settings: Settings) -> Report:
+def _fix_nonfinite(conn: psycopg.Connection[Any], regs: list[TableReg]) -> None:
+    """Install or update the non-finite recorder's triggers where the role may; say where not."""
+    for outcome in ensure_nonfinite(conn, regs):
+        if outcome.action == "installed":
+            print(f"installed the non-finite recorder on {outcome.reg.qualified}", file=sys.stderr)
+        elif outcome.action == "failed":
+            print(
+                f"did not install the non-finite recorder on {outcome.reg.qualified}: {outcome.why}",
+                file=sys.stderr,
+            )
+
+
+def _with_source_objects(
+    report: Report, conn: psycopg.Connection[Any], settings: Settings, regs: list[TableReg]
+) -> Report:
     """The report with the checks of the objects the service keeps at the source: the watermark
-    table (:func:`snapshot.chunked.check_watermark_table`) and the DDL recorder
-    (:func:`cdc.reader.ddl.check_ddl_recorder`)."""
+    table (:func:`snapshot.chunked.check_watermark_table`), the DDL recorder
+    (:func:`cdc.reader.ddl.check_ddl_recorder`) and, unless the reader found a wal2json that sends
+    NaN/Infinity itself, the non-finite recorder (:func:`cdc.reader.nonfinite.check_nonfinite`)."""
     findings = report.findings
-    for name, found in (
+    checks: list[tuple[str, tuple[str, str, str] | None]] = [
         ("watermark_table", check_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark)),
         ("ddl_recorder", check_ddl_recorder(conn)),
-    ):
+    ]
+    if _wal2json_state(settings) != "1":
+        checks.append(("nonfinite_recorder", check_nonfinite(conn, regs)))
+    for name, found in checks:
         if found is not None:
             severity, message, fix = found
             findings = (*findings, Finding(name, severity, message, fix))  # type: ignore[arg-type]
-    return Report(findings, (*report.checked, "watermark_table", "ddl_recorder"), report.skipped)
+    return Report(findings, (*report.checked, *(name for name, _ in checks)), report.skipped)
+
+
+def _wal2json_state(settings: Settings) -> str | None:
+    """What the reader found out about wal2json (:data:`cdc.reader.nonfinite.WAL2JSON_STATE_KEY`)."""
+    if not (settings.state_dir / "registry.db").exists():
+        return None
+    with Registry(settings.state_dir) as registry:
+        return registry.get_state(WAL2JSON_STATE_KEY)
 
 
 _LABELS = {"error": "ERROR", "warning": "WARN", "info": "INFO"}

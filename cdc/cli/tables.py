@@ -31,6 +31,7 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
+from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, tracked_columns
 from cdc.registry import Registry, TableReg, search_index_path, warehouse_paths
 from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
 
@@ -202,7 +203,10 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                 topic=reg.topic,
             )
         registry.add(reg)
+        wal2json_sends_them = registry.get_state(WAL2JSON_STATE_KEY) == "1"
     warnings = key_warnings(desc, key)
+    if not wal2json_sends_them and settings.config.nonfinite_recorder:
+        warnings += nonfinite_warnings(settings, reg)
     if args.json:
         print_json({**table_json(reg, settings.state_dir), "warnings": warnings})
     else:
@@ -214,6 +218,19 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
             "`cdc run` or `cdc snapshot` takes it)"
         )
     return 0
+
+
+def nonfinite_warnings(settings: Settings, reg: TableReg) -> list[str]:
+    """Install the non-finite recorder's triggers on a table with float/numeric columns
+    (:mod:`cdc.reader.nonfinite`); the warning, with the fix, when the role may not."""
+    with connect(settings.require_source()) as conn:
+        outcomes = ensure_nonfinite(conn, [reg])
+    return [
+        f"with wal2json < 2.6 a NaN, Infinity or -Infinity in {', '.join(tracked_columns(o.reg))} "
+        f"reaches the topic as null unless the non-finite recorder is installed: {o.why}; fix: {o.fix}"
+        for o in outcomes
+        if o.action == "failed"
+    ]
 
 
 # --- list / remove -----------------------------------------------------------------------------------

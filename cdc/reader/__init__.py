@@ -58,6 +58,7 @@ from cdc.logstore import LogStore, TopicConfig
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.envelope import EventBuilder, TableCodec
+from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, tracked_columns
 from cdc.reader.replication import (
     HEARTBEAT_PREFIX,
     SESSION_OPTIONS,
@@ -66,7 +67,6 @@ from cdc.reader.replication import (
     open_replication,
     stream,
 )
-from cdc.reader.wal2json import type_kind
 from cdc.registry import Column, Registry, TableReg
 
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"
@@ -103,6 +103,45 @@ FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
 JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
 """
+
+
+#: per registered table (each leaf of a partitioned one): replica identity, primary key, identity index
+_IDENTITY = """
+SELECT r.schema_name, r.table_name, l.relname::text, l.relreplident::text,
+       (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index i
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = l.oid AND i.indisprimary),
+       (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index i
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = l.oid AND i.indisreplident)
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
+LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON t.isleaf
+JOIN pg_catalog.pg_class l ON l.oid = coalesce(t.relid, c.oid)
+"""
+
+
+def _identity_problems(conn: psycopg.Connection[Any], regs: list[TableReg]) -> dict[tuple[str, str], str]:
+    """The registered tables (or a leaf partition of them) whose replica identity does not hold
+    every key column, with what is wrong."""
+    keys = {(r.schema, r.table): set(r.key) for r in regs}
+    out: dict[tuple[str, str], str] = {}
+    for schema, table, leaf, ident, pk, index in conn.execute(
+        _IDENTITY, [[r.schema for r in regs], [r.table for r in regs]]
+    ).fetchall():
+        where = f"{schema}.{table}" + (f" (partition {leaf})" if leaf != table else "")
+        if ident == "f":
+            continue
+        if ident == "n":
+            out[(schema, table)] = f"{where} has REPLICA IDENTITY NOTHING"
+        elif ident == "d" and not pk:
+            out[(schema, table)] = f"{where} has no primary key and REPLICA IDENTITY DEFAULT"
+        elif ident == "d" and not keys[(schema, table)] <= set(pk):
+            out[(schema, table)] = f"the primary key of {where} ({', '.join(pk)}) is not the registered key"
+        elif ident == "i" and not keys[(schema, table)] <= set(index or ()):
+            out[(schema, table)] = f"the replica identity index of {where} does not hold the registered key"
+    return out
 
 
 def drop_before_key(schema: str, table: str) -> str:
@@ -374,14 +413,32 @@ class Reader:
             slot=self.settings.slot_name,
         )
 
-    def _warn_special_values(self, regs: list[TableReg]) -> None:
-        """wal2json < 2.6 sends a scalar float/numeric NaN or +-Infinity as null: say so, per table."""
-        for reg in regs:
-            cols = [c.name for c in reg.columns if type_kind(c.type) in ("float", "numeric")]
-            if cols:
+    def _ensure_nonfinite(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> None:
+        """Install or update the non-finite recorder's triggers (:mod:`cdc.reader.nonfinite`)
+        where wal2json cannot send NaN/Infinity itself (< 2.6, or not known yet); say, per table
+        and column, where it could not be installed (once the plugin is known to be < 2.6)."""
+        if self._numeric_as_string or (
+            self._numeric_as_string is None and self.registry.get_state(WAL2JSON_STATE_KEY) == "1"
+        ):
+            return
+        if not self.settings.config.nonfinite_recorder:
+            for reg in regs:
+                if tracked_columns(reg) and self._numeric_as_string is False:
+                    self.log(
+                        f"warning: this wal2json (< 2.6) sends NaN/Infinity in {reg.qualified} "
+                        f"({', '.join(tracked_columns(reg))}) as null and nonfinite_recorder = false "
+                        "in cdc.toml; fix: set it to true (or upgrade wal2json to 2.6+)"
+                    )
+            return
+        for outcome in ensure_nonfinite(conn, regs):
+            cols = ", ".join(tracked_columns(outcome.reg))
+            if outcome.action == "installed":
+                self.log(f"non-finite recorder installed on {outcome.reg.qualified} ({cols})")
+            elif outcome.action == "failed" and self._numeric_as_string is False:
                 self.log(
-                    f"warning: this wal2json (< 2.6) sends NaN/Infinity in {reg.qualified} "
-                    f"({', '.join(cols)}) as null; upgrade wal2json to 2.6+ to capture them"
+                    f"warning: this wal2json (< 2.6) sends NaN/Infinity in {outcome.reg.qualified} "
+                    f"({cols}) as null and the non-finite recorder is not there: {outcome.why}"
+                    + (f"; fix: {outcome.fix}" if outcome.fix else "")
                 )
 
     def _refuse_if_active(self, conn: psycopg.Connection[Any], slot: str) -> None:
@@ -403,6 +460,7 @@ class Reader:
         with self._connect() as conn:
             db = str(conn.info.dbname)
             regs = self.registry.list_tables()
+            self._ensure_nonfinite(conn, regs)
             info = slot_info(conn, slot)
             initial_state = self.registry.get_state(INITIAL_SNAPSHOT_KEY)
             initial_done = initial_state == "done"
@@ -446,6 +504,7 @@ class Reader:
             # a table whose key columns are gone at the source (dropped or renamed) is refused,
             # loudly, and left out of this session; the others go on
             refused = self._refuse_lost_keys(conn, regs)
+            refused_regs = [r for r in regs if (r.schema, r.table) in refused]
             regs = [r for r in regs if (r.schema, r.table) not in refused]
             # tables registered (or re-snapshot-requested) after the initial snapshot: chunked
             # snapshots while every table streams (snapshot.chunked, docs/snapshots.md)
@@ -467,6 +526,8 @@ class Reader:
                         return True
                     if self._refuse_lost_keys(conn, regs):
                         return True  # restart without the refused table
+                    if refused_regs and len(self._refuse_lost_keys(conn, refused_regs)) < len(refused_regs):
+                        return True  # a refused table can be keyed again: restart with it
                 gen = self.registry.generation()
                 if gen == generation[0]:
                     return False
@@ -479,6 +540,8 @@ class Reader:
                 # ``told``: the renames the DDL recorder reported (exact); else inferred from rows
                 renamed = _renamed(reg.columns, cols) if told is None else told
                 new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
+                if tracked_columns(new) != tracked_columns(reg):
+                    self._ensure_nonfinite(conn, [new])  # e.g. its first float column: the recorder
                 self.log(
                     f"columns of {reg.qualified} changed at the source (schema version "
                     f"{new.schema_version}{', told by the DDL recorder' if told is not None else ''}): "
@@ -561,14 +624,16 @@ class Reader:
                     ctl,
                     numeric_as_string=self._numeric_as_string is not False,
                 )
+                if self._numeric_as_string is None:
+                    self.registry.set_state(WAL2JSON_STATE_KEY, "1")
                 self._numeric_as_string = self._numeric_as_string is not False
             except psycopg2.errors.InvalidParameterValue:
                 if self._numeric_as_string is not None:
                     raise
                 # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
                 self._numeric_as_string = False
-                self._warn_special_values(regs)
-                return "restart"
+                self.registry.set_state(WAL2JSON_STATE_KEY, "0")
+                return "restart"  # the next session checks the non-finite recorder and says what lacks it
             finally:
                 if driver is not None:
                     driver.stop()
@@ -602,11 +667,16 @@ class Reader:
         return out
 
     def _refuse_lost_keys(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> set[tuple[str, str]]:
-        """The registered tables whose key columns no longer exist at the source (dropped, or
-        renamed: logical decoding carries no DDL, and every event of the table would lack its
-        key). Each is recorded (registry state ``schema_refused:[schema, table]``: reason and fix,
-        shown by ``cdc tables list``) and logged; a table whose key is back is cleared."""
-        from snapshot.chunked import refused_key
+        """The registered tables whose changes can no longer be keyed: a key column no longer
+        exists at the source (dropped, or renamed: logical decoding carries no DDL, and every event
+        of the table would lack its key), or the table's replica identity no longer holds the key
+        (``REPLICA IDENTITY NOTHING``, a primary key dropped, an identity index without a key
+        column: wal2json then drops its UPDATEs and DELETEs with only a server warning). Each is
+        recorded (registry state ``schema_refused:[schema, table]``: reason and fix, shown by
+        ``cdc tables list`` and ``cdc status``) and logged; a table that is keyable again is
+        cleared, and one refused for its replica identity is snapshotted again (in chunks, while
+        streaming), since the changes made meanwhile never reached the stream."""
+        from snapshot.chunked import refused_key, request_key
 
         if not regs:
             return set()
@@ -616,36 +686,58 @@ class Reader:
                 _TABLE_COLUMNS, [[r.schema for r in regs], [r.table for r in regs]]
             ).fetchall()
         }
+        identity = _identity_problems(conn, regs)
         refused: set[tuple[str, str]] = set()
         for reg in regs:
             key = refused_key(reg.schema, reg.table)
             cols = columns.get((reg.schema, reg.table))
             lost = [k for k in reg.key if cols is not None and k not in cols]
-            if not lost:
-                if self.registry.get_state(key) is not None:
+            if lost:
+                self._refuse(reg, lost)
+            elif (reg.schema, reg.table) in identity:
+                self._record_refusal(
+                    reg,
+                    f"{identity[(reg.schema, reg.table)]}: its UPDATEs and DELETEs no longer carry the "
+                    f"key ({', '.join(reg.key)}) and wal2json drops them, so {reg.qualified} is no "
+                    "longer captured",
+                    f"ALTER TABLE {reg.qualified} REPLICA IDENTITY DEFAULT (with a primary key on "
+                    f"{', '.join(reg.key)}) or REPLICA IDENTITY FULL; cdc then snapshots it again by itself",
+                    "identity",
+                )
+            else:
+                before = self.registry.get_state(key)
+                if before is not None:
                     self.registry.set_state(key, None)
+                    if orjson.loads(before).get("kind") == "identity":
+                        self.log(
+                            f"{reg.qualified}: its replica identity holds the key again; snapshotting "
+                            "it again (chunked) for the changes the stream lost meanwhile"
+                        )
+                        self.registry.set_state(request_key(reg.schema, reg.table), None)
+                        self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
                 continue
             refused.add((reg.schema, reg.table))
-            self._refuse(reg, lost)
         return refused
 
     def _refuse(self, reg: TableReg, lost: list[str]) -> None:
         """Record (once) that ``reg`` is refused: its key column(s) ``lost`` are gone at the source."""
+        self._record_refusal(
+            reg,
+            f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
+            "(dropped or renamed); its changes cannot be keyed, so it is no longer captured",
+            f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
+            f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back",
+            "key",
+        )
+
+    def _record_refusal(self, reg: TableReg, reason: str, fix: str, kind: str) -> None:
         from snapshot.chunked import refused_key
 
         key = refused_key(reg.schema, reg.table)
         if self.registry.get_state(key) is not None:
             return
-        reason = (
-            f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
-            "(dropped or renamed); its changes cannot be keyed, so it is no longer captured"
-        )
-        fix = (
-            f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
-            f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back"
-        )
         self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
-        self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix}).decode())
+        self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix, "kind": kind}).decode())
 
     def _ddl_follower(
         self,

@@ -28,7 +28,8 @@ import orjson
 from cdc.errors import DecodeError
 from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
 from cdc.logstore import Record
-from cdc.reader.wal2json import Col, Converter, Message, converter_for, text_converter_for
+from cdc.reader.nonfinite import NonFinite, key_comparable, parse_nonfinite
+from cdc.reader.wal2json import Col, Converter, Message, converter_for, text_converter_for, type_kind
 from cdc.registry import Column, TableReg
 
 _dumps = orjson.dumps
@@ -145,6 +146,7 @@ class TableCodec:
         }
         self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
         self.included = [c.name for c in columns if c.name not in self.exclude]
+        self.key_comparable = key_comparable(self.key, self.types)
 
     # -- rows -----------------------------------------------------------------------------------
     def row(self, cols: list[Col]) -> dict[str, Any]:
@@ -260,6 +262,8 @@ class EventBuilder:
         self._last_schema: str | None = None
         self._last_table: str | None = None
         self._last_codec: TableCodec | None = None
+        #: the non-finite recorder's messages not yet taken by a change: (schema, table) -> {image: message}
+        self.nonfinite_held: dict[tuple[str, str], dict[str, NonFinite]] = {}
         self.tick()
 
     def tick(self) -> None:
@@ -267,6 +271,7 @@ class EventBuilder:
         self.now = str(int(time.time() * 1000)).encode()
 
     def begin(self, msg: Message) -> None:
+        self.nonfinite_held.clear()
         self.xid = msg.xid
         self.commit_lsn = lsn_to_int(msg.lsn or "0/0")
         self.seq = 0
@@ -321,6 +326,32 @@ class EventBuilder:
         if new_reg is not None:
             codec.follow(new_reg)
 
+    # -- the non-finite recorder (cdc.reader.nonfinite) ------------------------------------------
+    def nonfinite(self, msg: Message) -> None:
+        """A ``cdc.nonfinite`` message: held for the next change of its table in this transaction."""
+        nf = parse_nonfinite(msg.content, msg.lsn)
+        self.nonfinite_held.setdefault((nf.schema, nf.table), {})[nf.image] = nf
+
+    @staticmethod
+    def _patch(codec: TableCodec, msg: Message, held: dict[str, NonFinite]) -> None:
+        """Put the held values into the change's nulls of float and numeric columns (``after`` from
+        the ``new`` image, the identity from the ``old`` one), when the change's key is the
+        message's."""
+        for image, nf in held.items():
+            cols = msg.columns if image == "new" else msg.identity
+            if not cols or not nf.values:
+                continue
+            if codec.key_comparable:
+                have = {c.name: c.value for c in cols}
+                got = [None if have.get(k) is None else str(have[k]) for k in codec.key]
+                if got != nf.key:
+                    continue  # not this change's row (see cdc.reader.nonfinite)
+            values = nf.values
+            for c in cols:
+                # by the type wal2json sent: a column added since the codec's columns counts too
+                if c.value is None and c.name in values and type_kind(c.type) in ("float", "numeric"):
+                    c.value = values[c.name]
+
     # -- the DDL recorder (cdc.reader.ddl) ------------------------------------------------------
     def set_table_columns(self, codec: TableCodec, cols: tuple[Column, ...], renamed: dict[str, str]) -> None:
         """The table's columns as a DDL command left them (``renamed``: exactly the columns it
@@ -355,6 +386,10 @@ class EventBuilder:
         else:
             codec = self.codecs.get((msg.schema or "", table or ""))
             self._last_schema, self._last_table, self._last_codec = msg.schema, table, codec
+        if self.nonfinite_held:
+            held = self.nonfinite_held.pop((msg.schema or "", table or ""), None)
+            if held is not None and codec is not None:
+                self._patch(codec, msg, held)
         if codec is None:
             if (msg.schema or "", table or "") in self.detached:
                 self.seq += 1

@@ -36,7 +36,7 @@ from cdc.errors import SlotLostError
 from cdc.events import lsn_to_int
 from cdc.logstore import LogStore, Record
 from cdc.reader.envelope import EventBuilder
-from cdc.reader.wal2json import DDL_PREFIX, decode, replication_options
+from cdc.reader.wal2json import DDL_PREFIX, NONFINITE_PREFIX, decode, replication_options
 from cdc.reader.wal2json import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
 
 #: session options for every source connection, so text output (timestamps, floats) is the same in
@@ -288,7 +288,9 @@ def _loop(
                 boundary(builder.commit(data))
             elif action == "M":
                 if in_txn:
-                    if data.prefix == DDL_PREFIX and ddl is not None:
+                    if data.prefix == NONFINITE_PREFIX:
+                        builder.nonfinite(data)  # held for the table's next change
+                    elif data.prefix == DDL_PREFIX and ddl is not None:
                         ddl(data)  # the recorder's: in order with the transaction's changes
                 else:
                     boundary(lsn_to_int(data.lsn or "0/0"))

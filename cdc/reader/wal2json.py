@@ -7,13 +7,13 @@ What wal2json 2.5 sends (measured on Debian's postgresql-15-wal2json 2.5):
 * ``I``/``U``/``D``: one change per message, ``columns`` (new row), ``identity`` (old key, or the full
   old row under REPLICA IDENTITY FULL), ``pk``. An unchanged out-of-line TOASTed column is absent
   from ``columns``. ``T``: TRUNCATE of one table. ``M``: a logical message (``prefix``, ``content``, ``transactional``):
-  our heartbeat, or the DDL recorder's (:mod:`cdc.reader.ddl`), which comes inside its
-  transaction, in order with the changes.
+  our heartbeat, or the DDL recorder's (:mod:`cdc.reader.ddl`) or the non-finite recorder's
+  (:mod:`cdc.reader.nonfinite`), which come inside their transaction, in order with the changes.
 * ``numeric`` and floats are bare JSON numbers: they are decoded with a float hook that keeps the
   exact text (a float parse would lose digits); integers of any size stay Python ints. NaN and
   +-Infinity come as null -- unless the plugin knows ``numeric-data-types-as-string`` (wal2json
   2.6+; the reader asks for it when it does), then every numeric/float value is a JSON string of
-  its text output. Arrays are text literals either way, so their elements keep NaN/Infinity.
+  its text output; with 2.5 the non-finite recorder's messages carry them. Arrays are text literals either way, so their elements keep NaN/Infinity.
 
 Value encoding (the contract in :mod:`cdc.events`) is implemented by :func:`converter_for` (values
 as wal2json sends them) and :func:`text_converter_for` (values as Postgres' text output, used by the
@@ -33,6 +33,8 @@ from cdc.errors import DecodeError
 HEARTBEAT_PREFIX = "cdc_heartbeat"
 #: prefix of the DDL recorder's messages (transactional, JSON; :mod:`cdc.reader.ddl`)
 DDL_PREFIX = "cdc.ddl"
+#: prefix of the non-finite recorder's messages (transactional, JSON; :mod:`cdc.reader.nonfinite`)
+NONFINITE_PREFIX = "cdc.nonfinite"
 
 #: Options every START_REPLICATION passes (``add-tables`` is added per call). ``add-msg-prefixes``
 #: (exact prefixes, wal2json 2.5 knows it): logical messages of other software (pgstream's, ...)
@@ -44,7 +46,7 @@ BASE_OPTIONS: dict[str, str] = {
     "include-timestamp": "1",
     "include-pk": "1",
     "include-transaction": "1",
-    "add-msg-prefixes": f"{HEARTBEAT_PREFIX},{DDL_PREFIX}",
+    "add-msg-prefixes": f"{HEARTBEAT_PREFIX},{DDL_PREFIX},{NONFINITE_PREFIX}",
 }
 
 #: ``add-tables`` value that matches no table (wal2json treats an absent option as "every table").

@@ -199,15 +199,13 @@ class PgMirror:
         for col in self.reg.columns:
             t = col.type
             c = sql.Identifier(col.name)
-            if t.startswith("numeric"):
-                # NaN/Infinity: wal2json sends null
-                parts.append(
-                    sql.SQL(
-                        "CASE WHEN {c} IN ('NaN'::numeric, 'Infinity'::numeric, '-Infinity'::numeric) "
-                        "THEN NULL ELSE {c}::text END"
-                    ).format(c=c)
-                )
-            elif t in ("jsonb", "json", "timestamp with time zone", "timestamp without time zone", "date"):
+            if t.startswith("numeric") or t in (
+                "jsonb",
+                "json",
+                "timestamp with time zone",
+                "timestamp without time zone",
+                "date",
+            ):  # numeric: every digit, and NaN/Infinity as those strings (the events contract)
                 parts.append(sql.SQL("{}::text").format(c))
             else:
                 parts.append(c)

@@ -34,7 +34,8 @@ COLUMNS = [
 ]
 DDL = """CREATE TABLE public.items (id bigint PRIMARY KEY, name text, qty integer, price numeric(20,6),
  big numeric, ts timestamptz, doc jsonb, flag boolean, blob text)"""
-PRICES = ["0.000001", "99999999999999.999999", "-99999999999999.999999", "0", "-0.000001", "NaN", "12.5"]
+# no NaN here: numeric(20,6) cannot hold one (tests/apply/test_poison.py dead-letters it)
+PRICES = ["0.000001", "99999999999999.999999", "-99999999999999.999999", "0", "-0.000001", "12.5"]
 BIGS = [
     "123456789012345678901234567890.123456789012345678901234567890",
     "Infinity",

@@ -13,7 +13,15 @@ import pytest
 from cdc.errors import DecodeError
 from cdc.reader.ddl import DdlFollower, parse_ddl
 from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.wal2json import BASE_OPTIONS, DDL_PREFIX, HEARTBEAT_PREFIX, Col, Message, decode
+from cdc.reader.wal2json import (
+    BASE_OPTIONS,
+    DDL_PREFIX,
+    HEARTBEAT_PREFIX,
+    NONFINITE_PREFIX,
+    Col,
+    Message,
+    decode,
+)
 from cdc.registry import Column, TableReg
 
 OID = 16400
@@ -268,7 +276,7 @@ def test_a_message_of_another_version_is_a_decode_error_with_the_fix() -> None:
 
 
 def test_wal2json_sends_only_our_message_prefixes_and_their_content() -> None:
-    assert BASE_OPTIONS["add-msg-prefixes"] == f"{HEARTBEAT_PREFIX},{DDL_PREFIX}"
+    assert BASE_OPTIONS["add-msg-prefixes"] == f"{HEARTBEAT_PREFIX},{DDL_PREFIX},{NONFINITE_PREFIX}"
     raw = b'{"action":"M","lsn":"0/1925158","transactional":true,"prefix":"cdc.ddl","content":"{\\"v\\": 1}"}'
     msg = decode(raw)
     assert msg.prefix == DDL_PREFIX and msg.transactional and msg.content == '{"v": 1}'

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from cdc.verify import _from_text
+from cdc.verify import _from_text, _normalise
 from sinks.types import to_array
 
 
@@ -27,3 +27,13 @@ def test_other_types_stay_text() -> None:
     assert _from_text("12.50", "numeric(20,6)") == "12.50"
     assert _from_text("2020-01-01", "date") == "2020-01-01"
     assert _from_text(None, "double precision") is None
+
+
+def test_numeric_special_values_are_compared_not_hidden() -> None:
+    """The source's numeric NaN/Infinity are read as those strings (the events carry them), not as
+    null; one the warehouse cannot hold (numeric(p,s)) becomes a marker no stored value equals."""
+    cols = [("big", "numeric"), ("price", "numeric(10,2)")]
+    rows = _normalise(cols, [("NaN", "1.50"), ("-Infinity", "NaN"), (None, None)], None)
+    assert [r[0] for r in rows] == ["NaN", "-Infinity", None]
+    assert str(rows[0][1]) == "1.50" and rows[2][1] is None
+    assert isinstance(rows[1][1], str) and rows[1][1].startswith("<not storable as numeric(10,2)")

@@ -1,0 +1,401 @@
+"""The non-finite recorder: float and numeric NaN/+-Infinity carried by a wal2json that sends null.
+
+wal2json 2.5 (Debian 12's) prints a scalar ``real``, ``double precision`` or ``numeric`` NaN,
+Infinity or -Infinity as JSON ``null`` and has no option to do otherwise (2.6+ has
+``numeric-data-types-as-string``, which the reader asks for first). So that such a value is never
+changed into a null in silence, the reader keeps, on each captured table with such columns, a row
+trigger that writes the row's non-finite values into the WAL as a transactional logical message,
+prefix :data:`~cdc.reader.wal2json.NONFINITE_PREFIX` (``cdc.nonfinite``), just before the row's
+change:
+
+* ``zzz_cdc_nonfinite`` -- ``BEFORE INSERT OR UPDATE ... FOR EACH ROW WHEN (NEW::text ~
+  'NaN|Infinity')``: the new row's values (the event's ``after``);
+* ``zzz_cdc_nonfinite_old`` -- ``BEFORE UPDATE OR DELETE ... WHEN (OLD::text ~ ...)``, only on a
+  table with ``REPLICA IDENTITY FULL``: the old row's (the event's ``before``).
+
+Both call ``public.cdc_record_nonfinite()`` with the arguments ``image`` and the key columns. The
+``WHEN`` clause is evaluated by the executor without calling the function: a row whose text holds
+neither word costs its text output and one regular-expression match, and writes nothing; the
+function runs only for the others and writes a message only when a value is exactly ``NaN``,
+``Infinity`` or ``-Infinity`` (about 150 bytes of WAL). The clause names no column on purpose: a
+trigger whose ``WHEN`` names a column blocks ``ALTER COLUMN ... TYPE`` and ``DROP COLUMN`` of it
+(Postgres records the dependency), and would miss a column added later; this one never gets in a
+DBA's way and covers every column the table will have. The price is the row's text output per
+write, which grows with the row (``docs/benchmarks/nonfinite.md``). The names start with ``zzz``
+because BEFORE triggers fire in name order: these run after the table's own BEFORE triggers, so
+they see the row as it is written.
+
+The message (JSON): ``{"v": 1, "image": "new"|"old", "schema", "table", "key": [text, ...],
+"values": {column: "NaN"|"Infinity"|"-Infinity"}}``; ``schema``/``table`` name the relation the
+row is in (a leaf partition for a partitioned table, as wal2json names its changes), ``key`` the
+key columns' values as JSON text (``to_jsonb(row) ->> column``), ``values`` every column whose
+value is one of the three words (a text column holding one too: the reader takes only float and
+numeric columns).
+
+The stream side (:meth:`cdc.reader.envelope.EventBuilder.nonfinite`): a message is held for its
+table and taken by the table's next change in the same transaction; its values replace that
+change's nulls -- only nulls, only in float and numeric columns, and only when the change's key is
+the message's (compared where both sides print the key alike: integers, numerics, text, uuid,
+date). A message no change takes (the row was not written after all: ``INSERT ... ON CONFLICT DO
+NOTHING``, or a later trigger returned NULL) is dropped at the next change of its table or at the
+end of its transaction. The one case this cannot tell apart: a write of key *k* skipped that way,
+followed in the same transaction, as the table's very next change, by a write of the same key *k*
+setting that column to NULL (the null would become the skipped row's value).
+
+Installing: creating the function needs CREATE on schema ``public``; creating a trigger needs the
+TRIGGER privilege on the table (``CREATE OR REPLACE TRIGGER``). ``cdc run`` installs or updates
+the triggers of the tables it streams when the role may (each session, and when a table gets its
+first float or numeric column), ``cdc tables add`` at registration, ``cdc check --fix`` for every
+registered table; otherwise ``cdc check`` reports them with the SQL for the owner (``cdc check
+--nonfinite-recorder-sql``). ``cdc tables remove`` leaves them (another deployment may capture the
+same table); the owner drops them with ``DROP TRIGGER zzz_cdc_nonfinite ON ...``.
+
+:data:`WAL2JSON_STATE_KEY` (registry state): ``"1"`` once the reader found that wal2json sends the
+values itself (2.6+; nothing is installed then), ``"0"`` once it found it does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import psycopg
+from psycopg import sql
+
+from cdc.errors import DecodeError
+from cdc.reader.wal2json import NONFINITE_PREFIX, type_kind
+from cdc.registry import TableReg
+
+__all__ = [
+    "FUNCTION",
+    "NONFINITE_PREFIX",
+    "TRIGGERS",
+    "WAL2JSON_STATE_KEY",
+    "NonFinite",
+    "Outcome",
+    "check_nonfinite",
+    "ensure_nonfinite",
+    "install_script",
+    "key_comparable",
+    "parse_nonfinite",
+    "tracked_columns",
+]
+
+#: the triggers' function (schema, name)
+FUNCTION = ("public", "cdc_record_nonfinite")
+#: trigger name -> (image, events, row variable)
+TRIGGERS = {
+    "zzz_cdc_nonfinite": ("new", "INSERT OR UPDATE", "NEW"),
+    "zzz_cdc_nonfinite_old": ("old", "UPDATE OR DELETE", "OLD"),
+}
+#: the trigger only tables under REPLICA IDENTITY FULL get (the others' events carry no old row)
+OLD_TRIGGER = "zzz_cdc_nonfinite_old"
+FORMAT_VERSION = 1
+#: registry state: whether wal2json knows ``numeric-data-types-as-string`` ("1"/"0"; absent: unknown)
+WAL2JSON_STATE_KEY = "wal2json_numeric_as_string"
+#: how long a trigger change may wait for the table's lock (an open write transaction holds one)
+LOCK_TIMEOUT = "2s"
+
+#: the function's body (``prosrc``): compared by :func:`check_nonfinite` to tell an outdated one
+BODY = """
+DECLARE
+    r jsonb;
+    k jsonb := '[]';
+    vals jsonb;
+    i int;
+BEGIN
+    IF tg_argv[0] = 'new' THEN
+        r := to_jsonb(NEW);
+    ELSE
+        r := to_jsonb(OLD);
+    END IF;
+    SELECT jsonb_object_agg(e.key, e.value) INTO vals
+      FROM jsonb_each(r) e
+     WHERE e.value IN ('"NaN"'::jsonb, '"Infinity"'::jsonb, '"-Infinity"'::jsonb);
+    IF vals IS NOT NULL THEN
+        FOR i IN 1 .. tg_nargs - 1 LOOP
+            k := k || jsonb_build_array(r ->> tg_argv[i]);
+        END LOOP;
+        PERFORM pg_logical_emit_message(true, 'cdc.nonfinite',
+            jsonb_build_object('v', 1, 'image', tg_argv[0], 'schema', tg_table_schema,
+                               'table', tg_table_name, 'key', k, 'values', vals)::text);
+    END IF;
+    IF tg_op = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END
+"""
+
+#: key column types whose text in the message (``to_jsonb(row) ->> col``) is the stream's text
+_COMPARABLE_KEY_TYPES = frozenset(
+    {"text", "character varying", "varchar", "uuid", "date", "character", "bpchar", "char"}
+)
+
+
+def tracked_columns(reg: TableReg) -> tuple[str, ...]:
+    """The scalar float and numeric columns of a registration (excluded ones never reach a sink)."""
+    excluded = set(reg.exclude)
+    return tuple(
+        c.name for c in reg.columns if c.name not in excluded and type_kind(c.type) in ("float", "numeric")
+    )
+
+
+def key_comparable(key: Sequence[str], types: Mapping[str, str]) -> bool:
+    """Whether a message's key can be compared with a change's (both print it alike); ``types``:
+    column name -> ``format_type()``."""
+    for k in key:
+        t = types.get(k, "").strip().lower()
+        base = t.split("(", 1)[0].strip()
+        if type_kind(t) not in ("int", "numeric") and base not in _COMPARABLE_KEY_TYPES:
+            return False
+    return True
+
+
+def _args(reg: TableReg, image: str) -> list[str]:
+    return [image, *reg.key]
+
+
+def _wanted(reg: TableReg, full_identity: bool) -> list[str]:
+    """The triggers a table should have (none without float or numeric columns)."""
+    if not tracked_columns(reg):
+        return []
+    return [n for n in TRIGGERS if n != OLD_TRIGGER or full_identity]
+
+
+# --- the source objects --------------------------------------------------------------------------
+def _function() -> sql.Identifier:
+    return sql.Identifier(*FUNCTION)
+
+
+def function_statement() -> sql.Composed:
+    return sql.SQL(
+        "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql "
+        "SET search_path = pg_catalog, pg_temp AS {}"
+    ).format(_function(), sql.Literal(BODY))
+
+
+def _table(reg: TableReg) -> sql.Identifier:
+    return sql.Identifier(reg.schema, reg.table)
+
+
+def trigger_statements(reg: TableReg, full_identity: bool) -> list[sql.Composed]:
+    """``CREATE OR REPLACE TRIGGER`` of the triggers the table should have (needs the TRIGGER
+    privilege); none for a table without float or numeric columns."""
+    wanted = _wanted(reg, full_identity)
+    out = []
+    for name in wanted:
+        image, events, row = TRIGGERS[name]
+        out.append(
+            sql.SQL(
+                "CREATE OR REPLACE TRIGGER {} BEFORE {} ON {} FOR EACH ROW "
+                "WHEN ({}::text ~ 'NaN|Infinity') EXECUTE FUNCTION {}({})"
+            ).format(
+                sql.Identifier(name),
+                sql.SQL(events),
+                _table(reg),
+                sql.SQL(row),
+                _function(),
+                sql.SQL(", ").join(sql.Literal(a) for a in _args(reg, image)),
+            )
+        )
+    return out
+
+
+def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> str:
+    """The SQL that installs the function and the triggers of ``regs`` (for the owner's ``psql``)."""
+    state = _state(conn, regs)
+    stmts = [function_statement()] + [
+        s for reg in regs for s in trigger_statements(reg, state.full_identity(reg))
+    ]
+    return "BEGIN;\n" + "".join(s.as_string(conn) + ";\n" for s in stmts) + "COMMIT;\n"
+
+
+_STATE = """
+SELECT (SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = %(fschema)s AND p.proname = %(fname)s AND p.pronargs = 0),
+       current_database()
+"""
+
+_IDENTITIES = """
+SELECT n.nspname::text, c.relname::text, c.relreplident = 'f'
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%(schemas)s::text[], %(tables)s::text[]))
+"""
+
+_TRIGGERS = """
+SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.tgargs,
+       fn.nspname = %(fschema)s AND f.proname = %(fname)s
+  FROM pg_catalog.pg_trigger t
+  JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
+  JOIN pg_catalog.pg_namespace fn ON fn.oid = f.pronamespace
+ WHERE t.tgname = ANY(%(names)s) AND t.tgparentid = 0
+   AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%(schemas)s::text[], %(tables)s::text[]))
+"""
+
+
+@dataclass(frozen=True)
+class _State:
+    body: str | None
+    database: str
+    #: (schema, table) -> {trigger: (enabled, calls ours, args)}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str]]]]
+    #: the tables under REPLICA IDENTITY FULL
+    full: frozenset[tuple[str, str]]
+
+    @property
+    def function_ok(self) -> bool:
+        return self.body is not None and self.body.strip() == BODY.strip()
+
+    def full_identity(self, reg: TableReg) -> bool:
+        return (reg.schema, reg.table) in self.full
+
+    def table_ok(self, reg: TableReg) -> bool:
+        """The table has the triggers it should, up to date and enabled (an old-row trigger left
+        on a table no longer under REPLICA IDENTITY FULL does no harm and is not required)."""
+        have = self.triggers.get((reg.schema, reg.table), {})
+        return all(
+            have.get(name) == (True, True, _args(reg, TRIGGERS[name][0]))
+            for name in _wanted(reg, self.full_identity(reg))
+        )
+
+
+def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
+    params = {"fschema": FUNCTION[0], "fname": FUNCTION[1]}
+    row = conn.execute(_STATE, params).fetchone()
+    assert row is not None
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str]]]] = {}
+    full: set[tuple[str, str]] = set()
+    if regs:
+        tables = {"schemas": [r.schema for r in regs], "tables": [r.table for r in regs]}
+        for schema, table, is_full in conn.execute(_IDENTITIES, tables).fetchall():
+            if is_full:
+                full.add((str(schema), str(table)))
+        for schema, table, name, enabled, args, ours in conn.execute(
+            _TRIGGERS, {**params, "names": list(TRIGGERS), **tables}
+        ).fetchall():
+            parts = bytes(args).split(b"\x00")[:-1]
+            triggers.setdefault((schema, table), {})[name] = (
+                bool(enabled),
+                bool(ours),
+                [p.decode("utf-8", "replace") for p in parts],
+            )
+    return _State(row[0], str(row[1]), triggers, frozenset(full))
+
+
+def _fix(database: str) -> str:
+    return (
+        "run `cdc check --fix` as the tables' owner (--source), or have the owner run "
+        f"`cdc check --nonfinite-recorder-sql | psql -d {database}` (creates the function "
+        f"{FUNCTION[0]}.{FUNCTION[1]}() and the triggers {', '.join(TRIGGERS)}); "
+        "or upgrade wal2json to 2.6+, which needs none of them"
+    )
+
+
+def check_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> tuple[str, str, str] | None:
+    """``cdc check``'s view: None when every registered table with float/numeric columns has
+    up-to-date triggers, else ``("warning", message, fix)`` naming the tables and columns whose
+    NaN/Infinity a wal2json older than 2.6 would turn into null."""
+    need = [r for r in regs if tracked_columns(r)]
+    if not need:
+        return None
+    state = _state(conn, need)
+    bad = [r for r in need if not (state.function_ok and state.table_ok(r))]
+    if not bad:
+        return None
+    tables = "; ".join(f"{r.qualified} ({', '.join(tracked_columns(r))})" for r in bad)
+    return (
+        "warning",
+        f"the non-finite recorder is missing or outdated for {tables}: with wal2json < 2.6 a "
+        "NaN, Infinity or -Infinity written there reaches the topics as null",
+        _fix(state.database),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`ensure_nonfinite` did for one table: ``ok`` (already up to date),
+    ``installed``, or ``failed`` (``why`` and ``fix`` say what the owner must do)."""
+
+    reg: TableReg
+    action: str
+    why: str = ""
+    fix: str = ""
+
+
+def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> list[Outcome]:
+    """Install or update the function and the triggers of the tables with tracked columns, each
+    table in its own transaction (waiting at most :data:`LOCK_TIMEOUT` for its lock). Never raises
+    for a missing privilege or a busy table: that table's outcome is ``failed``, with the fix."""
+    need = [r for r in regs if tracked_columns(r)]
+    if not need:
+        return []
+    state = _state(conn, need)
+    out: list[Outcome] = []
+    function_ok = state.function_ok
+    if not function_ok:
+        try:
+            with conn.transaction():
+                conn.execute(function_statement())
+            function_ok = True
+        except psycopg.errors.InsufficientPrivilege as exc:
+            why = f"this role may not create {FUNCTION[0]}.{FUNCTION[1]}(): {exc.diag.message_primary}"
+            return [Outcome(r, "failed", why, _fix(state.database)) for r in need]
+    for reg in need:
+        if state.table_ok(reg):
+            out.append(Outcome(reg, "ok"))
+            continue
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+                for stmt in trigger_statements(reg, state.full_identity(reg)):
+                    conn.execute(stmt)
+            out.append(Outcome(reg, "installed"))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            why = f"this role may not create triggers on {reg.qualified}: {exc.diag.message_primary}"
+            out.append(Outcome(reg, "failed", why, _fix(state.database)))
+        except psycopg.errors.LockNotAvailable:
+            why = f"{reg.qualified} stayed locked by other transactions for {LOCK_TIMEOUT}"
+            out.append(Outcome(reg, "failed", why, "it is tried again when `cdc run` restarts"))
+        except psycopg.errors.UndefinedTable:
+            out.append(Outcome(reg, "failed", f"{reg.qualified} does not exist at the source", ""))
+    return out
+
+
+# --- the stream side -----------------------------------------------------------------------------
+class NonFinite(msgspec.Struct, frozen=True):
+    """One recorder message (see the module docstring)."""
+
+    v: int
+    image: str
+    schema: str
+    table: str
+    key: list[str | None]
+    values: dict[str, str]
+
+
+_decoder = msgspec.json.Decoder(NonFinite)
+_SPECIALS = frozenset({"NaN", "Infinity", "-Infinity"})
+
+
+def parse_nonfinite(content: str | None, lsn: str | None = None) -> NonFinite:
+    """Decode a recorder message; DecodeError (with the fix) when it is not one this reader knows."""
+    try:
+        msg = _decoder.decode(content or "")
+        if msg.v != FORMAT_VERSION:
+            raise ValueError(f"format version {msg.v!r}, this reader knows {FORMAT_VERSION}")
+        if msg.image not in ("new", "old") or not set(msg.values.values()) <= _SPECIALS:
+            raise ValueError(f"image {msg.image!r}, values {msg.values!r}")
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise DecodeError(
+            f"a {NONFINITE_PREFIX} message at LSN {lsn} is not one this cdc understands: {exc}",
+            fix="bring the recorder up to this cdc version: `cdc check --fix` as the tables' owner",
+            lsn=lsn,
+            reason="bad non-finite message",
+        ) from exc
+    return msg

@@ -1,0 +1,71 @@
+"""A table whose replica identity stops holding its key while it is captured (REPLICA IDENTITY
+NOTHING, the primary key dropped): wal2json drops its UPDATEs and DELETEs with only a server
+warning, so the reader refuses the table loudly, the others go on, and once the identity is back
+the table is snapshotted again so the changes made meanwhile are not lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cdc.devcluster import PgCluster
+from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+
+pytestmark = [pytest.mark.postgres]
+
+
+@pytest.fixture
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
+
+
+def _rows(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
+    return {
+        orjson.dumps({"id": i}).decode(): {"id": i, "v": v}
+        for i, v in env.fetch(f"SELECT id, v FROM {table} ORDER BY id")
+    }
+
+
+def _listed(env: CaptureEnv, table: str) -> dict[str, object]:
+    res = env.cdc("tables", "list", "--json")
+    assert res.returncode == 0, res.stderr
+    return next(t for t in orjson.loads(res.stdout) if t["table"] == f"public.{table}")
+
+
+@pytest.mark.parametrize(
+    "breaks,mends",
+    [
+        ("ALTER TABLE t REPLICA IDENTITY NOTHING", "ALTER TABLE t REPLICA IDENTITY DEFAULT"),
+        ("ALTER TABLE t DROP CONSTRAINT t_pkey", "ALTER TABLE t ADD PRIMARY KEY (id)"),
+    ],
+    ids=["identity_nothing", "primary_key_dropped"],
+)
+def test_a_table_that_loses_its_replica_identity_is_refused_then_recovered(
+    env: CaptureEnv, breaks: str, mends: str
+) -> None:
+    for t in ("t", "other"):
+        env.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        env.sql(f"INSERT INTO {t} SELECT g, 'v' || g FROM generate_series(1, 5) g")
+        env.add_table(f"public.{t}")
+    env.run_once()
+    env.sql(breaks)
+    env.sql("UPDATE t SET v = 'changed while unkeyable' WHERE id = 2")
+    env.sql("DELETE FROM t WHERE id = 3")
+    env.sql("UPDATE other SET v = 'other goes on' WHERE id = 1")
+    res = env.cdc("run", "--once")
+    assert res.returncode == 0, res.stderr
+    assert "REFUSED public.t" in res.stderr and "wal2json drops them" in res.stderr, res.stderr
+    refused = _listed(env, "t")["refused"]
+    assert "REPLICA IDENTITY" in refused["reason"] and "REPLICA IDENTITY" in refused["fix"], refused
+    assert materialize(env.records(env.reg("public", "other").topic)) == _rows(env, "other")
+
+    env.sql(mends)
+    res = env.cdc("run", "--once")
+    assert res.returncode == 0, res.stderr
+    assert "snapshotting it again" in res.stderr, res.stderr
+    assert "refused" not in _listed(env, "t")
+    # nothing lost: the update and the delete made while it was refused are in the topic now
+    assert materialize(env.records(env.reg("public", "t").topic)) == _rows(env, "t")
