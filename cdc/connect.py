@@ -256,8 +256,8 @@ def _reachable(dsn: str, timeout: float = 3.0) -> bool:
     hosts = (params.get("host") or params.get("hostaddr") or "localhost").split(",")
     ports = (params.get("port") or "5432").split(",")
     for i, host in enumerate(hosts):
-        port = int(ports[i] if i < len(ports) else ports[-1] or 5432)
         try:
+            port = int(ports[i] if i < len(ports) else ports[-1] or 5432)
             if host.startswith("/"):
                 with socket.socket(socket.AF_UNIX) as s:
                     s.settimeout(timeout)

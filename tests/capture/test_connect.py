@@ -67,6 +67,7 @@ def test_refused_port_is_transient() -> None:
         "postgres:/user:hunter22@host/db",
         "host=h password=hunter22 port=notaport dbname",
         "postgresql://u:hunter22@h:5432/db?nonsense_option=1",
+        "postgresql://u:hunter22@127.0.0.1:notaport/db",  # libpq checks the port only when connecting
     ],
 )
 def test_dsn_that_does_not_parse_is_a_config_error_without_the_password(dsn: str) -> None:
