@@ -255,8 +255,11 @@ def parse_dsn(dsn: str) -> dict[str, str]:
     from psycopg.conninfo import conninfo_to_dict
 
     try:
-        return {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+        params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
     except PsycopgError:
+        params = None
+    # libpq checks that a port is a number only when it connects; refuse it here, with the others
+    if params is None or not all(p.strip().isdigit() or not p for p in params.get("port", "").split(",")):
         raise DsnError(
             f"the source DSN {redact_dsn(dsn)} does not parse",
             fix="set CDC_SOURCE / --source / source in cdc.toml to a libpq key=value string "
@@ -264,6 +267,7 @@ def parse_dsn(dsn: str) -> dict[str, str]:
             "keep the password in ~/.pgpass or PGPASSWORD rather than in the DSN",
             source=redact_dsn(dsn),
         ) from None
+    return params
 
 
 # --- loading -----------------------------------------------------------------------------------------

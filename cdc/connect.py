@@ -14,10 +14,17 @@ authentication, privilege, a missing database or table -- exit 2, fail fast) or 
 (:class:`~cdc.errors.SourceUnavailableError`: refused, unreachable, timed out, dropped, restarting --
 the long-running reader retries those for ``retry_max_s``). After a connection is established the
 server's SQLSTATE decides (``psycopg.errors`` / psycopg2 ``pgcode``). libpq reports a failure
-*while connecting* without a SQLSTATE, so there a TCP probe decides: a server that cannot be
-reached is transient; a server that answered and refused the session is permanent, except for the
-server states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many
-connections), which libpq only reports as text.
+*while connecting* without a SQLSTATE (psycopg 3 and psycopg2 alike), so there the failure
+decides by what happened: a server that cannot be reached (TCP probe), a connect timeout
+(``psycopg.errors.ConnectionTimeout``, libpq's "timeout expired") and a connection the peer dropped
+before the session began (:data:`_TRANSIENT_TRANSPORT`: libpq's own text, which is not the server's
+and is not translated unless the process sets ``LC_MESSAGES``) are transient, as are the server
+states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many connections),
+which libpq only reports as text. Any other refusal -- the server answered with an error, such as a
+wrong password (28P01) or an unknown role or database -- is permanent.
+
+Two permanent SQLSTATEs get their own message and fix: 55000 naming ``wal_level`` (logical decoding
+needs ``wal_level = logical``) and 58P01 naming the output plugin (wal2json is not installed).
 """
 
 from __future__ import annotations
@@ -68,6 +75,25 @@ _TRANSIENT_STARTUP = (
     "too many connections",
     "remaining connection slots are reserved",
 )
+
+#: libpq's text for a connection that broke or timed out before the session began: the peer (a
+#: server under load, a proxy, a load balancer, a half-started server) accepted the TCP connection
+#: and then closed it or said nothing. Nothing refused the login, so retrying may help.
+_TRANSIENT_TRANSPORT = (
+    "timeout expired",
+    "server closed the connection unexpectedly",
+    "could not receive data from server",
+    "could not send data to server",
+    "could not send startup packet",
+    "could not send SSL negotiation packet",
+    "SSL SYSCALL error",
+    "SSL connection has been closed unexpectedly",
+    "Connection reset by peer",
+    "Broken pipe",
+    "no connection to the server",
+)
+
+_WAL2JSON_PACKAGE = "postgresql-{major}-wal2json"
 
 
 def _connect_kwargs(dsn: str, application_name: str, options: str | None) -> dict[str, Any]:
@@ -163,11 +189,38 @@ def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> Sourc
             fix="check the database name in the DSN and the registered tables (`cdc tables list`)",
             **values,
         )
+    if code == "55000" and "wal_level" in detail:
+        return SourcePermanentError(
+            f"the source {shown} cannot do logical decoding: its wal_level is not 'logical': {detail}",
+            fix="set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) "
+            "and restart the server; `cdc check` shows the server's settings",
+            **values,
+        )
+    if code == "58P01" and "wal2json" in detail:
+        package = _WAL2JSON_PACKAGE.format(major=_server_major(exc) or "<major version>")
+        return SourcePermanentError(
+            f"the wal2json output plugin is not installed on the source server {shown}: {detail}",
+            fix=f"install it on the database server (Debian/Ubuntu: apt-get install {package}, the "
+            "package for the server's major version; RDS, Aurora and Cloud SQL ship it), then run "
+            "`cdc check` again",
+            **values,
+        )
     if connecting and code is None:
         if not _reachable(dsn) or any(s in detail for s in _TRANSIENT_STARTUP):
             return SourceUnavailableError(
                 f"cannot connect to the source {shown} (it cannot be reached): {detail}",
                 fix="check that the server is up and reachable from here (host, port, firewall)",
+                **values,
+            )
+        if isinstance(exc, psycopg.errors.ConnectionTimeout) or any(
+            s in detail for s in _TRANSIENT_TRANSPORT
+        ):
+            return SourceUnavailableError(
+                f"cannot connect to the source {shown} (it accepted the connection, then timed out or "
+                f"closed it before the session began): {detail}",
+                fix="check that the server is up and not overloaded, and that nothing between here and "
+                "it (a proxy, a load balancer, a firewall) drops the connection; raise connect_timeout "
+                "in the DSN for a slow link",
                 **values,
             )
         return SourceAuthError(
@@ -184,6 +237,16 @@ def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> Sourc
     return SourcePermanentError(f"the source refused an operation: {detail}", fix=None, **values)
 
 
+def _server_major(exc: BaseException) -> int | None:
+    """The major version of the server behind the connection ``exc`` came from, if it says."""
+    version = 0
+    if isinstance(exc, psycopg.Error) and exc.pgconn is not None:
+        version = exc.pgconn.server_version
+    elif isinstance(exc, psycopg2.Error) and exc.cursor is not None:
+        version = exc.cursor.connection.server_version
+    return version // 10000 if version else None
+
+
 def _reachable(dsn: str, timeout: float = 3.0) -> bool:
     """Whether some host of the DSN accepts a TCP (or Unix-socket) connection on its port."""
     try:
@@ -193,8 +256,8 @@ def _reachable(dsn: str, timeout: float = 3.0) -> bool:
     hosts = (params.get("host") or params.get("hostaddr") or "localhost").split(",")
     ports = (params.get("port") or "5432").split(",")
     for i, host in enumerate(hosts):
-        port = int(ports[i] if i < len(ports) else ports[-1] or 5432)
         try:
+            port = int(ports[i] if i < len(ports) else ports[-1] or 5432)
             if host.startswith("/"):
                 with socket.socket(socket.AF_UNIX) as s:
                     s.settimeout(timeout)

@@ -1,5 +1,7 @@
 """One process per role per state directory: ``cdc run`` holds the ``run`` lock, ``cdc apply`` the
-``apply`` lock, for their whole life.
+``apply`` lock, for their whole life. ``cdc deadletters replay`` writes the same sinks as ``cdc
+apply``, so it holds the ``apply`` lock too while it runs (``command`` names it in the lock file and
+in the refusal the other one gets).
 
 A lock is ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<state>/locks/<role>.lock``
 (:func:`cdc.paths.lock_path`), a file created 0600 that holds the holder's pid, host and start time
@@ -32,9 +34,10 @@ class ProcessLock:
     """The lock of ``role`` on ``state_dir``; use as a context manager (or :meth:`acquire` /
     :meth:`release`)."""
 
-    def __init__(self, state_dir: Path, role: str) -> None:
+    def __init__(self, state_dir: Path, role: str, command: str | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.role = role
+        self.command = command or f"cdc {role}"
         self.path = lock_path(self.state_dir, role)
         self._fd: int | None = None
 
@@ -55,8 +58,9 @@ class ProcessLock:
             os.close(fd)
             held = self.holder()
             pid, host = held.get("pid", "?"), held.get("host", "?")
+            command = held.get("command") or f"cdc {self.role}"
             raise LockedError(
-                f"another `cdc {self.role}` (pid {pid} on host {host}) is running on the state directory "
+                f"another `{command}` (pid {pid} on host {host}) is running on the state directory "
                 f"{self.state_dir}; nothing was changed",
                 fix=f"stop that process first (kill {pid} on {host}), or use another --state / CDC_STATE",
                 role=self.role,
@@ -68,7 +72,13 @@ class ProcessLock:
             os.close(fd)
             raise
         body = orjson.dumps(
-            {"role": self.role, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+            {
+                "role": self.role,
+                "command": self.command,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": time.time(),
+            }
         )
         os.ftruncate(fd, 0)
         os.pwrite(fd, body + b"\n", 0)

@@ -46,6 +46,14 @@ def _clear(err: str) -> None:
     assert err.startswith("error:") and "fix:" in err, err
 
 
+def _clear_after_progress(err: str) -> str:
+    """:func:`_clear` for a verb that logs progress lines before it fails; returns the fix."""
+    start = err.find("error:")
+    assert start == 0 or err[start - 1 : start] == "\n", err
+    _clear(err[start:])
+    return err.split("fix:", 1)[1]
+
+
 # --- cdc.toml and environment --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "toml,words",
@@ -373,7 +381,34 @@ def test_wal_level_not_logical(replica_cluster: PgCluster, cdc: Run, tmp_path: P
     assert cdc("tables", "add", "t", source=dsn)[0] == 0
     code, out, err = cdc("run", "--once", source=dsn)
     assert code == 2, err
-    assert "Traceback" not in err and "wal_level" in err
+    fix = _clear_after_progress(err)
+    assert "its wal_level is not 'logical'" in err
+    assert "set wal_level = logical in postgresql.conf" in fix and "restart the server" in fix
+    assert replica_cluster.fetch("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
+@pytest.mark.postgres
+def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    """The server cannot load wal2json (here: the database's dynamic_library_path names a directory
+    that does not exist, so the plugin is not found, as on a server without the package): exit 2, the message
+    names the plugin, the fix names the package for the server's version; no slot is left behind and
+    nothing is written to the topic."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)", pg_db)
+    pg.execute("INSERT INTO t VALUES (1)", pg_db)
+    pg.execute(f"ALTER DATABASE {pg_db} SET dynamic_library_path = '/nonexistent/cdc-no-plugins'")
+    dsn = pg.dsn(pg_db)
+    assert cdc("tables", "add", "t", source=dsn)[0] == 0
+    code, out, err = cdc("run", "--once", source=dsn)
+    assert code == 2, err
+    fix = _clear_after_progress(err)
+    assert "the wal2json output plugin is not installed on the source server" in err
+    major = pg.fetch("SHOW server_version_num")[0][0]
+    assert f"apt-get install postgresql-{int(str(major)) // 10000}-wal2json" in fix
+    assert pg.fetch(f"SELECT count(*) FROM pg_replication_slots WHERE database = '{pg_db}'") == [(0,)]
+    with Registry(tmp_path / "state") as reg:
+        assert reg.get("public", "t").snapshot_state != "done"
+    code, out, err = cdc("topic", "dump", "cdc.public.t")
+    assert (code, out.strip()) == (0, ""), (code, out, err)
 
 
 @pytest.mark.postgres

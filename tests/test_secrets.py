@@ -1,16 +1,27 @@
 """No verb ever prints, logs or stores the source password (issue 9, Secrets).
 
 Every verb runs as a real process with a DSN that carries a password -- valid DSNs in key=value and
-URI form (the whole pipeline: register, capture, apply, query, verify), a wrong password, an
-unreachable host, and DSNs that do not parse -- given by flag, environment and cdc.toml. Then all
-output and every file under the state directory are searched for the password.
+URI form (the whole pipeline: register, capture, apply, status, serve, query, verify, topics, dead
+letters), a wrong password, an unreachable host, and DSNs that do not parse -- given by flag,
+environment and cdc.toml. Then all output (and the bodies `cdc serve` answers) and every file under
+the state directory are searched for the password.
+
+`cdc demo` is not run: it always starts its own private Postgres and passes that cluster's DSN to
+every step (cdc/demo.py), so neither --source nor CDC_SOURCE ever reaches it.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
+import time
+import urllib.error
+import urllib.request
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,6 +36,11 @@ PASSWORD = f"S3cr3t-{uuid.uuid4().hex[:12]}"
 #: a password with URI-special characters, given percent-encoded in the URI form
 ODD_PASSWORD = f"p@ss/w:rd {uuid.uuid4().hex[:6]}"
 
+#: `cdc serve` and `cdc topic tail` run until stopped: :func:`_serve` and :func:`_tail` run them
+SERVE = ["serve", "--port", "0"]
+TAIL = ["topic", "tail", "cdc.public.items", "--limit", "1"]
+
+#: every verb, in the order of the pipeline (`demo` aside, see the module docstring)
 VERBS: list[list[str]] = [
     ["check"],
     ["check", "--json"],
@@ -33,7 +49,11 @@ VERBS: list[list[str]] = [
     ["tables", "list", "--json"],
     ["run", "--once"],
     ["run", "--once", "--json"],
+    TAIL,
     ["apply", "--once"],
+    ["status"],
+    ["status", "--json"],
+    SERVE,
     ["sql", "SELECT * FROM public.items ORDER BY id"],
     ["sql", "SELECT count(*) AS n FROM public.items", "--json"],
     ["search", "public.items", "widget"],
@@ -41,10 +61,29 @@ VERBS: list[list[str]] = [
     ["verify", "--json"],
     ["topic", "list"],
     ["topic", "dump", "cdc.public.items", "--json"],
+    ["deadletters", "list"],
+    ["deadletters", "list", "--json"],
+    ["deadletters", "replay"],
     ["snapshot", "--all"],
     ["snapshot", "public.items", "--json"],
     ["tables", "remove", "public.items"],
 ]
+
+#: the verbs that connect to the source with the DSN (the others only parse it, when the settings
+#: are loaded: a DSN that does not parse fails every verb there, before it runs)
+CONNECTING = [
+    ["check"],
+    ["check", "--json"],
+    ["tables", "add", "public.items"],
+    ["run", "--once"],
+    ["status"],
+    ["status", "--json"],
+    SERVE,
+    ["verify", "--wait", "0"],  # the env pass does not apply: do not wait for the warehouse
+]
+
+#: the verbs whose exit code the good pass checks (the others may say "not OK" on a fresh pipeline)
+MUST_SUCCEED = ("tables", "run", "apply", "verify", "deadletters", "topic")
 
 
 def _leaks(text: str | bytes, secrets: list[str]) -> list[str]:
@@ -54,6 +93,77 @@ def _leaks(text: str | bytes, secrets: list[str]) -> list[str]:
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CDC, *args], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+class _Background:
+    """A verb that runs until stopped, with its stdout and stderr in files that can be polled."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, out_dir: Path) -> None:
+        out_dir.mkdir(exist_ok=True)
+        name = uuid.uuid4().hex[:8]
+        self.out, self.err = out_dir / f"{name}.out", out_dir / f"{name}.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen([*CDC, *args], env=env, cwd=cwd, stdout=out, stderr=err, text=True)
+
+    def text(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _serve(args: list[str], env: dict[str, str], cwd: Path, out_dir: Path) -> tuple[int, str]:
+    """`cdc serve`: once it listens, GET /status (until it has a sample), /metrics and /history, then
+    SIGTERM. Returns its exit code and everything it printed and answered."""
+    bg = _Background(args, env, cwd, out_dir)
+    try:
+        listening = re.compile(r"cdc serve: (http://\S+/)")
+        _wait(lambda: bg.proc.poll() is not None or listening.search(bg.err.read_text()), 60, "serve")
+        found = listening.search(bg.err.read_text())
+        bodies = []
+        if found:
+            url = found.group(1)
+            status = _wait(lambda: (s := _get(url + "status"))[0] != 503 and s, 60, "a /status sample")
+            assert isinstance(status, tuple) and status[0] == 200, status
+            bodies = [status[1], *(_get(url + path)[1] for path in ("metrics", "history"))]
+    finally:
+        code = bg.stop()
+    return code, bg.text() + "".join(bodies)
+
+
+def _tail(
+    args: list[str], env: dict[str, str], cwd: Path, out_dir: Path, change: Callable[[], None]
+) -> tuple[int, str]:
+    """`cdc topic tail --limit 1`: once it follows the topic, ``change()`` appends a record to it;
+    the tail prints that record and exits."""
+    bg = _Background(args, env, cwd, out_dir)
+    try:
+        _wait(lambda: bg.proc.poll() is not None or "following" in bg.err.read_text(), 60, "tail")
+        if bg.proc.poll() is None:
+            change()
+            bg.proc.wait(timeout=60)
+    finally:
+        code = bg.stop()
+    return code, bg.text()
 
 
 @pytest.fixture
@@ -76,10 +186,16 @@ def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: s
     secrets = [PASSWORD, ODD_PASSWORD, quote(ODD_PASSWORD, safe="")]
     kv = pg.dsn(pg_db, role, PASSWORD)
     uri = f"postgresql://{role}_odd:{quote(ODD_PASSWORD, safe='')}@127.0.0.1:{pg.port}/{pg_db}"
+    captured = tmp_path / "captured"  # the output of the background verbs (checked as output)
     outputs: list[tuple[str, str]] = []
 
-    # 1. the whole pipeline with a good DSN, by flag (key=value) and by environment (URI)
-    for how, dsn in (("flag", kv), ("env", uri)):
+    # 1. the whole pipeline with a good DSN by flag (key=value); then every verb that connects with
+    #    a good DSN by environment (URI; the verbs that do not connect only parse it, which the flag
+    #    pass and the failing pass below cover)
+    for how, dsn, verbs in (
+        ("flag", kv, VERBS),
+        ("env", uri, [*CONNECTING, ["tables", "remove", "public.items"]]),
+    ):
         state = tmp_path / f"state-{how}"
         env = {**_base_env(), "CDC_SLOT": f"sec_{uuid.uuid4().hex[:8]}"}
         pre = ["--state", str(state)]
@@ -87,25 +203,47 @@ def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: s
             pre += ["--source", dsn]
         else:
             env["CDC_SOURCE"] = dsn
-        for verb in VERBS:
-            res = _run([*pre, *verb], env, tmp_path)
-            outputs.append((f"{how} {verb}", res.stdout + res.stderr))
-            if (
-                verb[0] in ("tables", "run", "apply", "verify")
-                and verb[-1] != "--json"
-                and verb[1:2] != ["remove"]
-            ):
-                assert res.returncode == 0, (verb, res.stderr[-2000:])
+
+        def change(pre: list[str] = pre, env: dict[str, str] = env, how: str = how) -> None:
+            pg.execute("INSERT INTO public.items SELECT max(id) + 1, 'tailed' FROM public.items", pg_db)
+            res = _run([*pre, "run", "--once"], env, tmp_path)
+            assert res.returncode == 0, res.stderr[-2000:]
+            outputs.append((f"{how} run --once (for tail)", res.stdout + res.stderr))
+
+        for verb in verbs:
+            if verb is SERVE:
+                code, text = _serve([*pre, *verb], env, tmp_path, captured)
+                assert code == 0 and '"reachable":true' in text.replace(" ", ""), text[-2000:]
+            elif verb is TAIL:
+                code, text = _tail([*pre, *verb], env, tmp_path, captured, change)
+                assert code == 0 and "tailed" in text, text[-2000:]
+            else:
+                res = _run([*pre, *verb], env, tmp_path)
+                code, text = res.returncode, res.stdout + res.stderr
+                if (
+                    how == "flag"  # the env pass does not apply: its verify finds the warehouse behind
+                    and verb[0] in MUST_SUCCEED
+                    and verb[-1] != "--json"
+                    and verb[1:2] != ["remove"]
+                ):
+                    assert code == 0, (verb, text[-2000:])
+            outputs.append((f"{how} {verb}", text))
         for path in state.rglob("*"):
             if path.is_file():
                 assert _leaks(path.read_bytes(), secrets) == [], path
         pg.execute(f"SELECT pg_drop_replication_slot('{env['CDC_SLOT']}')", pg_db)
 
-    # 2. failing DSNs: a wrong password, an unreachable host, DSNs that do not parse -- every verb,
-    #    by flag, environment and cdc.toml
-    bad = [
+    # 2. failing DSNs, by flag, environment and cdc.toml, each run its own process and state
+    #    directory, 3 at a time. A wrong password and an unreachable host get every verb that
+    #    connects (where they fail). DSNs that do not parse fail as the settings load, before any
+    #    verb runs -- the same path for every verb -- so they share the verbs out: every verb runs
+    #    with one of them (connecting verbs first, so each such DSN meets one that would connect if
+    #    it parsed), and each of them runs by flag, environment and cdc.toml.
+    connects = [
         pg.dsn(pg_db, role, PASSWORD + "x"),
         f"postgresql://{role}:{PASSWORD}@127.0.0.1:{free_port()}/{pg_db}",
+    ]
+    malformed = [
         f"postgres:/{role}:{PASSWORD}@127.0.0.1/{pg_db}",
         f"postgres:{role}:{PASSWORD}@localhost/db",
         f"host=127.0.0.1 password='{PASSWORD} dbname={pg_db}",
@@ -113,36 +251,47 @@ def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: s
         f"postgresql://{role}:{PASSWORD}@127.0.0.1:notaport/{pg_db}",
         f"{role}:{PASSWORD}@127.0.0.1",
     ]
-    state = tmp_path / "state-bad"
-    for i, dsn in enumerate(bad):
-        for verb in (
-            ["check"],
-            ["check", "--json"],
-            ["tables", "add", "public.items"],
-            ["run", "--once"],
-            ["verify"],
-        ):
-            where = ("flag", "env", "toml")[i % 3]
-            env = _base_env()
-            pre = ["--state", str(state)]
-            cwd = tmp_path / f"cwd-{i}"
-            cwd.mkdir(exist_ok=True)
-            toml = "retry_max_s = 1\nbackoff_initial_s = 0.1\n"  # the unreachable host: retry briefly
-            if where == "flag":
-                pre += ["--source", dsn]
-            elif where == "env":
-                env["CDC_SOURCE"] = dsn
-            else:
-                toml = f"source = {dsn!r}\n" + toml
-            (cwd / "cdc.toml").write_text(toml)
-            env["CDC_CONFIG"] = str(cwd / "cdc.toml")
+    wheres = ("flag", "env", "toml")
+    jobs = [(wheres[i % 3], dsn, verb) for i, dsn in enumerate(connects) for verb in CONNECTING]
+    connecting_first = [*CONNECTING, *(v for v in VERBS if v not in CONNECTING)]
+    n = len(malformed)
+    jobs += [(wheres[(j // n) % 3], malformed[j % n], verb) for j, verb in enumerate(connecting_first)]
+    assert {tuple(v) for _, dsn, v in jobs if dsn in malformed} >= {tuple(v) for v in VERBS}
+
+    def failing(job: tuple[str, str, list[str]]) -> tuple[str, str]:
+        where, dsn, verb = job
+        env = _base_env()
+        run_id = uuid.uuid4().hex[:8]
+        cwd = tmp_path / f"cwd-{run_id}"  # holds the cdc.toml with the DSN: not searched
+        cwd.mkdir()
+        pre = ["--state", str(tmp_path / f"state-bad-{run_id}")]
+        toml = "retry_max_s = 1\nbackoff_initial_s = 0.1\n"  # the unreachable host: retry briefly
+        if where == "flag":
+            pre += ["--source", dsn]
+        elif where == "env":
+            env["CDC_SOURCE"] = dsn
+        else:
+            toml = f"source = {dsn!r}\n" + toml
+        (cwd / "cdc.toml").write_text(toml)
+        env["CDC_CONFIG"] = str(cwd / "cdc.toml")
+        if verb is SERVE:
+            code, text = _serve([*pre, *verb], env, cwd, captured)
+            # it serves (exit 0 on SIGTERM) and reports the source as unreachable, or does not start
+            assert (code == 0 and '"reachable":false' in text.replace(" ", "")) or code == 2, text[-2000:]
+        else:
             res = _run([*pre, *verb], env, cwd)
-            assert res.returncode != 0, (dsn, verb)
-            outputs.append((f"bad {where} {verb}", res.stdout + res.stderr))
+            code, text = res.returncode, res.stdout + res.stderr
+            # a DSN that does not parse fails every verb as its settings load (exit 2)
+            assert code == 2 if dsn in malformed else code != 0, (dsn, verb, text[-2000:])
+        return f"bad {where} {verb}", text
+
+    with ThreadPoolExecutor(3) as pool:
+        outputs += pool.map(failing, jobs)
     for path in tmp_path.rglob("*"):
         if path.is_file() and "cwd-" not in str(path):
             assert _leaks(path.read_bytes(), secrets) == [], path
 
     leaked = [(what, _leaks(text, secrets)) for what, text in outputs if _leaks(text, secrets)]
     assert leaked == []
-    assert len(outputs) >= 2 * len(VERBS) + 5 * len(bad)
+    # the pipeline (and tail's run), the env pass (and its remove), the failing DSNs
+    assert len(outputs) == len(VERBS) + 1 + len(CONNECTING) + 1 + len(jobs)

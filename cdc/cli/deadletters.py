@@ -8,10 +8,13 @@
   now parse and that every sink can hold through the sinks' normal, version-guarded path: a replayed
   record never overwrites newer data (its version is older than whatever the key received since), and
   replaying is idempotent. The replayed ones are recorded in ``<state>/deadletters/replayed.json`` so
-  a second replay does nothing; the others stay, and are listed with their current reason. Stop
-  ``cdc apply`` first: the search index has one writer.
+  a second replay does nothing; the others stay, and are listed with their current reason. It writes
+  the same sinks as ``cdc apply`` (the search index has one writer), so it holds the apply lock
+  (:mod:`cdc.locks`) while it runs: next to a running ``cdc apply`` it exits 2 naming that process,
+  before it has changed anything; stop ``cdc apply`` first.
 
-Exit codes: 0 done (nothing left failing); 1 some dead letters still fail (listed), or an error.
+Exit codes: 0 done (nothing left failing); 1 some dead letters still fail (listed), or an error; 2
+``cdc apply`` (or another replay) is running on the state directory.
 See ``docs/apply.md`` ("a poison record never stops the others").
 """
 
@@ -32,6 +35,7 @@ from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import CdcError, UnknownTopicError
 from cdc.events import dead_letter_topic
+from cdc.locks import ProcessLock
 from cdc.logstore.factory import open_log_store
 from cdc.registry import Registry, TableReg
 
@@ -164,7 +168,13 @@ class ReplayReport:
 
 
 def replay(settings: Settings, table: str | None = None, *, out: Any = None) -> ReplayReport:
-    """Replay the dead letters not replayed yet (see the module docstring); progress to ``out``."""
+    """Replay the dead letters not replayed yet (see the module docstring); progress to ``out``.
+    Holds the apply lock throughout (:class:`~cdc.errors.LockedError` if ``cdc apply`` runs)."""
+    with ProcessLock(settings.state_dir, "apply", command="cdc deadletters replay"):
+        return _replay(settings, table, out=out)
+
+
+def _replay(settings: Settings, table: str | None, *, out: Any) -> ReplayReport:
     from sinks import RawRecord
     from sinks.parse import parse
     from spark_jobs.apply import open_sinks

@@ -165,10 +165,17 @@ def _check_partition(partition: int | None, partitions: int, topic: str) -> None
 
 
 def _limited(records: Iterable[StoredRecord], limit: int | None) -> Iterator[StoredRecord]:
-    for i, rec in enumerate(records):
-        if limit is not None and i >= limit:
-            return
+    """The first ``limit`` records; stops right after the last one (``tail`` must not wait for one
+    more record before it exits)."""
+    if limit is None:
+        yield from records
+        return
+    if limit <= 0:
+        return
+    for i, rec in enumerate(records, 1):
         yield rec
+        if i >= limit:
+            return
 
 
 # -- tail ---------------------------------------------------------------------------------------------

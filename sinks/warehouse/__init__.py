@@ -171,6 +171,7 @@ class WarehouseSink(Sink):
         cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
         columns = _columns(reg, batch.events if cols is None else ())
         cur_path, hist_path, tomb_path = self.paths(reg)
+        _refuse_lost_tables(reg, (cur_path, hist_path, tomb_path))
         stored = evolve.stored_types(cur_path) or {}
         widened, refused = evolve.changes(reg, stored)
         for name in refused:  # its non-null values were rejected: the stored type stays
@@ -299,6 +300,32 @@ class WarehouseSink(Sink):
 
     def close(self) -> None:
         return None
+
+
+def _refuse_lost_tables(reg: TableReg, trio: tuple[Path, Path, Path]) -> None:
+    """ApplyError when one of a table's three Delta tables is gone while another has applied
+    batches. The three are created together, before the first batch commits, and every applied
+    batch commits to the current and history tables; so a sibling past its creating commit (Delta
+    version >= 1) proves the missing one existed: it was deleted, with every row applied to it, and
+    creating it afresh would hide that. A missing table whose siblings are absent or only just
+    created (a crash between the three creates) is created as usual."""
+    missing = [p for p in trio if not DeltaTable.is_deltatable(str(p))]
+    if not missing or len(missing) == len(trio):
+        return
+    applied = [p for p in trio if p not in missing and DeltaTable(str(p)).version() >= 1]
+    if not applied:
+        return
+    others = " ".join(str(p) for p in trio if p not in missing)
+    raise ApplyError(
+        f"the warehouse table {missing[0]} of {reg.qualified} is gone, but {applied[0].name} holds "
+        f"applied batches: it was deleted, with every row applied to it before; nothing was written",
+        fix=f"rebuild {reg.qualified} from the source: delete the rest of its warehouse tables "
+        f"(rm -r {others}), run `cdc snapshot {reg.qualified}`, and let `cdc apply` run: it creates "
+        "them afresh and the snapshot fills them (the history restarts at the snapshot)",
+        table=reg.qualified,
+        missing=[str(p) for p in missing],
+        path=str(missing[0]),
+    )
 
 
 def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | None]:

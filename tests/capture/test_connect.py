@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
@@ -62,6 +67,7 @@ def test_refused_port_is_transient() -> None:
         "postgres:/user:hunter22@host/db",
         "host=h password=hunter22 port=notaport dbname",
         "postgresql://u:hunter22@h:5432/db?nonsense_option=1",
+        "postgresql://u:hunter22@127.0.0.1:notaport/db",  # libpq checks the port only when connecting
     ],
 )
 def test_dsn_that_does_not_parse_is_a_config_error_without_the_password(dsn: str) -> None:
@@ -130,3 +136,94 @@ def test_run_transient_error_retried_for_retry_max_s_each_retry_logged(
     retries = [line for line in err.splitlines() if "retry" in line]
     assert len(retries) >= 2, err
     assert "could not restore it" in err and "hunter22" not in err
+
+
+class _Listener:
+    """A loopback TCP listener on a thread that accepts every connection and then either holds it
+    open without a word (``stall``) or closes it at once (``close``): a peer that answers on TCP
+    but never starts a Postgres session."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = int(self.sock.getsockname()[1])
+        self.held: list[socket.socket] = []
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # shut down by stop()
+                return
+            self.accepted += 1
+            if self.mode == "close":
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        self.sock.close()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def listener(request: pytest.FixtureRequest) -> Iterator[_Listener]:
+    lst = _Listener(request.param)
+    try:
+        yield lst
+    finally:
+        lst.stop()
+
+
+# libpq's smallest connect_timeout is 2 s
+def _listener_dsn(lst: _Listener) -> str:
+    return f"host=127.0.0.1 port={lst.port} dbname=x user=u password=hunter22 connect_timeout=2"
+
+
+@pytest.mark.parametrize("listener", ["stall", "close"], indirect=True)
+def test_peer_that_times_out_or_closes_while_connecting_is_transient(listener: _Listener) -> None:
+    """Nothing refused the login: the peer accepted and then said nothing for connect_timeout
+    (psycopg 3 "connection timeout expired", libpq "timeout expired") or closed the connection
+    ("server closed the connection unexpectedly"). Transient, from both connect helpers, and
+    bounded by the connect timeout."""
+    for helper in (connect, connect_replication):
+        started = time.monotonic()
+        with pytest.raises(SourceUnavailableError) as err:
+            helper(_listener_dsn(listener))
+        assert time.monotonic() - started < 10
+        assert is_transient(err.value) and err.value.exit_code == 1
+        words = "timeout expired" if listener.mode == "stall" else "closed the connection unexpectedly"
+        assert words in err.value.message and "hunter22" not in str(err.value.to_dict())
+        assert err.value.fix and "connect_timeout" in err.value.fix
+    assert listener.accepted >= 2
+
+
+@pytest.mark.parametrize("listener", ["close"], indirect=True)
+def test_run_retries_a_peer_that_closes_while_connecting(
+    listener: _Listener, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cdc run` retries it with backoff, logs each retry, and gives up after retry_max_s (exit 1),
+    instead of failing fast as for a refused login."""
+    (tmp_path / "cdc.toml").write_text("retry_max_s = 2\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n")
+    with Registry(tmp_path / "state") as reg:
+        reg.add(TableReg("public", "t", "cdc.public.t", ("id",)))
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    code = _cli(tmp_path, _listener_dsn(listener), "run", "--once")
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert time.monotonic() - started < 30
+    retries = [line for line in err.splitlines() if "retry" in line]
+    assert len(retries) >= 2, err
+    assert "closed the connection unexpectedly" in err and "could not restore it" in err
+    assert "hunter22" not in err
+    assert listener.accepted >= len(retries)

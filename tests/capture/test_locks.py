@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from cdc.devcluster import PgCluster
@@ -141,3 +142,69 @@ def test_reader_refuses_to_drop_an_active_slot(env: CaptureEnv) -> None:
     finally:
         other.kill()
         other.wait(timeout=30)
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` but the locks, with its size and mtime."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.parent.name != "locks"
+    }
+
+
+def test_deadletters_replay_is_refused_next_to_apply(tmp_path: Path) -> None:
+    """`cdc deadletters replay` writes the sinks `cdc apply` writes: next to a running apply it exits
+    2 naming the holder's pid and host, and changes nothing; with the lock free it replays."""
+    from cdc.events import dead_letter_topic
+    from cdc.logstore.embedded import EmbeddedLogStore
+    from cdc.registry import Registry
+    from sinks import DeadLetter
+    from sinks.dead_letters import TOPIC_CONFIG, encode
+    from tests.apply.changes import ChangeWriter, make_reg
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    reg = make_reg("public", "items", [("id", "bigint"), ("name", "text")], search=("name",))
+    with Registry(state) as registry:
+        registry.add(reg)
+    store = EmbeddedLogStore(state / "log", writer=True, compaction_interval_s=None)
+    try:
+        w = ChangeWriter(store, reg, partitions=1)
+        with w.txn():
+            w.insert({"id": 1, "name": "replayed widget"})
+        (rec,) = w.written
+        store.create_topic(dead_letter_topic("cdc"), TOPIC_CONFIG)
+        letter = DeadLetter(reg.topic, 0, 0, rec.key, rec.value, "a sink could not hold it", reg.qualified)
+        store.append(dead_letter_topic("cdc"), [encode(letter, 0, "cdc-apply-test")])
+    finally:
+        store.close()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    replay = [*CDC, "--state", str(state), "deadletters", "replay"]
+    before = _files(state)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(state), "apply"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        res = subprocess.run(replay, capture_output=True, text=True, timeout=120, env=environ)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert f"another `cdc apply` (pid {holder.pid} on host {socket.gethostname()})" in res.stderr
+        assert "nothing was changed" in res.stderr and "fix:" in res.stderr and res.stdout == ""
+        assert _files(state) == before  # no sink table, no index, no replayed.json
+    finally:
+        holder.communicate("", timeout=30)
+    res = subprocess.run([*replay, "--json"], capture_output=True, text=True, timeout=120, env=environ)
+    assert res.returncode == 0, res.stderr
+    assert orjson.loads(res.stdout)["replayed"] == 1
+    assert _files(state) != before  # what the refused replay would have written
+
+
+def test_refusal_names_the_command_that_holds_the_lock(tmp_path: Path) -> None:
+    """A `cdc apply` refused because a replay holds the apply lock says so, not "another apply"."""
+    with ProcessLock(tmp_path, "apply", command="cdc deadletters replay"), pytest.raises(LockedError) as err:
+        ProcessLock(tmp_path, "apply").acquire()
+    assert f"another `cdc deadletters replay` (pid {os.getpid()}" in str(err.value)

@@ -158,6 +158,30 @@ def test_topic_tail_follows_new_records(filled: Path, capsys: pytest.CaptureFixt
     assert [line["offset"] for line in lines] == ns
 
 
+def test_topic_tail_exits_after_its_last_record(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--limit N` exits once the Nth record is printed, without waiting for one more."""
+    codes: list[int] = []
+    tail = threading.Thread(
+        target=lambda: codes.append(
+            cli(filled, "topic", "tail", "cdc.dead_letter", "--interval", "0.02", "--limit", "2")
+        ),
+        daemon=True,
+    )
+    tail.start()
+    deadline = time.monotonic() + 60
+    err = ""
+    while "following" not in err:  # appended before tail reads the end offsets, they would not count
+        assert time.monotonic() < deadline and tail.is_alive(), err
+        err += capsys.readouterr().err
+        time.sleep(0.02)
+    with EmbeddedLogStore(filled / "log", writer=True, compaction_interval_s=None) as store:
+        store.append("cdc.dead_letter", [Record(b'"k"', b'{"n":0}'), Record(b'"k"', b'{"n":1}')])
+    tail.join(timeout=60)
+    assert not tail.is_alive(), "tail waited for a record past --limit"
+    out = capsys.readouterr().out
+    assert codes == [0] and [line.split()[-1] for line in out.splitlines()] == ['{"n":0}', '{"n":1}']
+
+
 # -- bad input: each a clear error with its fix and a non-zero exit, through the real `cdc` command ----
 def cdc_command(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -55,3 +55,24 @@ def test_driver_text_with_the_dsn_is_scrubbed() -> None:
 
 def test_config_errors_are_not_transient() -> None:
     assert not is_transient(ConfigError("x"))
+
+
+@pytest.mark.parametrize(
+    "exc,words,fix",
+    [
+        (
+            pe.ObjectNotInPrerequisiteState("logical decoding requires wal_level >= logical"),
+            "wal_level",
+            "restart",
+        ),
+        (
+            pe.UndefinedFile('could not access file "wal2json": No such file or directory'),
+            "wal2json",
+            "apt-get",
+        ),
+    ],
+)
+def test_permanent_source_settings_have_a_fix(exc: Exception, words: str, fix: str) -> None:
+    err = classify(exc, DSN)
+    assert type(err) is SourcePermanentError and not is_transient(err)
+    assert words in err.message and err.fix is not None and fix in err.fix
