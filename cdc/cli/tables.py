@@ -205,11 +205,22 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
         registry.add(reg)
         wal2json_sends_them = registry.get_state(WAL2JSON_STATE_KEY) == "1"
     warnings = key_warnings(desc, key)
+    recorder = None
     if not wal2json_sends_them and settings.config.nonfinite_recorder:
-        warnings += nonfinite_warnings(settings, reg)
+        recorder, more = nonfinite_recorder(settings, reg)
+        warnings += more
     if args.json:
-        print_json({**table_json(reg, settings.state_dir), "warnings": warnings})
+        print_json(
+            {**table_json(reg, settings.state_dir), "warnings": warnings, "nonfinite_recorder": recorder}
+        )
     else:
+        if recorder == "installed":
+            print(
+                f"installed the non-finite recorder's trigger on {quote_table_name(schema, table)} "
+                f"({', '.join(tracked_columns(reg))}: NaN/Infinity would reach the topic as null with "
+                "wal2json < 2.6; docs/robustness.md)",
+                file=sys.stderr,
+            )
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(
@@ -220,17 +231,19 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def nonfinite_warnings(settings: Settings, reg: TableReg) -> list[str]:
+def nonfinite_recorder(settings: Settings, reg: TableReg) -> tuple[str | None, list[str]]:
     """Install the non-finite recorder's triggers on a table with float/numeric columns
-    (:mod:`cdc.reader.nonfinite`); the warning, with the fix, when the role may not."""
+    (:mod:`cdc.reader.nonfinite`): what was done (None: nothing to do; ``ok``, ``installed``,
+    ``failed``) and the warning, with the fix, when the role may not."""
     with connect(settings.require_source()) as conn:
         outcomes = ensure_nonfinite(conn, [reg])
-    return [
+    warnings = [
         f"with wal2json < 2.6 a NaN, Infinity or -Infinity in {', '.join(tracked_columns(o.reg))} "
         f"reaches the topic as null unless the non-finite recorder is installed: {o.why}; fix: {o.fix}"
         for o in outcomes
         if o.action == "failed"
     ]
+    return (outcomes[0].action if outcomes else None), warnings
 
 
 # --- list / remove -----------------------------------------------------------------------------------
