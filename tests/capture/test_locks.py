@@ -28,6 +28,18 @@ HOLD = (
 )
 
 
+def _hold(state: Path, role: str) -> subprocess.Popen[str]:
+    """Another process holding ``role``'s lock on ``state`` until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(state), role],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
 @pytest.fixture(params=["embedded", "kafka"])
 def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
     yield from make_env(pg, pg_db, tmp_path, request.param, request)
@@ -64,14 +76,8 @@ def test_second_run_is_refused_with_the_first_ones_pid_and_host(env: CaptureEnv)
 
 def test_second_apply_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(state), "apply"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = _hold(state, "apply")
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         res = subprocess.run(
             [*CDC, "--state", str(state), "apply", "--once"],
             capture_output=True,
@@ -88,13 +94,7 @@ def test_second_apply_is_refused(tmp_path: Path) -> None:
 
 
 def test_lock_is_released_when_the_holder_dies(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(tmp_path), "run"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder = _hold(tmp_path, "run")
     with pytest.raises(LockedError) as err:
         ProcessLock(tmp_path, "run").acquire()
     assert err.value.pid == holder.pid  # type: ignore[attr-defined]
@@ -182,14 +182,8 @@ def test_deadletters_replay_is_refused_next_to_apply(tmp_path: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
     replay = [*CDC, "--state", str(state), "deadletters", "replay"]
     before = _files(state)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(state), "apply"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = _hold(state, "apply")
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         res = subprocess.run(replay, capture_output=True, text=True, timeout=120, env=environ)
         assert res.returncode == 2, res.stdout + res.stderr
         assert f"another `cdc apply` (pid {holder.pid} on host {socket.gethostname()})" in res.stderr
