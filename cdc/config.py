@@ -65,7 +65,7 @@ class WarehouseConfig(_Section):
     tombstone_retention_hours: float = Field(default=7 * 24, ge=0)
     maintain_every: int = Field(default=100, ge=0)
     vacuum_retention_hours: int = Field(default=7 * 24, ge=0)
-    target_file_size: int | None = Field(default=None, ge=1)
+    target_file_size: int | None = Field(default=8 << 20, ge=1)
 
 
 class SearchConfig(_Section):

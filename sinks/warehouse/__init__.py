@@ -33,6 +33,7 @@ from sinks.warehouse.layout import (
     END_OP,
     END_SEQ,
     HISTORY_META,
+    HISTORY_PARTITIONS,
     HISTORY_RESERVED,
     IS_CURRENT,
     KEY,
@@ -187,7 +188,7 @@ class WarehouseSink(Sink):
             lambda: Layout.choose(reg, self.options, lambda: _key_values(batch)),
         )
         layout = layout_of(current)
-        history = self._ensure(hist_path, columns, HISTORY_META, lambda: layout)
+        history = self._ensure(hist_path, columns, HISTORY_META, lambda: layout, HISTORY_PARTITIONS)
         tombs = self._ensure(tomb_path, {}, TOMBSTONES, lambda: layout)
         current = _mark_dropped(current, reg)
         history = _mark_dropped(history, reg)
@@ -205,7 +206,7 @@ class WarehouseSink(Sink):
             return
         commit = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
         if cols is not None:
-            fast = ColumnarApply(reg, cols, columns, layout, tombs)
+            fast = ColumnarApply(reg, cols, columns, layout, tombs, current)
             for name, _table in todo:
                 if name == "history":
                     self.last_metrics["history"] = fast.history(history, commit)
@@ -215,7 +216,7 @@ class WarehouseSink(Sink):
                     fast.tombstones(tombs, commit)
             self._maintain_after(reg, batch_id)
             return
-        ctx = per_event.BatchContext(reg, batch, columns, layout, tombs)
+        ctx = per_event.BatchContext(reg, batch, columns, layout, tombs, current)
         for name, _table in todo:
             if name == "history":
                 self.last_metrics["history"] = per_event.apply_history(ctx, history, commit)
@@ -231,10 +232,15 @@ class WarehouseSink(Sink):
             self.maintain(reg)
 
     def _ensure(
-        self, path: Path, columns: dict[str, str | None], meta: pa.Schema, layout: Callable[[], Layout]
+        self,
+        path: Path,
+        columns: dict[str, str | None],
+        meta: pa.Schema,
+        layout: Callable[[], Layout],
+        partitions: Sequence[str] = (BUCKET,),
     ) -> DeltaTable:
-        """Open the table, creating it (with the layout ``layout()`` gives) or adding missing columns
-        (old rows null)."""
+        """Open the table, creating it (with the layout ``layout()`` gives, partitioned by
+        ``partitions``) or adding missing columns (old rows null)."""
         wanted = pa.schema([*meta, *((n, T.arrow_type(t or "text")) for n, t in columns.items())])
         if not DeltaTable.is_deltatable(str(path)):
             path.mkdir(parents=True, exist_ok=True)
@@ -242,7 +248,7 @@ class WarehouseSink(Sink):
                 str(path),
                 wanted,
                 mode="ignore",
-                partition_by=[BUCKET],
+                partition_by=list(partitions),
                 configuration={LAYOUT_CONF: layout().conf()},
                 raise_if_key_not_exists=False,
             )

@@ -22,7 +22,7 @@ from sinks.warehouse.delta import (
     Truncate,
     arrow_schema,
     cast_to_field,
-    open_rows,
+    current_versions,
     stored_guards,
     write_current,
     write_history,
@@ -67,6 +67,7 @@ class ColumnarApply:
         types: dict[str, str | None],
         layout: Layout,
         tombs: DeltaTable,
+        current: DeltaTable,
     ) -> None:
         self.reg = reg
         self.types = types
@@ -85,6 +86,16 @@ class ColumnarApply:
         self.stored = stored_guards(tombs, self.keys, self.bucket_set)
         self.columns = columns
         self._by_key: dict[str, pa.Array] = {}
+        self._current = current
+        self._cur_versions: tuple[np.ndarray, np.ndarray] | None = None
+
+    def current_versions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per key, the version of its stored current row -- and so of its open history row -- ((-1,
+        -1): none); read once from the current table as it was before the batch (written after the
+        history, and only by :meth:`current`)."""
+        if self._cur_versions is None:
+            self._cur_versions = current_versions(self._current, self.keys, self.bucket_set)
+        return self._cur_versions
 
     def _values(self, name: str) -> pa.Array:
         """A data column converted to its stored type (once per batch, shared with the sink's
@@ -155,9 +166,7 @@ class ColumnarApply:
     # -- the three tables ------------------------------------------------------------------------------
     def history(self, history: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
         plan = self.plan
-        stored, o_lsn, o_seq = open_rows(history, self.keys, self.bucket_set)
-        seen_key = pc.is_in(self.keys, value_set=stored.column(KEY).combine_chunks().cast(pa.string()))
-        seen_key = seen_key.to_numpy(zero_copy_only=False)
+        o_lsn, o_seq = self.current_versions()
         hp = plan.history(self.stored.with_open(o_lsn, o_seq))
         if len(hp.applied) == 0 and len(hp.closed_keys) == 0 and not plan.truncates.num_rows:
             return {}  # nothing to write: a replay computes the same nothing
@@ -180,13 +189,8 @@ class ColumnarApply:
             }
             parts.append(self._data(np.full(len(c_key), NONE), schema, close))
         source = pa.concat_tables(parts)
-        truncates = plan.truncates.num_rows > 0
-        match: set[int] | None = None
-        if not truncates:
-            new_keys = plan.key_of_row[new]
-            match = set(self.key_bucket[c_key].tolist()) | set(
-                self.key_bucket[new_keys[seen_key[new_keys]]].tolist()
-            )
+        # only a close row can match a stored (open) row: only its bucket's open rows are rewritten
+        match = None if plan.truncates.num_rows else set(self.key_bucket[c_key].tolist())
         return write_history(history, source, match, _truncates(plan), commit)
 
     def current(self, current: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
@@ -196,7 +200,11 @@ class ColumnarApply:
             return {}  # nothing to write: a replay computes the same nothing
         data_rows = np.where(self.plan.is_delete[rows], NONE, rows)
         source = self._data(data_rows, arrow_schema(current), self._meta(rows))
-        return write_current(current, source, trunc[-1][0] if trunc else None, commit)
+        keys = self.plan.key_of_row[rows]
+        match = set(self.key_bucket[keys[self.current_versions()[0][keys] >= 0]].tolist())
+        return write_current(
+            current, source, None if trunc else match, trunc[-1][0] if trunc else None, commit
+        )
 
     def tombstones(self, tombs: DeltaTable, commit: CommitProperties) -> None:
         plan = self.plan

@@ -3,6 +3,7 @@ commit carrying the batch's app transaction, and the bucket-pruned reads the wri
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ from sinks.warehouse.layout import (
     Layout,
 )
 from sinks.warehouse.plan import Stored, versions_of
+
+#: rows the lookups (:func:`read_rows`) read from Delta, per kind of table (``current``, ``history``,
+#: ``tombstones``; from the table's name) -- before the in-memory key filter: what they cost. Tests
+#: and the loop benchmark (``bench/warehouse_loop.py``) read it; nothing resets it but them.
+ROWS_READ: Counter[str] = Counter()
 
 #: a TRUNCATE as the Delta writes take it: its version and source commit time (ms)
 Truncate = tuple[Version, int]
@@ -97,13 +103,16 @@ def write_history(
     commit: CommitProperties,
 ) -> dict[str, Any]:
     """Write the history's source rows in one commit: ``close`` rows (``SRC_KIND``) close the stored
-    open row of the same key and version, ``new`` rows are inserted unless a row of that version is
-    stored; the batch's truncates close every open row older than them. ``match``: the buckets that
-    can hold a row to match (None: any, as with truncates); when empty, the new rows are appended."""
+    open row of the same key and version, ``new`` rows are inserted unless an open row of that version
+    is stored; the batch's truncates close every open row older than them. Only open rows are read and
+    rewritten (in a history partitioned by ``is_current`` too, only those partitions' files).
+    ``match``: the buckets of the close rows (None: any, as with truncates); when empty, the new rows
+    are appended."""
     target_cols = arrow_schema(history).names
     predicate = (
         f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
         f" AND {_col('t', SEQ)} = {_col('s', SEQ)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
+        f" AND {_col('t', IS_CURRENT)} = true"
     )
     if match is not None:
         match = set(match)
@@ -136,23 +145,22 @@ def write_history(
 
 
 def write_current(
-    current: DeltaTable, source: pa.Table, trunc: Version | None, commit: CommitProperties
+    current: DeltaTable,
+    source: pa.Table,
+    match: Iterable[int] | None,
+    trunc: Version | None,
+    commit: CommitProperties,
 ) -> dict[str, Any]:
     """Merge the current table's source rows (every column of the table; ``_cdc_op`` 'd' for a delete,
     each already version-guarded against tombstones) in one commit; ``trunc``: the batch's newest
-    TRUNCATE. Only the buckets of keys with a current row are read and rewritten; with none, the
-    upserts are appended."""
+    TRUNCATE. ``match``: the buckets of the source's keys that have a current row (None with a
+    TRUNCATE: any); only those are read and rewritten; when empty, the upserts are appended."""
     schema = source.schema
     predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
     if trunc is None:
         # only the buckets of keys that have a current row can hold a match; a row of an absent key
         # is an insert (its version guard against deletes/truncates was applied by the caller)
-        keys = source.column(KEY)
-        present = read_rows(
-            current, keys.to_pylist(), source.column(BUCKET).unique().to_pylist(), columns=[KEY]
-        )
-        hit = pc.is_in(keys, value_set=present.column(KEY).cast(pa.string()))
-        match = source.column(BUCKET).filter(hit).unique().to_pylist()
+        match = set(match or ())
         if not match:  # only absent keys: append their upserts (a delete of an absent key is a no-op)
             ups = source.filter(pc.not_equal(source.column(OP), "d"))
             if ups.num_rows == 0:
@@ -215,24 +223,41 @@ def read_rows(
     buckets: Iterable[int],
     *,
     key: str = KEY,
-    extra_filter: pc.Expression | None = None,
     columns: list[str] | None = None,
 ) -> pa.Table:
     """Rows of the given keys (only ``columns`` when given), reading only the files of ``buckets``
-    (which must hold every bucket of ``keys``)."""
+    (which must hold every bucket of ``keys``). Memory: the rows found plus one record batch of the
+    scan, however large the buckets are."""
     if not keys:
         empty = arrow_schema(table).empty_table()
         return empty.select(columns) if columns else empty
     ds = table.to_pyarrow_dataset()
-    # partition pruning by bucket; the key filter runs in memory (delta-rs writes some string columns
-    # as string_view, which pyarrow's statistics pruning cannot compare with a string literal)
+    # partition pruning by bucket (the Delta log's partition values); the key filter runs in memory on
+    # each record batch of the scan, never inside it: delta-rs writes some string columns as
+    # string_view, and with the key filter inside the scan pyarrow's statistics pruning skipped row
+    # groups that held the keys (rows lost; reverted in a62f9f4)
     flt = pc.field(BUCKET).isin(sorted(set(buckets)))
-    got = ds.to_table(filter=flt, columns=columns)
-    mask = pc.is_in(got[key].cast(pa.string()), value_set=pa.array(list(keys), pa.string()))
-    if extra_filter is not None:
-        got = got.filter(mask)
-        return got.filter(extra_filter)
-    return got.filter(mask)
+    wanted = pa.array(sorted(set(keys)), pa.string())
+    schema = ds.schema if columns is None else pa.schema([ds.schema.field(c) for c in columns])
+    kept: list[pa.RecordBatch] = []
+    read = 0
+    for rb in ds.to_batches(filter=flt, columns=columns):
+        read += rb.num_rows
+        got = rb.filter(pc.is_in(rb.column(key).cast(pa.string()), value_set=wanted))
+        if got.num_rows:
+            kept.append(got)
+    ROWS_READ[table_kind(table)] += read
+    return pa.Table.from_batches(kept, schema=schema)
+
+
+def table_kind(table: DeltaTable) -> str:
+    """``current``, ``history`` or ``tombstones``: which of a registered table's Delta tables it is
+    (from its name, :func:`sinks.warehouse.layout.table_paths`)."""
+    name = table.table_uri.rstrip("/").rsplit("/", 1)[-1]
+    for kind in ("history", "tombstones"):
+        if name.endswith(f"__{kind}"):
+            return kind
+    return "current"
 
 
 def cast_to_field(f: pa.Field, types: dict[str, str | None], arr: pa.Array) -> pa.Array:
@@ -282,12 +307,12 @@ def stored_guards(tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int]) -> 
     return Stored(t_lsn, t_seq, none, none, m)
 
 
-def open_rows(
-    history: DeltaTable, keys: pa.Array, buckets: Iterable[int]
-) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """The history's rows of ``keys`` (meta columns a close row needs) and, per key, the version of
-    its open row ((-1, -1): none)."""
-    stored = read_rows(history, keys.to_pylist(), buckets, columns=[KEY, BUCKET, LSN, SEQ, IS_CURRENT])
-    open_ = stored.filter(pc.equal(stored.column(IS_CURRENT), True))
-    o_lsn, o_seq = versions_of(keys, open_, KEY, LSN, SEQ)
-    return stored, o_lsn, o_seq
+def current_versions(
+    current: DeltaTable, keys: pa.Array, buckets: Iterable[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per key, the version of its current row ((-1, -1): none) -- which is also the version of the
+    key's open history row: a key has an open history row exactly when it has a current row, of the
+    same version (both are written from the same plan, docs/warehouse.md). One row per live key is
+    read (only the key and version columns), never the history."""
+    stored = read_rows(current, keys.to_pylist(), buckets, columns=[KEY, LSN, SEQ])
+    return versions_of(keys, stored, KEY, LSN, SEQ)

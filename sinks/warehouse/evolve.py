@@ -24,7 +24,6 @@ from deltalake import DeltaTable, write_deltalake
 from cdc.registry import TableReg
 from sinks import types as T
 from sinks.warehouse.delta import arrow_schema
-from sinks.warehouse.layout import BUCKET
 
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 
@@ -117,6 +116,6 @@ def widen(path: Path, fields: dict[str, pa.DataType]) -> None:
         data,
         mode="overwrite",
         schema_mode="overwrite",
-        partition_by=[BUCKET],
+        partition_by=list(table.metadata().partition_columns),
         configuration=dict(table.metadata().configuration),
     )

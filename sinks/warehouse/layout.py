@@ -40,6 +40,11 @@ LAYOUT_CONF = "cdc.layout"  # "range:<width>" or "hash:<buckets>"
 INT_KEY_TYPES = frozenset({"smallint", "integer", "bigint"})
 SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
 
+#: the history's partition columns: its open rows (``is_current``) apart from the closed ones, so that
+#: closing a row rewrites only files of open rows (the closed ones are only ever appended to); the
+#: current and tombstone tables are partitioned by ``_cdc_bucket`` alone
+HISTORY_PARTITIONS = (BUCKET, IS_CURRENT)
+
 TS_TYPE = pa.timestamp("us", tz="UTC")
 CURRENT_META = pa.schema(
     [
@@ -82,7 +87,10 @@ class WarehouseOptions:
     with, stored in its configuration ``cdc.layout``). ``maintain_every``: run :meth:`WarehouseSink.maintain`
     on a table after every K-th batch id (0: never). ``vacuum_retention_hours``: files unreferenced for
     longer are deleted by vacuum (keep it above the longest reader/Spark batch). ``tombstone_retention_hours``:
-    how long a delete's version guards against older late events."""
+    how long a delete's version guards against older late events. ``target_file_size``: the files
+    ``maintain`` compacts small files into (bytes; a file already that large is never rewritten by it,
+    so a compaction's cost stays bounded however large a table grows: default 8 MiB, None: delta-rs's
+    100 MiB)."""
 
     buckets: int = 16
     clustering: str = "auto"
@@ -90,7 +98,7 @@ class WarehouseOptions:
     tombstone_retention_hours: float = 7 * 24
     maintain_every: int = 100
     vacuum_retention_hours: int = 7 * 24
-    target_file_size: int | None = None
+    target_file_size: int | None = 8 << 20
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseOptions:

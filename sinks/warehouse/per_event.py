@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
@@ -22,7 +23,7 @@ from sinks import types as T
 from sinks.warehouse.delta import (
     arrow_schema,
     cast_to_field,
-    open_rows,
+    current_versions,
     read_rows,
     stored_guards,
     write_current,
@@ -68,6 +69,7 @@ class BatchContext:
         columns: dict[str, str | None],
         layout: Layout,
         tombs: DeltaTable,
+        current: DeltaTable,
     ) -> None:
         self.reg = reg
         self.types = columns
@@ -94,6 +96,34 @@ class BatchContext:
         }
         self.marker = Version(*self.stored.marker)
         self.converted = _Converted()
+        self._current = current
+        self._cur_versions: tuple[np.ndarray, np.ndarray] | None = None
+        self._cur_rows: dict[str, dict[str, Any]] = {}
+
+    def current_versions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per key of the plan, the version of its stored current row -- and so of its open history
+        row -- ((-1, -1): none); read once from the current table as it was before the batch (written
+        after the history, and only by :func:`apply_current`)."""
+        if self._cur_versions is None:
+            self._cur_versions = current_versions(self._current, self.plan.keys, self.key_buckets.values())
+        return self._cur_versions
+
+    def current_rows(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored current rows of ``keys`` (those that have one), as they were before the batch."""
+        todo = sorted(k for k in set(keys) if k not in self._cur_rows)
+        if todo:
+            got = {r[KEY]: r for r in read_rows(self._current, todo, self.buckets_of(todo)).to_pylist()}
+            self._cur_rows.update({k: got.get(k, {}) for k in todo})
+        return {k: r for k in keys if (r := self._cur_rows[k])}
+
+    def stored_rows(self, history: DeltaTable, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """What an unavailable TOAST value is taken from when no earlier event of the batch holds it:
+        the key's stored current row, else its latest history row (a key deleted or truncated)."""
+        found = self.current_rows(keys)
+        rest = [k for k in keys if k not in found]
+        if rest:
+            found.update(_latest_rows(history, rest, self))
+        return found
 
     def event(self, row: int) -> ChangeEvent:
         """The event at a row of the plan."""
@@ -295,12 +325,10 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
     """The history's source rows from the plan's decisions (:meth:`Plan.history`); values from the
     events, unavailable TOAST columns resolved in each key's version order."""
     plan = ctx.plan
-    stored, o_lsn, o_seq = open_rows(history, plan.keys, ctx.key_buckets.values())
-    # keys with any history row: only their buckets' files can hold a row this merge must match
-    seen = set(stored.column(KEY).cast(pa.string()).to_pylist())
+    o_lsn, o_seq = ctx.current_versions()
     hp = plan.history(ctx.stored.with_open(o_lsn, o_seq))
     truncates = ctx.truncates
-    resolver = _Resolver(ctx, lambda missing: _latest_rows(history, missing, ctx))
+    resolver = _Resolver(ctx, lambda missing: ctx.stored_rows(history, missing))
     close_rows: list[dict[str, Any]] = []
     for k, by_ev, by_t in zip(hp.closed_keys, hp.close_event, hp.close_truncate, strict=True):
         key_json = ctx.keys[k]
@@ -342,12 +370,8 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
     schema = pa.schema([*arrow_schema(history), (SRC_KIND, pa.string())])
     rows = [{**r, SRC_KIND: "close"} for r in close_rows] + [{**r, SRC_KIND: "new"} for r in new_rows]
     source = _to_table(rows, schema, ctx.types, ctx.converted)
-    match = None
-    if not truncates:
-        # a close row matches its open row; a new row of a key with history might match a stored
-        # row of the same version (kept out). A new row of a key without any history matches
-        # nothing, so only the other rows' buckets are read and rewritten.
-        match = {r[BUCKET] for r in close_rows} | {r[BUCKET] for r in new_rows if r[KEY] in seen}
+    # only a close row can match a stored (open) row: only its bucket's open rows are rewritten
+    match = None if truncates else {r[BUCKET] for r in close_rows}
     return write_history(history, source, match, [(t.version, t.ts_ms) for t in truncates], commit)
 
 
@@ -361,18 +385,8 @@ def apply_current(
     need = {
         ev.key_json for ev in latest if ev.op != "d" and any(e.unavailable for e in ctx.by_key[ev.key_json])
     }
-    stored: dict[str, dict[str, Any]] = {}
-    if need:
-        stored = {r[KEY]: r for r in read_rows(current, sorted(need), ctx.buckets_of(need)).to_pylist()}
-
-    def fetch(missing: Sequence[str]) -> dict[str, dict[str, Any]]:
-        found = {k: stored[k] for k in missing if k in stored}
-        rest = [k for k in missing if k not in stored]
-        if rest:
-            found.update(_latest_rows(history, rest, ctx))
-        return found
-
-    resolver = _Resolver(ctx, fetch)
+    stored = ctx.current_rows(sorted(need)) if need else {}
+    resolver = _Resolver(ctx, lambda missing: ctx.stored_rows(history, missing))
     rows = []
     for ev in latest:
         row = ctx.meta_row(ev)
@@ -399,7 +413,10 @@ def apply_current(
     if not rows and trunc is None:
         return {}  # nothing to write: a replay computes the same nothing
     source = _to_table(rows, arrow_schema(current), ctx.types, ctx.converted)
-    return write_current(current, source, trunc, commit)
+    has_row = ctx.current_versions()[0] >= 0
+    present = {k for k, has in zip(ctx.keys, has_row, strict=True) if has}
+    match = {r[BUCKET] for r in rows if r[KEY] in present}
+    return write_current(current, source, None if trunc else match, trunc, commit)
 
 
 def apply_tombstones(ctx: BatchContext, tombs: DeltaTable, commit: CommitProperties) -> None:
