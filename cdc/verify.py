@@ -10,9 +10,11 @@ How (for each registered table, or the one named):
    replication slot's ``confirmed_flush_lsn`` >= L (when the slot exists: every change up to L is
    durable in the log store), then the ``apply`` consumer's committed positions >= the topics' end
    offsets noted at that moment (every such record applied); and compares them again, in the same
-   transaction. If the deadline passes, the report says **not caught up** (exit 3), distinct from
+   transaction. While it waits it also compares them again now and then (every second at most, and
+   never for more than a third of the time): once they are all equal there is nothing left to wait
+   for. If the deadline passes, the report says **not caught up** (exit 3), distinct from
    **different** (exit 1). (The slot's position moves only when the reader's feedback reaches the
-   server, every few seconds even on an idle source: comparing first is what makes a verify of a
+   server, every 10 s (its status interval) even on an idle source: comparing first is what makes a verify of a
    caught-up pipeline take about a second instead of a wait per table.)
 2. **Normalisation.** Source values are read in the event encoding (Postgres text output, UTC,
    ISO dates, ``char(n)`` with its blank padding; numeric NaN/Infinity as null as wal2json sends
@@ -43,7 +45,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -62,6 +64,8 @@ from cdc.registry import Registry, TableReg, search_index_path
 APPLY_CONSUMER = "apply"
 DEFAULT_RANGE_ROWS = 1024
 FETCH_CHUNK = 20_000
+#: while waiting for the pipeline, the differing tables are compared again at most this often
+RECHECK_S = 1.0
 
 Key = tuple[Any, ...]
 
@@ -323,17 +327,25 @@ class Verifier:
         }
 
     def wait_caught_up(
-        self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
+        self,
+        conn: psycopg.Connection[Any],
+        lsn: int,
+        tables: Sequence[TableReg],
+        settled: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
         """Wait until the slot and the apply job reached ``lsn``; return the remaining lag (empty if
-        caught up)."""
+        caught up). ``settled`` (optional) is called now and then while waiting, paced by
+        :class:`_Paced`; when it answers True the wait ends there, with no lag."""
         from cdc.logstore.factory import open_log_store
 
+        recheck = _Paced(settled)
         deadline = time.monotonic() + self.wait_s
         while True:
             ok, info = self._slot_caught_up(conn, lsn, tables)
             if ok or time.monotonic() > deadline:
                 break
+            if recheck():
+                return {}
             time.sleep(0.2)
         if not ok:
             return {"slot": info}
@@ -352,6 +364,8 @@ class Verifier:
                         if lag
                         else {}
                     )
+                if recheck():
+                    return {}
                 time.sleep(0.2)
 
     # -- the comparison -------------------------------------------------------------------------------
@@ -384,12 +398,20 @@ class Verifier:
                 assert row is not None
                 lsn, point = lsn_to_int(str(row[0])), str(row[0])
                 reports = [self._compare_at(conn, reg, lsn, point) for reg in tables]
-                differing = [i for i, r in enumerate(reports) if not r.equal]
-                if not differing:
+                pending = [i for i, r in enumerate(reports) if not r.equal]
+                if not pending:
                     return reports
+
+                def settled() -> bool:
+                    """Compare the differing tables again (same snapshot): are they all equal now?"""
+                    for i in pending:
+                        reports[i] = self._compare_at(conn, tables[i], lsn, point)
+                    pending[:] = [i for i in pending if not reports[i].equal]
+                    return not pending
+
                 with connect(dsn, application_name="cdc verify") as side:
-                    lag = self.wait_caught_up(side, lsn, [tables[i] for i in differing])
-                for i in differing:
+                    lag = self.wait_caught_up(side, lsn, [tables[i] for i in pending], settled)
+                for i in pending:  # caught up (or out of time): the answer is this comparison
                     reg = tables[i]
                     report = reports[i] = self._compare_at(conn, reg, lsn, point)
                     mine = _lag_of(lag, reg)
@@ -589,6 +611,25 @@ class Verifier:
             for key, row in self._source_rows(conn, reg, columns, target, where, arrays):
                 out[key] = row
         return out
+
+
+class _Paced:
+    """Calls ``check`` (if any) at most every :data:`RECHECK_S` seconds and never for more than a third
+    of the time: after a check that took t seconds, the next comes 2t later at the earliest. A check
+    compares tables again, which for a large table takes long, and the wait is for the pipeline."""
+
+    def __init__(self, check: Callable[[], bool] | None) -> None:
+        self.check = check
+        self.next = time.monotonic() + RECHECK_S
+
+    def __call__(self) -> bool:
+        if self.check is None or time.monotonic() < self.next:
+            return False
+        t0 = time.monotonic()
+        done = self.check()
+        took = time.monotonic() - t0
+        self.next = time.monotonic() + max(RECHECK_S, 2 * took)
+        return done
 
 
 def _lag_of(lag: dict[str, Any], reg: TableReg) -> dict[str, Any]:
