@@ -10,9 +10,9 @@ How (for each registered table, or the one named):
    replication slot's ``confirmed_flush_lsn`` >= L (when the slot exists: every change up to L is
    durable in the log store), then the ``apply`` consumer's committed positions >= the topics' end
    offsets noted at that moment (every such record applied); and compares them again, in the same
-   transaction. While it waits it also compares them again now and then (every second at most, and
-   never for more than a third of the time): once they are all equal there is nothing left to wait
-   for. If the deadline passes, the report says **not caught up** (exit 3), distinct from
+   transaction. While it waits it also compares them again whenever the apply job has committed a
+   new position (every second at most, and never for more than a third of the time): once they are
+   all equal there is nothing left to wait for. If the deadline passes, the report says **not caught up** (exit 3), distinct from
    **different** (exit 1). (The slot's position moves only when the reader's feedback reaches the
    server, every 10 s (its status interval) even on an idle source: comparing first is what makes a verify of a
    caught-up pipeline take about a second instead of a wait per table.)
@@ -334,22 +334,33 @@ class Verifier:
         settled: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
         """Wait until the slot and the apply job reached ``lsn``; return the remaining lag (empty if
-        caught up). ``settled`` (optional) is called now and then while waiting, paced by
-        :class:`_Paced`; when it answers True the wait ends there, with no lag."""
+        caught up). ``settled`` (optional) is called while waiting, paced by :class:`_Paced` (once,
+        then whenever the apply job has committed a new position); when it answers True the wait ends
+        there, with no lag."""
         from cdc.logstore.factory import open_log_store
 
-        recheck = _Paced(settled)
         deadline = time.monotonic() + self.wait_s
-        while True:
-            ok, info = self._slot_caught_up(conn, lsn, tables)
-            if ok or time.monotonic() > deadline:
-                break
-            if recheck():
-                return {}
-            time.sleep(0.2)
-        if not ok:
-            return {"slot": info}
         with open_log_store(self.settings) as store:
+
+            def progress() -> Any:
+                out = {}
+                for reg in tables:
+                    try:
+                        out[reg.topic] = store.committed(APPLY_CONSUMER, reg.topic)
+                    except UnknownTopicError:
+                        out[reg.topic] = {}
+                return out
+
+            recheck = _Paced(settled, progress)
+            while True:
+                ok, info = self._slot_caught_up(conn, lsn, tables)
+                if ok or time.monotonic() > deadline:
+                    break
+                if recheck():
+                    return {}
+                time.sleep(0.2)
+            if not ok:
+                return {"slot": info}
             ends: dict[str, dict[int, int]] = {}
             for reg in tables:
                 try:
@@ -614,17 +625,27 @@ class Verifier:
 
 
 class _Paced:
-    """Calls ``check`` (if any) at most every :data:`RECHECK_S` seconds and never for more than a third
-    of the time: after a check that took t seconds, the next comes 2t later at the earliest. A check
-    compares tables again, which for a large table takes long, and the wait is for the pipeline."""
+    """Calls ``check`` (if any) while verify waits: once, then only after ``progress()`` changed (the
+    apply job committed a new position: only a batch it applied can make a table equal), at most every
+    :data:`RECHECK_S` seconds and never for more than a third of the time (after a check that took t
+    seconds, the next comes 2t later at the earliest). A check compares tables again, which for a
+    large table takes long and on a small host competes with the pipeline it waits for."""
 
-    def __init__(self, check: Callable[[], bool] | None) -> None:
+    def __init__(self, check: Callable[[], bool] | None, progress: Callable[[], Any]) -> None:
         self.check = check
+        self.progress = progress
+        self.seen: Any = None
+        self.checked = False
         self.next = time.monotonic() + RECHECK_S
 
     def __call__(self) -> bool:
         if self.check is None or time.monotonic() < self.next:
             return False
+        now = self.progress()
+        if self.checked and now == self.seen:
+            self.next = time.monotonic() + RECHECK_S
+            return False
+        self.seen, self.checked = now, True
         t0 = time.monotonic()
         done = self.check()
         took = time.monotonic() - t0
