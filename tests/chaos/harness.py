@@ -540,6 +540,9 @@ class Chaos:
             self._thaw.cancel()
             self._thaw_broker()
         self.supervisor.stop()
+        # both asked to stop at once (the apply job finishes its batch and stops Spark: seconds)
+        for proc in (self.reader, self.apply):
+            proc.signal(signal.SIGTERM)
         self.reader.stop()
         self.apply.stop()
         with contextlib.suppress(Exception):
@@ -672,7 +675,8 @@ class Chaos:
     def verify(self) -> list[dict[str, Any]] | None:
         """``cdc verify --json`` once the pipeline caught up; None until it is clean."""
         t0 = time.monotonic()
-        proc = self._cdc("verify", "--json", "--wait", "20", "--limit", "5", timeout=300)
+        # verify answers as soon as the tables are equal; a longer wait only spares process starts
+        proc = self._cdc("verify", "--json", "--wait", "60", "--limit", "5", timeout=300)
         took = time.monotonic() - t0
         try:
             reports = orjson.loads(proc.stdout)
