@@ -4,18 +4,19 @@ How (for each registered table, or the one named):
 
 1. **One consistent point for every table.** The source is read in one ``REPEATABLE READ``
    transaction whose first statement notes ``pg_current_wal_lsn()`` (L); every table is compared in
-   it. A table equal to the source at L needs nothing more (the derived tables hold the source's state
-   at L, however far the pipeline's positions are). For the tables that differ, verify then waits
-   once (at most ``wait_s``, for all of them together) until the pipeline has caught up to L: the
-   replication slot's ``confirmed_flush_lsn`` >= L (when the slot exists: every change up to L is
-   durable in the log store), then the ``apply`` consumer's committed positions >= the topics' end
+   it. A table equal to the source at L needs nothing more (the derived tables hold the source's
+   state at L, however far the pipeline's positions are). For the tables that differ, verify then
+   waits once (at most ``wait_s``, for all of them together) until the pipeline has caught up to L:
+   the replication slot's ``confirmed_flush_lsn`` >= L (when the slot exists: every change up to L
+   is durable in the log store), then the ``apply`` consumer's committed positions >= the topics' end
    offsets noted at that moment (every such record applied); and compares them again, in the same
    transaction. While it waits it also compares them again whenever the apply job has committed a
    new position (every second at most, and never for more than a third of the time): once they are
-   all equal there is nothing left to wait for. If the deadline passes, the report says **not caught up** (exit 3), distinct from
-   **different** (exit 1). (The slot's position moves only when the reader's feedback reaches the
-   server, every 10 s (its status interval) even on an idle source: comparing first is what makes a verify of a
-   caught-up pipeline take about a second instead of a wait per table.)
+   all equal there is nothing left to wait for. If the deadline passes, the report says **not
+   caught up** (exit 3), distinct from **different** (exit 1). (The slot's position moves only when
+   the reader's feedback reaches the server, every 10 s -- its status interval -- even on an idle
+   source: comparing first is what makes a verify of a caught-up pipeline take about a second
+   instead of a wait per table.)
 2. **Normalisation.** Source values are read in the event encoding (Postgres text output, UTC,
    ISO dates, ``char(n)`` with its blank padding; numeric NaN/Infinity as null as wal2json sends
    them; arrays through ``to_json``) and
