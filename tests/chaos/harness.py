@@ -464,6 +464,7 @@ class Chaos:
         )
         self.supervisor = Supervisor([self.reader, self.apply])
         self._poisoned: int | None = None
+        self._poison_rows = 0
         self._thaw: threading.Timer | None = None
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
 
@@ -656,8 +657,12 @@ class Chaos:
 
     def _fault_poison_value(self) -> None:
         """A row holding a value the warehouse cannot store (a BC date): it must go to the dead-letter
-        topic while everything else applies; the row is then corrected at the source."""
-        i = 10_000_000 + self.rng.randint(0, 1_000_000)
+        topic while everything else applies; the row is then corrected at the source. Its id is
+        negative: the workload's ids only grow, from the largest id it reloads after a reconnect, so
+        ids of a positive range reserved for poison rows were taken by the workload once a poison row
+        held the largest id (the full size failed so: duplicate key). -1 is corrupt_record's key."""
+        self._poison_rows += 1
+        i = -1 - self._poison_rows
         self.pg.execute(
             f"INSERT INTO chaos_accounts (id, name, balance, born) VALUES ({i}, 'poison', 1, '0044-03-15 BC')",
             self.db,
