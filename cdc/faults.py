@@ -6,7 +6,9 @@ set; nothing happens unless a test enabled that point. Points are enabled from `
 only at a process's entry point (``cdc apply`` parses it with :meth:`Faults.parse` and passes the
 result on), never deep in the code. The value is a
 comma-separated list of ``NAME[:ARG]``; ``ARG`` is the point's parameter (for the batch points: the
-micro-batch id at which the fault fires), e.g. ``CDC_FAULTS=apply.after_sink:3``.
+micro-batch id at which the fault fires), e.g. ``CDC_FAULTS=apply.after_sink:3``; or ``@PATH``: the
+point fires at the first call after the file ``PATH`` appears, once (it removes the file first), so a
+test can arm a running process, e.g. ``CDC_FAULTS=apply.after_sink:@/tmp/arm``.
 
 Points (:data:`POINTS`):
 
@@ -20,6 +22,8 @@ process); :func:`point` returns whether the point is enabled for that argument.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,14 +41,15 @@ POINTS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Faults:
-    """The enabled points: name -> argument (None for a point without one)."""
+    """The enabled points: name -> argument (None for a point without one; a str is the path of the
+    file that arms it)."""
 
-    points: Mapping[str, int | None] = field(default_factory=dict)
+    points: Mapping[str, int | str | None] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, raw: str) -> Faults:
         """``NAME[:ARG],...`` -> Faults; a ConfigError names an unknown point or a bad argument."""
-        out: dict[str, int | None] = {}
+        out: dict[str, int | str | None] = {}
         for item in (p.strip() for p in raw.split(",")):
             if not item:
                 continue
@@ -54,6 +59,9 @@ class Faults:
                     f"{ENV}: unknown fault-injection point {name!r}",
                     fix=f"use one of {sorted(POINTS)} (or unset {ENV})",
                 )
+            if sep and arg.startswith("@") and len(arg) > 1:
+                out[name] = arg[1:]
+                continue
             try:
                 out[name] = int(arg) if sep else None
             except ValueError as exc:
@@ -63,14 +71,17 @@ class Faults:
                 ) from exc
         return cls(out)
 
-    def arg(self, name: str) -> int | None:
+    def arg(self, name: str) -> int | str | None:
         return self.points.get(name)
 
     def on(self, name: str, arg: int | None = None) -> bool:
-        """Whether ``name`` is enabled (and, when the point has an argument, for ``arg``)."""
+        """Whether ``name`` is enabled (and, when the point has an argument, for ``arg``; when it is
+        armed by a file, whether the file exists)."""
         if name not in self.points:
             return False
         want = self.points[name]
+        if isinstance(want, str):
+            return os.path.exists(want)
         return want is None or want == arg
 
     def point(self, name: str, arg: int | None = None, action: Callable[[], None] | None = None) -> bool:
@@ -79,6 +90,10 @@ class Faults:
         assert name in POINTS, name
         if not self.on(name, arg):
             return False
+        armed = self.points[name]
+        if isinstance(armed, str):  # fires once per arming
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(armed)
         if action is not None:
             action()
         return True

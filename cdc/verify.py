@@ -2,13 +2,21 @@
 
 How (for each registered table, or the one named):
 
-1. **A consistent point.** The source is read in one ``REPEATABLE READ`` transaction whose first
-   statement notes ``pg_current_wal_lsn()`` (L). Before comparing, verify waits (at most ``wait_s``)
-   until the pipeline has caught up to L: the replication slot's ``confirmed_flush_lsn`` >= L (when
-   the slot exists: every change up to L is durable in the log store), then the ``apply`` consumer's
-   committed positions >= the topic's end offsets noted at that moment (every such record applied).
-   If the deadline passes, the report says **not caught up** (exit 3), distinct from **different**
-   (exit 1).
+1. **One consistent point for every table.** The source is read in one ``REPEATABLE READ``
+   transaction whose first statement notes ``pg_current_wal_lsn()`` (L); every table is compared in
+   it. A table equal to the source at L needs nothing more (the derived tables hold the source's
+   state at L, however far the pipeline's positions are). For the tables that differ, verify then
+   waits once (at most ``wait_s``, for all of them together) until the pipeline has caught up to L:
+   the replication slot's ``confirmed_flush_lsn`` >= L (when the slot exists: every change up to L
+   is durable in the log store), then the ``apply`` consumer's committed positions >= the topics' end
+   offsets noted at that moment (every such record applied); and compares them again, in the same
+   transaction. While it waits it also compares them again whenever the apply job has committed a
+   new position (every second at most, and never for more than a third of the time): once they are
+   all equal there is nothing left to wait for. If the deadline passes, the report says **not
+   caught up** (exit 3), distinct from **different** (exit 1). (The slot's position moves only when
+   the reader's feedback reaches the server, every 10 s -- its status interval -- even on an idle
+   source: comparing first is what makes a verify of a caught-up pipeline take about a second
+   instead of a wait per table.)
 2. **Normalisation.** Source values are read in the event encoding (Postgres text output, UTC,
    ISO dates, ``char(n)`` with its blank padding, float and numeric NaN/Infinity as those strings;
    arrays through ``to_json``) and
@@ -40,7 +48,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -59,6 +67,8 @@ from cdc.registry import Registry, TableReg, search_index_path
 APPLY_CONSUMER = "apply"
 DEFAULT_RANGE_ROWS = 1024
 FETCH_CHUNK = 20_000
+#: while waiting for the pipeline, the differing tables are compared again at most this often
+RECHECK_S = 1.0
 
 Key = tuple[Any, ...]
 
@@ -330,21 +340,40 @@ class Verifier:
         }
 
     def wait_caught_up(
-        self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
+        self,
+        conn: psycopg.Connection[Any],
+        lsn: int,
+        tables: Sequence[TableReg],
+        settled: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
         """Wait until the slot and the apply job reached ``lsn``; return the remaining lag (empty if
-        caught up)."""
+        caught up). ``settled`` (optional) is called while waiting, paced by :class:`_Paced` (once,
+        then whenever the apply job has committed a new position); when it answers True the wait ends
+        there, with no lag."""
         from cdc.logstore.factory import open_log_store
 
         deadline = time.monotonic() + self.wait_s
-        while True:
-            ok, info = self._slot_caught_up(conn, lsn, tables)
-            if ok or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        if not ok:
-            return {"slot": info}
         with open_log_store(self.settings) as store:
+
+            def progress() -> Any:
+                out = {}
+                for reg in tables:
+                    try:
+                        out[reg.topic] = store.committed(APPLY_CONSUMER, reg.topic)
+                    except UnknownTopicError:
+                        out[reg.topic] = {}
+                return out
+
+            recheck = _Paced(settled, progress)
+            while True:
+                ok, info = self._slot_caught_up(conn, lsn, tables)
+                if ok or time.monotonic() > deadline:
+                    break
+                if recheck():
+                    return {}
+                time.sleep(0.2)
+            if not ok:
+                return {"slot": info}
             ends: dict[str, dict[int, int]] = {}
             for reg in tables:
                 try:
@@ -359,26 +388,28 @@ class Verifier:
                         if lag
                         else {}
                     )
+                if recheck():
+                    return {}
                 time.sleep(0.2)
 
     # -- the comparison -------------------------------------------------------------------------------
     def verify(self, tables: Sequence[TableReg]) -> list[TableReport]:
         dsn = self.settings.require_source()
-        reports: list[TableReport] = []
-        for reg in tables:
-            report = self._verify_table(dsn, reg)
-            for _ in range(self.retries - 1):
-                if report.equal or not report.caught_up or not report.newer_than_point:
-                    break
-                report = self._verify_table(dsn, reg)
-            reports.append(report)
+        reports = self._verify_at_point(dsn, tables)
+        for _ in range(self.retries - 1):
+            again = [i for i, r in enumerate(reports) if not r.equal and r.caught_up and r.newer_than_point]
+            if not again:
+                break
+            fresh = self._verify_at_point(dsn, [tables[i] for i in again])
+            for i, report in zip(again, fresh, strict=True):
+                reports[i] = report
         return reports
 
     def _columns(self, reg: TableReg) -> list[tuple[str, str]]:
         return [(c.name, c.type) for c in reg.columns if c.name not in reg.exclude]
 
-    def _verify_table(self, dsn: str, reg: TableReg) -> TableReport:
-        report = TableReport(table=reg.qualified)
+    def _verify_at_point(self, dsn: str, tables: Sequence[TableReg]) -> list[TableReport]:
+        """Every table of ``tables`` at one consistent point (step 1 of the module docstring)."""
         conn = connect(dsn, application_name="cdc verify")
         with conn:
             conn.execute("SET TimeZone = 'UTC'")
@@ -389,14 +420,33 @@ class Verifier:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
                 assert row is not None
-                lsn = lsn_to_int(str(row[0]))
-                report.consistent_lsn = str(row[0])
+                lsn, point = lsn_to_int(str(row[0])), str(row[0])
+                reports = [self._compare_at(conn, reg, lsn, point) for reg in tables]
+                pending = [i for i, r in enumerate(reports) if not r.equal]
+                if not pending:
+                    return reports
+
+                def settled() -> bool:
+                    """Compare the differing tables again (same snapshot): are they all equal now?"""
+                    for i in pending:
+                        reports[i] = self._compare_at(conn, tables[i], lsn, point)
+                    pending[:] = [i for i in pending if not reports[i].equal]
+                    return not pending
+
                 with connect(dsn, application_name="cdc verify") as side:
-                    lag = self.wait_caught_up(side, lsn, [reg])
-                if lag:
-                    report.caught_up = False
-                    report.lag = lag
-                self._compare(conn, reg, lsn, report)
+                    lag = self.wait_caught_up(side, lsn, [tables[i] for i in pending], settled)
+                for i in pending:  # caught up (or out of time): the answer is this comparison
+                    reg = tables[i]
+                    report = reports[i] = self._compare_at(conn, reg, lsn, point)
+                    mine = _lag_of(lag, reg)
+                    if mine and not report.equal:
+                        report.caught_up = False
+                        report.lag = mine
+        return reports
+
+    def _compare_at(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, point: str) -> TableReport:
+        report = TableReport(table=reg.qualified, consistent_lsn=point)
+        self._compare(conn, reg, lsn, report)
         return report
 
     def _source_rows(
@@ -585,6 +635,44 @@ class Verifier:
             for key, row in self._source_rows(conn, reg, columns, target, where, arrays):
                 out[key] = row
         return out
+
+
+class _Paced:
+    """Calls ``check`` (if any) while verify waits: once, then only after ``progress()`` changed (the
+    apply job committed a new position: only a batch it applied can make a table equal), at most every
+    :data:`RECHECK_S` seconds and never for more than a third of the time (after a check that took t
+    seconds, the next comes 2t later at the earliest). A check compares tables again, which for a
+    large table takes long and on a small host competes with the pipeline it waits for."""
+
+    def __init__(self, check: Callable[[], bool] | None, progress: Callable[[], Any]) -> None:
+        self.check = check
+        self.progress = progress
+        self.seen: Any = None
+        self.checked = False
+        self.next = time.monotonic() + RECHECK_S
+
+    def __call__(self) -> bool:
+        if self.check is None or time.monotonic() < self.next:
+            return False
+        now = self.progress()
+        if self.checked and now == self.seen:
+            self.next = time.monotonic() + RECHECK_S
+            return False
+        self.seen, self.checked = now, True
+        t0 = time.monotonic()
+        done = self.check()
+        took = time.monotonic() - t0
+        self.next = time.monotonic() + max(RECHECK_S, 2 * took)
+        return done
+
+
+def _lag_of(lag: dict[str, Any], reg: TableReg) -> dict[str, Any]:
+    """The part of :meth:`Verifier.wait_caught_up`'s answer (for several tables) that holds ``reg``
+    back: the slot's (shared by every table), else its topic's apply lag."""
+    if "slot" in lag:
+        return {"slot": lag["slot"]}
+    apply = lag.get("apply", {})
+    return {"apply": {reg.topic: apply[reg.topic]}} if reg.topic in apply else {}
 
 
 def _wal2json_name(reg: TableReg) -> str:

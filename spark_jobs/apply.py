@@ -403,6 +403,20 @@ class ApplyJob:
             except UnknownTopicError:
                 continue
 
+    def _hold_positions(self, tables: Sequence[TableReg]) -> None:
+        """Commit a position at its start offsets in every topic the job has none in yet, before the
+        first micro-batch (which can take a while on a loaded host): the embedded log store never
+        compacts away what a consumer has not read (an update without its unchanged TOAST columns needs
+        the key's earlier row), and without a position the job is not a consumer yet. A later batch's
+        commit moves it on."""
+        store = self.store()
+        for reg in tables:
+            try:
+                if not store.committed(CONSUMER, reg.topic):
+                    store.commit(CONSUMER, reg.topic, store.start_offsets(reg.topic))
+            except UnknownTopicError:
+                continue
+
     def _read_metrics(self) -> dict[str, Any]:
         """This checkpoint's counters (``<state>/spark/apply-metrics.json``); reset for a new app id."""
         path = metrics_path(self.state_dir)
@@ -464,6 +478,7 @@ class ApplyJob:
     # -- the query -----------------------------------------------------------------------------------
     def start_query(self, tables: Sequence[TableReg]) -> StreamingQuery:
         self._by_topic = {t.topic: t for t in tables}
+        self._hold_positions(tables)
         reader = (
             self.spark.readStream.format("cdclog")
             .option("state", str(self.state_dir))

@@ -125,3 +125,15 @@ def test_faults_parse_names_points_and_arguments() -> None:
             assert "CDC_FAULTS" in str(err)
         else:
             raise AssertionError(bad)
+
+
+def test_a_fault_armed_by_a_file_fires_once_per_arming(tmp_path: Path) -> None:
+    from cdc.faults import Faults
+
+    arm = tmp_path / "arm"
+    f = Faults.parse(f"apply.after_sink:@{arm}")
+    fired: list[int] = []
+    assert not f.point("apply.after_sink", 7, lambda: fired.append(7))  # not armed yet
+    arm.touch()
+    assert f.point("apply.after_sink", 8, lambda: fired.append(8)) and fired == [8]
+    assert not arm.exists() and not f.on("apply.after_sink", 9)  # once

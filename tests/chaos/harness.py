@@ -80,17 +80,22 @@ FAULT_KINDS = (
 
 @dataclass(frozen=True)
 class Size:
-    """How much to run: cycles (one fault each), the longest transaction, seconds of writes a cycle."""
+    """How much to run: cycles (one fault each), the longest transaction, seconds of writes a cycle,
+    how long a recovery may take, and the size of the embedded log store's filesystem (``disk_full``
+    fills it: the smaller, the sooner; a CI run's log store stays under 150 MB)."""
 
     cycles: int
     max_tx: int
     write_s: tuple[float, float]
     verify_wait_s: float
+    log_fs_mb: int = 2048
 
     @staticmethod
     def named(name: str) -> Size:
         if name == "ci":
-            return Size(cycles=len(FAULT_KINDS) - 1, max_tx=500, write_s=(0.2, 0.6), verify_wait_s=240)
+            return Size(
+                cycles=len(FAULT_KINDS) - 1, max_tx=500, write_s=(0.2, 0.6), verify_wait_s=240, log_fs_mb=512
+            )
         if name == "full":
             # every kind four times: disk_full and broker_freeze belong to one backend each
             return Size(
@@ -449,9 +454,17 @@ class Chaos:
         logs.mkdir(parents=True, exist_ok=True)
         self.notes = logs / "harness.log"
         self.reader = Proc("cdc run", [*CDC, "run"], self.env, logs / "run.log")
-        self.apply = Proc("cdc apply", [*CDC, "apply", "--stall-timeout", "60"], self.env, logs / "apply.log")
+        # apply_kill9_after_sink arms the running job through this file (cdc.faults): no restart needed
+        self.arm_after_sink = workdir / "arm-apply-after-sink"
+        apply_env = dict(self.env)
+        if "apply_kill9_after_sink" in self.kinds:
+            apply_env["CDC_FAULTS"] = f"apply.after_sink:@{self.arm_after_sink}"
+        self.apply = Proc(
+            "cdc apply", [*CDC, "apply", "--stall-timeout", "60"], apply_env, logs / "apply.log"
+        )
         self.supervisor = Supervisor([self.reader, self.apply])
         self._poisoned: int | None = None
+        self._poison_rows = 0
         self._thaw: threading.Timer | None = None
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
 
@@ -492,7 +505,15 @@ class Chaos:
             self._skip("disk_full", "not root: no size-limited filesystem can be mounted")
             return
         proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=2g,mode=0700", "tmpfs", str(self.log_dir)],
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={self.size.log_fs_mb}m,mode=0700",
+                "tmpfs",
+                str(self.log_dir),
+            ],
             capture_output=True,
             text=True,
         )
@@ -520,6 +541,9 @@ class Chaos:
             self._thaw.cancel()
             self._thaw_broker()
         self.supervisor.stop()
+        # both asked to stop at once (the apply job finishes its batch and stops Spark: seconds)
+        for proc in (self.reader, self.apply):
+            proc.signal(signal.SIGTERM)
         self.reader.stop()
         self.apply.stop()
         with contextlib.suppress(Exception):
@@ -545,11 +569,20 @@ class Chaos:
 
     def _fault_apply_kill9_after_sink(self) -> None:
         """kill -9 of the Spark job between a sink's write and Spark's checkpoint of that batch: the
-        job is restarted with the fault point ``apply.after_sink`` on, which fires at the first batch
-        it applies (the supervisor then starts it again without the fault)."""
-        with self.apply.lock:
-            self.apply.stop()
-            self.apply.start({"CDC_FAULTS": "apply.after_sink"})
+        running job's fault point ``apply.after_sink`` is armed (a file, see :mod:`cdc.faults`) and
+        fires at the next batch it applies, removing the file; the workload goes on writing until it
+        has (the supervisor then starts the job again, unarmed). Arming the running job, rather than
+        restarting it with the point on, spares a Spark start (30-40 s on a loaded machine)."""
+        self.arm_after_sink.touch()
+        deadline = time.monotonic() + self.size.verify_wait_s
+        while self.arm_after_sink.exists():  # polled: the fault fires at the job's next batch
+            if time.monotonic() > deadline:
+                self.arm_after_sink.unlink(missing_ok=True)
+                self.report.failures.append(
+                    f"apply.after_sink did not fire within {self.size.verify_wait_s:.0f} s of arming"
+                )
+                return
+            time.sleep(0.1)
 
     def _fault_walsender_terminate(self) -> None:
         self.pg.execute(
@@ -624,8 +657,12 @@ class Chaos:
 
     def _fault_poison_value(self) -> None:
         """A row holding a value the warehouse cannot store (a BC date): it must go to the dead-letter
-        topic while everything else applies; the row is then corrected at the source."""
-        i = 10_000_000 + self.rng.randint(0, 1_000_000)
+        topic while everything else applies; the row is then corrected at the source. Its id is
+        negative: the workload's ids only grow, from the largest id it reloads after a reconnect, so
+        ids of a positive range reserved for poison rows were taken by the workload once a poison row
+        held the largest id (the full size failed so: duplicate key). -1 is corrupt_record's key."""
+        self._poison_rows += 1
+        i = -1 - self._poison_rows
         self.pg.execute(
             f"INSERT INTO chaos_accounts (id, name, balance, born) VALUES ({i}, 'poison', 1, '0044-03-15 BC')",
             self.db,
@@ -643,7 +680,8 @@ class Chaos:
     def verify(self) -> list[dict[str, Any]] | None:
         """``cdc verify --json`` once the pipeline caught up; None until it is clean."""
         t0 = time.monotonic()
-        proc = self._cdc("verify", "--json", "--wait", "20", "--limit", "5", timeout=300)
+        # verify answers as soon as the tables are equal; a longer wait only spares process starts
+        proc = self._cdc("verify", "--json", "--wait", "60", "--limit", "5", timeout=300)
         took = time.monotonic() - t0
         try:
             reports = orjson.loads(proc.stdout)

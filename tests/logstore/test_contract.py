@@ -336,6 +336,56 @@ def test_min_compaction_lag_protects_young_records(log_store: LogStore, topic_na
     assert len(all_records(log_store, topic_name)) == 11
 
 
+def test_compaction_keeps_what_a_consumer_has_not_read(
+    log_store: LogStore, topic_name: str, advance_clock: Callable[[int], None]
+) -> None:
+    """A record at or past a consumer's committed position is never compacted away, however old: an
+    event may need the one before it (an update without its unchanged TOAST columns needs the key's
+    insert), and the apply job may be down for longer than ``min_compaction_lag_ms``. Found by the
+    fault suite: the apply job restarted for over a minute after ``disk_full``, the insert of a key was
+    compacted away under its later TOAST update, and every restart failed that batch for want of it."""
+    embedded_only(log_store, COMPACTION_SKIP)
+    log_store.create_topic(
+        topic_name,
+        TopicConfig(partitions=1, compacted=True, min_compaction_lag_ms=60_000, delete_retention_ms=60_000),
+    )
+    log_store.append(topic_name, [Record(b"a", b"a1"), Record(b"b", b"b1")])  # 0, 1: read
+    log_store.commit("apply", topic_name, {0: 2})
+    log_store.append(topic_name, [Record(b"c", b"insert"), Record(b"a", b"a2"), Record(b"d", None)])  # 2-4
+    log_store.append(topic_name, [Record(b"c", b"update"), Record(b"b", b"b2")])  # 5, 6
+    advance_clock(120_000)  # past min_compaction_lag_ms and delete_retention_ms
+
+    assert log_store.compact(topic_name) == 2  # a1 and b1: read, and superseded
+    kept = [(r.offset, r.value) for r in all_records(log_store, topic_name)]
+    assert kept == [(2, b"insert"), (3, b"a2"), (4, None), (5, b"update"), (6, b"b2")]
+
+    log_store.commit("apply", topic_name, {0: 5})  # the insert and the tombstone were read
+    assert log_store.compact(topic_name) == 2
+    assert [(r.offset, r.value) for r in all_records(log_store, topic_name)] == [
+        (3, b"a2"),
+        (5, b"update"),
+        (6, b"b2"),
+    ]
+
+
+def test_a_consumer_silent_for_a_week_no_longer_holds_compaction_back(
+    log_store: LogStore, topic_name: str, advance_clock: Callable[[int], None]
+) -> None:
+    """As Kafka forgets a group's offsets after ``offsets.retention.minutes`` (7 days), a consumer that
+    has committed nothing in the topic for 7 days no longer keeps its records."""
+    embedded_only(log_store, COMPACTION_SKIP)
+    log_store.create_topic(
+        topic_name, TopicConfig(partitions=1, compacted=True, min_compaction_lag_ms=60_000)
+    )
+    log_store.commit("gone", topic_name, {0: 0})
+    log_store.append(topic_name, [Record(b"k", b"1"), Record(b"k", b"2")])
+    advance_clock(120_000)
+    assert log_store.compact(topic_name) == 0
+    advance_clock(7 * 24 * 3600 * 1000)
+    assert log_store.compact(topic_name) == 1
+    assert [(r.offset, r.value) for r in all_records(log_store, topic_name)] == [(1, b"2")]
+
+
 def test_background_compaction_while_appending_and_reading(
     log_store_factory: Callable[..., LogStore], topic_name: str
 ) -> None:

@@ -1,7 +1,11 @@
 """Compaction and retention of the embedded store's topics (what Kafka's log cleaner does).
 
 * Compaction (compacted topics) keeps the newest record of every key, drops a tombstone once it is
-  older than ``delete_retention_ms`` and never removes a record younger than ``min_compaction_lag_ms``.
+  older than ``delete_retention_ms`` and never removes a record younger than ``min_compaction_lag_ms``,
+  nor one at or past the committed position of a consumer of the topic (one that committed a position
+  in it within :data:`CONSUMER_HOLD_MS`): what a consumer has not read yet is kept for it, however old
+  (a change event may need the one before it: an update without its unchanged TOAST columns needs the
+  key's insert, and the apply job may be down for longer than the lag).
   Ages are measured from the time the record was appended to the store (not from its
   ``timestamp_ms``, which the producer may set to the source's commit time). It rewrites a few batches
   per transaction (:data:`BATCHES_PER_TXN`), so appends and reads wait at most for one small
@@ -25,21 +29,56 @@ from typing import Any
 
 from cdc import logstore
 from cdc.logstore.embedded.codec import MSGPACK_NIL, RAW_DECODER, RawRecord, pack, unpack
-from cdc.logstore.embedded.files import TopicHandle, connect, tombstone_wait
+from cdc.logstore.embedded.files import CONSUMERS_FILE, Guard, TopicHandle, connect, tombstone_wait
 
-__all__ = ["BATCHES_PER_TXN", "DIRTY_RATIO", "apply_retention", "compact_topic", "maintenance_conn"]
+__all__ = [
+    "BATCHES_PER_TXN",
+    "CONSUMER_HOLD_MS",
+    "DIRTY_RATIO",
+    "apply_retention",
+    "compact_topic",
+    "consumer_holds",
+    "maintenance_conn",
+]
 
 #: background compaction of a partition starts when the records appended since its last compaction
 #: reach this fraction of its live records (Kafka's min.cleanable.dirty.ratio), or a tombstone is due
 DIRTY_RATIO = 0.5
 #: batches rewritten per compaction transaction (keeps each write transaction short)
 BATCHES_PER_TXN = 16
+#: a consumer that has committed no position in a topic for this long no longer holds its compaction
+#: back (as Kafka forgets a group's offsets after ``offsets.retention.minutes``, 7 days by default)
+CONSUMER_HOLD_MS = 7 * 24 * 3600 * 1000
 
 
 def _yield_gil() -> None:
     """Let a waiting thread (the writer's appends) take the GIL now rather than after the switch
     interval: maintenance runs beside appends in the same process and must not hold them up."""
     time.sleep(0)
+
+
+def consumer_holds(t: TopicHandle, now: int) -> dict[int, int]:
+    """Per partition of ``t``, the lowest next offset of the consumers that committed one within
+    :data:`CONSUMER_HOLD_MS` of ``now``: compaction removes nothing at or past it. Partitions without
+    such a position are absent (compacted by age alone)."""
+    path = t.path.parent / CONSUMERS_FILE
+    if not path.exists():
+        return {}
+    with Guard(path):
+        conn = connect(path)
+        try:
+            rows = conn.execute(
+                "SELECT partition, min(next_offset) FROM positions WHERE topic = ? AND committed_ms >= ? "
+                "GROUP BY partition",
+                (t.name, now - CONSUMER_HOLD_MS),
+            ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # created a moment ago, its table not yet
+                return {}
+            raise
+        finally:
+            conn.close()
+    return {int(p): int(o) for p, o in rows}
 
 
 def maintenance_conn(t: TopicHandle, conn: sqlite3.Connection | None) -> sqlite3.Connection:
@@ -69,8 +108,11 @@ def compact_topic(
             return 0
         c = maintenance_conn(t, conn)
         lock = store_lock if c is t.conn else contextlib.nullcontext()
+        holds = consumer_holds(t, logstore.now_ms())
         for p in range(t.config.partitions):
-            removed += _compact_partition(t, c, p, lock=lock, compress=compress, only_if_due=only_if_due)
+            removed += _compact_partition(
+                t, c, p, lock=lock, compress=compress, only_if_due=only_if_due, hold=holds.get(p)
+            )
     return removed
 
 
@@ -82,8 +124,11 @@ def _compact_partition(
     lock: AbstractContextManager[Any],
     compress: bool,
     only_if_due: bool,
+    hold: int | None = None,
 ) -> int:
+    """Compact partition ``p``; records at or past ``hold`` (a consumer's position) are kept."""
     cfg = t.config
+    held = hold if hold is not None else 1 << 63
     now = logstore.now_ms()
     guard = t.guard
     with guard:
@@ -129,7 +174,10 @@ def _compact_partition(
                 rows = RAW_DECODER.decode(unpack(data))
                 expired = append_ms <= tomb_horizon
                 keep = [
-                    r for r in rows if newest[r.key] == r.offset and not (expired and r.value == MSGPACK_NIL)
+                    r
+                    for r in rows
+                    if r.offset >= held
+                    or (newest[r.key] == r.offset and not (expired and r.value == MSGPACK_NIL))
                 ]
                 if len(keep) != len(rows):
                     changes.append((last, len(data), len(rows) - len(keep), keep))
