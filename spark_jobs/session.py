@@ -102,8 +102,9 @@ def get_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", "2")
         .config("spark.local.dir", str(scratch))
-        # Hadoop's local filesystem applies its own umask (022) to checkpoint files: keep them private
-        .config("spark.hadoop.fs.permissions.umask-mask", "077")
+        # Hadoop's local filesystem applies its own umask (022, key fs.permissions.umask-mode) to
+        # checkpoint files and directories: keep them private
+        .config("spark.hadoop.fs.permissions.umask-mode", "077")
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

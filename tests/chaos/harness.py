@@ -61,6 +61,11 @@ NUMERIC_EDGES = (
     "1e-6",
     "123456789012345678.123456",
 )
+#: chaos_events.amount is an unbounded numeric: it also takes NaN and the infinities, which the
+#: stream carries past wal2json 2.5 through the non-finite recorder (cdc/reader/nonfinite.py)
+AMOUNTS = (*NUMERIC_EDGES, "NaN", "Infinity", "-Infinity")
+#: chaos_accounts.ratio (float8): one row in 20 holds NaN or an infinity
+SPECIAL_RATIOS = (float("nan"), float("inf"), float("-inf"))
 
 FAULT_KINDS = (
     "reader_kill9",
@@ -352,7 +357,7 @@ class Workload:
                     i,
                     f"account {i} {secrets.token_hex(3)}",
                     rng.choice(NUMERIC_EDGES),
-                    rng.random() * 1e6,
+                    rng.choice(SPECIAL_RATIOS) if rng.random() < 0.05 else rng.random() * 1e6,
                     f"{rng.randint(1900, 2020)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
                 ),
             )
@@ -377,7 +382,7 @@ class Workload:
             self.next_seq += 1
             conn.execute(
                 "INSERT INTO chaos_events (tenant, seq, payload, amount) VALUES (%s, %s, %s, %s)",
-                (t, s, secrets.token_hex(16), rng.choice(NUMERIC_EDGES)),
+                (t, s, secrets.token_hex(16), rng.choice(AMOUNTS)),
             )
             self.events.append((t, s))
         elif r < 0.85 and self.events:
@@ -492,7 +497,7 @@ class Chaos:
         """The embedded log store on a size-limited filesystem of its own, so its disk can really fill
         up (``disk_full``). The Kafka backend's disk is the broker's: its fault is ``broker_freeze``."""
         self.log_dir = self.state / "log"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as private as cdc makes it
         if self.kafka_bootstrap:
             self._skip("disk_full", "the Kafka log store's disk is the broker's: see broker_freeze")
             if self.kafka_pid is None:

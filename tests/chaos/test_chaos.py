@@ -11,6 +11,7 @@ up). Fewer kinds per backend would bring it under 3 minutes but leave kinds out 
 from __future__ import annotations
 
 import dataclasses
+import stat
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,8 @@ def test_every_fault_recovers_with_nothing_lost(
     assert report.lost == 0 and report.duplicated == 0
     assert set(report.faults) | set(report.skipped) == set(kinds)
     assert report.dead_letters_seen >= report.dead_letters_expected
+    # what `cdc run` and `cdc apply` wrote as processes (log store, Delta tables, index, Spark
+    # checkpoints, metrics, locks) is open to no other user
+    state = tmp_path / "state"
+    modes = {p: stat.S_IMODE(p.lstat().st_mode) for p in [state, *state.rglob("*")] if not p.is_symlink()}
+    assert len(modes) > 50 and {str(p): oct(m) for p, m in modes.items() if m & 0o077} == {}
