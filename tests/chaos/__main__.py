@@ -36,6 +36,7 @@ def main() -> int:
     pg_base = Path(tempfile.mkdtemp(prefix="cdc-chaos-pg-"))  # chowned to postgres by start_cluster
     cluster = start_cluster(pg_base)
     reports: list[Report] = []
+    completed = False  # an exception keeps the logs too
     try:
         for backend in backends:
             print(f"chaos: {backend} log store, {size.cycles} faults", file=sys.stderr)
@@ -60,10 +61,11 @@ def main() -> int:
                 reports.append(
                     Chaos(cluster, db, base / backend, backend, size, args.seed, say=say, kinds=kinds).run()
                 )
+        completed = True
     finally:
         cluster.stop("immediate")
         shutil.rmtree(pg_base, ignore_errors=True)
-        if all(r.ok for r in reports):
+        if completed and all(r.ok for r in reports):
             shutil.rmtree(base, ignore_errors=True)
         else:
             print(f"the processes' logs are kept in {base}/*/logs", file=sys.stderr)

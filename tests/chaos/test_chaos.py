@@ -3,10 +3,11 @@ broker_freeze) and half of the others on each log-store backend. After every fau
 up with `cdc verify` clean, nothing lost, nothing applied twice. `make chaos` runs every kind four times
 on both.
 
-Time on a 2-core machine: 3.5 to 4.5 minutes a backend (measured: embedded 202 s, Kafka 239-260 s
-over three runs): a start-up of about 45 s,
-then 20-70 s a fault, most of it `cdc verify` itself (20-30 s even when the pipeline is idle and caught
-up). Fewer kinds per backend would bring it under 3 minutes but leave kinds out of CI."""
+Time on a 2-core machine loaded 4-5 times over by other work (2026-11-24): 229 s embedded, 230 s
+Kafka, over the 3-minute budget: a start-up of about 40 s (a Spark start and the snapshot), two Spark
+restarts a backend at 55-70 s each (apply_kill9 and apply_term; apply_kill9_after_sink and
+broker_freeze), the other kinds 8-18 s each (`cdc verify` itself now takes about a second). Fewer kinds
+per backend would bring it under 3 minutes but leave kinds out of CI."""
 
 from __future__ import annotations
 
