@@ -33,13 +33,14 @@ def current_lsn(env: CaptureEnv) -> int:
 
 
 def wait_streaming(env: CaptureEnv, proc: subprocess.Popen[bytes]) -> None:
-    """Until the reader streams: it said so, and its slot is active (the slot is active during
-    the initial snapshot too)."""
+    """Until the reader streams: its initial snapshot is done and its slot is active (the slot is
+    active during the initial snapshot too)."""
 
     def active() -> bool:
         assert proc.poll() is None, env.proc_log()
-        if "streaming" not in env.proc_log():
-            return False
+        with env.registry() as registry:
+            if registry.get_state("initial_snapshot") != "done":
+                return False
         rows = env.pg.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
         return bool(rows and rows[0][0])
 
