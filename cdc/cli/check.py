@@ -54,15 +54,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.set_defaults(handler=run_check)
 
 
-def _registered(settings: Settings) -> list[TableReg]:
+def _registered(settings: Settings) -> tuple[list[TableReg], str | None]:
+    """The registered tables, and what the reader found out about wal2json
+    (:data:`cdc.reader.nonfinite.WAL2JSON_STATE_KEY`)."""
     if not (settings.state_dir / "registry.db").exists():
-        return []
+        return [], None
     with Registry(settings.state_dir) as registry:
-        return registry.list_tables()
+        return registry.list_tables(), registry.get_state(WAL2JSON_STATE_KEY)
 
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
-    regs = _registered(settings)
+    regs, wal2json_state = _registered(settings)
     dsn = settings.require_source()
     with connect(dsn, application_name="cdc check") as conn:
         try:
@@ -78,7 +80,9 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                 _fix_ddl_recorder(conn)
                 if settings.config.nonfinite_recorder:
                     _fix_nonfinite(conn, regs)
-            report = _with_source_objects(run_preflight(conn, settings.slot_name, regs), conn, settings, regs)
+            report = _with_source_objects(
+                run_preflight(conn, settings.slot_name, regs), conn, settings, regs, wal2json_state
+            )
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None
     if args.json:
@@ -110,7 +114,11 @@ def _fix_nonfinite(conn: psycopg.Connection[Any], regs: list[TableReg]) -> None:
 
 
 def _with_source_objects(
-    report: Report, conn: psycopg.Connection[Any], settings: Settings, regs: list[TableReg]
+    report: Report,
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    regs: list[TableReg],
+    wal2json_state: str | None,
 ) -> Report:
     """The report with the checks of the objects the service keeps at the source: the watermark
     table (:func:`snapshot.chunked.check_watermark_table`), the DDL recorder
@@ -121,21 +129,13 @@ def _with_source_objects(
         ("watermark_table", check_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark)),
         ("ddl_recorder", check_ddl_recorder(conn)),
     ]
-    if _wal2json_state(settings) != "1":
+    if wal2json_state != "1":
         checks.append(("nonfinite_recorder", check_nonfinite(conn, regs)))
     for name, found in checks:
         if found is not None:
             severity, message, fix = found
             findings = (*findings, Finding(name, severity, message, fix))  # type: ignore[arg-type]
     return Report(findings, (*report.checked, *(name for name, _ in checks)), report.skipped)
-
-
-def _wal2json_state(settings: Settings) -> str | None:
-    """What the reader found out about wal2json (:data:`cdc.reader.nonfinite.WAL2JSON_STATE_KEY`)."""
-    if not (settings.state_dir / "registry.db").exists():
-        return None
-    with Registry(settings.state_dir) as registry:
-        return registry.get_state(WAL2JSON_STATE_KEY)
 
 
 _LABELS = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
