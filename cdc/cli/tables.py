@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from cdc.catalog import TableDescription, describe_table
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
@@ -178,37 +180,37 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
         desc = describe_table(conn, schema, table)
         row = conn.execute("SELECT current_user::text").fetchone()
         role = str(row[0]) if row else "?"
-    key, search, exclude = validate_registration(desc, args.key, args.search, args.exclude, role=role)
-    reg = TableReg(
-        schema=schema,
-        table=table,
-        topic=topic_name(settings.topic_prefix, schema, table),
-        key=key,
-        search=search,
-        exclude=exclude,
-        columns=desc.columns,
-        snapshot_state="pending",
-    )
-    with Registry(settings.state_dir) as registry:
-        clash = [
-            r
-            for r in registry.list_tables()
-            if r.topic == reg.topic and (r.schema, r.table) != (schema, table)
-        ]
-        if clash:
-            raise RegistryError(
-                f"topic {reg.topic} is already used by table {clash[0].qualified}; the two names differ only "
-                "in characters a topic name cannot hold",
-                fix="rename one of the tables, or remove the other registration first",
-                topic=reg.topic,
-            )
-        registry.add(reg)
-        wal2json_sends_them = registry.get_state(WAL2JSON_STATE_KEY) == "1"
-    warnings = key_warnings(desc, key)
-    recorder = None
-    if not wal2json_sends_them and settings.config.nonfinite_recorder:
-        recorder, more = nonfinite_recorder(settings, reg)
-        warnings += more
+        key, search, exclude = validate_registration(desc, args.key, args.search, args.exclude, role=role)
+        reg = TableReg(
+            schema=schema,
+            table=table,
+            topic=topic_name(settings.topic_prefix, schema, table),
+            key=key,
+            search=search,
+            exclude=exclude,
+            columns=desc.columns,
+            snapshot_state="pending",
+        )
+        with Registry(settings.state_dir) as registry:
+            clash = [
+                r
+                for r in registry.list_tables()
+                if r.topic == reg.topic and (r.schema, r.table) != (schema, table)
+            ]
+            if clash:
+                raise RegistryError(
+                    f"topic {reg.topic} is already used by table {clash[0].qualified}; the two names differ only "
+                    "in characters a topic name cannot hold",
+                    fix="rename one of the tables, or remove the other registration first",
+                    topic=reg.topic,
+                )
+            registry.add(reg)
+            wal2json_sends_them = registry.get_state(WAL2JSON_STATE_KEY) == "1"
+        warnings = key_warnings(desc, key)
+        recorder = None
+        if not wal2json_sends_them and settings.config.nonfinite_recorder and tracked_columns(reg):
+            recorder, more = nonfinite_recorder(conn, reg)  # the same connection
+            warnings += more
     if args.json:
         print_json(
             {**table_json(reg, settings.state_dir), "warnings": warnings, "nonfinite_recorder": recorder}
@@ -231,12 +233,11 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def nonfinite_recorder(settings: Settings, reg: TableReg) -> tuple[str | None, list[str]]:
+def nonfinite_recorder(conn: psycopg.Connection[Any], reg: TableReg) -> tuple[str | None, list[str]]:
     """Install the non-finite recorder's triggers on a table with float/numeric columns
     (:mod:`cdc.reader.nonfinite`): what was done (None: nothing to do; ``ok``, ``installed``,
     ``failed``) and the warning, with the fix, when the role may not."""
-    with connect(settings.require_source()) as conn:
-        outcomes = ensure_nonfinite(conn, [reg])
+    outcomes = ensure_nonfinite(conn, [reg])
     warnings = [
         f"with wal2json < 2.6 a NaN, Infinity or -Infinity in {', '.join(tracked_columns(o.reg))} "
         f"reaches the topic as null unless the non-finite recorder is installed: {o.why}; fix: {o.fix}"
