@@ -62,9 +62,9 @@ from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
+from cdc.logstore import APPLY_CONSUMER
 from cdc.registry import Registry, TableReg, search_index_path
 
-APPLY_CONSUMER = "apply"
 DEFAULT_RANGE_ROWS = 1024
 FETCH_CHUNK = 20_000
 #: while waiting for the pipeline, the differing tables are compared again at most this often

@@ -32,7 +32,7 @@ from cdc.config import Settings
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import dead_letter_topic
 from cdc.faults import Faults
-from cdc.logstore import LogStore
+from cdc.logstore import APPLY_CONSUMER, LogStore
 from cdc.logstore.factory import open_log_store
 from cdc.metrics import Publisher
 from cdc.registry import Registry, TableReg
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 
-CONSUMER = "apply"
 #: the message of the error a micro-batch raises when it starts after a stop was requested (it has
 #: done nothing; Spark replays it on the next run)
 STOP_REQUESTED = "cdc apply: stop requested before this micro-batch started"
@@ -399,7 +398,7 @@ class ApplyJob:
         store = self.store()
         for topic, offsets in ends.items():
             try:
-                store.commit(CONSUMER, topic, offsets)
+                store.commit(APPLY_CONSUMER, topic, offsets)
             except UnknownTopicError:
                 continue
 
@@ -412,8 +411,8 @@ class ApplyJob:
         store = self.store()
         for reg in tables:
             try:
-                if not store.committed(CONSUMER, reg.topic):
-                    store.commit(CONSUMER, reg.topic, store.start_offsets(reg.topic))
+                if not store.committed(APPLY_CONSUMER, reg.topic):
+                    store.commit(APPLY_CONSUMER, reg.topic, store.start_offsets(reg.topic))
             except UnknownTopicError:
                 continue
 

@@ -37,6 +37,7 @@ from cdc.errors import LogStoreError
 from cdc.logstore.partitioner import murmur2, partition_for
 
 __all__ = [
+    "APPLY_CONSUMER",
     "LogStore",
     "Record",
     "StoreFullError",
@@ -48,6 +49,12 @@ __all__ = [
 ]
 
 Headers = tuple[tuple[str, bytes], ...]
+
+#: the apply job's consumer: its committed positions are how far the derived tables have applied a
+#: topic (``cdc status``, ``cdc verify``), and the embedded store compacts nothing at or past them. The
+#: reader commits the start offsets for it in every topic it creates, so the apply job is a consumer
+#: from the topic's first record even if it has not started yet.
+APPLY_CONSUMER = "apply"
 
 
 def now_ms() -> int:

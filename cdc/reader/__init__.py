@@ -54,7 +54,7 @@ from cdc.errors import (
     SourceUnavailableError,
 )
 from cdc.events import int_to_lsn, lsn_to_int
-from cdc.logstore import LogStore, TopicConfig
+from cdc.logstore import APPLY_CONSUMER, LogStore, TopicConfig
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.envelope import EventBuilder, TableCodec
@@ -384,12 +384,19 @@ class Reader:
         m.total("events_written", events)
 
     def _ensure_topics(self, regs: list[TableReg]) -> None:
+        """Create each table's topic, and make the apply job a consumer of it from its first record
+        (its start offsets, unless it has a position already): the embedded store compacts nothing a
+        consumer has not read, and an update that leaves out its unchanged TOAST columns needs the
+        key's earlier record, even when ``cdc apply`` starts long after ``cdc run``. The apply job's
+        own commits move the position on."""
         for reg in regs:
             if reg.topic not in self._topics:
                 with self.store_lock:
                     self.store.create_topic(
                         reg.topic, TopicConfig(partitions=self.settings.partitions, compacted=True)
                     )
+                    if not self.store.committed(APPLY_CONSUMER, reg.topic):
+                        self.store.commit(APPLY_CONSUMER, reg.topic, self.store.start_offsets(reg.topic))
                 self._topics.add(reg.topic)
 
     def _codec(self, reg: TableReg, db: str) -> TableCodec:

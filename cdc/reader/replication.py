@@ -155,6 +155,7 @@ class StreamControl:
     poll_s: float = 1.0
     batch_max_events: int = 5000
     batch_max_ms: int = 100
+    #: a durable position is sent to the server at most this often (and at every stop/restart)
     feedback_interval_s: float = 0.5
     on_confirm: Callable[[int], None] | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"changes": 0})
@@ -253,7 +254,10 @@ def _loop(
             chunks.durable(durable)
         t = time.monotonic()
         if durable > sent and (force or t - last_feedback >= ctl.feedback_interval_s):
-            cur.send_feedback(write_lsn=durable, flush_lsn=durable, reply=force, force=force)
+            # force=True: without it psycopg2 only stores the position and sends it at the next
+            # ``status_interval`` (10 s), so the slot's confirmed position (what `cdc status` and the
+            # WAL the source keeps go by) would trail the store by up to 10 s; the pace is ours
+            cur.send_feedback(write_lsn=durable, flush_lsn=durable, reply=force, force=True)
             sent = durable
             last_feedback = t
             if ctl.on_confirm:

@@ -29,6 +29,7 @@ from cdc import metrics
 from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
+from cdc.logstore import APPLY_CONSUMER
 from cdc.registry import Registry, TableReg
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
@@ -38,7 +39,6 @@ from snapshot.chunked import missing_ddl_key, missing_key, refused_key
 CATCH_UP_WAIT_S = 1.5
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"  # cdc.reader's registry key
-APPLY_CONSUMER = "apply"
 
 
 def commit_ts_ms(ts: str | None) -> int | None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from cdc.logstore import APPLY_CONSUMER
 from cdc.logstore.embedded import EmbeddedLogStore
 from sinks.warehouse import WarehouseSink
-from spark_jobs.apply import CONSUMER
 from tests.apply.changes import ChangeWriter, make_reg
 from tests.apply.conftest import Env, run_job
 
@@ -37,7 +37,7 @@ def test_a_toast_update_survives_compaction_while_the_apply_job_is_away(
     with w.txn():
         w.insert({"slug": "old", "title": "t0", "body": "old body"})
     first = run_job(spark_clean, env)  # the job reads and commits this much, then goes away
-    assert first.events == 1 and env.store.committed(CONSUMER, reg.topic) == {0: 1}
+    assert first.events == 1 and env.store.committed(APPLY_CONSUMER, reg.topic) == {0: 1}
 
     with w.txn():
         w.insert({"slug": "new", "title": "draft", "body": "x" * 3000})

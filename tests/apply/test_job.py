@@ -11,9 +11,10 @@ import orjson
 import pytest
 
 from cdc.events import dead_letter_topic
+from cdc.logstore import APPLY_CONSUMER
 from sinks import ChangeBatch, Sink
 from sinks.warehouse import LSN, SEQ, WarehouseSink
-from spark_jobs.apply import CONSUMER, metrics_path
+from spark_jobs.apply import metrics_path
 from tests.apply.changes import ChangeWriter, make_reg
 from tests.apply.conftest import Env, run_job
 
@@ -78,7 +79,7 @@ def test_redelivered_out_of_order_events_leave_the_same_tables(spark_clean: Any,
     versions = [(r["_cdc_key"], r[LSN], r[SEQ]) for r in hist]
     assert len(versions) == len(set(versions)), "a re-delivered event made a second history row"
     # the apply consumer's position reached the end of every partition
-    assert env.store.committed(CONSUMER, reg.topic) == env.store.end_offsets(reg.topic)
+    assert env.store.committed(APPLY_CONSUMER, reg.topic) == env.store.end_offsets(reg.topic)
 
 
 def test_plain_batches_are_parsed_in_columns_and_unusual_ones_per_record(spark_clean: Any, env: Env) -> None:
@@ -159,7 +160,7 @@ def test_a_failing_sink_fails_the_batch_and_a_rerun_retries_it(spark_clean: Any,
     # the job's position stays where it started (committed at its start, so compaction keeps what it
     # has not read): a failed batch must not be marked applied
     assert (
-        env.store.committed(CONSUMER, reg.topic)
+        env.store.committed(APPLY_CONSUMER, reg.topic)
         == env.store.start_offsets(reg.topic)
         == {p: 0 for p in range(4)}
     )

@@ -157,6 +157,35 @@ def test_unchanged_toast_value_is_unavailable_never_null(env_embedded: CaptureEn
     assert materialize(records)['{"id":1}'] == {"id": 1, "body": body, "n": 7}
 
 
+def test_compaction_keeps_a_toast_update_s_insert_before_the_apply_job_ever_ran(
+    env_embedded: CaptureEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cdc run`` streams for longer than ``min_compaction_lag_ms`` before ``cdc apply`` first
+    starts: the reader made the apply job a consumer from the topic's first record, so compaction
+    keeps the insert that a TOAST update (its body left out) needs."""
+    import cdc.logstore
+    from cdc.logstore import APPLY_CONSUMER
+    from cdc.logstore.factory import open_log_store
+
+    env = env_embedded
+    env.sql("CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
+    env.sql("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
+    env.add_table("public.docs")
+    env.run_once()
+    topic = env.reg("public", "docs").topic
+    with env.store() as store:
+        assert store.committed(APPLY_CONSUMER, topic) == store.start_offsets(topic)
+    env.sql("INSERT INTO docs SELECT 1, string_agg(md5(random()::text), ''), 0 FROM generate_series(1, 3200)")
+    env.sql("UPDATE docs SET n = 7 WHERE id = 1")
+    env.run_once()
+    real = cdc.logstore.now_ms  # two minutes on: past the topic's min_compaction_lag_ms (60 s)
+    monkeypatch.setattr(cdc.logstore, "now_ms", lambda: real() + 120_000)
+    with open_log_store(env.settings(), writer=True) as store:
+        store.compact(topic)
+    events = [orjson.loads(r.value) for r in env.records(topic) if r.value]
+    assert [e["op"] for e in events] == ["c", "u"] and events[1]["unavailable"] == ["body"]
+
+
 def test_replica_identity_full_table_with_explicit_key(env_embedded: CaptureEnv) -> None:
     env = env_embedded
     env.sql("CREATE TABLE nopk (code text NOT NULL, region int NOT NULL, v text)")

@@ -84,7 +84,10 @@ class FakeCursor:
                 assert not missing, (
                     f"confirmed {int_to_lsn(flush_lsn)} before {sorted(missing)[:3]} were durable"
                 )
-        self.feedback.append(flush_lsn)
+        # as psycopg2 does: without ``force`` the position is only stored, and sent with the next
+        # automatic status message (every ``status_interval``, 10 s): ``feedback`` is what was sent
+        if force:
+            self.feedback.append(flush_lsn)
 
 
 Script = list[tuple[bytes | None, int]]
