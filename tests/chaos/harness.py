@@ -685,8 +685,10 @@ class Chaos:
     def verify(self) -> list[dict[str, Any]] | None:
         """``cdc verify --json`` once the pipeline caught up; None until it is clean."""
         t0 = time.monotonic()
-        # verify answers as soon as the tables are equal; a longer wait only spares process starts
-        proc = self._cdc("verify", "--json", "--wait", "60", "--limit", "5", timeout=300)
+        # verify answers as soon as the tables are equal; a longer wait only spares process starts.
+        # It reads every row of both sides: at full size (~1 million rows and ~1 GB of TOAST text
+        # after 30 faults) one clean verify takes 70-220 s on 2 cores, so it gets the recovery's budget
+        proc = self._cdc("verify", "--json", "--wait", "60", "--limit", "5", timeout=self.size.verify_wait_s)
         took = time.monotonic() - t0
         try:
             reports = orjson.loads(proc.stdout)
