@@ -64,7 +64,8 @@ class WarehouseConfig(_Section):
     range_width: int = Field(default=65_536, ge=1)
     tombstone_retention_hours: float = Field(default=7 * 24, ge=0)
     maintain_every: int = Field(default=100, ge=0)
-    vacuum_retention_hours: int = Field(default=7 * 24, ge=0)
+    vacuum_every: int = Field(default=10, ge=0)
+    vacuum_retention_hours: int = Field(default=1, ge=0)
     target_file_size: int | None = Field(default=8 << 20, ge=1)
 
 
