@@ -292,8 +292,8 @@ class WarehouseSink(Sink):
         return out
 
     def vacuum(self, reg: TableReg) -> dict[str, int]:
-        """Delete the files of ``reg``'s Delta tables that no version newer than
-        ``vacuum_retention_hours`` references (what every batch's copy-on-write merge leaves behind);
+        """Delete the files that ``reg``'s Delta tables stopped referencing more than
+        ``vacuum_retention_hours`` ago (what every batch's copy-on-write merge leaves behind);
         returns the files deleted per table. Cheap (it lists the table's files), so it runs more often
         than :meth:`maintain`: every ``vacuum_every`` batches."""
         names = ("current", "history", "tombstones")
