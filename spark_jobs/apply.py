@@ -411,8 +411,7 @@ class ApplyJob:
         store = self.store()
         for reg in tables:
             try:
-                if not store.committed(APPLY_CONSUMER, reg.topic):
-                    store.commit(APPLY_CONSUMER, reg.topic, store.start_offsets(reg.topic))
+                store.hold(APPLY_CONSUMER, reg.topic)
             except UnknownTopicError:
                 continue
 

@@ -240,6 +240,13 @@ class LogStore(abc.ABC):
     def committed(self, consumer: str, topic: str) -> dict[int, int]:
         """``consumer``'s committed positions in ``topic`` (partitions never committed are absent)."""
 
+    def hold(self, consumer: str, topic: str) -> None:
+        """Make ``consumer`` a consumer of ``topic`` from its start offsets, unless it has a position
+        there: the embedded store compacts nothing a consumer has not read. Its later commits move
+        the position on."""
+        if not self.committed(consumer, topic):
+            self.commit(consumer, topic, self.start_offsets(topic))
+
     # -- maintenance ---------------------------------------------------------------------------------
     def compact(self, topic: str) -> int:
         """Compact a compacted topic now; return how many records were removed. A backend whose

@@ -395,8 +395,7 @@ class Reader:
                     self.store.create_topic(
                         reg.topic, TopicConfig(partitions=self.settings.partitions, compacted=True)
                     )
-                    if not self.store.committed(APPLY_CONSUMER, reg.topic):
-                        self.store.commit(APPLY_CONSUMER, reg.topic, self.store.start_offsets(reg.topic))
+                    self.store.hold(APPLY_CONSUMER, reg.topic)
                 self._topics.add(reg.topic)
 
     def _codec(self, reg: TableReg, db: str) -> TableCodec:
