@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless stunnel4 openssl chromium prometheus
+PG_PACKAGES := postgresql-15 postgresql-client-15 postgresql-15-wal2json
+APT_PACKAGES := $(PG_PACKAGES) openjdk-17-jre-headless stunnel4 openssl chromium prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -14,13 +15,22 @@ help: ## list the targets
 
 setup: system venv ## install system packages (apt) and the virtualenv with the package
 
-system: ## apt-get what the system needs, only what is missing
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
-	else echo "system packages present: $(APT_PACKAGES)"; fi
+system: ## apt-get what the system needs; Postgres packages always at Debian's current minor release
+	@$(SUDO) apt-get update -qq || echo "apt-get update failed: using the package lists on this machine"; \
+	todo=""; for p in $(APT_PACKAGES); do \
+	  have=$$(dpkg-query -W -f='$${db:Status-Abbrev}$${Version}' $$p 2>/dev/null); \
+	  case "$$have" in ii*) ;; *) todo="$$todo $$p"; continue;; esac; \
+	  case " $(PG_PACKAGES) " in *" $$p "*) \
+	    cand=$$(apt-cache policy $$p 2>/dev/null | awk '/Candidate:/ {print $$2}'); \
+	    if [ -n "$$cand" ] && [ "$$cand" != "(none)" ] && [ "$${have#ii }" != "$$cand" ]; then \
+	      echo "$$p: $${have#ii } installed, $$cand is current: upgrading"; todo="$$todo $$p"; fi;; \
+	  esac; \
+	done; \
+	if [ -n "$$todo" ]; then \
+	  echo "installing:$$todo"; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$todo; \
+	else echo "system packages present and current: $(APT_PACKAGES)"; fi; \
+	echo "PostgreSQL: $$(dpkg-query -W -f='$${Version}' postgresql-15)"
 
 venv: $(VENV)/.installed ## the virtualenv with cdc and its dev tools
 

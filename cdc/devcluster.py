@@ -92,7 +92,34 @@ class PgCluster:
         self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def start_cluster(base: Path) -> PgCluster:
+#: the output plugins a cluster of ours allows (``output_plugin_libraries``, PostgreSQL 15.20+, 16.15+,
+#: 17.11+, 18.6+; its default is ``'pgoutput, test_decoding'``, which refuses wal2json)
+ALLOWED_OUTPUT_PLUGINS = ("pgoutput", "test_decoding", "wal2json")
+
+
+def knows_setting(cluster: PgCluster, name: str) -> bool:
+    """Whether the running server has the configuration parameter ``name``."""
+    return bool(cluster.fetch(sql.SQL("SELECT 1 FROM pg_settings WHERE name = {}").format(sql.Literal(name))))
+
+
+def allow_wal2json(cluster: PgCluster) -> bool:
+    """Let the cluster load wal2json as an output plugin where the server has an allow-list of
+    output plugins (``ALTER SYSTEM`` + reload, as a DBA would). False where the server has no such
+    setting (every plugin is allowed there)."""
+    if not knows_setting(cluster, "output_plugin_libraries"):
+        return False
+    cluster.execute(
+        sql.SQL("ALTER SYSTEM SET output_plugin_libraries = {}").format(
+            sql.SQL(", ").join(map(sql.Literal, ALLOWED_OUTPUT_PLUGINS))
+        )
+    )
+    cluster.execute("SELECT pg_reload_conf()")
+    return True
+
+
+def start_cluster(base: Path, *, wal2json_allowed: bool = True) -> PgCluster:
+    """initdb and start a private cluster under ``base``. ``wal2json_allowed=False`` leaves the
+    server's output-plugin allow-list at its default (tests of what a stock server refuses)."""
     if not (PG_BIN / "initdb").exists():
         raise RuntimeError(f"{PG_BIN}/initdb not found: run `make setup` (apt-get install postgresql-15)")
     if not WAL2JSON.exists():
@@ -150,4 +177,6 @@ log_min_messages = warning
     cluster = PgCluster(datadir=datadir, sockdir=sockdir, port=port)
     cluster.start()
     cluster.execute("CREATE ROLE cdc_password_auth NOLOGIN")
+    if wal2json_allowed:
+        allow_wal2json(cluster)
     return cluster
