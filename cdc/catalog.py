@@ -217,10 +217,49 @@ class ServerInfo:
     role: str
     role_replication: bool
     role_superuser: bool
+    #: ``output_plugin_libraries`` (15.20+, 16.15+, 17.11+, 18.6+): the output plugins the server lets
+    #: a replication connection load; None on a server without the setting (it allows every plugin)
+    output_plugin_libraries: str | None = None
 
     @property
     def can_replicate(self) -> bool:
         return self.role_replication or self.role_superuser
+
+    def output_plugins_allowed(self) -> tuple[str, ...] | None:
+        """The allow-list as library names, in order; None when the server has no allow-list."""
+        if self.output_plugin_libraries is None:
+            return None
+        return tuple(
+            name.strip().strip('"') for name in self.output_plugin_libraries.split(",") if name.strip()
+        )
+
+    def output_plugin_refusal(self, plugin: str) -> tuple[str, str] | None:
+        """``(message, fix)`` when the server refuses to load the output plugin ``plugin``; None when
+        it may. The fix is the exact ``ALTER SYSTEM`` statement (the list kept, ``plugin`` added) and
+        the reload; the setting needs no restart."""
+        allowed = self.output_plugins_allowed()
+        if allowed is None or any(_library_name(name) == plugin for name in allowed):
+            return None
+        wanted = [*allowed, plugin]
+        shown = ", ".join(allowed) if allowed else "(empty)"
+        return (
+            f"the source server refuses the {plugin} output plugin: its output_plugin_libraries is "
+            f"{shown!r} (PostgreSQL 15.20, 16.15, 17.11, 18.6 and later allow only the listed plugins)",
+            "as a superuser on the source, allow it and reload (no restart): "
+            f"ALTER SYSTEM SET output_plugin_libraries = {', '.join(_sql_string(n) for n in wanted)}; "
+            "SELECT pg_reload_conf();  -- or in postgresql.conf: "
+            f"output_plugin_libraries = {_sql_string(', '.join(wanted))}, then pg_ctl reload",
+        )
+
+
+def _library_name(name: str) -> str:
+    """``$libdir/wal2json.so`` -> ``wal2json``: the plugin a listed library name stands for."""
+    base = name.rsplit("/", 1)[-1]
+    return base[: -len(".so")] if base.endswith(".so") else base
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 _SERVER = """
@@ -231,7 +270,8 @@ SELECT current_setting('server_version_num')::int, current_database()::text,
        (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender')::int,
        (SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE setting::bigint * 1024 * 1024 END
           FROM pg_catalog.pg_settings WHERE name = 'max_slot_wal_keep_size'),
-       r.rolname::text, r.rolreplication, r.rolsuper
+       r.rolname::text, r.rolreplication, r.rolsuper,
+       (SELECT setting FROM pg_catalog.pg_settings WHERE name = 'output_plugin_libraries')
 FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
 """
 

@@ -177,6 +177,15 @@ def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> Sourc
             fix=_CONNECT_FIX,
             **values,
         )
+    if code == "42501" and "output plugin" in detail:
+        # no SQLSTATE of its own: output_plugin_libraries (current minor releases) refused the plugin;
+        # the reader checks the setting before it creates a slot, this catches a race with a reload
+        return SourcePermanentError(
+            f"the source server {shown} refuses the output plugin: {detail}",
+            fix="as a superuser on the source, add the plugin to output_plugin_libraries and reload "
+            "(`cdc check` prints the exact ALTER SYSTEM statement)",
+            **values,
+        )
     if code == "42501":
         return SourcePrivilegeError(
             f"the source role lacks a privilege: {detail}",

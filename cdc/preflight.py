@@ -121,6 +121,18 @@ def human_bytes(n: int) -> str:
 
 
 # --- judging facts (pure) ----------------------------------------------------------------------------
+def check_output_plugin(info: ServerInfo, plugin: str = "wal2json") -> list[Finding]:
+    """An error when the server's ``output_plugin_libraries`` (current minor releases) leaves out
+    ``plugin``: slot creation and streaming are refused until a superuser allows it and reloads."""
+    refusal = info.output_plugin_refusal(plugin)
+    if refusal is None:
+        return []
+    message, fix = refusal
+    return [
+        Finding("wal2json", "error", message, fix, {"output_plugin_libraries": info.output_plugin_libraries})
+    ]
+
+
 def check_wal_level(info: ServerInfo) -> list[Finding]:
     if info.wal_level == "logical":
         return []
@@ -351,6 +363,16 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
             "RDS/Aurora/Cloud SQL ship it)",
             {},
         )
+    except pg_errors.InsufficientPrivilege as exc:
+        # REPLICATION was checked before the probe runs: the server refused the library itself
+        return Finding(
+            "wal2json",
+            "error",
+            f"the source server refuses the {plugin} output plugin ({exc.diag.message_primary})",
+            f"as a superuser on the source, add {plugin} to output_plugin_libraries "
+            "(ALTER SYSTEM SET output_plugin_libraries = ...; SELECT pg_reload_conf();)",
+            {},
+        )
     except pg_errors.QueryCanceled:
         return Finding(
             "wal2json",
@@ -381,7 +403,10 @@ def run_preflight(conn: psycopg.Connection[Any], slot_name: str, regs: Sequence[
     record(["wal_level"], check_wal_level(info))
     record(["replication_role"], check_role(info))
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
-    if info.wal_level != "logical":
+    refused = check_output_plugin(info)
+    if refused:
+        record(["wal2json"], refused)
+    elif info.wal_level != "logical":
         skipped["wal2json"] = "wal_level is not logical"
     elif not info.can_replicate:
         skipped["wal2json"] = "the role may not create replication slots"

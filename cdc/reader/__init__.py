@@ -43,7 +43,7 @@ import psycopg
 import psycopg2
 import psycopg2.errors
 
-from cdc.catalog import slot_info
+from cdc.catalog import server_info, slot_info
 from cdc.config import Settings, redact_dsn, redact_text
 from cdc.connect import classify, connect, is_transient
 from cdc.errors import (
@@ -447,6 +447,14 @@ class Reader:
                     + (f"; fix: {outcome.fix}" if outcome.fix else "")
                 )
 
+    def _refuse_if_plugin_refused(self, conn: psycopg.Connection[Any]) -> None:
+        """Fail fast, before any slot work, when the server's ``output_plugin_libraries`` leaves out
+        wal2json (the same rule and fix as ``cdc check``)."""
+        refusal = server_info(conn).output_plugin_refusal("wal2json")
+        if refusal is not None:
+            message, fix = refusal
+            raise SourcePermanentError(message, fix=fix, source=redact_dsn(self.dsn))
+
     def _refuse_if_active(self, conn: psycopg.Connection[Any], slot: str) -> None:
         """Refuse to drop a slot another process is streaming from (read again just before)."""
         info = slot_info(conn, slot)
@@ -465,6 +473,7 @@ class Reader:
         slot = self.settings.slot_name
         with self._connect() as conn:
             db = str(conn.info.dbname)
+            self._refuse_if_plugin_refused(conn)
             regs = self.registry.list_tables()
             self._ensure_nonfinite(conn, regs)
             info = slot_info(conn, slot)

@@ -12,6 +12,7 @@ import pytest
 
 from cdc.catalog import ServerInfo, SlotInfo, TableDescription
 from cdc.cli import main
+from cdc.devcluster import knows_setting
 from cdc.preflight import (
     CHECKS,
     Finding,
@@ -340,6 +341,8 @@ def test_check_warns_about_our_inactive_slot_retaining_wal(
 def test_probe_reports_a_missing_output_plugin(pg: PgCluster, pg_db: str) -> None:
     with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
         assert probe_wal2json(conn) is None
+        if knows_setting(pg, "output_plugin_libraries"):  # allowed, so that the lookup itself fails
+            conn.execute("SET output_plugin_libraries = 'no_such_plugin'")
         finding = probe_wal2json(conn, plugin="no_such_plugin")
     assert finding is not None and finding.severity == "error" and "not installed" in finding.message
 
