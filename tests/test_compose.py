@@ -24,7 +24,10 @@ def test_stack_has_the_production_services() -> None:
 def test_postgres_is_logical_with_wal2json() -> None:
     pg = load()["services"]["postgres"]
     assert "wal_level=logical" in pg["command"]
-    assert "postgresql-15-wal2json" in (ROOT / "compose" / "postgres" / "Dockerfile").read_text()
+    dockerfile = (ROOT / "compose" / "postgres" / "Dockerfile").read_text()
+    assert "postgresql-15-wal2json" in dockerfile
+    # current minor releases refuse a plugin left out of output_plugin_libraries: the image allows it
+    assert "output_plugin_libraries = 'pgoutput, test_decoding, wal2json'" in dockerfile
     assert any(str(c).startswith("max_slot_wal_keep_size=") for c in pg["command"])
 
 
