@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from cdc.events import TRUNCATE_KEY_FIELD, Version
+from cdc.logstore.records import RECORDS
 from cdc.registry import TableReg
 from sinks import OPS, ChangeBatch, ChangeEvent, DeadLetter, RawRecord, order
 from sinks.columnar import Columns, json_type
@@ -36,18 +37,6 @@ from sinks.columnar import Columns, json_type
 __all__ = ["MIN_RECORDS", "Form", "Parsed", "parse", "parse_batch", "parse_columns", "records_table"]
 
 Form = Literal["auto", "events", "columns"]
-
-#: the Arrow schema of a table of records (what the Spark source hands over, and :func:`records_table`)
-RECORDS = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("timestamp", pa.int64()),
-    ]
-)
 
 
 @dataclass

@@ -18,6 +18,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from cdc.logstore.records import RECORDS, RECORDS_DDL
+
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
         ReadAllAvailable,
@@ -35,17 +37,6 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1 have neither
 
 
 SOURCE_NAME = "cdclog"
-SCHEMA_DDL = "topic string, partition int, offset long, key binary, value binary, timestamp long"
-ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("timestamp", pa.int64()),
-    ]
-)
 READ_CHUNK = 10_000
 DEFAULT_SPLIT = 500_000
 
@@ -195,6 +186,12 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = None
 
 
+def _batch(cols: tuple[list[Any], ...]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(cols, RECORDS, strict=True)], schema=RECORDS
+    )
+
+
 def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
     """Every record of ``rng`` as Arrow batches of at most :data:`READ_CHUNK` rows."""
     store = open_store(state, log)
@@ -208,16 +205,10 @@ def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
             cols[4].append(rec.value)
             cols[5].append(rec.timestamp_ms)
             if len(cols[0]) >= READ_CHUNK:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)],
-                    schema=ARROW_SCHEMA,
-                )
+                yield _batch(cols)
                 cols = ([], [], [], [], [], [])
         if cols[0]:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA, strict=True)],
-                schema=ARROW_SCHEMA,
-            )
+            yield _batch(cols)
     finally:
         store.close()
 
@@ -230,7 +221,7 @@ class CdcLogDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return RECORDS_DDL
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
         return CdcLogStreamReader(self.options)
