@@ -1,0 +1,39 @@
+"""Markers set from what a test uses, never by hand: ``make check`` (the inner loop: no JVM, no
+broker, no browser) selects on them, ``make test`` runs everything.
+
+- a test that uses a fixture of :data:`FIXTURE_MARKS` (directly or through another fixture) gets its
+  marker: the Postgres cluster, the Spark session, the Tansu broker;
+- a test parametrised with the ``"kafka"`` backend gets ``kafka``;
+- ``jvm`` is for tests that start Spark in a subprocess (``cdc apply``, ``cdc verify``): asking for it
+  is how such a test says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+FIXTURE_MARKS = {
+    "pg": "postgres",
+    "spark": "spark",
+    "jvm": "spark",
+    "tansu_broker": "kafka",
+}
+
+
+@pytest.fixture
+def jvm() -> Iterator[None]:
+    """Declares that the test starts a Spark JVM in a subprocess (it gets the ``spark`` marker)."""
+    yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, mark in FIXTURE_MARKS.items():
+            if fixture in names:
+                item.add_marker(mark)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(v == "kafka" for v in callspec.params.values() if isinstance(v, str)):
+            item.add_marker("kafka")
