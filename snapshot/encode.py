@@ -54,25 +54,43 @@ def copy_query(
     )
 
 
+#: Arrow's CSV block (its unit of parallel parsing): a row may span at most two of them, so a buffer
+#: holding a longer row is parsed with blocks as long as that row (:func:`read_csv_batches`)
+ARROW_BLOCK = 1 << 20
+
+
 def _row_end(buf: bytes) -> int:
     """The end (after its newline) of the last complete CSV row in ``buf``, which starts at a row
     boundary; 0 if none. A newline ends a row when an even number of double quotes precede it
-    (a quote inside a quoted value is doubled, which keeps the parity)."""
-    pos = len(buf)
-    while True:
-        nl = buf.rfind(b"\n", 0, pos)
-        if nl < 0:
+    (a quote inside a quoted value is doubled, which keeps the parity). Linear in ``len(buf)``
+    however many newlines the values hold: each step counts only the quotes it walks back over."""
+    nl = buf.rfind(b"\n")
+    if nl < 0:
+        return 0
+    quotes = buf.count(b'"', 0, nl)
+    while quotes % 2:
+        prev = buf.rfind(b"\n", 0, nl)
+        if prev < 0:
             return 0
-        if buf.count(b'"', 0, nl) % 2 == 0:
-            return nl + 1
-        pos = nl
+        quotes -= buf.count(b'"', prev, nl)
+        nl = prev
+    return nl + 1
 
 
-def read_csv_batches(copy: Any, names: Sequence[str], block_size: int = 4 << 20) -> Iterator[pa.RecordBatch]:
+def read_csv_batches(
+    copy: Any, names: Sequence[str], block_size: int = 4 << 20, arrow_block: int = ARROW_BLOCK
+) -> Iterator[pa.RecordBatch]:
     """Arrow record batches (every column ``string``) of a running ``COPY ... (FORMAT csv)``: the
-    output is cut into blocks of whole rows of about ``block_size`` bytes, each parsed by Arrow's
-    (multi-threaded) CSV reader."""
-    read_options = pacsv.ReadOptions(column_names=list(names), use_threads=True)
+    output is cut into buffers of whole rows of about ``block_size`` bytes, each parsed by Arrow's
+    (multi-threaded) CSV reader in blocks of ``arrow_block`` bytes, or of the buffer's longest row
+    when that is longer (Arrow refuses a row that spans more than two of its blocks), so a row of any
+    size parses, and only the buffer holding a long row pays for its long blocks.
+
+    Rows are found without parsing: a piece of the COPY output (psycopg yields one row per piece,
+    as libpq returns them) that ends with a newline after an even number of quotes ends a row. When
+    the pieces are not whole rows the buffer is cut at its last row end (:func:`_row_end`) and the
+    longest row is bounded by the buffer's length."""
+    read_options = [pacsv.ReadOptions(column_names=list(names), use_threads=True, block_size=arrow_block)]
     parse_options = pacsv.ParseOptions(newlines_in_values=True, double_quote=True)
     convert_options = pacsv.ConvertOptions(
         column_types={n: pa.string() for n in names},
@@ -81,35 +99,57 @@ def read_csv_batches(copy: Any, names: Sequence[str], block_size: int = 4 << 20)
         quoted_strings_can_be_null=False,
     )
 
-    def parse(block: bytes) -> Iterator[pa.RecordBatch]:
+    def parse(block: bytes, longest: int) -> Iterator[pa.RecordBatch]:
+        options = read_options[0]
+        if longest > arrow_block:
+            options = pacsv.ReadOptions(column_names=list(names), use_threads=True, block_size=longest)
         table = pacsv.read_csv(
             pa.BufferReader(block),
-            read_options=read_options,
+            read_options=options,
             parse_options=parse_options,
             convert_options=convert_options,
         )
         yield from table.combine_chunks().to_batches()
 
     parts: list[bytes] = []
-    size = 0
+    size = 0  # bytes in parts
+    odd = False  # an odd number of quotes in parts: inside a quoted value
+    ended = 0  # bytes of parts up to the last row end seen
+    longest = 0  # the longest row up to there (an upper bound when pieces are not rows)
+    scan_at = 2 * block_size  # when no piece has ended a row: look for a row end at this size
     for data in copy:
-        parts.append(bytes(data))
-        size += len(data)
+        piece = bytes(data)
+        parts.append(piece)
+        size += len(piece)
+        if piece.count(b'"') % 2:
+            odd = not odd
+        if not odd and piece.endswith(b"\n"):
+            longest = max(longest, size - ended)
+            ended = size
         if size < block_size:
             continue
+        if ended == 0:  # no row end known: a long row, or pieces that are not rows
+            if size < scan_at:
+                continue
+            buf = b"".join(parts)
+            ended = _row_end(buf)
+            longest = ended
+            parts = [buf]
+            if ended == 0:
+                scan_at = 2 * size  # look again when the buffer doubles: linear in all
+                continue
         buf = b"".join(parts)
-        cut = _row_end(buf)
-        if cut == 0:  # one row longer than a block: keep reading
-            parts, size = [buf], len(buf)
-            continue
-        yield from parse(buf[:cut])
-        rest = buf[cut:]
-        parts, size = ([rest], len(rest)) if rest else ([], 0)
+        yield from parse(buf[:ended] if ended < size else buf, longest)
+        rest = buf[ended:]
+        parts, size, ended, longest, scan_at = ([rest] if rest else []), len(rest), 0, 0, 2 * block_size
     if size:
         buf = b"".join(parts)
-        if _row_end(buf) != len(buf):
+        if ended != size:
+            ended = _row_end(buf)
+            longest = len(buf)
+        if ended != size:
             raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
-        yield from parse(buf)
+        yield from parse(buf, longest)
 
 
 def _lit(text: str | bytes) -> pa.Scalar:
