@@ -36,6 +36,7 @@ from psycopg import sql
 
 from cdc.errors import SourceError
 from cdc.reader.wal2json import text_converter_for, type_kind
+from snapshot import snapshot_error
 
 __all__ = ["RowEncoder", "copy_query", "read_csv_batches"]
 
@@ -78,7 +79,12 @@ def _row_end(buf: bytes) -> int:
 
 
 def read_csv_batches(
-    copy: Any, names: Sequence[str], block_size: int = 4 << 20, arrow_block: int = ARROW_BLOCK
+    copy: Any,
+    names: Sequence[str],
+    block_size: int = 4 << 20,
+    arrow_block: int = ARROW_BLOCK,
+    *,
+    table: str = "",
 ) -> Iterator[pa.RecordBatch]:
     """Arrow record batches (every column ``string``) of a running ``COPY ... (FORMAT csv)``: the
     output is cut into buffers of whole rows of about ``block_size`` bytes, each parsed by Arrow's
@@ -89,7 +95,8 @@ def read_csv_batches(
     Rows are found without parsing: a piece of the COPY output (psycopg yields one row per piece,
     as libpq returns them) that ends with a newline after an even number of quotes ends a row. When
     the pieces are not whole rows the buffer is cut at its last row end (:func:`_row_end`) and the
-    longest row is bounded by the buffer's length."""
+    longest row is bounded by the buffer's length. A buffer Arrow cannot parse raises
+    :class:`snapshot.SnapshotError` naming ``table``."""
     read_options = [pacsv.ReadOptions(column_names=list(names), use_threads=True, block_size=arrow_block)]
     parse_options = pacsv.ParseOptions(newlines_in_values=True, double_quote=True)
     convert_options = pacsv.ConvertOptions(
@@ -103,13 +110,16 @@ def read_csv_batches(
         options = read_options[0]
         if longest > arrow_block:
             options = pacsv.ReadOptions(column_names=list(names), use_threads=True, block_size=longest)
-        table = pacsv.read_csv(
-            pa.BufferReader(block),
-            read_options=options,
-            parse_options=parse_options,
-            convert_options=convert_options,
-        )
-        yield from table.combine_chunks().to_batches()
+        try:
+            parsed = pacsv.read_csv(
+                pa.BufferReader(block),
+                read_options=options,
+                parse_options=parse_options,
+                convert_options=convert_options,
+            )
+        except pa.ArrowException as exc:
+            raise snapshot_error(table, None, exc) from exc
+        yield from parsed.combine_chunks().to_batches()
 
     parts: list[bytes] = []
     size = 0  # bytes in parts
@@ -171,9 +181,14 @@ def _escape(arr: pa.Array) -> pa.Array:
 
 class RowEncoder:
     """Encodes batches of one table's rows (columns ``names``, Postgres types ``types``) into key
-    bytes and ``after`` bytes (see the module docstring). ``key``: the key columns, in key order."""
+    bytes and ``after`` bytes (see the module docstring). ``key``: the key columns, in key order. A
+    value that cannot be encoded raises :class:`snapshot.SnapshotError` naming ``table`` and its
+    column."""
 
-    def __init__(self, names: Sequence[str], types: dict[str, str], key: Sequence[str]) -> None:
+    def __init__(
+        self, names: Sequence[str], types: dict[str, str], key: Sequence[str], *, table: str = ""
+    ) -> None:
+        self.table = table
         self.names = list(names)
         self.key = list(key)
         self.kinds = {n: type_kind(types[n]) for n in self.names}
@@ -233,7 +248,12 @@ class RowEncoder:
 
     def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
         """(key bytes, ``after`` bytes) of every row of ``batch``, as Arrow binary arrays."""
-        frags = {n: self.fragment(n, batch.column(i)) for i, n in enumerate(self.names)}
+        frags: dict[str, pa.Array] = {}
+        for i, n in enumerate(self.names):
+            try:
+                frags[n] = self.fragment(n, batch.column(i))
+            except Exception as exc:  # unforeseen: say which table and column, then stop
+                raise snapshot_error(self.table, n, exc) from exc
         return self._object(self._key_parts, [frags[k] for k in self.key]), self._object(
             self._after_parts, [frags[n] for n in self.names]
         )

@@ -124,3 +124,62 @@ def test_rows_of_1_5_and_20_mb_snapshot_exactly_initial_and_chunked(env: Capture
     assert res.returncode == 0, res.stderr
     env.run_once()  # a chunked snapshot (7 rows a chunk) while streaming
     assert _check(env, want) == 2 * len(want)
+
+
+def test_a_table_whose_snapshot_fails_is_named_and_the_others_are_kept(
+    env: CaptureEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unforeseen failure (injected: nothing real is known to fail any more) while encoding one
+    value of table 2 of 3: the error names the table and the column, with a fix; tables 1 and 3 are
+    recorded as snapshotted; the next run snapshots table 2 in chunks, and nothing is read twice."""
+    from cdc.logstore.factory import open_log_store
+    from cdc.reader import Reader
+    from cdc.registry import Registry
+    from snapshot import SnapshotError
+    from snapshot.encode import RowEncoder
+
+    for name in ("t1", "t2", "t3"):
+        env.sql(f"CREATE TABLE {name} (id integer PRIMARY KEY, v text, w text)")
+        env.sql(f"INSERT INTO {name} SELECT g, 'v' || g, repeat('w', g) FROM generate_series(1, 50) g")
+        env.add_table(f"public.{name}")
+    fragment = RowEncoder.fragment
+
+    def failing(self: RowEncoder, name: str, arr: Any) -> Any:
+        if self.table == "public.t2" and name == "w":
+            raise ValueError("something nobody foresaw")
+        return fragment(self, name, arr)
+
+    monkeypatch.setattr(RowEncoder, "fragment", failing)
+    settings = env.settings()
+    with (
+        Registry(settings.state_dir) as registry,
+        open_log_store(settings, writer=True) as store,
+        pytest.raises(SnapshotError) as info,
+    ):
+        Reader(settings, store, registry).run(once=True)
+    err = info.value
+    assert (err.table, err.column) == ("public.t2", "w")  # type: ignore[attr-defined]
+    assert (
+        "public.t2" in err.message and "column w" in err.message and "something nobody foresaw" in err.message
+    )
+    assert err.fix and "--exclude w" in err.fix
+    assert [r.reg.qualified for r in err.done] == ["public.t1", "public.t3"]
+    with env.registry() as r:
+        assert r.get_state("initial_snapshot") == "done"
+        states = {t: r.get("public", t).snapshot_state for t in ("t1", "t2", "t3")}
+    assert states == {"t1": "done", "t2": "pending", "t3": "done"}
+    monkeypatch.setattr(RowEncoder, "fragment", fragment)
+    env.sql("UPDATE t1 SET v = 'changed' WHERE id = 1")  # streamed from the same slot
+    env.run_once()  # t2 in chunks while t1 and t3 stream
+    with env.registry() as r:
+        assert all(r.get("public", t).snapshot_state == "done" for t in ("t1", "t2", "t3"))
+    for name in ("t1", "t2", "t3"):
+        records = env.records(env.reg("public", name).topic)
+        got = materialize(records)
+        want = {orjson.dumps({"id": i}).decode(): {"id": i, "v": f"v{i}", "w": "w" * i} for i in range(1, 51)}
+        if name == "t1":
+            want['{"id":1}']["v"] = "changed"
+        assert got == want, name
+        reads = [r for r in records if r.value and orjson.loads(r.value)["op"] == "r"]
+        if name != "t2":
+            assert len(reads) == 50, name  # snapshotted once: kept, not read again
