@@ -78,6 +78,17 @@ def _row_end(buf: bytes) -> int:
     return nl + 1
 
 
+def _arrow_block(buf: bytes, size: int) -> int:
+    """The smallest Arrow block size from ``size`` up whose block boundaries (Arrow reads a buffer
+    ``size`` bytes at a time) never fall between the ``\r`` and the ``\n`` of a CRLF: Arrow 26's
+    CSV reader then silently drops a byte of the quoted value holding it (COPY ends rows with a bare
+    ``\n``, so a CRLF is always inside a value)."""
+    n = len(buf)
+    while size < n and any(buf[k - 1] == 13 and buf[k] == 10 for k in range(size, n, size)):
+        size += 1
+    return size
+
+
 def read_csv_batches(
     copy: Any,
     names: Sequence[str],
@@ -90,14 +101,13 @@ def read_csv_batches(
     output is cut into buffers of whole rows of about ``block_size`` bytes, each parsed by Arrow's
     (multi-threaded) CSV reader in blocks of ``arrow_block`` bytes, or of the buffer's longest row
     when that is longer (Arrow refuses a row that spans more than two of its blocks), so a row of any
-    size parses, and only the buffer holding a long row pays for its long blocks.
+    size parses, and only the buffer holding a long row pays for its long blocks. The block size is
+    nudged so that no block boundary splits a CRLF (:func:`_arrow_block`).
 
-    Rows are found without parsing: a piece of the COPY output (psycopg yields one row per piece,
-    as libpq returns them) that ends with a newline after an even number of quotes ends a row. When
-    the pieces are not whole rows the buffer is cut at its last row end (:func:`_row_end`) and the
-    longest row is bounded by the buffer's length. A buffer Arrow cannot parse raises
-    :class:`snapshot.SnapshotError` naming ``table``."""
-    read_options = [pacsv.ReadOptions(column_names=list(names), use_threads=True, block_size=arrow_block)]
+    The longest row is the longest piece of the COPY output: psycopg yields one row per piece (libpq
+    returns one data row at a time). Pieces that are not whole rows are still read exactly: a buffer
+    Arrow refuses with such blocks is parsed again as one block. A buffer Arrow cannot parse at all
+    raises :class:`snapshot.SnapshotError` naming ``table``."""
     parse_options = pacsv.ParseOptions(newlines_in_values=True, double_quote=True)
     convert_options = pacsv.ConvertOptions(
         column_types={n: pa.string() for n in names},
@@ -106,58 +116,53 @@ def read_csv_batches(
         quoted_strings_can_be_null=False,
     )
 
+    def read(block: bytes, arrow_size: int) -> pa.Table:
+        options = pacsv.ReadOptions(
+            column_names=list(names), use_threads=True, block_size=_arrow_block(block, arrow_size)
+        )
+        return pacsv.read_csv(
+            pa.BufferReader(block),
+            read_options=options,
+            parse_options=parse_options,
+            convert_options=convert_options,
+        )
+
     def parse(block: bytes, longest: int) -> Iterator[pa.RecordBatch]:
-        options = read_options[0]
-        if longest > arrow_block:
-            options = pacsv.ReadOptions(column_names=list(names), use_threads=True, block_size=longest)
         try:
-            parsed = pacsv.read_csv(
-                pa.BufferReader(block),
-                read_options=options,
-                parse_options=parse_options,
-                convert_options=convert_options,
-            )
+            try:
+                parsed = read(block, max(arrow_block, longest))
+            except pa.ArrowInvalid:
+                if max(arrow_block, longest) >= len(block):
+                    raise
+                parsed = read(block, len(block))  # a row longer than its longest piece
         except pa.ArrowException as exc:
             raise snapshot_error(table, None, exc) from exc
         yield from parsed.combine_chunks().to_batches()
 
     parts: list[bytes] = []
-    size = 0  # bytes in parts
-    odd = False  # an odd number of quotes in parts: inside a quoted value
-    ended = 0  # bytes of parts up to the last row end seen
-    longest = 0  # the longest row up to there (an upper bound when pieces are not rows)
-    scan_at = 2 * block_size  # when no piece has ended a row: look for a row end at this size
+    size = 0
+    longest = 0  # the longest piece in parts
+    scan_at = block_size  # the size at which to look for the last row end
     for data in copy:
         piece = bytes(data)
         parts.append(piece)
-        size += len(piece)
-        if piece.count(b'"') % 2:
-            odd = not odd
-        if not odd and piece.endswith(b"\n"):
-            longest = max(longest, size - ended)
-            ended = size
-        if size < block_size:
+        n = len(piece)
+        size += n
+        if n > longest:
+            longest = n
+        if size < scan_at:
             continue
-        if ended == 0:  # no row end known: a long row, or pieces that are not rows
-            if size < scan_at:
-                continue
-            buf = b"".join(parts)
-            ended = _row_end(buf)
-            longest = ended
-            parts = [buf]
-            if ended == 0:
-                scan_at = 2 * size  # look again when the buffer doubles: linear in all
-                continue
         buf = b"".join(parts)
-        yield from parse(buf[:ended] if ended < size else buf, longest)
-        rest = buf[ended:]
-        parts, size, ended, longest, scan_at = ([rest] if rest else []), len(rest), 0, 0, 2 * block_size
+        cut = size if buf.endswith(b"\n") and buf.count(b'"') % 2 == 0 else _row_end(buf)
+        if cut == 0:  # one row longer than the buffer: keep reading, look again when it doubled
+            parts, longest, scan_at = [buf], size, 2 * size
+            continue
+        yield from parse(buf[:cut] if cut < size else buf, longest)
+        rest = buf[cut:]
+        parts, size, longest, scan_at = ([rest] if rest else []), len(rest), len(rest), block_size
     if size:
         buf = b"".join(parts)
-        if ended != size:
-            ended = _row_end(buf)
-            longest = len(buf)
-        if ended != size:
+        if _row_end(buf) != len(buf):
             raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
         yield from parse(buf, longest)
 
