@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cdc.errors import SourceError
+from cdc.errors import CdcError, SourceError
 from cdc.events import lsn_to_int
 from cdc.registry import Alignment, Column, TableReg
 
@@ -89,14 +89,18 @@ def snapshot_error(table: str, column: str | None, exc: BaseException) -> Snapsh
     if isinstance(exc, SnapshotError):
         return exc
     where = f", column {column}" if column else ""
-    fix = (
-        f"report this value of {table}.{column} with the column's type (`cdc tables list`); meanwhile "
-        f"exclude the column (`cdc tables add {table} ... --exclude {column}`)"
-        if column
-        else "report this error with the table's column types (`cdc tables list`)"
-    )
+    if isinstance(exc, CdcError):  # foreseen, with its own fix
+        what, fix = exc.message, exc.fix or "see the message"
+    else:
+        what = f"{type(exc).__name__}: {str(exc)[:300]}"
+        fix = (
+            f"report this value of {table}.{column} with the column's type (`cdc tables list`); "
+            f"meanwhile exclude the column (`cdc tables add {table} ... --exclude {column}`)"
+            if column
+            else "report this error with the table's column types (`cdc tables list`)"
+        )
     err = SnapshotError(
-        f"the snapshot of {table} failed{where}: {type(exc).__name__}: {str(exc)[:300]}",
+        f"the snapshot of {table} failed{where}: {what}",
         fix=fix
         + "; the tables already snapshotted are kept, and `cdc run` snapshots this one again in chunks",
         table=table,
@@ -104,6 +108,8 @@ def snapshot_error(table: str, column: str | None, exc: BaseException) -> Snapsh
         cause=type(exc).__name__,
     )
     err.done = []
+    if isinstance(exc, CdcError):
+        err.exit_code = exc.exit_code
     return err
 
 
