@@ -3,7 +3,9 @@
 The mapping is faithful (no value changes on the way) except where ``docs/warehouse.md`` ("Types")
 says otherwise: timestamp/date ``infinity`` clamps to the largest/smallest value every reader holds;
 float NaN/Infinity (JSON strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` in events) are stored as
-the float values. A value a column cannot hold (a BC date, a year past 9999, a numeric NaN/Infinity or
+the float values; a multi-dimensional array (nested lists in events) is stored as its elements in
+row-major order, the order ``unnest()`` returns them, in the column's ``list<T>``: every element is
+kept, its dimensions are not. A value a column cannot hold (a BC date, a year past 9999, a numeric NaN/Infinity or
 too many digits for ``numeric(p,s)``) raises :class:`cdc.errors.ApplyError`; :func:`unstorable` finds
 such values per record, so the apply job dead-letters those records and applies the others.
 """
@@ -236,12 +238,18 @@ def converter(pg_type: str) -> Converter:
         def conv_list(value: Any) -> list[Any]:
             if not isinstance(value, list):
                 raise _bad(value, pg_type, "an array must arrive as a JSON list")
-            out = []
+            out: list[Any] = []
+            flatten(value, out)
+            return out
+
+        def flatten(value: list[Any], out: list[Any]) -> None:
+            """A multi-dimensional array's elements in row-major order (as ``unnest()`` returns
+            them): see the module docstring."""
             for v in value:
                 if isinstance(v, list):
-                    raise _bad(value, pg_type, "multi-dimensional arrays are not supported")
-                out.append(None if v is None else elem(v))
-            return out
+                    flatten(v, out)
+                else:
+                    out.append(None if v is None else elem(v))
 
         return conv_list
     at = arrow_type(t)

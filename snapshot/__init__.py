@@ -15,9 +15,13 @@ and build the events in the service (:mod:`snapshot.encode`). The initial snapsh
   returns, per table, the alignment (consistent point and the topic's end offsets right after the
   table's last row). The caller records it in the registry.
 
-Failure: any error propagates and nothing is recorded; the next run snapshots again from scratch
-under a new slot, starting with a TRUNCATE marker just below the new consistent point so the rows
-of the killed run (keys deleted since included) are superseded.
+Failure: a table whose snapshot fails does not stop the others; :func:`read_tables` then raises
+:class:`SnapshotError` naming the first failed table (and the value's column, when a value could not
+be encoded), carrying the tables that completed (``done``): the caller records those as snapshotted
+and leaves the others to a chunked snapshot while streaming from the slot. A run killed outright
+records nothing; the next run snapshots again from scratch under a new slot, starting with a
+TRUNCATE marker just below the new consistent point so the rows of the killed run (keys deleted
+since included) are superseded.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cdc.errors import CdcError, SourceError
 from cdc.events import lsn_to_int
 from cdc.registry import Alignment, Column, TableReg
 
@@ -71,6 +76,50 @@ def create_exported_slot(repl_cursor: Any, slot: str, *, temporary: bool) -> Exp
     return ExportedSnapshot(slot=str(row[0]), name=str(row[2]), consistent_lsn=lsn_to_int(str(row[1])))
 
 
+class SnapshotError(SourceError):
+    """A table's snapshot failed for a reason nobody foresaw (``table``; ``column``: the column of
+    the value that could not be read or encoded, None when unknown; ``cause``: the underlying
+    error's type). ``done``: the tables whose snapshot completed before it was raised."""
+
+    done: list[TableSnapshot]
+
+
+def snapshot_error(table: str, column: str | None, exc: BaseException) -> SnapshotError:
+    """The :class:`SnapshotError` for ``exc``, raised while reading ``table`` (its ``column``)."""
+    if isinstance(exc, SnapshotError):
+        return exc
+    where = f", column {column}" if column else ""
+    if isinstance(exc, CdcError):  # foreseen, with its own fix
+        what, fix = exc.message, exc.fix or "see the message"
+    else:
+        what = f"{type(exc).__name__}: {str(exc)[:300]}"
+        fix = (
+            f"report this value of {table}.{column} with the column's type (`cdc tables list`); "
+            f"meanwhile exclude the column (`cdc tables add {table} ... --exclude {column}`)"
+            if column
+            else "report this error with the table's column types (`cdc tables list`)"
+        )
+    err = SnapshotError(
+        f"the snapshot of {table} failed{where}: {what}",
+        fix=fix
+        + "; the tables already snapshotted are kept, and `cdc run` snapshots this one again in chunks",
+        table=table,
+        column=column,
+        cause=type(exc).__name__,
+    )
+    err.done = []
+    if isinstance(exc, CdcError):
+        err.exit_code = exc.exit_code
+    return err
+
+
 ProgressFactory = Callable[[], Progress]
 
-__all__ = ["ExportedSnapshot", "Progress", "TableSnapshot", "create_exported_slot"]
+__all__ = [
+    "ExportedSnapshot",
+    "Progress",
+    "SnapshotError",
+    "TableSnapshot",
+    "create_exported_slot",
+    "snapshot_error",
+]

@@ -647,7 +647,7 @@ class ChunkDriver:
         if progress.estimate == 0:
             progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
-        encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key)
+        encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified)
         return _TablePlan(reg, codec, names, where, progress, sql.Identifier(reg.schema, reg.table), encoder)
 
     def _table(self, reg: TableReg) -> None:
@@ -793,7 +793,7 @@ class ChunkDriver:
             snapshot = str(srow[0])
             read_ts = int(time.time() * 1000)
             with conn.cursor().copy(query) as copy:
-                for batch in read_csv_batches(copy, plan.names):
+                for batch in read_csv_batches(copy, plan.names, table=plan.reg.qualified):
                     keys, afters = encoder.encode(batch)
                     rows.extend(zip(keys.to_pylist(), afters.to_pylist(), strict=True))
         finally:

@@ -36,6 +36,7 @@ from psycopg import sql
 
 from cdc.errors import SourceError
 from cdc.reader.wal2json import text_converter_for, type_kind
+from snapshot import snapshot_error
 
 __all__ = ["RowEncoder", "copy_query", "read_csv_batches"]
 
@@ -54,25 +55,59 @@ def copy_query(
     )
 
 
+#: Arrow's CSV block (its unit of parallel parsing): a row may span at most two of them, so a buffer
+#: holding a longer row is parsed with blocks as long as that row (:func:`read_csv_batches`)
+ARROW_BLOCK = 1 << 20
+
+
 def _row_end(buf: bytes) -> int:
     """The end (after its newline) of the last complete CSV row in ``buf``, which starts at a row
     boundary; 0 if none. A newline ends a row when an even number of double quotes precede it
-    (a quote inside a quoted value is doubled, which keeps the parity)."""
-    pos = len(buf)
-    while True:
-        nl = buf.rfind(b"\n", 0, pos)
-        if nl < 0:
+    (a quote inside a quoted value is doubled, which keeps the parity). Linear in ``len(buf)``
+    however many newlines the values hold: each step counts only the quotes it walks back over."""
+    nl = buf.rfind(b"\n")
+    if nl < 0:
+        return 0
+    quotes = buf.count(b'"', 0, nl)
+    while quotes % 2:
+        prev = buf.rfind(b"\n", 0, nl)
+        if prev < 0:
             return 0
-        if buf.count(b'"', 0, nl) % 2 == 0:
-            return nl + 1
-        pos = nl
+        quotes -= buf.count(b'"', prev, nl)
+        nl = prev
+    return nl + 1
 
 
-def read_csv_batches(copy: Any, names: Sequence[str], block_size: int = 4 << 20) -> Iterator[pa.RecordBatch]:
+def _arrow_block(buf: bytes, size: int) -> int:
+    """The smallest Arrow block size from ``size`` up whose block boundaries (Arrow reads a buffer
+    ``size`` bytes at a time) never fall between the ``\r`` and the ``\n`` of a CRLF: Arrow 26's
+    CSV reader then silently drops a byte of the quoted value holding it (COPY ends rows with a bare
+    ``\n``, so a CRLF is always inside a value)."""
+    n = len(buf)
+    while size < n and any(buf[k - 1] == 13 and buf[k] == 10 for k in range(size, n, size)):
+        size += 1
+    return size
+
+
+def read_csv_batches(
+    copy: Any,
+    names: Sequence[str],
+    block_size: int = 4 << 20,
+    arrow_block: int = ARROW_BLOCK,
+    *,
+    table: str = "",
+) -> Iterator[pa.RecordBatch]:
     """Arrow record batches (every column ``string``) of a running ``COPY ... (FORMAT csv)``: the
-    output is cut into blocks of whole rows of about ``block_size`` bytes, each parsed by Arrow's
-    (multi-threaded) CSV reader."""
-    read_options = pacsv.ReadOptions(column_names=list(names), use_threads=True)
+    output is cut into buffers of whole rows of about ``block_size`` bytes, each parsed by Arrow's
+    (multi-threaded) CSV reader in blocks of ``arrow_block`` bytes, or of the buffer's longest row
+    when that is longer (Arrow refuses a row that spans more than two of its blocks), so a row of any
+    size parses, and only the buffer holding a long row pays for its long blocks. The block size is
+    nudged so that no block boundary splits a CRLF (:func:`_arrow_block`).
+
+    The longest row is the longest piece of the COPY output: psycopg yields one row per piece (libpq
+    returns one data row at a time). Pieces that are not whole rows are still read exactly: a buffer
+    Arrow refuses with such blocks is parsed again as one block. A buffer Arrow cannot parse at all
+    raises :class:`snapshot.SnapshotError` naming ``table``."""
     parse_options = pacsv.ParseOptions(newlines_in_values=True, double_quote=True)
     convert_options = pacsv.ConvertOptions(
         column_types={n: pa.string() for n in names},
@@ -81,35 +116,55 @@ def read_csv_batches(copy: Any, names: Sequence[str], block_size: int = 4 << 20)
         quoted_strings_can_be_null=False,
     )
 
-    def parse(block: bytes) -> Iterator[pa.RecordBatch]:
-        table = pacsv.read_csv(
+    def read(block: bytes, arrow_size: int) -> pa.Table:
+        options = pacsv.ReadOptions(
+            column_names=list(names), use_threads=True, block_size=_arrow_block(block, arrow_size)
+        )
+        return pacsv.read_csv(
             pa.BufferReader(block),
-            read_options=read_options,
+            read_options=options,
             parse_options=parse_options,
             convert_options=convert_options,
         )
-        yield from table.combine_chunks().to_batches()
+
+    def parse(block: bytes, longest: int) -> Iterator[pa.RecordBatch]:
+        try:
+            try:
+                parsed = read(block, max(arrow_block, longest))
+            except pa.ArrowInvalid:
+                if max(arrow_block, longest) >= len(block):
+                    raise
+                parsed = read(block, len(block))  # a row longer than its longest piece
+        except pa.ArrowException as exc:
+            raise snapshot_error(table, None, exc) from exc
+        yield from parsed.combine_chunks().to_batches()
 
     parts: list[bytes] = []
     size = 0
+    longest = 0  # the longest piece in parts
+    scan_at = block_size  # the size at which to look for the last row end
     for data in copy:
-        parts.append(bytes(data))
-        size += len(data)
-        if size < block_size:
+        piece = bytes(data)
+        parts.append(piece)
+        n = len(piece)
+        size += n
+        if n > longest:
+            longest = n
+        if size < scan_at:
             continue
         buf = b"".join(parts)
-        cut = _row_end(buf)
-        if cut == 0:  # one row longer than a block: keep reading
-            parts, size = [buf], len(buf)
+        cut = size if buf.endswith(b"\n") and buf.count(b'"') % 2 == 0 else _row_end(buf)
+        if cut == 0:  # one row longer than the buffer: keep reading, look again when it doubled
+            parts, longest, scan_at = [buf], size, 2 * size
             continue
-        yield from parse(buf[:cut])
+        yield from parse(buf[:cut] if cut < size else buf, longest)
         rest = buf[cut:]
-        parts, size = ([rest], len(rest)) if rest else ([], 0)
+        parts, size, longest, scan_at = ([rest] if rest else []), len(rest), len(rest), block_size
     if size:
         buf = b"".join(parts)
         if _row_end(buf) != len(buf):
             raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
-        yield from parse(buf)
+        yield from parse(buf, longest)
 
 
 def _lit(text: str | bytes) -> pa.Scalar:
@@ -131,9 +186,14 @@ def _escape(arr: pa.Array) -> pa.Array:
 
 class RowEncoder:
     """Encodes batches of one table's rows (columns ``names``, Postgres types ``types``) into key
-    bytes and ``after`` bytes (see the module docstring). ``key``: the key columns, in key order."""
+    bytes and ``after`` bytes (see the module docstring). ``key``: the key columns, in key order. A
+    value that cannot be encoded raises :class:`snapshot.SnapshotError` naming ``table`` and its
+    column."""
 
-    def __init__(self, names: Sequence[str], types: dict[str, str], key: Sequence[str]) -> None:
+    def __init__(
+        self, names: Sequence[str], types: dict[str, str], key: Sequence[str], *, table: str = ""
+    ) -> None:
+        self.table = table
         self.names = list(names)
         self.key = list(key)
         self.kinds = {n: type_kind(types[n]) for n in self.names}
@@ -193,7 +253,12 @@ class RowEncoder:
 
     def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
         """(key bytes, ``after`` bytes) of every row of ``batch``, as Arrow binary arrays."""
-        frags = {n: self.fragment(n, batch.column(i)) for i, n in enumerate(self.names)}
+        frags: dict[str, pa.Array] = {}
+        for i, n in enumerate(self.names):
+            try:
+                frags[n] = self.fragment(n, batch.column(i))
+            except Exception as exc:  # unforeseen: say which table and column, then stop
+                raise snapshot_error(self.table, n, exc) from exc
         return self._object(self._key_parts, [frags[k] for k in self.key]), self._object(
             self._after_parts, [frags[n] for n in self.names]
         )

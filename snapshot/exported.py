@@ -31,7 +31,7 @@ from cdc.reader.envelope import TableCodec
 from cdc.reader.replication import SESSION_OPTIONS, Batch
 from cdc.reader.wal2json import type_kind
 from cdc.registry import Alignment, TableReg
-from snapshot import ExportedSnapshot, Progress, TableSnapshot
+from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
 from snapshot.table_info import row_estimate, table_columns
 
@@ -169,7 +169,7 @@ def read_table(
             fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
             table=reg.qualified,
         )
-    encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key)
+    encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified)
     now = str(int(time.time() * 1000)).encode()
     head = b'{"before":null,"after":'
 
@@ -187,7 +187,7 @@ def read_table(
     held: tuple[bytes, bytes] | None = None  # the newest row: written last, marked "last"
     try:
         with conn.cursor().copy(copy_query(reg.schema, reg.table, names)) as copy:
-            for rb in read_csv_batches(copy, names):
+            for rb in read_csv_batches(copy, names, table=reg.qualified):
                 if rb.num_rows == 0:
                     continue
                 keys, afters = encoder.encode(rb)
@@ -233,7 +233,12 @@ def read_tables(
 ) -> list[TableSnapshot]:
     """Snapshot ``regs`` under ``snap`` with up to ``workers`` threads (each its own connection
     importing the snapshot). Returns one TableSnapshot per table, in the order of ``regs``. The
-    alignment's end offsets are the topic's end offsets right after the table's last row."""
+    alignment's end offsets are the topic's end offsets right after the table's last row.
+
+    A table whose snapshot fails does not stop the others: once every table was tried, the first
+    failure is raised as a :class:`snapshot.SnapshotError` (naming the table, and the column when a
+    value could not be encoded; the original error is its ``__cause__``) whose ``done`` holds the
+    tables that completed, for the caller to record."""
     lock = store_lock or threading.Lock()
     ts_ms = int(time.time() * 1000)
 
@@ -241,6 +246,7 @@ def read_tables(
     for i, reg in enumerate(regs):
         todo.put((i, reg))
     results: dict[int, TableSnapshot] = {}
+    failures: dict[int, Exception] = {}
 
     def worker() -> None:
         conn: psycopg.Connection[Any] | None = None
@@ -256,18 +262,23 @@ def read_tables(
                     # one transaction per table; later tables need the snapshot again
                     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snap.name)))
-                results[i] = read_table(
-                    conn,
-                    snap,
-                    reg,
-                    prefix=prefix,
-                    db=db,
-                    partitions=partitions,
-                    store=store,
-                    store_lock=lock,
-                    progress=progress,
-                    ts_ms=ts_ms,
-                )
+                try:
+                    results[i] = read_table(
+                        conn,
+                        snap,
+                        reg,
+                        prefix=prefix,
+                        db=db,
+                        partitions=partitions,
+                        store=store,
+                        store_lock=lock,
+                        progress=progress,
+                        ts_ms=ts_ms,
+                    )
+                except Exception as exc:  # the others go on; raised below with what completed
+                    failures[i] = exc
+                    conn.close()  # in the middle of a COPY: a new connection for the next table
+                    conn = None
         finally:
             if conn is not None:
                 conn.close()
@@ -277,4 +288,11 @@ def read_tables(
         futures = [pool.submit(worker) for _ in range(n)]
         for fut in futures:
             fut.result()
+    if failures:
+        i = min(failures)
+        err = snapshot_error(regs[i].qualified, None, failures[i])
+        err.done = [results[j] for j in sorted(results)]
+        if err is failures[i]:
+            raise err
+        raise err from failures[i]
     return [results[i] for i in range(len(regs))]

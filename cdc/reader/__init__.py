@@ -927,7 +927,7 @@ class Reader:
     def _snapshot(self, regs: list[TableReg], db: str, slot: str, *, temporary: bool) -> int:
         """Snapshot ``regs`` from a new slot's exported snapshot; record each table's alignment.
         Returns the consistent point."""
-        from snapshot import create_exported_slot
+        from snapshot import SnapshotError, create_exported_slot
         from snapshot.exported import read_tables
         from snapshot.progress import NullProgress
 
@@ -963,19 +963,35 @@ class Reader:
                     if regs
                     else []
                 )
+            except SnapshotError as exc:
+                # the tables that completed are kept; the others are snapshotted in chunks while
+                # streaming from this slot (the initial snapshot counts as done: the slot stays)
+                self._record_snapshots(exc.done, streamed, snap.consistent_lsn)
+                finished = {(r.reg.schema, r.reg.table) for r in exc.done}
+                for reg in regs:
+                    if (reg.schema, reg.table) not in finished:
+                        self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
+                if not temporary:
+                    self.registry.set_state(INITIAL_SNAPSHOT_KEY, "done")
+                cause = exc.__cause__
+                raise (cause if isinstance(cause, Exception) and is_transient(cause) else exc) from None
             finally:
                 progress.close()
         finally:
             repl.close()  # a temporary slot is dropped with its connection
+        self._record_snapshots(results, streamed, snap.consistent_lsn)
+        return snap.consistent_lsn
+
+    def _record_snapshots(self, results: list[Any], streamed: set[Any], consistent_lsn: int) -> None:
+        """Record each completed table snapshot (a :class:`snapshot.TableSnapshot`) as done."""
         for res in results:
             # A table the stream already carried up to the restart position keeps its changes
             # between that position and the snapshot (dropping them would lose its deletes); a
             # table new to the stream drops them: the snapshot holds them.
-            drop_before = 0 if (res.reg.schema, res.reg.table) in streamed else snap.consistent_lsn
+            drop_before = 0 if (res.reg.schema, res.reg.table) in streamed else consistent_lsn
             self.registry.set_state(drop_before_key(res.reg.schema, res.reg.table), str(drop_before))
             self.registry.set_columns(res.reg.schema, res.reg.table, res.columns)
             self.registry.set_snapshot_state(res.reg.schema, res.reg.table, "done", res.alignment)
             self.snapshots[res.reg.qualified] = res.rows
             self.events += res.rows
             self.log(f"snapshot of {res.reg.qualified}: {res.rows} rows")
-        return snap.consistent_lsn
