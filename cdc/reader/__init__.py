@@ -43,11 +43,19 @@ import psycopg
 import psycopg2
 import psycopg2.errors
 
-from cdc.catalog import slot_info
+from cdc.catalog import (
+    CaptureProblem,
+    TableDescription,
+    capture_problems,
+    describe_table,
+    key_columns_gone,
+    slot_info,
+)
 from cdc.config import Settings, redact_dsn, redact_text
 from cdc.connect import classify, connect, is_transient
 from cdc.errors import (
     ConfigError,
+    RegistryError,
     SlotLostError,
     SourceError,
     SourcePermanentError,
@@ -103,45 +111,6 @@ FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
 JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
 """
-
-
-#: per registered table (each leaf of a partitioned one): replica identity, primary key, identity index
-_IDENTITY = """
-SELECT r.schema_name, r.table_name, l.relname::text, l.relreplident::text,
-       (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index i
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-         WHERE i.indrelid = l.oid AND i.indisprimary),
-       (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index i
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-         WHERE i.indrelid = l.oid AND i.indisreplident)
-FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
-JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
-JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
-LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON t.isleaf
-JOIN pg_catalog.pg_class l ON l.oid = coalesce(t.relid, c.oid)
-"""
-
-
-def _identity_problems(conn: psycopg.Connection[Any], regs: list[TableReg]) -> dict[tuple[str, str], str]:
-    """The registered tables (or a leaf partition of them) whose replica identity does not hold
-    every key column, with what is wrong."""
-    keys = {(r.schema, r.table): set(r.key) for r in regs}
-    out: dict[tuple[str, str], str] = {}
-    for schema, table, leaf, ident, pk, index in conn.execute(
-        _IDENTITY, [[r.schema for r in regs], [r.table for r in regs]]
-    ).fetchall():
-        where = f"{schema}.{table}" + (f" (partition {leaf})" if leaf != table else "")
-        if ident == "f":
-            continue
-        if ident == "n":
-            out[(schema, table)] = f"{where} has REPLICA IDENTITY NOTHING"
-        elif ident == "d" and not pk:
-            out[(schema, table)] = f"{where} has no primary key and REPLICA IDENTITY DEFAULT"
-        elif ident == "d" and not keys[(schema, table)] <= set(pk):
-            out[(schema, table)] = f"the primary key of {where} ({', '.join(pk)}) is not the registered key"
-        elif ident == "i" and not keys[(schema, table)] <= set(index or ()):
-            out[(schema, table)] = f"the replica identity index of {where} does not hold the registered key"
-    return out
 
 
 def drop_before_key(schema: str, table: str) -> str:
@@ -686,30 +655,22 @@ class Reader:
 
         if not regs:
             return set()
-        columns = {
-            (str(sch), str(tab)): set(cols or ())
-            for sch, tab, cols in conn.execute(
-                _TABLE_COLUMNS, [[r.schema for r in regs], [r.table for r in regs]]
-            ).fetchall()
-        }
-        identity = _identity_problems(conn, regs)
         refused: set[tuple[str, str]] = set()
         for reg in regs:
             key = refused_key(reg.schema, reg.table)
-            cols = columns.get((reg.schema, reg.table))
-            lost = [k for k in reg.key if cols is not None and k not in cols]
-            if lost:
-                self._refuse(reg, lost)
-            elif (reg.schema, reg.table) in identity:
-                self._record_refusal(
-                    reg,
-                    f"{identity[(reg.schema, reg.table)]}: its UPDATEs and DELETEs no longer carry the "
-                    f"key ({', '.join(reg.key)}) and wal2json drops them, so {reg.qualified} is no "
-                    "longer captured",
-                    f"ALTER TABLE {reg.qualified} REPLICA IDENTITY DEFAULT (with a primary key on "
-                    f"{', '.join(reg.key)}) or REPLICA IDENTITY FULL; cdc then snapshots it again by itself",
-                    "identity",
-                )
+            try:
+                desc: TableDescription | None = describe_table(conn, reg.schema, reg.table)
+            except RegistryError:
+                desc = None  # gone: the source check records it missing
+            # the one rule (cdc.catalog.capture_problems); the reader refuses for a key it cannot
+            # carry: a key column gone (kind ``key``), a replica identity without it (``identity``)
+            problems = [
+                p
+                for p in capture_problems(reg.schema, reg.table, desc, reg.key, role="")
+                if p.kind in ("key", "identity")
+            ]
+            if problems:
+                self._record_refusal(reg, problems[0])
             else:
                 before = self.registry.get_state(key)
                 if before is not None:
@@ -727,21 +688,18 @@ class Reader:
 
     def _refuse(self, reg: TableReg, lost: list[str]) -> None:
         """Record (once) that ``reg`` is refused: its key column(s) ``lost`` are gone at the source."""
-        self._record_refusal(
-            reg,
-            f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
-            "(dropped or renamed); its changes cannot be keyed, so it is no longer captured",
-            f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
-            f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back",
-            "key",
-        )
+        self._record_refusal(reg, key_columns_gone(reg.schema, reg.table, lost))
 
-    def _record_refusal(self, reg: TableReg, reason: str, fix: str, kind: str) -> None:
+    def _record_refusal(self, reg: TableReg, problem: CaptureProblem) -> None:
+        """Record (once) and log that ``reg`` is refused for ``problem`` (:func:`capture_problems`)."""
         from snapshot.chunked import refused_key
 
         key = refused_key(reg.schema, reg.table)
         if self.registry.get_state(key) is not None:
             return
+        kind = problem.kind
+        reason = f"{problem.message}, so {reg.qualified} is no longer captured"
+        fix = problem.fix + ("; cdc then snapshots it again by itself" if kind == "identity" else "")
         self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
         self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix, "kind": kind}).decode())
 
