@@ -113,12 +113,50 @@ SELECT c.oid::int8, c.relkind::text, c.relreplident::text, c.reltuples::float8,
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = %(table)s
 """
-_COLUMNS = """
-SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
+#: a type's base type through domains (over domains), an array of domains as an array of the base:
+#: ``base_type(oid)``, ``base_mod``, ``is_array`` for the type ``{typ}`` (an oid expression) -- a
+#: LATERAL subquery with columns (base, mod): NULL when the type is no domain (nor an array of one)
+_BASE_OF = """
+LEFT JOIN LATERAL (
+    WITH RECURSIVE d(typ, mod, depth) AS (
+        SELECT dt.typbasetype, dt.typtypmod, 1 FROM pg_catalog.pg_type dt
+         WHERE dt.oid = (CASE WHEN {t}.typlen = -1 AND {t}.typelem <> 0 THEN {t}.typelem ELSE {t}.oid END)
+           AND dt.typtype = 'd'
+        UNION ALL
+        SELECT dt.typbasetype, dt.typtypmod, d.depth + 1 FROM d
+          JOIN pg_catalog.pg_type dt ON dt.oid = d.typ AND dt.typtype = 'd'
+    )
+    SELECT CASE WHEN {t}.typlen = -1 AND {t}.typelem <> 0
+                THEN (SELECT bt.typarray FROM pg_catalog.pg_type bt WHERE bt.oid = d.typ) ELSE d.typ END AS base,
+           d.mod
+    FROM d ORDER BY d.depth DESC LIMIT 1
+) {b} ON true
+"""
+#: a relation's user columns (dropped and system columns left out), in attnum order: name, type
+#: (through domains to the base type), nullable, and the domain's name ('' when no domain)
+COLUMNS_OF = (
+    """
+SELECT a.attname::text,
+       CASE WHEN b.base IS NULL OR b.base = 0 THEN format_type(a.atttypid, a.atttypmod)
+            ELSE format_type(b.base, b.mod) END,
+       NOT a.attnotnull,
+       CASE WHEN b.base IS NULL OR b.base = 0 THEN '' ELSE format_type(a.atttypid, a.atttypmod) END
 FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped
+JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+"""
+    + _BASE_OF.format(t="t", b="b")
+    + """
+WHERE a.attrelid = {rel} AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+)
+_COLUMNS = COLUMNS_OF.replace("{rel}", "%(oid)s")
+#: type names as format_type() and wal2json write them -> (base type, or '' when no domain)
+_TYPES = """
+SELECT r.name, CASE WHEN b.base IS NULL OR b.base = 0 THEN '' ELSE format_type(b.base, b.mod) END
+FROM unnest(%s::text[]) AS r(name)
+LEFT JOIN pg_catalog.pg_type t ON t.oid = to_regtype(r.name)
+""" + _BASE_OF.format(t="t", b="b")
 _INDEX_COLUMNS = """
 SELECT a.attname::text
 FROM pg_catalog.pg_index i
@@ -181,8 +219,8 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         )
     oid, relkind, replident, reltuples, can_select, sql_name = row
     columns = tuple(
-        Column(name, type_, bool(nullable))
-        for name, type_, nullable in conn.execute(_COLUMNS, {"oid": oid}).fetchall()
+        Column(name, type_, bool(nullable), domain)
+        for name, type_, nullable, domain in conn.execute(_COLUMNS, {"oid": oid}).fetchall()
     )
 
     def index_columns(primary: bool) -> tuple[str, ...]:
@@ -226,6 +264,25 @@ def _identity_of(
 ) -> tuple[str, ...]:
     """The columns an UPDATE/DELETE carries as old identity under REPLICA IDENTITY ``replident``."""
     return {"f": columns, "i": index, "d": primary_key}.get(replident, ())
+
+
+def resolve_domains(
+    conn: psycopg.Connection[Any], columns: tuple[Column, ...], cache: dict[str, str] | None = None
+) -> tuple[Column, ...]:
+    """``columns`` whose type is named as the source names it (wal2json, the DDL recorder): a
+    domain (or an array of one) becomes its base type, the name kept in :attr:`Column.domain`.
+    Columns already resolved (``domain`` set) are kept. ``cache``: type name -> base type ('' for
+    no domain), filled here (a domain's base type cannot change while a column uses it)."""
+    bases = {} if cache is None else cache
+    names = sorted({c.type for c in columns if not c.domain and c.type not in bases})
+    if names:
+        bases.update({str(n): str(b) for n, b in conn.execute(_TYPES, [names]).fetchall()})
+    if not any(bases.get(c.type) for c in columns if not c.domain):
+        return columns
+    return tuple(
+        Column(c.name, bases[c.type], c.nullable, c.type) if not c.domain and bases.get(c.type) else c
+        for c in columns
+    )
 
 
 # --- can this table be captured? ---------------------------------------------------------------------

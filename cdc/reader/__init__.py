@@ -49,6 +49,7 @@ from cdc.catalog import (
     capture_problems,
     describe_table,
     key_columns_gone,
+    resolve_domains,
     slot_info,
 )
 from cdc.config import Settings, redact_dsn, redact_text
@@ -555,7 +556,10 @@ class Reader:
                 for leaf in parts:
                     codecs[leaf] = codecs[parent]
             self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
-            builder = EventBuilder(codecs, columns_changed, columns_gone)
+            type_cache: dict[str, str] = {}
+            builder = EventBuilder(
+                codecs, columns_changed, columns_gone, lambda cols: resolve_domains(conn, cols, type_cache)
+            )
             follower = self._ddl_follower(conn, builder, regs, source)
             batch = Batch(self.store, self.store_lock)
             ctl = StreamControl(
