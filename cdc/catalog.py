@@ -259,6 +259,22 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
     )
 
 
+_LEAVES_OF = """
+SELECT n.nspname::text, c.relname::text
+FROM pg_catalog.pg_class p JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace
+CROSS JOIN LATERAL pg_partition_tree(p.oid) t
+JOIN pg_catalog.pg_class c ON c.oid = t.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE pn.nspname = %(schema)s AND p.relname = %(table)s AND p.relkind = 'p' AND t.isleaf
+ORDER BY 1, 2
+"""
+
+
+def leaf_partitions(conn: psycopg.Connection[Any], schema: str, table: str) -> list[tuple[str, str]]:
+    """The leaf partitions (schema, table) of the partitioned table ``schema.table`` now; ``[]``
+    for a plain table, or none."""
+    return [(str(s), str(t)) for s, t in conn.execute(_LEAVES_OF, {"schema": schema, "table": table})]
+
+
 def _identity_of(
     replident: str, columns: tuple[str, ...], primary_key: tuple[str, ...], index: tuple[str, ...]
 ) -> tuple[str, ...]:

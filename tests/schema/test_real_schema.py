@@ -22,10 +22,11 @@ import pytest
 from cdc.config import Settings
 from cdc.devcluster import PgCluster
 from cdc.events import TRUNCATE_KEY_FIELD
-from sinks.warehouse import WarehouseSink
+from sinks.warehouse import END_OP, KEY, WarehouseSink
 from tests.apply.conftest import Env, run_job
-from tests.capture.test_reader_support import CaptureEnv, make_env
-from tests.snapshot.helpers import wait_caught_up, wait_streaming
+from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.postgres import wait_for
+from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -118,4 +119,116 @@ def test_domains_are_stored_as_their_base_types(env: CaptureEnv, spark_clean: An
     by_id = {r["film_id"]: r for r in rows}
     assert by_id[3]["poster"] == bytes.fromhex("00ff5c22" * 3)
     assert by_id[2]["special_features"] == ["Trailers", 'say "hi", then\\n']
-    assert TRUNCATE_KEY_FIELD  # imported for the partition test below
+
+
+def _topic_ops(
+    env: CaptureEnv, topic: str, after: dict[int, int] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(op, key) of the topic's records (``t`` for a TRUNCATE marker), after the offsets ``after``."""
+    out = []
+    for r in env.records(topic):
+        if r.value is None or r.offset < (after or {}).get(r.partition, 0):
+            continue
+        key = orjson.loads(r.key)
+        out.append(("t" if TRUNCATE_KEY_FIELD in key else orjson.loads(r.value)["op"], key))
+    return out
+
+
+def _ends(env: CaptureEnv, topic: str) -> dict[int, int]:
+    with env.store() as store:
+        return dict(store.end_offsets(topic))
+
+
+def _payment_rows(env: CaptureEnv) -> dict[str, str]:
+    """The source's payment notes by key (as the topic's key JSON)."""
+    return {
+        orjson.dumps({"payment_id": i, "payment_date": str(d)}).decode(): n
+        for i, d, n in env.fetch("SELECT payment_id, payment_date, note FROM payment p")
+    }
+
+
+def _topic_rows(env: CaptureEnv, topic: str) -> dict[str, str]:
+    return {k: row["note"] for k, row in materialize(env.records(topic)).items()}
+
+
+def test_attach_reads_only_the_partition_and_detach_deletes_its_rows(
+    env: CaptureEnv, spark_clean: Any
+) -> None:
+    env.sql(SCHEMA[2])  # the price domain
+    env.sql(
+        "CREATE TABLE payment (payment_id int, payment_date date, amount price NOT NULL, note text,"
+        " PRIMARY KEY (payment_id, payment_date)) PARTITION BY RANGE (payment_date)"
+    )
+    for m in (1, 2, 3):
+        env.sql(
+            f"CREATE TABLE payment_2026_0{m} PARTITION OF payment"
+            f" FOR VALUES FROM ('2026-0{m}-01') TO ('2026-0{m + 1}-01')"
+        )
+    env.sql(
+        "INSERT INTO payment SELECT g, date '2026-01-01' + (g % 90), (g % 50) + 0.99, 'p' || g"
+        " FROM generate_series(1, 900) g"
+    )
+    env.add_table("public.payment")
+    reg = env.reg("public", "payment")
+    proc = env.spawn("run")
+    try:
+        wait_streaming(env, proc)
+        env.sql("UPDATE payment SET note = 'changed' WHERE payment_id <= 10")
+        wait_caught_up(env)
+        assert [op for op, _ in _topic_ops(env, reg.topic) if op == "t"] == []
+        before = _ends(env, reg.topic)
+
+        # a pre-loaded partition attached while streaming: only its rows are read
+        env.sql("CREATE TABLE payment_2026_04 (LIKE payment INCLUDING ALL)")
+        env.sql(
+            "INSERT INTO payment_2026_04 SELECT g, date '2026-04-01' + (g % 30), 1.50, 'april ' || g"
+            " FROM generate_series(2001, 2300) g"
+        )
+        env.sql(
+            "ALTER TABLE payment ATTACH PARTITION payment_2026_04 FOR VALUES FROM ('2026-04-01') TO ('2026-05-01')"
+        )
+        wait_for(
+            lambda: (p := progress(env, "payment")) is not None and p.partitions is not None and p.done,
+            timeout=120,
+            what="the attached partition's rows read",
+        )
+        env.sql("UPDATE payment SET note = 'april changed' WHERE payment_id = 2001")
+        wait_caught_up(env)
+        added = _topic_ops(env, reg.topic, before)
+        assert [op for op, _ in added if op == "t"] == [], "no TRUNCATE marker for an attach"
+        read = [k for op, k in added if op == "r"]
+        assert len(read) == 300 and all(k["payment_date"].startswith("2026-04") for k in read)
+        wait_for(
+            lambda: _topic_rows(env, reg.topic) == _payment_rows(env),
+            timeout=60,
+            what="topic = source",
+        )
+
+        # a partition detached: its rows are deleted (deletes, not a truncate)
+        jan = {k for k in _payment_rows(env) if '"2026-01' in k}
+        before_detach = _ends(env, reg.topic)
+        env.sql("ALTER TABLE payment DETACH PARTITION payment_2026_01")
+        wait_for(lambda: _topic_rows(env, reg.topic) == _payment_rows(env), timeout=90, what="rows deleted")
+        gone = _topic_ops(env, reg.topic, before_detach)
+        assert [op for op, _ in gone if op == "t"] == []
+        assert {orjson.dumps(k).decode() for op, k in gone if op == "d"} == jan
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, env.proc_log()
+
+    _apply(env, spark_clean)
+    sink = WarehouseSink(env.state)
+    reg = env.reg("public", "payment")
+    current = sink.current_rows(reg, meta=True).to_pylist()
+    history = sink.history_rows(reg, meta=True).to_pylist()
+    assert len(current) == len(_payment_rows(env)) == 900 - len(jan) + 300
+    assert not [h for h in history if h[END_OP] == "t"], "no history row closed by a truncate"
+    versions: dict[str, int] = {}
+    for h in history:
+        versions[h[KEY]] = versions.get(h[KEY], 0) + 1
+    feb = {k for k in _payment_rows(env) if '"2026-02' in k}
+    untouched = {k for k in feb if orjson.loads(k)["payment_id"] > 10}
+    assert untouched and all(versions[k] == 1 for k in untouched), "one version per unchanged row"
+    closed = [h for h in history if h[KEY] in jan]
+    assert closed and not [h for h in closed if h["is_current"]], "a detached row is not current"
+    assert {h[KEY] for h in closed if h[END_OP] == "d"} == jan, "each detached row ends in a delete"
