@@ -269,6 +269,36 @@ ORDER BY 1, 2
 """
 
 
+#: per table: a digest of what :func:`capture_problems` reads from the catalog (its kind, replica
+#: identity, columns, indexes; its leaves' too), to tell when it must be asked again
+_CAPTURE_DIGEST = """
+SELECT r.schema_name, r.table_name, md5(string_agg(
+         l.oid::text || l.relkind::text || l.relreplident::text
+         || coalesce((SELECT string_agg(a.attname::text || ':' || a.atttypid::text, ',' ORDER BY a.attnum)
+                        FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid = l.oid AND a.attnum > 0 AND NOT a.attisdropped), '')
+         || coalesce((SELECT string_agg(i.indexrelid::text || ':' || i.indisprimary::text || i.indisreplident::text
+                                        || i.indisunique::text || i.indkey::text, ',' ORDER BY i.indexrelid)
+                        FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid), '')
+         || has_table_privilege(c.oid, 'SELECT')::text, '|' ORDER BY l.oid))
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name
+LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON true
+JOIN pg_catalog.pg_class l ON l.oid = coalesce(t.relid, c.oid)
+GROUP BY 1, 2
+"""
+
+
+def capture_digests(
+    conn: psycopg.Connection[Any], names: list[tuple[str, str]]
+) -> dict[tuple[str, str], str]:
+    """Per existing table of ``names``: a digest of the catalog facts :func:`capture_problems`
+    judges (one query for all): while it is unchanged, so are the table's problems."""
+    rows = conn.execute(_CAPTURE_DIGEST, [[s for s, _ in names], [t for _, t in names]]).fetchall()
+    return {(str(s), str(t)): str(d) for s, t, d in rows}
+
+
 def leaf_partitions(conn: psycopg.Connection[Any], schema: str, table: str) -> list[tuple[str, str]]:
     """The leaf partitions (schema, table) of the partitioned table ``schema.table`` now; ``[]``
     for a plain table, or none."""

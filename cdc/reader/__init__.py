@@ -47,6 +47,7 @@ from psycopg import sql
 from cdc.catalog import (
     CaptureProblem,
     TableDescription,
+    capture_digests,
     capture_problems,
     describe_table,
     key_columns_gone,
@@ -274,6 +275,11 @@ class Reader:
         self._topics: set[str] = set()
         #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
         self._numeric_as_string: bool | None = None
+        #: per table: the catalog digest and key last judged, and the problems found (the poll asks
+        #: cdc.catalog.capture_problems again only when they changed)
+        self._capture_checked: dict[
+            tuple[str, str], tuple[tuple[str | None, tuple[str, ...]], list[Any]]
+        ] = {}
         self.metrics = Publisher(settings.state_dir, "capture")  # on-call counters (cdc.metrics)
 
     # -- entry point ------------------------------------------------------------------------------
@@ -804,19 +810,27 @@ class Reader:
         if not regs:
             return set()
         refused: set[tuple[str, str]] = set()
+        digests = capture_digests(conn, [(r.schema, r.table) for r in regs])
         for reg in regs:
             key = refused_key(reg.schema, reg.table)
-            try:
-                desc: TableDescription | None = describe_table(conn, reg.schema, reg.table)
-            except RegistryError:
-                desc = None  # gone: the source check records it missing
-            # the one rule (cdc.catalog.capture_problems); the reader refuses for a key it cannot
-            # carry: a key column gone (kind ``key``), a replica identity without it (``identity``)
-            problems = [
-                p
-                for p in capture_problems(reg.schema, reg.table, desc, reg.key, role="")
-                if p.kind in ("key", "identity")
-            ]
+            # the one rule (cdc.catalog.capture_problems), asked again when the catalog facts it
+            # judges changed; the reader refuses for a key it cannot carry: a key column gone (kind
+            # ``key``), a replica identity without it (``identity``)
+            digest = (digests.get((reg.schema, reg.table)), reg.key)
+            known = self._capture_checked.get((reg.schema, reg.table))
+            if known is not None and known[0] == digest:
+                problems = known[1]
+            else:
+                try:
+                    desc: TableDescription | None = describe_table(conn, reg.schema, reg.table)
+                except RegistryError:
+                    desc = None  # gone: the source check records it missing
+                problems = [
+                    p
+                    for p in capture_problems(reg.schema, reg.table, desc, reg.key, role="")
+                    if p.kind in ("key", "identity")
+                ]
+                self._capture_checked[(reg.schema, reg.table)] = (digest, problems)
             if problems:
                 self._record_refusal(reg, problems[0])
             else:
