@@ -79,6 +79,19 @@ def test_set_columns_bumps_generation_only_on_change(tmp_path: Path) -> None:
         assert r.generation() == g + 1
 
 
+def test_a_domain_column_keeps_its_domain_name(tmp_path: Path) -> None:
+    cols = (
+        Column("id", "integer", False),
+        Column("y", "integer", True, "year"),
+        Column("a", "integer[]", True, "year[]"),
+    )
+    with Registry(tmp_path) as r:
+        r.add(TableReg(schema="public", table="film", topic="cdc.public.film", key=("id",), columns=cols))
+    with Registry(tmp_path) as r:
+        assert r.get("public", "film").columns == cols
+        assert r.set_columns("public", "film", cols).schema_version == 1  # unchanged: no new version
+
+
 def test_state_store(tmp_path: Path) -> None:
     with Registry(tmp_path) as r:
         assert r.get_state("reader.lsn") is None
