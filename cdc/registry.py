@@ -101,7 +101,8 @@ def search_index_path(state_dir: Path, reg: TableReg) -> Path | None:
     return paths.search_index(state_dir, reg.topic) if reg.search else None
 
 
-def _column_json(c: Column) -> dict[str, Any]:
+def column_json(c: Column) -> dict[str, Any]:
+    """A column as the registry and ``cdc tables list --json`` write it (``domain`` only for one)."""
     body: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": c.nullable}
     if c.domain:
         body["domain"] = c.domain
@@ -116,7 +117,7 @@ def _reg_to_json(reg: TableReg) -> str:
         "key": list(reg.key),
         "search": list(reg.search),
         "exclude": list(reg.exclude),
-        "columns": [_column_json(c) for c in reg.columns],
+        "columns": [column_json(c) for c in reg.columns],
         "snapshot_state": reg.snapshot_state,
         "alignment": None
         if reg.alignment is None

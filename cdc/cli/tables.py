@@ -34,7 +34,7 @@ from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
 from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, tracked_columns
-from cdc.registry import Registry, TableReg, search_index_path, warehouse_paths
+from cdc.registry import Registry, TableReg, column_json, search_index_path, warehouse_paths
 from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
 
 
@@ -242,7 +242,7 @@ def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None)
         "key": list(reg.key),
         "search": list(reg.search),
         "exclude": list(reg.exclude),
-        "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in reg.columns],
+        "columns": [column_json(c) for c in reg.columns],
         "schema_version": reg.schema_version,
         "dropped_columns": list(reg.dropped_columns),
         "snapshot": {
