@@ -10,7 +10,8 @@ Connections come from :mod:`cdc.connect`; identifier parsing and quoting live in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shlex
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -34,6 +35,10 @@ RELKIND_NAMES = {
     "I": "partitioned index",
     "t": "TOAST table",
 }
+
+
+#: the kinds of relation whose changes can be captured: plain and partitioned tables
+CAPTURABLE_RELKINDS = ("r", "p")
 
 
 # --- tables ----------------------------------------------------------------------------------------
@@ -64,6 +69,9 @@ class TableDescription:
     oid: int = 0
     unique_keys: tuple[tuple[str, ...], ...] = ()  # column sets of unique, non-partial, plain-column indexes
     leaf_partitions: tuple[tuple[str, str], ...] = ()  # (schema, table) of a partitioned table's leaves
+    #: per leaf partition (a partitioned table's changes come under its leaves' names, each with its own
+    #: replica identity): (schema, table, relreplident, the columns its old identity carries)
+    leaf_identities: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
 
     @property
     def kind(self) -> str:
@@ -74,6 +82,11 @@ class TableDescription:
         """A plain table: the only kind whose changes wal2json reports under its own name (a
         partitioned table's changes come under its leaf partitions' names)."""
         return self.relkind == "r"
+
+    @property
+    def is_capturable_kind(self) -> bool:
+        """A plain table or a partitioned one (its leaves' changes go to its topic)."""
+        return self.relkind in CAPTURABLE_RELKINDS
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -100,12 +113,50 @@ SELECT c.oid::int8, c.relkind::text, c.relreplident::text, c.reltuples::float8,
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = %(table)s
 """
-_COLUMNS = """
-SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
+#: a type's base type through domains (over domains), an array of domains as an array of the base:
+#: ``base_type(oid)``, ``base_mod``, ``is_array`` for the type ``{typ}`` (an oid expression) -- a
+#: LATERAL subquery with columns (base, mod): NULL when the type is no domain (nor an array of one)
+_BASE_OF = """
+LEFT JOIN LATERAL (
+    WITH RECURSIVE d(typ, mod, depth) AS (
+        SELECT dt.typbasetype, dt.typtypmod, 1 FROM pg_catalog.pg_type dt
+         WHERE dt.oid = (CASE WHEN {t}.typlen = -1 AND {t}.typelem <> 0 THEN {t}.typelem ELSE {t}.oid END)
+           AND dt.typtype = 'd'
+        UNION ALL
+        SELECT dt.typbasetype, dt.typtypmod, d.depth + 1 FROM d
+          JOIN pg_catalog.pg_type dt ON dt.oid = d.typ AND dt.typtype = 'd'
+    )
+    SELECT CASE WHEN {t}.typlen = -1 AND {t}.typelem <> 0
+                THEN (SELECT bt.typarray FROM pg_catalog.pg_type bt WHERE bt.oid = d.typ) ELSE d.typ END AS base,
+           d.mod
+    FROM d ORDER BY d.depth DESC LIMIT 1
+) {b} ON true
+"""
+#: a relation's user columns (dropped and system columns left out), in attnum order: name, type
+#: (through domains to the base type), nullable, and the domain's name ('' when no domain)
+COLUMNS_OF = (
+    """
+SELECT a.attname::text,
+       CASE WHEN b.base IS NULL OR b.base = 0 THEN format_type(a.atttypid, a.atttypmod)
+            ELSE format_type(b.base, b.mod) END,
+       NOT a.attnotnull,
+       CASE WHEN b.base IS NULL OR b.base = 0 THEN '' ELSE format_type(a.atttypid, a.atttypmod) END
 FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped
+JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+"""
+    + _BASE_OF.format(t="t", b="b")
+    + """
+WHERE a.attrelid = {rel} AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+)
+_COLUMNS = COLUMNS_OF.replace("{rel}", "%(oid)s")
+#: type names as format_type() and wal2json write them -> (base type, or '' when no domain)
+_TYPES = """
+SELECT r.name, CASE WHEN b.base IS NULL OR b.base = 0 THEN '' ELSE format_type(b.base, b.mod) END
+FROM unnest(%s::text[]) AS r(name)
+LEFT JOIN pg_catalog.pg_type t ON t.oid = to_regtype(r.name)
+""" + _BASE_OF.format(t="t", b="b")
 _INDEX_COLUMNS = """
 SELECT a.attname::text
 FROM pg_catalog.pg_index i
@@ -124,8 +175,17 @@ WHERE i.indrelid = %(oid)s AND i.indisunique AND i.indisvalid AND i.indpred IS N
   AND k.ord <= i.indnkeyatts
 GROUP BY i.indexrelid
 """
+#: a partitioned table's leaves with what their old identity carries (see _identity_of)
 _LEAVES = """
-SELECT n.nspname::text, c.relname::text
+SELECT n.nspname::text, c.relname::text, c.relreplident::text,
+       coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+       coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_index i
+                   JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                  WHERE i.indrelid = c.oid AND i.indisprimary), '{}'),
+       coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_index i
+                   JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                  WHERE i.indrelid = c.oid AND i.indisreplident), '{}')
 FROM pg_partition_tree(%(oid)s::regclass) t
 JOIN pg_catalog.pg_class c ON c.oid = t.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE t.isleaf ORDER BY 1, 2
@@ -159,8 +219,8 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         )
     oid, relkind, replident, reltuples, can_select, sql_name = row
     columns = tuple(
-        Column(name, type_, bool(nullable))
-        for name, type_, nullable in conn.execute(_COLUMNS, {"oid": oid}).fetchall()
+        Column(name, type_, bool(nullable), domain)
+        for name, type_, nullable, domain in conn.execute(_COLUMNS, {"oid": oid}).fetchall()
     )
 
     def index_columns(primary: bool) -> tuple[str, ...]:
@@ -168,18 +228,19 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         return tuple(str(r[0]) for r in rows)
 
     primary_key = index_columns(True)
-    if replident == "f":
-        identity = tuple(c.name for c in columns)
-    elif replident == "i":
-        identity = index_columns(False)
-    elif replident == "d":
-        identity = primary_key
-    else:
-        identity = ()
+    identity = _identity_of(
+        replident,
+        tuple(c.name for c in columns),
+        primary_key,
+        index_columns(False) if replident == "i" else (),
+    )
     unique = tuple(tuple(r[0]) for r in conn.execute(_UNIQUE, {"oid": oid}).fetchall())
-    leaves: tuple[tuple[str, str], ...] = ()
+    leaf_ids: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
     if relkind == "p":
-        leaves = tuple((str(s), str(t)) for s, t in conn.execute(_LEAVES, {"oid": oid}).fetchall())
+        leaf_ids = tuple(
+            (str(s), str(t), str(ident), _identity_of(str(ident), tuple(cols), tuple(pk), tuple(idx)))
+            for s, t, ident, cols, pk, idx in conn.execute(_LEAVES, {"oid": oid}).fetchall()
+        )
     return TableDescription(
         schema=schema,
         table=table,
@@ -193,8 +254,220 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         sql_name=str(sql_name),
         oid=int(oid),
         unique_keys=tuple(sorted(unique)),
-        leaf_partitions=leaves,
+        leaf_partitions=tuple((s, t) for s, t, _, _ in leaf_ids),
+        leaf_identities=leaf_ids,
     )
+
+
+_LEAVES_OF = """
+SELECT n.nspname::text, c.relname::text
+FROM pg_catalog.pg_class p JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace
+CROSS JOIN LATERAL pg_partition_tree(p.oid) t
+JOIN pg_catalog.pg_class c ON c.oid = t.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE pn.nspname = %(schema)s AND p.relname = %(table)s AND p.relkind = 'p' AND t.isleaf
+ORDER BY 1, 2
+"""
+
+
+#: per table: a digest of what :func:`capture_problems` reads from the catalog (its kind, replica
+#: identity, columns, indexes; its leaves' too), to tell when it must be asked again
+_CAPTURE_DIGEST = """
+SELECT r.schema_name, r.table_name, md5(string_agg(
+         l.oid::text || l.relkind::text || l.relreplident::text
+         || coalesce((SELECT string_agg(a.attname::text || ':' || a.atttypid::text, ',' ORDER BY a.attnum)
+                        FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid = l.oid AND a.attnum > 0 AND NOT a.attisdropped), '')
+         || coalesce((SELECT string_agg(i.indexrelid::text || ':' || i.indisprimary::text || i.indisreplident::text
+                                        || i.indisunique::text || i.indkey::text, ',' ORDER BY i.indexrelid)
+                        FROM pg_catalog.pg_index i WHERE i.indrelid = l.oid), '')
+         || has_table_privilege(c.oid, 'SELECT')::text, '|' ORDER BY l.oid))
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name
+LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON true
+JOIN pg_catalog.pg_class l ON l.oid = coalesce(t.relid, c.oid)
+GROUP BY 1, 2
+"""
+
+
+def capture_digests(
+    conn: psycopg.Connection[Any], names: list[tuple[str, str]]
+) -> dict[tuple[str, str], str]:
+    """Per existing table of ``names``: a digest of the catalog facts :func:`capture_problems`
+    judges (one query for all): while it is unchanged, so are the table's problems."""
+    rows = conn.execute(_CAPTURE_DIGEST, [[s for s, _ in names], [t for _, t in names]]).fetchall()
+    return {(str(s), str(t)): str(d) for s, t, d in rows}
+
+
+def leaf_partitions(conn: psycopg.Connection[Any], schema: str, table: str) -> list[tuple[str, str]]:
+    """The leaf partitions (schema, table) of the partitioned table ``schema.table`` now; ``[]``
+    for a plain table, or none."""
+    return [(str(s), str(t)) for s, t in conn.execute(_LEAVES_OF, {"schema": schema, "table": table})]
+
+
+def _identity_of(
+    replident: str, columns: tuple[str, ...], primary_key: tuple[str, ...], index: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The columns an UPDATE/DELETE carries as old identity under REPLICA IDENTITY ``replident``."""
+    return {"f": columns, "i": index, "d": primary_key}.get(replident, ())
+
+
+def resolve_domains(
+    conn: psycopg.Connection[Any], columns: tuple[Column, ...], cache: dict[str, str] | None = None
+) -> tuple[Column, ...]:
+    """``columns`` whose type is named as the source names it (wal2json, the DDL recorder): a
+    domain (or an array of one) becomes its base type, the name kept in :attr:`Column.domain`.
+    Columns already resolved (``domain`` set) are kept. ``cache``: type name -> base type ('' for
+    no domain), filled here (a domain's base type cannot change while a column uses it)."""
+    bases = {} if cache is None else cache
+    names = sorted({c.type for c in columns if not c.domain and c.type not in bases})
+    if names:
+        bases.update({str(n): str(b) for n, b in conn.execute(_TYPES, [names]).fetchall()})
+    if not any(bases.get(c.type) for c in columns if not c.domain):
+        return columns
+    return tuple(
+        Column(c.name, bases[c.type], c.nullable, c.type) if not c.domain and bases.get(c.type) else c
+        for c in columns
+    )
+
+
+# --- can this table be captured? ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CaptureProblem:
+    """Why a table cannot be captured (keyed by ``key``), with the fix. The one rule every caller
+    uses: ``cdc tables add`` refuses the first, ``cdc check`` reports each as a finding, the reader
+    refuses a streamed table for the kinds ``key`` and ``identity``.
+
+    ``check``: the ``cdc check`` check it belongs to (``registered_tables``, ``replica_identity``,
+    ``select_privilege``). ``kind``: ``missing`` (no such table), ``relkind`` (not a table),
+    ``key`` (a key column does not exist), ``identity`` (UPDATEs and DELETEs would not carry the key:
+    wal2json drops them), ``privilege`` (the role cannot read it for a snapshot).
+    """
+
+    check: str
+    kind: str
+    message: str
+    fix: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+_IDENTITY_NAMES = {"d": "DEFAULT", "f": "FULL", "n": "NOTHING", "i": "USING INDEX"}
+
+
+def cli_table_name(schema: str, table: str) -> str:
+    """``schema.table`` as a ``cdc tables`` argument, shell-quoted where needed."""
+    return shlex.quote(quote_table_name(schema, table))
+
+
+def capture_problems(
+    schema: str, table: str, desc: TableDescription | None, key: tuple[str, ...], *, role: str
+) -> list[CaptureProblem]:
+    """What stops ``schema.table`` (``desc``: its description, None when it does not exist) from
+    being captured keyed by ``key`` (empty: it has no key) by ``role``; ``[]`` when nothing does.
+    A partitioned table is capturable; its leaves' replica identities must carry the key."""
+    name = quote_table_name(schema, table)
+    cli = cli_table_name(schema, table)
+    values: dict[str, Any] = {"table": f"{schema}.{table}"}
+    if desc is None:
+        return [
+            CaptureProblem(
+                "registered_tables",
+                "missing",
+                f"table {name} does not exist in the source (dropped or renamed?)",
+                f"recreate it, or remove the registration: cdc tables remove {cli}",
+                values,
+            )
+        ]
+    if not desc.is_capturable_kind:
+        return [
+            CaptureProblem(
+                "registered_tables",
+                "relkind",
+                f"{name} is a {desc.kind}; only tables and partitioned tables can be captured "
+                "(logical decoding carries changes of tables only)",
+                f"capture the table(s) it reads from instead; a registration of it: cdc tables remove {cli}",
+                {**values, "relkind": desc.relkind},
+            )
+        ]
+    out = [*_key_problems(desc, key, name, cli, values)]
+    if not desc.has_select_privilege:
+        schema_sql = _sql_ident(desc.schema)
+        out.append(
+            CaptureProblem(
+                "select_privilege",
+                "privilege",
+                f"role {role!r} cannot SELECT from {name}; the snapshot cannot read it",
+                f'GRANT USAGE ON SCHEMA {schema_sql} TO "{role}"; GRANT SELECT ON {desc.sql_name} TO "{role}";',
+                {**values, "role": role},
+            )
+        )
+    return out
+
+
+def key_columns_gone(schema: str, table: str, missing: list[str]) -> CaptureProblem:
+    """The problem of a table whose key column(s) ``missing`` do not exist (kind ``key``)."""
+    name, cli = quote_table_name(schema, table), cli_table_name(schema, table)
+    return CaptureProblem(
+        "registered_tables",
+        "key",
+        f"key column(s) {', '.join(missing)} of {name} do not exist in the source (dropped or "
+        "renamed?); its changes cannot be keyed",
+        f"register it again with its new key: cdc tables remove {cli} then cdc tables add {cli} "
+        "[--key ...] (a new snapshot); or rename the column back",
+        {"table": f"{schema}.{table}", "missing": missing},
+    )
+
+
+def _key_problems(
+    desc: TableDescription, key: tuple[str, ...], name: str, cli: str, values: dict[str, Any]
+) -> list[CaptureProblem]:
+    full = f"ALTER TABLE {desc.sql_name} REPLICA IDENTITY FULL;"
+    if not key:
+        return [
+            CaptureProblem(
+                "replica_identity",
+                "identity",
+                f"table {name} has no primary key: under REPLICA IDENTITY DEFAULT wal2json drops its "
+                "UPDATEs and DELETEs without an error",
+                f"add a primary key (ALTER TABLE {desc.sql_name} ADD PRIMARY KEY (...)), or name the key "
+                f"with --key COL,... and run {full}",
+                values,
+            )
+        ]
+    missing = [c for c in key if desc.column(c) is None]
+    if missing:
+        return [key_columns_gone(desc.schema, desc.table, missing)]
+    leaves = desc.leaf_identities or (
+        (desc.schema, desc.table, desc.replica_identity, desc.replica_identity_columns),
+    )
+    for leaf_schema, leaf, ident, carried in leaves:
+        if set(key) <= set(carried):
+            continue
+        where = name if (leaf_schema, leaf) == (desc.schema, desc.table) else f"{name} (partition {leaf})"
+        if ident == "d" and not carried:
+            why = "it has no primary key and REPLICA IDENTITY DEFAULT"
+        else:
+            why = f"REPLICA IDENTITY {_IDENTITY_NAMES.get(ident, ident)} carries: {', '.join(carried) or 'nothing'}"
+        target = desc.sql_name if leaf == desc.table else f"{_sql_ident(leaf_schema)}.{_sql_ident(leaf)}"
+        alter = f"ALTER TABLE {target} REPLICA IDENTITY FULL;"
+        pk = ""
+        if desc.primary_key and tuple(desc.primary_key) != tuple(key):
+            pk = f", or register it keyed by its primary key ({', '.join(desc.primary_key)}): without --key"
+        return [
+            CaptureProblem(
+                "replica_identity",
+                "identity",
+                f"the key ({', '.join(key)}) is not carried by the replica identity of {where} ({why}): "
+                "its UPDATEs and DELETEs cannot be keyed and wal2json drops them",
+                f"{alter} (or make the key its primary key{pk})",
+                {**values, "replica_identity": ident, "key": list(key), "partition": leaf},
+            )
+        ]
+    return []
+
+
+def _sql_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 # --- server and slot ---------------------------------------------------------------------------------

@@ -19,9 +19,16 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from cdc.catalog import ServerInfo, SlotInfo, TableDescription, describe_table, server_info, slot_info
+from cdc.catalog import (
+    ServerInfo,
+    SlotInfo,
+    TableDescription,
+    capture_problems,
+    describe_table,
+    server_info,
+    slot_info,
+)
 from cdc.errors import RegistryError
-from cdc.names import quote_table_name
 from cdc.registry import TableReg
 
 #: ``info``: worth knowing, nothing to fix for capture to be right (it does not change the exit code)
@@ -266,81 +273,16 @@ def check_slot(slot: SlotInfo, database: str) -> list[Finding]:
 def check_tables(
     regs: Sequence[TableReg], descriptions: dict[tuple[str, str], TableDescription | None], role: str
 ) -> list[Finding]:
-    """Every registered table still exists as a table, its key is in its replica identity (else
-    wal2json loses its UPDATEs/DELETEs), and the role can read it (for the snapshot)."""
-    out: list[Finding] = []
-    for reg in regs:
-        desc = descriptions.get((reg.schema, reg.table))
-        if desc is None:
-            out.append(
-                Finding(
-                    "registered_tables",
-                    "error",
-                    f"registered table {reg.qualified} no longer exists in the source",
-                    f"recreate it, or remove the registration: cdc tables remove '{_cli_name(reg)}'",
-                    {"table": reg.qualified},
-                )
-            )
-            continue
-        if not desc.is_table:
-            out.append(
-                Finding(
-                    "registered_tables",
-                    "error",
-                    f"registered table {reg.qualified} is now a {desc.kind}",
-                    f"remove the registration: cdc tables remove '{_cli_name(reg)}'",
-                    {"table": reg.qualified, "relkind": desc.relkind},
-                )
-            )
-            continue
-        missing = [c for c in reg.key if desc.column(c) is None]
-        if missing:
-            out.append(
-                Finding(
-                    "registered_tables",
-                    "error",
-                    f"key column(s) {', '.join(missing)} of {reg.qualified} no longer exist in the source",
-                    f"re-register with the new key: cdc tables remove '{_cli_name(reg)}' then cdc tables add ... --key",
-                    {"table": reg.qualified, "missing": missing},
-                )
-            )
-        elif not desc.covers_key(reg.key):
-            if not desc.primary_key and desc.replica_identity in ("d", "n"):
-                why = "has no primary key and no REPLICA IDENTITY FULL"
-            else:
-                why = f"has REPLICA IDENTITY {_IDENTITY_NAMES[desc.replica_identity]}, which does not carry its key ({', '.join(reg.key)})"
-            out.append(
-                Finding(
-                    "replica_identity",
-                    "error",
-                    f"table {reg.qualified} {why}: wal2json drops (or cannot key) its UPDATEs and DELETEs",
-                    f"ALTER TABLE {desc.sql_name} REPLICA IDENTITY FULL; (or add a primary key on the key columns)",
-                    {"table": reg.qualified, "replica_identity": desc.replica_identity, "key": list(reg.key)},
-                )
-            )
-        if not desc.has_select_privilege:
-            out.append(
-                Finding(
-                    "select_privilege",
-                    "error",
-                    f"role {role!r} cannot SELECT from {reg.qualified}; the snapshot cannot read it",
-                    f'GRANT USAGE ON SCHEMA {_schema_sql(desc)} TO "{role}"; '
-                    f'GRANT SELECT ON {desc.sql_name} TO "{role}";',
-                    {"table": reg.qualified, "role": role},
-                )
-            )
-    return out
-
-
-_IDENTITY_NAMES = {"d": "DEFAULT", "f": "FULL", "n": "NOTHING", "i": "USING INDEX"}
-
-
-def _cli_name(reg: TableReg) -> str:
-    return quote_table_name(reg.schema, reg.table)
-
-
-def _schema_sql(desc: TableDescription) -> str:
-    return '"' + desc.schema.replace('"', '""') + '"'
+    """Every registered table can still be captured (:func:`cdc.catalog.capture_problems`, the rule
+    ``cdc tables add`` and the reader use): it exists as a table or a partitioned table, its key is
+    in its replica identity (else wal2json loses its UPDATEs/DELETEs), and the role can read it."""
+    return [
+        Finding(p.check, "error", p.message, p.fix, p.values)
+        for reg in regs
+        for p in capture_problems(
+            reg.schema, reg.table, descriptions.get((reg.schema, reg.table)), reg.key, role=role
+        )
+    ]
 
 
 # --- gathering facts ---------------------------------------------------------------------------------

@@ -26,6 +26,10 @@ class Column:
     name: str
     type: str  # Postgres' format_type(), e.g. "numeric(38,9)", "timestamp with time zone", "integer[]"
     nullable: bool = True
+    #: the type's name at the source when it is a domain (or an array of one), as format_type() and
+    #: wal2json name it (``year``, ``year[]``); ``type`` is then its base type, resolved through
+    #: domains over domains (``integer``, ``integer[]``). wal2json sends a domain's values as text.
+    domain: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,14 @@ def search_index_path(state_dir: Path, reg: TableReg) -> Path | None:
     return paths.search_index(state_dir, reg.topic) if reg.search else None
 
 
+def column_json(c: Column) -> dict[str, Any]:
+    """A column as the registry and ``cdc tables list --json`` write it (``domain`` only for one)."""
+    body: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": c.nullable}
+    if c.domain:
+        body["domain"] = c.domain
+    return body
+
+
 def _reg_to_json(reg: TableReg) -> str:
     body: dict[str, Any] = {
         "schema": reg.schema,
@@ -105,7 +117,7 @@ def _reg_to_json(reg: TableReg) -> str:
         "key": list(reg.key),
         "search": list(reg.search),
         "exclude": list(reg.exclude),
-        "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in reg.columns],
+        "columns": [column_json(c) for c in reg.columns],
         "snapshot_state": reg.snapshot_state,
         "alignment": None
         if reg.alignment is None
@@ -128,7 +140,10 @@ def _reg_from_json(text: str) -> TableReg:
         key=tuple(body["key"]),
         search=tuple(body.get("search", ())),
         exclude=tuple(body.get("exclude", ())),
-        columns=tuple(Column(c["name"], c["type"], bool(c.get("nullable", True))) for c in body["columns"]),
+        columns=tuple(
+            Column(c["name"], c["type"], bool(c.get("nullable", True)), c.get("domain", ""))
+            for c in body["columns"]
+        ),
         snapshot_state=body.get("snapshot_state", "pending"),
         alignment=None
         if align is None

@@ -36,6 +36,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cdc.catalog import leaf_partitions
 from cdc.config import Settings
 from cdc.errors import ConfigError, SourceError
 from cdc.events import TRUNCATE_KEY_FIELD, encode_key
@@ -218,7 +219,9 @@ def refused_key(schema: str, table: str) -> str:
 
 
 def request_key(schema: str, table: str) -> str:
-    """Registry state key of a pending ``cdc snapshot --where`` request (JSON ``{"where": ...}``)."""
+    """Registry state key of a pending ``cdc snapshot --where`` request (JSON ``{"where": ...}``), or
+    of a partitioned table's attached partitions to read (JSON ``{"partitions": [[schema, table],
+    ...]}``: those leaves only, no TRUNCATE marker)."""
     return "snapshot_request:" + orjson.dumps([schema, table]).decode()
 
 
@@ -228,12 +231,15 @@ class ChunkProgress:
 
     ``after``: the key (text values, key-column order) of the last done chunk's upper bound; None
     before the first. ``floor``: the commit LSN of the run's first LW. ``full``: no ``--where``
-    (ends with the TRUNCATE marker). ``done``: every chunk is durable.
+    and no ``partitions`` (ends with the TRUNCATE marker). ``partitions``: read only these leaves of
+    a partitioned table (attached to it; the rows of its other leaves are in the topic already).
+    ``done``: every chunk is durable.
     """
 
     run: str
     full: bool = True
     where: str | None = None
+    partitions: list[list[str]] | None = None
     after: list[str] | None = None
     chunks: int = 0
     rows: int = 0
@@ -284,6 +290,7 @@ def progress_view(progress: ChunkProgress | None) -> dict[str, Any] | None:
         "rate": round(rate, 1),
         "eta_s": None if progress.done or not rate else round(left_rows / rate, 1),
         "where": progress.where,
+        "partitions": progress.partitions,
     }
 
 
@@ -524,6 +531,23 @@ class _Missing(Exception):
     pass
 
 
+def _leaves_source(
+    conn: psycopg.Connection[Any], reg: TableReg, partitions: list[list[str]], names: list[str]
+) -> sql.Composable:
+    """The rows of those of ``partitions`` that are leaves of ``reg`` now (one detached or dropped
+    since is left out: its rows are not the parent's), as a FROM item; none left: no rows."""
+    now = {tuple(leaf) for leaf in leaf_partitions(conn, reg.schema, reg.table)}
+    cols = sql.SQL(", ").join(sql.Identifier(n) for n in names)
+    parts = [
+        sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(s, t))
+        for s, t in partitions
+        if (s, t) in now
+    ]
+    if not parts:
+        parts = [sql.SQL("SELECT {} FROM {} WHERE false").format(cols, sql.Identifier(reg.schema, reg.table))]
+    return sql.SQL("({}) AS {}").format(sql.SQL(" UNION ALL ").join(parts), sql.Identifier("_cdc_leaves"))
+
+
 def _key_tuple(key: Sequence[str]) -> sql.Composable:
     return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in key))
 
@@ -648,7 +672,10 @@ class ChunkDriver:
             progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
         encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified)
-        return _TablePlan(reg, codec, names, where, progress, sql.Identifier(reg.schema, reg.table), encoder)
+        ident: sql.Composable = sql.Identifier(reg.schema, reg.table)
+        if progress.partitions is not None:
+            ident = _leaves_source(conn, reg, progress.partitions, names)
+        return _TablePlan(reg, codec, names, where, progress, ident, encoder)
 
     def _table(self, reg: TableReg) -> None:
         with self._connect() as conn:
@@ -780,7 +807,13 @@ class ChunkDriver:
             conds.append(sql.SQL("{} > {}").format(_key_tuple(key), _values_tuple(lo)))
         if hi is not None:
             conds.append(sql.SQL("{} <= {}").format(_key_tuple(key), _values_tuple(hi)))
-        query = copy_query(plan.reg.schema, plan.reg.table, plan.names, sql.SQL(" AND ").join(conds))
+        query = copy_query(
+            plan.reg.schema,
+            plan.reg.table,
+            plan.names,
+            sql.SQL(" AND ").join(conds),
+            source=None if plan.progress.partitions is None else plan.ident,
+        )
         encoder = plan.encoder
         nonce = uuid.uuid4().hex
         self.tracker.begin(nonce, plan.codec)

@@ -45,12 +45,17 @@ _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # escaped by orjson as \b, \f or \u0
 
 
 def copy_query(
-    schema: str, table: str, names: Sequence[str], where: sql.Composable | None = None
+    schema: str,
+    table: str,
+    names: Sequence[str],
+    where: sql.Composable | None = None,
+    source: sql.Composable | None = None,
 ) -> sql.Composed:
-    """The plain ``COPY`` of the snapshot: the columns as they are, CSV."""
+    """The plain ``COPY`` of the snapshot: the columns as they are, CSV. ``source``: what to read
+    instead of the table (some of a partitioned table's leaves, :mod:`snapshot.chunked`)."""
     return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
         sql.SQL(", ").join(sql.Identifier(n) for n in names),
-        sql.Identifier(schema, table),
+        sql.Identifier(schema, table) if source is None else source,
         sql.SQL("") if where is None else sql.SQL(" WHERE ") + where,
     )
 

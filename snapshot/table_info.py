@@ -7,18 +7,16 @@ from typing import Any
 
 import psycopg
 
+from cdc.catalog import COLUMNS_OF
 from cdc.registry import Column
 
 __all__ = ["row_estimate", "table_columns"]
 
-_COLUMNS = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
-FROM pg_attribute a
-WHERE a.attrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE n.nspname = %(schema)s AND c.relname = %(table)s)
-  AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
+_COLUMNS = COLUMNS_OF.replace(
+    "{rel}",
+    """(SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = %(schema)s AND c.relname = %(table)s)""",
+)
 _ESTIMATE = """
 SELECT GREATEST(c.reltuples, 0)::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = %(table)s
@@ -26,9 +24,10 @@ WHERE n.nspname = %(schema)s AND c.relname = %(table)s
 
 
 def table_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[Column, ...]:
-    """The table's columns in order (name, ``format_type`` type, nullable); empty if it does not exist."""
+    """The table's columns in order (name, ``format_type`` type through domains to the base type,
+    nullable, the domain's name); empty if it does not exist."""
     rows = conn.execute(_COLUMNS, {"schema": schema, "table": table})
-    return tuple(Column(str(n), str(t), bool(nullable)) for n, t, nullable in rows)
+    return tuple(Column(str(n), str(t), bool(nullable), str(d)) for n, t, nullable, d in rows)
 
 
 def row_estimate(conn: psycopg.Connection[Any], schema: str, table: str) -> int:

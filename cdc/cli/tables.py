@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.catalog import TableDescription, describe_table
+from cdc.catalog import TableDescription, capture_problems, describe_table
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.connect import connect
@@ -34,7 +34,7 @@ from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
 from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, tracked_columns
-from cdc.registry import Registry, TableReg, search_index_path, warehouse_paths
+from cdc.registry import Registry, TableReg, column_json, search_index_path, warehouse_paths
 from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
 
 
@@ -100,36 +100,19 @@ def validate_registration(
     role: str,
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """``(key, search, exclude)`` for a registration of ``desc``, or the RegistryError that refuses it."""
-    if not desc.is_table and desc.relkind != "p":  # a partitioned table: its leaves go to its topic
-        raise RegistryError(
-            f"{desc.schema}.{desc.table} is a {desc.kind}; only tables can be captured "
-            "(logical decoding carries changes of tables only)",
-            fix="register the table(s) it reads from instead",
-            relkind=desc.relkind,
-        )
+    if not desc.is_capturable_kind:  # before the column flags: their errors would hide this one
+        (problem,) = capture_problems(desc.schema, desc.table, desc, (), role=role)
+        raise RegistryError(problem.message, fix=problem.fix, **problem.values)
     given_key = _columns(key_text, "--key", desc)
     search = _columns(search_text, "--search", desc)
     exclude = _columns(exclude_text, "--exclude", desc)
     key = given_key or desc.primary_key
-    alter = f"ALTER TABLE {desc.sql_name} REPLICA IDENTITY FULL;"
-    if not key:
-        raise RegistryError(
-            f"table {desc.schema}.{desc.table} has no primary key: under REPLICA IDENTITY DEFAULT wal2json "
-            "drops its UPDATEs and DELETEs without an error",
-            fix=f"add a primary key (ALTER TABLE {desc.sql_name} ADD PRIMARY KEY (...)), or name the key with "
-            f"--key COL,... and run {alter}",
-        )
-    if not desc.covers_key(key):
-        identity = ", ".join(desc.replica_identity_columns) or "nothing"
-        raise RegistryError(
-            f"--key {', '.join(key)} is not carried by the replica identity of {desc.schema}.{desc.table} "
-            f"(it carries: {identity}); its UPDATEs and DELETEs could not be keyed"
-            + (" or would be dropped by wal2json" if not desc.primary_key else ""),
-            fix=f"run {alter} (or make the key the primary key"
-            + (", or leave out --key to use the primary key)" if desc.primary_key else ")"),
-            key=list(key),
-            replica_identity=desc.replica_identity,
-        )
+    # the one rule (cdc.catalog.capture_problems); a missing privilege is told after the flags' errors
+    problems = sorted(
+        capture_problems(desc.schema, desc.table, desc, key, role=role), key=lambda p: p.kind == "privilege"
+    )
+    if problems and problems[0].kind != "privilege":
+        raise RegistryError(problems[0].message, fix=problems[0].fix, **problems[0].values)
     excluded_keys = [c for c in exclude if c in key]
     if excluded_keys:
         raise RegistryError(
@@ -144,12 +127,8 @@ def validate_registration(
             fix="a searched column must be captured: drop it from --exclude or from --search",
             columns=excluded_search,
         )
-    if not desc.has_select_privilege:
-        raise RegistryError(
-            f"role {role!r} cannot SELECT from {desc.schema}.{desc.table}; the snapshot could not read it",
-            fix=f'GRANT SELECT ON {desc.sql_name} TO "{role}"; (and USAGE on its schema)',
-            role=role,
-        )
+    for problem in problems:
+        raise RegistryError(problem.message, fix=problem.fix, **problem.values)  # the role cannot read it
     return key, search, exclude
 
 
@@ -263,7 +242,7 @@ def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None)
         "key": list(reg.key),
         "search": list(reg.search),
         "exclude": list(reg.exclude),
-        "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in reg.columns],
+        "columns": [column_json(c) for c in reg.columns],
         "schema_version": reg.schema_version,
         "dropped_columns": list(reg.dropped_columns),
         "snapshot": {

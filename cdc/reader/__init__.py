@@ -42,19 +42,31 @@ import orjson
 import psycopg
 import psycopg2
 import psycopg2.errors
+from psycopg import sql
 
-from cdc.catalog import server_info, slot_info
+from cdc.catalog import (
+    CaptureProblem,
+    TableDescription,
+    capture_digests,
+    capture_problems,
+    describe_table,
+    key_columns_gone,
+    resolve_domains,
+    server_info,
+    slot_info,
+)
 from cdc.config import Settings, redact_dsn, redact_text
 from cdc.connect import classify, connect, is_transient
 from cdc.errors import (
     ConfigError,
+    RegistryError,
     SlotLostError,
     SourceError,
     SourcePermanentError,
     SourceUnavailableError,
 )
-from cdc.events import int_to_lsn, lsn_to_int
-from cdc.logstore import APPLY_CONSUMER, LogStore, TopicConfig
+from cdc.events import encode_key, int_to_lsn, lsn_to_int
+from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.envelope import EventBuilder, TableCodec
@@ -72,6 +84,32 @@ from cdc.registry import Column, Registry, TableReg
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"
 #: registry state: the tables the last stream session read (JSON list of [schema, table])
 STREAMED_TABLES_KEY = "streamed_tables"
+#: registry state: the leaves of each registered table the last session streamed (JSON list of
+#: [[schema, table], [[leaf schema, leaf], ...]]); a session compares them with the catalog's
+STREAMED_PARTITIONS_KEY = "streamed_partitions"
+
+
+def detached_key(schema: str, table: str) -> str:
+    """Registry state key (JSON list of [schema, table]): partitions detached from the table whose
+    rows the reader has yet to delete from its topic."""
+    return "partitions_detached:" + orjson.dumps([schema, table]).decode()
+
+
+_IS_TABLE = """
+SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
+"""
+
+
+@dataclass
+class _Detached:
+    """A detached partition's rows to delete from ``reg``'s topic, at version ``(lsn, 0)``: written
+    once the stream confirmed ``lsn`` (every earlier change of them is in the topic before)."""
+
+    reg: TableReg
+    leaves: list[tuple[str, str]]
+    lsn: int
+    records: list[Any]
 
 
 #: how often (seconds) the stream checks that the registered tables exist, and their partitions
@@ -103,45 +141,6 @@ FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
 JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
 JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
 """
-
-
-#: per registered table (each leaf of a partitioned one): replica identity, primary key, identity index
-_IDENTITY = """
-SELECT r.schema_name, r.table_name, l.relname::text, l.relreplident::text,
-       (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index i
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-         WHERE i.indrelid = l.oid AND i.indisprimary),
-       (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index i
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-         WHERE i.indrelid = l.oid AND i.indisreplident)
-FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
-JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
-JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
-LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON t.isleaf
-JOIN pg_catalog.pg_class l ON l.oid = coalesce(t.relid, c.oid)
-"""
-
-
-def _identity_problems(conn: psycopg.Connection[Any], regs: list[TableReg]) -> dict[tuple[str, str], str]:
-    """The registered tables (or a leaf partition of them) whose replica identity does not hold
-    every key column, with what is wrong."""
-    keys = {(r.schema, r.table): set(r.key) for r in regs}
-    out: dict[tuple[str, str], str] = {}
-    for schema, table, leaf, ident, pk, index in conn.execute(
-        _IDENTITY, [[r.schema for r in regs], [r.table for r in regs]]
-    ).fetchall():
-        where = f"{schema}.{table}" + (f" (partition {leaf})" if leaf != table else "")
-        if ident == "f":
-            continue
-        if ident == "n":
-            out[(schema, table)] = f"{where} has REPLICA IDENTITY NOTHING"
-        elif ident == "d" and not pk:
-            out[(schema, table)] = f"{where} has no primary key and REPLICA IDENTITY DEFAULT"
-        elif ident == "d" and not keys[(schema, table)] <= set(pk):
-            out[(schema, table)] = f"the primary key of {where} ({', '.join(pk)}) is not the registered key"
-        elif ident == "i" and not keys[(schema, table)] <= set(index or ()):
-            out[(schema, table)] = f"the replica identity index of {where} does not hold the registered key"
-    return out
 
 
 def drop_before_key(schema: str, table: str) -> str:
@@ -277,6 +276,11 @@ class Reader:
         self._topics: set[str] = set()
         #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
         self._numeric_as_string: bool | None = None
+        #: per table: the catalog digest and key last judged, and the problems found (the poll asks
+        #: cdc.catalog.capture_problems again only when they changed)
+        self._capture_checked: dict[
+            tuple[str, str], tuple[tuple[str | None, tuple[str, ...]], list[Any]]
+        ] = {}
         self.metrics = Publisher(settings.state_dir, "capture")  # on-call counters (cdc.metrics)
 
     # -- entry point ------------------------------------------------------------------------------
@@ -521,6 +525,9 @@ class Reader:
             refused = self._refuse_lost_keys(conn, regs)
             refused_regs = [r for r in regs if (r.schema, r.table) in refused]
             regs = [r for r in regs if (r.schema, r.table) not in refused]
+            # partitions attached or detached since the last session streamed: read or delete their rows
+            if self._partitions_changed(conn, regs):
+                regs = [r for r in self.registry.list_tables() if (r.schema, r.table) not in refused]
             # tables registered (or re-snapshot-requested) after the initial snapshot: chunked
             # snapshots while every table streams (snapshot.chunked, docs/snapshots.md)
             chunking = self._prepare_chunks(regs)
@@ -595,7 +602,10 @@ class Reader:
                 for leaf in parts:
                     codecs[leaf] = codecs[parent]
             self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
-            builder = EventBuilder(codecs, columns_changed, columns_gone)
+            type_cache: dict[str, str] = {}
+            builder = EventBuilder(
+                codecs, columns_changed, columns_gone, lambda cols: resolve_domains(conn, cols, type_cache)
+            )
             follower = self._ddl_follower(conn, builder, regs, source)
             batch = Batch(self.store, self.store_lock)
             ctl = StreamControl(
@@ -611,9 +621,13 @@ class Reader:
                 ddl=follower,
             )
 
+            detaches = self._detached_rows(conn, regs, db)
+
             def on_confirm(pos: int) -> None:
                 self.confirmed = pos
                 self._publish_progress(pos, self.events + batch.written)
+                if detaches:
+                    self._write_detached(detaches, pos)
 
             ctl.on_confirm = on_confirm
             tables = [(r.schema, r.table) for r in regs] + [
@@ -681,6 +695,116 @@ class Reader:
             out[key] = tuple(sorted(lst))
         return out
 
+    def _partitions_changed(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> bool:
+        """Each partitioned table's leaves against those the last session streamed (state
+        ``streamed_partitions``), whether they changed while streaming or while ``cdc run`` was down:
+
+        * a leaf attached (or created): its rows, and only its, are read in chunks while streaming
+          (request ``{"partitions": [...]}``: no TRUNCATE marker, the other rows keep their history);
+        * a leaf detached: its rows are deleted from the topic (:meth:`_detached_rows`);
+        * a leaf dropped (its rows can no longer be read), or a change while the table's own
+          snapshot is not done: the table is snapshotted again in full (its TRUNCATE marker removes
+          the rows no longer there).
+
+        True when a table is to be snapshotted (its registration changed)."""
+        from snapshot.chunked import request_key
+
+        requested = False
+        raw = self.registry.get_state(STREAMED_PARTITIONS_KEY)
+        state = {(k[0], k[1]): [(s, t) for s, t in v] for k, v in (orjson.loads(raw) if raw else [])}
+        now = self._source_tables(conn, regs)
+        for reg in regs:
+            key = (reg.schema, reg.table)
+            was, leaves = state.get(key), now.get(key)
+            if leaves is None:
+                continue
+            state[key] = list(leaves)
+            if was is None or set(was) == set(leaves):
+                continue
+            attached = [leaf for leaf in leaves if leaf not in was]
+            detached = [leaf for leaf in was if leaf not in leaves]
+            dropped = [leaf for leaf in detached if not self._is_table(conn, leaf)]
+            names = ", ".join(f"{s}.{t}" for s, t in attached + detached)
+            if dropped or reg.snapshot_state != "done":
+                self.log(f"partitions of {reg.qualified} changed ({names}); snapshotting it again")
+                self.registry.set_state(request_key(*key), None)
+                self.registry.set_snapshot_state(*key, "pending")
+                requested = True
+                continue
+            if detached:
+                old = self.registry.get_state(detached_key(*key))
+                pending = sorted({*(tuple(x) for x in (orjson.loads(old) if old else [])), *detached})
+                self.registry.set_state(detached_key(*key), orjson.dumps(pending).decode())
+                self.log(f"{reg.qualified}: partition(s) {detached} detached; deleting their rows")
+            if attached:
+                self.log(f"{reg.qualified}: partition(s) {attached} attached; reading their rows")
+                self.registry.set_state(request_key(*key), orjson.dumps({"partitions": attached}).decode())
+                self.registry.set_snapshot_state(*key, "pending")
+                requested = True
+        body = [[list(k), [list(leaf) for leaf in v]] for k, v in sorted(state.items())]
+        self.registry.set_state(STREAMED_PARTITIONS_KEY, orjson.dumps(body).decode())
+        return requested
+
+    @staticmethod
+    def _is_table(conn: psycopg.Connection[Any], name: tuple[str, str]) -> bool:
+        row = conn.execute(_IS_TABLE, list(name)).fetchone()
+        return bool(row and row[0])
+
+    def _detached_rows(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str) -> list[_Detached]:
+        """The delete events of the rows of partitions detached from ``regs`` (state
+        ``partitions_detached``): the keys the detached tables hold and the parent does not (a row
+        moved back stays), read in one snapshot, at version (its WAL position, 0)."""
+        out: list[_Detached] = []
+        for reg in regs:
+            raw = self.registry.get_state(detached_key(reg.schema, reg.table))
+            if not raw:
+                continue
+            leaves = [(str(s), str(t)) for s, t in orjson.loads(raw)]
+            codec = self._codec(reg, db)
+            keys = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in reg.key)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            try:
+                row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                assert row is not None
+                lsn = lsn_to_int(str(row[0]))
+                found: list[tuple[Any, ...]] = []
+                for leaf in leaves:
+                    if self._is_table(conn, leaf):
+                        found += conn.execute(
+                            sql.SQL("SELECT {k} FROM {leaf} EXCEPT SELECT {k} FROM {parent}").format(
+                                k=keys,
+                                leaf=sql.Identifier(*leaf),
+                                parent=sql.Identifier(reg.schema, reg.table),
+                            )
+                        ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            now = str(int(time.time() * 1000)).encode()
+            src = codec.snapshot_source(lsn, int(now), last=False)
+            records: list[Any] = []
+            for values in sorted(set(found)):
+                before = {
+                    k: v if v is None or (f := codec.text_converters.get(k)) is None else f(v)
+                    for k, v in zip(reg.key, values, strict=True)
+                }
+                key_b = encode_key(before)
+                records += [Record(key_b, codec.value(before, None, src, b"d", [], now)), Record(key_b, None)]
+            out.append(_Detached(reg, leaves, lsn, records))
+        return out
+
+    def _write_detached(self, detaches: list[_Detached], confirmed: int) -> None:
+        """Write the deletes of each detached partition whose version the stream confirmed."""
+        for d in [d for d in detaches if confirmed >= d.lsn]:
+            with self.store_lock:
+                if d.records:
+                    self.store.append_many({d.reg.topic: d.records})
+            self.registry.set_state(detached_key(d.reg.schema, d.reg.table), None)
+            detaches.remove(d)
+            self.log(
+                f"{d.reg.qualified}: {len(d.records) // 2} row(s) of detached partition(s) "
+                f"{[f'{s}.{t}' for s, t in d.leaves]} deleted"
+            )
+
     def _refuse_lost_keys(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> set[tuple[str, str]]:
         """The registered tables whose changes can no longer be keyed: a key column no longer
         exists at the source (dropped, or renamed: logical decoding carries no DDL, and every event
@@ -695,30 +819,30 @@ class Reader:
 
         if not regs:
             return set()
-        columns = {
-            (str(sch), str(tab)): set(cols or ())
-            for sch, tab, cols in conn.execute(
-                _TABLE_COLUMNS, [[r.schema for r in regs], [r.table for r in regs]]
-            ).fetchall()
-        }
-        identity = _identity_problems(conn, regs)
         refused: set[tuple[str, str]] = set()
+        digests = capture_digests(conn, [(r.schema, r.table) for r in regs])
         for reg in regs:
             key = refused_key(reg.schema, reg.table)
-            cols = columns.get((reg.schema, reg.table))
-            lost = [k for k in reg.key if cols is not None and k not in cols]
-            if lost:
-                self._refuse(reg, lost)
-            elif (reg.schema, reg.table) in identity:
-                self._record_refusal(
-                    reg,
-                    f"{identity[(reg.schema, reg.table)]}: its UPDATEs and DELETEs no longer carry the "
-                    f"key ({', '.join(reg.key)}) and wal2json drops them, so {reg.qualified} is no "
-                    "longer captured",
-                    f"ALTER TABLE {reg.qualified} REPLICA IDENTITY DEFAULT (with a primary key on "
-                    f"{', '.join(reg.key)}) or REPLICA IDENTITY FULL; cdc then snapshots it again by itself",
-                    "identity",
-                )
+            # the one rule (cdc.catalog.capture_problems), asked again when the catalog facts it
+            # judges changed; the reader refuses for a key it cannot carry: a key column gone (kind
+            # ``key``), a replica identity without it (``identity``)
+            digest = (digests.get((reg.schema, reg.table)), reg.key)
+            known = self._capture_checked.get((reg.schema, reg.table))
+            if known is not None and known[0] == digest:
+                problems = known[1]
+            else:
+                try:
+                    desc: TableDescription | None = describe_table(conn, reg.schema, reg.table)
+                except RegistryError:
+                    desc = None  # gone: the source check records it missing
+                problems = [
+                    p
+                    for p in capture_problems(reg.schema, reg.table, desc, reg.key, role="")
+                    if p.kind in ("key", "identity")
+                ]
+                self._capture_checked[(reg.schema, reg.table)] = (digest, problems)
+            if problems:
+                self._record_refusal(reg, problems[0])
             else:
                 before = self.registry.get_state(key)
                 if before is not None:
@@ -736,21 +860,18 @@ class Reader:
 
     def _refuse(self, reg: TableReg, lost: list[str]) -> None:
         """Record (once) that ``reg`` is refused: its key column(s) ``lost`` are gone at the source."""
-        self._record_refusal(
-            reg,
-            f"key column(s) {', '.join(lost)} of {reg.qualified} no longer exist at the source "
-            "(dropped or renamed); its changes cannot be keyed, so it is no longer captured",
-            f"register it again with its new key: `cdc tables remove {reg.qualified}` then "
-            f"`cdc tables add {reg.qualified}` (a new snapshot); or rename the column back",
-            "key",
-        )
+        self._record_refusal(reg, key_columns_gone(reg.schema, reg.table, lost))
 
-    def _record_refusal(self, reg: TableReg, reason: str, fix: str, kind: str) -> None:
+    def _record_refusal(self, reg: TableReg, problem: CaptureProblem) -> None:
+        """Record (once) and log that ``reg`` is refused for ``problem`` (:func:`capture_problems`)."""
         from snapshot.chunked import refused_key
 
         key = refused_key(reg.schema, reg.table)
         if self.registry.get_state(key) is not None:
             return
+        kind = problem.kind
+        reason = f"{problem.message}, so {reg.qualified} is no longer captured"
+        fix = problem.fix + ("; cdc then snapshots it again by itself" if kind == "identity" else "")
         self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
         self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix, "kind": kind}).decode())
 
@@ -810,10 +931,9 @@ class Reader:
         """Polled by the stream (every :data:`SOURCE_CHECK_S`): a registered table dropped or renamed
         at the source is recorded (registry state ``source_missing:[schema, table]``, shown by
         ``cdc tables list``) and the other tables go on; a partition attached, created, detached or
-        dropped makes the parent be snapshotted again (chunked: its full snapshot's TRUNCATE marker
-        removes the rows of a detached partition, and its chunks read the rows of an attached one,
-        which the stream never carried) and restarts the stream with the new leaves (True)."""
-        from snapshot.chunked import missing_ddl_key, missing_key, request_key
+        dropped restarts the stream with the new leaves (True), and the next session reads what
+        changed (:meth:`_partitions_changed`)."""
+        from snapshot.chunked import missing_ddl_key, missing_key
 
         now = self._source_tables(conn, regs)
         restart = False
@@ -833,11 +953,8 @@ class Reader:
                 self.registry.set_state(missing_ddl_key(schema, table), None)
                 restart = True
             else:
-                self.log(
-                    f"partitions of {schema}.{table} changed: {[f'{s}.{t}' for s, t in after]}; snapshotting it again"
-                )
-                self.registry.set_state(request_key(schema, table), None)
-                self.registry.set_snapshot_state(schema, table, "pending")
+                # the next session compares them with the leaves it streamed (_partitions_changed)
+                self.log(f"partitions of {schema}.{table} changed: {[f'{s}.{t}' for s, t in after]}")
                 restart = True
             seen[key] = after
         return restart
@@ -857,9 +974,14 @@ class Reader:
             progress = load_progress(self.registry, reg.schema, reg.table)
             if reg.snapshot_state == "pending" or progress is None or progress.done:
                 raw = self.registry.get_state(request_key(reg.schema, reg.table))
-                where = orjson.loads(raw).get("where") if raw else None
+                request = orjson.loads(raw) if raw else {}
+                where, parts = request.get("where"), request.get("partitions")
                 progress = ChunkProgress(
-                    run=uuid.uuid4().hex, full=where is None, where=where, chunk_size=opts.chunk_size
+                    run=uuid.uuid4().hex,
+                    full=where is None and parts is None,
+                    where=where,
+                    partitions=parts,
+                    chunk_size=opts.chunk_size,
                 )
                 save_progress(self.registry, reg.schema, reg.table, progress)
                 self.registry.set_state(request_key(reg.schema, reg.table), None)

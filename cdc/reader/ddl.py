@@ -378,9 +378,11 @@ class DdlFollower:
             gone = [n for n in before if n not in names]
             if new is not None and new not in before and len(gone) == 1:
                 renamed = {gone[0]: new}
-        cols = tuple(
-            Column(c.name, c.type, before[c.name].nullable if c.name in before else not c.notnull)
-            for c in obj.columns
+        cols = self.builder.resolve(
+            tuple(
+                Column(c.name, c.type, before[c.name].nullable if c.name in before else not c.notnull)
+                for c in obj.columns
+            )
         )
         if cols == codec.columns:
             return

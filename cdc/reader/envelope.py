@@ -140,13 +140,18 @@ class TableCodec:
     def set_columns(self, columns: Sequence[Column]) -> None:
         self.columns = tuple(columns)
         self.ncols = len(self.columns)
-        self.types = {c.name: c.type for c in columns}
+        # ``types``: as wal2json names them (a domain by its name), to tell a changed column;
+        # wal2json sends a domain's values as text: they take the base type's text converter
+        self.types = {c.name: c.domain or c.type for c in columns}
         self.converters = {
-            c.name: converter_for(c.type, numeric_as_string=self.numeric_as_string) for c in columns
+            c.name: text_converter_for(c.type)
+            if c.domain
+            else converter_for(c.type, numeric_as_string=self.numeric_as_string)
+            for c in columns
         }
         self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
         self.included = [c.name for c in columns if c.name not in self.exclude]
-        self.key_comparable = key_comparable(self.key, self.types)
+        self.key_comparable = key_comparable(self.key, {c.name: c.type for c in columns})
 
     # -- rows -----------------------------------------------------------------------------------
     def row(self, cols: list[Col]) -> dict[str, Any]:
@@ -246,8 +251,12 @@ class EventBuilder:
         codecs: dict[tuple[str, str], TableCodec],
         columns_changed: ColumnsChanged,
         columns_gone: ColumnsGone | None = None,
+        resolve_types: Callable[[tuple[Column, ...]], tuple[Column, ...]] | None = None,
     ) -> None:
         self.codecs = codecs
+        #: a domain column named by its domain (as wal2json and the DDL recorder name it) -> its
+        #: base type (cdc.catalog.resolve_domains); none: types are kept as sent
+        self.resolve_types = resolve_types
         #: tables no longer decoded (dropped, renamed or refused at the source, told by the DDL
         #: recorder): their changes are skipped
         self.detached: dict[tuple[str, str], TableCodec] = {}
@@ -315,9 +324,14 @@ class EventBuilder:
         cols_t = tuple(new_cols)
         self._columns_now(codec, cols_t)
 
+    def resolve(self, cols: tuple[Column, ...]) -> tuple[Column, ...]:
+        """``cols`` with domains resolved to their base types (:attr:`resolve_types`)."""
+        return cols if self.resolve_types is None else self.resolve_types(cols)
+
     def _columns_now(
         self, codec: TableCodec, cols: tuple[Column, ...], renamed: dict[str, str] | None = None
     ) -> None:
+        cols = self.resolve(cols)
         if renamed is None:
             new_reg = self.columns_changed(codec.reg, cols)
         else:

@@ -142,7 +142,7 @@ def test_add_list_remove_round_trip_with_quoted_names(
             ["CREATE TABLE pk (id int PRIMARY KEY, email text)"],
             ["pk", "--key", "email"],
             "not carried by the replica identity",
-            "leave out --key",
+            "without --key",
         ),
         (
             ["CREATE TABLE t (id int PRIMARY KEY, b text)"],

@@ -146,7 +146,7 @@ def test_table_findings() -> None:
     reg = TableReg(schema="public", table="t", topic="cdc.public.t", key=("id",))
     assert check_tables([reg], {("public", "t"): _desc()}, "cdc") == []
     (gone,) = check_tables([reg], {("public", "t"): None}, "cdc")
-    assert gone.check == "registered_tables" and "cdc tables remove 'public.t'" in gone.fix
+    assert gone.check == "registered_tables" and "cdc tables remove public.t" in gone.fix
     (nopk,) = check_tables(
         [reg], {("public", "t"): _desc(primary_key=(), replica_identity_columns=())}, "cdc"
     )
@@ -157,7 +157,16 @@ def test_table_findings() -> None:
     (nosel,) = check_tables([reg], {("public", "t"): _desc(has_select_privilege=False)}, "cdc")
     assert nosel.check == "select_privilege" and 'GRANT SELECT ON public.t TO "cdc"' in nosel.fix
     (view,) = check_tables([reg], {("public", "t"): _desc(relkind="v")}, "cdc")
-    assert "now a view" in view.message
+    assert "is a view" in view.message
+    # a partitioned parent is capturable (its leaves' changes go to its topic); each leaf's replica
+    # identity must carry the key
+    leaves = (("public", "t_2026_01", "d", ("id",)), ("public", "t_2026_02", "d", ("id",)))
+    parent = _desc(relkind="p", leaf_identities=leaves)
+    assert check_tables([reg], {("public", "t"): parent}, "cdc") == []
+    bad_leaf = _desc(relkind="p", leaf_identities=(leaves[0], ("public", "t_2026_02", "n", ())))
+    (leaf,) = check_tables([reg], {("public", "t"): bad_leaf}, "cdc")
+    assert leaf.check == "replica_identity" and "(partition t_2026_02)" in leaf.message
+    assert leaf.fix.startswith('ALTER TABLE "public"."t_2026_02" REPLICA IDENTITY FULL')
 
 
 # --- against the real cluster ----------------------------------------------------------------------
@@ -247,6 +256,40 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     pg.execute("CREATE TABLE dropme (id int PRIMARY KEY)", pg_db)
     code, out, _ = cdc("check", "--json")
     assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size", "ddl_recorder"]
+
+
+@pg_only
+def test_a_partitioned_parent_is_capturable_and_add_and_check_say_the_same(
+    cdc: Run, pg: PgCluster, pg_db: str
+) -> None:
+    pg.execute(
+        "CREATE TABLE payment (payment_id int, payment_date date, amount numeric(5,2), "
+        "PRIMARY KEY (payment_id, payment_date)) PARTITION BY RANGE (payment_date)",
+        pg_db,
+    )
+    for m in (1, 2, 3):
+        pg.execute(
+            f"CREATE TABLE payment_2026_0{m} PARTITION OF payment "
+            f"FOR VALUES FROM ('2026-0{m}-01') TO ('2026-0{m + 1}-01')",
+            pg_db,
+        )
+    code, _, err = cdc("tables", "add", "payment", "--json")
+    assert code == 0, err
+    code, out, _ = cdc("check", "--json")
+    report = json.loads(out)
+    assert [f for f in report["findings"] if f["severity"] == "error"] == [], report
+    assert code == 1  # the unlimited max_slot_wal_keep_size warning only
+    # one leaf whose replica identity cannot carry the key: found, named, with the fix
+    pg.execute("ALTER TABLE payment_2026_02 REPLICA IDENTITY NOTHING", pg_db)
+    code, out, _ = cdc("check", "--json")
+    (leaf,) = [f for f in json.loads(out)["findings"] if f["severity"] == "error"]
+    assert code == 2 and leaf["check"] == "replica_identity"
+    assert "(partition payment_2026_02)" in leaf["message"], leaf
+    # `cdc tables add` refuses by the same rule, in the same words
+    assert cdc("tables", "remove", "payment")[0] == 0
+    code, _, err = cdc("tables", "add", "payment", "--json")
+    body = json.loads(err)
+    assert code == 1 and (body["message"], body["fix"]) == (leaf["message"], leaf["fix"])
 
 
 @pg_only

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc.cli.tables import table_json
 from cdc.errors import RegistryError
 from cdc.registry import Alignment, Column, Registry, TableReg
 
@@ -77,6 +78,22 @@ def test_set_columns_bumps_generation_only_on_change(tmp_path: Path) -> None:
         assert r.set_columns("public", "orders", new).columns == new
         assert r.get("public", "orders").columns == new
         assert r.generation() == g + 1
+
+
+def test_a_domain_column_keeps_its_domain_name(tmp_path: Path) -> None:
+    cols = (
+        Column("id", "integer", False),
+        Column("y", "integer", True, "year"),
+        Column("a", "integer[]", True, "year[]"),
+    )
+    with Registry(tmp_path) as r:
+        r.add(TableReg(schema="public", table="film", topic="cdc.public.film", key=("id",), columns=cols))
+    with Registry(tmp_path) as r:
+        assert r.get("public", "film").columns == cols
+        assert r.set_columns("public", "film", cols).schema_version == 1  # unchanged: no new version
+        listed = table_json(r.get("public", "film"), tmp_path, r)["columns"]
+    assert listed[1] == {"name": "y", "type": "integer", "nullable": True, "domain": "year"}
+    assert "domain" not in listed[0]
 
 
 def test_state_store(tmp_path: Path) -> None:
