@@ -44,13 +44,24 @@ _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # escaped by orjson as \b, \f or \u0
 
 
 def copy_query(
-    schema: str, table: str, names: Sequence[str], where: sql.Composable | None = None
+    schema: str,
+    table: str,
+    names: Sequence[str],
+    where: sql.Composable | None = None,
+    *,
+    order_by: Sequence[str] = (),
+    limit: int | None = None,
 ) -> sql.Composed:
-    """The plain ``COPY`` of the snapshot: the columns as they are, CSV."""
-    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+    """The plain ``COPY`` of the snapshot: the columns as they are, CSV; a chunk of a chunked
+    snapshot adds its key order and its row limit."""
+    return sql.SQL("COPY (SELECT {} FROM {}{}{}{}) TO STDOUT (FORMAT csv)").format(
         sql.SQL(", ").join(sql.Identifier(n) for n in names),
         sql.Identifier(schema, table),
         sql.SQL("") if where is None else sql.SQL(" WHERE ") + where,
+        sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(n) for n in order_by)
+        if order_by
+        else sql.SQL(""),
+        sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(sql.Literal(limit)),
     )
 
 
