@@ -58,6 +58,7 @@ __all__ = [
     "ensure_watermark_table",
     "load_progress",
     "progress_view",
+    "write_mark",
 ]
 
 
@@ -66,7 +67,7 @@ __all__ = [
 class SnapshotOptions:
     """``[snapshot]`` of ``cdc.toml``."""
 
-    chunk_size: int = 8192
+    chunk_size: int = 32768
     parallel_chunks: int = 1
     watermark_table: str = "public.cdc_watermark"
 
@@ -94,7 +95,7 @@ class SnapshotOptions:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise ConfigError(
                         f"[snapshot] {name} must be a positive integer, got {v!r}",
-                        fix=f"set [snapshot] {name} = 8192 (or another integer >= 1)",
+                        fix=f"set [snapshot] {name} = 32768 (or another integer >= 1)",
                     )
                 kwargs[name] = v
         if "watermark_table" in raw:
@@ -242,7 +243,7 @@ class ChunkProgress:
     floor: int | None = None
     last_lsn: int | None = None
     estimate: int = 0
-    chunk_size: int = 8192
+    chunk_size: int = 32768
     started: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     done: bool = False
@@ -503,6 +504,18 @@ class ChunkTracker:
                 self._cond.notify_all()
 
 
+def write_mark(conn: psycopg.Connection[Any], watermark: tuple[str, str], slot: str, mark: str) -> None:
+    """Write a watermark (``<nonce>:lw`` or ``<nonce>:hw``): upsert the slot's row of the watermark
+    table, in a transaction of its own (``conn`` in autocommit)."""
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (slot, mark) VALUES (%s, %s) "
+            "ON CONFLICT (slot) DO UPDATE SET mark = excluded.mark, written_at = now()"
+        ).format(sql.Identifier(*watermark)),
+        [slot, mark],
+    )
+
+
 def truncate_marker(codec: TableCodec, commit_lsn: int) -> list[Record]:
     """The TRUNCATE marker records (one per partition) at version ``(commit_lsn, 0)`` that end a
     full snapshot: sinks remove every row of the table older than it (docs/snapshots.md)."""
@@ -622,7 +635,8 @@ class ChunkDriver:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=60)
+        if self._thread.ident is not None:  # started (the stream may have been refused before)
+            self._thread.join(timeout=60)
 
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(
@@ -682,8 +696,12 @@ class ChunkDriver:
         return _TablePlan(reg, codec, names, where, progress, sql.Identifier(reg.schema, reg.table), encoder)
 
     def _table(self, reg: TableReg) -> None:
-        with self._connect() as conn:
-            plan = self._plan(conn, reg)
+        first_conn = self._connect()  # the plan's, then the first worker's
+        try:
+            plan = self._plan(first_conn, reg)
+        except BaseException:
+            first_conn.close()
+            raise
         p = plan.progress
         self.log(
             f"chunked snapshot of {reg.qualified}: "
@@ -703,9 +721,9 @@ class ChunkDriver:
         # parallel_chunks > 1 a chunk's high watermark and its wait for durability overlap the next reads
         turn = threading.Lock()
 
-        def worker() -> None:
+        def worker(given: psycopg.Connection[Any] | None) -> None:
             try:
-                with self._connect() as conn:
+                with given or self._connect() as conn:
                     while not self._stop.is_set() and not errors:
                         with turn:
                             if state["planned_last"] or errors:
@@ -738,7 +756,12 @@ class ChunkDriver:
                 errors.append(exc)
 
         n = max(1, self.options.parallel_chunks)
-        threads = [threading.Thread(target=worker, name=f"cdc-chunk-{i}", daemon=True) for i in range(n)]
+        threads = [
+            threading.Thread(
+                target=worker, args=(first_conn if i == 0 else None,), name=f"cdc-chunk-{i}", daemon=True
+            )
+            for i in range(n)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -750,14 +773,7 @@ class ChunkDriver:
         self._finish(plan)
 
     def _mark(self, conn: psycopg.Connection[Any], mark: str) -> None:
-        schema, table = self.tracker.schema, self.tracker.table
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (slot, mark) VALUES (%s, %s) "
-                "ON CONFLICT (slot) DO UPDATE SET mark = excluded.mark, written_at = now()"
-            ).format(sql.Identifier(schema, table)),
-            [self.slot, mark],
-        )
+        write_mark(conn, self.tracker.schema_table, self.slot, mark)
 
     def _chunk(
         self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None, first: _Read
