@@ -570,20 +570,40 @@ class _Read:
     read: int = 0
 
 
+def _null_key_error(reg: TableReg, column: str) -> SourceError:
+    return SourceError(
+        f"{reg.qualified}: key column {column!r} is NULL in a row; a chunked snapshot pages through the "
+        "table in key order (row comparison), which never reaches a NULL key",
+        fix=f"register {reg.qualified} with a key of NOT NULL columns (its primary key), or fill the "
+        f"NULLs and set {column} NOT NULL; then `cdc snapshot {reg.qualified}`",
+        table=reg.qualified,
+        column=column,
+    )
+
+
+def _refuse_null_keys(
+    conn: psycopg.Connection[Any], reg: TableReg, nullable: list[str], where: sql.Composable
+) -> None:
+    """Raise when a nullable key column (a ``--key`` under REPLICA IDENTITY FULL) holds a NULL in a
+    row the snapshot would read: those rows could never be reached by a chunk."""
+    for column in nullable:
+        found = conn.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE {} IS NULL AND {} LIMIT 1").format(
+                sql.Identifier(reg.schema, reg.table), sql.Identifier(column), where
+            )
+        ).fetchone()
+        if found is not None:
+            raise _null_key_error(reg, column)
+
+
 def _last_key(plan: _TablePlan, batch: pa.RecordBatch) -> list[str]:
     """The key (text values, key-column order) of a batch's last row: the upper bound of the chunk
     it ends. The text is Postgres' output of each key column, which it reads back as the same value."""
     values: list[str] = []
     for k in plan.codec.key:
         v = batch.column(plan.names.index(k))[batch.num_rows - 1].as_py()
-        if v is None:
-            raise SourceError(
-                f"{plan.reg.qualified}: key column {k!r} is NULL in a row; a chunked snapshot pages "
-                "through the table in key order and cannot go past it",
-                fix=f"register {plan.reg.qualified} with a key of NOT NULL columns (its primary key), "
-                "or set the column NOT NULL",
-                table=plan.reg.qualified,
-            )
+        if v is None:  # a NULL written after the plan's check
+            raise _null_key_error(plan.reg, k)
         values.append(str(v))
     return values
 
@@ -692,6 +712,7 @@ class ChunkDriver:
         if progress.estimate == 0:
             progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
+        _refuse_null_keys(conn, reg, [c.name for c in cols if c.nullable and c.name in codec.key], where)
         encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key)
         return _TablePlan(reg, codec, names, where, progress, sql.Identifier(reg.schema, reg.table), encoder)
 
