@@ -119,8 +119,9 @@ class SourceCpu:
             title = _title(pid)
             if "walsender" in title:
                 self.role[pid] = "walsender"
-            elif pid in names and "(" in title:  # a client backend: "postgres: user db host(port) ..."
-                self.role[pid] = "chunk reader" if names[pid] == "cdc-snapshot" else "other backends"
+            elif "(" in title:  # a client backend: "postgres: user db host(port) ..."
+                if pid in names:  # else not in pg_stat_activity yet: the next sample tells
+                    self.role[pid] = "chunk reader" if names[pid] == "cdc-snapshot" else "other backends"
             else:  # "postgres: checkpointer", "postgres: walwriter", ...
                 self.role[pid] = "background"
 
