@@ -122,8 +122,9 @@ class SourceCpu:
             elif "(" in title:  # a client backend: "postgres: user db host(port) ..."
                 if pid in names:  # else not in pg_stat_activity yet: the next sample tells
                     self.role[pid] = "chunk reader" if names[pid] == "cdc-snapshot" else "other backends"
-            else:  # "postgres: checkpointer", "postgres: walwriter", ...
+            elif title.startswith("postgres: "):  # "postgres: checkpointer", "postgres: walwriter", ...
                 self.role[pid] = "background"
+            # else just forked, still titled as the postmaster: the next sample tells
 
     def _sample(self, conn: psycopg.Connection[Any]) -> None:
         pids = [p for p in _children(self.postmaster) if p != self.monitor]
