@@ -13,7 +13,16 @@ import platform
 import time
 from pathlib import Path
 
-BENCHMARKS = ["logstore_embedded", "logstore_kafka", "capture", "nonfinite", "snapshot", "apply", "freshness"]
+BENCHMARKS = [
+    "logstore_embedded",
+    "logstore_kafka",
+    "capture",
+    "nonfinite",
+    "snapshot",
+    "chunked",
+    "apply",
+    "freshness",
+]
 
 
 def main() -> None:

@@ -112,7 +112,8 @@ def _snapshot(dsn: str, base: Path) -> tuple[float, float, int, float]:
 def _chunked(dsn: str, base: Path, parallel: int, tag: str) -> tuple[float, int]:
     """(seconds, rows) of a chunked snapshot of ``bench`` registered on a running pipeline: ``cdc run
     --once`` (a subprocess, end to end: watermarks, windows, durable appends) after the initial
-    snapshot of a one-row table; ``parallel`` chunk readers, 8,192 rows a chunk."""
+    snapshot of a one-row table; ``parallel`` chunks in flight, 8,192 rows a chunk (the former default;
+    ``bench/chunked.py`` measures the default's source CPU)."""
     import subprocess
     import sys
 
@@ -397,7 +398,7 @@ class _Freshness:
 
 def _chunked_under_load(dsn: str, base: Path, rows: int, rate: int, warm_s: float) -> dict[str, Any]:
     """The chunked snapshot of ``bench`` registered on a running ``cdc run`` (a subprocess, default
-    settings: 8,192 rows a chunk, one reader) while a writer commits ``rate`` changes/s to the other
+    settings: ``SnapshotOptions().chunk_size`` rows a chunk, one chunk in flight) while a writer commits ``rate`` changes/s to the other
     registered tables (``OTHERS``, transactions of 10 single-table updates); the other tables'
     freshness (source commit -> visible in the log store) before and during the snapshot."""
     import signal

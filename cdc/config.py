@@ -131,7 +131,7 @@ class ServeConfig(_Section):
 class SnapshotConfig(_Section):
     """``[snapshot]``: chunked snapshots of tables registered later."""
 
-    chunk_size: int = Field(default=8192, ge=1)
+    chunk_size: int = Field(default=32768, ge=1)
     parallel_chunks: int = Field(default=1, ge=1)
     watermark_table: str = "public.cdc_watermark"
 

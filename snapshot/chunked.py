@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from cdc.catalog import leaf_partitions
@@ -58,6 +59,7 @@ __all__ = [
     "ensure_watermark_table",
     "load_progress",
     "progress_view",
+    "write_mark",
 ]
 
 
@@ -66,7 +68,7 @@ __all__ = [
 class SnapshotOptions:
     """``[snapshot]`` of ``cdc.toml``."""
 
-    chunk_size: int = 8192
+    chunk_size: int = 32768
     parallel_chunks: int = 1
     watermark_table: str = "public.cdc_watermark"
 
@@ -94,7 +96,7 @@ class SnapshotOptions:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise ConfigError(
                         f"[snapshot] {name} must be a positive integer, got {v!r}",
-                        fix=f"set [snapshot] {name} = 8192 (or another integer >= 1)",
+                        fix=f"set [snapshot] {name} = 32768 (or another integer >= 1)",
                     )
                 kwargs[name] = v
         if "watermark_table" in raw:
@@ -247,7 +249,7 @@ class ChunkProgress:
     floor: int | None = None
     last_lsn: int | None = None
     estimate: int = 0
-    chunk_size: int = 8192
+    chunk_size: int = 32768
     started: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     done: bool = False
@@ -509,6 +511,18 @@ class ChunkTracker:
                 self._cond.notify_all()
 
 
+def write_mark(conn: psycopg.Connection[Any], watermark: tuple[str, str], slot: str, mark: str) -> None:
+    """Write a watermark (``<nonce>:lw`` or ``<nonce>:hw``): upsert the slot's row of the watermark
+    table, in a transaction of its own (``conn`` in autocommit)."""
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (slot, mark) VALUES (%s, %s) "
+            "ON CONFLICT (slot) DO UPDATE SET mark = excluded.mark, written_at = now()"
+        ).format(sql.Identifier(*watermark)),
+        [slot, mark],
+    )
+
+
 def truncate_marker(codec: TableCodec, commit_lsn: int) -> list[Record]:
     """The TRUNCATE marker records (one per partition) at version ``(commit_lsn, 0)`` that end a
     full snapshot: sinks remove every row of the table older than it (docs/snapshots.md)."""
@@ -568,6 +582,56 @@ class _TablePlan:
     encoder: RowEncoder
 
 
+@dataclass
+class _Read:
+    """One read of a chunk: its nonce (its watermarks), rows, snapshot and upper bound."""
+
+    nonce: str
+    rows: list[tuple[bytes, bytes]]
+    snapshot: str
+    read_ts_ms: int
+    hi: list[str] | None
+    read: int = 0
+
+
+def _null_key_error(reg: TableReg, column: str) -> SourceError:
+    return SourceError(
+        f"{reg.qualified}: key column {column!r} is NULL in a row; a chunked snapshot pages through the "
+        "table in key order (row comparison), which never reaches a NULL key",
+        fix=f"register {reg.qualified} with a key of NOT NULL columns (its primary key), or fill the "
+        f"NULLs and set {column} NOT NULL; then `cdc snapshot {reg.qualified}`",
+        table=reg.qualified,
+        column=column,
+    )
+
+
+def _refuse_null_keys(
+    conn: psycopg.Connection[Any], reg: TableReg, nullable: list[str], where: sql.Composable
+) -> None:
+    """Raise when a nullable key column (a ``--key`` under REPLICA IDENTITY FULL) holds a NULL in a
+    row the snapshot would read: those rows could never be reached by a chunk."""
+    for column in nullable:
+        found = conn.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE {} IS NULL AND {} LIMIT 1").format(
+                sql.Identifier(reg.schema, reg.table), sql.Identifier(column), where
+            )
+        ).fetchone()
+        if found is not None:
+            raise _null_key_error(reg, column)
+
+
+def _last_key(plan: _TablePlan, batch: pa.RecordBatch) -> list[str]:
+    """The key (text values, key-column order) of a batch's last row: the upper bound of the chunk
+    it ends. The text is Postgres' output of each key column, which it reads back as the same value."""
+    values: list[str] = []
+    for k in plan.codec.key:
+        v = batch.column(plan.names.index(k))[batch.num_rows - 1].as_py()
+        if v is None:  # a NULL written after the plan's check
+            raise _null_key_error(plan.reg, k)
+        values.append(str(v))
+    return values
+
+
 class ChunkDriver:
     """Reads the chunks of ``regs`` (one table after another, ``parallel_chunks`` chunks of a table
     at a time) between watermarks; started by the reader for a stream session and stopped with it
@@ -615,7 +679,8 @@ class ChunkDriver:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=60)
+        if self._thread.ident is not None:  # started (the stream may have been refused before)
+            self._thread.join(timeout=60)
 
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(
@@ -671,6 +736,7 @@ class ChunkDriver:
         if progress.estimate == 0:
             progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
+        _refuse_null_keys(conn, reg, [c.name for c in cols if c.nullable and c.name in codec.key], where)
         encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified)
         ident: sql.Composable = sql.Identifier(reg.schema, reg.table)
         if progress.partitions is not None:
@@ -678,8 +744,12 @@ class ChunkDriver:
         return _TablePlan(reg, codec, names, where, progress, ident, encoder)
 
     def _table(self, reg: TableReg) -> None:
-        with self._connect() as conn:
-            plan = self._plan(conn, reg)
+        first_conn = self._connect()  # the plan's, then the first worker's
+        try:
+            plan = self._plan(first_conn, reg)
+        except BaseException:
+            first_conn.close()
+            raise
         p = plan.progress
         self.log(
             f"chunked snapshot of {reg.qualified}: "
@@ -695,23 +765,26 @@ class ChunkDriver:
             "finished": False,
         }
         errors: list[BaseException] = []
+        # chunks are read one after another (the next chunk starts after the last key read); with
+        # parallel_chunks > 1 a chunk's high watermark and its wait for durability overlap the next reads
+        turn = threading.Lock()
 
-        def worker() -> None:
+        def worker(given: psycopg.Connection[Any] | None) -> None:
             try:
-                with self._connect() as conn:
+                with given or self._connect() as conn:
                     while not self._stop.is_set() and not errors:
-                        with self._lock:
-                            if state["planned_last"]:
+                        with turn:
+                            if state["planned_last"] or errors:
                                 return
                             lo = state["next_lo"]
-                            hi = self._upper(conn, plan, lo)
                             i = state["index"]
+                            first = self._read(conn, plan, lo, None, limit=self.options.chunk_size)
                             state["index"] = i + 1
-                            state["next_lo"] = hi
-                            state["planned_last"] = hi is None
-                        w, read = self._chunk(conn, plan, lo, hi)
+                            state["next_lo"] = first.hi
+                            state["planned_last"] = first.hi is None
+                        w, read = self._chunk(conn, plan, lo, first)
                         with self._lock:
-                            state["done"][i] = (hi, w, read)
+                            state["done"][i] = (first.hi, w, read)
                             while state["commit"] in state["done"]:
                                 hi_c, w_c, read_c = state["done"].pop(state["commit"])
                                 state["commit"] += 1
@@ -731,7 +804,12 @@ class ChunkDriver:
                 errors.append(exc)
 
         n = max(1, self.options.parallel_chunks)
-        threads = [threading.Thread(target=worker, name=f"cdc-chunk-{i}", daemon=True) for i in range(n)]
+        threads = [
+            threading.Thread(
+                target=worker, args=(first_conn if i == 0 else None,), name=f"cdc-chunk-{i}", daemon=True
+            )
+            for i in range(n)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -742,65 +820,48 @@ class ChunkDriver:
             raise _Stopped()
         self._finish(plan)
 
-    def _upper(
-        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None
-    ) -> list[str] | None:
-        """The upper bound (inclusive) of the chunk after ``lo``: the key ``chunk_size`` rows on; None
-        when fewer rows are left (the last chunk)."""
-        key = plan.codec.key
-        lo_cond = (
-            sql.SQL("TRUE") if lo is None else sql.SQL("{} > {}").format(_key_tuple(key), _values_tuple(lo))
-        )
-        query = sql.SQL("SELECT {} FROM {} WHERE {} AND {} ORDER BY {} OFFSET {} LIMIT 1").format(
-            # aliased: ORDER BY a bare name would sort by the text output column
-            sql.SQL(", ").join(
-                sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_k{i}"))
-                for i, k in enumerate(key)
-            ),
-            plan.ident,
-            lo_cond,
-            plan.where,
-            sql.SQL(", ").join(sql.Identifier(k) for k in key),
-            sql.Literal(self.options.chunk_size - 1),
-        )
-        row = conn.execute(query).fetchone()
-        return None if row is None else [str(v) for v in row]
-
     def _mark(self, conn: psycopg.Connection[Any], mark: str) -> None:
-        schema, table = self.tracker.schema, self.tracker.table
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (slot, mark) VALUES (%s, %s) "
-                "ON CONFLICT (slot) DO UPDATE SET mark = excluded.mark, written_at = now()"
-            ).format(sql.Identifier(schema, table)),
-            [self.slot, mark],
-        )
+        write_mark(conn, self.tracker.schema_table, self.slot, mark)
 
     def _chunk(
-        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None, hi: list[str] | None
+        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None, first: _Read
     ) -> tuple[_Window, int]:
-        """Read the chunk ``(lo, hi]`` between watermarks until its rows are durable; again (up to
-        :data:`MAX_CHUNK_READS` reads) when a dropped row's in-window change lacked a TOASTed column."""
-        first_lw = 0
-        total = 0
-        for attempt in range(1, MAX_CHUNK_READS + 1):
-            w, read = self._chunk_once(conn, plan, lo, hi)
-            first_lw = first_lw or w.lw_commit
-            total += read
-            if not w.redo:
-                break
+        """Close the chunk ``first`` read (its HW) and wait until its rows are durable; read it again
+        (``(lo, hi]``, up to :data:`MAX_CHUNK_READS` reads) when a dropped row's in-window change
+        lacked a TOASTed column."""
+        hi = first.hi
+        w = self._close(conn, first)
+        first_lw = w.lw_commit
+        total = first.read
+        attempt = 1
+        while w.redo:
             if attempt == MAX_CHUNK_READS:
                 self.log(
                     f"{plan.reg.qualified}: a row of the chunk after {lo} changed during each of "
                     f"{MAX_CHUNK_READS} reads without its TOASTed column; its next change or a "
                     "`cdc snapshot --where` fills it"
                 )
+                break
+            attempt += 1
+            again = self._read(conn, plan, lo, hi, limit=None)
+            total += again.read
+            w = self._close(conn, again)
         w.lw_commit = first_lw
         return w, total
 
-    def _chunk_once(
-        self, conn: psycopg.Connection[Any], plan: _TablePlan, lo: list[str] | None, hi: list[str] | None
-    ) -> tuple[_Window, int]:
+    def _read(
+        self,
+        conn: psycopg.Connection[Any],
+        plan: _TablePlan,
+        lo: list[str] | None,
+        hi: list[str] | None,
+        *,
+        limit: int | None,
+    ) -> _Read:
+        """Write a chunk's LW, then read its rows in a REPEATABLE READ transaction with one ``COPY``
+        in key order: the rows in ``(lo, hi]``, or with ``limit`` the first ``limit`` rows after
+        ``lo``, whose last key is then the chunk's upper bound (None when fewer rows are left: the
+        last chunk, unbounded)."""
         key = plan.codec.key
         conds: list[sql.Composable] = [plan.where]
         if lo is not None:
@@ -813,12 +874,15 @@ class ChunkDriver:
             plan.names,
             sql.SQL(" AND ").join(conds),
             source=None if plan.progress.partitions is None else plan.ident,
+            order_by=key,
+            limit=limit,
         )
         encoder = plan.encoder
         nonce = uuid.uuid4().hex
         self.tracker.begin(nonce, plan.codec)
         self._mark(conn, nonce + ":lw")
         rows: list[tuple[bytes, bytes]] = []
+        last: pa.RecordBatch | None = None
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         try:
             srow = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
@@ -829,15 +893,25 @@ class ChunkDriver:
                 for batch in read_csv_batches(copy, plan.names, table=plan.reg.qualified):
                     keys, afters = encoder.encode(batch)
                     rows.extend(zip(keys.to_pylist(), afters.to_pylist(), strict=True))
+                    if batch.num_rows:
+                        last = batch
         finally:
             conn.execute("COMMIT")
-        read = len(rows)
-        self.tracker.put_rows(nonce, rows, last=hi is None, snapshot=snapshot, read_ts_ms=read_ts)
-        self._mark(conn, nonce + ":hw")
-        w = self.tracker.wait_durable(nonce, self._stop)
+        if limit is not None:
+            hi = _last_key(plan, last) if last is not None and len(rows) >= limit else None
+        return _Read(nonce, rows, snapshot, read_ts, hi, len(rows))
+
+    def _close(self, conn: psycopg.Connection[Any], r: _Read) -> _Window:
+        """Hand a read's rows to the tracker, write the chunk's HW and wait until the rows are durable."""
+        self.tracker.put_rows(
+            r.nonce, r.rows, last=r.hi is None, snapshot=r.snapshot, read_ts_ms=r.read_ts_ms
+        )
+        r.rows = []  # the tracker's now
+        self._mark(conn, r.nonce + ":hw")
+        w = self.tracker.wait_durable(r.nonce, self._stop)
         if w is None:
             raise _Stopped()
-        return w, read
+        return w
 
     def _finish(self, plan: _TablePlan) -> None:
         reg, p, codec = plan.reg, plan.progress, plan.codec

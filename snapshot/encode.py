@@ -50,13 +50,21 @@ def copy_query(
     names: Sequence[str],
     where: sql.Composable | None = None,
     source: sql.Composable | None = None,
+    *,
+    order_by: Sequence[str] = (),
+    limit: int | None = None,
 ) -> sql.Composed:
     """The plain ``COPY`` of the snapshot: the columns as they are, CSV. ``source``: what to read
-    instead of the table (some of a partitioned table's leaves, :mod:`snapshot.chunked`)."""
-    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+    instead of the table (some of a partitioned table's leaves, :mod:`snapshot.chunked`); a chunk of
+    a chunked snapshot adds its key order and its row limit."""
+    return sql.SQL("COPY (SELECT {} FROM {}{}{}{}) TO STDOUT (FORMAT csv)").format(
         sql.SQL(", ").join(sql.Identifier(n) for n in names),
         sql.Identifier(schema, table) if source is None else source,
         sql.SQL("") if where is None else sql.SQL(" WHERE ") + where,
+        sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(n) for n in order_by)
+        if order_by
+        else sql.SQL(""),
+        sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(sql.Literal(limit)),
     )
 
 

@@ -640,9 +640,9 @@ class Reader:
                 tables.append(driver.tracker.schema_table)
             self.log(f"streaming {len(regs)} table(s) from {int_to_lsn(self.confirmed)}")
             self._publish_progress(self.confirmed, self.events)
+            if driver is not None:
+                ctl.on_started = driver.start
             try:
-                if driver is not None:
-                    driver.start()
                 reason, pos = stream(
                     self.dsn,
                     slot,

@@ -163,6 +163,9 @@ class StreamControl:
     chunks: Any = None
     #: called with each DDL recorder message (``cdc.ddl``, inside its transaction), or None
     ddl: Callable[[Any], None] | None = None
+    #: called once the server has accepted START_REPLICATION (e.g. starts the chunk driver, whose
+    #: reads would be wasted on a session the server refuses)
+    on_started: Callable[[], None] | None = None
 
 
 def open_replication(dsn: str) -> Any:
@@ -211,6 +214,8 @@ def stream(
                 options=replication_options(tables, numeric_as_string=numeric_as_string),
                 status_interval=10,
             )
+            if ctl.on_started is not None:
+                ctl.on_started()
             return _loop(cur, builder, batch, ctl, start_lsn)
         except psycopg2.Error as exc:
             raise translate_start_error(exc, slot) from exc
