@@ -426,6 +426,7 @@ class Reader:
         if self._numeric_as_string or (
             self._numeric_as_string is None and self.registry.get_state(WAL2JSON_STATE_KEY) == "1"
         ):
+            remember(self.registry, [], regs)  # nothing is lost: no table needs the recorder
             return
         if not self.settings.config.nonfinite_recorder:
             for reg in regs:
@@ -437,7 +438,7 @@ class Reader:
                     )
             return
         outcomes = ensure_nonfinite(conn, regs)
-        remember(self.registry, outcomes)  # shown by `cdc tables list`
+        remember(self.registry, outcomes, regs)  # shown by `cdc tables list`
         for outcome in outcomes:
             cols = ", ".join(tracked_columns(outcome.reg))
             if outcome.action == "installed":

@@ -25,6 +25,23 @@ write, which grows with the row (``docs/benchmarks/nonfinite.md``). The names st
 because BEFORE triggers fire in name order: these run after the table's own BEFORE triggers, so
 they see the row as it is written.
 
+Tables with stored generated columns (in the table or, Postgres 15 allowing it, in one of its
+partitions): Postgres refuses a BEFORE trigger whose ``WHEN`` reads ``NEW`` whole there
+(``cannot reference NEW generated columns``, 42P17), so on them ``zzz_cdc_nonfinite`` has no
+``WHEN`` and the function runs the same test as its first statement, for every written row: the
+PL/pgSQL call is the extra cost (``docs/benchmarks/nonfinite.md``, the ``+ generated`` rows). The
+function tests a copy of ``NEW`` on UPDATE: reading ``NEW`` itself whole would detoast its
+out-of-line values in place and the row it returns would store them anew, a new TOAST value (and
+its WAL) for every UPDATE. ``OLD`` may be read whole, so ``zzz_cdc_nonfinite_old`` keeps its
+``WHEN``. A table that gets a generated column later (Postgres allows that under the trigger, but a
+dump of it would not restore) gets the trigger replaced when the reader sees the new column. Why
+not the alternatives: a ``WHEN`` over the non-generated columns names them (the dependency above);
+an AFTER trigger may read generated columns, but its message would land after the statement's
+changes in the WAL, and the reader takes a message with the table's *next* change. A generated
+float or numeric column is computed after every BEFORE trigger, so its NaN/Infinity in a new row
+is not recorded (in an old row it is): ``cdc tables add``, ``cdc run`` and ``cdc check`` say so,
+with the fix (wal2json 2.6+, or excluding the column).
+
 The message (JSON): ``{"v": 1, "image": "new"|"old", "schema", "table", "key": [text, ...],
 "values": {column: "NaN"|"Infinity"|"-Infinity"}}``; ``schema``/``table`` name the relation the
 row is in (a leaf partition for a partitioned table, as wal2json names its changes), ``key`` the
@@ -47,7 +64,9 @@ TRIGGER privilege on the table (``CREATE OR REPLACE TRIGGER``). ``cdc run`` inst
 the triggers of the tables it streams when the role may (each session, and when a table gets its
 first float or numeric column), ``cdc tables add`` at registration, ``cdc check --fix`` for every
 registered table; otherwise ``cdc check`` reports them with the SQL for the owner (``cdc check
---nonfinite-recorder-sql``). ``cdc tables remove`` leaves them (another deployment may capture the
+--nonfinite-recorder-sql``). A table the triggers cannot go on (no TRIGGER privilege, locked, a
+shape Postgres refuses them on) is reported for that table, with the fix and what is lost; the
+others go on, and the table's state (:func:`state_key`) shows in ``cdc tables list``. ``cdc tables remove`` leaves them (another deployment may capture the
 same table); the owner drops them with ``DROP TRIGGER zzz_cdc_nonfinite ON ...``.
 
 :data:`WAL2JSON_STATE_KEY` (registry state): ``"1"`` once the reader found that wal2json sends the
@@ -469,14 +488,20 @@ def state_key(schema: str, table: str) -> str:
     return "nonfinite_recorder:" + msgspec.json.encode([schema, table]).decode()
 
 
-def remember(registry: Registry, outcomes: Sequence[Outcome]) -> None:
-    """Keep each table's recorder state where ``cdc tables list`` shows it."""
-    for o in outcomes:
-        state = o.to_json()
-        registry.set_state(
-            state_key(o.reg.schema, o.reg.table),
-            None if state is None else msgspec.json.encode(state).decode(),
-        )
+def remember(registry: Registry, outcomes: Sequence[Outcome], regs: Sequence[TableReg] = ()) -> None:
+    """Keep each table's recorder state where ``cdc tables list`` shows it; ``regs`` without an
+    outcome (nothing to track, or wal2json sends the values itself) have none. Writes only what
+    changed."""
+    wanted: dict[tuple[str, str], dict[str, Any] | None] = {
+        (o.reg.schema, o.reg.table): o.to_json() for o in outcomes
+    }
+    for reg in regs:
+        wanted.setdefault((reg.schema, reg.table), None)
+    for (schema, table), state in wanted.items():
+        key = state_key(schema, table)
+        value = None if state is None else msgspec.json.encode(state).decode()
+        if registry.get_state(key) != value:
+            registry.set_state(key, value)
 
 
 # --- the stream side -----------------------------------------------------------------------------
