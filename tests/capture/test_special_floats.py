@@ -214,6 +214,12 @@ def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: Capt
     assert "installed the non-finite recorder's trigger" in res.stderr and "Traceback" not in res.stderr
     assert not _has_when(env, "film") and _has_when(env, "other")
     assert _recorder_findings(env) == []  # installed and up to date: nothing to report
+    env.sql("DROP TRIGGER zzz_cdc_nonfinite ON film")  # `cdc check --fix` puts it back
+    found = _recorder_findings(env)
+    assert len(found) == 1 and "public.film (rate, score)" in found[0]["message"], found
+    res = env.cdc("check", "--fix")
+    assert "installed the non-finite recorder on public.film" in res.stderr and "Traceback" not in res.stderr
+    assert _recorder_findings(env) == [] and not _has_when(env, "film")
     env.run_once()
     env.sql("INSERT INTO film VALUES (2, 'Alien', 'NaN', 'Infinity', repeat('x', 5000))")
     env.sql("INSERT INTO film VALUES (3, 'Heat', 7.5, NULL, 'c')")
