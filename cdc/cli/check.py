@@ -26,7 +26,13 @@ from cdc.connect import classify, connect
 from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
 from cdc.reader.ddl import check_ddl_recorder, install_ddl_recorder, install_script
-from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, check_nonfinite, ensure_nonfinite, tracked_columns
+from cdc.reader.nonfinite import (
+    WAL2JSON_STATE_KEY,
+    check_nonfinite,
+    ensure_nonfinite,
+    remember,
+    tracked_columns,
+)
 from cdc.reader.nonfinite import install_script as nonfinite_script
 from cdc.registry import Registry, TableReg
 from snapshot.chunked import SnapshotOptions, check_watermark_table, ensure_watermark_table
@@ -79,7 +85,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                     print("created the watermark table", file=sys.stderr)
                 _fix_ddl_recorder(conn)
                 if settings.config.nonfinite_recorder:
-                    _fix_nonfinite(conn, regs)
+                    _fix_nonfinite(conn, regs, settings)
             report = _with_source_objects(
                 run_preflight(conn, settings.slot_name, regs), conn, settings, regs, wal2json_state
             )
@@ -101,9 +107,14 @@ def _fix_ddl_recorder(conn: psycopg.Connection[Any]) -> None:
         print(f"did not install the DDL recorder: {exc} — fix: {exc.fix}", file=sys.stderr)
 
 
-def _fix_nonfinite(conn: psycopg.Connection[Any], regs: list[TableReg]) -> None:
-    """Install or update the non-finite recorder's triggers where the role may; say where not."""
-    for outcome in ensure_nonfinite(conn, regs):
+def _fix_nonfinite(conn: psycopg.Connection[Any], regs: list[TableReg], settings: Settings) -> None:
+    """Install or update the non-finite recorder's triggers where the role may; say where not
+    (each table's state kept for ``cdc tables list``)."""
+    outcomes = ensure_nonfinite(conn, regs)
+    if outcomes:
+        with Registry(settings.state_dir) as registry:
+            remember(registry, outcomes)
+    for outcome in outcomes:
         if outcome.action == "installed":
             print(f"installed the non-finite recorder on {outcome.reg.qualified}", file=sys.stderr)
         elif outcome.action == "failed":

@@ -33,7 +33,7 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, tracked_columns
+from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, state_key, tracked_columns
 from cdc.registry import Registry, TableReg, column_json, search_index_path, warehouse_paths
 from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
 
@@ -185,11 +185,11 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                 )
             registry.add(reg)
             wal2json_sends_them = registry.get_state(WAL2JSON_STATE_KEY) == "1"
-        warnings = key_warnings(desc, key)
-        recorder = None
-        if not wal2json_sends_them and settings.config.nonfinite_recorder and tracked_columns(reg):
-            recorder, more = nonfinite_recorder(conn, reg)  # the same connection
-            warnings += more
+            warnings = key_warnings(desc, key)
+            recorder = None
+            if not wal2json_sends_them and settings.config.nonfinite_recorder and tracked_columns(reg):
+                recorder, more = nonfinite_recorder(conn, reg, registry)  # the same connection
+                warnings += more
     if args.json:
         print_json(
             {**table_json(reg, settings.state_dir), "warnings": warnings, "nonfinite_recorder": recorder}
@@ -212,16 +212,21 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def nonfinite_recorder(conn: psycopg.Connection[Any], reg: TableReg) -> tuple[str | None, list[str]]:
+def nonfinite_recorder(
+    conn: psycopg.Connection[Any], reg: TableReg, registry: Registry
+) -> tuple[str | None, list[str]]:
     """Install the non-finite recorder's triggers on a table with float/numeric columns
     (:mod:`cdc.reader.nonfinite`): what was done (None: nothing to do; ``ok``, ``installed``,
-    ``failed``) and the warning, with the fix, when the role may not."""
+    ``failed``) and the warning, with the fix, when the role may not or a column stays uncovered
+    (kept in the registry for ``cdc tables list``)."""
     outcomes = ensure_nonfinite(conn, [reg])
+    remember(registry, outcomes)
     warnings = [
-        f"with wal2json < 2.6 a NaN, Infinity or -Infinity in {', '.join(tracked_columns(o.reg))} "
-        f"reaches the topic as null unless the non-finite recorder is installed: {o.why}; fix: {o.fix}"
+        f"with wal2json < 2.6 a NaN, Infinity or -Infinity in "
+        f"{', '.join(o.uncovered or tracked_columns(o.reg))} reaches the topic as null unless the "
+        f"non-finite recorder covers it: {state['reason']}; fix: {state['fix']}"
         for o in outcomes
-        if o.action == "failed"
+        if (state := o.to_json()) is not None
     ]
     return (outcomes[0].action if outcomes else None), warnings
 
@@ -265,6 +270,9 @@ def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None)
     refused = registry.get_state(refused_key(reg.schema, reg.table)) if registry else None
     if refused is not None:  # its key columns are gone at the source: not captured any more
         out["refused"] = json.loads(refused)
+    recorder = registry.get_state(state_key(reg.schema, reg.table)) if registry else None
+    if recorder is not None:  # NaN/Infinity (some columns') reach the topic as null (wal2json < 2.6)
+        out["nonfinite_recorder"] = json.loads(recorder)
     return out
 
 
@@ -313,6 +321,11 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
                 + (
                     f" (REFUSED: {row['refused']['reason']}; fix: {row['refused']['fix']})"
                     if "refused" in row
+                    else ""
+                )
+                + (
+                    f" (NaN recorder {row['nonfinite_recorder']['state']})"
+                    if "nonfinite_recorder" in row
                     else ""
                 ),
                 int_to_lsn(r.alignment.consistent_lsn) if r.alignment else "",

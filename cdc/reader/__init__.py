@@ -70,7 +70,7 @@ from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, tracked_columns
+from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, tracked_columns
 from cdc.reader.replication import (
     HEARTBEAT_PREFIX,
     SESSION_OPTIONS,
@@ -430,6 +430,7 @@ class Reader:
         if self._numeric_as_string or (
             self._numeric_as_string is None and self.registry.get_state(WAL2JSON_STATE_KEY) == "1"
         ):
+            remember(self.registry, [], regs)  # nothing is lost: no table needs the recorder
             return
         if not self.settings.config.nonfinite_recorder:
             for reg in regs:
@@ -440,15 +441,19 @@ class Reader:
                         "in cdc.toml; fix: set it to true (or upgrade wal2json to 2.6+)"
                     )
             return
-        for outcome in ensure_nonfinite(conn, regs):
+        outcomes = ensure_nonfinite(conn, regs)
+        remember(self.registry, outcomes, regs)  # shown by `cdc tables list`
+        for outcome in outcomes:
             cols = ", ".join(tracked_columns(outcome.reg))
             if outcome.action == "installed":
                 self.log(f"non-finite recorder installed on {outcome.reg.qualified} ({cols})")
-            elif outcome.action == "failed" and self._numeric_as_string is False:
+            state = outcome.to_json()
+            if state is not None and self._numeric_as_string is False:
                 self.log(
                     f"warning: this wal2json (< 2.6) sends NaN/Infinity in {outcome.reg.qualified} "
-                    f"({cols}) as null and the non-finite recorder is not there: {outcome.why}"
-                    + (f"; fix: {outcome.fix}" if outcome.fix else "")
+                    f"({cols}) as null and the non-finite recorder does not cover "
+                    f"{', '.join(outcome.uncovered) if outcome.uncovered else 'it'}: {state['reason']}"
+                    + (f"; fix: {state['fix']}" if state["fix"] else "")
                 )
 
     def _refuse_if_plugin_refused(self, conn: psycopg.Connection[Any]) -> None:
@@ -562,8 +567,8 @@ class Reader:
                 # ``told``: the renames the DDL recorder reported (exact); else inferred from rows
                 renamed = _renamed(reg.columns, cols) if told is None else told
                 new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
-                if tracked_columns(new) != tracked_columns(reg):
-                    self._ensure_nonfinite(conn, [new])  # e.g. its first float column: the recorder
+                # e.g. its first float column, or a generated one (the recorder's other form)
+                self._ensure_nonfinite(conn, [new])
                 self.log(
                     f"columns of {reg.qualified} changed at the source (schema version "
                     f"{new.schema_version}{', told by the DDL recorder' if told is not None else ''}): "

@@ -25,6 +25,23 @@ write, which grows with the row (``docs/benchmarks/nonfinite.md``). The names st
 because BEFORE triggers fire in name order: these run after the table's own BEFORE triggers, so
 they see the row as it is written.
 
+Tables with stored generated columns (in the table or, Postgres 15 allowing it, in one of its
+partitions): Postgres refuses a BEFORE trigger whose ``WHEN`` reads ``NEW`` whole there
+(``cannot reference NEW generated columns``, 42P17), so on them ``zzz_cdc_nonfinite`` has no
+``WHEN`` and the function runs the same test as its first statement, for every written row: the
+PL/pgSQL call is the extra cost (``docs/benchmarks/nonfinite.md``, the ``+ generated`` rows). The
+function tests a copy of ``NEW`` on UPDATE: reading ``NEW`` itself whole would detoast its
+out-of-line values in place and the row it returns would store them anew, a new TOAST value (and
+its WAL) for every UPDATE. ``OLD`` may be read whole, so ``zzz_cdc_nonfinite_old`` keeps its
+``WHEN``. A table that gets a generated column later (Postgres allows that under the trigger, but a
+dump of it would not restore) gets the trigger replaced when the reader sees the new column. Why
+not the alternatives: a ``WHEN`` over the non-generated columns names them (the dependency above);
+an AFTER trigger may read generated columns, but its message would land after the statement's
+changes in the WAL, and the reader takes a message with the table's *next* change. A generated
+float or numeric column is computed after every BEFORE trigger, so its NaN/Infinity in a new row
+is not recorded (in an old row it is): ``cdc tables add``, ``cdc run`` and ``cdc check`` say so,
+with the fix (wal2json 2.6+, or excluding the column).
+
 The message (JSON): ``{"v": 1, "image": "new"|"old", "schema", "table", "key": [text, ...],
 "values": {column: "NaN"|"Infinity"|"-Infinity"}}``; ``schema``/``table`` name the relation the
 row is in (a leaf partition for a partitioned table, as wal2json names its changes), ``key`` the
@@ -47,7 +64,9 @@ TRIGGER privilege on the table (``CREATE OR REPLACE TRIGGER``). ``cdc run`` inst
 the triggers of the tables it streams when the role may (each session, and when a table gets its
 first float or numeric column), ``cdc tables add`` at registration, ``cdc check --fix`` for every
 registered table; otherwise ``cdc check`` reports them with the SQL for the owner (``cdc check
---nonfinite-recorder-sql``). ``cdc tables remove`` leaves them (another deployment may capture the
+--nonfinite-recorder-sql``). A table the triggers cannot go on (no TRIGGER privilege, locked, a
+shape Postgres refuses them on) is reported for that table, with the fix and what is lost; the
+others go on, and the table's state (:func:`state_key`) shows in ``cdc tables list``. ``cdc tables remove`` leaves them (another deployment may capture the
 same table); the owner drops them with ``DROP TRIGGER zzz_cdc_nonfinite ON ...``.
 
 :data:`WAL2JSON_STATE_KEY` (registry state): ``"1"`` once the reader found that wal2json sends the
@@ -66,7 +85,7 @@ from psycopg import sql
 
 from cdc.errors import DecodeError
 from cdc.reader.wal2json import NONFINITE_PREFIX, type_kind
-from cdc.registry import TableReg
+from cdc.registry import Registry, TableReg
 
 __all__ = [
     "FUNCTION",
@@ -80,6 +99,8 @@ __all__ = [
     "install_script",
     "key_comparable",
     "parse_nonfinite",
+    "remember",
+    "state_key",
     "tracked_columns",
 ]
 
@@ -101,26 +122,39 @@ LOCK_TIMEOUT = "2s"
 #: the function's body (``prosrc``): compared by :func:`check_nonfinite` to tell an outdated one
 BODY = """
 DECLARE
+    rec record;
     r jsonb;
-    k jsonb := '[]';
+    k jsonb;
     vals jsonb;
     i int;
 BEGIN
-    IF tg_argv[0] = 'new' THEN
-        r := to_jsonb(NEW);
+    -- the trigger's WHEN test, again: the trigger has none on a table with generated columns
+    IF tg_op = 'INSERT' THEN
+        IF NEW::text !~ 'NaN|Infinity' THEN
+            RETURN NEW;
+        END IF;
+        rec := NEW;
+    ELSIF tg_argv[0] = 'new' THEN
+        -- a copy: reading NEW whole would detoast its out-of-line values in place, and the row
+        -- returned would then store them anew (a new TOAST value and its WAL on each UPDATE)
+        rec := NEW;
     ELSE
-        r := to_jsonb(OLD);
+        rec := OLD;
     END IF;
-    SELECT jsonb_object_agg(e.key, e.value) INTO vals
-      FROM jsonb_each(r) e
-     WHERE e.value IN ('"NaN"'::jsonb, '"Infinity"'::jsonb, '"-Infinity"'::jsonb);
-    IF vals IS NOT NULL THEN
-        FOR i IN 1 .. tg_nargs - 1 LOOP
-            k := k || jsonb_build_array(r ->> tg_argv[i]);
-        END LOOP;
-        PERFORM pg_logical_emit_message(true, 'cdc.nonfinite',
-            jsonb_build_object('v', 1, 'image', tg_argv[0], 'schema', tg_table_schema,
-                               'table', tg_table_name, 'key', k, 'values', vals)::text);
+    IF rec::text ~ 'NaN|Infinity' THEN
+        r := to_jsonb(rec);
+        SELECT jsonb_object_agg(e.key, e.value) INTO vals
+          FROM jsonb_each(r) e
+         WHERE e.value IN ('"NaN"'::jsonb, '"Infinity"'::jsonb, '"-Infinity"'::jsonb);
+        IF vals IS NOT NULL THEN
+            k := '[]';
+            FOR i IN 1 .. tg_nargs - 1 LOOP
+                k := k || jsonb_build_array(r ->> tg_argv[i]);
+            END LOOP;
+            PERFORM pg_logical_emit_message(true, 'cdc.nonfinite',
+                jsonb_build_object('v', 1, 'image', tg_argv[0], 'schema', tg_table_schema,
+                                   'table', tg_table_name, 'key', k, 'values', vals)::text);
+        END IF;
     END IF;
     IF tg_op = 'DELETE' THEN
         RETURN OLD;
@@ -158,6 +192,13 @@ def _args(reg: TableReg, image: str) -> list[str]:
     return [image, *reg.key]
 
 
+def _has_when(name: str, generated: bool) -> bool:
+    """Whether trigger ``name`` tests the row in its ``WHEN`` clause: all but the new-row trigger
+    of a table with stored generated columns, where Postgres refuses a BEFORE trigger's ``WHEN``
+    that reads ``NEW`` whole (the function runs the same test first thing instead)."""
+    return not (generated and TRIGGERS[name][2] == "NEW")
+
+
 def _wanted(reg: TableReg, full_identity: bool) -> list[str]:
     """The triggers a table should have (none without float or numeric columns)."""
     if not tracked_columns(reg):
@@ -181,22 +222,23 @@ def _table(reg: TableReg) -> sql.Identifier:
     return sql.Identifier(reg.schema, reg.table)
 
 
-def trigger_statements(reg: TableReg, full_identity: bool) -> list[sql.Composed]:
+def trigger_statements(reg: TableReg, full_identity: bool, generated: bool = False) -> list[sql.Composed]:
     """``CREATE OR REPLACE TRIGGER`` of the triggers the table should have (needs the TRIGGER
-    privilege); none for a table without float or numeric columns."""
+    privilege); none for a table without float or numeric columns. ``generated``: the table (or
+    one of its partitions) has stored generated columns (see :func:`_has_when`)."""
     wanted = _wanted(reg, full_identity)
     out = []
     for name in wanted:
         image, events, row = TRIGGERS[name]
+        when = sql.SQL("WHEN ({}::text ~ 'NaN|Infinity') ").format(sql.SQL(row))
         out.append(
             sql.SQL(
-                "CREATE OR REPLACE TRIGGER {} BEFORE {} ON {} FOR EACH ROW "
-                "WHEN ({}::text ~ 'NaN|Infinity') EXECUTE FUNCTION {}({})"
+                "CREATE OR REPLACE TRIGGER {} BEFORE {} ON {} FOR EACH ROW {}EXECUTE FUNCTION {}({})"
             ).format(
                 sql.Identifier(name),
                 sql.SQL(events),
                 _table(reg),
-                sql.SQL(row),
+                when if _has_when(name, generated) else sql.SQL(""),
                 _function(),
                 sql.SQL(", ").join(sql.Literal(a) for a in _args(reg, image)),
             )
@@ -208,7 +250,7 @@ def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> s
     """The SQL that installs the function and the triggers of ``regs`` (for the owner's ``psql``)."""
     state = _state(conn, regs)
     stmts = [function_statement()] + [
-        s for reg in regs for s in trigger_statements(reg, state.full_identity(reg))
+        s for reg in regs for s in trigger_statements(reg, state.full_identity(reg), state.generated(reg))
     ]
     return "BEGIN;\n" + "".join(s.as_string(conn) + ";\n" for s in stmts) + "COMMIT;\n"
 
@@ -219,8 +261,12 @@ SELECT (SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n
        current_database()
 """
 
-_IDENTITIES = """
-SELECT n.nspname::text, c.relname::text, c.relreplident = 'f'
+#: per table: under REPLICA IDENTITY FULL, and its stored generated columns (in any partition)
+_TABLES = """
+SELECT n.nspname::text, c.relname::text, c.relreplident = 'f',
+       ARRAY(SELECT DISTINCT a.attname::text FROM pg_catalog.pg_attribute a
+              WHERE (a.attrelid = c.oid OR a.attrelid IN (SELECT relid FROM pg_catalog.pg_partition_tree(c.oid)))
+                AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '')
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
  WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%(schemas)s::text[], %(tables)s::text[]))
@@ -228,7 +274,7 @@ SELECT n.nspname::text, c.relname::text, c.relreplident = 'f'
 
 _TRIGGERS = """
 SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.tgargs,
-       fn.nspname = %(fschema)s AND f.proname = %(fname)s
+       fn.nspname = %(fschema)s AND f.proname = %(fname)s, t.tgqual IS NOT NULL
   FROM pg_catalog.pg_trigger t
   JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -243,10 +289,12 @@ SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.t
 class _State:
     body: str | None
     database: str
-    #: (schema, table) -> {trigger: (enabled, calls ours, args)}
-    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str]]]]
+    #: (schema, table) -> {trigger: (enabled, calls ours, args, has a WHEN clause)}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], bool]]]
     #: the tables under REPLICA IDENTITY FULL
     full: frozenset[tuple[str, str]]
+    #: (schema, table) -> its stored generated columns (those of its partitions too), when any
+    generated_columns: dict[tuple[str, str], frozenset[str]]
 
     @property
     def function_ok(self) -> bool:
@@ -255,12 +303,22 @@ class _State:
     def full_identity(self, reg: TableReg) -> bool:
         return (reg.schema, reg.table) in self.full
 
+    def generated(self, reg: TableReg) -> bool:
+        return bool(self.generated_columns.get((reg.schema, reg.table)))
+
+    def uncovered(self, reg: TableReg) -> tuple[str, ...]:
+        """The tracked columns that are generated: a BEFORE trigger sees them null (Postgres
+        computes them after), so their NaN/Infinity in a new row is not recorded."""
+        gen = self.generated_columns.get((reg.schema, reg.table), frozenset())
+        return tuple(c for c in tracked_columns(reg) if c in gen)
+
     def table_ok(self, reg: TableReg) -> bool:
         """The table has the triggers it should, up to date and enabled (an old-row trigger left
         on a table no longer under REPLICA IDENTITY FULL does no harm and is not required)."""
         have = self.triggers.get((reg.schema, reg.table), {})
         return all(
-            have.get(name) == (True, True, _args(reg, TRIGGERS[name][0]))
+            have.get(name)
+            == (True, True, _args(reg, TRIGGERS[name][0]), _has_when(name, self.generated(reg)))
             for name in _wanted(reg, self.full_identity(reg))
         )
 
@@ -269,14 +327,17 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
     params = {"fschema": FUNCTION[0], "fname": FUNCTION[1]}
     row = conn.execute(_STATE, params).fetchone()
     assert row is not None
-    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str]]]] = {}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], bool]]] = {}
     full: set[tuple[str, str]] = set()
+    generated: dict[tuple[str, str], frozenset[str]] = {}
     if regs:
         tables = {"schemas": [r.schema for r in regs], "tables": [r.table for r in regs]}
-        for schema, table, is_full in conn.execute(_IDENTITIES, tables).fetchall():
+        for schema, table, is_full, gen in conn.execute(_TABLES, tables).fetchall():
             if is_full:
                 full.add((str(schema), str(table)))
-        for schema, table, name, enabled, args, ours in conn.execute(
+            if gen:
+                generated[(str(schema), str(table))] = frozenset(gen)
+        for schema, table, name, enabled, args, ours, when in conn.execute(
             _TRIGGERS, {**params, "names": list(TRIGGERS), **tables}
         ).fetchall():
             parts = bytes(args).split(b"\x00")[:-1]
@@ -284,8 +345,9 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
                 bool(enabled),
                 bool(ours),
                 [p.decode("utf-8", "replace") for p in parts],
+                bool(when),
             )
-    return _State(row[0], str(row[1]), triggers, frozenset(full))
+    return _State(row[0], str(row[1]), triggers, frozenset(full), generated)
 
 
 def _fix(database: str) -> str:
@@ -297,41 +359,91 @@ def _fix(database: str) -> str:
     )
 
 
+#: the fix for a table Postgres refuses the trigger on
+_UPGRADE_FIX = "upgrade wal2json to 2.6+ (it sends NaN/Infinity itself, and the reader asks for it)"
+#: the fix for a generated column the recorder cannot cover
+_GENERATED_FIX = (
+    f"{_UPGRADE_FIX}, or leave the column out of the capture (`cdc tables remove`, then "
+    "`cdc tables add ... --exclude COLUMN`) and compute it downstream"
+)
+
+
+def _uncovered_text(reg: TableReg, cols: Sequence[str]) -> str:
+    return (
+        f"{reg.qualified} ({', '.join(cols)}: generated, computed after the recorder's BEFORE "
+        "trigger ran, so a NaN/Infinity computed into a new row is not recorded)"
+    )
+
+
 def check_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> tuple[str, str, str] | None:
     """``cdc check``'s view: None when every registered table with float/numeric columns has
-    up-to-date triggers, else ``("warning", message, fix)`` naming the tables and columns whose
-    NaN/Infinity a wal2json older than 2.6 would turn into null."""
+    up-to-date triggers covering all of them, else ``("warning", message, fix)`` naming the tables
+    and columns whose NaN/Infinity a wal2json older than 2.6 would turn into null."""
     need = [r for r in regs if tracked_columns(r)]
     if not need:
         return None
     state = _state(conn, need)
     bad = [r for r in need if not (state.function_ok and state.table_ok(r))]
-    if not bad:
+    partial = [(r, state.uncovered(r)) for r in need if r not in bad and state.uncovered(r)]
+    if not bad and not partial:
         return None
-    tables = "; ".join(f"{r.qualified} ({', '.join(tracked_columns(r))})" for r in bad)
+    messages, fixes = [], []
+    if bad:
+        tables = "; ".join(f"{r.qualified} ({', '.join(tracked_columns(r))})" for r in bad)
+        messages.append(f"the non-finite recorder is missing or outdated for {tables}")
+        fixes.append(_fix(state.database))
+    if partial:
+        tables = "; ".join(_uncovered_text(r, cols) for r, cols in partial)
+        messages.append(f"the non-finite recorder cannot cover {tables}")
+        fixes.append(_GENERATED_FIX)
     return (
         "warning",
-        f"the non-finite recorder is missing or outdated for {tables}: with wal2json < 2.6 a "
-        "NaN, Infinity or -Infinity written there reaches the topics as null",
-        _fix(state.database),
+        "; ".join(messages) + ": with wal2json < 2.6 a NaN, Infinity or -Infinity written there "
+        "reaches the topics as null",
+        "; for the generated columns: ".join(fixes) if bad else fixes[0],
     )
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What :func:`ensure_nonfinite` did for one table: ``ok`` (already up to date),
-    ``installed``, or ``failed`` (``why`` and ``fix`` say what the owner must do)."""
+    ``installed``, or ``failed`` (``why`` and ``fix`` say what the owner must do); ``uncovered``:
+    tracked columns no trigger can cover (generated ones, :meth:`_State.uncovered`)."""
 
     reg: TableReg
     action: str
     why: str = ""
     fix: str = ""
+    uncovered: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any] | None:
+        """The per-table state kept in the registry (:func:`state_key`): None when the recorder
+        covers every tracked column, else ``{"state": "failed"|"partial", "reason", "fix"}``."""
+        if self.action == "failed":
+            return {"state": "failed", "reason": self.why, "fix": self.fix}
+        if self.uncovered:
+            return {
+                "state": "partial",
+                "reason": _uncovered_text(self.reg, self.uncovered),
+                "fix": _GENERATED_FIX,
+            }
+        return None
+
+
+#: a trigger Postgres refuses on this table's shape (not a privilege or a lock)
+_REFUSED = (
+    psycopg.errors.InvalidObjectDefinition,
+    psycopg.errors.FeatureNotSupported,
+    psycopg.errors.WrongObjectType,
+    psycopg.errors.ObjectNotInPrerequisiteState,
+)
 
 
 def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> list[Outcome]:
     """Install or update the function and the triggers of the tables with tracked columns, each
     table in its own transaction (waiting at most :data:`LOCK_TIMEOUT` for its lock). Never raises
-    for a missing privilege or a busy table: that table's outcome is ``failed``, with the fix."""
+    for a missing privilege, a busy table or a trigger Postgres refuses on the table's shape: that
+    table's outcome is ``failed``, with the fix, and the other tables go on."""
     need = [r for r in regs if tracked_columns(r)]
     if not need:
         return []
@@ -348,14 +460,14 @@ def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) ->
             return [Outcome(r, "failed", why, _fix(state.database)) for r in need]
     for reg in need:
         if state.table_ok(reg):
-            out.append(Outcome(reg, "ok"))
+            out.append(Outcome(reg, "ok", uncovered=state.uncovered(reg)))
             continue
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-                for stmt in trigger_statements(reg, state.full_identity(reg)):
+                for stmt in trigger_statements(reg, state.full_identity(reg), state.generated(reg)):
                     conn.execute(stmt)
-            out.append(Outcome(reg, "installed"))
+            out.append(Outcome(reg, "installed", uncovered=state.uncovered(reg)))
         except psycopg.errors.InsufficientPrivilege as exc:
             why = f"this role may not create triggers on {reg.qualified}: {exc.diag.message_primary}"
             out.append(Outcome(reg, "failed", why, _fix(state.database)))
@@ -364,7 +476,32 @@ def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) ->
             out.append(Outcome(reg, "failed", why, "it is tried again when `cdc run` restarts"))
         except psycopg.errors.UndefinedTable:
             out.append(Outcome(reg, "failed", f"{reg.qualified} does not exist at the source", ""))
+        except _REFUSED as exc:
+            why = f"Postgres refuses the recorder's trigger on {reg.qualified}: {exc.diag.message_primary}"
+            out.append(Outcome(reg, "failed", why, _UPGRADE_FIX))
     return out
+
+
+def state_key(schema: str, table: str) -> str:
+    """Registry state key (JSON, :meth:`Outcome.to_json`) of a table whose NaN/Infinity the
+    recorder does not carry (not installed, or a column it cannot cover); absent when it does."""
+    return "nonfinite_recorder:" + msgspec.json.encode([schema, table]).decode()
+
+
+def remember(registry: Registry, outcomes: Sequence[Outcome], regs: Sequence[TableReg] = ()) -> None:
+    """Keep each table's recorder state where ``cdc tables list`` shows it; ``regs`` without an
+    outcome (nothing to track, or wal2json sends the values itself) have none. Writes only what
+    changed."""
+    wanted: dict[tuple[str, str], dict[str, Any] | None] = {
+        (o.reg.schema, o.reg.table): o.to_json() for o in outcomes
+    }
+    for reg in regs:
+        wanted.setdefault((reg.schema, reg.table), None)
+    for (schema, table), state in wanted.items():
+        key = state_key(schema, table)
+        value = None if state is None else msgspec.json.encode(state).decode()
+        if registry.get_state(key) != value:
+            registry.set_state(key, value)
 
 
 # --- the stream side -----------------------------------------------------------------------------

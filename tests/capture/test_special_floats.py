@@ -173,3 +173,193 @@ def test_a_float_column_added_later_is_covered_once_the_reader_sees_it(env: Capt
     env.sql("INSERT INTO f VALUES (2, 'b', 'Infinity')")
     env.run_once()
     assert _afters(env)[("c", 2)]["d"] == "Infinity"
+
+
+# --- table shapes that restrict triggers (issue 16, 2c) -----------------------------------------
+def _recorder_findings(env: CaptureEnv, *source: str) -> list[dict[str, Any]]:
+    res = env.cdc(*source, "check", "--json")
+    # a report, never an abort (a partitioned parent is still an error finding: issue 16, 2d)
+    assert res.stdout.startswith("{") and "Traceback" not in res.stderr, res.stderr
+    return [f for f in orjson.loads(res.stdout)["findings"] if f["check"] == "nonfinite_recorder"]
+
+
+def _listed(env: CaptureEnv) -> dict[str, dict[str, Any]]:
+    res = env.cdc("tables", "list", "--json")
+    assert res.returncode == 0, res.stderr
+    return {row["table"]: row for row in orjson.loads(res.stdout)}
+
+
+def _has_when(env: CaptureEnv, table: str) -> bool:
+    rows = env.fetch(
+        "SELECT tgqual IS NOT NULL FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = 'zzz_cdc_nonfinite'",
+        [table],
+    )
+    assert len(rows) == 1, rows
+    return bool(rows[0][0])
+
+
+def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: CaptureEnv) -> None:
+    """Postgres refuses a BEFORE trigger whose WHEN reads NEW whole on a table with stored
+    generated columns: that table gets the trigger without WHEN, and no table stops."""
+    env.sql("CREATE TABLE other (id int PRIMARY KEY, d double precision)")
+    env.add_table("public.other")
+    env.sql(
+        "CREATE TABLE film (id int PRIMARY KEY, title text, rate numeric(4,2), score double precision, "
+        "body text, fulltext tsvector GENERATED ALWAYS AS (to_tsvector('english', title)) STORED)"
+    )
+    env.sql("ALTER TABLE film ALTER COLUMN body SET STORAGE EXTERNAL")
+    env.sql("INSERT INTO film VALUES (1, 'It''s a \"film\"\\n', 'NaN', '-Infinity', 'b')")  # snapshot row
+    res = env.cdc("tables", "add", "public.film")
+    assert res.returncode == 0, res.stderr
+    assert "installed the non-finite recorder's trigger" in res.stderr and "Traceback" not in res.stderr
+    assert not _has_when(env, "film") and _has_when(env, "other")
+    assert _recorder_findings(env) == []  # installed and up to date: nothing to report
+    env.sql("DROP TRIGGER zzz_cdc_nonfinite ON film")  # `cdc check --fix` puts it back
+    found = _recorder_findings(env)
+    assert len(found) == 1 and "public.film (rate, score)" in found[0]["message"], found
+    res = env.cdc("check", "--fix")
+    assert "installed the non-finite recorder on public.film" in res.stderr and "Traceback" not in res.stderr
+    assert _recorder_findings(env) == [] and not _has_when(env, "film")
+    env.run_once()
+    env.sql("INSERT INTO film VALUES (2, 'Alien', 'NaN', 'Infinity', repeat('x', 5000))")
+    env.sql("INSERT INTO film VALUES (3, 'Heat', 7.5, NULL, 'c')")
+    env.sql("INSERT INTO other VALUES (1, 'Infinity'), (2, 'NaN')")
+    env.sql("UPDATE film SET score = 'NaN' WHERE id = 3")
+    env.run_once()
+    got = _afters(env, "film")
+    assert (got[("r", 1)]["rate"], got[("r", 1)]["score"]) == ("NaN", "-Infinity")
+    assert (got[("c", 2)]["rate"], got[("c", 2)]["score"], got[("c", 2)]["fulltext"]) == (
+        "NaN",
+        "Infinity",
+        "'alien':1",
+    )
+    assert (got[("c", 3)]["rate"], got[("c", 3)]["score"]) == ("7.50", None)
+    assert (got[("u", 3)]["rate"], got[("u", 3)]["score"]) == ("7.50", "NaN")
+    assert (_afters(env, "other")[("c", 1)]["d"], _afters(env, "other")[("c", 2)]["d"]) == ("Infinity", "NaN")
+    assert "sends NaN/Infinity" not in env.last_stderr
+    # the trigger without WHEN names no column either: it never blocks a DBA's DDL
+    env.sql("ALTER TABLE film ALTER COLUMN score TYPE real")
+    env.sql("ALTER TABLE film DROP COLUMN body")
+    env.sql("INSERT INTO film (id, title, rate, score) VALUES (4, 'Ran', 'NaN', '-Infinity')")
+    env.run_once()
+    got = _afters(env, "film")
+    assert (got[("c", 4)]["rate"], got[("c", 4)]["score"]) == ("NaN", "-Infinity")
+
+
+def test_a_generated_column_added_later_gets_the_trigger_without_when(env: CaptureEnv) -> None:
+    """Postgres lets a generated column be added under a trigger whose WHEN reads NEW whole, but a
+    dump of the table would then not restore: the reader replaces it with the form without WHEN."""
+    env.sql("CREATE TABLE f (id int PRIMARY KEY, d double precision)")
+    env.add_table("public.f")
+    env.run_once()
+    assert _has_when(env, "f")
+    env.sql("ALTER TABLE f ADD COLUMN t text, ADD COLUMN up text GENERATED ALWAYS AS (upper(t)) STORED")
+    env.sql("INSERT INTO f VALUES (1, 'NaN', 'a')")  # the reader learns the new columns from this row
+    env.run_once()
+    assert not _has_when(env, "f")
+    env.sql("INSERT INTO f VALUES (2, '-Infinity', 'b')")
+    env.run_once()
+    got = _afters(env)
+    assert (got[("c", 1)]["d"], got[("c", 2)]["d"], got[("c", 2)]["up"]) == ("NaN", "-Infinity", "B")
+
+
+def test_a_generated_float_column_is_reported_as_not_covered(env: CaptureEnv) -> None:
+    """A BEFORE trigger sees a generated column before Postgres computes it: its NaN is not
+    recorded, and `tables add`, `run`, `check` and `tables list` say so, with the fix."""
+    env.sql(
+        "CREATE TABLE m (id int PRIMARY KEY, a double precision, "
+        "half double precision GENERATED ALWAYS AS (a / 2) STORED)"
+    )
+    res = env.cdc("tables", "add", "public.m")
+    assert res.returncode == 0, res.stderr
+    assert "half" in res.stderr and "generated" in res.stderr and "wal2json to 2.6+" in res.stderr
+    found = _recorder_findings(env)
+    assert len(found) == 1 and "public.m (half: generated" in found[0]["message"], found
+    assert "--exclude" in found[0]["fix"]
+    assert _listed(env)["public.m"]["nonfinite_recorder"]["state"] == "partial"
+    env.run_once()
+    env.sql("INSERT INTO m VALUES (1, 'NaN')")
+    env.run_once()
+    after = _afters(env, "m")[("c", 1)]
+    assert after["a"] == "NaN" and after["half"] is None  # the loss the warning is about
+    assert "does not cover half" in env.last_stderr
+
+
+def test_a_partitioned_table_gets_the_recorder_on_every_partition(env: CaptureEnv) -> None:
+    """BEFORE ROW triggers on a partitioned parent are cloned to its partitions (PG13+), also one
+    attached later; with a generated column, the form without WHEN."""
+    env.sql(
+        "CREATE TABLE pay (id int, month int, amount numeric, cents bigint GENERATED ALWAYS AS (id * 100) STORED, "
+        "PRIMARY KEY (id, month)) PARTITION BY RANGE (month)"
+    )
+    env.sql("CREATE TABLE pay_1 PARTITION OF pay FOR VALUES FROM (1) TO (2)")
+    env.sql(
+        "CREATE TABLE log (id int, month int, v real, PRIMARY KEY (id, month)) PARTITION BY RANGE (month)"
+    )
+    env.sql("CREATE TABLE log_1 PARTITION OF log FOR VALUES FROM (1) TO (2)")
+    for t in ("public.pay", "public.log"):
+        res = env.cdc("tables", "add", t)
+        assert res.returncode == 0 and "installed the non-finite recorder's trigger" in res.stderr, res.stderr
+    assert not _has_when(env, "pay") and _has_when(env, "log")
+    assert _recorder_findings(env) == []
+    env.run_once()
+    env.sql("CREATE TABLE pay_2 PARTITION OF pay FOR VALUES FROM (2) TO (3)")
+    env.sql("CREATE TABLE log_2 PARTITION OF log FOR VALUES FROM (2) TO (3)")
+    env.sql("INSERT INTO pay (id, month, amount) VALUES (1, 1, 'NaN'), (2, 2, '-Infinity')")
+    env.sql("INSERT INTO log VALUES (1, 1, 'Infinity'), (2, 2, 'NaN')")
+    env.run_once()
+    assert "sends NaN/Infinity" not in env.last_stderr
+    pay = {k[1]: v for k, v in _afters(env, "pay").items()}
+    assert (pay[1]["amount"], pay[2]["amount"], pay[2]["cents"]) == ("NaN", "-Infinity", 200)
+    log = {k[1]: v["v"] for k, v in _afters(env, "log").items()}
+    assert log == {1: "Infinity", 2: "NaN"}
+    assert _recorder_findings(env) == []
+
+
+def test_a_table_of_another_owner_is_reported_and_the_others_go_on(env: CaptureEnv) -> None:
+    """The capture role lacks TRIGGER on a table another role owns: that table is reported (with
+    the SQL for its owner) in `tables add`, `run`, `check` and `tables list`; its own tables get
+    the recorder and carry their NaN."""
+    role, owner = f"cdc_ow_{env.slot[-8:]}", f"own_{env.slot[-8:]}"
+    env.sql(f"CREATE ROLE {role} LOGIN REPLICATION")
+    env.sql(f"CREATE ROLE {owner} NOLOGIN")
+    env.sql(f"GRANT CREATE ON SCHEMA public TO {role}")
+    env.sql("CREATE TABLE theirs (id int PRIMARY KEY, d double precision)")
+    env.sql("CREATE TABLE mine (id int PRIMARY KEY, n numeric, g text GENERATED ALWAYS AS (n::text) STORED)")
+    env.sql(f"ALTER TABLE theirs OWNER TO {owner}")
+    env.sql(f"GRANT SELECT ON theirs TO {role}")
+    env.sql(f"ALTER TABLE mine OWNER TO {role}")
+    low = env.pg.dsn(env.db, user=role)
+    res = env.cdc("--source", low, "tables", "add", "public.theirs")
+    assert res.returncode == 0, res.stderr
+    assert "reaches the topic as null" in res.stderr and "cdc check --nonfinite-recorder-sql" in res.stderr
+    res = env.cdc("--source", low, "tables", "add", "public.mine")
+    assert res.returncode == 0 and "installed the non-finite recorder's trigger" in res.stderr, res.stderr
+    listed = _listed(env)
+    assert listed["public.theirs"]["nonfinite_recorder"]["state"] == "failed"
+    assert "nonfinite_recorder" not in listed["public.mine"]
+    found = _recorder_findings(env, "--source", low)
+    assert (
+        len(found) == 1
+        and "public.theirs (d)" in found[0]["message"]
+        and "public.mine" not in found[0]["message"]
+    )
+    res = env.cdc("--source", low, "run", "--once")
+    assert res.returncode == 0, res.stderr
+    env.sql("INSERT INTO theirs VALUES (1, 'NaN')")
+    env.sql("INSERT INTO mine (id, n) VALUES (1, 'NaN')")
+    res = env.cdc("--source", low, "run", "--once")
+    assert res.returncode == 0, res.stderr
+    assert "sends NaN/Infinity in public.theirs (d) as null" in res.stderr and "public.mine" not in res.stderr
+    assert _afters(env, "mine")[("c", 1)]["n"] == "NaN"
+    assert _afters(env, "theirs")[("c", 1)]["d"] is None  # the loss the warnings are about
+    script = env.cdc("--source", low, "check", "--nonfinite-recorder-sql")
+    assert script.returncode == 0 and '"theirs"' in script.stdout, script.stderr
+    with psycopg.connect(env.dsn, autocommit=True) as su:  # the owner (here: a superuser) runs it
+        su.execute(script.stdout.encode())
+    assert _recorder_findings(env, "--source", low) == []
+    env.sql("INSERT INTO theirs VALUES (2, '-Infinity')")
+    res = env.cdc("--source", low, "run", "--once")
+    assert res.returncode == 0 and "sends NaN/Infinity" not in res.stderr, res.stderr
+    assert _afters(env, "theirs")[("c", 2)]["d"] == "-Infinity"
+    assert "nonfinite_recorder" not in _listed(env)["public.theirs"]
