@@ -159,7 +159,8 @@ class WarehouseSink(Sink):
                 for i, why in T.unstorable(values, pg).items():
                     bad.setdefault(i, []).append(f"column {name}: {why}")
             at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
-            for ev in per_event.unresolved(reg, batch.events, str(self.paths(reg)[1])):
+            kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
+            for ev in per_event.unresolved(reg, kept, str(self.paths(reg)[1])):
                 bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
             if not bad:
                 return []
