@@ -160,7 +160,7 @@ class WarehouseSink(Sink):
                     bad.setdefault(i, []).append(f"column {name}: {why}")
             at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
             kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
-            for ev in per_event.unresolved(reg, kept, str(self.paths(reg)[1])):
+            for ev in per_event.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
                 bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
             if not bad:
                 return []

@@ -235,23 +235,26 @@ class _Resolver:
         )
 
 
-def unresolved(reg: TableReg, events: Sequence[ChangeEvent], history_path: str) -> list[ChangeEvent]:
+def unresolved(reg: TableReg, events: Sequence[ChangeEvent], paths: Sequence[str]) -> list[ChangeEvent]:
     """The events lacking unchanged TOAST columns that neither the batch nor the warehouse holds a
     row for (:mod:`sinks.toast`): an update of a key the warehouse never stored, a primary-key change
-    whose old key it never stored. Reads only the key column of the history (which holds every row
-    the current table ever held), for the keys those events need."""
+    whose old key it never stored. Reads only the key column, for the keys those events need: of
+    the current table (``paths[0]``; a live key, the usual case), then of the history (``paths[1]``,
+    every row the current table ever held) for the rest."""
     chains = Chains(events, reg.key)
     lacking = [ev for ev in events if ev.unavailable and ev.op != "d"]
     if not lacking:
         return []
+    todo = sorted({ev.key_json for ev in lacking} | set(chains.old_keys(lacking)))
     stored: set[str] = set()
-    if DeltaTable.is_deltatable(history_path):
-        history = DeltaTable(history_path)
-        keys = sorted({ev.key_json for ev in lacking} | set(chains.old_keys(lacking)))
-        layout = layout_of(history)
-        buckets = layout.buckets(reg, keys, [orjson.loads(k).get(reg.key[0]) for k in keys])
-        got = read_rows(history, keys, set(buckets.tolist()), columns=[KEY])
-        stored = set(got.column(KEY).cast(pa.string()).to_pylist())
+    for path in paths[:2]:
+        if not todo or not DeltaTable.is_deltatable(path):
+            break
+        table = DeltaTable(path)
+        buckets = layout_of(table).buckets(reg, todo, [orjson.loads(k).get(reg.key[0]) for k in todo])
+        got = read_rows(table, todo, set(buckets.tolist()), columns=[KEY])
+        stored.update(got.column(KEY).cast(pa.string()).to_pylist())
+        todo = [k for k in todo if k not in stored]
     return chains.unresolved(lambda k, _v: {} if k in stored else None)
 
 
