@@ -276,7 +276,16 @@ class SearchSink(Sink):
             return []
         chains = Chains(batch.events, reg.key)
         keys = {ev.key_json for ev in lacking} | set(chains.old_keys(lacking))
-        live = {k for k, (_v, dead) in self._index(reg).stored(sorted(keys)).items() if not dead}
+        idx = self._index(reg)
+        stored = idx.stored(sorted(keys))
+        live = {k for k, (_v, dead) in stored.items() if not dead}
+        mark = idx.marker()
+        none = ((-1, -1), False)
+
+        def applied(ev: ChangeEvent) -> bool:  # a replay: the guard skips it, nothing to complete
+            v = (ev.version.commit_lsn, ev.version.seq)
+            return v <= stored.get(ev.key_json, none)[0] or ev.version <= mark
+
         return [
             Rejection(
                 ev.partition,
@@ -284,7 +293,7 @@ class SearchSink(Sink):
                 f"the unchanged TOAST columns {list(ev.unavailable)} were not sent, and neither the batch "
                 "nor the search index holds a document to take them from (fix: re-snapshot the table)",
             )
-            for ev in chains.unresolved(lambda k, _v: {} if k in live else None)
+            for ev in chains.unresolved(lambda k, _v: {} if k in live else None, applied)
         ]
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:

@@ -110,12 +110,15 @@ class Chains:
             base = {**e.after, **{c: base.get(c) for c in e.unavailable}}
         return base
 
-    def unresolved(self, stored: Stored) -> list[ChangeEvent]:
+    def unresolved(
+        self, stored: Stored, applied: Callable[[ChangeEvent], bool] = lambda ev: False
+    ) -> list[ChangeEvent]:
         """The events lacking columns that no row holds (``stored`` may answer with any dict for
-        "a row exists": only presence counts)."""
+        "a row exists": only presence counts), except those the sink ``applied`` already (a replay:
+        its version guard skips them)."""
         return [
             ev
             for evs in self.by_key.values()
             for ev in evs
-            if ev.unavailable and ev.op != "d" and self.values(ev, stored) is None
+            if ev.unavailable and ev.op != "d" and not applied(ev) and self.values(ev, stored) is None
         ]
