@@ -177,6 +177,8 @@ class Sink(abc.ABC):
       an older event for that key arriving later does not resurrect the row. A TRUNCATE's version is
       remembered the same way for the whole table.
     * **Unavailable TOAST values** (``ChangeEvent.unavailable``) keep the stored value; never null.
+      For the ``c`` of a primary-key change that is the old key's row (:mod:`sinks.toast`). An event
+      whose values no row holds is rejected (:meth:`reject`), never an error of the whole batch.
     * **A poison record never stops the others.** A value the sink cannot hold is reported by
       :meth:`reject` before any sink applies the batch; the job dead-letters that record and applies
       the rest.
@@ -186,9 +188,11 @@ class Sink(abc.ABC):
 
     def reject(self, batch: ChangeBatch) -> list[Rejection]:
         """The events of ``batch`` this sink cannot hold (a value outside what its storage represents),
-        each with the reason. Called once per table per micro-batch, before any sink's :meth:`apply`;
-        pure (writes nothing). The job removes the rejected events from the batch for every sink. The
-        default: none."""
+        each with the reason. Called per table per micro-batch, before any sink's :meth:`apply`, and
+        again on the batch without the events rejected so far until no sink rejects more (an event
+        may rely on one rejected before it: an update lacking its unchanged TOAST values on the
+        rejected insert); pure (writes nothing). The job removes the rejected events from the batch
+        for every sink. The default: none."""
         return []
 
     @abc.abstractmethod

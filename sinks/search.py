@@ -24,7 +24,8 @@ import tantivy
 from cdc.errors import ApplyError, ConfigError
 from cdc.events import Version
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, Sink
+from sinks import ChangeBatch, ChangeEvent, Rejection, Sink
+from sinks.toast import Chains
 
 if TYPE_CHECKING:
     from cdc.config import Settings
@@ -264,6 +265,37 @@ class SearchSink(Sink):
             self._open[reg.topic] = idx
         return idx
 
+    def reject(self, batch: ChangeBatch) -> list[Rejection]:
+        """The events lacking unchanged TOAST columns that neither the batch nor the index holds a
+        document for (:mod:`sinks.toast`; the side table tells which keys have a live document)."""
+        reg = batch.table
+        if not reg.search or batch.columns is not None:
+            return []
+        lacking = [ev for ev in batch.events if ev.unavailable and ev.op != "d"]
+        if not lacking:
+            return []
+        chains = Chains(batch.events, reg.key)
+        keys = {ev.key_json for ev in lacking} | set(chains.old_keys(lacking))
+        idx = self._index(reg)
+        stored = idx.stored(sorted(keys))
+        live = {k for k, (_v, dead) in stored.items() if not dead}
+        mark = idx.marker()
+        none = ((-1, -1), False)
+
+        def applied(ev: ChangeEvent) -> bool:  # a replay: the guard skips it, nothing to complete
+            v = (ev.version.commit_lsn, ev.version.seq)
+            return v <= stored.get(ev.key_json, none)[0] or ev.version <= mark
+
+        return [
+            Rejection(
+                ev.partition,
+                ev.offset,
+                f"the unchanged TOAST columns {list(ev.unavailable)} were not sent, and neither the batch "
+                "nor the search index holds a document to take them from (fix: re-snapshot the table)",
+            )
+            for ev in chains.unresolved(lambda k, _v: {} if k in live else None, applied)
+        ]
+
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
         """See :class:`sinks.Sink` and the module docstring; a table without search columns is a no-op."""
         reg = batch.table
@@ -313,6 +345,7 @@ class SearchSink(Sink):
                 by_key.setdefault(e.key_json, []).append(e)
         stored = idx.stored(sorted({ev.key_json for ev in latest if ev.op != "t"}))
         toast_keys = {e.key_json for e in batch.events if e.unavailable}
+        chains = Chains(batch.events, reg.key) if toast_keys else None
         overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
         truncate: ChangeEvent | None = None
         for ev in latest:
@@ -349,7 +382,7 @@ class SearchSink(Sink):
             if ev.key_json in toast_keys:
                 chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
                 if any(e.unavailable for e in chain):
-                    values = _resolve(idx, reg, chain)
+                    values = _resolve(idx, reg, chain, chains)
             writer.add_document(_document(ev.key_json, ev.version.commit_lsn, ev.version.seq, values, fields))
             overlay[ev.key_json] = (ev.version, False, None)
         rows = [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()]
@@ -408,10 +441,13 @@ class SearchSink(Sink):
         self._open.clear()
 
 
-def _resolve(idx: _Index, reg: TableReg, chain: list[ChangeEvent]) -> dict[str, Any]:
+def _resolve(idx: _Index, reg: TableReg, chain: list[ChangeEvent], chains: Chains | None) -> dict[str, Any]:
     """The full values of the last event of ``chain`` (a key's applied events of this batch, in
     version order): unavailable (unchanged TOAST) columns come from the previous event of the chain,
-    else from the stored document; ApplyError when there is none (or the key was deleted before)."""
+    else from the stored document; for a primary-key change's ``c``, from the old key's row
+    (:mod:`sinks.toast`: its events of the batch, else its stored document), else from the key's own
+    document (a replay after this batch's index commit); ApplyError when there is none (or the key
+    was deleted before). :meth:`SearchSink.reject` dead-letters such events first."""
     base: dict[str, Any] | None = None
     deleted = False
     for e in chain:
@@ -419,6 +455,9 @@ def _resolve(idx: _Index, reg: TableReg, chain: list[ChangeEvent]) -> dict[str, 
             base, deleted = None, True
             continue
         values = dict(e.after or {})
+        if chains is not None and Chains.is_moved(e):
+            moved = chains.values(e, lambda k, _v: idx.document(k))
+            base = moved if moved is not None else idx.document(e.key_json)
         if e.unavailable:
             if base is None and not deleted:
                 base = idx.document(e.key_json)

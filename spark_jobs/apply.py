@@ -319,9 +319,16 @@ class ApplyJob:
         batch = parsed.batch
         assert batch is not None
         reasons: dict[tuple[int, int], list[str]] = {}
-        for sink in self.sinks:
-            for r in sink.reject(batch):
-                reasons.setdefault((r.partition, r.offset), []).append(f"{sink.name}: {r.reason}")
+        rest = batch
+        while True:  # until no sink rejects more: an event may need one rejected before it (TOAST)
+            new = False
+            for sink in self.sinks:
+                for r in sink.reject(rest):
+                    new = new or (r.partition, r.offset) not in reasons
+                    reasons.setdefault((r.partition, r.offset), []).append(f"{sink.name}: {r.reason}")
+            if not new:
+                break
+            rest = batch.without(set(reasons))
         if not reasons:
             return batch, []
         positions = set(reasons)

@@ -13,6 +13,8 @@ Decisions (extending :mod:`cdc.events`):
   *of each table*, which is ``"last"``.
 * ``before``: the identity wal2json sent (the old key under REPLICA IDENTITY DEFAULT, the old row
   under FULL), ``null`` when it sent none. Excluded columns are dropped from ``before`` and ``after``.
+  The ``c`` of a primary-key change carries it too (the ``d``'s ``before``): it names the old key,
+  whose row holds the unchanged TOAST values the ``c`` lists in ``unavailable``.
 """
 
 from __future__ import annotations
@@ -535,8 +537,10 @@ class EventBuilder:
                 return codec.topic, [
                     Record(old, codec.value(before, None, source, b"d", [], self.now)),
                     Record(old, None),
+                    # ``before``: the old key's identity (Debezium's ``__debezium.oldkey`` header), so a
+                    # sink can take the unchanged TOAST values ``unavailable`` lists from the old row
                     Record(
-                        encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now)
+                        encode_key(new_key), codec.value(before, after, source, b"c", unavailable, self.now)
                     ),
                 ]
         return codec.topic, [

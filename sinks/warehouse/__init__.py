@@ -158,6 +158,10 @@ class WarehouseSink(Sink):
                 values = [ev.after.get(name) if ev.after else None for ev in rows]
                 for i, why in T.unstorable(values, pg).items():
                     bad.setdefault(i, []).append(f"column {name}: {why}")
+            at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
+            kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
+            for ev in per_event.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
+                bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
             if not bad:
                 return []
             positions = [(rows[i].partition, rows[i].offset) for i in sorted(bad)]
@@ -319,6 +323,14 @@ class WarehouseSink(Sink):
 
     def close(self) -> None:
         return None
+
+
+def _unresolved_reason(ev: ChangeEvent) -> str:
+    what = "this primary-key change's old key" if ev.op == "c" else "the key"
+    return (
+        f"the unchanged TOAST columns {list(ev.unavailable)} were not sent, and neither the batch nor the "
+        f"warehouse holds a row of {what} to take them from (fix: re-snapshot the table, then replay)"
+    )
 
 
 def _vacuum(path: Path, retention_hours: int) -> int:

@@ -12,6 +12,7 @@ from itertools import repeat
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
@@ -20,10 +21,12 @@ from cdc.events import Version
 from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent
 from sinks import types as T
+from sinks.toast import Chains
 from sinks.warehouse.delta import (
     arrow_schema,
     cast_to_field,
     current_versions,
+    layout_of,
     read_rows,
     stored_guards,
     write_current,
@@ -96,6 +99,9 @@ class BatchContext:
         }
         self.marker = Version(*self.stored.marker)
         self.converted = _Converted()
+        self.layout = layout
+        self.chains = Chains(self.events, reg.key)
+        self._history_of: dict[str, list[dict[str, Any]]] = {}
         self._current = current
         self._cur_versions: tuple[np.ndarray, np.ndarray] | None = None
         self._cur_rows: dict[str, dict[str, Any]] = {}
@@ -125,6 +131,27 @@ class BatchContext:
             found.update(_latest_rows(history, rest, self))
         return found
 
+    def bucket(self, key_json: str) -> int:
+        """The bucket of a key, also of one without an event in the batch (a primary-key change's old
+        key whose delete an earlier batch applied)."""
+        b = self.key_buckets.get(key_json)
+        if b is None:
+            first = orjson.loads(key_json).get(self.reg.key[0])
+            b = int(self.layout.buckets(self.reg, [key_json], [first])[0])
+        return b
+
+    def history_before(self, history: DeltaTable, key_json: str, v: Version) -> dict[str, Any] | None:
+        """The key's newest history row older than ``v`` in event encoding (None: none): what the
+        row held just before ``v``, whether the delete that closed it is in this batch or applied."""
+        rows = self._history_of.get(key_json)
+        if rows is None:
+            rows = read_rows(history, [key_json], {self.bucket(key_json)}).to_pylist()
+            self._history_of[key_json] = rows
+        before = [r for r in rows if (r[LSN], r[SEQ]) < (v.commit_lsn, v.seq)]
+        if not before:
+            return None
+        return _row_to_event_values(max(before, key=lambda r: (r[LSN], r[SEQ])), self.types)
+
     def event(self, row: int) -> ChangeEvent:
         """The event at a row of the plan."""
         return self.events[int(self.idx[row])]
@@ -152,9 +179,9 @@ class _Resolver:
     """Column values of an event, with unavailable (unchanged TOAST) columns filled from the key's
     previous event in the batch or the stored row (``fetch(keys) -> {key: row}``)."""
 
-    def __init__(self, ctx: BatchContext, fetch: Any) -> None:
+    def __init__(self, ctx: BatchContext, history: DeltaTable) -> None:
         self.ctx = ctx
-        self.fetch = fetch
+        self.history = history
         self.prev: dict[str, dict[str, Any]] = {}  # key -> last resolved values in this batch
         self.stored: dict[str, dict[str, Any]] | None = None
         self.deleted: set[str] = set()  # keys deleted/truncated earlier in the batch: no stored row
@@ -167,30 +194,68 @@ class _Resolver:
     def values(self, ev: ChangeEvent) -> dict[str, Any]:
         assert ev.after is not None
         vals = ev.after  # read-only from here on: a copy only when values are filled in
-        if ev.unavailable:
+        if Chains.is_moved(ev):  # a primary-key change: the old key's row holds the values
+            moved = self.ctx.chains.values(ev, lambda k, v: self.ctx.history_before(self.history, k, v))
+            if moved is None:
+                raise self._unresolved(ev)
+            vals = moved
+        elif ev.unavailable:
             vals = dict(vals)
             base = self.prev.get(ev.key_json)
             if base is None and ev.key_json not in self.deleted:
                 if self.stored is None:
                     need = sorted(
-                        {e.key_json for evs in self.ctx.by_key.values() for e in evs if e.unavailable}
+                        {
+                            e.key_json
+                            for evs in self.ctx.by_key.values()
+                            for e in evs
+                            if e.unavailable and not Chains.is_moved(e)
+                        }
                     )
                     self.stored = {
-                        k: _row_to_event_values(v, self.ctx.types) for k, v in self.fetch(need).items()
+                        k: _row_to_event_values(v, self.ctx.types)
+                        for k, v in self.ctx.stored_rows(self.history, need).items()
                     }
                 base = self.stored.get(ev.key_json)
             if base is None:
-                raise ApplyError(
-                    f"{self.ctx.reg.qualified}: key {ev.key_json} at version {ev.version} lacks the unchanged "
-                    f"TOAST columns {list(ev.unavailable)} and the warehouse has no stored row to take them from",
-                    fix=f"re-snapshot the table (`cdc snapshot {self.ctx.reg.qualified}`) so every row is complete",
-                    key=ev.key_json,
-                    columns=list(ev.unavailable),
-                )
+                raise self._unresolved(ev)
             for c in ev.unavailable:
                 vals[c] = base.get(c)
         self.prev[ev.key_json] = vals
         return vals
+
+    def _unresolved(self, ev: ChangeEvent) -> ApplyError:
+        """A backstop: :meth:`sinks.warehouse.WarehouseSink.reject` dead-letters such events first."""
+        return ApplyError(
+            f"{self.ctx.reg.qualified}: key {ev.key_json} at version {ev.version} lacks the unchanged "
+            f"TOAST columns {list(ev.unavailable)} and the warehouse has no stored row to take them from",
+            fix=f"re-snapshot the table (`cdc snapshot {self.ctx.reg.qualified}`) so every row is complete",
+            key=ev.key_json,
+            columns=list(ev.unavailable),
+        )
+
+
+def unresolved(reg: TableReg, events: Sequence[ChangeEvent], paths: Sequence[str]) -> list[ChangeEvent]:
+    """The events lacking unchanged TOAST columns that neither the batch nor the warehouse holds a
+    row for (:mod:`sinks.toast`): an update of a key the warehouse never stored, a primary-key change
+    whose old key it never stored. Reads only the key column, for the keys those events need: of
+    the current table (``paths[0]``; a live key, the usual case), then of the history (``paths[1]``,
+    every row the current table ever held) for the rest."""
+    chains = Chains(events, reg.key)
+    lacking = [ev for ev in events if ev.unavailable and ev.op != "d"]
+    if not lacking:
+        return []
+    todo = sorted({ev.key_json for ev in lacking} | set(chains.old_keys(lacking)))
+    stored: set[str] = set()
+    for path in paths[:2]:
+        if not todo or not DeltaTable.is_deltatable(path):
+            break
+        table = DeltaTable(path)
+        buckets = layout_of(table).buckets(reg, todo, [orjson.loads(k).get(reg.key[0]) for k in todo])
+        got = read_rows(table, todo, set(buckets.tolist()), columns=[KEY])
+        stored.update(got.column(KEY).cast(pa.string()).to_pylist())
+        todo = [k for k in todo if k not in stored]
+    return chains.unresolved(lambda k, _v: {} if k in stored else None)
 
 
 def _row_to_event_values(row: dict[str, Any], types: dict[str, str | None]) -> dict[str, Any]:
@@ -328,7 +393,7 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
     o_lsn, o_seq = ctx.current_versions()
     hp = plan.history(ctx.stored.with_open(o_lsn, o_seq))
     truncates = ctx.truncates
-    resolver = _Resolver(ctx, lambda missing: ctx.stored_rows(history, missing))
+    resolver = _Resolver(ctx, history)
     close_rows: list[dict[str, Any]] = []
     for k, by_ev, by_t in zip(hp.closed_keys, hp.close_event, hp.close_truncate, strict=True):
         key_json = ctx.keys[k]
@@ -386,7 +451,7 @@ def apply_current(
         ev.key_json for ev in latest if ev.op != "d" and any(e.unavailable for e in ctx.by_key[ev.key_json])
     }
     stored = ctx.current_rows(sorted(need)) if need else {}
-    resolver = _Resolver(ctx, lambda missing: ctx.stored_rows(history, missing))
+    resolver = _Resolver(ctx, history)
     rows = []
     for ev in latest:
         row = ctx.meta_row(ev)

@@ -396,12 +396,19 @@ class Workload:
                 (slug, "draft", secrets.token_hex(3000)),
             )
             self.docs.append(slug)
-        elif r < 0.98:
+        elif r < 0.96:
             # a TOAST update: body unchanged, so wal2json leaves it out of the change
             conn.execute(
                 "UPDATE chaos_docs SET title = %s WHERE slug = %s",
                 (f"title {secrets.token_hex(4)}", rng.choice(self.docs)),
             )
+        elif r < 0.98:
+            # a primary-key change, body unchanged: the new key's event lacks it (the old key's row
+            # holds it)
+            old = self.docs.pop(rng.randrange(len(self.docs)))
+            new = f"doc-{secrets.token_hex(6)}"
+            conn.execute("UPDATE chaos_docs SET slug = %s WHERE slug = %s", (new, old))
+            self.docs.append(new)
         elif r < 0.999:
             slug = self.docs.pop(rng.randrange(len(self.docs)))
             conn.execute("DELETE FROM chaos_docs WHERE slug = %s", (slug,))

@@ -106,6 +106,46 @@ def test_unavailable_toast_keeps_stored_text(tmp_path: Path, sink: SearchSink, f
         )
 
 
+def test_key_change_takes_unchanged_toast_from_the_old_key(
+    tmp_path: Path, sink: SearchSink, feed: FeedMaker
+) -> None:
+    reg = table("docs", columns=COLS, search=("title", "body"))
+    f = feed(reg)
+
+    def moved(old: int, new: int, lsn: int, before: bool = True) -> list[object]:
+        c = f.change(
+            "c",
+            {"id": new, "title": "moved", "price": None},
+            lsn,
+            unavailable=["body"],
+            before={"id": old} if before else None,
+        )
+        return [*f.delete({"id": old}, lsn), c]
+
+    sink.apply(
+        f.batch(f.change("c", row(1, "t", "body one"), 100), f.change("c", row(2, "t", "body two"), 101)),
+        1,
+        APP,
+    )
+    # across batches (stored document), within a batch (earlier event), a legacy event without before
+    b = f.batch(
+        *moved(1, 10, 200),
+        f.change("c", row(3, "t", "body three"), 210),
+        *moved(3, 30, 220, before=False),
+    )
+    assert sink.reject(b) == []
+    sink.apply(b, 2, APP)
+    assert sink.reject(b) == []  # a replay (the old keys' documents are gone): nothing to complete
+    d = docs(tmp_path, reg)
+    assert {k: v["body"] for k, v in d.items()} == {10: ["body one"], 2: ["body two"], 30: ["body three"]}
+    # no document anywhere: rejected (the job dead-letters it), the rest applies
+    b = f.batch(*moved(7, 70, 300), *moved(2, 20, 310))
+    rejected = sink.reject(b)
+    assert [r.offset for r in rejected] == [e.offset for e in b.events if e.key_json == '{"id":70}']
+    sink.apply(b.without({(r.partition, r.offset) for r in rejected}), 3, APP)
+    assert docs(tmp_path, reg)[20]["body"] == ["body two"] and 70 not in docs(tmp_path, reg)
+
+
 def test_idempotent_replay(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
     reg = table("docs", columns=COLS, search=("title",))
     f = feed(reg)

@@ -180,6 +180,87 @@ def test_unavailable_toast_without_stored_row_is_an_error(sink: WarehouseSink, f
     assert "note" in str(err.value) and err.value.fix and "snapshot" in err.value.fix
 
 
+def key_change(f: Feed, old: int, new: int, lsn: int, name: str = "moved", **kw: Any) -> list[Any]:
+    """A primary-key change as the reader writes it: ``d`` old + tombstone + ``c`` new, one version;
+    the ``c`` lacks the unchanged TOAST column ``note`` and names the old key in ``before``."""
+    before = kw.pop("before", {"id": old})
+    c = f.change("c", {"id": new, "name": name}, lsn, 1, unavailable=["note"], before=before)
+    return [*f.delete({"id": old}, lsn, 1), c]
+
+
+def test_key_change_takes_unchanged_toast_from_the_old_key(sink: WarehouseSink, feed: FeedMaker) -> None:
+    reg = table()
+    f = feed(reg)
+    big = "z\n'\"\\" * 3_000
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i, "name": "a", "note": f"{i}{big}"}, 100 + i) for i in range(1, 8))),
+        1,
+        APP,
+    )
+    # across batches: the old key's stored row; within one batch: its earlier (TOAST) update; a chain
+    # of two key changes; a legacy event without ``before`` (paired by the delete of its version)
+    sink.apply(
+        f.batch(
+            key_change(f, 1, 100, 200),
+            f.change("u", {"id": 2, "name": "b"}, 300, unavailable=["note"]),
+            key_change(f, 2, 200, 310),
+            key_change(f, 3, 30, 400),
+            key_change(f, 30, 300, 410),
+            key_change(f, 4, 400, 500, before=None),
+        ),
+        2,
+        APP,
+    )
+    cur = current(sink, reg)
+    assert {k: cur[k]["note"] for k in (100, 200, 300, 400)} == {
+        k: f"{k // 100}{big}" for k in (100, 200, 300, 400)
+    }
+    assert not {1, 2, 3, 4, 30} & set(cur)
+    assert [r["note"] for r in history(sink, reg, 30)] == [f"3{big}"]
+    # the delete applied by an earlier batch than its create (a batch cut between them)
+    d, tomb, c = key_change(f, 5, 500, 600)
+    sink.apply(f.batch(d, tomb), 3, APP)
+    sink.apply(f.batch(c), 4, APP)
+    # the create before its delete (the old key's partition behind)
+    d, tomb, c = key_change(f, 6, 600, 700)
+    sink.apply(f.batch(c), 5, APP)
+    sink.apply(f.batch(d, tomb), 6, APP)
+    # REPLICA IDENTITY FULL: the before image holds the value
+    sink.apply(f.batch(key_change(f, 9, 900, 800, before={"id": 9, "name": "a", "note": "full"})), 7, APP)
+    cur = current(sink, reg)
+    assert (cur[500]["note"], cur[600]["note"], cur[900]["note"]) == (f"5{big}", f"6{big}", "full")
+    assert not {5, 6} & set(cur)
+    # a replayed batch gives the same rows, and nothing is rejected
+    b = f.batch(key_change(f, 7, 700, 900))
+    sink.apply(b, 8, APP)
+    assert sink.reject(b) == []
+    sink.apply(b, 8, APP)
+    assert current(sink, reg)[700]["note"] == f"7{big}"
+    assert [r["note"] for r in history(sink, reg, 700)] == [f"7{big}"]
+
+
+def test_key_change_without_any_stored_row_is_rejected(sink: WarehouseSink, feed: FeedMaker) -> None:
+    """No row anywhere holds the value: the sink rejects exactly those events (the job dead-letters
+    them), and the rest of the batch applies."""
+    reg = table()
+    f = feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "kept"}, 100)), 1, APP)
+    b = f.batch(
+        key_change(f, 1, 10, 200),  # resolvable
+        key_change(f, 2, 20, 210),  # key 2 was never stored
+        f.change("u", {"id": 20, "name": "later"}, 220, unavailable=["note"]),  # follows the lost row
+        f.change("u", {"id": 8, "name": "never"}, 230, unavailable=["note"]),  # never stored
+        f.change("c", {"id": 3, "name": "new", "note": "n"}, 240),
+    )
+    rejected = sink.reject(b)
+    assert [(r.offset, "TOAST" in r.reason and "note" in r.reason) for r in rejected] == [
+        (e.offset, True) for e in b.events if e.key_json in ('{"id":20}', '{"id":8}')
+    ]
+    sink.apply(b.without({(r.partition, r.offset) for r in rejected}), 2, APP)
+    cur = current(sink, reg)
+    assert {k: v["note"] for k, v in cur.items()} == {10: "kept", 3: "n"}
+
+
 TYPED = (
     ("id", "bigint"),
     ("small", "smallint"),

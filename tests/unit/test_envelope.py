@@ -113,6 +113,8 @@ def test_primary_key_change_is_delete_tombstone_create() -> None:
     assert [r.key for r in recs] == [b'{"id":3}', b'{"id":3}', b'{"id":100}']
     d, tomb, c = values(recs)
     assert d["op"] == "d" and tomb is None and c["op"] == "c" and c["after"]["id"] == 100
+    # the create names the old key (its before), where a sink finds unchanged TOAST values
+    assert c["before"] == d["before"] == {"id": 3}
 
 
 def test_truncate_is_one_event_per_partition() -> None:

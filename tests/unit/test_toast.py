@@ -1,0 +1,87 @@
+"""Where an unchanged TOAST value comes from (:mod:`sinks.toast`): pure, on hand-made events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from cdc.events import Version
+from sinks import ChangeEvent
+from sinks.toast import Chains
+
+_offset = iter(range(1_000_000))
+
+
+def ev(op: str, key: int, lsn: int, after: dict[str, Any] | None = None, **kw: Any) -> ChangeEvent:
+    k = {"id": key}
+    return ChangeEvent(
+        key=k,
+        key_json=orjson.dumps(k).decode(),
+        op=op,
+        version=Version(lsn, 1),
+        ts_ms=0,
+        after=None if op == "d" else {"id": key, **(after or {})},
+        before=kw.get("before", k if op == "d" else None),
+        unavailable=tuple(kw.get("unavailable", ())),
+        partition=0,
+        offset=next(_offset),
+        snapshot=False,
+    )
+
+
+def moved(old: int, new: int, lsn: int, before: Any = "key") -> list[ChangeEvent]:
+    b = {"id": old} if before == "key" else before
+    return [ev("d", old, lsn), ev("c", new, lsn, {"n": new}, unavailable=["body"], before=b)]
+
+
+def nothing_stored(key: str, v: Version) -> None:
+    return None
+
+
+def test_a_key_change_takes_the_value_from_the_old_keys_earlier_events() -> None:
+    evs = [
+        ev("c", 1, 10, {"n": 0, "body": "B"}),
+        ev("u", 1, 20, {"n": 1}, unavailable=["body"]),
+        *moved(1, 2, 30),
+        *moved(2, 3, 40, before=None),  # a legacy event: paired by the delete of its version
+    ]
+    c = Chains(evs, ["id"])
+    assert c.values(evs[-1], nothing_stored) == {"id": 3, "n": 3, "body": "B"}
+    assert c.unresolved(nothing_stored) == []
+
+
+def test_the_stored_row_of_the_old_key_as_of_just_before_the_change() -> None:
+    evs = moved(5, 6, 100)
+    asked: list[tuple[str, Version]] = []
+
+    def stored(key: str, v: Version) -> dict[str, Any]:
+        asked.append((key, v))
+        return {"id": 5, "body": "S"}
+
+    assert Chains(evs, ["id"]).values(evs[-1], stored) == {"id": 6, "n": 6, "body": "S"}
+    assert asked == [('{"id":5}', Version(100, 1))]
+    # the delete in an earlier batch: the create alone names the old key in its before
+    assert Chains(evs[1:], ["id"]).values(evs[-1], stored) == {"id": 6, "n": 6, "body": "S"}
+
+
+def test_a_full_before_image_holds_the_value() -> None:
+    evs = moved(5, 6, 100, before={"id": 5, "body": "F"})
+    assert Chains(evs, ["id"]).values(evs[-1], nothing_stored) == {"id": 6, "n": 6, "body": "F"}
+
+
+def test_nowhere_is_unresolved_not_the_new_keys_own_old_row() -> None:
+    evs = [*moved(5, 6, 100, before=None)[1:], ev("u", 6, 110, {"n": 7}, unavailable=["body"])]
+    own = {'{"id":6}': {"id": 6, "body": "stale"}}
+    c = Chains(evs, ["id"])
+    assert c.values(evs[0], lambda k, v: own.get(k)) is None  # the old key is unknown
+    assert c.unresolved(lambda k, v: own.get(k)) == evs  # the update follows the lost row
+    deleted = [ev("c", 1, 1, {"body": "B"}), ev("d", 1, 2), *moved(1, 2, 3)[1:]]
+    assert Chains(deleted, ["id"]).unresolved(nothing_stored) == [deleted[-1]]
+
+
+def test_a_long_chain_of_key_changes_is_a_loop() -> None:
+    evs = [ev("c", 0, 1, {"body": "B"})]
+    for i in range(1, 3001):
+        evs.extend(moved(i - 1, i, 1 + i))
+    assert Chains(evs, ["id"]).values(evs[-1], nothing_stored) == {"id": 3000, "n": 3000, "body": "B"}
