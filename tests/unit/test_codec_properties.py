@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 import orjson
@@ -193,7 +193,9 @@ def _numeric_typed(draw: st.DrawFn) -> tuple[str, Decimal]:
     value of it."""
     p = draw(st.integers(1, 38))
     scale = draw(st.integers(0, p))
-    bound = Decimal(10) ** (p - scale) - Decimal(1).scaleb(-scale)
+    with localcontext() as ctx:  # the default 28 digits would round 10**31 - 1 up to 10**31
+        ctx.prec = 100
+        bound = Decimal(10) ** (p - scale) - Decimal(1).scaleb(-scale)
     d = draw(st.decimals(min_value=-bound, max_value=bound, places=scale, allow_nan=False))
     return f"numeric({p},{scale})", d
 
