@@ -3,9 +3,10 @@
 Every statement the workload runs passes through :class:`Recording`, which parses it (the workload's
 statements are single-row: ``INSERT INTO t (cols) VALUES (%s, ...)``, ``UPDATE t SET c = %s, ...
 WHERE key = %s [AND ...]``, ``DELETE FROM t WHERE key = %s [AND ...]``, ``TRUNCATE t``) and keeps
-it with its transaction. A transaction enters the ledger only once the source says it committed: its
-id is read at its start (``pg_current_xact_id()``), and a transaction whose commit was cut off by a
-fault (a terminated backend, a restart) is looked up with ``pg_xact_status`` after reconnecting. A
+it with its transaction. A transaction enters the ledger only once the source says it committed: each
+one also inserts its number into a table nobody captures, and a transaction whose commit was cut off
+by a fault (a terminated backend, a restart) is looked up there after reconnecting, once the backend
+that ran it is gone. A
 statement the ledger cannot read is itself a failure of the run, never skipped.
 
 Each change is identified by a fingerprint of the text columns the workload writes with a random
@@ -268,12 +269,12 @@ class Recording:
         raise AttributeError(f"the chaos ledger records writes through execute() only, not {name}")
 
 
-def committed(ops: list[_Op], xid: int | None, status: Callable[[int], str | None]) -> bool | None:
-    """Whether a transaction whose commit a fault cut off was committed: ``status(xid)`` is the
-    source's ``pg_xact_status``. None while the source cannot say (it is still restarting)."""
-    if xid is None or not ops:
+def committed(ops: list[_Op], tx_no: int | None, status: Callable[[int], str | None]) -> bool | None:
+    """Whether a transaction whose commit a fault cut off was committed: ``status(tx_no)`` answers
+    from the source ("committed", "aborted", or "in progress"/None while it cannot say yet)."""
+    if tx_no is None or not ops:
         return False  # it had not started writing
-    answer = status(xid)
+    answer = status(tx_no)
     if answer is None or answer == "in progress":
         return None
     return answer == "committed"

@@ -146,11 +146,11 @@ def test_a_statement_the_ledger_cannot_read_is_an_error(query: str, params: tupl
 def test_a_cut_off_commit_counts_as_the_source_says() -> None:
     op = parse("TRUNCATE chaos_events", None)
     assert op is not None
-    assert committed([op], 7, lambda xid: "committed") is True
-    assert committed([op], 7, lambda xid: "aborted") is False
-    assert committed([op], 7, lambda xid: "in progress") is None
-    assert committed([], 7, lambda xid: "committed") is False  # it had not written yet
-    assert committed([op], None, lambda xid: "committed") is False  # its id was never read
+    assert committed([op], 7, lambda tx_no: "committed") is True
+    assert committed([op], 7, lambda tx_no: "aborted") is False
+    assert committed([op], 7, lambda tx_no: "in progress") is None
+    assert committed([], 7, lambda tx_no: "committed") is False  # it had not written yet
+    assert committed([op], None, lambda tx_no: "committed") is False  # its number was never written
 
 
 def test_a_kind_not_injected_fails_the_run_and_is_shown() -> None:
