@@ -3,6 +3,7 @@ StalledError after a thread dump, and closing the job does not wait for the stuc
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from typing import Any
@@ -20,15 +21,20 @@ COLUMNS = [("id", "bigint"), ("name", "text")]
 
 
 class _StuckSink(Sink):
-    """Never returns from ``apply`` until the test releases it (a write blocked forever)."""
+    """Never returns from ``apply`` until the test releases it (a write blocked forever). On entry it
+    arms the job's watchdog (``arm()``): until then the watchdog is off, so a slow Spark start on a
+    loaded machine cannot be taken for the stall, which is then known to be in this sink."""
 
     name = "stuck"
 
     def __init__(self) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()
+        self.arm: Any = None
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
+        if self.arm is not None:
+            self.arm()
         self.entered.set()
         self.release.wait(600)
 
@@ -46,9 +52,14 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
     job = ApplyJob(
         spark_clean,
         env.settings,
-        ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1, stall_timeout_s=5),
+        ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1, stall_timeout_s=0),
         sinks=[sink],
     )
+
+    def arm() -> None:  # the watchdog from the moment the batch is stuck in the sink
+        job.options = dataclasses.replace(job.options, stall_timeout_s=5)
+
+    sink.arm = arm
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -65,7 +76,8 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
         assert not runner.is_alive(), "run() is still waiting on a stuck micro-batch"
         assert len(errors) == 1 and isinstance(errors[0], StalledError), errors
         err = errors[0]
-        assert "no progress for" in err.message and "sinks" in err.message
+        assert "no progress for" in err.message and "a micro-batch's sinks" in err.message
+        assert err.values["stall_timeout_s"] == 5
         assert err.fix is not None and "restart" in err.fix and "checkpoint" in err.fix
         closer = threading.Thread(target=job.close, daemon=True)
         closer.start()

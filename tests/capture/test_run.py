@@ -112,6 +112,7 @@ def test_kill_9_while_streaming_loses_no_committed_change(env: CaptureEnv) -> No
     wait_streaming(env, proc)
     stop = threading.Event()
     errors: list[BaseException] = []
+    commits = [0]  # the writer's committed transactions
 
     def writer() -> None:
         rnd = random.Random(7)
@@ -131,6 +132,7 @@ def test_kill_9_while_streaming_loses_no_committed_change(env: CaptureEnv) -> No
                                 )
                             else:
                                 conn.execute("DELETE FROM t WHERE id = %s", [rnd.randint(1, next_id)])
+                    commits[0] += 1
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -138,11 +140,20 @@ def test_kill_9_while_streaming_loses_no_committed_change(env: CaptureEnv) -> No
     thread.start()
     try:
         topic = env.reg("public", "t").topic
-        wait_for(lambda: len(env.records(topic)) > 300, timeout=60, what="streaming to start writing")
-        time.sleep(random.uniform(0.0, 1.5))  # a random moment to kill at
+        # the moment of the kill: once the topic holds a number of records drawn from a seeded
+        # generator (a failure can be run again), wherever the reader then is in the stream
+        kill_at = 300 + random.Random(11).randrange(0, 1500)
+        wait_for(
+            lambda: len(env.records(topic)) > kill_at, timeout=120, what=f"{kill_at} records in the topic"
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        time.sleep(0.5)  # the writer keeps committing while the reader is down
+        down = commits[0]  # the writer keeps committing while the reader is down
+        wait_for(
+            lambda: commits[0] >= down + 20 or bool(errors),
+            timeout=60,
+            what="20 commits with the reader down",
+        )
     finally:
         stop.set()
         thread.join(timeout=30)

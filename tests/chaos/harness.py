@@ -6,10 +6,12 @@ The pipeline runs as it does in production: `cdc run` and `cdc apply` as separat
 this harness supervises the way systemd or Kubernetes would (a process that exits is started again,
 from its checkpoint). Everything is driven through the CLI, so the suite tests what users run.
 
-What it prints at the end: the faults injected per kind, the changes made, lost (rows of the source
-missing or different in the warehouse or the index after recovery: must be 0), duplicated in effect
-(history rows repeating a key's version: must be 0) and the time to recover per kind of fault
-(from the fault to a clean `cdc verify`, with the writes stopped after the fault).
+What it prints at the end: the faults injected per kind, the changes made, lost and duplicated
+(counted from the workload's own ledger of what it committed against the warehouse's current tables
+and history, apart from `cdc verify`: see ledger.py; both must be 0) and the time to recover per kind
+of fault (from the fault to a clean `cdc verify`, with the writes stopped after the fault). A kind
+that was asked for but could not be injected (a tmpfs that would not mount) is reported as not
+injected and fails the run; a kind that belongs to the other backend is reported as not applicable.
 
 Two kinds belong to one backend each: ``disk_full`` fills the embedded log store's disk (a tmpfs of its
 own); ``broker_freeze`` is the Kafka equivalent, the broker unavailable. The test broker (Tansu) keeps
@@ -22,6 +24,7 @@ request times out, connections are dropped and retried, and its records are kept
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import secrets
@@ -40,6 +43,7 @@ import orjson
 import psycopg
 
 from cdc.devcluster import PgCluster
+from tests.chaos.ledger import Count, Ledger, Recording, committed, count
 
 CDC = [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())"]
 
@@ -120,7 +124,12 @@ class Report:
     duplicated: int = 0
     dead_letters_expected: int = 0
     dead_letters_seen: int = 0
+    #: asked for but not injected (why): fails the run
     skipped: dict[str, str] = field(default_factory=dict)
+    #: the other backend's kind (why)
+    not_applicable: dict[str, str] = field(default_factory=dict)
+    #: the ledger against the warehouse (None until counted)
+    ledger: Count | None = None
     failures: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -129,22 +138,34 @@ class Report:
         out.append(f"  faults injected: {sum(self.faults.values())}")
         for kind in FAULT_KINDS:
             if kind in self.skipped:
-                out.append(f"    {kind:24} skipped: {self.skipped[kind]}")
+                out.append(f"    {kind:24} NOT INJECTED: {self.skipped[kind]}")
+            elif kind in self.not_applicable:
+                out.append(f"    {kind:24} not applicable: {self.not_applicable[kind]}")
             elif self.faults.get(kind):
                 times = sorted(self.recover_s[kind])
                 took = (
                     f"p50 {times[len(times) // 2]:.1f} s, max {times[-1]:.1f} s" if times else "NOT RECOVERED"
                 )
                 out.append(f"    {kind:24} x{self.faults[kind]:<3} recovered in {took}")
-        out.append(f"  lost: {self.lost}")
-        out.append(f"  duplicated in effect: {self.duplicated}")
+        if self.ledger is None:
+            out.append("  lost, duplicated: NOT COUNTED (the run stopped before the ledger's count)")
+        else:
+            out.append(f"  lost: {self.lost} ({self.ledger.line()})")
+            out.append(f"  duplicated in effect: {self.duplicated} (history versions beyond those written)")
+            out.extend(f"    e.g. {e}" for e in self.ledger.examples)
         out.append(f"  dead letters: {self.dead_letters_seen} (expected {self.dead_letters_expected})")
         out.extend(f"  FAILURE: {f}" for f in self.failures)
         return out
 
     @property
     def ok(self) -> bool:
-        return not self.failures and self.lost == 0 and self.duplicated == 0
+        return (
+            not self.failures
+            and not self.skipped
+            and self.ledger is not None
+            and self.lost == 0
+            and self.duplicated == 0
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,6 +178,8 @@ class Report:
             "duplicated": self.duplicated,
             "dead_letters": self.dead_letters_seen,
             "skipped": self.skipped,
+            "not_applicable": self.not_applicable,
+            "ledger": dataclasses.asdict(self.ledger) if self.ledger else None,
             "failures": self.failures,
         }
 
@@ -260,7 +283,8 @@ class Supervisor:
 
 class Workload:
     """Random transactions of 1..max_tx changes over the three tables, on a thread, until paused.
-    The only writer, so it knows which keys exist; after a lost connection it re-reads them."""
+    The only writer, so it knows which keys exist; after a lost connection it re-reads them. Every
+    write goes through :class:`Recording` into :attr:`ledger` once the source has committed it."""
 
     def __init__(self, dsn: str, rng: random.Random, max_tx: int) -> None:
         self.dsn, self.rng, self.max_tx = dsn, rng, max_tx
@@ -277,6 +301,11 @@ class Workload:
         self._idle = threading.Event()
         self._idle.set()
         self._conn: psycopg.Connection[Any] | None = None
+        self.ledger = Ledger()
+        #: a transaction whose commit a fault cut off: (its id, its writes), until the source says
+        self._uncertain: tuple[int | None, list[Any]] | None = None
+        self._tx_no = 0  # each transaction's row in chaos_ledger_tx (see _settle)
+        self._backend_pid: int | None = None
 
     # -- control
     def start(self) -> None:
@@ -302,8 +331,42 @@ class Workload:
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.dsn, connect_timeout=5)
+            self._settle()
             self._reload()
         return self._conn
+
+    def _settle(self) -> None:
+        """The cut-off transaction into the ledger if the source committed it, before any later one
+        (the ledger applies transactions in their order). Every transaction also inserts its number
+        into ``chaos_ledger_tx`` (a table nobody captures), so its row says whether it committed, once
+        the backend that ran it is gone. (Not ``pg_xact_status``: after a crash an id that never
+        reached the WAL is "in the future", and can be given again to another transaction.)"""
+        if self._uncertain is None:
+            return
+        assert self._conn is not None
+        conn, (tx_no, ops) = self._conn, self._uncertain
+        old_pid = self._backend_pid
+
+        def status(tx_no: int) -> str | None:
+            running = conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (old_pid,)).fetchone()
+            row = conn.execute("SELECT 1 FROM chaos_ledger_tx WHERE id = %s", (tx_no,)).fetchone()
+            conn.rollback()
+            if running is not None:
+                return None  # it may still commit
+            return "committed" if row is not None else "aborted"
+
+        deadline = time.monotonic() + 120
+        while (done := committed(ops, tx_no, status)) is None:
+            if time.monotonic() > deadline:
+                self.ledger.errors.append(f"transaction {tx_no} still in progress 120 s after its fault")
+                break
+            time.sleep(0.2)
+        if done:
+            self.ledger.apply(ops)
+            self.ledger.uncertain_committed += 1
+        else:
+            self.ledger.uncertain_aborted += 1
+        self._uncertain = None
 
     def _reload(self) -> None:
         assert self._conn is not None
@@ -323,9 +386,19 @@ class Workload:
             try:
                 conn = self._connect()
                 size = self._tx_size()
-                with conn.transaction():
-                    for _ in range(size):
-                        self._change(conn)
+                recording, tx_no = Recording(conn, self.ledger), None
+                try:
+                    with conn.transaction():
+                        self._tx_no += 1
+                        self._backend_pid = conn.info.backend_pid
+                        conn.execute("INSERT INTO chaos_ledger_tx (id) VALUES (%s)", (self._tx_no,))
+                        tx_no = self._tx_no
+                        for _ in range(size):
+                            self._change(recording)  # type: ignore[arg-type]
+                except psycopg.OperationalError:
+                    self._uncertain = (tx_no, recording.pending)
+                    raise
+                self.ledger.apply(recording.pending)
                 self.changes += size
                 self.transactions += 1
             except psycopg.OperationalError:
@@ -497,8 +570,14 @@ class Chaos:
         )
 
     def _skip(self, kind: str, why: str) -> None:
+        """``kind`` was asked for and cannot be injected here: the run fails, saying why."""
         if kind in self.kinds:
             self.report.skipped[kind] = why
+            self.say(f"  {kind}: NOT INJECTED: {why}")
+
+    def _not_applicable(self, kind: str, why: str) -> None:
+        if kind in self.kinds:
+            self.report.not_applicable[kind] = why
 
     def _mount_log(self) -> None:
         """The embedded log store on a size-limited filesystem of its own, so its disk can really fill
@@ -506,11 +585,11 @@ class Chaos:
         self.log_dir = self.state / "log"
         self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as private as cdc makes it
         if self.kafka_bootstrap:
-            self._skip("disk_full", "the Kafka log store's disk is the broker's: see broker_freeze")
+            self._not_applicable("disk_full", "the Kafka log store's disk is the broker's: see broker_freeze")
             if self.kafka_pid is None:
                 self._skip("broker_freeze", "the broker's process is not ours to freeze")
             return
-        self._skip("broker_freeze", "no broker: the embedded log store's equivalent is disk_full")
+        self._not_applicable("broker_freeze", "no broker: the embedded log store's equivalent is disk_full")
         if "disk_full" not in self.kinds:
             return
         if os.geteuid() != 0:
@@ -537,6 +616,8 @@ class Chaos:
     def setup(self) -> None:
         self._mount_log()
         self.pg.execute(DDL, self.db)
+        # the workload's record of its own commits (tests/chaos/ledger.py), never registered
+        self.pg.execute("CREATE TABLE chaos_ledger_tx (id bigint PRIMARY KEY)", self.db)
         for table in TABLES:
             extra = ["--search", "name"] if table.endswith("accounts") else []
             proc = self._cdc("tables", "add", table, *extra)
@@ -710,23 +791,49 @@ class Chaos:
         self.note(f"verify ({took:.1f} s): not clean: {orjson.dumps(reports).decode()[:600]}")
         return None
 
-    def duplicated(self) -> int:
-        total = 0
-        for table in TABLES:
-            query = (
-                f"SELECT count(*) AS n FROM (SELECT _cdc_key, _cdc_commit_lsn, _cdc_seq FROM {table}__history "
-                "GROUP BY ALL HAVING count(*) > 1)"
-            )
-            proc = self._cdc("sql", query, "--json")
+    def count(self) -> None:
+        """Lost and duplicated from the workload's ledger against the warehouse (tests/chaos/ledger.py),
+        apart from `cdc verify`."""
+        ledger = self.workload.ledger
+
+        def sql(query: str) -> list[dict[str, Any]]:
+            proc = self._cdc("sql", query, "--json", timeout=self.size.verify_wait_s)
             if proc.returncode != 0:
-                self.report.failures.append(f"history query of {table} failed: {proc.stderr[-300:]}")
-                continue
-            total += int(orjson.loads(proc.stdout)[0]["n"])
-        return total
+                raise RuntimeError(f"`cdc sql {query}` failed: {proc.stderr[-500:]}")
+            return list(orjson.loads(proc.stdout))
+
+        try:
+            counted = count(ledger, sql)
+        except RuntimeError as exc:
+            self.report.failures.append(f"the ledger could not be counted: {exc}")
+            return
+        self.report.ledger = counted
+        self.report.lost, self.report.duplicated = counted.lost, counted.duplicated
+        self.note(
+            f"ledger: {ledger.changes} changes in {ledger.transactions} transactions "
+            f"({ledger.uncertain_committed} cut off by a fault and committed, {ledger.uncertain_aborted} "
+            f"not); lost {counted.lost}, duplicated {counted.duplicated}: {counted.line()}"
+        )
+        self.report.failures.extend(f"ledger: {e}" for e in ledger.errors)
+        if counted.unexpected or counted.open_history_mismatch:
+            self.report.failures.append(f"the warehouse is not what the workload wrote: {counted.line()}")
 
     def baseline(self) -> None:
         """Before the first fault: the initial snapshot is applied and `cdc verify` is clean (so every
-        topic exists and recovery times measure the faults, not the start-up)."""
+        topic exists and recovery times measure the faults, not the start-up). The workload starts
+        once every table's initial snapshot is taken: a change before it reaches the warehouse only
+        as part of a snapshot row, not as the version the ledger counts."""
+        deadline = time.monotonic() + self.size.verify_wait_s
+        while True:
+            proc = self._cdc("tables", "list", "--json")
+            states = {t["table"]: t["snapshot"]["state"] for t in orjson.loads(proc.stdout or "[]")}
+            if proc.returncode == 0 and set(states) == set(TABLES) and set(states.values()) == {"done"}:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the initial snapshots were not taken within {self.size.verify_wait_s:.0f} s: {states}"
+                )
+            time.sleep(0.5)
         self.workload.start()
         time.sleep(self.rng.uniform(*self.size.write_s))  # some writes on top of the snapshot
         self.workload.pause()
@@ -747,6 +854,8 @@ class Chaos:
                 self.pg.execute(
                     f"UPDATE chaos_accounts SET born = '2001-01-01' WHERE id = {poisoned}", self.db
                 )
+                # its insert is a dead letter; the corrected row is its one version in the warehouse
+                self.workload.ledger.insert("public.chaos_accounts", {"id": poisoned, "name": "poison"})
                 poisoned = self._poisoned = None
             if poisoned is None and self.verify() is not None:
                 self.report.recover_s[kind].append(time.monotonic() - t_fault)
@@ -762,7 +871,9 @@ class Chaos:
     def run(self) -> Report:
         self.setup()
         self.baseline()
-        kinds = [k for k in self.kinds if k not in self.report.skipped]
+        kinds = [
+            k for k in self.kinds if k not in self.report.skipped and k not in self.report.not_applicable
+        ]
         plan = [kinds[i % len(kinds)] for i in range(self.size.cycles)]
         self.rng.shuffle(plan)
         try:
@@ -784,19 +895,15 @@ class Chaos:
                 )
                 if self.report.failures:
                     break
-            self.report.changes = self.workload.changes
-            self.report.transactions = self.workload.transactions
+            self.report.changes = self.workload.ledger.changes
+            self.report.transactions = self.workload.ledger.transactions
             # the last recovery's clean verify stands if nothing was written since (writes are paused)
             final = self.verify() if self.report.failures or not plan else True
             if final is None:
                 self.report.failures.append("the final verify is not clean")
-                self.report.lost = sum(
-                    int(r.get("missing_count", 0)) + int(r.get("different_count", 0))
-                    for r in getattr(self, "_last_verify", []) or []
-                )
-            self.report.duplicated = self.duplicated()
+            self.count()
             self.report.dead_letters_seen = self.dead_letters()
-            if self.report.dead_letters_seen < self.report.dead_letters_expected:
+            if self.report.dead_letters_seen != self.report.dead_letters_expected:
                 self.report.failures.append(
                     f"{self.report.dead_letters_expected} dead letters expected, "
                     f"{self.report.dead_letters_seen} in the dead-letter topic"
