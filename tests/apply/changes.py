@@ -1,9 +1,12 @@
 """Writing change events into a log store the way the reader does (tests and benchmarks).
 
-:class:`ChangeWriter` builds the Debezium-style envelopes of :mod:`cdc.events` (``source.commit_lsn``
-and ``seq`` as the version, ``unavailable`` for unchanged TOAST values, a tombstone after every
-delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one ``t`` per partition) and
-appends them with the reader's partitioning (murmur2 of the key bytes).
+:class:`ChangeWriter` chooses changes and their versions (``source.commit_lsn`` and ``seq``) and has
+the reader's own envelope code build their records
+(:meth:`cdc.reader.envelope.TableCodec.change_records`: ``unavailable`` for unchanged TOAST values, a
+tombstone after every delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one
+``t`` per partition), appended with the reader's partitioning (murmur2 of the key bytes). Its events
+are synthetic: a test that claims equality with a source captures the source with ``cdc run``
+instead (``tests/apply/test_verify.py``).
 
 :class:`PgMirror` runs statements against a real Postgres table and emits the matching events, with
 every value read back from Postgres in the event encoding -- so the source table and the log store
@@ -17,12 +20,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import orjson
+import msgspec
 import psycopg
 from psycopg import sql
 
-from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, int_to_lsn
+from cdc.events import int_to_lsn
 from cdc.logstore import LogStore, Record, TopicConfig
+from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
 
 
@@ -72,6 +76,7 @@ class ChangeWriter:
         self.pending: list[Record] = []
         self.written: list[Record] = []
         self.ts_ms: int | None = None
+        self.codec = TableCodec(reg, prefix, db, partitions)
 
     # -- transactions --------------------------------------------------------------------------------
     @contextmanager
@@ -88,50 +93,37 @@ class ChangeWriter:
             self.written.extend(self.pending)
             self.pending = []
 
-    # -- envelopes -----------------------------------------------------------------------------------
-    def envelope(
-        self,
-        op: str,
-        after: dict[str, Any] | None,
-        before: dict[str, Any] | None,
-        unavailable: Sequence[str] = (),
-        seq: int | None = None,
-    ) -> bytes:
-        ts = self.ts_ms if self.ts_ms is not None else int(time.time() * 1000)
-        s = self.seq if seq is None else seq
-        body = {
-            "before": before,
-            "after": after,
-            "source": {
-                "version": CONNECTOR_VERSION,
-                "connector": "postgresql",
-                "name": self.prefix,
-                "ts_ms": ts,
-                "snapshot": "false",
-                "db": self.db,
-                "schema": self.reg.schema,
-                "table": self.reg.table,
-                "txId": self.commit_lsn % 100_000,
-                "lsn": self.commit_lsn - 8 + min(s, 7),
-                "sequence": f'["{self.commit_lsn}","{self.commit_lsn}"]',
-                "commit_lsn": self.commit_lsn,
-                "seq": s,
-            },
-            "op": op,
-            "ts_ms": ts,
-            "unavailable": list(unavailable),
-        }
-        return orjson.dumps(body)
+    # -- changes (the reader's own envelope code builds the records) -------------------------------
+    def _append(self, records: list[Record]) -> None:
+        if self.ts_ms is not None:
+            records = [msgspec.structs.replace(r, timestamp_ms=self.ts_ms) for r in records]
+        self.pending.extend(records)
 
-    def _key(self, row: dict[str, Any]) -> bytes:
-        return encode_key({k: row[k] for k in self.reg.key})
+    def _change(
+        self,
+        op: bytes,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        unavailable: Sequence[str] = (),
+        new_key: dict[str, Any] | None = None,
+    ) -> None:
+        """One change of the open transaction: its ``seq`` is the next one, its WAL position below
+        the commit LSN, its xid derived from the commit LSN."""
+        self.seq += 1
+        ts = self.ts_ms if self.ts_ms is not None else int(time.time() * 1000)
+        lsn = self.commit_lsn - 8 + min(self.seq, 7)
+        tx = transaction_part(ts, self.commit_lsn % 100_000, self.commit_lsn)
+        source = self.codec.change_source(tx, lsn, self.commit_lsn, self.seq)
+        self._append(
+            self.codec.change_records(op, before, after, source, str(ts).encode(), unavailable, lsn, new_key)
+        )
+
+    def _key(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {k: row[k] for k in self.reg.key}
 
     def upsert(self, row: dict[str, Any], op: str = "c", unavailable: Sequence[str] = ()) -> None:
-        self.seq += 1
         after = {k: v for k, v in row.items() if k not in unavailable}
-        self.pending.append(
-            Record(self._key(row), self.envelope(op, after, None, unavailable), timestamp_ms=self.ts_ms)
-        )
+        self._change(op.encode(), None, after, unavailable, self._key(row))
 
     def insert(self, row: dict[str, Any]) -> None:
         self.upsert(row, "c")
@@ -140,36 +132,16 @@ class ChangeWriter:
         self.upsert(row, "u", unavailable)
 
     def delete(self, key: dict[str, Any]) -> None:
-        self.seq += 1
-        kb = self._key(key)
-        self.pending.append(Record(kb, self.envelope("d", None, dict(key)), timestamp_ms=self.ts_ms))
-        self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
+        """A delete (and its tombstone)."""
+        self._change(b"d", dict(key), None)
 
     def change_key(self, old_key: dict[str, Any], new_row: dict[str, Any]) -> None:
         """A primary-key change: ``d`` old + tombstone + ``c`` new, sharing one seq."""
-        self.seq += 1
-        kb = self._key(old_key)
-        self.pending.append(
-            Record(kb, self.envelope("d", None, dict(old_key), seq=self.seq), timestamp_ms=self.ts_ms)
-        )
-        self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
-        self.pending.append(
-            Record(
-                self._key(new_row), self.envelope("c", new_row, None, seq=self.seq), timestamp_ms=self.ts_ms
-            )
-        )
+        self._change(b"u", dict(old_key), new_row)
 
     def truncate(self) -> None:
-        self.seq += 1
-        for p in range(self.partitions):
-            self.pending.append(
-                Record(
-                    encode_key({TRUNCATE_KEY_FIELD: p}),
-                    self.envelope("t", None, None),
-                    partition=p,
-                    timestamp_ms=self.ts_ms,
-                )
-            )
+        """One TRUNCATE marker per partition."""
+        self._change(b"t", None, None)
 
     def raw(self, key: bytes, value: bytes | None) -> None:
         """A record as-is (corrupt input)."""
