@@ -1,4 +1,4 @@
-"""Writing change events into a log store the way the reader does (tests and benchmarks).
+"""Writing synthetic change events into a log store the way the reader does (tests).
 
 :class:`ChangeWriter` chooses changes and their versions (``source.commit_lsn`` and ``seq``) and has
 the reader's own envelope code build their records
@@ -7,10 +7,6 @@ tombstone after every delete, a primary-key change as ``d`` + tombstone + ``c``,
 ``t`` per partition), appended with the reader's partitioning (murmur2 of the key bytes). Its events
 are synthetic: a test that claims equality with a source captures the source with ``cdc run``
 instead (``tests/apply/test_verify.py``).
-
-:class:`PgMirror` runs statements against a real Postgres table and emits the matching events, with
-every value read back from Postgres in the event encoding -- so the source table and the log store
-hold the same history.
 """
 
 from __future__ import annotations
@@ -21,10 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgspec
-import psycopg
-from psycopg import sql
 
-from cdc.events import int_to_lsn
 from cdc.logstore import LogStore, Record, TopicConfig
 from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
@@ -146,95 +139,3 @@ class ChangeWriter:
     def raw(self, key: bytes, value: bytes | None) -> None:
         """A record as-is (corrupt input)."""
         self.pending.append(Record(key, value, timestamp_ms=self.ts_ms))
-
-
-class PgMirror:
-    """Runs statements on a real Postgres table and writes the events they make.
-
-    The table's version of a change is the real WAL insert position after the statement committed
-    (increasing), and every value comes back from Postgres in the event encoding (``encode_sql``).
-    """
-
-    def __init__(self, dsn: str, writer: ChangeWriter) -> None:
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute("SET TimeZone = 'UTC'")
-        self.conn.execute("SET DateStyle = 'ISO'")
-        self.w = writer
-        self.reg = writer.reg
-        self.ident = sql.Identifier(self.reg.schema, self.reg.table)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def _select_list(self) -> sql.Composable:
-        parts = []
-        for col in self.reg.columns:
-            t = col.type
-            c = sql.Identifier(col.name)
-            if t.startswith("numeric") or t in (
-                "jsonb",
-                "json",
-                "timestamp with time zone",
-                "timestamp without time zone",
-                "date",
-            ):  # numeric: every digit, and NaN/Infinity as those strings (the events contract)
-                parts.append(sql.SQL("{}::text").format(c))
-            else:
-                parts.append(c)
-        return sql.SQL(", ").join(parts)
-
-    def fetch(self, where: sql.Composable, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        q = sql.SQL("SELECT {} FROM {} WHERE ").format(self._select_list(), self.ident) + where
-        names = [c.name for c in self.reg.columns]
-        return [dict(zip(names, r, strict=True)) for r in self.conn.execute(q, params).fetchall()]
-
-    def lsn(self) -> int:
-        (text,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
-        from cdc.events import lsn_to_int
-
-        return lsn_to_int(text)
-
-    def _by_id(self, key: int) -> dict[str, Any]:
-        rows = self.fetch(sql.SQL("id = %s"), (key,))
-        assert rows, f"row {key} not found"
-        return rows[0]
-
-    def insert(self, row: dict[str, Any]) -> None:
-        cols = list(row)
-        self.conn.execute(
-            sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                self.ident,
-                sql.SQL(", ").join(map(sql.Identifier, cols)),
-                sql.SQL(", ").join(sql.Placeholder() * len(cols)),
-            ),
-            [row[c] for c in cols],
-        )
-        with self.w.txn(self.lsn()):
-            self.w.insert(self._by_id(row["id"]))
-
-    def update(self, key: int, changes: dict[str, Any], unavailable: Sequence[str] = ()) -> None:
-        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
-        self.conn.execute(
-            sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.ident, sets), [*changes.values(), key]
-        )
-        with self.w.txn(self.lsn()):
-            self.w.update(self._by_id(key), unavailable=unavailable)
-
-    def delete(self, key: int) -> None:
-        self.conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.ident), [key])
-        with self.w.txn(self.lsn()):
-            self.w.delete({"id": key})
-
-    def change_key(self, old: int, new: int) -> None:
-        self.conn.execute(sql.SQL("UPDATE {} SET id = %s WHERE id = %s").format(self.ident), [new, old])
-        with self.w.txn(self.lsn()):
-            self.w.change_key({"id": old}, self._by_id(new))
-
-    def truncate(self) -> None:
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.ident))
-        with self.w.txn(self.lsn()):
-            self.w.truncate()
-
-
-def lsn_text(value: int) -> str:
-    return int_to_lsn(value)
