@@ -31,6 +31,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     state = tmp_path / "state"
     reg = register(dsn, state)
     env = reader_env(state)
+    capture(dsn, state)  # the initial snapshot (empty): every change below is streamed
     with source(dsn) as src:
         src.insert(*(_row(i) for i in range(1, 41)))
         for i in range(1, 41, 2):
