@@ -137,9 +137,12 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
     with log.open("wb") as f:
         proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(
-            lambda: "batch 0:" in log.read_text() or proc.poll() is not None, timeout=180, what="batch 0"
-        )
+        try:
+            wait_for(
+                lambda: "batch 0:" in log.read_text() or proc.poll() is not None, timeout=300, what="batch 0"
+            )
+        except AssertionError:
+            pytest.fail(f"no batch 0 in 300 s:\n{log.read_text()[-5000:]}\n{_jvm_dump(proc.pid)}")
         assert proc.poll() is None, log.read_text()[-5000:]
         if when == "idle":  # caught up: the disk fills while the job only polls for data
             wait_for(lambda: applied() or proc.poll() is not None, timeout=300, what="caught up")
