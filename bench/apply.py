@@ -1,8 +1,8 @@
 """The Spark apply job: catch-up throughput, freshness, and the cost of a warehouse merge.
 
 * **catch-up**: N inserts then N/2 updates of a table (id bigint PK, text, int, numeric(18,4),
-  timestamptz, jsonb; the text column is a search column) generated in the reader's envelope format
-  straight into the embedded log store, then ``cdc apply --once`` semantics (``availableNow``) into
+  timestamptz, jsonb; the text column is a search column) built by the reader's envelope code and
+  appended straight into the embedded log store, then ``cdc apply --once`` semantics (``availableNow``) into
   both sinks (Delta current + history, tantivy) on ``local[2]``. Peer, same run: the *same* Spark job
   (same source, micro-batches, parsing and dedup) whose only sink writes each batch's newest row per
   key to plain Parquet files. Bar: >= 50,000 changes/s for the full run (1M + 500k).
@@ -27,15 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdc.config import Settings
-from cdc.events import encode_key, topic_name
+from cdc.events import topic_name
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.embedded import EmbeddedLogStore
+from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, Registry, TableReg
 from sinks import ChangeBatch, RawRecord, Sink
 from sinks import types as T
@@ -89,12 +89,14 @@ def _reg(schema: str = "bench") -> TableReg:
 
 
 class EventGen:
-    """Envelopes in the reader's format with increasing versions."""
+    """Changes with increasing versions (one per transaction), built by the reader's own envelope
+    code (:meth:`cdc.reader.envelope.TableCodec.change_records`)."""
 
     def __init__(self, reg: TableReg, seed: int = 7) -> None:
         self.reg = reg
         self.rng = random.Random(seed)
         self.lsn = 0x1_0000_0000
+        self.codec = TableCodec(reg, "cdc", "bench", 4)
 
     def row(self, i: int, gen: int) -> dict[str, Any]:
         r = self.rng
@@ -110,29 +112,12 @@ class EventGen:
     def record(self, i: int, gen: int, ts_ms: int | None = None) -> Record:
         self.lsn += 16
         ts = ts_ms if ts_ms is not None else int(time.time() * 1000)
-        value = {
-            "before": None,
-            "after": self.row(i, gen),
-            "source": {
-                "version": "cdc-0.1.0",
-                "connector": "postgresql",
-                "name": "cdc",
-                "ts_ms": ts,
-                "snapshot": "false",
-                "db": "bench",
-                "schema": self.reg.schema,
-                "table": self.reg.table,
-                "txId": self.lsn % 100_000,
-                "lsn": self.lsn,
-                "sequence": None,
-                "commit_lsn": self.lsn,
-                "seq": 1,
-            },
-            "op": "c" if gen == 0 else "u",
-            "ts_ms": ts,
-            "unavailable": [],
-        }
-        return Record(encode_key({"id": i}), orjson.dumps(value), timestamp_ms=ts)
+        source = self.codec.change_source(
+            transaction_part(ts, self.lsn % 100_000, self.lsn), self.lsn, self.lsn, 1
+        )
+        op = b"c" if gen == 0 else b"u"
+        (rec,) = self.codec.change_records(op, None, self.row(i, gen), source, str(ts).encode())
+        return Record(rec.key, rec.value, timestamp_ms=ts)
 
 
 def _fill(store: EmbeddedLogStore, gen: EventGen, inserts: int, updates: int) -> int:

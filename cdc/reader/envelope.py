@@ -63,6 +63,45 @@ def commit_ts_ms(ts: str | None) -> int | None:
     return int(datetime.fromisoformat(ts).timestamp() * 1000)
 
 
+def transaction_part(ts_ms: int | None, xid: int | None, commit_lsn: int) -> bytes:
+    """The part of ``source`` that every change of one transaction shares (commit time, xid, commit
+    LSN); :meth:`TableCodec.change_source` completes it per change."""
+    return (
+        f'"ts_ms":{"null" if ts_ms is None else ts_ms},"snapshot":"false",'
+        f'"txId":{"null" if xid is None else xid},"commit_lsn":{commit_lsn},'
+    ).encode()
+
+
+def event_value(
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    source: bytes,
+    op: bytes,
+    unavailable: Sequence[str],
+    now: bytes,
+) -> bytes:
+    """An event's value: rows in the event encoding (excluded columns dropped), ``source`` from
+    :meth:`TableCodec.change_source` or :meth:`TableCodec.snapshot_source`, ``now`` the envelope's
+    ``ts_ms`` (processing time)."""
+    return b"".join(
+        (
+            b'{"before":',
+            b"null" if before is None else _dumps(before),
+            b',"after":',
+            b"null" if after is None else _dumps(after),
+            b',"source":',
+            source,
+            b',"op":"',
+            op,
+            b'","ts_ms":',
+            now,
+            b',"unavailable":',
+            _dumps(unavailable) if unavailable else b"[]",
+            b"}",
+        )
+    )
+
+
 @dataclass
 class TableCodec:
     """Everything needed to encode one table's events. ``snapshot_lsn``: stream changes of this
@@ -191,23 +230,62 @@ class TableCodec:
         unavailable: list[str],
         now: bytes | None = None,
     ) -> bytes:
-        return b"".join(
-            (
-                b'{"before":',
-                _dumps(before),
-                b',"after":',
-                _dumps(after),
-                b',"source":',
-                source,
-                b',"op":"',
-                op,
-                b'","ts_ms":',
-                now or str(int(time.time() * 1000)).encode(),
-                b',"unavailable":',
-                _dumps(unavailable),
-                b"}",
-            )
+        return event_value(
+            before, after, source, op, unavailable, now or str(int(time.time() * 1000)).encode()
         )
+
+    def change_source(self, tx_part: bytes, lsn: int, commit_lsn: int, seq: int) -> bytes:
+        """``source`` of a streamed change: ``tx_part`` from :func:`transaction_part`, ``lsn`` the
+        change's WAL position, ``seq`` its number within the transaction (from 1)."""
+        return _SOURCE_TAIL % (self.source_head, tx_part, lsn, commit_lsn, lsn, seq)
+
+    def change_records(
+        self,
+        op: bytes,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: bytes,
+        now: bytes,
+        unavailable: Sequence[str] = (),
+        lsn: int = 0,
+        new_key: dict[str, Any] | None = None,
+    ) -> list[Record]:
+        """The log-store records of one change, from rows in the event encoding (excluded columns
+        dropped) -- what the reader appends, and the only place events are put together:
+
+        * ``c``: the new row; ``u``: the new row, or, when ``before`` holds another key, a ``d`` of
+          the old key, its tombstone and a ``c`` of the new one whose ``before`` is the old identity
+          (all sharing ``source``);
+        * ``d``: the delete of ``before``'s key and its tombstone;
+        * ``t``: one marker per partition.
+
+        ``new_key``: the new row's key when ``after`` lacks a key column (an unchanged TOAST value).
+        """
+        if op == b"t":
+            value = event_value(None, None, source, b"t", (), now)
+            return [
+                Record(encode_key({TRUNCATE_KEY_FIELD: p}), value, partition=p)
+                for p in range(self.partitions)
+            ]
+        if op == b"d":
+            if before is None:
+                raise ValueError("a delete needs the old row (its key at least)")
+            key = self.key_bytes(before, lsn)
+            return [Record(key, event_value(before, None, source, b"d", (), now)), Record(key, None)]
+        if after is None:
+            raise ValueError(f"an {op.decode()!r} change needs the new row")
+        new = self.key_bytes(after, lsn) if new_key is None else encode_key(new_key)
+        if op == b"u" and before is not None:
+            old = self.key_bytes(before, lsn)
+            if old != new:
+                return [
+                    Record(old, event_value(before, None, source, b"d", (), now)),
+                    Record(old, None),
+                    # ``before``: the old key's identity (Debezium's ``__debezium.oldkey`` header), so a
+                    # sink can take the unchanged TOAST values ``unavailable`` lists from the old row
+                    Record(new, event_value(before, after, source, b"c", unavailable, now)),
+                ]
+        return [Record(new, event_value(before, after, source, op, unavailable, now))]
 
     def snapshot_source(self, consistent_lsn: int, ts_ms: int, last: bool) -> bytes:
         seq = _dumps(f'["{consistent_lsn}","{consistent_lsn}"]')
@@ -223,20 +301,7 @@ class TableCodec:
 
     def snapshot_record(self, after: dict[str, Any], source: bytes, now: bytes) -> Record:
         """An ``op=r`` record for a row already encoded (excluded columns dropped)."""
-        return Record(
-            self.key_bytes(after, 0),
-            b"".join(
-                (
-                    b'{"before":null,"after":',
-                    _dumps(after),
-                    b',"source":',
-                    source,
-                    b',"op":"r","ts_ms":',
-                    now,
-                    b',"unavailable":[]}',
-                )
-            ),
-        )
+        return Record(self.key_bytes(after, 0), event_value(None, after, source, b"r", (), now))
 
 
 class EventBuilder:
@@ -286,11 +351,7 @@ class EventBuilder:
         self.xid = msg.xid
         self.commit_lsn = lsn_to_int(msg.lsn or "0/0")
         self.seq = 0
-        ts = commit_ts_ms(msg.timestamp)
-        self.tx_part = (
-            f'"ts_ms":{"null" if ts is None else ts},"snapshot":"false",'
-            f'"txId":{"null" if self.xid is None else self.xid},"commit_lsn":{self.commit_lsn},'
-        ).encode()
+        self.tx_part = transaction_part(commit_ts_ms(msg.timestamp), self.xid, self.commit_lsn)
 
     def commit(self, msg: Message) -> int:
         """Close the transaction; return the position to confirm once its events are durable
@@ -422,26 +483,12 @@ class EventBuilder:
         hi, _, lo = (msg.lsn or "0/0").partition("/")
         lsn = (int(hi, 16) << 32) | int(lo, 16)
         head = codec.source_head
-        source = _SOURCE_TAIL % (head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
+        source = _SOURCE_TAIL % (head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)  # change_source
         if action == "I":
             after = codec.fast_row(msg.columns or [])
-            if after is not None:
-                return codec.topic, [
-                    Record(
-                        codec.key_bytes(after, lsn),
-                        b"".join(
-                            (
-                                b'{"before":null,"after":',
-                                _dumps(after),
-                                b',"source":',
-                                source,
-                                b',"op":"c","ts_ms":',
-                                self.now,
-                                b',"unavailable":[]}',
-                            )
-                        ),
-                    )
-                ]
+            if after is not None:  # change_records, inline (the common case)
+                value = event_value(None, after, source, b"c", (), self.now)
+                return codec.topic, [Record(codec.key_bytes(after, lsn), value)]
         elif action == "U":
             after = codec.fast_row(msg.columns or [])
             identity = msg.identity
@@ -453,31 +500,11 @@ class EventBuilder:
                     fast_before = None
                 if fast_before is not None:
                     key_b = codec.key_bytes(after, lsn)
-                    if key_b == codec.key_bytes(fast_before, lsn):
-                        return codec.topic, [
-                            Record(
-                                key_b,
-                                b"".join(
-                                    (
-                                        b'{"before":',
-                                        _dumps(fast_before),
-                                        b',"after":',
-                                        _dumps(after),
-                                        b',"source":',
-                                        source,
-                                        b',"op":"u","ts_ms":',
-                                        self.now,
-                                        b',"unavailable":[]}',
-                                    )
-                                ),
-                            )
-                        ]
+                    if key_b == codec.key_bytes(fast_before, lsn):  # else: a key change, below
+                        value = event_value(fast_before, after, source, b"u", (), self.now)
+                        return codec.topic, [Record(key_b, value)]
         if action == "T":
-            value = codec.value(None, None, source, b"t", [], self.now)
-            return codec.topic, [
-                Record(encode_key({TRUNCATE_KEY_FIELD: p}), value, partition=p)
-                for p in range(codec.partitions)
-            ]
+            return codec.topic, codec.change_records(b"t", None, None, source, self.now)
         identity = msg.identity
         if action == "D":
             if identity is None:
@@ -489,13 +516,10 @@ class EventBuilder:
                 )
             self._check_columns(codec, msg, identity, False)
             if codec.source_head is not head:  # the columns changed: the new schema version
-                source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
-            old_row = codec.row(identity)
-            key = encode_key(codec.key_of(old_row, lsn))
-            return codec.topic, [
-                Record(key, codec.value(old_row, None, source, b"d", [], self.now)),
-                Record(key, None),
-            ]
+                source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
+            return codec.topic, codec.change_records(
+                b"d", codec.row(identity), None, source, self.now, lsn=lsn
+            )
         cols = msg.columns or []
         is_insert = action == "I"
         self._check_columns(codec, msg, cols, is_insert)
@@ -508,16 +532,16 @@ class EventBuilder:
                 self._columns_now(codec, tuple(c for c in codec.columns if c.name not in gone))
                 unavailable = [n for n in unavailable if n not in gone]
         if codec.source_head is not head:  # the columns changed: the new schema version
-            source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
+            source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
         new_key = (
             codec.key_of(after, lsn)
             if not unavailable
             else self._key_with_identity(codec, after, identity, lsn)
         )
         if is_insert:
-            return codec.topic, [
-                Record(encode_key(new_key), codec.value(None, after, source, b"c", unavailable, self.now))
-            ]
+            return codec.topic, codec.change_records(
+                b"c", None, after, source, self.now, unavailable, lsn, new_key
+            )
         if action != "U":
             raise DecodeError(
                 f"unknown wal2json action {action!r}",
@@ -529,23 +553,11 @@ class EventBuilder:
         if identity is not None:
             self._check_columns(codec, msg, identity, False)
             if codec.source_head is not head:
-                source = _SOURCE_TAIL % (codec.source_head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)
+                source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
             before = codec.row(identity)
-            old_key = codec.key_of(before, lsn)
-            if old_key != new_key:
-                old = encode_key(old_key)
-                return codec.topic, [
-                    Record(old, codec.value(before, None, source, b"d", [], self.now)),
-                    Record(old, None),
-                    # ``before``: the old key's identity (Debezium's ``__debezium.oldkey`` header), so a
-                    # sink can take the unchanged TOAST values ``unavailable`` lists from the old row
-                    Record(
-                        encode_key(new_key), codec.value(before, after, source, b"c", unavailable, self.now)
-                    ),
-                ]
-        return codec.topic, [
-            Record(encode_key(new_key), codec.value(before, after, source, b"u", unavailable, self.now))
-        ]
+        return codec.topic, codec.change_records(
+            b"u", before, after, source, self.now, unavailable, lsn, new_key
+        )
 
     def _key_with_identity(
         self, codec: TableCodec, after: dict[str, Any], identity: list[Col] | None, lsn: int

@@ -1,13 +1,12 @@
-"""Writing change events into a log store the way the reader does (tests and benchmarks).
+"""Writing synthetic change events into a log store the way the reader does (tests).
 
-:class:`ChangeWriter` builds the Debezium-style envelopes of :mod:`cdc.events` (``source.commit_lsn``
-and ``seq`` as the version, ``unavailable`` for unchanged TOAST values, a tombstone after every
-delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one ``t`` per partition) and
-appends them with the reader's partitioning (murmur2 of the key bytes).
-
-:class:`PgMirror` runs statements against a real Postgres table and emits the matching events, with
-every value read back from Postgres in the event encoding -- so the source table and the log store
-hold the same history.
+:class:`ChangeWriter` chooses changes and their versions (``source.commit_lsn`` and ``seq``) and has
+the reader's own envelope code build their records
+(:meth:`cdc.reader.envelope.TableCodec.change_records`: ``unavailable`` for unchanged TOAST values, a
+tombstone after every delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one
+``t`` per partition), appended with the reader's partitioning (murmur2 of the key bytes). Its events
+are synthetic: a test that claims equality with a source captures the source with ``cdc run``
+instead (``tests/apply/test_verify.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +16,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import orjson
-import psycopg
-from psycopg import sql
+import msgspec
 
-from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, int_to_lsn
 from cdc.logstore import LogStore, Record, TopicConfig
+from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
 
 
@@ -72,6 +69,7 @@ class ChangeWriter:
         self.pending: list[Record] = []
         self.written: list[Record] = []
         self.ts_ms: int | None = None
+        self.codec = TableCodec(reg, prefix, db, partitions)
 
     # -- transactions --------------------------------------------------------------------------------
     @contextmanager
@@ -88,50 +86,37 @@ class ChangeWriter:
             self.written.extend(self.pending)
             self.pending = []
 
-    # -- envelopes -----------------------------------------------------------------------------------
-    def envelope(
-        self,
-        op: str,
-        after: dict[str, Any] | None,
-        before: dict[str, Any] | None,
-        unavailable: Sequence[str] = (),
-        seq: int | None = None,
-    ) -> bytes:
-        ts = self.ts_ms if self.ts_ms is not None else int(time.time() * 1000)
-        s = self.seq if seq is None else seq
-        body = {
-            "before": before,
-            "after": after,
-            "source": {
-                "version": CONNECTOR_VERSION,
-                "connector": "postgresql",
-                "name": self.prefix,
-                "ts_ms": ts,
-                "snapshot": "false",
-                "db": self.db,
-                "schema": self.reg.schema,
-                "table": self.reg.table,
-                "txId": self.commit_lsn % 100_000,
-                "lsn": self.commit_lsn - 8 + min(s, 7),
-                "sequence": f'["{self.commit_lsn}","{self.commit_lsn}"]',
-                "commit_lsn": self.commit_lsn,
-                "seq": s,
-            },
-            "op": op,
-            "ts_ms": ts,
-            "unavailable": list(unavailable),
-        }
-        return orjson.dumps(body)
+    # -- changes (the reader's own envelope code builds the records) -------------------------------
+    def _append(self, records: list[Record]) -> None:
+        if self.ts_ms is not None:
+            records = [msgspec.structs.replace(r, timestamp_ms=self.ts_ms) for r in records]
+        self.pending.extend(records)
 
-    def _key(self, row: dict[str, Any]) -> bytes:
-        return encode_key({k: row[k] for k in self.reg.key})
+    def _change(
+        self,
+        op: bytes,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        unavailable: Sequence[str] = (),
+        new_key: dict[str, Any] | None = None,
+    ) -> None:
+        """One change of the open transaction: its ``seq`` is the next one, its WAL position below
+        the commit LSN, its xid derived from the commit LSN."""
+        self.seq += 1
+        ts = self.ts_ms if self.ts_ms is not None else int(time.time() * 1000)
+        lsn = self.commit_lsn - 8 + min(self.seq, 7)
+        tx = transaction_part(ts, self.commit_lsn % 100_000, self.commit_lsn)
+        source = self.codec.change_source(tx, lsn, self.commit_lsn, self.seq)
+        self._append(
+            self.codec.change_records(op, before, after, source, str(ts).encode(), unavailable, lsn, new_key)
+        )
+
+    def _key(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {k: row[k] for k in self.reg.key}
 
     def upsert(self, row: dict[str, Any], op: str = "c", unavailable: Sequence[str] = ()) -> None:
-        self.seq += 1
         after = {k: v for k, v in row.items() if k not in unavailable}
-        self.pending.append(
-            Record(self._key(row), self.envelope(op, after, None, unavailable), timestamp_ms=self.ts_ms)
-        )
+        self._change(op.encode(), None, after, unavailable, self._key(row))
 
     def insert(self, row: dict[str, Any]) -> None:
         self.upsert(row, "c")
@@ -140,129 +125,17 @@ class ChangeWriter:
         self.upsert(row, "u", unavailable)
 
     def delete(self, key: dict[str, Any]) -> None:
-        self.seq += 1
-        kb = self._key(key)
-        self.pending.append(Record(kb, self.envelope("d", None, dict(key)), timestamp_ms=self.ts_ms))
-        self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
+        """A delete (and its tombstone)."""
+        self._change(b"d", dict(key), None)
 
     def change_key(self, old_key: dict[str, Any], new_row: dict[str, Any]) -> None:
         """A primary-key change: ``d`` old + tombstone + ``c`` new, sharing one seq."""
-        self.seq += 1
-        kb = self._key(old_key)
-        self.pending.append(
-            Record(kb, self.envelope("d", None, dict(old_key), seq=self.seq), timestamp_ms=self.ts_ms)
-        )
-        self.pending.append(Record(kb, None, timestamp_ms=self.ts_ms))
-        self.pending.append(
-            Record(
-                self._key(new_row), self.envelope("c", new_row, None, seq=self.seq), timestamp_ms=self.ts_ms
-            )
-        )
+        self._change(b"u", dict(old_key), new_row)
 
     def truncate(self) -> None:
-        self.seq += 1
-        for p in range(self.partitions):
-            self.pending.append(
-                Record(
-                    encode_key({TRUNCATE_KEY_FIELD: p}),
-                    self.envelope("t", None, None),
-                    partition=p,
-                    timestamp_ms=self.ts_ms,
-                )
-            )
+        """One TRUNCATE marker per partition."""
+        self._change(b"t", None, None)
 
     def raw(self, key: bytes, value: bytes | None) -> None:
         """A record as-is (corrupt input)."""
         self.pending.append(Record(key, value, timestamp_ms=self.ts_ms))
-
-
-class PgMirror:
-    """Runs statements on a real Postgres table and writes the events they make.
-
-    The table's version of a change is the real WAL insert position after the statement committed
-    (increasing), and every value comes back from Postgres in the event encoding (``encode_sql``).
-    """
-
-    def __init__(self, dsn: str, writer: ChangeWriter) -> None:
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute("SET TimeZone = 'UTC'")
-        self.conn.execute("SET DateStyle = 'ISO'")
-        self.w = writer
-        self.reg = writer.reg
-        self.ident = sql.Identifier(self.reg.schema, self.reg.table)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def _select_list(self) -> sql.Composable:
-        parts = []
-        for col in self.reg.columns:
-            t = col.type
-            c = sql.Identifier(col.name)
-            if t.startswith("numeric") or t in (
-                "jsonb",
-                "json",
-                "timestamp with time zone",
-                "timestamp without time zone",
-                "date",
-            ):  # numeric: every digit, and NaN/Infinity as those strings (the events contract)
-                parts.append(sql.SQL("{}::text").format(c))
-            else:
-                parts.append(c)
-        return sql.SQL(", ").join(parts)
-
-    def fetch(self, where: sql.Composable, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        q = sql.SQL("SELECT {} FROM {} WHERE ").format(self._select_list(), self.ident) + where
-        names = [c.name for c in self.reg.columns]
-        return [dict(zip(names, r, strict=True)) for r in self.conn.execute(q, params).fetchall()]
-
-    def lsn(self) -> int:
-        (text,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
-        from cdc.events import lsn_to_int
-
-        return lsn_to_int(text)
-
-    def _by_id(self, key: int) -> dict[str, Any]:
-        rows = self.fetch(sql.SQL("id = %s"), (key,))
-        assert rows, f"row {key} not found"
-        return rows[0]
-
-    def insert(self, row: dict[str, Any]) -> None:
-        cols = list(row)
-        self.conn.execute(
-            sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                self.ident,
-                sql.SQL(", ").join(map(sql.Identifier, cols)),
-                sql.SQL(", ").join(sql.Placeholder() * len(cols)),
-            ),
-            [row[c] for c in cols],
-        )
-        with self.w.txn(self.lsn()):
-            self.w.insert(self._by_id(row["id"]))
-
-    def update(self, key: int, changes: dict[str, Any], unavailable: Sequence[str] = ()) -> None:
-        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
-        self.conn.execute(
-            sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.ident, sets), [*changes.values(), key]
-        )
-        with self.w.txn(self.lsn()):
-            self.w.update(self._by_id(key), unavailable=unavailable)
-
-    def delete(self, key: int) -> None:
-        self.conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.ident), [key])
-        with self.w.txn(self.lsn()):
-            self.w.delete({"id": key})
-
-    def change_key(self, old: int, new: int) -> None:
-        self.conn.execute(sql.SQL("UPDATE {} SET id = %s WHERE id = %s").format(self.ident), [new, old])
-        with self.w.txn(self.lsn()):
-            self.w.change_key({"id": old}, self._by_id(new))
-
-    def truncate(self) -> None:
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.ident))
-        with self.w.txn(self.lsn()):
-            self.w.truncate()
-
-
-def lsn_text(value: int) -> str:
-    return int_to_lsn(value)

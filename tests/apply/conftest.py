@@ -1,7 +1,11 @@
-"""Fixtures of the apply tests: a state directory with a registry and a writable embedded log store."""
+"""Fixtures of the apply tests: a state directory with a registry and a writable embedded log store
+(synthetic events, :mod:`tests.apply.changes`), or one that the real reader writes (:func:`cdc_cli`,
+:func:`reader_env`)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +54,23 @@ def env(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Iterato
     finally:
         store.close()
         registry.close()
+
+
+def cdc_cli(dsn: str, state: Path, *args: str) -> tuple[int, str]:
+    """``cdc --source DSN --state STATE ARGS...`` in this process: (exit code, stdout)."""
+    from cdc.cli import main as cdc_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cdc_main(["--source", dsn, "--state", str(state), *args])
+    return code, out.getvalue()
+
+
+def reader_env(state: Path) -> Env:
+    """The apply job's view of a state directory that ``cdc tables add`` / ``cdc run`` (the real
+    reader) write: its settings only, no log store or registry held open here (the reader is the
+    log store's writer)."""
+    return Env(Settings(state_dir=state), None, None)  # type: ignore[arg-type]
 
 
 def run_job(spark: Any, env: Env, *, sinks: Any = None, max_records: int = 0, **kw: Any) -> Any:

@@ -1,10 +1,12 @@
-"""The apply job's disk fills up while batches are flowing: `cdc apply` (continuous) must not hang.
+"""The apply job's disk fills up: `cdc apply` (continuous) must fail, never hang, and lose nothing.
 
-The Spark checkpoint, the warehouse, the search index and the metrics files sit on a small tmpfs of
-their own (the log store does not, so changes keep arriving). A file fills that disk while the job runs:
-the job exits non-zero within a bounded time naming the cause (no space left on device) and the fix,
-so a supervisor restarts it; once the disk is freed the restarted job catches up from its checkpoint
-and `cdc verify` is clean.
+The apply job's part of the state (the Spark checkpoint, the warehouse, the search index) sits on a
+small tmpfs of its own; the log store and the registry do not, so the real reader (`cdc run --once`)
+keeps capturing while that disk is full. The disk fills while batches flow, or while the job is idle
+and new changes then arrive: a write of the next batch must hit the full disk, and the job must exit 1
+within a bounded time naming the cause (no space left on device) and the fix, so a supervisor
+restarts it. Once the disk is freed the restarted job catches up from its checkpoint and `cdc verify`
+is clean.
 """
 
 from __future__ import annotations
@@ -14,69 +16,67 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.apply.changes import ChangeWriter, PgMirror, make_reg
-from tests.apply.conftest import Env
-from tests.apply.test_verify import COLUMNS, DDL, _row, _verify
+from tests.apply.conftest import reader_env
+from tests.apply.test_verify import DDL, _row, _verify, capture, register, source
 from tests.plugins.postgres import PgCluster, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 
-#: the directories of the state that the apply job writes (the log store's stays on the normal disk)
 CDC = [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())"]
+#: the directories of the state that only the apply job writes (cdc/paths.py)
+APPLY_DIRS = ("spark", "warehouse", "search")
 
 
-def _mount_tmpfs(path: Path, size: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("not root: a size-limited tmpfs cannot be mounted (run as root, or in CI)")
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
+def _mount(*args: str) -> None:
+    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"mount of a size-limited tmpfs is not permitted here: {proc.stderr.strip()}")
+        pytest.skip(f"mount {' '.join(args)} is not permitted here: {proc.stderr.strip()}")
 
 
 @pytest.fixture
-def small_state(tmp_path: Path) -> Iterator[Env]:
-    """A state directory on a 64 MiB tmpfs of its own (log store, checkpoint, warehouse, index)."""
-    from cdc.config import Settings
-    from cdc.logstore.embedded import EmbeddedLogStore
-    from cdc.registry import Registry
-
-    state = tmp_path / "state"
-    state.mkdir()
-    _mount_tmpfs(state, "64m")
+def small_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(state directory, disk): the apply job's directories of the state are bind mounts of a
+    64 MiB tmpfs; the rest of the state (log store, registry) stays on the normal disk."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: a size-limited tmpfs cannot be mounted (run as root, or in CI)")
+    state, disk = tmp_path / "state", tmp_path / "disk"
+    state.mkdir(mode=0o700)
+    disk.mkdir()
+    mounted: list[Path] = []
     try:
-        store = EmbeddedLogStore(state / "log", writer=True, compaction_interval_s=None)
-        registry = Registry(state)
-        try:
-            yield Env(Settings(state_dir=state), store, registry)
-        finally:
-            store.close()
-            registry.close()
+        _mount("-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(disk))
+        mounted.append(disk)
+        for name in APPLY_DIRS:
+            (disk / name).mkdir(mode=0o700)
+            (state / name).mkdir(mode=0o700)
+            _mount("--bind", str(disk / name), str(state / name))
+            mounted.append(state / name)
+        yield state, disk
     finally:
-        subprocess.run(["umount", "-l", str(state)], check=False)
+        for path in reversed(mounted):
+            subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte: big writes, then smaller ones down to one byte."""
     filler = disk / "filler"
-    with filler.open("wb") as f, contextlib.suppress(OSError):
-        chunk = b"\0" * (1 << 20)
-        while True:
-            f.write(chunk)
-            f.flush()
+    with filler.open("wb", buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+            chunk = b"\0" * size
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(chunk)
+    assert os.statvfs(disk).f_bavail == 0, "the disk is not full"
     return filler
 
 
 def _jvm_dump(pid: int) -> str:
-    """Thread dumps of a hung job (the JVM's via jstack, Python's via faulthandler on SIGUSR1)."""
+    """Thread dumps of a hung job (the JVM's via jstack)."""
     out = []
     with contextlib.suppress(Exception):
         kids = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
@@ -88,22 +88,23 @@ def _jvm_dump(pid: int) -> str:
 
 
 @pytest.mark.parametrize("when", ["batches_flowing", "idle"])
-def test_disk_full_under_continuous_apply_never_hangs(
-    small_state: Env, pg: PgCluster, pg_db: str, tmp_path: Path, when: str
+def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
+    small_disk: tuple[Path, Path], pg: PgCluster, pg_db: str, tmp_path: Path, when: str
 ) -> None:
-    """The disk fills for a few seconds while batches flow, then is freed. Either the job goes on, or
-    it exits non-zero naming the cause -- never alive without progress. Restarted (as a supervisor
-    would), it catches up from its checkpoint and `cdc verify` is clean."""
-    env = small_state
+    """The disk fills while batches flow (or while the job is idle, then changes arrive) and stays
+    full until the job exits: it must exit 1 naming ENOSPC and the fix -- never go on or hang.
+    Restarted on a freed disk (as a supervisor would), it catches up from its checkpoint and
+    `cdc verify` is clean."""
+    state, disk = small_disk
     pg.execute(DDL, pg_db)
     dsn = pg.dsn(pg_db)
-    reg = env.register(make_reg("public", "items", COLUMNS, search=("name",)))
-    mirror = PgMirror(dsn, ChangeWriter(env.store, reg, db=pg_db))
+    reg = register(dsn, state)
+    env = reader_env(state)
     log = tmp_path / "apply.log"
     args = [
         *CDC,
         "--state",
-        str(env.state),
+        str(state),
         "apply",
         "--trigger-interval",
         "0.2",
@@ -112,68 +113,75 @@ def test_disk_full_under_continuous_apply_never_hangs(
         "--stall-timeout",
         "60",
     ]
-    next_id = 1
+    rows = 0
 
     def write(n: int) -> None:
-        nonlocal next_id
-        for _ in range(n):
-            mirror.insert(_row(next_id))
-            if next_id % 3 == 0:
-                mirror.update(next_id - 1, {"name": f"widget {next_id - 1} again"})
-            next_id += 1
+        """n inserts and n/3 updates at the source, captured by the real reader."""
+        nonlocal rows
+        with source(dsn) as src:
+            for _ in range(n):
+                rows += 1
+                src.insert(_row(rows))
+                if rows % 3 == 0:
+                    src.update(rows - 1, {"name": f"widget {rows - 1} again"})
+        capture(dsn, state)
 
     def applied() -> bool:
         from sinks.warehouse import WarehouseSink
 
         with contextlib.suppress(Exception):
-            return len(WarehouseSink(env.state).current_rows(reg, meta=False)) == next_id - 1
+            return len(WarehouseSink(state).current_rows(reg, meta=False)) == rows
         return False
 
+    write(300)  # about 20 micro-batches of 20 records: batches are flowing when the disk fills
+    with log.open("wb") as f:
+        proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        write(300)  # about 20 micro-batches of 20 records: batches are flowing when the disk fills
-        with log.open("wb") as f:
-            proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for(
-                lambda: "batch 0:" in log.read_text() or proc.poll() is not None, timeout=180, what="batch 0"
+                lambda: "batch 0:" in log.read_text() or proc.poll() is not None, timeout=300, what="batch 0"
             )
+        except AssertionError:
+            pytest.fail(f"no batch 0 in 300 s:\n{log.read_text()[-5000:]}\n{_jvm_dump(proc.pid)}")
+        assert proc.poll() is None, log.read_text()[-5000:]
+        if when == "idle":  # caught up: the disk fills while the job only polls for data
+            wait_for(lambda: applied() or proc.poll() is not None, timeout=300, what="caught up")
             assert proc.poll() is None, log.read_text()[-5000:]
-            if when == "idle":  # caught up: the disk fills while the job only polls for data
-                wait_for(lambda: applied() or proc.poll() is not None, timeout=300, what="caught up")
-            filler = _fill(env.state)
+        filler = _fill(disk)
+        try:
+            write(20)  # new changes whatever the job did meanwhile: a batch writes to the full disk
             try:
-                time.sleep(3)  # the fault's duration, not a synchronisation
-            finally:
-                filler.unlink()
-            write(20)  # changes after the disk was freed
-            # now: either progress (everything applied) or an exit; never alive and stuck
-            try:
-                wait_for(lambda: proc.poll() is not None or applied(), timeout=180, what="exit or progress")
+                wait_for(
+                    lambda: proc.poll() is not None, timeout=240, what="the job to exit on the full disk"
+                )
             except AssertionError:
                 dump = _jvm_dump(proc.pid)
-                os.killpg(proc.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(60)
-                pytest.fail(f"cdc apply hung after a full disk:\n{log.read_text()[-8000:]}\n{dump}")
+                pytest.fail(
+                    f"cdc apply went on or hung on a full disk (applied: {applied()}):\n"
+                    f"{log.read_text()[-8000:]}\n{dump}"
+                )
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(60)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-        text = log.read_text()
-        if proc.returncode not in (0, -signal.SIGTERM):  # it failed: loudly, with the cause and the fix
-            assert "\nerror: " in text and "\n  fix: " in text, text[-5000:]
-            if when == "batches_flowing":
-                assert "No space left on device" in text, text[-5000:]
-        # the supervisor restarts it: the disk is free again, the job catches up from its checkpoint
-        write(5)
-        done = subprocess.run([*args[:6], "--once"], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            filler.unlink()
     finally:
-        mirror.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(60)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    text = log.read_text()
+    # the full disk was hit by a write: the job failed loudly, with the cause and the fix
+    assert proc.returncode == 1, text[-5000:]
+    assert "\nerror: " in text and "\n  fix: " in text, text[-5000:]
+    assert "No space left on device" in text and "free space on the filesystem" in text, text[-5000:]
+    assert not applied(), "every change was applied although the disk was full"
+
+    # the supervisor restarts it: the disk is free again, the job catches up from its checkpoint
+    write(5)
+    done = subprocess.run([*args[:6], "--once"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert applied()
     code, reports = _verify(env.settings, dsn)
     assert code == 0, reports
-    assert reports[0]["source_rows"] == next_id - 1
+    assert reports[0]["source_rows"] == rows

@@ -4,8 +4,6 @@ change, TRUNCATE, an unchanged out-of-line TOAST value and numeric edge values."
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from pathlib import Path
 from typing import Any
@@ -13,21 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from cdc.cli import main as cdc_main
-from cdc.config import Settings
 from cdc.registry import Registry
 from sinks.warehouse import WarehouseSink
-from tests.apply.conftest import Env, run_job
+from tests.apply.conftest import cdc_cli, reader_env, run_job
 from tests.plugins.postgres import PgCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
-
-
-def _cdc(dsn: str, state: Path, *args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", dsn, "--state", str(state), *args])
-    return code, out.getvalue()
 
 
 def test_captured_changes_applied_by_spark_verify_clean(
@@ -46,9 +35,9 @@ def test_captured_changes_applied_by_spark_verify_clean(
         "FROM generate_series(1, 50) g",
         pg_db,
     )
-    code, out = _cdc(dsn, state, "tables", "add", "public.items", "--search", "name")
+    code, out = cdc_cli(dsn, state, "tables", "add", "public.items", "--search", "name")
     assert code == 0, out
-    code, out = _cdc(dsn, state, "run", "--once")
+    code, out = cdc_cli(dsn, state, "run", "--once")
     assert code == 0, out
 
     # changes after the snapshot
@@ -75,21 +64,19 @@ def test_captured_changes_applied_by_spark_verify_clean(
     )
     pg.execute(f"UPDATE public.items SET blob = '{toast}' WHERE id = 8", pg_db)
     pg.execute("UPDATE public.items SET name = 'toast kept' WHERE id = 8", pg_db)
-    code, out = _cdc(dsn, state, "run", "--once")
+    code, out = cdc_cli(dsn, state, "run", "--once")
     assert code == 0, out
 
-    settings = Settings(state_dir=state, source=None)
     with Registry(state) as reg_db:
         reg = reg_db.find("public.items")
-    env = Env(settings, None, None)  # type: ignore[arg-type]
-    summary = run_job(spark_clean, env, max_records=60)
+    summary = run_job(spark_clean, reader_env(state), max_records=60)
     assert summary.dead_letters == 0
     assert summary.batches >= 2
 
     # WAL after the last capture that does not concern the table: the reader is not running, so the slot
     # stays behind pg_current_wal_lsn(); verify must see that nothing of public.items is pending
     pg.execute("CREATE TABLE public.unrelated (x int); INSERT INTO public.unrelated VALUES (1)", pg_db)
-    code, out = _cdc(dsn, state, "verify", "--json", "--wait", "30")
+    code, out = cdc_cli(dsn, state, "verify", "--json", "--wait", "30")
     reports = orjson.loads(out)
     assert code == 0, (reports[0]["lag"], reports[0]["consistent_lsn"])
     assert (
@@ -102,7 +89,7 @@ def test_captured_changes_applied_by_spark_verify_clean(
 
     # a change the reader has not captured yet: "not caught up" (exit 3), not "different"
     pg.execute("UPDATE public.items SET qty = 0 WHERE id = 2", pg_db)
-    code, out = _cdc(dsn, state, "verify", "--json", "--wait", "1")
+    code, out = cdc_cli(dsn, state, "verify", "--json", "--wait", "1")
     reports = orjson.loads(out)
     assert code == 3 and reports[0]["status"] == "not_caught_up"
     assert reports[0]["lag"]["slot"]["pending_changes"] == 1

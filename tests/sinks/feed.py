@@ -1,4 +1,6 @@
-"""Build log-store records with the envelopes the reader emits (cdc/events.py), for sink tests."""
+"""Log-store records of chosen changes for sink tests, built by the reader's own envelope code
+(:meth:`cdc.reader.envelope.TableCodec.change_records`): the bytes are the reader's, only the rows,
+operations and versions are chosen here."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from cdc.events import TRUNCATE_KEY_FIELD, encode_key
+from cdc.events import encode_key
+from cdc.logstore import Record
+from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
 from sinks import ChangeBatch, RawRecord
 from sinks.columnar import Columns
@@ -67,11 +71,47 @@ class Feed:
         self.offset = 0
         self.form = form
         self.fallbacks: list[str] = []
+        self._codecs: dict[int, TableCodec] = {}
 
     def _rec(self, key: dict[str, Any], value: Any, partition: int = 0) -> RawRecord:
+        """A record as given (``value``: bytes, a JSON-able object, or None for a tombstone)."""
         self.offset += 1
         raw = None if value is None else (value if isinstance(value, bytes) else orjson.dumps(value))
         return RawRecord(self.reg.topic, partition, self.offset, encode_key(key), raw, BASE_TS_MS)
+
+    def _raw(self, records: list[Record]) -> list[RawRecord]:
+        out = []
+        for r in records:
+            self.offset += 1
+            out.append(RawRecord(self.reg.topic, r.partition or 0, self.offset, r.key, r.value, BASE_TS_MS))
+        return out
+
+    def _events(
+        self,
+        op: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        lsn: int,
+        seq: int,
+        ts_ms: int | None = None,
+        unavailable: Iterable[str] = (),
+        partitions: int = 1,
+    ) -> list[RawRecord]:
+        """The reader's records of one change at version (``lsn``, ``seq``); ``lsn`` is also the
+        commit LSN, the change's WAL position and the xid. ``r``: a snapshot row at ``lsn`` (whose
+        ``seq`` is always 0)."""
+        codec = self._codecs.get(partitions)
+        if codec is None:
+            codec = self._codecs[partitions] = TableCodec(self.reg, "cdc", "app", partitions)
+        now = str(BASE_TS_MS).encode()
+        ts = BASE_TS_MS + lsn if ts_ms is None else ts_ms
+        if op == "r":
+            assert after is not None
+            return self._raw([codec.snapshot_record(after, codec.snapshot_source(lsn, ts, last=False), now)])
+        source = codec.change_source(transaction_part(ts, lsn, lsn), lsn, lsn, seq)
+        return self._raw(
+            codec.change_records(op.encode(), before, after, source, now, list(unavailable), lsn)
+        )
 
     def change(
         self,
@@ -84,56 +124,20 @@ class Feed:
         unavailable: Iterable[str] = (),
         before: dict[str, Any] | None = None,
     ) -> RawRecord:
-        key = {k: row[k] for k in self.reg.key}
-        value = {
-            "before": before,
-            "after": None if op == "d" else row,
-            "source": {
-                "version": "cdc-0.1.0",
-                "connector": "postgresql",
-                "name": "cdc",
-                "ts_ms": BASE_TS_MS + lsn if ts_ms is None else ts_ms,
-                "snapshot": "true" if op == "r" else "false",
-                "db": "app",
-                "schema": self.reg.schema,
-                "table": self.reg.table,
-                "txId": lsn,
-                "lsn": lsn,
-                "sequence": None,
-                "commit_lsn": lsn,
-                "seq": seq,
-            },
-            "op": op,
-            "ts_ms": BASE_TS_MS,
-            "unavailable": list(unavailable),
-        }
+        """One event: ``row`` is the new row (``c``, ``u``, ``r``) or the old key/row (``d``; its
+        tombstone is left out, see :meth:`delete`)."""
         if op == "d":
-            value["before"] = before or key
-        return self._rec(key, value)
+            return self._events("d", before or row, None, lsn, seq, ts_ms)[0]
+        (rec,) = self._events(op, before, row, lsn, seq, ts_ms, unavailable)
+        return rec
 
     def delete(self, key: dict[str, Any], lsn: int, seq: int = 1) -> list[RawRecord]:
         """A delete and its tombstone."""
-        return [self.change("d", key, lsn, seq), self._rec(key, None)]
+        return self._events("d", key, None, lsn, seq)
 
     def truncate(self, lsn: int, seq: int = 1, partitions: int = 2) -> list[RawRecord]:
-        out = []
-        for p in range(partitions):
-            value = {
-                "before": None,
-                "after": None,
-                "source": {
-                    "ts_ms": BASE_TS_MS + lsn,
-                    "schema": self.reg.schema,
-                    "table": self.reg.table,
-                    "commit_lsn": lsn,
-                    "seq": seq,
-                    "snapshot": "false",
-                },
-                "op": "t",
-                "ts_ms": BASE_TS_MS,
-            }
-            out.append(self._rec({TRUNCATE_KEY_FIELD: p}, value, partition=p))
-        return out
+        """The TRUNCATE markers, one per partition."""
+        return self._events("t", None, None, lsn, seq, partitions=partitions)
 
     def batch(self, *records: RawRecord | list[RawRecord]) -> ChangeBatch:
         flat: list[RawRecord] = []

@@ -196,3 +196,36 @@ def test_snapshot_record_is_op_r_with_consistent_point_version() -> None:
     v = orjson.loads(rec.value)  # type: ignore[arg-type]
     assert rec.key == b'{"id":1}' and v["op"] == "r" and v["source"]["snapshot"] == "last"
     assert Version.of(v) == Version(1000, 0) and v["source"]["lsn"] == 1000 and v["ts_ms"] == 7
+
+
+def test_change_records_from_rows_are_the_readers_events() -> None:
+    """:meth:`TableCodec.change_records` (what tests and benchmarks build events with) gives the bytes
+    the reader appends for the same change, in each shape: insert, update, key change (d +
+    tombstone + c), delete (+ tombstone), truncate (one marker per partition)."""
+    from cdc.reader.envelope import transaction_part
+
+    b, _ = make()
+    codec = b.codecs[("public", "t")]
+    b.now = b"5"
+    lsn = lsn_to_int("0/1507940")
+    commit = lsn_to_int("0/1507B78")
+    tx = transaction_part(commit_ts_ms("2026-11-22 02:28:58.744379+00"), 727, commit)
+    new = {"id": 1, "n": "2.000000000", "big": "x", "secret": "s"}
+    cases = [
+        (change("I", row(1, "2.000000000")), b"c", None, new),
+        (change("U", row(1, "2.000000000"), identity=[col("id", "integer", 1)]), b"u", {"id": 1}, new),
+        (change("U", row(1, "2.000000000"), identity=[col("id", "integer", 9)]), b"u", {"id": 9}, new),
+        (change("D", identity=[col("id", "integer", 9)]), b"d", {"id": 9}, None),
+        (change("T"), b"t", None, None),
+    ]
+    for seq, (msg, op, before, after) in enumerate(cases, start=1):
+        _, got = b.change(msg)  # type: ignore[misc]
+        source = codec.change_source(tx, lsn, commit, seq)
+        assert got == codec.change_records(op, before, after, source, b"5", lsn=lsn), op
+    assert [len(codec.change_records(op, before, after, b"{}", b"5")) for _, op, before, after in cases] == [
+        1,
+        1,
+        3,
+        2,
+        3,
+    ]
