@@ -594,28 +594,37 @@ def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink, fee
 
 
 def _mixed_batches(f: Feed, seed: int) -> list[list[Any]]:
-    """Batches of a random workload over 40 keys: inserts, updates, deletes and re-inserts, each
-    batch's records shuffled, some events delivered again in a later batch, older versions late, and a
-    TRUNCATE in batch 3 (that batch takes the per-event form; later ones bring events older than it)."""
+    """Batches of a random workload over 40 keys: inserts, updates, deletes, re-inserts and snapshot
+    reads (most equal to the stored row, some not), each batch's records shuffled, some events
+    delivered again in a later batch, older versions late, and a TRUNCATE in batch 3 (that batch takes
+    the per-event form; later ones bring events older than it)."""
     import random
 
     rng = random.Random(seed)
     lsn = 1_000
     live: set[int] = set()
+    vals: dict[int, dict[str, Any]] = {}
     sent: list[Any] = []
     batches = []
     for _ in range(6):
         recs: list[Any] = []
+        touched: set[int] = set()  # keys changed in this batch: a read is compared with the stored row
         for _ in range(rng.randint(70, 140)):
             k = rng.randint(1, 40)
             lsn += rng.choice((1, 1, 2, 5))
             if k in live and rng.random() < 0.25:
                 recs.extend(f.delete({"id": k}, lsn))
                 live.discard(k)
+            elif k in live and k not in touched and rng.random() < 0.3:  # a read: equal, or a missed change
+                row = vals[k] if rng.random() < 0.7 else {**vals[k], "name": f"r{lsn}"}
+                recs.append(f.change("r", row, lsn))
+                vals[k] = row
             else:
                 op = "u" if k in live else "c"
-                recs.append(f.change(op, {"id": k, "name": f"n{lsn}", "note": rng.choice((None, "x"))}, lsn))
+                vals[k] = {"id": k, "name": f"n{lsn}", "note": rng.choice((None, "x"))}
+                recs.append(f.change(op, vals[k], lsn))
                 live.add(k)
+            touched.add(k)
         recs.extend(rng.sample(sent, min(len(sent), 30)))  # redelivered and late events
         sent.extend(r for r in recs if r.value is not None)
         if len(batches) == 3:
