@@ -163,6 +163,8 @@ class Plan:
         """The rows that may confirm their key's stored open row: each key's first applied event when
         it is a snapshot read (op ``r``) and the key has a stored open row. Those whose values equal the
         stored row (the caller compares them) go to :meth:`history` as ``confirmed``."""
+        if not (self.is_read & (stored.open_lsn[self.key_of_row] >= 0)).any():
+            return np.zeros(0, dtype=np.int64)  # no read of a stored key: nothing to plan twice
         s = self.history(stored).applied
         first = np.ones(len(s), dtype=bool)
         first[1:] = self.key_of_row[s][1:] != self.key_of_row[s][:-1]
