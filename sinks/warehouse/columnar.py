@@ -24,6 +24,7 @@ from sinks.warehouse.delta import (
     cast_to_field,
     current_versions,
     stored_guards,
+    unchanged,
     write_current,
     write_history,
     write_tombstones,
@@ -167,8 +168,19 @@ class ColumnarApply:
     def history(self, history: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
         plan = self.plan
         o_lsn, o_seq = self.current_versions()
-        hp = plan.history(self.stored.with_open(o_lsn, o_seq))
-        if len(hp.applied) == 0 and len(hp.closed_keys) == 0 and not plan.truncates.num_rows:
+        stored = self.stored.with_open(o_lsn, o_seq)
+        reads = plan.snapshot_reads(stored)
+        if len(reads):  # those equal to the stored row confirm it (docs/warehouse.md)
+            rows = self._data(reads, arrow_schema(self._current), self._meta(reads))
+            reads = reads[unchanged(self._current, rows, self.bucket_set)]
+        hp = plan.history(stored, reads)
+        moved = hp.moved_keys
+        if (
+            len(hp.applied) == 0
+            and len(hp.closed_keys) == 0
+            and len(moved) == 0
+            and not plan.truncates.num_rows
+        ):
             return {}  # nothing to write: a replay computes the same nothing
         new = hp.new
         meta = self._meta(new)
@@ -188,9 +200,22 @@ class ColumnarApply:
                 **self._closers(hp.close_event, hp.close_truncate),
             }
             parts.append(self._data(np.full(len(c_key), NONE), schema, close))
+        if len(moved):  # a key's stored open row, confirmed by a snapshot read: it moves to its version
+            move = {
+                KEY: self.keys.take(pa.array(moved)),
+                BUCKET: pa.array(self.key_bucket[moved]),
+                LSN: pa.array(o_lsn[moved]),
+                SEQ: pa.array(o_seq[moved]),
+                END_LSN: pa.array(plan.lsn[hp.moved_to]),
+                END_SEQ: pa.array(plan.seq[hp.moved_to]),
+                SRC_KIND: pa.array(["move"] * len(moved), pa.string()),
+            }
+            parts.append(self._data(np.full(len(moved), NONE), schema, move))
         source = pa.concat_tables(parts)
-        # only a close row can match a stored (open) row: only its bucket's open rows are rewritten
-        match = None if plan.truncates.num_rows else set(self.key_bucket[c_key].tolist())
+        # only a close (or move) row can match a stored (open) row: only its bucket's open rows are
+        # rewritten
+        touched = np.concatenate([c_key, moved])
+        match = None if plan.truncates.num_rows else set(self.key_bucket[touched].tolist())
         return write_history(history, source, match, _truncates(plan), commit)
 
     def current(self, current: DeltaTable, commit: CommitProperties) -> dict[str, Any]:

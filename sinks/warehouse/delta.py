@@ -103,10 +103,11 @@ def write_history(
     commit: CommitProperties,
 ) -> dict[str, Any]:
     """Write the history's source rows in one commit: ``close`` rows (``SRC_KIND``) close the stored
-    open row of the same key and version, ``new`` rows are inserted unless an open row of that version
-    is stored; the batch's truncates close every open row older than them. Only open rows are read and
+    open row of the same key and version, ``move`` rows move it to the version they carry in the end
+    columns (a snapshot read that found the row unchanged: it stays open), ``new`` rows are inserted
+    unless an open row of that version is stored; the batch's truncates close every open row older than them. Only open rows are read and
     rewritten (in a history partitioned by ``is_current`` too, only those partitions' files).
-    ``match``: the buckets of the close rows (None: any, as with truncates); when empty, the new rows
+    ``match``: the buckets of the close and move rows (None: any, as with truncates); when empty, the new rows
     are appended."""
     target_cols = arrow_schema(history).names
     predicate = (
@@ -131,10 +132,16 @@ def write_history(
         predicate += " AND " + _in_list("t", BUCKET, match)
     merger = _merger(history, source, predicate, commit)
     close_cols = (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP)
-    merger = merger.when_matched_update(
-        {c: _col("s", c) for c in close_cols}, predicate=f"{_col('s', SRC_KIND)} = 'close'"
-    ).when_not_matched_insert(
-        {c: _col("s", c) for c in target_cols}, predicate=f"{_col('s', SRC_KIND)} = 'new'"
+    merger = (
+        merger.when_matched_update(
+            {c: _col("s", c) for c in close_cols}, predicate=f"{_col('s', SRC_KIND)} = 'close'"
+        )
+        .when_matched_update(
+            {LSN: _col("s", END_LSN), SEQ: _col("s", END_SEQ)}, predicate=f"{_col('s', SRC_KIND)} = 'move'"
+        )
+        .when_not_matched_insert(
+            {c: _col("s", c) for c in target_cols}, predicate=f"{_col('s', SRC_KIND)} = 'new'"
+        )
     )
     if truncates:
         merger = merger.when_not_matched_by_source_update(
@@ -305,6 +312,36 @@ def stored_guards(tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int]) -> 
     t_lsn, t_seq = versions_of(keys, tomb.filter(pc.invert(is_marker)), "key_json", "commit_lsn", "seq")
     none = np.full(len(key_list), -1, dtype=np.int64)
     return Stored(t_lsn, t_seq, none, none, m)
+
+
+def unchanged(current: DeltaTable, rows: pa.Table, buckets: Iterable[int]) -> np.ndarray:
+    """Which of ``rows`` (in the current table's columns, at most one per key) equal their key's stored
+    current row in every data column, compared as stored (both null, both NaN: equal)."""
+    keys = rows.column(KEY).cast(pa.string()).combine_chunks()
+    stored = read_rows(current, keys.to_pylist(), buckets)
+    idx = pc.index_in(keys, value_set=stored.column(KEY).cast(pa.string()).combine_chunks())
+    same: np.ndarray = pc.is_valid(idx).to_numpy(zero_copy_only=False)
+    at = pc.fill_null(idx, 0)
+    for name in rows.column_names:
+        if name in HISTORY_META.names or not same.any():
+            continue
+        same &= _equal(rows.column(name).combine_chunks(), stored.column(name).take(at).combine_chunks())
+    return same
+
+
+def _equal(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """Element-wise: ``a`` and ``b`` hold the same value (nulls and NaNs equal each other)."""
+    if b.type != a.type:
+        b = b.cast(a.type)
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    try:
+        eq = pc.fill_null(pc.equal(a, b), False)
+    except pa.ArrowNotImplementedError:  # lists: compared as Python values
+        eq = pa.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], pa.bool_())
+    if pa.types.is_floating(a.type):
+        eq = pc.or_(eq, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    out: np.ndarray = pc.or_(eq, both_null).to_numpy(zero_copy_only=False)
+    return out
 
 
 def current_versions(

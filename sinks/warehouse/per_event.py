@@ -29,6 +29,7 @@ from sinks.warehouse.delta import (
     layout_of,
     read_rows,
     stored_guards,
+    unchanged,
     write_current,
     write_history,
     write_tombstones,
@@ -52,7 +53,7 @@ from sinks.warehouse.layout import (
     VALID_TO,
     Layout,
 )
-from sinks.warehouse.plan import NONE, Plan, events_table
+from sinks.warehouse.plan import NONE, Plan, Stored, events_table
 
 _DATA = "__cdc_data"  # key of a merge-source row dict holding its data values (event encoding)
 
@@ -113,6 +114,17 @@ class BatchContext:
         if self._cur_versions is None:
             self._cur_versions = current_versions(self._current, self.plan.keys, self.key_buckets.values())
         return self._cur_versions
+
+    def confirmed(self, stored: Stored) -> np.ndarray:
+        """The plan's snapshot reads (:meth:`Plan.snapshot_reads`) whose values equal their key's
+        stored current row, as the current table stores them."""
+        reads = self.plan.snapshot_reads(stored)
+        if not len(reads):
+            return reads
+        rows = [{**self.meta_row(ev), _DATA: ev.after or {}} for ev in map(self.event, reads)]
+        table = _to_table(rows, arrow_schema(self._current), self.types)
+        same: np.ndarray = reads[unchanged(self._current, table, self.buckets_of(r[KEY] for r in rows))]
+        return same
 
     def current_rows(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The stored current rows of ``keys`` (those that have one), as they were before the batch."""
@@ -391,7 +403,8 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
     events, unavailable TOAST columns resolved in each key's version order."""
     plan = ctx.plan
     o_lsn, o_seq = ctx.current_versions()
-    hp = plan.history(ctx.stored.with_open(o_lsn, o_seq))
+    stored = ctx.stored.with_open(o_lsn, o_seq)
+    hp = plan.history(stored, ctx.confirmed(stored))
     truncates = ctx.truncates
     resolver = _Resolver(ctx, history)
     close_rows: list[dict[str, Any]] = []
@@ -430,12 +443,26 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
             _close(row, truncates[hp.new_truncate[j]])
             resolver.forget(ev.key_json)
         new_rows.append(row)
+    for k, r in zip(hp.moved_keys, hp.moved_to, strict=True):  # the stored row stays open, at r's version
+        v = ctx.event(r).version
+        key_json = ctx.keys[k]
+        close_rows.append(
+            {
+                KEY: key_json,
+                BUCKET: ctx.key_buckets[key_json],
+                LSN: int(o_lsn[k]),
+                SEQ: int(o_seq[k]),
+                END_LSN: v.commit_lsn,
+                END_SEQ: v.seq,
+                SRC_KIND: "move",
+            }
+        )
     if not close_rows and not new_rows and not truncates:
         return {}  # nothing to write: a replay computes the same nothing
     schema = pa.schema([*arrow_schema(history), (SRC_KIND, pa.string())])
-    rows = [{**r, SRC_KIND: "close"} for r in close_rows] + [{**r, SRC_KIND: "new"} for r in new_rows]
+    rows = [{SRC_KIND: "close", **r} for r in close_rows] + [{**r, SRC_KIND: "new"} for r in new_rows]
     source = _to_table(rows, schema, ctx.types, ctx.converted)
-    # only a close row can match a stored (open) row: only its bucket's open rows are rewritten
+    # only a close (or move) row can match a stored (open) row: only its bucket's open rows are rewritten
     match = None if truncates else {r[BUCKET] for r in close_rows}
     return write_history(history, source, match, [(t.version, t.ts_ms) for t in truncates], commit)
 

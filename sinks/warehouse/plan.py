@@ -11,13 +11,16 @@ event (a repeat of a version counts once); each applied upsert opens a history r
 key's next applied event or by a TRUNCATE newer than it that comes first; the stored open row is
 closed the same way by the key's first applied event or a TRUNCATE; the current table takes each
 key's newest event when newer than the last TRUNCATE and (for an upsert) than the key's tombstone;
-the tombstones take each key's newest event when it is a delete, and the last TRUNCATE.
+the tombstones take each key's newest event when it is a delete, and the last TRUNCATE. A snapshot
+read that is its key's first applied event and equals the stored row (the caller compares values:
+``confirmed``) opens no row: the stored open row's version moves to the read's, then the rules above
+run (so a TRUNCATE older than the read does not close it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -128,6 +131,7 @@ class Plan:
         self.lsn = self.t.column("commit_lsn").to_numpy()
         self.seq = self.t.column("seq").to_numpy()
         self.is_delete = pc.equal(self.t.column("op"), "d").to_numpy(zero_copy_only=False)
+        self.is_read = pc.equal(self.t.column("op"), "r").to_numpy(zero_copy_only=False)
         first = key_starts(key)
         self.first_of_key = first
         self.last_of_key = np.ones(n, dtype=bool)
@@ -155,8 +159,31 @@ class Plan:
         guard = np.maximum(tomb, r[-2])
         return ev, tr, guard, np.where(open_ > 0, open_, -1), open_ > 0
 
-    def history(self, stored: Stored) -> HistoryPlan:
-        """Which events open history rows, and what closes them and the stored open rows."""
+    def snapshot_reads(self, stored: Stored) -> np.ndarray:
+        """The rows that may confirm their key's stored open row: each key's first applied event when
+        it is a snapshot read (op ``r``) and the key has a stored open row. Those whose values equal the
+        stored row (the caller compares them) go to :meth:`history` as ``confirmed``."""
+        if not (self.is_read & (stored.open_lsn[self.key_of_row] >= 0)).any():
+            return np.zeros(0, dtype=np.int64)  # no read of a stored key: nothing to plan twice
+        s = self.history(stored).applied
+        first = np.ones(len(s), dtype=bool)
+        first[1:] = self.key_of_row[s][1:] != self.key_of_row[s][:-1]
+        f = s[first]
+        out: np.ndarray = f[self.is_read[f] & (stored.open_lsn[self.key_of_row[f]] >= 0)]
+        return out
+
+    def history(self, stored: Stored, confirmed: np.ndarray | None = None) -> HistoryPlan:
+        """Which events open history rows, and what closes them and the stored open rows.
+        ``confirmed``: rows of :meth:`snapshot_reads` equal to their key's stored row; each moves that
+        row's version to its own instead of opening a row (so neither it nor a TRUNCATE older than it
+        closes the stored row)."""
+        if confirmed is None:
+            confirmed = np.zeros(0, dtype=np.int64)
+        c_key = self.key_of_row[confirmed]
+        if len(confirmed):
+            o_lsn, o_seq = stored.open_lsn.copy(), stored.open_seq.copy()
+            o_lsn[c_key], o_seq[c_key] = self.lsn[confirmed], self.seq[confirmed]
+            stored = stored.with_open(o_lsn, o_seq)
         ev, tr, guard, open_rank, has_open = self._ranks(stored)
         key = self.key_of_row
         # the last truncate at or before each event (equal: the truncate comes first and wins)
@@ -190,6 +217,7 @@ class Plan:
         o_by_t = o_has_t & ((first_ev == NONE) | (o_t_rank < ev[np.maximum(first_ev, 0)]))
         o_by_ev = has_open & ~o_by_t & (first_ev != NONE)
         closed_keys = np.flatnonzero(o_by_t | o_by_ev)
+        moved = ~(o_by_t | o_by_ev)[c_key]
         return HistoryPlan(
             applied=s,
             new=new,
@@ -198,6 +226,8 @@ class Plan:
             closed_keys=closed_keys,
             close_event=np.where(o_by_ev[closed_keys], first_ev[closed_keys], NONE),
             close_truncate=np.where(o_by_t[closed_keys], o_t[closed_keys], NONE),
+            moved_keys=c_key[moved],
+            moved_to=confirmed[moved],
         )
 
     def current(self, stored: Stored) -> np.ndarray:
@@ -226,7 +256,8 @@ class HistoryPlan:
     opens a row); ``new_next[i]``: the row closing ``new[i]`` (NONE: none), or ``new_truncate[i]``: the
     position in :attr:`Plan.truncates` of the TRUNCATE closing it. ``closed_keys``: the keys (positions
     in :attr:`Plan.keys`) whose stored open row is closed, by ``close_event`` (a row) or
-    ``close_truncate`` (a truncate), one of them NONE."""
+    ``close_truncate`` (a truncate), one of them NONE. ``moved_keys``: the keys whose stored open row
+    stays open with its version moved to that of the row ``moved_to`` (a confirming snapshot read)."""
 
     applied: np.ndarray
     new: np.ndarray
@@ -235,3 +266,5 @@ class HistoryPlan:
     closed_keys: np.ndarray
     close_event: np.ndarray
     close_truncate: np.ndarray
+    moved_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    moved_to: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))

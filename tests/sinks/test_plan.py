@@ -148,3 +148,41 @@ def test_plan_decides_what_the_reference_loop_decides() -> None:
         assert got_closed == want["closed_open"], seed
         assert [(key_at[r], v_at[r], off_at[r]) for r in plan.current(stored)] == want["current"], seed
         assert [(key_at[r], v_at[r], off_at[r]) for r in plan.tombstones()] == want["tombstones"], seed
+
+
+def test_confirmed_snapshot_reads_move_the_open_row() -> None:
+    """A confirmed read (a key's first applied event, op r, with an open row) acts as the open row
+    moved to its version: what the reference loop decides for that stored state, and the keys whose
+    moved row no later event or truncate closes are ``moved_keys``."""
+    seen = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        events, truncates, tomb, marker, open_ = _batch(rng)
+        plan = Plan(_table(events, truncates))
+        keys = plan.keys.to_pylist()
+
+        def arr(d: dict[str, V], i: int, keys: list[str] = keys) -> np.ndarray:
+            return np.array([d.get(k, NO)[i] for k in keys], dtype=np.int64)
+
+        stored = Stored(arr(tomb, 0), arr(tomb, 1), arr(open_, 0), arr(open_, 1), marker)
+        reads = plan.snapshot_reads(stored)
+        key_at = plan.t.column("key_json").to_pylist()
+        v_at = list(zip(plan.lsn.tolist(), plan.seq.tolist(), strict=True))
+        applied = plan.history(stored).applied
+        first = {key_at[r]: r for r in reversed(applied.tolist())}  # each key's first applied event
+        assert sorted(reads.tolist()) == sorted(
+            r for k, r in first.items() if k in open_ and plan.t.column("op")[r].as_py() == "r"
+        ), seed
+        confirmed = np.array([r for r in reads if rng.random() < 0.7], dtype=np.int64)
+        seen += len(confirmed)
+        moved_open = {**open_, **{key_at[r]: v_at[r] for r in confirmed}}
+        want = _reference(events, truncates, tomb, marker, moved_open)
+        hp = plan.history(stored, confirmed)
+        got_new = {(key_at[r], v_at[r]) for r in hp.new}
+        assert got_new == set(want["new"]), seed
+        assert {keys[k] for k in hp.closed_keys} == set(want["closed_open"]), seed
+        want_moved = {key_at[r] for r in confirmed} - set(want["closed_open"])
+        assert {keys[k]: v_at[r] for k, r in zip(hp.moved_keys, hp.moved_to, strict=True)} == {
+            k: moved_open[k] for k in want_moved
+        }, seed
+    assert seen > 50

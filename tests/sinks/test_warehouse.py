@@ -17,6 +17,7 @@ from deltalake import DeltaTable, WriterProperties, write_deltalake
 
 from cdc.config import Settings
 from cdc.errors import ApplyError, ConfigError
+from sinks import RawRecord
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink, columnar, per_event
 from sinks.warehouse import delta as D
@@ -593,28 +594,37 @@ def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink, fee
 
 
 def _mixed_batches(f: Feed, seed: int) -> list[list[Any]]:
-    """Batches of a random workload over 40 keys: inserts, updates, deletes and re-inserts, each
-    batch's records shuffled, some events delivered again in a later batch, older versions late, and a
-    TRUNCATE in batch 3 (that batch takes the per-event form; later ones bring events older than it)."""
+    """Batches of a random workload over 40 keys: inserts, updates, deletes, re-inserts and snapshot
+    reads (most equal to the stored row, some not), each batch's records shuffled, some events
+    delivered again in a later batch, older versions late, and a TRUNCATE in batch 3 (that batch takes
+    the per-event form; later ones bring events older than it)."""
     import random
 
     rng = random.Random(seed)
     lsn = 1_000
     live: set[int] = set()
+    vals: dict[int, dict[str, Any]] = {}
     sent: list[Any] = []
     batches = []
     for _ in range(6):
         recs: list[Any] = []
+        touched: set[int] = set()  # keys changed in this batch: a read is compared with the stored row
         for _ in range(rng.randint(70, 140)):
             k = rng.randint(1, 40)
             lsn += rng.choice((1, 1, 2, 5))
             if k in live and rng.random() < 0.25:
                 recs.extend(f.delete({"id": k}, lsn))
                 live.discard(k)
+            elif k in live and k not in touched and rng.random() < 0.3:  # a read: equal, or a missed change
+                row = vals[k] if rng.random() < 0.7 else {**vals[k], "name": f"r{lsn}"}
+                recs.append(f.change("r", row, lsn))
+                vals[k] = row
             else:
                 op = "u" if k in live else "c"
-                recs.append(f.change(op, {"id": k, "name": f"n{lsn}", "note": rng.choice((None, "x"))}, lsn))
+                vals[k] = {"id": k, "name": f"n{lsn}", "note": rng.choice((None, "x"))}
+                recs.append(f.change(op, vals[k], lsn))
                 live.add(k)
+            touched.add(k)
         recs.extend(rng.sample(sent, min(len(sent), 30)))  # redelivered and late events
         sent.extend(r for r in recs if r.value is not None)
         if len(batches) == 3:
@@ -913,3 +923,96 @@ def test_lookups_find_every_key_in_files_of_many_row_groups(tmp_path: Path) -> N
     assert sorted(got.column(W.KEY).cast(pa.string()).to_pylist()) == sorted(set(want))
     assert D.ROWS_READ["current"] == n // 2  # bucket 0 only
     assert D.read_rows(t, [keys[1]], [0]).num_rows == 0  # a key of another bucket is not there
+
+
+# an ugly value: quotes, backslashes, newlines, ~2 MB
+UGLY = ('a "quoted" \\back\\slash\nnew line \u00e9 ' * 40_000)[:2_000_000]
+
+
+def _resnapshot_setup(sink: WarehouseSink, f: Feed) -> None:
+    """Keys 1-4 inserted at 101-104; key 2 updated at 150."""
+    rows = [{"id": i, "name": str(i), "note": UGLY if i == 1 else None} for i in range(1, 5)]
+    sink.apply(f.batch(*(f.change("c", r, 100 + r["id"]) for r in rows)), 1, APP)
+    sink.apply(f.batch(f.change("u", {"id": 2, "name": "two", "note": "x"}, 150)), 2, APP)
+
+
+def _resnapshot_reads(f: Feed) -> list[RawRecord]:
+    """A full re-snapshot at 310+ (its marker at 299): keys 1 and 2 unchanged, key 3 changed (a
+    change the log missed), key 4 gone at the source."""
+    return [
+        f.change("r", {"id": 1, "name": "1", "note": UGLY}, 310),
+        f.change("r", {"id": 2, "name": "two", "note": "x"}, 311),
+        f.change("r", {"id": 3, "name": "changed", "note": None}, 312),
+    ]
+
+
+def _assert_resnapshot(sink: WarehouseSink, reg: Any, changed_closed_by: str) -> None:
+    cur = current(sink, reg)
+    assert sorted(cur) == [1, 2, 3]
+    assert {i: cur[i][W.LSN] for i in cur} == {1: 310, 2: 311, 3: 312}  # the version moved
+    assert cur[1]["note"] == UGLY
+    h1 = history(sink, reg, 1)  # one version, still open, moved to the re-snapshot's version
+    assert [(r[W.OP], r[W.LSN], r[W.IS_CURRENT], r[W.VALID_FROM]) for r in h1] == [("c", 310, True, ts(101))]
+    assert h1[0]["note"] == UGLY
+    h2 = history(sink, reg, 2)
+    assert [(r["name"], r[W.LSN], r[W.IS_CURRENT], r[W.END_OP]) for r in h2] == [
+        ("2", 102, False, "u"),
+        ("two", 311, True, None),
+    ]
+    assert h2[1][W.VALID_FROM] == ts(150)
+    h3 = history(sink, reg, 3)  # the change the log missed: a new version
+    assert [(r["name"], r[W.OP], r[W.IS_CURRENT], r[W.END_OP]) for r in h3] == [
+        ("3", "c", False, changed_closed_by),
+        ("changed", "r", True, None),
+    ]
+    h4 = history(sink, reg, 4)  # gone at the source: closed by the marker
+    assert [(r[W.IS_CURRENT], r[W.END_OP], r[W.END_LSN]) for r in h4] == [(False, "t", 299)]
+
+
+def test_an_unchanged_resnapshot_keeps_one_history_version(sink: WarehouseSink, feed: FeedMaker) -> None:
+    reg = table()
+    f = feed(reg)
+    _resnapshot_setup(sink, f)
+    # the reads in two chunks (batches), the marker in a batch of its own after them
+    reads = _resnapshot_reads(f)
+    sink.apply(f.batch(*reads[:2]), 3, APP)
+    sink.apply(f.batch(reads[2]), 4, APP)
+    sink.apply(f.batch(f.truncate(299)), 5, APP)
+    _assert_resnapshot(sink, reg, "r")
+    # a later change closes the moved row and opens one, as any change does
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "later", "note": UGLY}, 400)), 6, APP)
+    h1 = history(sink, reg, 1)
+    assert [(r["name"], r[W.LSN], r[W.END_LSN], r[W.IS_CURRENT]) for r in h1] == [
+        ("1", 310, 400, False),
+        ("later", 400, None, True),
+    ]
+    # a late event older than the moved version stays out
+    sink.apply(f.batch(f.change("u", {"id": 2, "name": "late", "note": "x"}, 305)), 7, APP)
+    assert current(sink, reg)[2]["name"] == "two"
+    assert len(history(sink, reg, 2)) == 2
+
+
+def test_an_unchanged_resnapshot_with_its_marker_in_one_batch(sink: WarehouseSink, feed: FeedMaker) -> None:
+    reg = table()
+    f = feed(reg)
+    _resnapshot_setup(sink, f)
+    sink.apply(f.batch(*_resnapshot_reads(f), f.truncate(299)), 3, APP)
+    # the changed key's old row is closed by the marker, older than the read, in version order
+    _assert_resnapshot(sink, reg, "t")
+
+
+def test_an_unchanged_read_then_a_change_in_one_batch(sink: WarehouseSink, feed: FeedMaker) -> None:
+    """The read confirms the stored row, the change in the same batch closes it: one row per value."""
+    reg = table()
+    f = feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
+    b = f.batch(
+        f.change("r", {"id": 1, "name": "a", "note": None}, 200),
+        f.change("u", {"id": 1, "name": "b", "note": None}, 210),
+    )
+    sink.apply(b, 2, APP)
+    h = history(sink, reg, 1)
+    assert [(r["name"], r[W.LSN], r[W.END_LSN], r[W.END_OP]) for r in h] == [
+        ("a", 100, 210, "u"),
+        ("b", 210, None, None),
+    ]

@@ -1,0 +1,85 @@
+"""A full re-snapshot of a table the warehouse already holds (``cdc snapshot TABLE``, read in chunks
+by the real reader, ``cdc run``) opens no history version for a row it finds unchanged, and its
+TRUNCATE marker closes none (issue 16, 2d): one version per unchanged row, ``cdc verify`` clean."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from cdc.cli import main as cdc_main
+from cdc.config import Settings
+from cdc.devcluster import PgCluster
+from sinks.warehouse import END_OP, IS_CURRENT, KEY, LSN, WarehouseSink
+from tests.apply.conftest import Env, run_job
+from tests.capture.test_reader_support import CaptureEnv, make_env
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+
+@pytest.fixture
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 40\n")
+
+
+def _apply(env: CaptureEnv, spark: Any) -> None:
+    summary = run_job(spark, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
+    assert summary.dead_letters == 0
+
+
+def _versions(env: CaptureEnv) -> tuple[Counter[int], list[dict[str, Any]]]:
+    reg = env.reg("public", "t")
+    history = WarehouseSink(env.state).history_rows(reg, meta=True).to_pylist()
+    return Counter(orjson.loads(h[KEY])["id"] for h in history), history
+
+
+def test_an_unchanged_resnapshot_opens_no_history_version(env: CaptureEnv, spark_clean: Any) -> None:
+    env.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, name text, amount numeric(8,2), ratio double precision,"
+        " tags text[], blob bytea, at timestamptz, big text)"
+    )
+    # ugly values: quotes, backslashes, newlines, NaN, nulls, arrays, bytes, one ~1 MB value
+    env.sql(
+        "INSERT INTO t SELECT g, 'say \"hi\" \\ ' || g || E'\\nnext line', g * 1.25,"
+        " CASE WHEN g % 7 = 0 THEN 'NaN'::float8 ELSE g / 3.0 END,"
+        " ARRAY['a,b', E'c\"d', NULL], decode(repeat('00ff5c22', g % 5), 'hex'),"
+        " timestamptz '2026-01-01 00:00+00' + g * interval '1 minute',"
+        " CASE WHEN g = 1 THEN repeat(E'x\"\\\\\\n', 250000) WHEN g % 3 = 0 THEN NULL ELSE 'b' || g END"
+        " FROM generate_series(1, 150) g"
+    )
+    env.add_table("public.t")
+    env.run_once()  # the initial snapshot
+    env.sql("UPDATE t SET name = 'changed' WHERE id <= 5")
+    env.run_once()  # the stream
+    _apply(env, spark_clean)
+    before, _ = _versions(env)
+    assert before[1] == 2 and before[6] == 1 and sum(before.values()) == 155
+
+    assert env.cdc("snapshot", "public.t").returncode == 0, env.last_stderr
+    env.run_once()  # the full chunked re-read (40 rows a chunk) and its TRUNCATE marker
+    ops = [orjson.loads(r.value)["op"] for r in env.records(env.reg("public", "t").topic) if r.value]
+    assert ops.count("r") == 300, "every row read twice: the initial snapshot and the re-snapshot"
+    _apply(env, spark_clean)
+
+    after, history = _versions(env)
+    assert after == before, "one version per unchanged row, no second one"
+    assert not [h for h in history if h[END_OP] == "t"], "no row closed by the re-snapshot's marker"
+    assert sum(1 for h in history if h[IS_CURRENT]) == 150
+    # the open rows moved to the re-snapshot's versions: a later change closes them as usual
+    current = WarehouseSink(env.state).current_rows(env.reg("public", "t"), meta=True).to_pylist()
+    open_versions = {h[KEY]: h[LSN] for h in history if h[IS_CURRENT]}
+    assert open_versions == {c[KEY]: c[LSN] for c in current}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cdc_main(["--source", env.dsn, "--state", str(env.state), "verify", "--json", "--wait", "30"])
+    report = {r["table"]: r for r in orjson.loads(out.getvalue())}["public.t"]
+    assert code == 0, report
+    assert report["source_rows"] == report["warehouse_rows"] == 150, report
+    assert not any(report[k] for k in ("missing", "extra", "different")), report
