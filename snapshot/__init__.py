@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cdc.connect import classify, is_transient, sqlstate
 from cdc.errors import CdcError, SourceError
 from cdc.events import lsn_to_int
 from cdc.registry import Alignment, Column, TableReg
@@ -84,10 +85,16 @@ class SnapshotError(SourceError):
     done: list[TableSnapshot]
 
 
-def snapshot_error(table: str, column: str | None, exc: BaseException) -> SnapshotError:
-    """The :class:`SnapshotError` for ``exc``, raised while reading ``table`` (its ``column``)."""
+def snapshot_error(
+    table: str, column: str | None, exc: BaseException, dsn: str | None = None
+) -> SnapshotError:
+    """The :class:`SnapshotError` for ``exc``, raised while reading ``table`` (its ``column``). With
+    ``dsn``, a permanent refusal of the source (a privilege, a missing object) keeps the message, fix
+    and exit code :func:`cdc.connect.classify` gives it."""
     if isinstance(exc, SnapshotError):
         return exc
+    if dsn is not None and not isinstance(exc, CdcError) and sqlstate(exc) and not is_transient(exc):
+        exc = classify(exc, dsn)
     where = f", column {column}" if column else ""
     if isinstance(exc, CdcError):  # foreseen, with its own fix
         what, fix = exc.message, exc.fix or "see the message"

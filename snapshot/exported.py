@@ -290,7 +290,7 @@ def read_tables(
             fut.result()
     if failures:
         i = min(failures)
-        err = snapshot_error(regs[i].qualified, None, failures[i])
+        err = snapshot_error(regs[i].qualified, None, failures[i], dsn)
         err.done = [results[j] for j in sorted(results)]
         if err is failures[i]:
             raise err
