@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -193,10 +193,10 @@ def _numeric_typed(draw: st.DrawFn) -> tuple[str, Decimal]:
     value of it."""
     p = draw(st.integers(1, 38))
     scale = draw(st.integers(0, p))
-    with localcontext() as ctx:  # the default 28 digits would round 10**31 - 1 up to 10**31
-        ctx.prec = 100
-        bound = Decimal(10) ** (p - scale) - Decimal(1).scaleb(-scale)
-    d = draw(st.decimals(min_value=-bound, max_value=bound, places=scale, allow_nan=False))
+    # built from its digits: Decimal arithmetic (and st.decimals) rounds to the context's 28 digits,
+    # which turns 10**31 - 1 into 10**31, a value numeric(31,0) cannot hold
+    n = draw(st.integers(-(10**p - 1), 10**p - 1))
+    d = Decimal((int(n < 0), tuple(int(c) for c in str(abs(n))), -scale))
     return f"numeric({p},{scale})", d
 
 
