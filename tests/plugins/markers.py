@@ -5,12 +5,15 @@ broker, no browser) selects on them, ``make test`` runs everything.
   marker: the Postgres cluster, the Spark session, the Tansu broker;
 - a test parametrised with the ``"kafka"`` backend gets ``kafka``;
 - ``jvm`` is for tests that start Spark in a subprocess (``cdc apply``, ``cdc verify``): asking for it
-  is how such a test says so.
+  is how such a test says so;
+- ``check`` (the inner loop, ``make check``) is every test with none of the heavy markers, plus the
+  bad-input cases that need Postgres but no JVM, no broker and no browser.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,9 @@ FIXTURE_MARKS = {
     "jvm": "spark",
     "tansu_broker": "kafka",
 }
+#: what keeps a test out of ``make check``; Postgres alone does not for these files
+HEAVY = {"postgres", "spark", "kafka", "browser", "chaos"}
+CHECK_WITH_POSTGRES = {"test_bad_input.py"}
 
 
 @pytest.fixture
@@ -37,3 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and any(v == "kafka" for v in callspec.params.values() if isinstance(v, str)):
             item.add_marker("kafka")
+        marks = {m.name for m in item.iter_markers()}
+        heavy = marks & HEAVY
+        if not heavy or (heavy == {"postgres"} and Path(str(item.fspath)).name in CHECK_WITH_POSTGRES):
+            item.add_marker("check")
