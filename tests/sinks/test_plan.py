@@ -104,17 +104,25 @@ def test_ranks_order_versions_and_tie_equal_ones() -> None:
     assert ranks(lsn, seq).tolist() == [3, 2, 3, 0, 1]
 
 
+def _planned(
+    events: Any, truncates: Any, tomb: dict[str, V], marker: Any, open_: dict[str, V]
+) -> tuple[Plan, list[str], Stored]:
+    """The plan of a random batch, its keys, and the stored state ``tomb``/``open_``/``marker`` as
+    the plan's arrays (:data:`NO` where a key has none)."""
+    plan = Plan(_table(events, truncates))
+    keys = plan.keys.to_pylist()
+
+    def arr(d: dict[str, V], i: int) -> np.ndarray:
+        return np.array([d.get(k, NO)[i] for k in keys], dtype=np.int64)
+
+    return plan, keys, Stored(arr(tomb, 0), arr(tomb, 1), arr(open_, 0), arr(open_, 1), marker)
+
+
 def test_plan_decides_what_the_reference_loop_decides() -> None:
     for seed in range(400):
         rng = random.Random(seed)
         events, truncates, tomb, marker, open_ = _batch(rng)
-        plan = Plan(_table(events, truncates))
-        keys = plan.keys.to_pylist()
-
-        def arr(d: dict[str, V], i: int, keys: list[str] = keys) -> np.ndarray:
-            return np.array([d.get(k, NO)[i] for k in keys], dtype=np.int64)
-
-        stored = Stored(arr(tomb, 0), arr(tomb, 1), arr(open_, 0), arr(open_, 1), marker)
+        plan, keys, stored = _planned(events, truncates, tomb, marker, open_)
         want = _reference(events, truncates, tomb, marker, open_)
         t = plan.t
         key_at = t.column("key_json").to_pylist()
@@ -158,13 +166,7 @@ def test_confirmed_snapshot_reads_move_the_open_row() -> None:
     for seed in range(400):
         rng = random.Random(seed)
         events, truncates, tomb, marker, open_ = _batch(rng)
-        plan = Plan(_table(events, truncates))
-        keys = plan.keys.to_pylist()
-
-        def arr(d: dict[str, V], i: int, keys: list[str] = keys) -> np.ndarray:
-            return np.array([d.get(k, NO)[i] for k in keys], dtype=np.int64)
-
-        stored = Stored(arr(tomb, 0), arr(tomb, 1), arr(open_, 0), arr(open_, 1), marker)
+        plan, keys, stored = _planned(events, truncates, tomb, marker, open_)
         reads = plan.snapshot_reads(stored)
         key_at = plan.t.column("key_json").to_pylist()
         v_at = list(zip(plan.lsn.tolist(), plan.seq.tolist(), strict=True))

@@ -16,6 +16,11 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from cdc.devcluster import PgCluster
+from cdc.logstore.factory import open_log_store
+from cdc.reader import Reader
+from cdc.registry import Registry
+from snapshot import SnapshotError
+from snapshot.encode import RowEncoder
 from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -132,33 +137,12 @@ def test_a_table_whose_snapshot_fails_is_named_and_the_others_are_kept(
     """An unforeseen failure (injected: nothing real is known to fail any more) while encoding one
     value of table 2 of 3: the error names the table and the column, with a fix; tables 1 and 3 are
     recorded as snapshotted; the next run snapshots table 2 in chunks, and nothing is read twice."""
-    from cdc.logstore.factory import open_log_store
-    from cdc.reader import Reader
-    from cdc.registry import Registry
-    from snapshot import SnapshotError
-    from snapshot.encode import RowEncoder
 
     for name in ("t1", "t2", "t3"):
         env.sql(f"CREATE TABLE {name} (id integer PRIMARY KEY, v text, w text)")
         env.sql(f"INSERT INTO {name} SELECT g, 'v' || g, repeat('w', g) FROM generate_series(1, 50) g")
         env.add_table(f"public.{name}")
-    fragment = RowEncoder.fragment
-
-    def failing(self: RowEncoder, name: str, arr: Any) -> Any:
-        if self.table == "public.t2" and name == "w":
-            raise ValueError("something nobody foresaw")
-        return fragment(self, name, arr)
-
-    monkeypatch.setattr(RowEncoder, "fragment", failing)
-    settings = env.settings()
-    with (
-        Registry(settings.state_dir) as registry,
-        open_log_store(settings, writer=True) as store,
-        pytest.raises(SnapshotError) as info,
-    ):
-        Reader(settings, store, registry).run(once=True)
-    err = info.value
-    assert (err.table, err.column) == ("public.t2", "w")  # type: ignore[attr-defined]
+    err = _run_failing_on_t2_w(env, monkeypatch)
     assert (
         "public.t2" in err.message and "column w" in err.message and "something nobody foresaw" in err.message
     )
@@ -168,7 +152,7 @@ def test_a_table_whose_snapshot_fails_is_named_and_the_others_are_kept(
         assert r.get_state("initial_snapshot") == "done"
         states = {t: r.get("public", t).snapshot_state for t in ("t1", "t2", "t3")}
     assert states == {"t1": "done", "t2": "pending", "t3": "done"}
-    monkeypatch.setattr(RowEncoder, "fragment", fragment)
+    monkeypatch.undo()  # encoding works again
     env.sql("UPDATE t1 SET v = 'changed' WHERE id = 1")  # streamed from the same slot
     env.run_once()  # t2 in chunks while t1 and t3 stream
     with env.registry() as r:
@@ -190,11 +174,6 @@ def test_a_chunked_snapshot_that_fails_names_the_table_and_column(
 ) -> None:
     """The same unforeseen failure in a chunked snapshot (a table registered on a running pipeline):
     the error names the table and column; the table already streaming keeps its state."""
-    from cdc.logstore.factory import open_log_store
-    from cdc.reader import Reader
-    from cdc.registry import Registry
-    from snapshot import SnapshotError
-    from snapshot.encode import RowEncoder
 
     for name in ("t1", "t2"):
         env.sql(f"CREATE TABLE {name} (id integer PRIMARY KEY, v text, w text)")
@@ -202,6 +181,19 @@ def test_a_chunked_snapshot_that_fails_names_the_table_and_column(
     env.add_table("public.t1")
     env.run_once()
     env.add_table("public.t2")
+    err = _run_failing_on_t2_w(env, monkeypatch)
+    assert err.fix and "--exclude w" in err.fix
+    with env.registry() as r:
+        assert r.get("public", "t1").snapshot_state == "done"
+    monkeypatch.undo()  # encoding works again
+    env.run_once()
+    got = materialize(env.records(env.reg("public", "t2").topic))
+    assert len(got) == 20 and got['{"id":3}'] == {"id": 3, "v": "v3", "w": "www"}
+
+
+def _run_failing_on_t2_w(env: CaptureEnv, monkeypatch: pytest.MonkeyPatch) -> SnapshotError:
+    """Run the reader in-process (``--once``) with encoding ``public.t2``'s column ``w`` failing for
+    a reason nobody foresaw; return the :class:`SnapshotError` it raises, which names both."""
     fragment = RowEncoder.fragment
 
     def failing(self: RowEncoder, name: str, arr: Any) -> Any:
@@ -219,10 +211,4 @@ def test_a_chunked_snapshot_that_fails_names_the_table_and_column(
         Reader(settings, store, registry).run(once=True)
     err = info.value
     assert (err.table, err.column) == ("public.t2", "w")  # type: ignore[attr-defined]
-    assert err.fix and "--exclude w" in err.fix
-    with env.registry() as r:
-        assert r.get("public", "t1").snapshot_state == "done"
-    monkeypatch.setattr(RowEncoder, "fragment", fragment)
-    env.run_once()
-    got = materialize(env.records(env.reg("public", "t2").topic))
-    assert len(got) == 20 and got['{"id":3}'] == {"id": 3, "v": "v3", "w": "www"}
+    return err
