@@ -29,8 +29,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,7 +39,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from bench.snapshot import _cpu_s, _loadavg, _say
+from bench.snapshot import _cpu_s, _loadavg, _say, cdc_caller
 from cdc.devcluster import PgCluster, start_cluster
 
 OLD_CHUNK = 8192
@@ -201,21 +199,7 @@ def _chunked(pg: PgCluster, dsn: str, base: Path, table: str, chunk: int, tag: s
     config = state / "cdc.toml"
     config.write_text(f"[snapshot]\nchunk_size = {chunk}\n")
     slot = f"bench_{tag}"
-    env = {
-        **os.environ,
-        "CDC_SOURCE": dsn,
-        "CDC_STATE": str(state),
-        "CDC_SLOT": slot,
-        "CDC_TOPIC_PREFIX": f"b{tag}",
-        "CDC_CONFIG": str(config),
-    }
-    env.pop("CDC_LOG", None)
-    cdc = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
-
-    def call(*args: str) -> str:
-        res = subprocess.run([*cdc, *args], env=env, capture_output=True, text=True, timeout=3600)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
+    call = cdc_caller(dsn, state, slot, f"b{tag}", config, timeout=3600)
 
     call("tables", "add", "public.tiny")
     call("run", "--once")

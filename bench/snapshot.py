@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,30 @@ import psycopg
 from cdc.devcluster import start_cluster
 
 COLUMNS = ["id", "t", "i", "n", "ts", "j"]
+
+
+def cdc_caller(
+    dsn: str, state: Path, slot: str, prefix: str, config: Path, timeout: float
+) -> Callable[..., str]:
+    """``cdc ARGS`` as a subprocess on ``state`` (the embedded log store): returns its stdout, and
+    fails the benchmark on a non-zero exit."""
+    env = {
+        **os.environ,
+        "CDC_SOURCE": dsn,
+        "CDC_STATE": str(state),
+        "CDC_SLOT": slot,
+        "CDC_TOPIC_PREFIX": prefix,
+        "CDC_CONFIG": str(config),
+    }
+    env.pop("CDC_LOG", None)
+    cdc = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
+
+    def call(*args: str) -> str:
+        res = subprocess.run([*cdc, *args], env=env, capture_output=True, text=True, timeout=timeout)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    return call
 
 
 def _say(msg: str) -> None:
@@ -114,30 +141,14 @@ def _chunked(dsn: str, base: Path, parallel: int, tag: str) -> tuple[float, int]
     --once`` (a subprocess, end to end: watermarks, windows, durable appends) after the initial
     snapshot of a one-row table; ``parallel`` chunks in flight, 8,192 rows a chunk (the former default;
     ``bench/chunked.py`` measures the default's source CPU)."""
-    import subprocess
-    import sys
-
     import orjson
 
     state = base / f"state-{tag}"
     state.mkdir(parents=True)
     config = state / "cdc.toml"
     config.write_text(f"[snapshot]\nchunk_size = 8192\nparallel_chunks = {parallel}\n")
-    env = {
-        **os.environ,
-        "CDC_SOURCE": dsn,
-        "CDC_STATE": str(state),
-        "CDC_SLOT": f"bench_chunk_{tag}",
-        "CDC_TOPIC_PREFIX": f"b{tag}",
-        "CDC_CONFIG": str(config),
-    }
-    env.pop("CDC_LOG", None)
-    cdc = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
-
-    def call(*args: str) -> str:
-        res = subprocess.run([*cdc, *args], env=env, capture_output=True, text=True, timeout=1800)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
+    slot = f"bench_chunk_{tag}"
+    call = cdc_caller(dsn, state, slot, f"b{tag}", config, timeout=1800)
 
     call("tables", "add", "public.tiny")
     call("run", "--once")
@@ -146,7 +157,7 @@ def _chunked(dsn: str, base: Path, parallel: int, tag: str) -> tuple[float, int]
     out = orjson.loads(call("run", "--once", "--json").strip().splitlines()[-1])
     elapsed = time.perf_counter() - t0
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", [env["CDC_SLOT"]])
+        conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
     return elapsed, int(out["snapshot_rows"]["public.bench"])
 
 
