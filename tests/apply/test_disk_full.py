@@ -11,16 +11,20 @@ is clean.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
+from cdc.logstore.factory import open_log_store
 from tests.apply.conftest import reader_env
 from tests.apply.test_verify import DDL, _row, _verify, capture, register, source
 from tests.plugins.postgres import PgCluster, wait_for
@@ -75,6 +79,12 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
+def _used(disk: Path) -> int:
+    """Bytes in use on the filesystem of ``disk``."""
+    st = os.statvfs(disk)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
 def _jvm_dump(pid: int) -> str:
     """Thread dumps of a hung job (the JVM's via jstack)."""
     out = []
@@ -115,13 +125,17 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
     ]
     rows = 0
 
-    def write(n: int) -> None:
-        """n inserts and n/3 updates at the source, captured by the real reader."""
+    def write(n: int, blob: int = 0) -> None:
+        """n inserts and n/3 updates at the source, captured by the real reader; ``blob``: each
+        insert carries that many bytes of incompressible text."""
         nonlocal rows
         with source(dsn) as src:
             for _ in range(n):
                 rows += 1
-                src.insert(_row(rows))
+                row = _row(rows)
+                if blob:
+                    row["blob"] = base64.b64encode(random.Random(rows).randbytes(blob * 3 // 4)).decode()
+                src.insert(row)
                 if rows % 3 == 0:
                     src.update(rows - 1, {"name": f"widget {rows - 1} again"})
         capture(dsn, state)
@@ -131,6 +145,14 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
 
         with contextlib.suppress(Exception):
             return len(WarehouseSink(state).current_rows(reg, meta=False)) == rows
+        return False
+
+    def idle() -> bool:
+        """Every record in the log store was read by the job and applied."""
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            read = orjson.loads((state / "metrics" / "apply.json").read_bytes())["counters"].get("records_read")
+            with open_log_store(env.settings) as store:
+                return bool(read == sum(store.end_offsets(reg.topic).values()) and applied())
         return False
 
     write(300)  # about 20 micro-batches of 20 records: batches are flowing when the disk fills
@@ -145,11 +167,15 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
             pytest.fail(f"no batch 0 in 300 s:\n{log.read_text()[-5000:]}\n{_jvm_dump(proc.pid)}")
         assert proc.poll() is None, log.read_text()[-5000:]
         if when == "idle":  # caught up: the disk fills while the job only polls for data
-            wait_for(lambda: applied() or proc.poll() is not None, timeout=300, what="caught up")
+            wait_for(lambda: idle() or proc.poll() is not None, timeout=300, what="caught up")
             assert proc.poll() is None, log.read_text()[-5000:]
+        used = _used(disk)
         filler = _fill(disk)
         try:
-            write(20)  # new changes whatever the job did meanwhile: a batch writes to the full disk
+            # New changes whatever the job did meanwhile, each batch of them bigger than all the job
+            # wrote so far: space the job frees after the fill (a search index merge, a temporary
+            # file) cannot hold it, so a write of the batch must hit the full disk.
+            write(20, blob=max(64 << 10, used // 10))
             try:
                 wait_for(
                     lambda: proc.poll() is not None, timeout=240, what="the job to exit on the full disk"
