@@ -62,12 +62,13 @@ DURATION ?= 10m
 soak: setup ## a steady 2,000 changes/s through the whole pipeline for DURATION (default 10m)
 	$(BIN)/python -m tests.chaos.soak --duration $(DURATION)
 
-lint: venv ## ruff, mypy (strict on cdc/), the layer contract (import-linter) and no import cycles
+lint: venv ## ruff, mypy (strict on cdc/), the layer contract (import-linter), no import cycles, no function over 100 lines
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/python tools/check_cycles.py
+	$(BIN)/python tools/check_function_length.py
 
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .cdc .pytest_cache .mypy_cache .ruff_cache

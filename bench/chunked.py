@@ -39,7 +39,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from bench.snapshot import _cpu_s, _loadavg, _say, cdc_caller
+from bench._common import cdc_caller, cpu_s, loadavg, say
 from cdc.devcluster import PgCluster, start_cluster
 
 OLD_CHUNK = 8192
@@ -104,7 +104,7 @@ class SourceCpu:
         total = own + reaped
         for pid in _children(self.postmaster):
             with contextlib.suppress(OSError):
-                total += _cpu_s(pid)
+                total += cpu_s(pid)
         return total
 
     def _classify(self, conn: psycopg.Connection[Any], pids: list[int]) -> None:
@@ -131,7 +131,7 @@ class SourceCpu:
             self._classify(conn, new)
         for pid in pids:
             try:
-                self.last[pid] = _cpu_s(pid)
+                self.last[pid] = cpu_s(pid)
             except OSError:
                 continue
 
@@ -141,15 +141,15 @@ class SourceCpu:
             for pid in _children(self.postmaster):
                 if pid != self.monitor:
                     with contextlib.suppress(OSError):
-                        self.base[pid] = _cpu_s(pid)
+                        self.base[pid] = cpu_s(pid)
             self.total0 = self._total()
-            self.monitor0 = _cpu_s(self.monitor)
+            self.monitor0 = cpu_s(self.monitor)
             self.ready.set()
             while not self.stop.wait(0.05):
                 self._sample(conn)
             self._sample(conn)
             time.sleep(0.2)  # let exiting backends be reaped into the postmaster's count
-            self.monitor1 = _cpu_s(self.monitor)
+            self.monitor1 = cpu_s(self.monitor)
             self.total1 = self._total()
 
     def __enter__(self) -> SourceCpu:
@@ -181,13 +181,13 @@ def _copy_peer(pg: PgCluster, dsn: str, table: str, cols: list[str]) -> dict[str
     )
     with SourceCpu(pg, dsn) as cpu, psycopg.connect(dsn, autocommit=True) as conn:
         pid = conn.info.backend_pid
-        b0 = _cpu_s(pid)
+        b0 = cpu_s(pid)
         t0 = time.perf_counter()
         with conn.cursor().copy(query) as copy:
             for _chunk in copy:
                 pass
         seconds = time.perf_counter() - t0
-        backend = _cpu_s(pid) - b0
+        backend = cpu_s(pid) - b0
     return {**cpu.parts(), "backend": backend, "seconds": seconds}
 
 
@@ -244,21 +244,21 @@ def _watermarks(dsn: str, writes: int) -> tuple[float, float]:
         try:
             with psycopg.connect(dsn, autocommit=True, application_name="bench-marks") as w:
                 pid = w.info.backend_pid
-                c0 = _cpu_s(pid)
+                c0 = cpu_s(pid)
                 for i in range(writes):
                     write_mark(w, wm, "bench_marks", f"{i:032x}:{'lw' if i % 2 == 0 else 'hw'}")
-                written = _cpu_s(pid) - c0
+                written = cpu_s(pid) - c0
             options = replication_options([wm, ("public", "narrow")])
             args = sql.SQL(", ").join(sql.Literal(x) for kv in options.items() for x in kv)
             with psycopg.connect(dsn, autocommit=True) as d:
                 pid = d.info.backend_pid
-                c0 = _cpu_s(pid)
+                c0 = cpu_s(pid)
                 d.execute(
                     sql.SQL(
                         "SELECT count(*) FROM pg_logical_slot_get_changes('bench_marks', NULL, NULL, {})"
                     ).format(args)
                 ).fetchone()
-                decoded = _cpu_s(pid) - c0
+                decoded = cpu_s(pid) - c0
         finally:
             conn.execute("SELECT pg_drop_replication_slot('bench_marks')")
     return written, decoded
@@ -305,24 +305,24 @@ def run(quick: bool) -> str:
         sizes = [int(x) for x in os.environ["BENCH_CHUNK_SIZES"].split(",")]
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-chunked-"))
     pg = start_cluster(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
-    load_start = _loadavg()
+    load_start = loadavg()
     try:
         dsn = _setup(pg, rows)
-        _say(f"{rows} rows; {rounds} rounds; chunk sizes {sizes}; load average {load_start}")
+        say(f"{rows} rows; {rounds} rounds; chunk sizes {sizes}; load average {load_start}")
         got: dict[tuple[str, str], list[dict[str, float]]] = {}
         for r in range(rounds):
             for table in TABLES:
                 cols = _columns(dsn, table)
                 peer = _copy_peer(pg, dsn, table, cols)
                 got.setdefault((table, "copy"), []).append(peer)
-                _say(
+                say(
                     f"round {r + 1} {table}: COPY source {peer['total']:.2f} s (backend {peer['backend']:.2f} s)"
                 )
                 for size in sizes:
                     res = _chunked(pg, dsn, base, table, size, f"{table}_{size}_{r}")
                     assert res["rows"] == rows[table], (res["rows"], rows[table])
                     got.setdefault((table, str(size)), []).append(res)
-                    _say(
+                    say(
                         f"round {r + 1} {table} chunk {size}: source {res['total']:.2f} s "
                         f"({res['total'] / peer['total']:.2f}x COPY), "
                         + ", ".join(f"{k} {res[k]:.2f}" for k in ROLES)
@@ -333,7 +333,7 @@ def run(quick: bool) -> str:
         marks = [_watermarks(dsn, cal_n) for _ in range(rounds)]
         mark_w = statistics.median(m[0] for m in marks) / cal_n
         mark_d = statistics.median(m[1] for m in marks) / cal_n
-        _say(f"watermark write: {mark_w * 1e6:.0f} µs backend, {mark_d * 1e6:.0f} µs decoding, per write")
+        say(f"watermark write: {mark_w * 1e6:.0f} µs backend, {mark_d * 1e6:.0f} µs decoding, per write")
         return _report(got, rows, sizes, rounds, (mark_w, mark_d), load_start, default)
     finally:
         pg.stop("immediate")
@@ -424,11 +424,11 @@ def _report(
         f"of a `cdc run` process counted in, {worst_whole:.2f}×.",
         "",
         f"Machine: {os.cpu_count()} cores shared with other agents' work; load average at the start "
-        f"{load_start}, at the end {_loadavg()} (1, 5, 15 min). CPU seconds on a loaded machine vary "
+        f"{load_start}, at the end {loadavg()} (1, 5, 15 min). CPU seconds on a loaded machine vary "
         "between runs (cache and scheduler effects); the ratios come from runs interleaved in the same "
         "rounds.",
         "",
     ]
     section = "\n".join(lines)
-    _say(section)
+    say(section)
     return section

@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench._common import CDC, paced
 from cdc.config import load_settings
 
 PER_TXN = 50  # changes per source transaction
@@ -54,229 +56,260 @@ def _cdc(env: dict[str, str], *args: str) -> str:
     return out.getvalue()
 
 
+@dataclass
+class _Pipeline:
+    """A private cluster with ``items`` registered and a ``cdc run`` process streaming it."""
+
+    dsn: str
+    state: Path
+    env: dict[str, str]  # the CDC_* variables
+    full_env: dict[str, str]  # this process's environment with them
+    settings: Any
+    reader: subprocess.Popen[bytes]
+
+
+def _start_pipeline(base: Path, dsn: str) -> _Pipeline:
+    """``items`` (1,000 rows) registered with a search column, and ``cdc run`` started on it."""
+    state = base / "state"
+    (base / "cdc.toml").write_text("heartbeat_interval_s = 1\nbatch_max_ms = 50\n")
+    env = {"CDC_SOURCE": dsn, "CDC_STATE": str(state), "CDC_CONFIG": str(base / "cdc.toml")}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int, note text)")
+        conn.execute("INSERT INTO items SELECT g, 'item ' || g, g, 'seed' FROM generate_series(1, 1000) g")
+    full_env = {**os.environ, **env}
+    _cdc(env, "tables", "add", "public.items", "--search", "name")
+    settings = load_settings({}, env, base)
+    log = open(base / "run.log", "wb")  # noqa: SIM115
+    reader = subprocess.Popen([*CDC, "run"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    return _Pipeline(dsn, state, env, full_env, settings, reader)
+
+
+class _Applied:
+    """The apply job's ``on_batch``: commit -> visible latencies of the events applied while
+    :attr:`measuring` is set; :attr:`warm` once a batch applied records."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.measuring = threading.Event()
+        self.warm = threading.Event()
+
+    def __call__(self, r: Any) -> None:
+        if r.records:
+            self.warm.set()
+        if self.measuring.is_set():
+            self.latencies.extend((r.applied_at_ms - ts) / 1000 for ts in r.event_ts_ms if ts)
+
+
+def _write_items(dsn: str, rate: int, stop: threading.Event, commits: list[int], next_id: list[int]) -> None:
+    """Commit ``rate`` changes/s to ``items`` until ``stop``: transactions of ``PER_TXN`` changes,
+    half inserts of new ids (from ``next_id``), half updates of the seeded rows."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for k in paced(rate / PER_TXN, stop):
+            with conn.transaction():
+                start = next_id[0]
+                next_id[0] += PER_TXN // 2
+                conn.execute(
+                    "INSERT INTO items SELECT g, 'new ' || g, 1, 'w' FROM generate_series(%s::bigint, %s::bigint) g",
+                    [start, start + PER_TXN // 2 - 1],
+                )
+                lo = (k * PER_TXN // 2) % 1000 + 1
+                conn.execute(
+                    "UPDATE items SET qty = qty + 1 WHERE id BETWEEN %s AND %s",
+                    [lo, lo + PER_TXN // 2 - 1],
+                )
+            commits.append(PER_TXN)
+
+
+#: one rate's figures: (target rate, achieved rate, events, p50, p99, max) and the capture shares
+_Round = tuple[tuple[int, float, int, float, float, float], list[float]]
+
+
+def _freshness_at(
+    pipe: _Pipeline, applied: _Applied, rate: int, seconds: float, next_id: list[int]
+) -> _Round:
+    """Write at ``rate`` for ``seconds``, wait (up to 60 s) for the tail to be applied; the figures."""
+    applied.latencies.clear()
+    stop = threading.Event()
+    commits: list[int] = []
+    applied.measuring.set()
+    w = threading.Thread(target=_write_items, args=(pipe.dsn, rate, stop, commits, next_id), daemon=True)
+    t0 = time.monotonic()
+    w.start()
+    time.sleep(seconds)
+    stop.set()
+    w.join()
+    achieved = sum(commits) / (time.monotonic() - t0)
+    # wait for the tail to be applied
+    deadline = time.monotonic() + 60
+    n_expected = sum(commits)
+    while len(applied.latencies) < n_expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    applied.measuring.clear()
+    lat = sorted(applied.latencies)
+    cap = _capture_share(pipe.settings, lat and n_expected)
+    row = (
+        rate,
+        achieved,
+        len(lat),
+        statistics.median(lat) if lat else float("nan"),
+        _pct(lat, 0.99),
+        lat[-1] if lat else float("nan"),
+    )
+    print(
+        f"  {rate:,}/s (achieved {achieved:,.0f}/s): {len(lat):,} events, p50 {row[3]:.2f} s, "
+        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s",
+        flush=True,
+    )
+    return row, sorted(cap)
+
+
+def _freshness(spark: Any, pipe: _Pipeline, quick: bool) -> list[str]:
+    """The continuous apply job at its default trigger, writes at 1,000 and 5,000 changes/s; the
+    report's freshness table. The job is stopped before returning."""
+    from spark_jobs.apply import ApplyJob, ApplyOptions
+
+    applied = _Applied()
+    job = ApplyJob(
+        spark,
+        pipe.settings,
+        ApplyOptions(once=False),  # the default trigger, as `cdc apply` runs
+        on_batch=applied,
+        keep_event_ts=True,
+    )
+    runner = threading.Thread(target=job.run, daemon=True)
+    runner.start()
+    applied.warm.wait(180)
+    seconds = 8 if quick else 30
+    next_id = [10_000]
+    rows = [_freshness_at(pipe, applied, rate, seconds, next_id) for rate in (1_000, 5_000)]
+    lines = [
+        "Commit time at the source to visible in both the Delta current table and the tantivy index "
+        "(`cdc run` process + continuous apply job at the default trigger, "
+        f"{ApplyOptions().trigger_interval_s:g} s (`cdc apply --trigger-interval`), `local[2]`):",
+        "",
+        "| target rate | achieved | events | p50 | p99 | max | capture share p50 / p99 (commit -> log store) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (rate, achieved, n, p50, p99, mx), cap in rows:
+        cap_txt = f"{statistics.median(cap):.2f} s / {_pct(cap, 0.99):.2f} s" if cap else "-"
+        lines.append(
+            f"| {rate:,}/s | {achieved:,.0f}/s | {n:,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {cap_txt} |"
+        )
+    lines += [
+        "",
+        f"Bar: p99 < 3 s at 1,000 changes/s: {'met' if rows and rows[0][0][4] < 3 else 'NOT met'}.",
+        "",
+    ]
+    # the apply job is stopped before the tables are added: registering 49 tables while it runs made
+    # a micro-batch fail (TableNotFoundError "No files in log segment", reported to the sinks owner)
+    job.stop()
+    runner.join(120)
+    job.close()
+    return lines
+
+
+def _register_tables(pipe: _Pipeline, n_tables: int) -> None:
+    """``n_tables - 1`` more tables of 100 rows registered; wait (up to 300 s) for their snapshots."""
+    from cdc.registry import Registry
+
+    with psycopg.connect(pipe.dsn, autocommit=True) as conn:
+        for i in range(n_tables - 1):
+            conn.execute(f"CREATE TABLE t{i} (id int PRIMARY KEY, v text)")
+            conn.execute(f"INSERT INTO t{i} SELECT g, 'v' FROM generate_series(1, 100) g")
+    for i in range(n_tables - 1):
+        _cdc(pipe.env, "tables", "add", f"public.t{i}")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with Registry(pipe.state) as reg:
+            if all(t.snapshot_state == "done" for t in reg.list_tables()):
+                break
+        time.sleep(0.5)
+
+
+def _status_cost(pipe: _Pipeline, quick: bool) -> tuple[list[str], int]:
+    """``cdc status`` with a bigger registry while capture runs: in-process and as a process; the
+    report's lines and the number of tables."""
+    from cdc.status.gather import collect
+
+    _register_tables(pipe, 10 if quick else 50)
+    collect(pipe.settings)  # warm
+    times = []
+    cpu = []
+    for _ in range(5):
+        t0, c0 = time.perf_counter(), time.process_time()
+        report = collect(pipe.settings)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    proc_times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([*CDC, "status", "--json"], env=pipe.full_env, capture_output=True, check=False)
+        proc_times.append(time.perf_counter() - t0)
+    n = len(report["tables"])
+    print(
+        f"  status, {n} tables: {statistics.median(times):.3f} s in-process, "
+        f"{statistics.median(proc_times):.3f} s as `cdc status --json`",
+        flush=True,
+    )
+    return [
+        f"### `cdc status` with {n} registered tables while capture runs",
+        "",
+        "| | median | max | CPU (median) |",
+        "| --- | ---: | ---: | ---: |",
+        f"| `collect()` in-process | {statistics.median(times):.3f} s | {max(times):.3f} s | {statistics.median(cpu):.3f} s |",
+        f"| `cdc status --json` (a new process, imports included) | {statistics.median(proc_times):.3f} s | {max(proc_times):.3f} s | |",
+        "",
+        "Bar: < 1 s.",
+        "",
+    ], n
+
+
+def _sampling_cost(settings: Any, n_tables: int) -> list[str]:
+    """CPU of the ``cdc serve`` sampler per sample, as a share of a core at the default interval."""
+    from cdc.serve import Sampler
+    from cdc.status import StatusOptions
+
+    sampler = Sampler(settings, StatusOptions.from_settings(settings), 5.0, 3600.0)
+    for _ in range(5):
+        sampler.sample()
+    per_sample = sampler.cpu_s / sampler.count
+    share = per_sample / 5.0 * 100
+    print(
+        f"  serve sampling: {per_sample * 1000:.1f} ms CPU per sample = {share:.2f} % of a core at 5 s",
+        flush=True,
+    )
+    return [
+        "### `cdc serve` sampling",
+        "",
+        f"CPU of the sampler thread: {per_sample * 1000:.1f} ms per sample ({n_tables} tables); "
+        f"at the default `sample_interval_s = 5`: **{share:.2f} % of one core** (bar: < 1 %). "
+        "The source's share (a handful of catalog queries per sample) is not included.",
+        "",
+    ]
+
+
 def run(quick: bool) -> str:
     from cdc.devcluster import start_cluster
-    from spark_jobs.apply import ApplyJob, ApplyOptions
     from spark_jobs.session import get_session
 
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-fresh-"))
     lines = ["## Freshness end to end (source commit -> capture -> apply -> Delta + tantivy)", ""]
     pg_base = Path(tempfile.mkdtemp(prefix="cdc-bench-fresh-pg-"))
     cluster = start_cluster(pg_base)
-    reader: subprocess.Popen[bytes] | None = None
+    pipe: _Pipeline | None = None
     try:
-        dsn = cluster.dsn("postgres")
-        state = base / "state"
-        (base / "cdc.toml").write_text("heartbeat_interval_s = 1\nbatch_max_ms = 50\n")
-        env = {"CDC_SOURCE": dsn, "CDC_STATE": str(state), "CDC_CONFIG": str(base / "cdc.toml")}
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int, note text)")
-            conn.execute(
-                "INSERT INTO items SELECT g, 'item ' || g, g, 'seed' FROM generate_series(1, 1000) g"
-            )
-        import os
-
-        full_env = {**os.environ, **env}
-        _cdc(env, "tables", "add", "public.items", "--search", "name")
-        log = open(base / "run.log", "wb")  # noqa: SIM115
-        reader = subprocess.Popen(
-            [sys.executable, "-c", "from cdc.cli import entry; entry()", "run"],
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        settings = load_settings({}, env, base)
+        pipe = _start_pipeline(base, cluster.dsn("postgres"))
         spark = get_session("cdc-bench-freshness", local_dir=base / "spark")
-        latencies: list[float] = []
-        capture_lat: list[float] = []
-        measuring = threading.Event()
-        warm = threading.Event()
-
-        def on_batch(r: Any) -> None:
-            if r.records:
-                warm.set()
-            if measuring.is_set():
-                latencies.extend((r.applied_at_ms - ts) / 1000 for ts in r.event_ts_ms if ts)
-
-        job = ApplyJob(
-            spark,
-            settings,
-            ApplyOptions(once=False),  # the default trigger, as `cdc apply` runs
-            on_batch=on_batch,
-            keep_event_ts=True,
-        )
-        runner = threading.Thread(target=job.run, daemon=True)
-        runner.start()
-        warm.wait(180)
-        seconds = 8 if quick else 30
-        rows = []
-        next_id = [10_000]
-        for rate in (1_000, 5_000):
-            latencies.clear()
-            stop = threading.Event()
-            txn_per_s = rate / PER_TXN
-            commits: list[int] = []
-
-            def writer(
-                stop: threading.Event = stop, txn_per_s: float = txn_per_s, commits: list[int] = commits
-            ) -> None:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    nxt = time.monotonic()
-                    k = 0
-                    while not stop.is_set():
-                        with conn.transaction():
-                            start = next_id[0]
-                            next_id[0] += PER_TXN // 2
-                            conn.execute(
-                                "INSERT INTO items SELECT g, 'new ' || g, 1, 'w' FROM generate_series(%s::bigint, %s::bigint) g",
-                                [start, start + PER_TXN // 2 - 1],
-                            )
-                            lo = (k * PER_TXN // 2) % 1000 + 1
-                            conn.execute(
-                                "UPDATE items SET qty = qty + 1 WHERE id BETWEEN %s AND %s",
-                                [lo, lo + PER_TXN // 2 - 1],
-                            )
-                        commits.append(PER_TXN)
-                        k += 1
-                        nxt += 1 / txn_per_s
-                        time.sleep(max(0.0, nxt - time.monotonic()))
-
-            measuring.set()
-            w = threading.Thread(target=writer, daemon=True)
-            t0 = time.monotonic()
-            w.start()
-            time.sleep(seconds)
-            stop.set()
-            w.join()
-            achieved = sum(commits) / (time.monotonic() - t0)
-            # wait for the tail to be applied
-            deadline = time.monotonic() + 60
-            n_expected = sum(commits)
-            while len(latencies) < n_expected and time.monotonic() < deadline:
-                time.sleep(0.2)
-            measuring.clear()
-            lat = sorted(latencies)
-            cap = _capture_share(settings, lat and n_expected)
-            capture_lat.extend(cap)
-            row = (
-                rate,
-                achieved,
-                len(lat),
-                statistics.median(lat) if lat else float("nan"),
-                _pct(lat, 0.99),
-                lat[-1] if lat else float("nan"),
-            )
-            rows.append((row, sorted(cap)))
-            print(
-                f"  {rate:,}/s (achieved {achieved:,.0f}/s): {len(lat):,} events, p50 {row[3]:.2f} s, "
-                f"p99 {row[4]:.2f} s, max {row[5]:.2f} s",
-                flush=True,
-            )
-        lines += [
-            "Commit time at the source to visible in both the Delta current table and the tantivy index "
-            "(`cdc run` process + continuous apply job at the default trigger, "
-            f"{ApplyOptions().trigger_interval_s:g} s (`cdc apply --trigger-interval`), `local[2]`):",
-            "",
-            "| target rate | achieved | events | p50 | p99 | max | capture share p50 / p99 (commit -> log store) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for (rate, achieved, n, p50, p99, mx), cap in rows:
-            cap_txt = f"{statistics.median(cap):.2f} s / {_pct(cap, 0.99):.2f} s" if cap else "-"
-            lines.append(
-                f"| {rate:,}/s | {achieved:,.0f}/s | {n:,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {cap_txt} |"
-            )
-        lines += [
-            "",
-            f"Bar: p99 < 3 s at 1,000 changes/s: {'met' if rows and rows[0][0][4] < 3 else 'NOT met'}.",
-            "",
-        ]
-
-        # the apply job is stopped before the tables are added: registering 49 tables while it runs made
-        # a micro-batch fail (TableNotFoundError "No files in log segment", reported to the sinks owner)
-        job.stop()
-        runner.join(120)
-        job.close()
-
-        # --- status with a bigger registry while capture runs ---
-        n_tables = 10 if quick else 50
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for i in range(n_tables - 1):
-                conn.execute(f"CREATE TABLE t{i} (id int PRIMARY KEY, v text)")
-                conn.execute(f"INSERT INTO t{i} SELECT g, 'v' FROM generate_series(1, 100) g")
-        for i in range(n_tables - 1):
-            _cdc(env, "tables", "add", f"public.t{i}")
-        from cdc.registry import Registry
-
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            with Registry(state) as reg:
-                if all(t.snapshot_state == "done" for t in reg.list_tables()):
-                    break
-            time.sleep(0.5)
-        from cdc.status.gather import collect
-
-        collect(settings)  # warm
-        times = []
-        cpu = []
-        for _ in range(5):
-            t0, c0 = time.perf_counter(), time.process_time()
-            report = collect(settings)
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        proc_times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            subprocess.run(
-                [sys.executable, "-c", "from cdc.cli import entry; entry()", "status", "--json"],
-                env=full_env,
-                capture_output=True,
-                check=False,
-            )
-            proc_times.append(time.perf_counter() - t0)
-        print(
-            f"  status, {len(report['tables'])} tables: {statistics.median(times):.3f} s in-process, "
-            f"{statistics.median(proc_times):.3f} s as `cdc status --json`",
-            flush=True,
-        )
-        lines += [
-            f"### `cdc status` with {len(report['tables'])} registered tables while capture runs",
-            "",
-            "| | median | max | CPU (median) |",
-            "| --- | ---: | ---: | ---: |",
-            f"| `collect()` in-process | {statistics.median(times):.3f} s | {max(times):.3f} s | {statistics.median(cpu):.3f} s |",
-            f"| `cdc status --json` (a new process, imports included) | {statistics.median(proc_times):.3f} s | {max(proc_times):.3f} s | |",
-            "",
-            "Bar: < 1 s.",
-            "",
-        ]
-
-        # --- serve sampling cost ---
-        from cdc.serve import Sampler
-        from cdc.status import StatusOptions
-
-        sampler = Sampler(settings, StatusOptions.from_settings(settings), 5.0, 3600.0)
-        for _ in range(5):
-            sampler.sample()
-        per_sample = sampler.cpu_s / sampler.count
-        share = per_sample / 5.0 * 100
-        print(
-            f"  serve sampling: {per_sample * 1000:.1f} ms CPU per sample = {share:.2f} % of a core at 5 s",
-            flush=True,
-        )
-        lines += [
-            "### `cdc serve` sampling",
-            "",
-            f"CPU of the sampler thread: {per_sample * 1000:.1f} ms per sample ({len(report['tables'])} tables); "
-            f"at the default `sample_interval_s = 5`: **{share:.2f} % of one core** (bar: < 1 %). "
-            "The source's share (a handful of catalog queries per sample) is not included.",
-            "",
-        ]
+        lines += _freshness(spark, pipe, quick)
+        status_lines, n_tables = _status_cost(pipe, quick)
+        lines += status_lines
+        lines += _sampling_cost(pipe.settings, n_tables)
         spark.stop()
     finally:
-        if reader is not None and reader.poll() is None:
-            reader.terminate()
+        if pipe is not None and pipe.reader.poll() is None:
+            pipe.reader.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                reader.wait(60)
+                pipe.reader.wait(60)
         cluster.stop("immediate")
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(pg_base, ignore_errors=True)

@@ -33,10 +33,11 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from bench._common import cpu_s
 from bench._records import sample_records
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.kafka import KafkaLogStore
@@ -162,36 +163,18 @@ def _read(bootstrap: str, records: list[Record]) -> tuple[float, float]:
     return store_s, peer_s
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (the broker)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+PEER = "peer: kafka-python KafkaProducer, default settings"
+STORE_1K = "KafkaLogStore (bulk, lz4), appends of 1,000"
+STORE_10K = "KafkaLogStore (bulk, lz4), appends of 10,000"
+CONFLUENT_1K = "confluent-kafka Producer (librdkafka, lz4), appends of 1,000"
+CONFLUENT_10K = "confluent-kafka Producer (librdkafka, lz4), appends of 10,000"
+TUNED = "KafkaLogStore(producer='kafka-python', tuned, lz4), appends of 10,000"
 
 
-def run(quick: bool) -> str:
-    n = 20_000 if quick else 200_000
-    runs = 1 if quick else 3
-    records = sample_records(n, seed=7)
-    avg = sum(len(r.key) + len(r.value or b"") for r in records) / n
-    codecs = [
-        c
-        for c, mod in (("gzip", "gzip"), ("zstd", "zstandard"), ("snappy", "snappy"))
-        if importlib.util.find_spec(mod) is not None
-    ]
-    crc = "C (crc32c package)" if importlib.util.find_spec("crc32c") else "pure Python"
-    print(
-        f"{n:,} records of {avg:.0f} B avg; {runs} round(s), configurations interleaved, medians; "
-        f"crc32c: {crc}",
-        flush=True,
-    )
-    broker = TansuBroker.start()
-    bootstrap = broker.bootstrap
-    PEER = "peer: kafka-python KafkaProducer, default settings"
-    STORE_1K = "KafkaLogStore (bulk, lz4), appends of 1,000"
-    STORE_10K = "KafkaLogStore (bulk, lz4), appends of 10,000"
-    CONFLUENT_1K = "confluent-kafka Producer (librdkafka, lz4), appends of 1,000"
-    CONFLUENT_10K = "confluent-kafka Producer (librdkafka, lz4), appends of 10,000"
-    TUNED = "KafkaLogStore(producer='kafka-python', tuned, lz4), appends of 10,000"
+def _configs(
+    bootstrap: str, records: list[Record], codecs: list[str]
+) -> list[tuple[str, Callable[[], float]]]:
+    """Every producer configuration, by label: a call that produces ``records`` and returns seconds."""
     configs: list[tuple[str, Callable[[], float]]] = [
         (PEER, lambda: _peer_produce(bootstrap, records)),
         (STORE_1K, lambda: _store_produce(bootstrap, records, 1_000)),
@@ -211,38 +194,47 @@ def run(quick: bool) -> str:
                 lambda codec=codec: _store_produce(bootstrap, records, 10_000, compression=codec),  # type: ignore[misc]
             )
         )
-    walls: dict[str, list[float]] = {label: [] for label, _ in configs}
-    cpus: dict[str, list[float]] = {label: [] for label, _ in configs}
-    client_cpus: dict[str, list[float]] = {label: [] for label, _ in configs}
-    try:
-        for r in range(runs):
-            for label, fn in configs:
-                cpu0, broker0 = time.process_time(), _cpu_s(broker.proc.pid)
-                wall = fn()
-                client = time.process_time() - cpu0
-                cpu = client + _cpu_s(broker.proc.pid) - broker0
-                walls[label].append(wall)
-                cpus[label].append(cpu)
-                client_cpus[label].append(client)
-                print(
-                    f"  [{r + 1}/{runs}] {label}: {n / wall:,.0f} records/s, "
-                    f"{client / n * 1e6:.1f} µs client CPU per record, {cpu / n * 1e6:.1f} client + broker",
-                    flush=True,
-                )
-        store_read, peer_read = _read(bootstrap, records)
-        print(
-            f"  read: store {n / store_read:,.0f} records/s, plain KafkaConsumer {n / peer_read:,.0f} records/s",
-            flush=True,
-        )
-    finally:
-        broker.stop()
-    rate = {label: n / statistics.median(w) for label, w in walls.items()}
-    cpu_us = {label: statistics.median(c) / n * 1e6 for label, c in cpus.items()}
-    client_us = {label: statistics.median(c) / n * 1e6 for label, c in client_cpus.items()}
-    peer = rate[PEER]
-    store_1k = rate[STORE_1K]
-    store_10k = rate[STORE_10K]
-    vs_1k, vs_10k = store_1k / rate[CONFLUENT_1K], store_10k / rate[CONFLUENT_10K]
+    return configs
+
+
+@dataclass
+class _Produced:
+    """Per configuration: wall seconds, client + broker CPU seconds, client CPU seconds, per round."""
+
+    walls: dict[str, list[float]]
+    cpus: dict[str, list[float]]
+    client_cpus: dict[str, list[float]]
+
+
+def _produce_rounds(
+    configs: list[tuple[str, Callable[[], float]]], broker_pid: int, n: int, runs: int
+) -> _Produced:
+    """``runs`` rounds of every configuration in turn (interleaved), each printed."""
+    out = _Produced(
+        {label: [] for label, _ in configs},
+        {label: [] for label, _ in configs},
+        {label: [] for label, _ in configs},
+    )
+    for r in range(runs):
+        for label, fn in configs:
+            cpu0, broker0 = time.process_time(), cpu_s(broker_pid)
+            wall = fn()
+            client = time.process_time() - cpu0
+            cpu = client + cpu_s(broker_pid) - broker0
+            out.walls[label].append(wall)
+            out.cpus[label].append(cpu)
+            out.client_cpus[label].append(client)
+            print(
+                f"  [{r + 1}/{runs}] {label}: {n / wall:,.0f} records/s, "
+                f"{client / n * 1e6:.1f} µs client CPU per record, {cpu / n * 1e6:.1f} client + broker",
+                flush=True,
+            )
+    return out
+
+
+def _choice(rate: dict[str, float], client_us: dict[str, float]) -> str:
+    """Which producer is kept, the store's bulk one or confluent-kafka, and why."""
+    vs_1k, vs_10k = rate[STORE_1K] / rate[CONFLUENT_1K], rate[STORE_10K] / rate[CONFLUENT_10K]
     # The faster one is kept. Client CPU per record does not depend on what else runs on the machine
     # (records/s does, a lot, on a shared 2-core box): it decides when it agrees at both append
     # sizes; otherwise the geometric mean of the records/s ratios does.
@@ -257,7 +249,7 @@ def run(quick: bool) -> str:
     else:
         bulk_wins, why = vs_1k * vs_10k >= 1, "client CPU split; the records/s ratios decide"
     keep = "the store's bulk producer" if bulk_wins else "confluent-kafka"
-    choice = (
+    return (
         f"Kept: {keep} ({why}). The store's bulk producer against confluent-kafka, both with acks=all "
         f"and idempotence: {client_us[STORE_1K]:.1f} vs {client_us[CONFLUENT_1K]:.1f} µs client CPU per "
         f"record with appends of 1,000 ({vs_1k:.2f}x the records/s), {client_us[STORE_10K]:.1f} vs "
@@ -265,6 +257,24 @@ def run(quick: bool) -> str:
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, so records/s is noisy). Both "
         "retry transient errors without duplicates (idempotent sequences) and speak TLS and SASL."
     )
+
+
+def _report(
+    n: int,
+    avg: float,
+    runs: int,
+    crc: str,
+    produced: _Produced,
+    read: tuple[float, float],
+) -> str:
+    """Medians, the producer kept and the bar, printed; the Markdown section."""
+    rate = {label: n / statistics.median(w) for label, w in produced.walls.items()}
+    cpu_us = {label: statistics.median(c) / n * 1e6 for label, c in produced.cpus.items()}
+    client_us = {label: statistics.median(c) / n * 1e6 for label, c in produced.client_cpus.items()}
+    peer = rate[PEER]
+    store_1k = rate[STORE_1K]
+    store_10k = rate[STORE_10K]
+    choice = _choice(rate, client_us)
     print(f"  {choice}", flush=True)
     verdict = "meets" if store_1k >= 100_000 else "misses"
     print(
@@ -272,6 +282,7 @@ def run(quick: bool) -> str:
         f"{store_10k / peer:.1f}x (appends of 10,000); bar 100k/s with appends of 1,000: {verdict}",
         flush=True,
     )
+    store_read, peer_read = read
     load = os.getloadavg()[0]
     lines = [
         "# Kafka log store (against Tansu)",
@@ -312,3 +323,34 @@ def run(quick: bool) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def run(quick: bool) -> str:
+    n = 20_000 if quick else 200_000
+    runs = 1 if quick else 3
+    records = sample_records(n, seed=7)
+    avg = sum(len(r.key) + len(r.value or b"") for r in records) / n
+    codecs = [
+        c
+        for c, mod in (("gzip", "gzip"), ("zstd", "zstandard"), ("snappy", "snappy"))
+        if importlib.util.find_spec(mod) is not None
+    ]
+    crc = "C (crc32c package)" if importlib.util.find_spec("crc32c") else "pure Python"
+    print(
+        f"{n:,} records of {avg:.0f} B avg; {runs} round(s), configurations interleaved, medians; "
+        f"crc32c: {crc}",
+        flush=True,
+    )
+    broker = TansuBroker.start()
+    bootstrap = broker.bootstrap
+    configs = _configs(bootstrap, records, codecs)
+    try:
+        produced = _produce_rounds(configs, broker.proc.pid, n, runs)
+        store_read, peer_read = _read(bootstrap, records)
+        print(
+            f"  read: store {n / store_read:,.0f} records/s, plain KafkaConsumer {n / peer_read:,.0f} records/s",
+            flush=True,
+        )
+    finally:
+        broker.stop()
+    return _report(n, avg, runs, crc, produced, (store_read, peer_read))

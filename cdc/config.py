@@ -348,15 +348,8 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
     )
 
 
-def load_settings(
-    flags: Mapping[str, Any] | None = None,
-    environ: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> Settings:
-    """Build the settings from flags, the environment and cdc.toml, in that order of precedence."""
-    flags = {k: v for k, v in (flags or {}).items() if v is not None}
-    environ = environ or {}
-    cwd = cwd or Path.cwd()
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a ``CDC_*`` variable cdc does not read: a misspelt name would otherwise be ignored."""
     unknown_env = sorted(
         k
         for k in environ
@@ -368,6 +361,10 @@ def load_settings(
             fix=f"unset it or correct its name; cdc reads {', '.join(ENV_KEYS)}",
             keys=unknown_env,
         )
+
+
+def _read_config_file(environ: Mapping[str, str], cwd: Path) -> CdcFile:
+    """cdc.toml (or the file ``CDC_CONFIG`` names), validated, with the Kafka password from the environment."""
     toml_path = Path(environ["CDC_CONFIG"]) if environ.get("CDC_CONFIG") else cwd / "cdc.toml"
     file_values: dict[str, Any] = {}
     if toml_path.is_file():
@@ -390,6 +387,69 @@ def load_settings(
             update={"sasl_password": SecretStr(environ["CDC_KAFKA_SASL_PASSWORD"])}
         )
         config = config.model_copy(update={"kafka": kafka})
+    return config
+
+
+def _partitions(raw: Any) -> int:
+    """The partition count as a positive integer (a flag, a variable's text or a TOML integer)."""
+    try:
+        partitions = int(raw)
+        if partitions < 1 or isinstance(raw, bool):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"partitions must be a positive integer, got {raw!r}", fix="set CDC_PARTITIONS=4"
+        ) from None
+    return partitions
+
+
+def _log_url(raw: Any) -> str | None:
+    """The log store URL: None for the embedded store, else a ``kafka://`` URL."""
+    if raw is not None and not str(raw).startswith(("kafka://", "embedded")):
+        raise ConfigError(
+            f"CDC_LOG={raw!r} is not a log store this service knows",
+            fix="leave CDC_LOG unset for the embedded store, or set it to kafka://HOST:PORT",
+        )
+    if raw is None or str(raw).startswith("embedded"):
+        return None
+    return str(raw)
+
+
+def _check_names(slot: Any, prefix: Any) -> None:
+    """The slot and topic prefix are names Postgres and the log store accept."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", str(slot)):
+        raise ConfigError(
+            f"slot name {slot!r} is not a valid replication slot name",
+            fix="use lower-case letters, digits and underscores (at most 63 characters)",
+        )
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}", str(prefix)):
+        raise ConfigError(
+            f"topic prefix {prefix!r} is not a valid topic name prefix",
+            fix="use letters, digits, '.', '_' and '-' (not starting with '.'), at most 100 characters",
+        )
+
+
+def _extra(config: CdcFile) -> dict[str, Any]:
+    """The reader keys and section keys the file sets explicitly (the rest keep their defaults)."""
+    set_keys = config.model_fields_set
+    extra: dict[str, Any] = {k: getattr(config, k) for k in READER_KEYS if k in set_keys}
+    for section in SECTIONS:
+        model = getattr(config, section)
+        extra[section] = {k: getattr(model, k) for k in model.model_fields_set}
+    return extra
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Build the settings from flags, the environment and cdc.toml, in that order of precedence."""
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    environ = environ or {}
+    cwd = cwd or Path.cwd()
+    _check_environment(environ)
+    config = _read_config_file(environ, cwd)
 
     def pick(flag: str, env: str, key: str) -> Any:
         if flag in flags:
@@ -401,54 +461,26 @@ def load_settings(
 
     source = pick("source", "CDC_SOURCE", "source")
     state = pick("state", "CDC_STATE", "state") or DEFAULT_STATE
-    log_url = pick("log", "CDC_LOG", "log") or None
+    log_raw = pick("log", "CDC_LOG", "log") or None
     prefix = pick("topic_prefix", "CDC_TOPIC_PREFIX", "topic_prefix") or DEFAULT_PREFIX
     slot = pick("slot", "CDC_SLOT", "slot") or DEFAULT_SLOT
-    partitions_raw = pick("partitions", "CDC_PARTITIONS", "partitions") or DEFAULT_PARTITIONS
-    try:
-        partitions = int(partitions_raw)
-        if partitions < 1 or isinstance(partitions_raw, bool):
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"partitions must be a positive integer, got {partitions_raw!r}", fix="set CDC_PARTITIONS=4"
-        ) from None
-    if log_url is not None and not str(log_url).startswith(("kafka://", "embedded")):
-        raise ConfigError(
-            f"CDC_LOG={log_url!r} is not a log store this service knows",
-            fix="leave CDC_LOG unset for the embedded store, or set it to kafka://HOST:PORT",
-        )
-    if log_url is not None and str(log_url).startswith("embedded"):
-        log_url = None
-    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", str(slot)):
-        raise ConfigError(
-            f"slot name {slot!r} is not a valid replication slot name",
-            fix="use lower-case letters, digits and underscores (at most 63 characters)",
-        )
-    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}", str(prefix)):
-        raise ConfigError(
-            f"topic prefix {prefix!r} is not a valid topic name prefix",
-            fix="use letters, digits, '.', '_' and '-' (not starting with '.'), at most 100 characters",
-        )
+    partitions = _partitions(pick("partitions", "CDC_PARTITIONS", "partitions") or DEFAULT_PARTITIONS)
+    log_url = _log_url(log_raw)
+    _check_names(slot, prefix)
     if source:
         parse_dsn(str(source))  # a DSN that does not parse is a ConfigError here, before any verb runs
     state_dir = Path(state)
     if not state_dir.is_absolute():
         state_dir = cwd / state_dir
-    set_keys = config.model_fields_set
-    extra: dict[str, Any] = {k: getattr(config, k) for k in READER_KEYS if k in set_keys}
-    for section in SECTIONS:
-        model = getattr(config, section)
-        extra[section] = {k: getattr(model, k) for k in model.model_fields_set}
     serve_token = environ.get("CDC_SERVE_TOKEN") or None
     return Settings(
         source=SecretStr(str(source)) if source else None,
         state_dir=state_dir,
-        log_url=str(log_url) if log_url else None,
+        log_url=log_url,
         topic_prefix=str(prefix),
         slot_name=str(slot),
         partitions=partitions,
-        extra=extra,
+        extra=_extra(config),
         config=config,
         serve_token=SecretStr(serve_token) if serve_token else None,
     )

@@ -10,6 +10,7 @@ errors (a full disk: :class:`~cdc.logstore.StoreFullError`; corrupt content:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -17,6 +18,7 @@ import re
 import shutil
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -42,6 +44,7 @@ __all__ = [
     "fsync_dir",
     "store_full_error",
     "tombstone_wait",
+    "write_txn",
 ]
 
 FORMAT_VERSION = 1
@@ -202,6 +205,20 @@ def connect(path: Path, *, create: bool = False, writer: bool = False) -> sqlite
     conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB if writer else READ_CACHE_KIB}")
     conn.execute(f"PRAGMA mmap_size={WRITER_MMAP_BYTES if writer else READ_MMAP_BYTES}")
     return conn
+
+
+@contextlib.contextmanager
+def write_txn(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction on ``conn`` (``BEGIN IMMEDIATE``): committed when the block ends, rolled
+    back when it raises (the error goes on)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
 
 
 class TopicHandle:

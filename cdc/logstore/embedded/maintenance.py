@@ -29,7 +29,7 @@ from typing import Any
 
 from cdc import logstore
 from cdc.logstore.embedded.codec import MSGPACK_NIL, RAW_DECODER, RawRecord, pack, unpack
-from cdc.logstore.embedded.files import CONSUMERS_FILE, Guard, TopicHandle, connect, tombstone_wait
+from cdc.logstore.embedded.files import CONSUMERS_FILE, Guard, TopicHandle, connect, tombstone_wait, write_txn
 
 __all__ = [
     "BATCHES_PER_TXN",
@@ -130,8 +130,7 @@ def _compact_partition(
     cfg = t.config
     held = hold if hold is not None else 1 << 63
     now = logstore.now_ms()
-    guard = t.guard
-    with guard:
+    with t.guard:
         with lock:
             records, dirty, due = conn.execute(
                 "SELECT records, dirty, tombstone_due_ms FROM partitions WHERE partition = ?", (p,)
@@ -142,98 +141,124 @@ def _compact_partition(
             return 0
         horizon = now - cfg.min_compaction_lag_ms  # batches appended at or before it are cleanable
         tomb_horizon = now - cfg.delete_retention_ms
-        # Pass 1 (one read snapshot): the newest offset of every key, and which batches are cleanable.
-        # Only keys and offsets are kept, so memory is bounded by the number of keys.
-        newest: dict[bytes, int] = {}
-        cleanable: list[int] = []
-        with lock:
-            conn.execute("BEGIN")
-            try:
-                cur = conn.execute(f"SELECT last_offset, append_ms, data FROM p{p} ORDER BY last_offset")
-                for last, append_ms, data in cur:
-                    for row in RAW_DECODER.decode(unpack(data)):
-                        newest[row.key] = row.offset
-                    if append_ms <= horizon:
-                        cleanable.append(last)
-                    _yield_gil()
-            finally:
-                conn.execute("COMMIT")
+        newest, cleanable = _newest_offsets(conn, p, lock=lock, horizon=horizon)
         # Pass 2, a few batches at a time: rewrite the cleanable batches that hold superseded records
         # or expired tombstones (only this instance writes the topic, so they are as pass 1 saw them).
         removed = 0
         for i in range(0, len(cleanable), BATCHES_PER_TXN):
             chunk = cleanable[i : i + BATCHES_PER_TXN]
-            with lock:
-                rows_of = conn.execute(
-                    f"SELECT last_offset, append_ms, data FROM p{p} "
-                    f"WHERE last_offset IN ({','.join('?' * len(chunk))})",
-                    chunk,
-                ).fetchall()
-            changes: list[tuple[int, int, int, list[RawRecord]]] = []
-            for last, append_ms, data in rows_of:
-                rows = RAW_DECODER.decode(unpack(data))
-                expired = append_ms <= tomb_horizon
-                keep = [
-                    r
-                    for r in rows
-                    if r.offset >= held
-                    or (newest[r.key] == r.offset and not (expired and r.value == MSGPACK_NIL))
-                ]
-                if len(keep) != len(rows):
-                    changes.append((last, len(data), len(rows) - len(keep), keep))
-                _yield_gil()
-            if not changes:
-                continue
-            with lock, t.write_lock:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    delta_bytes = 0
-                    delta_records = 0
-                    for last, nbytes, gone, keep in changes:
-                        if keep:
-                            data = pack(keep, compress)
-                            tombs = sum(1 for r in keep if r.value == MSGPACK_NIL)
-                            conn.execute(
-                                f"UPDATE p{p} SET count = ?, tombstones = ?, data = ? WHERE last_offset = ?",
-                                (len(keep), tombs, data, last),
-                            )
-                            delta_bytes += nbytes - len(data)
-                        else:
-                            conn.execute(f"DELETE FROM p{p} WHERE last_offset = ?", (last,))
-                            delta_bytes += nbytes
-                        delta_records += gone
-                    conn.execute(
-                        "UPDATE partitions SET records = records - ?, bytes = bytes - ? WHERE partition = ?",
-                        (delta_records, delta_bytes, p),
-                    )
-                    conn.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                    raise
-            removed += delta_records
-        # Bookkeeping: what is left dirty (young batches) and when the next kept tombstone is due.
+            changes = _superseded(
+                conn, p, chunk, lock=lock, newest=newest, held=held, tomb_horizon=tomb_horizon
+            )
+            if changes:
+                with lock, t.write_lock:
+                    removed += _rewrite_batches(conn, p, changes, compress=compress)
         with lock, t.write_lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                young, oldest_tomb = conn.execute(
-                    f"SELECT coalesce(sum(CASE WHEN append_ms > ? THEN count END), 0), "
-                    f"min(CASE WHEN tombstones > 0 THEN append_ms END) FROM p{p}",
-                    (horizon,),
-                ).fetchone()
-                conn.execute(
-                    "UPDATE partitions SET dirty = ?, tombstone_due_ms = ? WHERE partition = ?",
-                    (young, None if oldest_tomb is None else oldest_tomb + tombstone_wait(cfg), p),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
+            _update_bookkeeping(conn, p, horizon=horizon, tombstone_wait_ms=tombstone_wait(cfg))
             if removed:
                 with contextlib.suppress(sqlite3.OperationalError):
                     conn.execute("PRAGMA incremental_vacuum(256)").fetchall()
     return removed
+
+
+def _newest_offsets(
+    conn: sqlite3.Connection, p: int, *, lock: AbstractContextManager[Any], horizon: int
+) -> tuple[dict[bytes, int], list[int]]:
+    """Pass 1 (one read snapshot): the newest offset of every key of partition ``p``, and the last
+    offsets of the batches appended at or before ``horizon`` (the cleanable ones). Only keys and
+    offsets are kept, so memory is bounded by the number of keys."""
+    newest: dict[bytes, int] = {}
+    cleanable: list[int] = []
+    with lock:
+        conn.execute("BEGIN")
+        try:
+            cur = conn.execute(f"SELECT last_offset, append_ms, data FROM p{p} ORDER BY last_offset")
+            for last, append_ms, data in cur:
+                for row in RAW_DECODER.decode(unpack(data)):
+                    newest[row.key] = row.offset
+                if append_ms <= horizon:
+                    cleanable.append(last)
+                _yield_gil()
+        finally:
+            conn.execute("COMMIT")
+    return newest, cleanable
+
+
+#: a batch to rewrite: its last offset, its stored size, the records it loses, the records it keeps
+_Change = tuple[int, int, int, list[RawRecord]]
+
+
+def _superseded(
+    conn: sqlite3.Connection,
+    p: int,
+    chunk: list[int],
+    *,
+    lock: AbstractContextManager[Any],
+    newest: dict[bytes, int],
+    held: int,
+    tomb_horizon: int,
+) -> list[_Change]:
+    """The batches of ``chunk`` (last offsets) that hold a record superseded by a newer one of its
+    key, or a tombstone appended at or before ``tomb_horizon``; records at or past ``held`` stay."""
+    with lock:
+        stored = conn.execute(
+            f"SELECT last_offset, append_ms, data FROM p{p} WHERE last_offset IN ({','.join('?' * len(chunk))})",
+            chunk,
+        ).fetchall()
+    changes: list[_Change] = []
+    for last, append_ms, data in stored:
+        rows = RAW_DECODER.decode(unpack(data))
+        expired = append_ms <= tomb_horizon
+        keep = [
+            r
+            for r in rows
+            if r.offset >= held or (newest[r.key] == r.offset and not (expired and r.value == MSGPACK_NIL))
+        ]
+        if len(keep) != len(rows):
+            changes.append((last, len(data), len(rows) - len(keep), keep))
+        _yield_gil()
+    return changes
+
+
+def _rewrite_batches(conn: sqlite3.Connection, p: int, changes: list[_Change], *, compress: bool) -> int:
+    """Rewrite (or delete, when nothing is kept) the batches of ``changes`` in one transaction and
+    update the partition's counts; return the records removed. Call under the topic's write lock."""
+    delta_bytes = 0
+    delta_records = 0
+    with write_txn(conn):
+        for last, nbytes, gone, keep in changes:
+            if keep:
+                data = pack(keep, compress)
+                tombs = sum(1 for r in keep if r.value == MSGPACK_NIL)
+                conn.execute(
+                    f"UPDATE p{p} SET count = ?, tombstones = ?, data = ? WHERE last_offset = ?",
+                    (len(keep), tombs, data, last),
+                )
+                delta_bytes += nbytes - len(data)
+            else:
+                conn.execute(f"DELETE FROM p{p} WHERE last_offset = ?", (last,))
+                delta_bytes += nbytes
+            delta_records += gone
+        conn.execute(
+            "UPDATE partitions SET records = records - ?, bytes = bytes - ? WHERE partition = ?",
+            (delta_records, delta_bytes, p),
+        )
+    return delta_records
+
+
+def _update_bookkeeping(conn: sqlite3.Connection, p: int, *, horizon: int, tombstone_wait_ms: int) -> None:
+    """Record what is left dirty in partition ``p`` (batches appended after ``horizon``) and when its
+    oldest kept tombstone is due. Call under the topic's write lock."""
+    with write_txn(conn):
+        young, oldest_tomb = conn.execute(
+            f"SELECT coalesce(sum(CASE WHEN append_ms > ? THEN count END), 0), "
+            f"min(CASE WHEN tombstones > 0 THEN append_ms END) FROM p{p}",
+            (horizon,),
+        ).fetchone()
+        conn.execute(
+            "UPDATE partitions SET dirty = ?, tombstone_due_ms = ? WHERE partition = ?",
+            (young, None if oldest_tomb is None else oldest_tomb + tombstone_wait_ms, p),
+        )
 
 
 def apply_retention(
@@ -252,27 +277,23 @@ def apply_retention(
         for p in range(cfg.partitions):
             cutoff = None if cfg.retention_ms is None else logstore.now_ms() - cfg.retention_ms
             while True:
-                with lock, t.write_lock:
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        total, end = conn.execute(
-                            "SELECT bytes, end_offset FROM partitions WHERE partition = ?", (p,)
-                        ).fetchone()
-                        rows = conn.execute(
-                            f"SELECT last_offset, count, append_ms, length(data) FROM p{p} "
-                            f"ORDER BY last_offset LIMIT {BATCHES_PER_TXN}"
-                        ).fetchall()
-                        drop: list[tuple[int, int, int]] = []
-                        for last, count, append_ms, nbytes in rows:
-                            too_old = cutoff is not None and append_ms <= cutoff
-                            too_big = cfg.retention_bytes is not None and total > cfg.retention_bytes
-                            if not (too_old or too_big):
-                                break
-                            drop.append((last, count, nbytes))
-                            total -= nbytes
-                        if not drop:
-                            conn.execute("COMMIT")
+                with lock, t.write_lock, write_txn(conn):
+                    total, end = conn.execute(
+                        "SELECT bytes, end_offset FROM partitions WHERE partition = ?", (p,)
+                    ).fetchone()
+                    rows = conn.execute(
+                        f"SELECT last_offset, count, append_ms, length(data) FROM p{p} "
+                        f"ORDER BY last_offset LIMIT {BATCHES_PER_TXN}"
+                    ).fetchall()
+                    drop: list[tuple[int, int, int]] = []
+                    for last, count, append_ms, nbytes in rows:
+                        too_old = cutoff is not None and append_ms <= cutoff
+                        too_big = cfg.retention_bytes is not None and total > cfg.retention_bytes
+                        if not (too_old or too_big):
                             break
+                        drop.append((last, count, nbytes))
+                        total -= nbytes
+                    if drop:
                         conn.executemany(f"DELETE FROM p{p} WHERE last_offset = ?", [(d[0],) for d in drop])
                         nxt = conn.execute(f"SELECT min(base_offset) FROM p{p}").fetchone()[0]
                         conn.execute(
@@ -285,11 +306,8 @@ def apply_retention(
                                 p,
                             ),
                         )
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        with contextlib.suppress(sqlite3.Error):
-                            conn.execute("ROLLBACK")
-                        raise
+                if not drop:
+                    break
                 removed += sum(d[1] for d in drop)
         if removed:
             with lock, t.write_lock, contextlib.suppress(sqlite3.OperationalError):
