@@ -1,8 +1,13 @@
 """A primary-key change of a row with an out-of-line TOAST column (issue 16, 2b), through the real
-reader (``cdc run --once``, wal2json) and the real apply (``cdc apply --once``, Spark): the new key's
-event lacks the unchanged column, and the old key's row must supply it -- within one batch, across
-batches, after a restart of the apply. Where no row holds it, that record is a dead letter with its
-reason and every other record and table is applied. (Only wal2json exists today.)"""
+reader (``cdc run --once``, wal2json) and the real apply job (Spark): the new key's event lacks the
+unchanged column, and the old key's row must supply it -- within one batch, across batches, after a
+restart of the apply. Where no row holds it, that record is a dead letter with its reason and every
+other record and table is applied. (Only wal2json exists today.)
+
+The apply runs once in this process on the session's Spark (the same job `cdc apply --once` runs),
+except the one killed after a sink wrote: that is ``cdc apply --once`` in a process of its own, and
+the next apply in this process restarts from its checkpoint. A JVM of its own for each of the five
+applies cost 25-30 s apiece."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import pytest
 from cdc.devcluster import PgCluster
 from sinks.warehouse import WarehouseSink
 from tests.capture.test_reader_support import CDC, CaptureEnv, make_env
+from tests.oncall.support import apply_once
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
@@ -32,8 +38,8 @@ def body(i: int) -> str:
     return f"row {i} 'q' \"dq\" back\\slash\\\\ new\nline " + secrets.token_hex(6000)
 
 
-def apply(env: CaptureEnv, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """``cdc apply --once --json`` in its own process (``extra_env``: e.g. a fault to inject)."""
+def apply_process(env: CaptureEnv, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``cdc apply --once --json`` in its own process (``extra_env``: the fault to inject)."""
     return subprocess.run(
         [*CDC, "apply", "--once", "--json"],
         env={**env.environ(), **extra_env},
@@ -42,12 +48,6 @@ def apply(env: CaptureEnv, **extra_env: str) -> subprocess.CompletedProcess[str]
         timeout=900,
         cwd=env.state.parent,
     )
-
-
-def apply_once(env: CaptureEnv) -> dict[str, Any]:
-    res = apply(env)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return dict(orjson.loads(res.stdout))
 
 
 def warehouse(env: CaptureEnv, table: str) -> dict[int, dict[str, Any]]:
@@ -68,8 +68,8 @@ def same(env: CaptureEnv, table: str) -> None:
         assert {c: w[k][c] for c in row} == row, f"{table} key {k} differs"
 
 
-@pytest.mark.timeout(1800)  # six Spark starts (one job each): minutes apiece on a loaded 2-core box
-def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv) -> None:
+@pytest.mark.timeout(1800)  # a Spark start for the killed apply: minutes on a loaded 2-core box
+def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv, spark: Any) -> None:
     env.sql("CREATE TABLE d (id int PRIMARY KEY, v text, born date, body text)")
     env.sql("ALTER TABLE d ALTER COLUMN body SET STORAGE EXTERNAL")
     env.sql("CREATE TABLE other (id int PRIMARY KEY, v text)")
@@ -79,7 +79,7 @@ def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv) -> None:
     env.add_table("public.d", "--search", "v,body")
     env.add_table("public.other")
     env.run_once()
-    apply_once(env)
+    apply_once(spark, env)
     same(env, "d")
 
     # the issue's reproduction: the old key's row was applied by an earlier batch; and within one
@@ -91,8 +91,8 @@ def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv) -> None:
     recs = [orjson.loads(r.value) for r in env.records(env.reg("public", "d").topic) if r.value]
     moved = sorted((r["after"]["id"], r["unavailable"], r["before"]) for r in recs if r["unavailable"])
     assert moved == [(40, ["body"], {"id": 4}), (100, ["body"], {"id": 1})]  # what the sinks must complete
-    out = apply_once(env)
-    assert out["dead_letters"] == 0
+    out = apply_once(spark, env)
+    assert out.dead_letters == 0
     same(env, "d")
     same(env, "other")
 
@@ -102,9 +102,9 @@ def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv) -> None:
     env.run_once()
     arm = env.state.parent / "arm"
     arm.touch()
-    crashed = apply(env, CDC_FAULTS=f"apply.after_sink:@{arm}")
+    crashed = apply_process(env, CDC_FAULTS=f"apply.after_sink:@{arm}")
     assert crashed.returncode != 0 and "cdc-fault: apply.after_sink" in crashed.stderr, crashed.stderr[-3000:]
-    apply_once(env)
+    apply_once(spark, env)
     same(env, "d")
     res = env.cdc("verify", "--json", timeout=600)
     report = orjson.loads(res.stdout)
@@ -116,8 +116,8 @@ def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv) -> None:
     env.sql("INSERT INTO d VALUES (7, 'a', '0044-03-15 BC', %s)", (body(7),))
     env.sql("UPDATE d SET id = 70, born = '2000-01-01' WHERE id = 7; UPDATE other SET v = 'c' WHERE id = 1")
     env.run_once()
-    out = apply_once(env)
-    assert out["dead_letters"] == 2
+    out = apply_once(spark, env)
+    assert out.dead_letters == 2
     assert warehouse(env, "other")[1]["v"] == "c"
     assert 70 not in warehouse(env, "d") and 7 not in warehouse(env, "d")
     res = env.cdc("deadletters", "list", "--table", "public.d", "--json")

@@ -85,10 +85,13 @@ def _cdc(env: CaptureEnv, *args: str) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.spark
+# ~98 chunks of 512 rows: as many chunks (and chunk bounds under the load) as 200,000 rows in chunks
+# of 2,048, at a quarter of the rows to read, write, apply, index and verify
+@pytest.mark.parametrize("env", ["[snapshot]\nchunk_size = 512\n"], indirect=True)
 def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_others_stream(
     env: CaptureEnv, spark_clean: Any
 ) -> None:
-    rows = 200_000
+    rows = 50_000
     env.sql("CREATE TABLE other (id int PRIMARY KEY, v int)")
     env.sql("INSERT INTO other VALUES (1, 0)")
     env.sql(
@@ -141,7 +144,7 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     code, out = _cdc(env, "tables", "list", "--json")
     listed = {t["table"]: t for t in orjson.loads(out)}
     prog = listed["public.big"]["snapshot"]["progress"]
-    # chunks of chunk_size rows in key order: 200k rows, 2048 a chunk, give or take the load's deletes
+    # chunks of chunk_size rows in key order: 50k rows, 512 a chunk, give or take the load's deletes
     # ahead of the snapshot (fewer rows: 97 chunks seen) and its inserts behind the last key (more)
     assert code == 0 and prog["done"] and 95 <= prog["chunks_done"] <= 104 and prog["chunks_left"] == 0, prog
 
