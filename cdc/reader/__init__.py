@@ -1,8 +1,8 @@
 """The reader stage: Postgres logical replication (wal2json v2) -> change events in the log store.
 
 Interface: :class:`Reader` (``Reader(settings, store, registry).run(once=..., stop=...)``), tuned by
-:class:`ReaderOptions`. Modules beside it: :mod:`~cdc.reader.wal2json` (plugin options, decoding,
-value encoding), :mod:`~cdc.reader.envelope` (the event), :mod:`~cdc.reader.replication` (the
+:class:`ReaderOptions`. Modules beside it: :mod:`~cdc.codec.wal2json` (plugin options, decoding,
+value encoding), :mod:`~cdc.codec.envelope` (the event), :mod:`~cdc.reader.replication` (the
 psycopg2 loop); the snapshot stage is the top-level :mod:`snapshot` package.
 
 Guarantees
@@ -55,8 +55,10 @@ from cdc.catalog import (
     server_info,
     slot_info,
 )
+from cdc.codec import HEARTBEAT_PREFIX
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.config import Settings, redact_dsn, redact_text
-from cdc.connect import classify, connect, is_transient
+from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
 from cdc.errors import (
     ConfigError,
     RegistryError,
@@ -67,19 +69,29 @@ from cdc.errors import (
 )
 from cdc.events import encode_key, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
+from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
-from cdc.reader.envelope import EventBuilder, TableCodec
 from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, tracked_columns
-from cdc.reader.replication import (
-    HEARTBEAT_PREFIX,
-    SESSION_OPTIONS,
-    Batch,
-    StreamControl,
-    open_replication,
-    stream,
-)
+from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.registry import Column, Registry, TableReg
+from snapshot import SnapshotError, create_exported_slot
+from snapshot.chunked import (
+    ChunkDriver,
+    ChunkProgress,
+    ChunkTracker,
+    SnapshotOptions,
+    ensure_watermark_table,
+    load_progress,
+    missing_ddl_key,
+    missing_key,
+    refused_key,
+    request_key,
+    save_progress,
+    truncate_marker,
+)
+from snapshot.exported import read_tables
+from snapshot.progress import NullProgress
 
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"
 #: registry state: the tables the last stream session read (JSON list of [schema, table])
@@ -577,7 +589,6 @@ class Reader:
                 if renamed:
                     # the rows not changed since hold the column under its old name only: a chunked
                     # snapshot (while streaming) brings every row's value under the new name
-                    from snapshot.chunked import request_key
 
                     self.log(
                         f"{reg.qualified}: column(s) renamed at the source {renamed}"
@@ -712,7 +723,6 @@ class Reader:
           the rows no longer there).
 
         True when a table is to be snapshotted (its registration changed)."""
-        from snapshot.chunked import request_key
 
         requested = False
         raw = self.registry.get_state(STREAMED_PARTITIONS_KEY)
@@ -820,7 +830,6 @@ class Reader:
         ``cdc tables list`` and ``cdc status``) and logged; a table that is keyable again is
         cleared, and one refused for its replica identity is snapshotted again (in chunks, while
         streaming), since the changes made meanwhile never reached the stream."""
-        from snapshot.chunked import refused_key, request_key
 
         if not regs:
             return set()
@@ -869,7 +878,6 @@ class Reader:
 
     def _record_refusal(self, reg: TableReg, problem: CaptureProblem) -> None:
         """Record (once) and log that ``reg`` is refused for ``problem`` (:func:`capture_problems`)."""
-        from snapshot.chunked import refused_key
 
         key = refused_key(reg.schema, reg.table)
         if self.registry.get_state(key) is not None:
@@ -890,7 +898,6 @@ class Reader:
         """The DDL recorder's side of this session (:mod:`cdc.reader.ddl`): a registered table
         dropped or renamed is recorded missing at once (with what happened), one whose key column
         went is refused at once; column changes are applied by the follower itself."""
-        from snapshot.chunked import missing_ddl_key, missing_key
 
         oids: dict[int, tuple[str, str]] = {}
         if regs:
@@ -913,7 +920,6 @@ class Reader:
         return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse)
 
     def _record_missing(self, source: dict[tuple[str, str], tuple[tuple[str, str], ...] | None]) -> None:
-        from snapshot.chunked import missing_ddl_key, missing_key
 
         for (schema, table), found in source.items():
             key = missing_key(schema, table)
@@ -938,7 +944,6 @@ class Reader:
         ``cdc tables list``) and the other tables go on; a partition attached, created, detached or
         dropped restarts the stream with the new leaves (True), and the next session reads what
         changed (:meth:`_partitions_changed`)."""
-        from snapshot.chunked import missing_ddl_key, missing_key
 
         now = self._source_tables(conn, regs)
         restart = False
@@ -969,7 +974,6 @@ class Reader:
         """The tables whose snapshot this session does in chunks: a table ``pending`` (registered,
         or a re-snapshot requested) starts a new run; one ``running`` resumes its run after its last
         done chunk. Their stream changes are never dropped (``drop_before`` 0)."""
-        from snapshot.chunked import ChunkProgress, load_progress, request_key, save_progress
 
         opts = self._snapshot_options()
         out = []
@@ -996,12 +1000,10 @@ class Reader:
         return out
 
     def _snapshot_options(self) -> Any:
-        from snapshot.chunked import SnapshotOptions
 
         return SnapshotOptions.from_settings(self.settings)
 
     def _chunk_driver(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str) -> Any:
-        from snapshot.chunked import ChunkDriver, ChunkTracker, ensure_watermark_table
 
         opts = self._snapshot_options()
         wm = opts.watermark
@@ -1039,7 +1041,6 @@ class Reader:
         earlier snapshot that was killed, or a slot that was lost): a TRUNCATE marker at version
         ``(consistent_lsn - 1, 0)``, so sinks drop every older row -- keys deleted at the source
         since, whose delete the new slot cannot see -- and keep the new snapshot's rows."""
-        from snapshot.chunked import truncate_marker
 
         for reg in regs:
             with self.store_lock:
@@ -1054,9 +1055,6 @@ class Reader:
     def _snapshot(self, regs: list[TableReg], db: str, slot: str, *, temporary: bool) -> int:
         """Snapshot ``regs`` from a new slot's exported snapshot; record each table's alignment.
         Returns the consistent point."""
-        from snapshot import SnapshotError, create_exported_slot
-        from snapshot.exported import read_tables
-        from snapshot.progress import NullProgress
 
         streamed_raw = self.registry.get_state(STREAMED_TABLES_KEY)
         streamed = {tuple(x) for x in orjson.loads(streamed_raw)} if streamed_raw and temporary else set()

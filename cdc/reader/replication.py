@@ -19,7 +19,6 @@ before it is durable in the log store, and only at a transaction boundary:
 from __future__ import annotations
 
 import contextlib
-import queue
 import select
 import threading
 import time
@@ -31,114 +30,13 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
-from cdc.connect import connect_replication
+from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
+from cdc.codec.envelope import EventBuilder
+from cdc.codec.wal2json import DECODER
+from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
 from cdc.events import lsn_to_int
-from cdc.logstore import LogStore, Record
-from cdc.reader.envelope import EventBuilder
-from cdc.reader.wal2json import DDL_PREFIX, NONFINITE_PREFIX, decode, replication_options
-from cdc.reader.wal2json import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
-
-#: session options for every source connection, so text output (timestamps, floats) is the same in
-#: the stream and in the snapshot's COPY
-SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
-
-
-class Batch:
-    """Events waiting to be appended to the log store, per topic, and a writer thread that appends
-    them while the stream loop goes on decoding.
-
-    :meth:`submit` hands the buffered events, together with the stream position they complete
-    (a transaction boundary, or None mid-transaction), to the writer; at most ``depth`` batches are
-    in flight (then it blocks: back-pressure, bounded memory). :attr:`durable` is the highest
-    boundary whose batch -- and every batch before it -- the log store acknowledged as durable;
-    only that may be confirmed to the slot. :meth:`flush` submits and waits. A writer error is
-    re-raised in the caller by the next :meth:`submit`/:meth:`flush`/:meth:`check`; nothing after
-    it is marked durable.
-    """
-
-    def __init__(self, store: LogStore, lock: threading.Lock | None = None, depth: int = 2) -> None:
-        self.store = store
-        self.lock = lock or threading.Lock()
-        self.records: dict[str, list[Record]] = {}
-        self.count = 0
-        self.started = 0.0
-        self.written = 0
-        self.durable = 0
-        self.submitted = 0  # highest boundary handed to the writer
-        self.inflight = 0
-        self._error: BaseException | None = None
-        self._cond = threading.Condition()
-        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None] | None] = queue.Queue(depth)
-        self._thread = threading.Thread(target=self._run, name="cdc-log-writer", daemon=True)
-        self._thread.start()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing buffered and nothing in flight."""
-        return not self.count and not self.inflight
-
-    def add(self, topic: str, records: list[Record]) -> None:
-        if not self.count:
-            self.started = time.monotonic()
-        lst = self.records.get(topic)
-        if lst is None:
-            self.records[topic] = records
-        else:
-            lst.extend(records)
-        self.count += len(records)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            records, count, boundary = item
-            try:
-                if self._error is None:
-                    with self.lock:
-                        self.store.append_many(records)
-            except BaseException as exc:
-                self._error = exc
-            with self._cond:
-                if self._error is None:
-                    self.written += count
-                    if boundary is not None and boundary > self.durable:
-                        self.durable = boundary
-                self.inflight -= 1
-                self._cond.notify_all()
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def submit(self, boundary: int | None) -> None:
-        """Hand the buffered events to the writer; ``boundary``: the position that is safe to
-        confirm once they (and everything before) are durable."""
-        self.check()
-        if not self.count and boundary is None:
-            return
-        with self._cond:
-            self.inflight += 1
-        if boundary is not None:
-            self.submitted = max(self.submitted, boundary)
-        self._queue.put((self.records, self.count, boundary))
-        self.records = {}
-        self.count = 0
-
-    def flush(self, boundary: int | None = None) -> None:
-        """Submit what is buffered and wait until everything submitted is durable."""
-        if self.count or boundary is not None:
-            self.submit(boundary)
-        with self._cond:
-            while self.inflight and self._error is None:
-                self._cond.wait(1.0)
-        self.check()
-
-    def close(self) -> None:
-        """Stop the writer thread (batches already submitted are still written)."""
-        self._queue.put(None)
-        self._thread.join()
+from cdc.logstore.batch import Batch
 
 
 @dataclass
@@ -195,8 +93,10 @@ def stream(
     ctl: StreamControl,
     *,
     numeric_as_string: bool = False,
+    decoder: Decoder = DECODER,
 ) -> tuple[str, int]:
-    """Stream from ``start_lsn`` (0: the slot's confirmed position) until stopped.
+    """Stream from ``start_lsn`` (0: the slot's confirmed position) until stopped; ``decoder``:
+    the slot's output plugin's (:mod:`cdc.codec`).
 
     Returns (reason, confirmed position): ``"stopped"`` (``ctl.stop`` set; the current batch was
     made durable and confirmed), ``"restart"`` (``ctl.should_restart()`` said so; stopped at a
@@ -211,12 +111,12 @@ def stream(
                 slot_name=slot,
                 decode=False,
                 start_lsn=start_lsn,
-                options=replication_options(tables, numeric_as_string=numeric_as_string),
+                options=decoder.replication_options(tables, numeric_as_string=numeric_as_string),
                 status_interval=10,
             )
             if ctl.on_started is not None:
                 ctl.on_started()
-            return _loop(cur, builder, batch, ctl, start_lsn)
+            return _loop(cur, builder, batch, ctl, start_lsn, decoder)
         except psycopg2.Error as exc:
             raise translate_start_error(exc, slot) from exc
     finally:
@@ -225,7 +125,12 @@ def stream(
 
 
 def _loop(
-    cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, start_lsn: int
+    cur: Any,
+    builder: EventBuilder,
+    batch: Batch,
+    ctl: StreamControl,
+    start_lsn: int,
+    decoder: Decoder = DECODER,
 ) -> tuple[str, int]:
     durable = start_lsn  # every event before this position is durable
     sent = start_lsn
@@ -242,6 +147,7 @@ def _loop(
     max_s = ctl.batch_max_ms / 1000.0
     stats = ctl.stats
     read = cur.read_message
+    decode = decoder.decode
     change = builder.change
     changes = 0
     fileno = cur.connection.fileno()
