@@ -508,6 +508,15 @@ class EventBuilder:
                         return codec.topic, [Record(key_b, value)]
         if action == "T":
             return codec.topic, codec.change_records(b"t", None, None, source, self.now)
+        return self._general(codec, msg, lsn, head, source)
+
+    def _general(
+        self, codec: TableCodec, msg: Message, lsn: int, head: bytes, source: bytes
+    ) -> tuple[str, list[Record]]:
+        """:meth:`change` of an I/U/D off its fast path: a DELETE, a column missing (TOAST) or not
+        known (the columns changed), a key change. ``head``: the table's ``source_head`` that
+        ``source`` was built with (a new one: the columns changed, ``source`` is built again)."""
+        action = msg.action
         identity = msg.identity
         if action == "D":
             if identity is None:
