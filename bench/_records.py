@@ -1,14 +1,14 @@
 """Sample change events for the log-store benchmarks (both backends append the same data), built by
-the reader's own envelope code (:meth:`cdc.reader.envelope.TableCodec.change_records`)."""
+the reader's own envelope code (:meth:`cdc.codec.envelope.TableCodec.change_records`)."""
 
 from __future__ import annotations
 
 import random
 import time
 
+from cdc.codec.envelope import TableCodec, transaction_part
 from cdc.events import topic_name
 from cdc.logstore import Record
-from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
 
 CUSTOMERS = TableReg(

@@ -31,11 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cdc.codec.envelope import TableCodec, transaction_part
 from cdc.config import Settings
 from cdc.events import topic_name
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.embedded import EmbeddedLogStore
-from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, Registry, TableReg
 from sinks import ChangeBatch, RawRecord, Sink
 from sinks import types as T
@@ -90,7 +90,7 @@ def _reg(schema: str = "bench") -> TableReg:
 
 class EventGen:
     """Changes with increasing versions (one per transaction), built by the reader's own envelope
-    code (:meth:`cdc.reader.envelope.TableCodec.change_records`)."""
+    code (:meth:`cdc.codec.envelope.TableCodec.change_records`)."""
 
     def __init__(self, reg: TableReg, seed: int = 7) -> None:
         self.reg = reg

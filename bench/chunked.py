@@ -235,7 +235,7 @@ def _chunked(pg: PgCluster, dsn: str, base: Path, table: str, chunk: int, tag: s
 def _watermarks(dsn: str, writes: int) -> tuple[float, float]:
     """(backend CPU seconds, decoding CPU seconds) of ``writes`` watermark upserts: written on one
     connection, then decoded by wal2json with the reader's options on a slot of their own."""
-    from cdc.reader.wal2json import replication_options
+    from cdc.codec.wal2json import replication_options
     from snapshot.chunked import write_mark
 
     wm = ("public", "cdc_watermark")

@@ -612,3 +612,83 @@ def slot_info(conn: psycopg.Connection[Any], slot_name: str) -> SlotInfo:
         retained_bytes=kept,
         lag_bytes=lag,
     )
+
+
+# --- the reader's watch on its tables (cdc.reader.watch) ----------------------------------------
+#: per source table: None (it does not exist), () (a plain table) or its leaf partitions
+Leaves = tuple[tuple[str, str], ...] | None
+
+_IS_TABLE = """
+SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
+"""
+
+
+def is_table(conn: psycopg.Connection[Any], name: tuple[str, str]) -> bool:
+    """Whether the table (or partitioned table) ``name`` (schema, table) exists."""
+    row = conn.execute(_IS_TABLE, list(name)).fetchone()
+    return bool(row and row[0])
+
+
+_SOURCE_TABLES = """
+SELECT n.nspname::text, c.relname::text, c.relkind::text, ln.nspname::text, l.relname::text
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
+LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON t.isleaf
+LEFT JOIN pg_catalog.pg_class l ON l.oid = t.relid
+LEFT JOIN pg_catalog.pg_namespace ln ON ln.oid = l.relnamespace
+"""
+
+
+def source_tables(
+    conn: psycopg.Connection[Any], names: list[tuple[str, str]]
+) -> dict[tuple[str, str], Leaves]:
+    """Per table of ``names`` (schema, table): None when it does not exist at the source (dropped,
+    or renamed), else the leaf partitions of a partitioned table (wal2json reports a partitioned
+    table's changes under its leaves' names), ``()`` for a plain table (one query for all)."""
+    out: dict[tuple[str, str], Leaves] = dict.fromkeys(names)
+    if not names:
+        return out
+    parts: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for schema, table, kind, leaf_schema, leaf in conn.execute(
+        _SOURCE_TABLES, [[s for s, _ in names], [t for _, t in names]]
+    ).fetchall():
+        lst = parts.setdefault((str(schema), str(table)), [])
+        if kind == "p" and leaf is not None:
+            lst.append((str(leaf_schema), str(leaf)))
+    for key, lst in parts.items():
+        out[key] = tuple(sorted(lst))
+    return out
+
+
+_TABLE_COLUMNS = """
+SELECT r.schema_name, r.table_name, array_agg(a.attname::text) FILTER (WHERE a.attname IS NOT NULL)
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name
+LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY 1, 2
+"""
+
+
+def column_names(conn: psycopg.Connection[Any], schema: str, table: str) -> set[str] | None:
+    """The names of the table's columns now (dropped ones left out); None when it does not exist."""
+    rows = conn.execute(_TABLE_COLUMNS, [[schema], [table]]).fetchall()
+    return set(rows[0][2] or ()) if rows else None
+
+
+_TABLE_OIDS = """
+SELECT c.oid::bigint, n.nspname::text, c.relname::text
+FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
+JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
+"""
+
+
+def table_oids(conn: psycopg.Connection[Any], names: list[tuple[str, str]]) -> dict[int, tuple[str, str]]:
+    """The oid of each table of ``names`` that exists (oid -> (schema, table))."""
+    if not names:
+        return {}
+    rows = conn.execute(_TABLE_OIDS, [[s for s, _ in names], [t for _, t in names]]).fetchall()
+    return {int(oid): (str(schema), str(table)) for oid, schema, table in rows}

@@ -95,6 +95,10 @@ _TRANSIENT_TRANSPORT = (
 
 _WAL2JSON_PACKAGE = "postgresql-{major}-wal2json"
 
+#: session options for every source connection, so text output (timestamps, floats) is the same in
+#: the stream and in the snapshot's COPY
+SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
+
 
 def _connect_kwargs(dsn: str, application_name: str, options: str | None) -> dict[str, Any]:
     """libpq parameters added to ``dsn``: the application name, the connect timeout (unless the DSN

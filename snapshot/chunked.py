@@ -38,13 +38,13 @@ import pyarrow as pa
 from psycopg import sql
 
 from cdc.catalog import leaf_partitions
+from cdc.codec import Message
+from cdc.codec.envelope import TableCodec
 from cdc.config import Settings
 from cdc.errors import ConfigError, SourceError
 from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.logstore import LogStore, Record
 from cdc.names import parse_table_name
-from cdc.reader.envelope import TableCodec
-from cdc.reader.wal2json import Message
 from cdc.registry import Alignment, Column, Registry, TableReg
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
 from snapshot.table_info import row_estimate, table_columns
@@ -299,7 +299,7 @@ def progress_view(progress: ChunkProgress | None) -> dict[str, Any] | None:
 # --- the tracker: windows in the stream ------------------------------------------------------------
 #: events of a table under snapshot remembered before a window opens (see docs/snapshots.md)
 LOOKBACK = 4096
-#: how an event with every column ends (:mod:`cdc.reader.envelope`: ``unavailable`` comes last)
+#: how an event with every column ends (:mod:`cdc.codec.envelope`: ``unavailable`` comes last)
 _COMPLETE = b'"unavailable":[]}'
 #: reads of one chunk at most, when a dropped row's change lacked a TOASTed column
 MAX_CHUNK_READS = 3

@@ -8,13 +8,13 @@ here, column by column, with Arrow compute kernels:
   nothing is converted through a float or a decimal, so numeric keeps every digit and bigint stays
   exact). An unquoted empty field is NULL, a quoted one (``""``) the empty string.
 * :class:`RowEncoder` turns a batch into the key bytes and the ``after`` object bytes, with the
-  stream's encoding (:mod:`cdc.reader.wal2json`, :mod:`cdc.events`): integers and floats as JSON
+  stream's encoding (:mod:`cdc.codec.wal2json`, :mod:`cdc.events`): integers and floats as JSON
   numbers (Postgres' text output is valid JSON and round-trips exactly; ``extra_float_digits=1``),
   numeric as a string with every digit, booleans, bytea as hex without ``\\x``, every other type
   (dates with ``BC``, ``infinity`` timestamps, json/jsonb text, uuid, ...) as its text output in a
   JSON string, escaped exactly as orjson escapes. The special values (float ``NaN``/``Infinity``/
   ``-Infinity``, numeric ``NaN``/``Infinity``/``-Infinity``) are encoded by the stream's own
-  converter (:func:`cdc.reader.wal2json.text_converter_for`), so both paths agree by construction.
+  converter (:func:`cdc.codec.values.text_converter_for`), so both paths agree by construction.
   Array columns and strings holding control characters other than newline, carriage return and
   tab (rare) are encoded value by value with the same converter and orjson.
 
@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
+from cdc.codec.values import text_converter_for, type_kind
 from cdc.errors import SourceError
-from cdc.reader.wal2json import text_converter_for, type_kind
 from snapshot import snapshot_error
 
 __all__ = ["RowEncoder", "copy_query", "read_csv_batches"]

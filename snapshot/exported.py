@@ -25,11 +25,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from cdc.codec.envelope import TableCodec
+from cdc.codec.values import type_kind
+from cdc.connect import SESSION_OPTIONS
 from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record
-from cdc.reader.envelope import TableCodec
-from cdc.reader.replication import SESSION_OPTIONS, Batch
-from cdc.reader.wal2json import type_kind
+from cdc.logstore.batch import Batch
 from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
@@ -37,7 +38,7 @@ from snapshot.table_info import row_estimate, table_columns
 
 BATCH_ROWS = 5000
 
-#: column kinds (:func:`cdc.reader.wal2json.type_kind`) whose JSON value Postgres builds in the
+#: column kinds (:func:`cdc.codec.values.type_kind`) whose JSON value Postgres builds in the
 #: snapshot's SELECT; floats and arrays are encoded in Python (Postgres' JSON differs from orjson's)
 SQL_KINDS = frozenset({"int", "numeric", "bool", "bytea", "json", "text"})
 #: types whose text output never holds a character JSON escapes: quoted as they are

@@ -1,9 +1,12 @@
 """The reader stage: Postgres logical replication (wal2json v2) -> change events in the log store.
 
 Interface: :class:`Reader` (``Reader(settings, store, registry).run(once=..., stop=...)``), tuned by
-:class:`ReaderOptions`. Modules beside it: :mod:`~cdc.reader.wal2json` (plugin options, decoding,
-value encoding), :mod:`~cdc.reader.envelope` (the event), :mod:`~cdc.reader.replication` (the
-psycopg2 loop); the snapshot stage is the top-level :mod:`snapshot` package.
+:class:`ReaderOptions`. Modules beside it: :mod:`~cdc.reader.slot` (the slot decision: create,
+recover, resume), :mod:`~cdc.reader.watch` (the watcher of source changes while streaming),
+:mod:`~cdc.reader.replication` (the psycopg2 loop), :mod:`~cdc.reader.ddl` and
+:mod:`~cdc.reader.nonfinite` (the recorders). Decoding is :mod:`cdc.codec` (the decoder, the event);
+the snapshot stage is the top-level :mod:`snapshot` package, which the reader imports (never the
+other way round).
 
 Guarantees
 ----------
@@ -31,6 +34,7 @@ Guarantees
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -50,13 +54,18 @@ from cdc.catalog import (
     capture_digests,
     capture_problems,
     describe_table,
+    is_table,
     key_columns_gone,
     resolve_domains,
     server_info,
     slot_info,
+    source_tables,
+    table_oids,
 )
+from cdc.codec import HEARTBEAT_PREFIX
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.config import Settings, redact_dsn, redact_text
-from cdc.connect import classify, connect, is_transient
+from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
 from cdc.errors import (
     ConfigError,
     RegistryError,
@@ -67,19 +76,31 @@ from cdc.errors import (
 )
 from cdc.events import encode_key, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
+from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
-from cdc.reader.envelope import EventBuilder, TableCodec
 from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, tracked_columns
-from cdc.reader.replication import (
-    HEARTBEAT_PREFIX,
-    SESSION_OPTIONS,
-    Batch,
-    StreamControl,
-    open_replication,
-    stream,
-)
+from cdc.reader.replication import StreamControl, open_replication, stream
+from cdc.reader.slot import SlotFacts, decide
+from cdc.reader.watch import SourceWatcher, table_names
 from cdc.registry import Column, Registry, TableReg
+from snapshot import SnapshotError, create_exported_slot
+from snapshot.chunked import (
+    ChunkDriver,
+    ChunkProgress,
+    ChunkTracker,
+    SnapshotOptions,
+    ensure_watermark_table,
+    load_progress,
+    missing_ddl_key,
+    missing_key,
+    refused_key,
+    request_key,
+    save_progress,
+    truncate_marker,
+)
+from snapshot.exported import read_tables
+from snapshot.progress import NullProgress
 
 INITIAL_SNAPSHOT_KEY = "initial_snapshot"
 #: registry state: the tables the last stream session read (JSON list of [schema, table])
@@ -95,12 +116,6 @@ def detached_key(schema: str, table: str) -> str:
     return "partitions_detached:" + orjson.dumps([schema, table]).decode()
 
 
-_IS_TABLE = """
-SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
-"""
-
-
 @dataclass
 class _Detached:
     """A detached partition's rows to delete from ``reg``'s topic, at version ``(lsn, 0)``: written
@@ -110,37 +125,6 @@ class _Detached:
     leaves: list[tuple[str, str]]
     lsn: int
     records: list[Any]
-
-
-#: how often (seconds) the stream checks that the registered tables exist, and their partitions
-SOURCE_CHECK_S = 2.0
-_SOURCE_TABLES = """
-SELECT n.nspname::text, c.relname::text, c.relkind::text, ln.nspname::text, l.relname::text
-FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
-JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
-JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
-LEFT JOIN LATERAL pg_partition_tree(CASE WHEN c.relkind = 'p' THEN c.oid END::regclass) t ON t.isleaf
-LEFT JOIN pg_catalog.pg_class l ON l.oid = t.relid
-LEFT JOIN pg_catalog.pg_namespace ln ON ln.oid = l.relnamespace
-"""
-
-
-_TABLE_COLUMNS = """
-SELECT r.schema_name, r.table_name, array_agg(a.attname::text) FILTER (WHERE a.attname IS NOT NULL)
-FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
-JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
-JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name
-LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-GROUP BY 1, 2
-"""
-
-
-_TABLE_OIDS = """
-SELECT c.oid::bigint, n.nspname::text, c.relname::text
-FROM unnest(%s::text[], %s::text[]) AS r(schema_name, table_name)
-JOIN pg_catalog.pg_namespace n ON n.nspname = r.schema_name
-JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_name AND c.relkind IN ('r', 'p')
-"""
 
 
 def drop_before_key(schema: str, table: str) -> str:
@@ -223,24 +207,6 @@ def _renamed(old: tuple[Column, ...], new: tuple[Column, ...]) -> dict[str, str]
     if old and len(gone) == 1 and len(added) == 1 and gone[0].type == added[0].type:
         return {gone[0].name: added[0].name}
     return {}
-
-
-def _signature(regs: list[TableReg]) -> tuple[Any, ...]:
-    """What the running stream depends on (columns excluded: the stream tracks those itself)."""
-    return tuple(
-        sorted(
-            (
-                r.schema,
-                r.table,
-                r.topic,
-                r.key,
-                r.exclude,
-                r.snapshot_state,
-                r.alignment.consistent_lsn if r.alignment else None,
-            )
-            for r in regs
-        )
-    )
 
 
 class Reader:
@@ -485,221 +451,201 @@ class Reader:
             self._refuse_if_plugin_refused(conn)
             regs = self.registry.list_tables()
             self._ensure_nonfinite(conn, regs)
-            info = slot_info(conn, slot)
-            initial_state = self.registry.get_state(INITIAL_SNAPSHOT_KEY)
-            initial_done = initial_state == "done"
-            if info.exists and initial_state is None:
-                raise SourceError(
-                    f"replication slot {slot!r} already exists, but this state directory "
-                    f"({self.settings.state_dir}) never created it: it may belong to another cdc deployment",
-                    fix=f"use another slot name (CDC_SLOT), or, if the slot is a leftover, drop it: "
-                    f"SELECT pg_drop_replication_slot('{slot}')",
-                    slot=slot,
-                )
-            if info.exists and info.wal_status == "lost":
-                raise self._slot_lost("was invalidated (wal_status = 'lost')")
-            if not info.exists and initial_done and any(r.snapshot_state == "done" for r in regs):
-                raise self._slot_lost("does not exist any more")
-            self._ensure_topics(regs)
-            if not info.exists and initial_done:
-                # recovery after a lost slot (`cdc snapshot --all` made every table pending): a new
-                # slot, and every table snapshotted in chunks while streaming from its start; each
-                # full chunked snapshot ends with a TRUNCATE marker that removes the rows whose
-                # deletes the lost slot never delivered
-                row = conn.execute(
-                    "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'wal2json')", [slot]
-                ).fetchone()
-                assert row is not None
-                start_lsn = lsn_to_int(str(row[0]))
-                self.log(f"slot {slot} created at {row[0]}; every table is snapshotted in chunks")
-            elif not info.exists or not initial_done:
-                if info.exists:
-                    # we created it (state "running"), but the snapshot it exported is gone
-                    self._refuse_if_active(conn, slot)
-                    self.log(f"slot {slot} exists but its initial snapshot never completed: recreating it")
-                    conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
-                start_lsn = self._snapshot(regs, db, slot, temporary=False)
-                self.registry.set_state(INITIAL_SNAPSHOT_KEY, "done")
-            else:
-                start_lsn = max(self.confirmed, info.confirmed_flush_lsn or 0)
+            start_lsn = self._slot_start(conn, regs, db, slot)
             self.confirmed = max(self.confirmed, start_lsn)
-            regs = self.registry.list_tables()
-            self._ensure_topics(regs)
-            # a table whose key columns are gone at the source (dropped or renamed) is refused,
-            # loudly, and left out of this session; the others go on
-            refused = self._refuse_lost_keys(conn, regs)
-            refused_regs = [r for r in regs if (r.schema, r.table) in refused]
-            regs = [r for r in regs if (r.schema, r.table) not in refused]
-            # partitions attached or detached since the last session streamed: read or delete their rows
-            if self._partitions_changed(conn, regs):
-                regs = [r for r in self.registry.list_tables() if (r.schema, r.table) not in refused]
-            # tables registered (or re-snapshot-requested) after the initial snapshot: chunked
-            # snapshots while every table streams (snapshot.chunked, docs/snapshots.md)
-            chunking = self._prepare_chunks(regs)
+            regs, refused, chunking = self._session_tables(conn)
+            watcher = SourceWatcher(
+                conn, self.registry, regs, refused, functools.partial(self._refuse_lost_keys, conn), self.log
+            )
+            return self._stream_session(conn, db, slot, regs, watcher, chunking, stop, target)
+
+    def _slot_start(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str, slot: str) -> int:
+        """Carry out the slot decision (:func:`cdc.reader.slot.decide`); the position to stream from."""
+        info = slot_info(conn, slot)
+        initial_state = self.registry.get_state(INITIAL_SNAPSHOT_KEY)
+        action = decide(
+            SlotFacts(
+                info.exists, info.wal_status, initial_state, any(r.snapshot_state == "done" for r in regs)
+            )
+        )
+        if action == "foreign":
+            raise SourceError(
+                f"replication slot {slot!r} already exists, but this state directory "
+                f"({self.settings.state_dir}) never created it: it may belong to another cdc deployment",
+                fix=f"use another slot name (CDC_SLOT), or, if the slot is a leftover, drop it: "
+                f"SELECT pg_drop_replication_slot('{slot}')",
+                slot=slot,
+            )
+        if action == "invalidated":
+            raise self._slot_lost("was invalidated (wal_status = 'lost')")
+        if action == "gone":
+            raise self._slot_lost("does not exist any more")
+        self._ensure_topics(regs)
+        if action == "recover":
+            # recovery after a lost slot (`cdc snapshot --all` made every table pending): a new
+            # slot, and every table snapshotted in chunks while streaming from its start; each
+            # full chunked snapshot ends with a TRUNCATE marker that removes the rows whose
+            # deletes the lost slot never delivered
+            row = conn.execute(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'wal2json')", [slot]
+            ).fetchone()
+            assert row is not None
+            self.log(f"slot {slot} created at {row[0]}; every table is snapshotted in chunks")
+            return lsn_to_int(str(row[0]))
+        if action in ("snapshot", "recreate"):
+            if action == "recreate":
+                # we created it (state "running"), but the snapshot it exported is gone
+                self._refuse_if_active(conn, slot)
+                self.log(f"slot {slot} exists but its initial snapshot never completed: recreating it")
+                conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+            start_lsn = self._snapshot(regs, db, slot, temporary=False)
+            self.registry.set_state(INITIAL_SNAPSHOT_KEY, "done")
+            return start_lsn
+        return max(self.confirmed, info.confirmed_flush_lsn or 0)
+
+    def _session_tables(
+        self, conn: psycopg.Connection[Any]
+    ) -> tuple[list[TableReg], list[TableReg], list[TableReg]]:
+        """The tables this session streams, those refused for their key, and those it snapshots in
+        chunks while streaming."""
+        regs = self.registry.list_tables()
+        self._ensure_topics(regs)
+        # a table whose key columns are gone at the source (dropped or renamed) is refused,
+        # loudly, and left out of this session; the others go on
+        refused = self._refuse_lost_keys(conn, regs)
+        refused_regs = [r for r in regs if (r.schema, r.table) in refused]
+        regs = [r for r in regs if (r.schema, r.table) not in refused]
+        # partitions attached or detached since the last session streamed: read or delete their rows
+        if self._partitions_changed(conn, regs):
             regs = [r for r in self.registry.list_tables() if (r.schema, r.table) not in refused]
-            signature = _signature(regs)
-            generation = [self.registry.generation()]
+        # tables registered (or re-snapshot-requested) after the initial snapshot: chunked
+        # snapshots while every table streams (snapshot.chunked, docs/snapshots.md)
+        chunking = self._prepare_chunks(regs)
+        regs = [r for r in self.registry.list_tables() if (r.schema, r.table) not in refused]
+        return regs, refused_regs, chunking
 
-            # partitioned tables: every leaf partition's changes go to the parent's topic
-            source = self._source_tables(conn, regs)
-            self._record_missing(source)
-            leaves = {k: v for k, v in source.items() if v}
-            next_source_check = [time.monotonic() + SOURCE_CHECK_S]
-
-            def should_restart() -> bool:
-                if time.monotonic() >= next_source_check[0]:
-                    next_source_check[0] = time.monotonic() + SOURCE_CHECK_S
-                    if self._source_changed(conn, regs, source):
-                        return True
-                    if self._refuse_lost_keys(conn, regs):
-                        return True  # restart without the refused table
-                    if refused_regs and len(self._refuse_lost_keys(conn, refused_regs)) < len(refused_regs):
-                        return True  # a refused table can be keyed again: restart with it
-                gen = self.registry.generation()
-                if gen == generation[0]:
-                    return False
-                generation[0] = gen
-                return _signature(self.registry.list_tables()) != signature
-
-            def columns_changed(
-                reg: TableReg, cols: tuple[Column, ...], told: dict[str, str] | None = None, /
-            ) -> TableReg:
-                # ``told``: the renames the DDL recorder reported (exact); else inferred from rows
-                renamed = _renamed(reg.columns, cols) if told is None else told
-                new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
-                # e.g. its first float column, or a generated one (the recorder's other form)
-                self._ensure_nonfinite(conn, [new])
-                self.log(
-                    f"columns of {reg.qualified} changed at the source (schema version "
-                    f"{new.schema_version}{', told by the DDL recorder' if told is not None else ''}): "
-                    f"{[f'{c.name} {c.type}' for c in cols]}"
-                )
-                if renamed:
-                    # the rows not changed since hold the column under its old name only: a chunked
-                    # snapshot (while streaming) brings every row's value under the new name
-                    from snapshot.chunked import request_key
-
-                    self.log(
-                        f"{reg.qualified}: column(s) renamed at the source {renamed}"
-                        f"{' (DDL recorder)' if told is not None else ''}; "
-                        "snapshotting the table again (chunked) so every row carries the new name"
-                    )
-                    self.registry.set_state(request_key(reg.schema, reg.table), None)
-                    self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
-                return new
-
-            seen_columns: dict[tuple[str, str], tuple[float, set[str] | None]] = {}
-
-            def columns_gone(reg: TableReg, names: list[str]) -> set[str]:
-                # the catalog, read at most every SOURCE_CHECK_S per table (an UPDATE leaving a
-                # TOASTed value unchanged does not send it either: only the catalog tells them apart)
-                at, have = seen_columns.get((reg.schema, reg.table), (-SOURCE_CHECK_S, None))
-                if time.monotonic() - at >= SOURCE_CHECK_S:
-                    rows = conn.execute(_TABLE_COLUMNS, [[reg.schema], [reg.table]]).fetchall()
-                    have = set(rows[0][2] or ()) if rows else None
-                    seen_columns[(reg.schema, reg.table)] = (time.monotonic(), have)
-                if have is None:  # the table itself is gone: the source check says so
-                    return set()
-                return {n for n in names if n not in have}
-
-            codecs = {(r.schema, r.table): self._codec(r, db) for r in regs}
-            for parent, parts in leaves.items():
-                for leaf in parts:
-                    codecs[leaf] = codecs[parent]
-            self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
-            type_cache: dict[str, str] = {}
-            builder = EventBuilder(
-                codecs, columns_changed, columns_gone, lambda cols: resolve_domains(conn, cols, type_cache)
+    def _columns_changed(
+        self,
+        conn: psycopg.Connection[Any],
+        reg: TableReg,
+        cols: tuple[Column, ...],
+        told: dict[str, str] | None = None,
+        /,
+    ) -> TableReg:
+        """A table's columns changed at the source (``EventBuilder``'s ``columns_changed``);
+        ``told``: the renames the DDL recorder reported (exact); else inferred from rows."""
+        renamed = _renamed(reg.columns, cols) if told is None else told
+        new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
+        # e.g. its first float column, or a generated one (the recorder's other form)
+        self._ensure_nonfinite(conn, [new])
+        self.log(
+            f"columns of {reg.qualified} changed at the source (schema version "
+            f"{new.schema_version}{', told by the DDL recorder' if told is not None else ''}): "
+            f"{[f'{c.name} {c.type}' for c in cols]}"
+        )
+        if renamed:
+            # the rows not changed since hold the column under its old name only: a chunked
+            # snapshot (while streaming) brings every row's value under the new name
+            self.log(
+                f"{reg.qualified}: column(s) renamed at the source {renamed}"
+                f"{' (DDL recorder)' if told is not None else ''}; "
+                "snapshotting the table again (chunked) so every row carries the new name"
             )
-            follower = self._ddl_follower(conn, builder, regs, source)
-            batch = Batch(self.store, self.store_lock)
-            ctl = StreamControl(
-                stop=stop,
-                should_restart=should_restart,
-                heartbeat=lambda: self._published_heartbeat(conn),
-                heartbeat_interval_s=self.options.heartbeat_interval_s,
-                target=target,
-                poll_s=self.options.poll_s,
-                batch_max_events=self.options.batch_max_events,
-                batch_max_ms=self.options.batch_max_ms,
-                stats=self.stats,
-                ddl=follower,
+            self.registry.set_state(request_key(reg.schema, reg.table), None)
+            self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
+        return new
+
+    def _stream_session(
+        self,
+        conn: psycopg.Connection[Any],
+        db: str,
+        slot: str,
+        regs: list[TableReg],
+        watcher: SourceWatcher,
+        chunking: list[TableReg],
+        stop: threading.Event,
+        target: int | None,
+    ) -> str:
+        """Stream ``regs`` (and the chunked snapshots of ``chunking``) until stopped, caught up, or
+        a restart is due; the reason."""
+        codecs = {(r.schema, r.table): self._codec(r, db) for r in regs}
+        for parent, parts in watcher.leaves.items():
+            for leaf in parts:
+                codecs[leaf] = codecs[parent]
+        self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
+        type_cache: dict[str, str] = {}
+        builder = EventBuilder(
+            codecs,
+            functools.partial(self._columns_changed, conn),
+            watcher.columns_gone,
+            lambda cols: resolve_domains(conn, cols, type_cache),
+        )
+        follower = self._ddl_follower(conn, builder, regs, watcher)
+        batch = Batch(self.store, self.store_lock)
+        ctl = StreamControl(
+            stop=stop,
+            should_restart=watcher.should_restart,
+            heartbeat=lambda: self._published_heartbeat(conn),
+            heartbeat_interval_s=self.options.heartbeat_interval_s,
+            target=target,
+            poll_s=self.options.poll_s,
+            batch_max_events=self.options.batch_max_events,
+            batch_max_ms=self.options.batch_max_ms,
+            stats=self.stats,
+            ddl=follower,
+        )
+
+        detaches = self._detached_rows(conn, regs, db)
+
+        def on_confirm(pos: int) -> None:
+            self.confirmed = pos
+            self._publish_progress(pos, self.events + batch.written)
+            if detaches:
+                self._write_detached(detaches, pos)
+
+        ctl.on_confirm = on_confirm
+        tables = [(r.schema, r.table) for r in regs] + [
+            leaf for parts in watcher.leaves.values() for leaf in parts
+        ]
+        driver = None
+        if chunking:
+            driver = self._chunk_driver(conn, chunking, db)
+            ctl.chunks = driver.tracker
+            tables.append(driver.tracker.schema_table)
+        self.log(f"streaming {len(regs)} table(s) from {int_to_lsn(self.confirmed)}")
+        self._publish_progress(self.confirmed, self.events)
+        if driver is not None:
+            ctl.on_started = driver.start
+        try:
+            reason, pos = stream(
+                self.dsn,
+                slot,
+                tables,
+                self.confirmed,
+                builder,
+                batch,
+                ctl,
+                numeric_as_string=self._numeric_as_string is not False,
             )
-
-            detaches = self._detached_rows(conn, regs, db)
-
-            def on_confirm(pos: int) -> None:
-                self.confirmed = pos
-                self._publish_progress(pos, self.events + batch.written)
-                if detaches:
-                    self._write_detached(detaches, pos)
-
-            ctl.on_confirm = on_confirm
-            tables = [(r.schema, r.table) for r in regs] + [
-                leaf for parts in leaves.values() for leaf in parts
-            ]
-            driver = None
-            if chunking:
-                driver = self._chunk_driver(conn, chunking, db)
-                ctl.chunks = driver.tracker
-                tables.append(driver.tracker.schema_table)
-            self.log(f"streaming {len(regs)} table(s) from {int_to_lsn(self.confirmed)}")
-            self._publish_progress(self.confirmed, self.events)
+            if self._numeric_as_string is None:
+                self.registry.set_state(WAL2JSON_STATE_KEY, "1")
+            self._numeric_as_string = self._numeric_as_string is not False
+        except psycopg2.errors.InvalidParameterValue:
+            if self._numeric_as_string is not None:
+                raise
+            # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
+            self._numeric_as_string = False
+            self.registry.set_state(WAL2JSON_STATE_KEY, "0")
+            return "restart"  # the next session checks the non-finite recorder and says what lacks it
+        finally:
             if driver is not None:
-                ctl.on_started = driver.start
-            try:
-                reason, pos = stream(
-                    self.dsn,
-                    slot,
-                    tables,
-                    self.confirmed,
-                    builder,
-                    batch,
-                    ctl,
-                    numeric_as_string=self._numeric_as_string is not False,
-                )
-                if self._numeric_as_string is None:
-                    self.registry.set_state(WAL2JSON_STATE_KEY, "1")
-                self._numeric_as_string = self._numeric_as_string is not False
-            except psycopg2.errors.InvalidParameterValue:
-                if self._numeric_as_string is not None:
-                    raise
-                # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
-                self._numeric_as_string = False
-                self.registry.set_state(WAL2JSON_STATE_KEY, "0")
-                return "restart"  # the next session checks the non-finite recorder and says what lacks it
-            finally:
-                if driver is not None:
-                    driver.stop()
-                batch.close()
-                self.events += batch.written
-            self.confirmed = max(self.confirmed, pos)
-            return reason
+                driver.stop()
+            batch.close()
+            self.events += batch.written
+        self.confirmed = max(self.confirmed, pos)
+        return reason
 
     # -- partitioned tables -----------------------------------------------------------------------
-    @staticmethod
-    def _source_tables(
-        conn: psycopg.Connection[Any], regs: list[TableReg]
-    ) -> dict[tuple[str, str], tuple[tuple[str, str], ...] | None]:
-        """Per registered table: None when it does not exist at the source (dropped, or renamed),
-        else the leaf partitions of a partitioned table (wal2json reports a partitioned table's
-        changes under its leaves' names), ``()`` for a plain table."""
-        out: dict[tuple[str, str], tuple[tuple[str, str], ...] | None] = {
-            (r.schema, r.table): None for r in regs
-        }
-        if not regs:
-            return out
-        parts: dict[tuple[str, str], list[tuple[str, str]]] = {}
-        for schema, table, kind, leaf_schema, leaf in conn.execute(
-            _SOURCE_TABLES, [[r.schema for r in regs], [r.table for r in regs]]
-        ).fetchall():
-            lst = parts.setdefault((str(schema), str(table)), [])
-            if kind == "p" and leaf is not None:
-                lst.append((str(leaf_schema), str(leaf)))
-        for key, lst in parts.items():
-            out[key] = tuple(sorted(lst))
-        return out
-
     def _partitions_changed(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> bool:
         """Each partitioned table's leaves against those the last session streamed (state
         ``streamed_partitions``), whether they changed while streaming or while ``cdc run`` was down:
@@ -712,12 +658,11 @@ class Reader:
           the rows no longer there).
 
         True when a table is to be snapshotted (its registration changed)."""
-        from snapshot.chunked import request_key
 
         requested = False
         raw = self.registry.get_state(STREAMED_PARTITIONS_KEY)
         state = {(k[0], k[1]): [(s, t) for s, t in v] for k, v in (orjson.loads(raw) if raw else [])}
-        now = self._source_tables(conn, regs)
+        now = source_tables(conn, table_names(regs))
         for reg in regs:
             key = (reg.schema, reg.table)
             was, leaves = state.get(key), now.get(key)
@@ -728,7 +673,7 @@ class Reader:
                 continue
             attached = [leaf for leaf in leaves if leaf not in was]
             detached = [leaf for leaf in was if leaf not in leaves]
-            dropped = [leaf for leaf in detached if not self._is_table(conn, leaf)]
+            dropped = [leaf for leaf in detached if not is_table(conn, leaf)]
             names = ", ".join(f"{s}.{t}" for s, t in attached + detached)
             if dropped or reg.snapshot_state != "done":
                 self.log(f"partitions of {reg.qualified} changed ({names}); snapshotting it again")
@@ -750,11 +695,6 @@ class Reader:
         self.registry.set_state(STREAMED_PARTITIONS_KEY, orjson.dumps(body).decode())
         return requested
 
-    @staticmethod
-    def _is_table(conn: psycopg.Connection[Any], name: tuple[str, str]) -> bool:
-        row = conn.execute(_IS_TABLE, list(name)).fetchone()
-        return bool(row and row[0])
-
     def _detached_rows(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str) -> list[_Detached]:
         """The delete events of the rows of partitions detached from ``regs`` (state
         ``partitions_detached``): the keys the detached tables hold and the parent does not (a row
@@ -774,7 +714,7 @@ class Reader:
                 lsn = lsn_to_int(str(row[0]))
                 found: list[tuple[Any, ...]] = []
                 for leaf in leaves:
-                    if self._is_table(conn, leaf):
+                    if is_table(conn, leaf):
                         found += conn.execute(
                             sql.SQL("SELECT {k} FROM {leaf} EXCEPT SELECT {k} FROM {parent}").format(
                                 k=keys,
@@ -820,7 +760,6 @@ class Reader:
         ``cdc tables list`` and ``cdc status``) and logged; a table that is keyable again is
         cleared, and one refused for its replica identity is snapshotted again (in chunks, while
         streaming), since the changes made meanwhile never reached the stream."""
-        from snapshot.chunked import refused_key, request_key
 
         if not regs:
             return set()
@@ -869,7 +808,6 @@ class Reader:
 
     def _record_refusal(self, reg: TableReg, problem: CaptureProblem) -> None:
         """Record (once) and log that ``reg`` is refused for ``problem`` (:func:`capture_problems`)."""
-        from snapshot.chunked import refused_key
 
         key = refused_key(reg.schema, reg.table)
         if self.registry.get_state(key) is not None:
@@ -885,19 +823,13 @@ class Reader:
         conn: psycopg.Connection[Any],
         builder: EventBuilder,
         regs: list[TableReg],
-        seen: dict[tuple[str, str], tuple[tuple[str, str], ...] | None],
+        watcher: SourceWatcher,
     ) -> DdlFollower:
         """The DDL recorder's side of this session (:mod:`cdc.reader.ddl`): a registered table
         dropped or renamed is recorded missing at once (with what happened), one whose key column
         went is refused at once; column changes are applied by the follower itself."""
-        from snapshot.chunked import missing_ddl_key, missing_key
 
-        oids: dict[int, tuple[str, str]] = {}
-        if regs:
-            for oid, schema, table in conn.execute(
-                _TABLE_OIDS, [[r.schema for r in regs], [r.table for r in regs]]
-            ).fetchall():
-                oids[int(oid)] = (str(schema), str(table))
+        oids = table_oids(conn, table_names(regs))
 
         def on_gone(reg: TableReg, what: str, to: str | None, tag: str) -> None:
             self.log(
@@ -908,68 +840,15 @@ class Reader:
             self.registry.set_state(missing_ddl_key(reg.schema, reg.table), orjson.dumps(body).decode())
             if self.registry.get_state(missing_key(reg.schema, reg.table)) is None:
                 self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
-            seen[(reg.schema, reg.table)] = None  # the source check need not tell it again
+            watcher.gone(reg)  # the source check need not tell it again
 
         return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse)
-
-    def _record_missing(self, source: dict[tuple[str, str], tuple[tuple[str, str], ...] | None]) -> None:
-        from snapshot.chunked import missing_ddl_key, missing_key
-
-        for (schema, table), found in source.items():
-            key = missing_key(schema, table)
-            if found is None:
-                if self.registry.get_state(key) is None:
-                    self.log(
-                        f"{schema}.{table} does not exist at the source (dropped or renamed); the others go on"
-                    )
-                    self.registry.set_state(key, str(int(time.time())))
-            elif self.registry.get_state(key) is not None:
-                self.registry.set_state(key, None)
-                self.registry.set_state(missing_ddl_key(schema, table), None)
-
-    def _source_changed(
-        self,
-        conn: psycopg.Connection[Any],
-        regs: list[TableReg],
-        seen: dict[tuple[str, str], tuple[tuple[str, str], ...] | None],
-    ) -> bool:
-        """Polled by the stream (every :data:`SOURCE_CHECK_S`): a registered table dropped or renamed
-        at the source is recorded (registry state ``source_missing:[schema, table]``, shown by
-        ``cdc tables list``) and the other tables go on; a partition attached, created, detached or
-        dropped restarts the stream with the new leaves (True), and the next session reads what
-        changed (:meth:`_partitions_changed`)."""
-        from snapshot.chunked import missing_ddl_key, missing_key
-
-        now = self._source_tables(conn, regs)
-        restart = False
-        for key, before in list(seen.items()):
-            after = now.get(key)
-            if after == before:
-                continue
-            schema, table = key
-            if after is None:
-                self.log(
-                    f"{schema}.{table} no longer exists at the source (dropped or renamed); the others go on"
-                )
-                self.registry.set_state(missing_key(schema, table), str(int(time.time())))
-            elif before is None:
-                self.log(f"{schema}.{table} exists at the source again")
-                self.registry.set_state(missing_key(schema, table), None)
-                self.registry.set_state(missing_ddl_key(schema, table), None)
-                restart = True
-            else:
-                # the next session compares them with the leaves it streamed (_partitions_changed)
-                self.log(f"partitions of {schema}.{table} changed: {[f'{s}.{t}' for s, t in after]}")
-                restart = True
-            seen[key] = after
-        return restart
 
     # -- chunked snapshots (snapshot.chunked) -----------------------------------------------------
     def _prepare_chunks(self, regs: list[TableReg]) -> list[TableReg]:
         """The tables whose snapshot this session does in chunks: a table ``pending`` (registered,
         or a re-snapshot requested) starts a new run; one ``running`` resumes its run after its last
         done chunk. Their stream changes are never dropped (``drop_before`` 0)."""
-        from snapshot.chunked import ChunkProgress, load_progress, request_key, save_progress
 
         opts = self._snapshot_options()
         out = []
@@ -996,12 +875,10 @@ class Reader:
         return out
 
     def _snapshot_options(self) -> Any:
-        from snapshot.chunked import SnapshotOptions
 
         return SnapshotOptions.from_settings(self.settings)
 
     def _chunk_driver(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str) -> Any:
-        from snapshot.chunked import ChunkDriver, ChunkTracker, ensure_watermark_table
 
         opts = self._snapshot_options()
         wm = opts.watermark
@@ -1039,7 +916,6 @@ class Reader:
         earlier snapshot that was killed, or a slot that was lost): a TRUNCATE marker at version
         ``(consistent_lsn - 1, 0)``, so sinks drop every older row -- keys deleted at the source
         since, whose delete the new slot cannot see -- and keep the new snapshot's rows."""
-        from snapshot.chunked import truncate_marker
 
         for reg in regs:
             with self.store_lock:
@@ -1054,9 +930,6 @@ class Reader:
     def _snapshot(self, regs: list[TableReg], db: str, slot: str, *, temporary: bool) -> int:
         """Snapshot ``regs`` from a new slot's exported snapshot; record each table's alignment.
         Returns the consistent point."""
-        from snapshot import SnapshotError, create_exported_slot
-        from snapshot.exported import read_tables
-        from snapshot.progress import NullProgress
 
         streamed_raw = self.registry.get_state(STREAMED_TABLES_KEY)
         streamed = {tuple(x) for x in orjson.loads(streamed_raw)} if streamed_raw and temporary else set()

@@ -2,7 +2,7 @@
 
 Logical decoding carries no DDL. Where the DBA allows it, an event trigger (as pgstream does) writes
 every DDL command on a table into the WAL as a transactional logical message, prefix
-:data:`~cdc.reader.wal2json.DDL_PREFIX` (``cdc.ddl``), so the reader sees it in the stream, in commit
+:data:`~cdc.codec.DDL_PREFIX` (``cdc.ddl``), so the reader sees it in the stream, in commit
 order, exactly where it happened among the changes (docs/schema-changes.md, "The DDL recorder").
 
 Source objects (:func:`install_statements`): the function ``public.cdc_record_ddl()`` and the event
@@ -35,9 +35,9 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cdc.codec import DDL_PREFIX, Message
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.errors import DecodeError, SourceError
-from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.wal2json import DDL_PREFIX, Message
 from cdc.registry import Column, TableReg
 
 __all__ = [

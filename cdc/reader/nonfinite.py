@@ -1,11 +1,11 @@
-"""The non-finite recorder: float and numeric NaN/+-Infinity carried by a wal2json that sends null.
+"""The non-finite recorder (installing it; its messages are decoded by :mod:`cdc.codec.nonfinite`): float and numeric NaN/+-Infinity carried by a wal2json that sends null.
 
 wal2json 2.5 (Debian 12's) prints a scalar ``real``, ``double precision`` or ``numeric`` NaN,
 Infinity or -Infinity as JSON ``null`` and has no option to do otherwise (2.6+ has
 ``numeric-data-types-as-string``, which the reader asks for first). So that such a value is never
 changed into a null in silence, the reader keeps, on each captured table with such columns, a row
 trigger that writes the row's non-finite values into the WAL as a transactional logical message,
-prefix :data:`~cdc.reader.wal2json.NONFINITE_PREFIX` (``cdc.nonfinite``), just before the row's
+prefix :data:`~cdc.codec.NONFINITE_PREFIX` (``cdc.nonfinite``), just before the row's
 change:
 
 * ``zzz_cdc_nonfinite`` -- ``BEFORE INSERT OR UPDATE ... FOR EACH ROW WHEN (NEW::text ~
@@ -49,7 +49,7 @@ key columns' values as JSON text (``to_jsonb(row) ->> column``), ``values`` ever
 value is one of the three words (a text column holding one too: the reader takes only float and
 numeric columns).
 
-The stream side (:meth:`cdc.reader.envelope.EventBuilder.nonfinite`): a message is held for its
+The stream side (:mod:`cdc.codec.nonfinite`, :meth:`cdc.codec.envelope.EventBuilder.nonfinite`): a message is held for its
 table and taken by the table's next change in the same transaction; its values replace that
 change's nulls -- only nulls, only in float and numeric columns, and only when the change's key is
 the message's (compared where both sides print the key alike: integers, numerics, text, uuid,
@@ -75,7 +75,7 @@ values itself (2.6+; nothing is installed then), ``"0"`` once it found it does n
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,22 +83,17 @@ import msgspec
 import psycopg
 from psycopg import sql
 
-from cdc.errors import DecodeError
-from cdc.reader.wal2json import NONFINITE_PREFIX, type_kind
+from cdc.codec.values import type_kind
 from cdc.registry import Registry, TableReg
 
 __all__ = [
     "FUNCTION",
-    "NONFINITE_PREFIX",
     "TRIGGERS",
     "WAL2JSON_STATE_KEY",
-    "NonFinite",
     "Outcome",
     "check_nonfinite",
     "ensure_nonfinite",
     "install_script",
-    "key_comparable",
-    "parse_nonfinite",
     "remember",
     "state_key",
     "tracked_columns",
@@ -113,7 +108,6 @@ TRIGGERS = {
 }
 #: the trigger only tables under REPLICA IDENTITY FULL get (the others' events carry no old row)
 OLD_TRIGGER = "zzz_cdc_nonfinite_old"
-FORMAT_VERSION = 1
 #: registry state: whether wal2json knows ``numeric-data-types-as-string`` ("1"/"0"; absent: unknown)
 WAL2JSON_STATE_KEY = "wal2json_numeric_as_string"
 #: how long a trigger change may wait for the table's lock (an open write transaction holds one)
@@ -163,11 +157,6 @@ BEGIN
 END
 """
 
-#: key column types whose text in the message (``to_jsonb(row) ->> col``) is the stream's text
-_COMPARABLE_KEY_TYPES = frozenset(
-    {"text", "character varying", "varchar", "uuid", "date", "character", "bpchar", "char"}
-)
-
 
 def tracked_columns(reg: TableReg) -> tuple[str, ...]:
     """The scalar float and numeric columns of a registration (excluded ones never reach a sink)."""
@@ -175,17 +164,6 @@ def tracked_columns(reg: TableReg) -> tuple[str, ...]:
     return tuple(
         c.name for c in reg.columns if c.name not in excluded and type_kind(c.type) in ("float", "numeric")
     )
-
-
-def key_comparable(key: Sequence[str], types: Mapping[str, str]) -> bool:
-    """Whether a message's key can be compared with a change's (both print it alike); ``types``:
-    column name -> ``format_type()``."""
-    for k in key:
-        t = types.get(k, "").strip().lower()
-        base = t.split("(", 1)[0].strip()
-        if type_kind(t) not in ("int", "numeric") and base not in _COMPARABLE_KEY_TYPES:
-            return False
-    return True
 
 
 def _args(reg: TableReg, image: str) -> list[str]:
@@ -502,37 +480,3 @@ def remember(registry: Registry, outcomes: Sequence[Outcome], regs: Sequence[Tab
         value = None if state is None else msgspec.json.encode(state).decode()
         if registry.get_state(key) != value:
             registry.set_state(key, value)
-
-
-# --- the stream side -----------------------------------------------------------------------------
-class NonFinite(msgspec.Struct, frozen=True):
-    """One recorder message (see the module docstring)."""
-
-    v: int
-    image: str
-    schema: str
-    table: str
-    key: list[str | None]
-    values: dict[str, str]
-
-
-_decoder = msgspec.json.Decoder(NonFinite)
-_SPECIALS = frozenset({"NaN", "Infinity", "-Infinity"})
-
-
-def parse_nonfinite(content: str | None, lsn: str | None = None) -> NonFinite:
-    """Decode a recorder message; DecodeError (with the fix) when it is not one this reader knows."""
-    try:
-        msg = _decoder.decode(content or "")
-        if msg.v != FORMAT_VERSION:
-            raise ValueError(f"format version {msg.v!r}, this reader knows {FORMAT_VERSION}")
-        if msg.image not in ("new", "old") or not set(msg.values.values()) <= _SPECIALS:
-            raise ValueError(f"image {msg.image!r}, values {msg.values!r}")
-    except (msgspec.DecodeError, ValueError) as exc:
-        raise DecodeError(
-            f"a {NONFINITE_PREFIX} message at LSN {lsn} is not one this cdc understands: {exc}",
-            fix="bring the recorder up to this cdc version: `cdc check --fix` as the tables' owner",
-            lsn=lsn,
-            reason="bad non-finite message",
-        ) from exc
-    return msg

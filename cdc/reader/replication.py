@@ -19,7 +19,6 @@ before it is durable in the log store, and only at a transaction boundary:
 from __future__ import annotations
 
 import contextlib
-import queue
 import select
 import threading
 import time
@@ -31,114 +30,13 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
-from cdc.connect import connect_replication
+from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
+from cdc.codec.envelope import EventBuilder
+from cdc.codec.wal2json import DECODER
+from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
 from cdc.events import lsn_to_int
-from cdc.logstore import LogStore, Record
-from cdc.reader.envelope import EventBuilder
-from cdc.reader.wal2json import DDL_PREFIX, NONFINITE_PREFIX, decode, replication_options
-from cdc.reader.wal2json import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
-
-#: session options for every source connection, so text output (timestamps, floats) is the same in
-#: the stream and in the snapshot's COPY
-SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
-
-
-class Batch:
-    """Events waiting to be appended to the log store, per topic, and a writer thread that appends
-    them while the stream loop goes on decoding.
-
-    :meth:`submit` hands the buffered events, together with the stream position they complete
-    (a transaction boundary, or None mid-transaction), to the writer; at most ``depth`` batches are
-    in flight (then it blocks: back-pressure, bounded memory). :attr:`durable` is the highest
-    boundary whose batch -- and every batch before it -- the log store acknowledged as durable;
-    only that may be confirmed to the slot. :meth:`flush` submits and waits. A writer error is
-    re-raised in the caller by the next :meth:`submit`/:meth:`flush`/:meth:`check`; nothing after
-    it is marked durable.
-    """
-
-    def __init__(self, store: LogStore, lock: threading.Lock | None = None, depth: int = 2) -> None:
-        self.store = store
-        self.lock = lock or threading.Lock()
-        self.records: dict[str, list[Record]] = {}
-        self.count = 0
-        self.started = 0.0
-        self.written = 0
-        self.durable = 0
-        self.submitted = 0  # highest boundary handed to the writer
-        self.inflight = 0
-        self._error: BaseException | None = None
-        self._cond = threading.Condition()
-        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None] | None] = queue.Queue(depth)
-        self._thread = threading.Thread(target=self._run, name="cdc-log-writer", daemon=True)
-        self._thread.start()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing buffered and nothing in flight."""
-        return not self.count and not self.inflight
-
-    def add(self, topic: str, records: list[Record]) -> None:
-        if not self.count:
-            self.started = time.monotonic()
-        lst = self.records.get(topic)
-        if lst is None:
-            self.records[topic] = records
-        else:
-            lst.extend(records)
-        self.count += len(records)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            records, count, boundary = item
-            try:
-                if self._error is None:
-                    with self.lock:
-                        self.store.append_many(records)
-            except BaseException as exc:
-                self._error = exc
-            with self._cond:
-                if self._error is None:
-                    self.written += count
-                    if boundary is not None and boundary > self.durable:
-                        self.durable = boundary
-                self.inflight -= 1
-                self._cond.notify_all()
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def submit(self, boundary: int | None) -> None:
-        """Hand the buffered events to the writer; ``boundary``: the position that is safe to
-        confirm once they (and everything before) are durable."""
-        self.check()
-        if not self.count and boundary is None:
-            return
-        with self._cond:
-            self.inflight += 1
-        if boundary is not None:
-            self.submitted = max(self.submitted, boundary)
-        self._queue.put((self.records, self.count, boundary))
-        self.records = {}
-        self.count = 0
-
-    def flush(self, boundary: int | None = None) -> None:
-        """Submit what is buffered and wait until everything submitted is durable."""
-        if self.count or boundary is not None:
-            self.submit(boundary)
-        with self._cond:
-            while self.inflight and self._error is None:
-                self._cond.wait(1.0)
-        self.check()
-
-    def close(self) -> None:
-        """Stop the writer thread (batches already submitted are still written)."""
-        self._queue.put(None)
-        self._thread.join()
+from cdc.logstore.batch import Batch
 
 
 @dataclass
@@ -195,8 +93,10 @@ def stream(
     ctl: StreamControl,
     *,
     numeric_as_string: bool = False,
+    decoder: Decoder = DECODER,
 ) -> tuple[str, int]:
-    """Stream from ``start_lsn`` (0: the slot's confirmed position) until stopped.
+    """Stream from ``start_lsn`` (0: the slot's confirmed position) until stopped; ``decoder``:
+    the slot's output plugin's (:mod:`cdc.codec`).
 
     Returns (reason, confirmed position): ``"stopped"`` (``ctl.stop`` set; the current batch was
     made durable and confirmed), ``"restart"`` (``ctl.should_restart()`` said so; stopped at a
@@ -211,12 +111,12 @@ def stream(
                 slot_name=slot,
                 decode=False,
                 start_lsn=start_lsn,
-                options=replication_options(tables, numeric_as_string=numeric_as_string),
+                options=decoder.replication_options(tables, numeric_as_string=numeric_as_string),
                 status_interval=10,
             )
             if ctl.on_started is not None:
                 ctl.on_started()
-            return _loop(cur, builder, batch, ctl, start_lsn)
+            return _loop(cur, builder, batch, ctl, start_lsn, decoder)
         except psycopg2.Error as exc:
             raise translate_start_error(exc, slot) from exc
     finally:
@@ -224,65 +124,135 @@ def stream(
             conn.close()
 
 
+class _Positions:
+    """The loop's stream positions and its time-based duties. ``durable``: every event before it is
+    durable; ``sent``: the last position confirmed to the server; ``pending``: the transaction
+    boundary covered once the current batch is durable; ``in_txn``: inside a transaction."""
+
+    def __init__(self, cur: Any, batch: Batch, ctl: StreamControl, start_lsn: int) -> None:
+        self.cur = cur
+        self.batch = batch
+        self.ctl = ctl
+        self.chunks = ctl.chunks
+        self.durable = self.sent = self.pending = start_lsn
+        self.in_txn = False
+        self.want_restart = False
+        now = time.monotonic()
+        self.next_poll = now + ctl.poll_s
+        self.next_heartbeat = (
+            now + ctl.heartbeat_interval_s if ctl.heartbeat and ctl.heartbeat_interval_s > 0 else None
+        )
+        self.last_feedback = now
+        self.max_s = ctl.batch_max_ms / 1000.0
+        self.fileno = cur.connection.fileno()
+
+    def confirm(self, force: bool = False) -> None:
+        if self.batch.durable > self.durable:
+            self.durable = self.batch.durable
+        if self.chunks is not None:
+            self.chunks.durable(self.durable)
+        t = time.monotonic()
+        if self.durable > self.sent and (force or t - self.last_feedback >= self.ctl.feedback_interval_s):
+            # force=True: without it psycopg2 only stores the position and sends it at the next
+            # ``status_interval`` (10 s), so the slot's confirmed position (what `cdc status` and the
+            # WAL the source keeps go by) would trail the store by up to 10 s; the pace is ours
+            self.cur.send_feedback(write_lsn=self.durable, flush_lsn=self.durable, reply=force, force=True)
+            self.sent = self.durable
+            self.last_feedback = t
+            if self.ctl.on_confirm:
+                self.ctl.on_confirm(self.durable)
+
+    def flush(self) -> None:
+        """Everything received is durable: the last boundary seen may be confirmed."""
+        self.batch.flush(self.pending if self.pending > self.durable else None)
+        if self.pending > self.durable:
+            self.durable = self.pending
+
+    def boundary(self, pos: int) -> None:
+        """A transaction boundary (or heartbeat) at ``pos``: every event before it was received."""
+        if pos > self.pending:
+            self.pending = pos
+        if self.batch.idle and self.pending > self.durable:
+            self.durable = self.pending
+
+    def drained(self) -> None:
+        """Nothing more to read right now: outside a transaction with nothing in flight, the
+        server's ``wal_end`` (a keepalive's position) is received and durable."""
+        self.batch.check()
+        if not self.in_txn and self.batch.idle:
+            wal_end = self.cur.wal_end
+            if wal_end and wal_end > self.durable:
+                self.durable = self.pending = wal_end
+
+    def duties(self, drained: bool) -> str | None:
+        """Submit, confirm, poll, heartbeat and wait; the reason to end the loop, or None."""
+        batch, ctl, chunks = self.batch, self.ctl, self.chunks
+        now = time.monotonic()
+        if batch.count and (now - batch.started >= self.max_s or (drained and not self.in_txn)):
+            batch.submit(self.pending if self.pending > batch.submitted else None)
+        elif (
+            not batch.count
+            and not self.in_txn
+            and batch.inflight
+            and self.pending > batch.submitted
+            and self.pending > self.durable
+        ):
+            batch.submit(self.pending)  # a boundary after the last submitted batch
+        self.confirm()
+        if ctl.stop.is_set():
+            return self._end("stopped")
+        if now >= self.next_poll:
+            self.next_poll = now + ctl.poll_s
+            if chunks is not None:
+                chunks.check()
+            if not self.want_restart and ctl.should_restart():
+                self.want_restart = True
+        if self.want_restart and not self.in_txn:
+            return self._end("restart")
+        if (
+            ctl.target is not None
+            and not self.in_txn
+            and max(self.durable, self.pending) >= ctl.target
+            and (chunks is None or not chunks.busy())
+        ):
+            return self._end("caught_up")
+        if self.next_heartbeat is not None and now >= self.next_heartbeat and ctl.heartbeat is not None:
+            ctl.heartbeat()
+            self.next_heartbeat = time.monotonic() + ctl.heartbeat_interval_s
+        if drained:
+            timeout = 0.2 if chunks is None or not chunks.busy() else 0.05
+            if batch.count:
+                timeout = max(0.0, min(timeout, batch.started + self.max_s - now))
+            select.select([self.fileno], [], [], timeout)
+        return None
+
+    def _end(self, reason: str) -> str:
+        self.flush()
+        self.confirm(force=True)
+        return reason
+
+
 def _loop(
-    cur: Any, builder: EventBuilder, batch: Batch, ctl: StreamControl, start_lsn: int
+    cur: Any,
+    builder: EventBuilder,
+    batch: Batch,
+    ctl: StreamControl,
+    start_lsn: int,
+    decoder: Decoder = DECODER,
 ) -> tuple[str, int]:
-    durable = start_lsn  # every event before this position is durable
-    sent = start_lsn
-    pending = start_lsn  # boundary position covered once the current batch is durable
-    in_txn = False
-    want_restart = False
-    now = time.monotonic()
-    next_poll = now + ctl.poll_s
-    next_heartbeat = (
-        now + ctl.heartbeat_interval_s if ctl.heartbeat and ctl.heartbeat_interval_s > 0 else None
-    )
-    last_feedback = now
+    at = _Positions(cur, batch, ctl, start_lsn)
+    boundary = at.boundary
     max_events = ctl.batch_max_events
-    max_s = ctl.batch_max_ms / 1000.0
     stats = ctl.stats
     read = cur.read_message
+    decode = decoder.decode
     change = builder.change
     changes = 0
-    fileno = cur.connection.fileno()
     n = 0
     chunks = ctl.chunks
     wm_schema, wm_table = (chunks.schema, chunks.table) if chunks is not None else (None, None)
     chunk_topics = chunks.topics if chunks is not None else frozenset()
     ddl = ctl.ddl
-
-    def confirm(force: bool = False) -> None:
-        nonlocal sent, last_feedback, durable
-        if batch.durable > durable:
-            durable = batch.durable
-        if chunks is not None:
-            chunks.durable(durable)
-        t = time.monotonic()
-        if durable > sent and (force or t - last_feedback >= ctl.feedback_interval_s):
-            # force=True: without it psycopg2 only stores the position and sends it at the next
-            # ``status_interval`` (10 s), so the slot's confirmed position (what `cdc status` and the
-            # WAL the source keeps go by) would trail the store by up to 10 s; the pace is ours
-            cur.send_feedback(write_lsn=durable, flush_lsn=durable, reply=force, force=True)
-            sent = durable
-            last_feedback = t
-            if ctl.on_confirm:
-                ctl.on_confirm(durable)
-
-    def flush() -> None:
-        """Everything received is durable: the last boundary seen may be confirmed."""
-        nonlocal durable
-        batch.flush(pending if pending > durable else None)
-        if pending > durable:
-            durable = pending
-
-    def boundary(pos: int) -> None:
-        """A transaction boundary (or heartbeat) at ``pos``: every event before it was received."""
-        nonlocal pending, durable
-        if pos > pending:
-            pending = pos
-        if batch.idle and pending > durable:
-            durable = pending
-
     while True:
         msg = read()
         if msg is not None:
@@ -291,12 +261,12 @@ def _loop(
             action = data.action
             if action == "B":
                 builder.begin(data)
-                in_txn = True
+                at.in_txn = True
             elif action == "C":
-                in_txn = False
+                at.in_txn = False
                 boundary(builder.commit(data))
             elif action == "M":
-                if in_txn:
+                if at.in_txn:
                     if data.prefix == NONFINITE_PREFIX:
                         builder.nonfinite(data)  # held for the table's next change
                     elif data.prefix == DDL_PREFIX and ddl is not None:
@@ -316,66 +286,15 @@ def _loop(
                     batch.add(out[0], out[1])
                     if batch.count >= max_events:
                         # mid-transaction the last complete boundary is still `pending`
-                        batch.submit(pending if pending > batch.submitted else None)
+                        batch.submit(at.pending if at.pending > batch.submitted else None)
             if n & 0x3FF:
                 continue
             # every 1024 messages: time-based duties while the stream is busy
-            builder.tick()
-            stats["changes"] += changes
-            changes = 0
-        else:
-            # drained: nothing more to read right now
-            builder.tick()
-            stats["changes"] += changes
-            changes = 0
-            batch.check()
-            if not in_txn and batch.idle:
-                wal_end = cur.wal_end
-                if wal_end and wal_end > durable:
-                    durable = pending = wal_end
-        now = time.monotonic()
-        if batch.count and (now - batch.started >= max_s or (msg is None and not in_txn)):
-            batch.submit(pending if pending > batch.submitted else None)
-        elif (
-            not batch.count
-            and not in_txn
-            and batch.inflight
-            and pending > batch.submitted
-            and pending > durable
-        ):
-            batch.submit(pending)  # a boundary after the last submitted batch
-        confirm()
-        if ctl.stop.is_set():
-            flush()
-            confirm(force=True)
-            stats["changes"] += changes
-            return "stopped", durable
-        if now >= next_poll:
-            next_poll = now + ctl.poll_s
-            if chunks is not None:
-                chunks.check()
-            if not want_restart and ctl.should_restart():
-                want_restart = True
-        if want_restart and not in_txn:
-            flush()
-            confirm(force=True)
-            stats["changes"] += changes
-            return "restart", durable
-        if (
-            ctl.target is not None
-            and not in_txn
-            and max(durable, pending) >= ctl.target
-            and (chunks is None or not chunks.busy())
-        ):
-            flush()
-            confirm(force=True)
-            stats["changes"] += changes
-            return "caught_up", durable
-        if next_heartbeat is not None and now >= next_heartbeat and ctl.heartbeat is not None:
-            ctl.heartbeat()
-            next_heartbeat = time.monotonic() + ctl.heartbeat_interval_s
+        builder.tick()
+        stats["changes"] += changes
+        changes = 0
         if msg is None:
-            timeout = 0.2 if chunks is None or not chunks.busy() else 0.05
-            if batch.count:
-                timeout = max(0.0, min(timeout, batch.started + max_s - now))
-            select.select([fileno], [], [], timeout)
+            at.drained()  # nothing more to read right now
+        reason = at.duties(msg is None)
+        if reason is not None:
+            return reason, at.durable

@@ -43,7 +43,7 @@ INITIAL_SNAPSHOT_KEY = "initial_snapshot"  # cdc.reader's registry key
 
 def commit_ts_ms(ts: str | None) -> int | None:
     """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch ms (as
-    :func:`cdc.reader.envelope.commit_ts_ms`; not imported, to keep ``cdc status`` quick to start)."""
+    :func:`cdc.codec.envelope.commit_ts_ms`; not imported, to keep ``cdc status`` quick to start)."""
     from datetime import datetime
 
     return int(datetime.fromisoformat(ts).timestamp() * 1000) if ts else None

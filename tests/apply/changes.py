@@ -2,7 +2,7 @@
 
 :class:`ChangeWriter` chooses changes and their versions (``source.commit_lsn`` and ``seq``) and has
 the reader's own envelope code build their records
-(:meth:`cdc.reader.envelope.TableCodec.change_records`: ``unavailable`` for unchanged TOAST values, a
+(:meth:`cdc.codec.envelope.TableCodec.change_records`: ``unavailable`` for unchanged TOAST values, a
 tombstone after every delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one
 ``t`` per partition), appended with the reader's partitioning (murmur2 of the key bytes). Its events
 are synthetic: a test that claims equality with a source captures the source with ``cdc run``
@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
+from cdc.codec.envelope import TableCodec, transaction_part
 from cdc.logstore import LogStore, Record, TopicConfig
-from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
 
 

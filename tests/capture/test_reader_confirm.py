@@ -16,10 +16,11 @@ from typing import Any
 
 import orjson
 
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.events import int_to_lsn
 from cdc.logstore import Record
-from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.replication import Batch, StreamControl, _loop
+from cdc.logstore.batch import Batch
+from cdc.reader.replication import StreamControl, _loop
 from cdc.registry import Column, TableReg
 
 

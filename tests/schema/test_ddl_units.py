@@ -10,18 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
+from cdc.codec import DDL_PREFIX, HEARTBEAT_PREFIX, NONFINITE_PREFIX, Col, Message
+from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.wal2json import BASE_OPTIONS, decode
 from cdc.errors import DecodeError
 from cdc.reader.ddl import DdlFollower, parse_ddl
-from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.wal2json import (
-    BASE_OPTIONS,
-    DDL_PREFIX,
-    HEARTBEAT_PREFIX,
-    NONFINITE_PREFIX,
-    Col,
-    Message,
-    decode,
-)
 from cdc.registry import Column, TableReg
 
 OID = 16400

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.wal2json import Col, Message
+from cdc.codec import Col, Message
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.registry import Column, Registry, TableReg
 
 

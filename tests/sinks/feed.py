@@ -1,5 +1,5 @@
 """Log-store records of chosen changes for sink tests, built by the reader's own envelope code
-(:meth:`cdc.reader.envelope.TableCodec.change_records`): the bytes are the reader's, only the rows,
+(:meth:`cdc.codec.envelope.TableCodec.change_records`): the bytes are the reader's, only the rows,
 operations and versions are chosen here."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from cdc.codec.envelope import TableCodec, transaction_part
 from cdc.events import encode_key
 from cdc.logstore import Record
-from cdc.reader.envelope import TableCodec, transaction_part
 from cdc.registry import Column, TableReg
 from sinks import ChangeBatch, RawRecord
 from sinks.columnar import Columns

@@ -7,11 +7,11 @@ import orjson
 import pytest
 from psycopg import sql
 
+from cdc.codec import Col, Message
+from cdc.codec.envelope import TableCodec
 from cdc.errors import ConfigError
 from cdc.events import Version
 from cdc.logstore import Record
-from cdc.reader.envelope import TableCodec
-from cdc.reader.wal2json import Col, Message
 from cdc.registry import Column, TableReg
 from snapshot.chunked import ChunkProgress, ChunkTracker, SnapshotOptions, progress_view
 from snapshot.where import Condition, parse_where, where_sql

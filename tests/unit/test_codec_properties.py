@@ -1,5 +1,5 @@
 """Property tests (hypothesis): any row of the supported types survives capture encoding (a wal2json
-v2 message decoded by :func:`cdc.reader.wal2json.decode` and the column converters, or Postgres' text
+v2 message decoded by :func:`cdc.codec.wal2json.decode` and the column converters, or Postgres' text
 output through the snapshot's text converters), the topic (JSON bytes), and the warehouse type mapping
 (:func:`sinks.types.to_array`) exactly."""
 
@@ -15,7 +15,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.reader.wal2json import converter_for, decode, text_converter_for
+from cdc.codec.values import text_converter_for
+from cdc.codec.wal2json import converter_for, decode
 from sinks.types import to_array
 
 UTC = dt.UTC
@@ -226,7 +227,7 @@ def test_a_numeric_of_any_precision_and_scale_survives(typed: tuple[str, Decimal
 def test_special_values_survive_the_non_finite_recorder(values: dict[str, str], key: int) -> None:
     """wal2json 2.5 sends null; the recorder's message carries the value; the event and the
     warehouse hold it (floats as IEEE values, unbounded numeric as its text)."""
-    from cdc.reader.envelope import EventBuilder, TableCodec
+    from cdc.codec.envelope import EventBuilder, TableCodec
     from cdc.registry import Column, TableReg
 
     types = {"r": "real", "d": "double precision", "n": "numeric"}
@@ -366,7 +367,7 @@ def snapshot_rows(draw: st.DrawFn) -> list[list[str | None]]:
 def _stream_after(row: list[str | None]) -> bytes:
     """The ``after`` bytes the stream writes for ``row`` (a wal2json insert through the reader's
     EventBuilder: the reader's own encoding)."""
-    from cdc.reader.envelope import EventBuilder, TableCodec
+    from cdc.codec.envelope import EventBuilder, TableCodec
     from cdc.registry import Column, TableReg
 
     columns = [Column("id", "integer")] + [Column(name, typ) for name, typ, _, _ in SNAPSHOT_CASES]

@@ -7,10 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
+from cdc.codec import Message
+from cdc.codec.envelope import EventBuilder, TableCodec, commit_ts_ms
+from cdc.codec.wal2json import decode
 from cdc.errors import DecodeError
 from cdc.events import Version, lsn_to_int
-from cdc.reader.envelope import EventBuilder, TableCodec, commit_ts_ms
-from cdc.reader.wal2json import Message, decode
 from cdc.registry import Alignment, Column, TableReg
 
 COLS = (
@@ -202,7 +203,7 @@ def test_change_records_from_rows_are_the_readers_events() -> None:
     """:meth:`TableCodec.change_records` (what tests and benchmarks build events with) gives the bytes
     the reader appends for the same change, in each shape: insert, update, key change (d +
     tombstone + c), delete (+ tombstone), truncate (one marker per partition)."""
-    from cdc.reader.envelope import transaction_part
+    from cdc.codec.envelope import transaction_part
 
     b, _ = make()
     codec = b.codecs[("public", "t")]

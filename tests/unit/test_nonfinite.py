@@ -8,10 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
+from cdc.codec import NONFINITE_PREFIX, Message
+from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.nonfinite import key_comparable
+from cdc.codec.wal2json import decode
 from cdc.errors import DecodeError
-from cdc.reader.envelope import EventBuilder, TableCodec
-from cdc.reader.nonfinite import key_comparable, trigger_statements
-from cdc.reader.wal2json import NONFINITE_PREFIX, Message, decode
+from cdc.reader.nonfinite import trigger_statements
 from cdc.registry import Column, TableReg
 
 COLS = (Column("id", "integer"), Column("d", "double precision"), Column("n", "numeric"), Column("t", "text"))

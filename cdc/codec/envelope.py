@@ -1,5 +1,5 @@
-"""Building change events (the Debezium-style envelope of :mod:`cdc.events`) from wal2json changes
-and snapshot rows.
+"""Building change events (the Debezium-style envelope of :mod:`cdc.events`) from decoded changes
+(:class:`cdc.codec.Message`) and snapshot rows.
 
 Decisions (extending :mod:`cdc.events`):
 
@@ -27,11 +27,13 @@ from typing import Any, Protocol
 
 import orjson
 
+from cdc.codec import Col, Converter, Decoder, Message
+from cdc.codec.nonfinite import NonFinite, key_comparable, parse_nonfinite
+from cdc.codec.values import text_converter_for, type_kind
+from cdc.codec.wal2json import DECODER
 from cdc.errors import DecodeError
 from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
 from cdc.logstore import Record
-from cdc.reader.nonfinite import NonFinite, key_comparable, parse_nonfinite
-from cdc.reader.wal2json import Col, Converter, Message, converter_for, text_converter_for, type_kind
 from cdc.registry import Column, TableReg
 
 _dumps = orjson.dumps
@@ -116,6 +118,7 @@ class TableCodec:
     text_converters: dict[str, Converter | None] = field(default_factory=dict)
     source_head: bytes = b""
     numeric_as_string: bool = False  # the stream sends numeric-family values as strings (wal2json 2.6+)
+    decoder: Decoder = DECODER  # whose values the stream's changes carry (:mod:`cdc.codec`)
 
     def __post_init__(self) -> None:
         self.topic = self.reg.topic
@@ -187,7 +190,7 @@ class TableCodec:
         self.converters = {
             c.name: text_converter_for(c.type)
             if c.domain
-            else converter_for(c.type, numeric_as_string=self.numeric_as_string)
+            else self.decoder.converter_for(c.type, numeric_as_string=self.numeric_as_string)
             for c in columns
         }
         self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
@@ -505,6 +508,15 @@ class EventBuilder:
                         return codec.topic, [Record(key_b, value)]
         if action == "T":
             return codec.topic, codec.change_records(b"t", None, None, source, self.now)
+        return self._general(codec, msg, lsn, head, source)
+
+    def _general(
+        self, codec: TableCodec, msg: Message, lsn: int, head: bytes, source: bytes
+    ) -> tuple[str, list[Record]]:
+        """:meth:`change` of an I/U/D off its fast path: a DELETE, a column missing (TOAST) or not
+        known (the columns changed), a key change. ``head``: the table's ``source_head`` that
+        ``source`` was built with (a new one: the columns changed, ``source`` is built again)."""
+        action = msg.action
         identity = msg.identity
         if action == "D":
             if identity is None:

@@ -1,0 +1,98 @@
+"""Decoding: from what a logical decoding output plugin sends to the change events of :mod:`cdc.events`.
+
+The package root is the interface every decoder implements; beside it, one module per decoder:
+
+* :mod:`cdc.codec.wal2json` -- wal2json format-version 2 (the one the reader uses today);
+* a pgoutput decoder goes beside it (issue #18): it implements :class:`Decoder` and produces the
+  same :class:`Message`.
+
+Shared by every decoder: :mod:`cdc.codec.values` (Postgres' text output of a column type to its
+event value; the snapshot's ``COPY`` uses it too), :mod:`cdc.codec.envelope` (a decoded change to
+its event) and :mod:`cdc.codec.nonfinite` (the non-finite recorder's messages; installing the
+recorder is the reader's, :mod:`cdc.reader.nonfinite`).
+
+Nothing here imports the reader or the snapshot: they import it (``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import msgspec
+
+__all__ = [
+    "DDL_PREFIX",
+    "HEARTBEAT_PREFIX",
+    "MESSAGE_PREFIXES",
+    "NONFINITE_PREFIX",
+    "Col",
+    "Converter",
+    "Decoder",
+    "Message",
+]
+
+#: prefix of the reader's heartbeat messages (non-transactional, empty)
+HEARTBEAT_PREFIX = "cdc_heartbeat"
+#: prefix of the DDL recorder's messages (transactional, JSON; :mod:`cdc.reader.ddl`)
+DDL_PREFIX = "cdc.ddl"
+#: prefix of the non-finite recorder's messages (transactional, JSON; :mod:`cdc.reader.nonfinite`)
+NONFINITE_PREFIX = "cdc.nonfinite"
+
+#: every logical-message prefix the reader reads (a decoder leaves out the others)
+MESSAGE_PREFIXES = (HEARTBEAT_PREFIX, DDL_PREFIX, NONFINITE_PREFIX)
+
+#: turns a column value as a decoder (or ``COPY``) gives it into its event value
+Converter = Callable[[Any], Any]
+
+
+class Col(msgspec.Struct, gc=False):
+    """One column of a change: ``value`` is absent from ``pk`` entries. (Structs here are not
+    tracked by the cyclic GC: one message per change, never in a reference cycle.)"""
+
+    name: str
+    type: str
+    value: Any = None
+
+
+class Message(msgspec.Struct, gc=False):
+    """One decoded message (the fields of wal2json v2 that this service reads; a decoder fills
+    what it has). ``action``: ``B``/``C`` (begin/commit), ``I``/``U``/``D``, ``T`` (truncate), ``M``
+    (a logical message)."""
+
+    action: str
+    xid: int | None = None
+    timestamp: str | None = None
+    lsn: str | None = None
+    nextlsn: str | None = None
+    schema: str | None = None
+    table: str | None = None
+    columns: list[Col] | None = None
+    identity: list[Col] | None = None
+    transactional: bool | None = None
+    prefix: str | None = None
+    content: str | None = None  # of an ``M``: the message (wal2json sends it as text)
+
+
+class Decoder(Protocol):
+    """What the reader needs of an output plugin's decoder (:data:`cdc.codec.wal2json.DECODER`)."""
+
+    #: the output plugin's name (``CREATE_REPLICATION_SLOT ... LOGICAL <plugin>``)
+    plugin: str
+
+    def decode(self, data: bytes) -> Message:
+        """One message from the stream; :class:`~cdc.errors.DecodeError` (with the raw bytes) if
+        it is not one."""
+        ...
+
+    def replication_options(
+        self, tables: Iterable[tuple[str, str]], *, numeric_as_string: bool = False
+    ) -> dict[str, str]:
+        """``START_REPLICATION`` options that stream the changes of ``tables`` (schema, table)
+        and the :data:`MESSAGE_PREFIXES` messages."""
+        ...
+
+    def converter_for(self, pg_type: str, *, numeric_as_string: bool = False) -> Converter | None:
+        """How a value of ``pg_type`` as this decoder gives it becomes its event value; None when
+        it already is."""
+        ...

@@ -1,0 +1,108 @@
+"""The log store's write batch: events buffered per topic and appended by a writer thread, with
+the highest stream position that is durable (the reader confirms only that: ``docs/architecture.md``,
+"Delivery"; the snapshot writes its rows through it too)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from cdc.logstore import LogStore, Record
+
+
+class Batch:
+    """Events waiting to be appended to the log store, per topic, and a writer thread that appends
+    them while the stream loop goes on decoding.
+
+    :meth:`submit` hands the buffered events, together with the stream position they complete
+    (a transaction boundary, or None mid-transaction), to the writer; at most ``depth`` batches are
+    in flight (then it blocks: back-pressure, bounded memory). :attr:`durable` is the highest
+    boundary whose batch -- and every batch before it -- the log store acknowledged as durable;
+    only that may be confirmed to the slot. :meth:`flush` submits and waits. A writer error is
+    re-raised in the caller by the next :meth:`submit`/:meth:`flush`/:meth:`check`; nothing after
+    it is marked durable.
+    """
+
+    def __init__(self, store: LogStore, lock: threading.Lock | None = None, depth: int = 2) -> None:
+        self.store = store
+        self.lock = lock or threading.Lock()
+        self.records: dict[str, list[Record]] = {}
+        self.count = 0
+        self.started = 0.0
+        self.written = 0
+        self.durable = 0
+        self.submitted = 0  # highest boundary handed to the writer
+        self.inflight = 0
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None] | None] = queue.Queue(depth)
+        self._thread = threading.Thread(target=self._run, name="cdc-log-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered and nothing in flight."""
+        return not self.count and not self.inflight
+
+    def add(self, topic: str, records: list[Record]) -> None:
+        if not self.count:
+            self.started = time.monotonic()
+        lst = self.records.get(topic)
+        if lst is None:
+            self.records[topic] = records
+        else:
+            lst.extend(records)
+        self.count += len(records)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            records, count, boundary = item
+            try:
+                if self._error is None:
+                    with self.lock:
+                        self.store.append_many(records)
+            except BaseException as exc:
+                self._error = exc
+            with self._cond:
+                if self._error is None:
+                    self.written += count
+                    if boundary is not None and boundary > self.durable:
+                        self.durable = boundary
+                self.inflight -= 1
+                self._cond.notify_all()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, boundary: int | None) -> None:
+        """Hand the buffered events to the writer; ``boundary``: the position that is safe to
+        confirm once they (and everything before) are durable."""
+        self.check()
+        if not self.count and boundary is None:
+            return
+        with self._cond:
+            self.inflight += 1
+        if boundary is not None:
+            self.submitted = max(self.submitted, boundary)
+        self._queue.put((self.records, self.count, boundary))
+        self.records = {}
+        self.count = 0
+
+    def flush(self, boundary: int | None = None) -> None:
+        """Submit what is buffered and wait until everything submitted is durable."""
+        if self.count or boundary is not None:
+            self.submit(boundary)
+        with self._cond:
+            while self.inflight and self._error is None:
+                self._cond.wait(1.0)
+        self.check()
+
+    def close(self) -> None:
+        """Stop the writer thread (batches already submitted are still written)."""
+        self._queue.put(None)
+        self._thread.join()

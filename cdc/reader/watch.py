@@ -1,0 +1,149 @@
+"""The watcher of source changes: what a streaming session polls besides the stream.
+
+Every :data:`SOURCE_CHECK_S`, :meth:`SourceWatcher.should_restart` asks the catalog
+(:func:`cdc.catalog.source_tables`) whether a registered table was dropped or renamed (recorded,
+registry state ``source_missing:[schema, table]``, shown by ``cdc tables list``; the other tables go
+on), came back, or had a partition attached, created, detached or dropped (the stream restarts with
+the new leaves, and the next session reads what changed); whether a table's key can no longer be
+carried (refused) or can again; and, at every poll, whether the registrations the stream depends on
+changed. :meth:`SourceWatcher.columns_gone` tells a column dropped at the source from an unchanged
+TOAST value (the catalog, read at most every :data:`SOURCE_CHECK_S` per table).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from cdc.catalog import Leaves, column_names, source_tables
+from cdc.registry import Registry, TableReg
+from snapshot.chunked import missing_ddl_key, missing_key
+
+#: how often (seconds) the stream checks that the registered tables exist, and their partitions
+SOURCE_CHECK_S = 2.0
+
+
+def signature(regs: list[TableReg]) -> tuple[Any, ...]:
+    """What the running stream depends on (columns excluded: the stream tracks those itself)."""
+    return tuple(
+        sorted(
+            (
+                r.schema,
+                r.table,
+                r.topic,
+                r.key,
+                r.exclude,
+                r.snapshot_state,
+                r.alignment.consistent_lsn if r.alignment else None,
+            )
+            for r in regs
+        )
+    )
+
+
+def table_names(regs: list[TableReg]) -> list[tuple[str, str]]:
+    return [(r.schema, r.table) for r in regs]
+
+
+class SourceWatcher:
+    """One session's watch on its tables ``regs`` (those refused for their key: ``refused``).
+    ``refuse(regs)`` records and returns the tables whose key can no longer be carried
+    (:meth:`cdc.reader.Reader._refuse_lost_keys`)."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        registry: Registry,
+        regs: list[TableReg],
+        refused: list[TableReg],
+        refuse: Callable[[list[TableReg]], set[tuple[str, str]]],
+        log: Callable[[str], None],
+    ) -> None:
+        self.conn = conn
+        self.registry = registry
+        self.regs = regs
+        self.refused = refused
+        self.refuse = refuse
+        self.log = log
+        self._signature = signature(regs)
+        self._generation = registry.generation()
+        #: per registered table, as last seen: None (missing), () or its leaf partitions
+        self.source = source_tables(conn, table_names(regs))
+        self._record_missing()
+        #: the leaf partitions of each partitioned table (their changes go to the parent's topic)
+        self.leaves = {k: v for k, v in self.source.items() if v}
+        self._next_check = time.monotonic() + SOURCE_CHECK_S
+        self._seen_columns: dict[tuple[str, str], tuple[float, set[str] | None]] = {}
+
+    def should_restart(self) -> bool:
+        """Polled by the stream (``StreamControl.should_restart``)."""
+        if time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + SOURCE_CHECK_S
+            if self._source_changed():
+                return True
+            if self.refuse(self.regs):
+                return True  # restart without the refused table
+            if self.refused and len(self.refuse(self.refused)) < len(self.refused):
+                return True  # a refused table can be keyed again: restart with it
+        gen = self.registry.generation()
+        if gen == self._generation:
+            return False
+        self._generation = gen
+        return signature(self.registry.list_tables()) != self._signature
+
+    def columns_gone(self, reg: TableReg, cols: list[str]) -> set[str]:
+        """Which of ``cols`` the table no longer has (an UPDATE leaving a TOASTed value unchanged
+        does not send it either: only the catalog tells them apart)."""
+        at, have = self._seen_columns.get((reg.schema, reg.table), (-SOURCE_CHECK_S, None))
+        if time.monotonic() - at >= SOURCE_CHECK_S:
+            have = column_names(self.conn, reg.schema, reg.table)
+            self._seen_columns[(reg.schema, reg.table)] = (time.monotonic(), have)
+        if have is None:  # the table itself is gone: the source check says so
+            return set()
+        return {n for n in cols if n not in have}
+
+    def gone(self, reg: TableReg) -> None:
+        """``reg`` was recorded missing already (the DDL recorder told it): not told again."""
+        self.source[(reg.schema, reg.table)] = None
+
+    def _record_missing(self) -> None:
+        for (schema, table), found in self.source.items():
+            key = missing_key(schema, table)
+            if found is None:
+                if self.registry.get_state(key) is None:
+                    self.log(
+                        f"{schema}.{table} does not exist at the source (dropped or renamed); the others go on"
+                    )
+                    self.registry.set_state(key, str(int(time.time())))
+            elif self.registry.get_state(key) is not None:
+                self.registry.set_state(key, None)
+                self.registry.set_state(missing_ddl_key(schema, table), None)
+
+    def _source_changed(self) -> bool:
+        """A registered table gone or back, or its partitions changed (then True: restart; the next
+        session compares them with the leaves it streamed, ``Reader._partitions_changed``)."""
+        now = source_tables(self.conn, table_names(self.regs))
+        restart = False
+        for key, before in list(self.source.items()):
+            after: Leaves = now.get(key)
+            if after == before:
+                continue
+            schema, table = key
+            if after is None:
+                self.log(
+                    f"{schema}.{table} no longer exists at the source (dropped or renamed); the others go on"
+                )
+                self.registry.set_state(missing_key(schema, table), str(int(time.time())))
+            elif before is None:
+                self.log(f"{schema}.{table} exists at the source again")
+                self.registry.set_state(missing_key(schema, table), None)
+                self.registry.set_state(missing_ddl_key(schema, table), None)
+                restart = True
+            else:
+                self.log(f"partitions of {schema}.{table} changed: {[f'{s}.{t}' for s, t in after]}")
+                restart = True
+            self.source[key] = after
+        return restart
