@@ -14,7 +14,8 @@ from cdc.logstore import StoredRecord
 from cdc.verify import canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
-from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir
+from cdc import paths
+from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, read_ledger, write_ledger
 from spark_jobs.source import offset_key, parse_offset_key, split_budget
 
 
@@ -47,6 +48,18 @@ def test_app_id_is_kept_with_its_checkpoint_and_renewed_without(tmp_path: Path) 
     assert first.startswith("cdc-apply-") and app_id_for(tmp_path) == first
     checkpoint_dir(tmp_path).rmdir()  # a wiped checkpoint
     assert app_id_for(tmp_path) != first
+
+
+def test_ledger_of_an_older_state_dir_is_read_once_then_upgraded(tmp_path: Path) -> None:
+    old = paths.legacy_apply_ledger(tmp_path)
+    old.parent.mkdir(parents=True)
+    old.write_bytes(orjson.dumps({"app_id": "a", "dead_letter_batch": 4, "dead_letters": 2}))
+    ledger = read_ledger(tmp_path)
+    assert ledger["dead_letter_batch"] == 4  # a replay of batch 4 does not write its dead letters again
+    write_ledger(tmp_path, ledger)
+    assert not old.exists() and paths.apply_ledger(tmp_path).name == "apply-ledger.json"
+    assert read_ledger(tmp_path)["dead_letters"] == 2
+    assert read_ledger(tmp_path / "empty") == {}
 
 
 def test_dead_letter_record_keeps_the_original_bytes_reason_and_position() -> None:
