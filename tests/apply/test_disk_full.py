@@ -150,7 +150,9 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
     def idle() -> bool:
         """Every record in the log store was read by the job and applied."""
         with contextlib.suppress(FileNotFoundError, ValueError):
-            read = orjson.loads((state / "metrics" / "apply.json").read_bytes())["counters"].get("records_read")
+            read = orjson.loads((state / "metrics" / "apply.json").read_bytes())["counters"].get(
+                "records_read"
+            )
             with open_log_store(env.settings) as store:
                 return bool(read == sum(store.end_offsets(reg.topic).values()) and applied())
         return False

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import orjson
 
+from cdc import paths
 from cdc.events import Version
 from cdc.logstore import StoredRecord
 from cdc.verify import canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
-from cdc import paths
 from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, read_ledger, write_ledger
 from spark_jobs.source import offset_key, parse_offset_key, split_budget
 
