@@ -88,19 +88,6 @@ SNAPSHOT_STATES = ("pending", "running", "done")
 _SCHEMA_VERSION = 1
 
 
-def warehouse_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path]:
-    """Where the apply job keeps a table's Delta tables: ``(current, history)`` =
-    ``<state>/warehouse/<schema>/<table>`` and ``.../<table>__history`` (names made safe by
-    :func:`cdc.paths.component`: they cannot leave the warehouse directory)."""
-    current, history, _ = paths.warehouse_tables(state_dir, reg.schema, reg.table)
-    return current, history
-
-
-def search_index_path(state_dir: Path, reg: TableReg) -> Path | None:
-    """``<state>/search/<topic>`` when the table has search columns, else None."""
-    return paths.search_index(state_dir, reg.topic) if reg.search else None
-
-
 def column_json(c: Column) -> dict[str, Any]:
     """A column as the registry and ``cdc tables list --json`` write it (``domain`` only for one)."""
     body: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": c.nullable}

@@ -780,12 +780,11 @@ def _first_lines(text: str, limit: int = 1500) -> str:
 
 
 def open_sinks(settings: Settings) -> list[Sink]:
-    """The job's sinks: the warehouse and the search index (which only acts on tables with search
-    columns)."""
-    from sinks.search import SearchSink
-    from sinks.warehouse import WarehouseSink
+    """The job's sinks: every one of :data:`sinks.all.SINKS`, in its order (a sink acts only on the
+    tables it keeps: the search index on those with search columns)."""
+    from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
-    return [WarehouseSink.from_settings(settings), SearchSink.from_settings(settings)]
+    return [cls.from_settings(settings) for cls in SINKS]
 
 
 def run_apply(

@@ -34,7 +34,7 @@ from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
 from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, state_key, tracked_columns
-from cdc.registry import Registry, TableReg, column_json, search_index_path, warehouse_paths
+from cdc.registry import Registry, TableReg, column_json
 from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
 
 
@@ -235,9 +235,10 @@ def nonfinite_recorder(
 def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None) -> dict[str, Any]:
     """The ``--json`` shape of one registration (``cdc tables list --json`` prints a list of these);
     ``snapshot.progress`` (only once a chunked snapshot ran): its progress
-    (:func:`snapshot.chunked.progress_view`)."""
-    current, history = warehouse_paths(state_dir, reg)
-    search = search_index_path(state_dir, reg)
+    (:func:`snapshot.chunked.progress_view`). Where each sink keeps the table:
+    :meth:`sinks.Sink.listing` of every sink of :data:`sinks.all.SINKS`."""
+    from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
+
     align = reg.alignment
     out: dict[str, Any] = {
         "table": reg.qualified,
@@ -255,9 +256,9 @@ def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None)
             "consistent_lsn": int_to_lsn(align.consistent_lsn) if align else None,
             "end_offsets": {str(p): o for p, o in sorted(align.end_offsets.items())} if align else None,
         },
-        "warehouse": {"current": str(current), "history": str(history)},
-        "search_index": str(search) if search else None,
     }
+    for sink in SINKS:
+        out.update(sink.listing(state_dir, reg))
     progress = progress_view(load_progress(registry, reg.schema, reg.table)) if registry else None
     if progress is not None:
         out["snapshot"]["progress"] = progress

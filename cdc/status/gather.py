@@ -595,13 +595,16 @@ class Collector:
         self, store: Any, reg: TableReg, applied_all: dict[str, dict[int, int]] | None, want_newest: bool
     ) -> dict[str, Any]:
         """The table's offsets and apply lag; ``want_newest``: also the newest captured commit time
-        (read only when capture is behind: it costs a read per partition)."""
+        (read only when capture is behind: it costs a read per partition). ``sinks``: the sinks that
+        keep the table (:data:`sinks.all.SINKS`), one apply stage each."""
+        from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
+
         now = _now_ms()
         fact: dict[str, Any] = {
             "table": reg.qualified,
             "topic": reg.topic,
             "snapshot_state": reg.snapshot_state,
-            "sinks": ["warehouse", *(["search"] if reg.search else [])],
+            "sinks": [sink.name for sink in SINKS if sink.locations(self.state, reg)],
             "lag_offsets": None,
             "lag_seconds": None,
             "applied_total": None,
