@@ -99,7 +99,7 @@ def _pg_recvlogical(dsn: str, slot: str, endpos: str) -> float:
 
 
 def _cdc_state(base: Path, dsn: str, slot: str, *, done: bool) -> dict[str, str]:
-    from cdc.registry import Registry, TableReg
+    from cdc.registry import Registry, State, TableReg
 
     state = base / f"state-{slot}"
     with Registry(state) as reg:
@@ -109,7 +109,7 @@ def _cdc_state(base: Path, dsn: str, slot: str, *, done: bool) -> dict[str, str]
             )
         )
         if done:
-            reg.set_state("initial_snapshot", "done")
+            reg.set_state(State.INITIAL_SNAPSHOT, "done")
     env = {**os.environ, "CDC_SOURCE": dsn, "CDC_STATE": str(state), "CDC_SLOT": slot}
     env.pop("CDC_LOG", None)
     env.pop("CDC_CONFIG", None)

@@ -79,20 +79,17 @@ from cdc.reader.replication import (
     open_replication,
     stream,
 )
-from cdc.registry import Column, Registry, TableReg
+from cdc.registry import Column, Registry, State, TableReg, TableState
 
-INITIAL_SNAPSHOT_KEY = "initial_snapshot"
-#: registry state: the tables the last stream session read (JSON list of [schema, table])
-STREAMED_TABLES_KEY = "streamed_tables"
-#: registry state: the leaves of each registered table the last session streamed (JSON list of
-#: [[schema, table], [[leaf schema, leaf], ...]]); a session compares them with the catalog's
-STREAMED_PARTITIONS_KEY = "streamed_partitions"
+# the reader's names of its registry entries (the keys and what they hold: cdc.registry.State and
+# TableState)
+INITIAL_SNAPSHOT_KEY = State.INITIAL_SNAPSHOT
+STREAMED_TABLES_KEY = State.STREAMED_TABLES
+STREAMED_PARTITIONS_KEY = State.STREAMED_PARTITIONS
 
 
 def detached_key(schema: str, table: str) -> str:
-    """Registry state key (JSON list of [schema, table]): partitions detached from the table whose
-    rows the reader has yet to delete from its topic."""
-    return "partitions_detached:" + orjson.dumps([schema, table]).decode()
+    return TableState.PARTITIONS_DETACHED.key(schema, table)
 
 
 _IS_TABLE = """
@@ -144,9 +141,7 @@ JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = r.table_nam
 
 
 def drop_before_key(schema: str, table: str) -> str:
-    """Registry state key: stream changes of the table with a commit LSN below this value are
-    dropped (they are contained in its snapshot and were never streamed before)."""
-    return "drop_before:" + orjson.dumps([schema, table]).decode()
+    return TableState.DROP_BEFORE.key(schema, table)
 
 
 __all__ = ["Reader", "ReaderOptions", "RunResult"]

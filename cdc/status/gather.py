@@ -30,15 +30,13 @@ from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
-from cdc.registry import Registry, TableReg
+from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
-from cdc.status.slot import DROP_KEY, drop_slot, judge_slot, should_drop
-from snapshot.chunked import missing_ddl_key, missing_key, refused_key
+from cdc.status.slot import drop_slot, judge_slot, should_drop
 
 CATCH_UP_WAIT_S = 1.5
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
-INITIAL_SNAPSHOT_KEY = "initial_snapshot"  # cdc.reader's registry key
 
 
 def commit_ts_ms(ts: str | None) -> int | None:
@@ -51,18 +49,20 @@ def commit_ts_ms(ts: str | None) -> int | None:
 
 def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dict[str, Any]]:
     """One ERROR stage per registered table the capture no longer reads: dropped or renamed at the
-    source (registry state ``source_missing:[schema, table]``), or refused (a key column dropped or
-    renamed, ``schema_refused:[schema, table]``). The other tables' capture goes on."""
+    source (registry state ``TableState.SOURCE_MISSING``), or refused (a key column dropped or
+    renamed, ``TableState.SCHEMA_REFUSED``). The other tables' capture goes on."""
     out: list[dict[str, Any]] = []
     for reg in tables:
         name = reg.qualified
-        missing = registry.get_state(missing_key(reg.schema, reg.table))
-        refused = registry.get_state(refused_key(reg.schema, reg.table))
+        missing = registry.get_table_state(TableState.SOURCE_MISSING, reg.schema, reg.table)
+        refused = registry.get_table_state(TableState.SCHEMA_REFUSED, reg.schema, reg.table)
         if missing is None and refused is None:
             continue
         if missing is not None:
             since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(missing)))
-            told = orjson.loads(registry.get_state(missing_ddl_key(reg.schema, reg.table)) or "null")
+            told = orjson.loads(
+                registry.get_table_state(TableState.SOURCE_MISSING_DDL, reg.schema, reg.table) or "null"
+            )
             if told and told.get("to"):
                 what = f"renamed to {told['to']}, told by the DDL recorder"
                 new_name = str(told["to"])
@@ -277,9 +277,9 @@ class Collector:
             source = self._source(registry, enforce_policy, procs["capture"]["running"], tables)
             if source.get("dropped_now") and registry is not None:
                 tables = registry.list_tables()
-            drop_raw = registry.get_state(DROP_KEY) if registry else None
+            drop_raw = registry.get_state(State.SLOT_DROPPED) if registry else None
             source_tables = _source_table_stages(registry, tables) if registry else []
-            initial = registry.get_state(INITIAL_SNAPSHOT_KEY) if registry else None
+            initial = registry.get_state(State.INITIAL_SNAPSHOT) if registry else None
         finally:
             if registry is not None:
                 registry.close()
