@@ -2,10 +2,10 @@
 
 One module per backend beside this one: :mod:`sinks.warehouse` (Delta Lake: current state + history)
 and :mod:`sinks.search` (tantivy), listed once in :data:`sinks.all.SINKS`. Everything that handles
-sinks -- the apply job, ``cdc verify``, ``cdc status``, ``cdc tables list`` -- loops over that list and
-asks each sink where it lives (:meth:`Sink.locations`), what it holds (:meth:`Sink.read_back`) and
-how far it got (:meth:`Sink.applied_batch`); a new sink is its module, its tests and one entry
-there. :mod:`sinks.parse` turns a table's log-store records into a
+sinks loops over that list: the apply job builds them (:meth:`Sink.from_settings`), ``cdc verify``
+reads them back (:meth:`Sink.read_back`), ``cdc status`` and ``cdc tables list`` ask where they live
+(:meth:`Sink.locations`); each also reports the last batch it committed (:meth:`Sink.applied_batch`).
+A new sink is its module, its tests and one entry there. :mod:`sinks.parse` turns a table's log-store records into a
 :class:`ChangeBatch` and its :class:`DeadLetter` records; the apply job (``spark_jobs/``) writes the
 dead letters, then calls :meth:`Sink.reject` and :meth:`Sink.apply` of every sink. The shared
 guarantees (version guard, deletes that stick, idempotent batches, unavailable TOAST values, poison
@@ -231,7 +231,10 @@ class Sink(abc.ABC):
       only read: they never create a file, and may run while the apply job writes (they see its
       last commit).
 
-    A sink is listed once, in :data:`sinks.all.SINKS` (no registration by import).
+    A sink is listed once, in :data:`sinks.all.SINKS` (no registration by import), and must then
+    implement every describing method (``tests/sinks/test_contract.py`` checks each listed sink).
+    Their defaults describe a sink that keeps nothing of any table: they exist for test doubles
+    handed to the apply job directly, never for a listed sink.
     """
 
     #: the sink's name: in ``cdc status`` (one apply stage per table and sink), ``cdc verify``
@@ -242,20 +245,20 @@ class Sink(abc.ABC):
     unit: str = "rows"
 
     @classmethod
-    @abc.abstractmethod
     def from_settings(cls, settings: Settings) -> Sink:
         """The sink of ``settings.state_dir`` with its options (``cdc.toml``, section :attr:`name`;
-        ConfigError naming the fix for an invalid one). Called once per apply job, ``cdc verify``
-        or ``cdc status`` run; creates no file (a table's files appear on its first :meth:`apply`)."""
+        ConfigError naming the fix for an invalid one). Called once per apply job or ``cdc verify``
+        run; creates no file (a table's files appear on its first :meth:`apply`)."""
+        raise NotImplementedError(f"{cls.__name__} is not built from settings")
 
     @classmethod
-    @abc.abstractmethod
     def locations(cls, state_dir: Path, reg: TableReg) -> dict[str, Path]:
         """Where the sink keeps ``reg``: role -> path (in ``docs/architecture.md``'s state layout),
         each built by a function of :mod:`cdc.paths` (inside the state directory, names made safe).
         Empty when the sink keeps nothing for the table (the index of a table without search
         columns): the sink then has no apply stage for it in ``cdc status`` and no check in
         ``cdc verify``. Pure: the paths need not exist."""
+        return {}
 
     @classmethod
     def listing(cls, state_dir: Path, reg: TableReg) -> dict[str, Any]:
@@ -264,22 +267,22 @@ class Sink(abc.ABC):
         where = cls.locations(state_dir, reg)
         return {cls.name: {role: str(p) for role, p in where.items()} if where else None}
 
-    @abc.abstractmethod
     def read_back(self, reg: TableReg) -> ReadBack | None:
         """What the sink holds of ``reg`` now, for ``cdc verify``: its live rows
         (:class:`StoredRows`) or the texts it indexed (:class:`StoredTexts`), deleted keys left
         out; None when it keeps nothing for the table (empty :meth:`locations`). Reads the last
         committed state; raises (:class:`cdc.errors.ApplyError` for a known cause) when the stored
         data cannot be read -- verify then fails, it never reports a partial comparison."""
+        return None
 
-    @abc.abstractmethod
     def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
         """The sink's own progress on ``reg``: the newest micro-batch of the job ``app_id`` whose
         changes to the table it committed (None: none yet, or it keeps nothing for the table).
         This is its resume state, kept with its data in the same commit: :meth:`apply` of a batch
         id at or below it is a replay and changes nothing. A table gets a batch id only from
         batches holding its records, so the gap to the job's newest batch says how far behind the
-        sink is only together with the table's offsets (``cdc status``)."""
+        sink is only together with the table's offsets."""
+        return None
 
     def reject(self, batch: ChangeBatch) -> list[Rejection]:
         """The events of ``batch`` this sink cannot hold (a value outside what its storage represents),

@@ -28,6 +28,12 @@ def _live_keys(back: ReadBack) -> set[int]:
 
 
 @pytest.mark.parametrize("cls", SINKS, ids=lambda c: c.name)
+def test_a_listed_sink_implements_every_describing_method(cls: type[Sink]) -> None:
+    for method in ("from_settings", "locations", "read_back", "applied_batch"):
+        assert getattr(cls, method).__qualname__.startswith(cls.__name__ + "."), (cls.name, method)
+
+
+@pytest.mark.parametrize("cls", SINKS, ids=lambda c: c.name)
 def test_a_sink_says_where_it_lives_what_it_holds_and_how_far_it_got(
     tmp_path: Path, feed: FeedMaker, cls: type[Sink]
 ) -> None:
