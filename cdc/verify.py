@@ -519,7 +519,8 @@ class Verifier:
         backs = [(sink, sink.read_back(reg)) for sink in self.sinks]
         report.sinks = {sink.name: SinkDiff(sink.name, sink.unit) for sink in self.sinks}
         names = [c for c, _ in columns]
-        search_cols = sorted({c for _, b in backs if isinstance(b, StoredTexts) for c in reg.search})
+        has_texts = any(isinstance(b, StoredTexts) for _, b in backs)
+        search_cols = [c for c in reg.search if has_texts]  # registration order: the report shows them
         search_idx = [(c, names.index(c)) for c in search_cols if c in names]
         rows_backs = [(s.name, b) for s, b in backs if isinstance(b, StoredRows)] or [
             ("", StoredRows(None, ""))

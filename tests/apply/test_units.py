@@ -12,7 +12,7 @@ import orjson
 from cdc import paths
 from cdc.events import Version
 from cdc.logstore import StoredRecord
-from cdc.verify import canonical, row_hash
+from cdc.verify import SinkDiff, TableReport, canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
 from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, read_ledger, write_ledger
@@ -150,3 +150,34 @@ def test_a_fault_armed_by_a_file_fires_once_per_arming(tmp_path: Path) -> None:
     arm.touch()
     assert f.point("apply.after_sink", 8, lambda: fired.append(8)) and fired == [8]
     assert not arm.exists() and not f.on("apply.after_sink", 9)  # once
+
+
+def test_verify_report_keeps_its_json_shape_with_a_diff_per_sink() -> None:
+    report = TableReport(
+        "public.t",
+        source_rows=3,
+        sinks={
+            "warehouse": SinkDiff("warehouse", "rows", 2, missing=[{"id": 3}], missing_count=1),
+            "search": SinkDiff("search", "docs", None),
+        },
+    )
+    body = report.to_dict()
+    assert list(body) == [
+        "table", "status", "source_rows", "warehouse_rows", "search_docs", "missing", "extra", "different",
+        "missing_count", "extra_count", "different_count", "search", "ranges", "ranges_differing",
+        "consistent_lsn", "caught_up", "lag",
+    ]  # fmt: skip
+    assert body["status"] == "different" and body["missing"] == [{"id": 3}] and body["search_docs"] is None
+    assert list(body["search"]) == [
+        "missing",
+        "extra",
+        "missing_count",
+        "extra_count",
+        "different",
+        "different_count",
+    ]
+    report.sinks["warehouse"] = SinkDiff("warehouse", "rows", 3)
+    report.sinks["search"].extra_count = 1  # a difference of any sink makes the table different
+    assert report.to_dict()["status"] == "different"
+    report.sinks["search"].extra_count = 0
+    assert report.equal and report.to_dict()["status"] == "ok"
