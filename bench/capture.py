@@ -97,7 +97,7 @@ def _pg_recvlogical(dsn: str, slot: str, endpos: str) -> float:
 
 
 def _cdc_state(base: Path, dsn: str, slot: str, *, done: bool) -> dict[str, str]:
-    from cdc.registry import Registry, TableReg
+    from cdc.registry import Registry, State, TableReg
 
     state = base / f"state-{slot}"
     with Registry(state) as reg:
@@ -107,7 +107,7 @@ def _cdc_state(base: Path, dsn: str, slot: str, *, done: bool) -> dict[str, str]
             )
         )
         if done:
-            reg.set_state("initial_snapshot", "done")
+            reg.set_state(State.INITIAL_SNAPSHOT, "done")
     return cdc_env(dsn, state, slot)
 
 

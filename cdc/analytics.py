@@ -23,8 +23,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdc.errors import CdcError
-from cdc.registry import TableReg, warehouse_paths
-from sinks.warehouse.layout import BUCKET
+from cdc.registry import TableReg
+from sinks.warehouse.layout import BUCKET, table_paths
 
 
 class QueryError(CdcError):
@@ -52,7 +52,7 @@ class Warehouse:
         self.con = duckdb.connect(":memory:")
         self.catalog = Catalog()
         for i, reg in enumerate(tables):
-            current, history = warehouse_paths(Path(state_dir), reg)
+            current, history, _ = table_paths(Path(state_dir), reg)
             if not DeltaTable.is_deltatable(str(current)):
                 self.catalog.not_applied.append(reg.qualified)
                 continue

@@ -42,6 +42,7 @@ from typing import Any
 
 import orjson
 
+from cdc import paths
 from cdc.errors import CdcError, ConfigError
 
 __all__ = ["ROLES", "Publisher", "metrics_dir", "metrics_path", "pid_alive", "read", "read_all"]
@@ -53,7 +54,7 @@ _ROLE = re.compile(r"[a-z][a-z0-9_-]{0,40}")
 
 
 def metrics_dir(state_dir: Path) -> Path:
-    return Path(state_dir) / "metrics"
+    return paths.metrics_dir(state_dir)
 
 
 def metrics_path(state_dir: Path, role: str) -> Path:
@@ -61,7 +62,7 @@ def metrics_path(state_dir: Path, role: str) -> Path:
     (so it can never name a path outside the directory)."""
     if not _ROLE.fullmatch(role):
         raise ConfigError(f"metrics role {role!r} is not a valid name", fix="use [a-z][a-z0-9_-]*")
-    return metrics_dir(state_dir) / f"{role}.json"
+    return paths.metrics_file(state_dir, role)
 
 
 def now_ms() -> int:

@@ -6,7 +6,8 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/log/                             the embedded log store
     <state>/warehouse/<schema>/<table>       Delta current state; ``<table>__history``, ``<table>__tombstones``
     <state>/search/<topic>                   tantivy index; ``<topic>.versions.sqlite``
-    <state>/spark/checkpoint/apply           Spark checkpoint of the apply job
+    <state>/spark/checkpoint/apply           Spark checkpoint of the apply job; ``apply.id`` its app id
+    <state>/spark/apply-ledger.json          the apply job's ledger (``apply-metrics.json`` before 2026-11)
     <state>/spark/scratch/                   Spark's local dir (private to the state's owner)
     <state>/metrics/<role>.json              counters a process publishes (cdc.metrics)
     <state>/locks/<role>.lock                one process per role (cdc.locks)
@@ -78,13 +79,29 @@ def spark_checkpoint(state_dir: Path, job: str = "apply") -> Path:
     return spark_dir(state_dir) / "checkpoint" / component(job)
 
 
+def apply_ledger(state_dir: Path) -> Path:
+    """The apply job's correctness ledger: the last batch whose dead letters were written (a
+    replayed batch must not write them again) and the checkpoint's counters (spark_jobs.apply)."""
+    return spark_dir(state_dir) / "apply-ledger.json"
+
+
+def legacy_apply_ledger(state_dir: Path) -> Path:
+    """The ledger's name before 2026-11 (``apply-metrics.json``): read once when the new file is
+    absent, so an existing state directory keeps its dead-letter record (spark_jobs.apply)."""
+    return spark_dir(state_dir) / "apply-metrics.json"
+
+
 def spark_scratch(state_dir: Path) -> Path:
     """Spark's ``spark.local.dir``: under the state directory, so only its owner can use it."""
     return spark_dir(state_dir) / "scratch"
 
 
+def metrics_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "metrics"
+
+
 def metrics_file(state_dir: Path, role: str) -> Path:
-    return Path(state_dir) / "metrics" / f"{component(role)}.json"
+    return metrics_dir(state_dir) / f"{component(role)}.json"
 
 
 def lock_path(state_dir: Path, role: str) -> Path:

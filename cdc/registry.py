@@ -13,8 +13,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from cdc import paths
 from cdc.errors import RegistryError
@@ -83,22 +86,59 @@ class TableReg:
         return f"{self.schema}.{self.table}"
 
 
+# --- the state store's keys -------------------------------------------------------------------------
+class State(StrEnum):
+    """The pipeline-wide entries of the registry's key/value state (:meth:`Registry.get_state`).
+    Each value is the stored key: never change one (existing ``registry.db`` files hold them)."""
+
+    #: the initial snapshot of the tables registered before the first ``cdc run``: ``running``/``done``
+    INITIAL_SNAPSHOT = "initial_snapshot"
+    #: the tables the last stream session read (JSON list of [schema, table])
+    STREAMED_TABLES = "streamed_tables"
+    #: the leaves of each registered table the last session streamed (JSON list of
+    #: [[schema, table], [[leaf schema, leaf], ...]]); a session compares them with the catalog's
+    STREAMED_PARTITIONS = "streamed_partitions"
+    #: whether wal2json knows ``numeric-data-types-as-string`` ("1"/"0"; absent: unknown)
+    WAL2JSON_NUMERIC_AS_STRING = "wal2json_numeric_as_string"
+    #: the last slot drop of the status policy (JSON, :mod:`cdc.status.slot`)
+    SLOT_DROPPED = "slot_dropped"
+
+
+class TableState(StrEnum):
+    """The per-table entries of the registry's key/value state (:meth:`Registry.get_table_state`).
+    The stored key is ``<value>:["schema","table"]`` (:meth:`key`); never change a value."""
+
+    #: a chunked snapshot's progress (JSON, :class:`snapshot.chunked.ChunkProgress`)
+    CHUNKED_PROGRESS = "chunked"
+    #: set (to the epoch seconds it was noticed) while the table does not exist at the source
+    #: (dropped or renamed); the capture of the other tables goes on
+    SOURCE_MISSING = "source_missing"
+    #: what the DDL recorder told of the missing table (JSON ``{"what": "dropped" | "renamed",
+    #: "to": new name or null, "tag": command tag}``, :mod:`cdc.reader.ddl`); cleared with it
+    SOURCE_MISSING_DDL = "source_missing_ddl"
+    #: the capture refuses the table: its key columns are gone at the source (JSON ``{"reason", "fix"}``)
+    SCHEMA_REFUSED = "schema_refused"
+    #: a pending ``cdc snapshot --where`` request (JSON ``{"where": ...}``), or a partitioned table's
+    #: attached partitions to read (JSON ``{"partitions": [[schema, table], ...]}``: those leaves only)
+    SNAPSHOT_REQUEST = "snapshot_request"
+    #: partitions detached from the table whose rows the reader has yet to delete from its topic
+    #: (JSON list of [schema, table])
+    PARTITIONS_DETACHED = "partitions_detached"
+    #: stream changes of the table with a commit LSN below this value are dropped (they are in its
+    #: snapshot and were never streamed before)
+    DROP_BEFORE = "drop_before"
+    #: the non-finite recorder does not carry the table's NaN/Infinity (JSON,
+    #: :meth:`cdc.reader.nonfinite.Outcome.to_json`); absent when it does
+    NONFINITE_RECORDER = "nonfinite_recorder"
+
+    def key(self, schema: str, table: str) -> str:
+        """The stored key of this entry for ``schema.table``."""
+        return f"{self.value}:" + orjson.dumps([schema, table]).decode()
+
+
 # --- storage ---------------------------------------------------------------------------------------
 SNAPSHOT_STATES = ("pending", "running", "done")
 _SCHEMA_VERSION = 1
-
-
-def warehouse_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path]:
-    """Where the apply job keeps a table's Delta tables: ``(current, history)`` =
-    ``<state>/warehouse/<schema>/<table>`` and ``.../<table>__history`` (names made safe by
-    :func:`cdc.paths.component`: they cannot leave the warehouse directory)."""
-    current, history, _ = paths.warehouse_tables(state_dir, reg.schema, reg.table)
-    return current, history
-
-
-def search_index_path(state_dir: Path, reg: TableReg) -> Path | None:
-    """``<state>/search/<topic>`` when the table has search columns, else None."""
-    return paths.search_index(state_dir, reg.topic) if reg.search else None
 
 
 def column_json(c: Column) -> dict[str, Any]:
@@ -436,15 +476,25 @@ class Registry:
             self._bump(db)
         return new
 
-    def get_state(self, name: str) -> str | None:
-        """A value of the small key/value store (the reader's bookkeeping), or None."""
+    def get_state(self, name: State | str) -> str | None:
+        """A value of the small key/value store (the pipeline's bookkeeping), or None. Callers
+        name an entry by :class:`State` (per table: :meth:`get_table_state`), never by a string of
+        their own."""
         rows = self._read("SELECT value FROM state WHERE name = ?", (name,))
         return str(rows[0][0]) if rows else None
 
-    def set_state(self, name: str, value: str | None) -> None:
+    def set_state(self, name: State | str, value: str | None) -> None:
         """Set (or with None delete) a key/value entry; durable on return."""
         with self._write() as db:
             if value is None:
                 db.execute("DELETE FROM state WHERE name = ?", (name,))
             else:
                 db.execute("INSERT OR REPLACE INTO state (name, value) VALUES (?, ?)", (name, value))
+
+    def get_table_state(self, entry: TableState, schema: str, table: str) -> str | None:
+        """The table's value of ``entry``, or None."""
+        return self.get_state(entry.key(schema, table))
+
+    def set_table_state(self, entry: TableState, schema: str, table: str, value: str | None) -> None:
+        """Set (or with None delete) the table's value of ``entry``; durable on return."""
+        self.set_state(entry.key(schema, table), value)

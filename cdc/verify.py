@@ -63,7 +63,8 @@ from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
-from cdc.registry import Registry, TableReg, search_index_path
+from cdc.registry import Registry, TableReg
+from sinks import StoredRows, StoredTexts
 
 DEFAULT_RANGE_ROWS = 1024
 FETCH_CHUNK = 20_000
@@ -74,25 +75,47 @@ Key = tuple[Any, ...]
 
 
 @dataclass
-class TableReport:
-    """One table's comparison (``to_dict`` is the ``--json`` shape)."""
+class SinkDiff:
+    """One sink's comparison of a table with the source. ``stored``: the rows (or documents) the
+    sink holds, None when it keeps nothing for the table (:meth:`sinks.Sink.locations` empty)."""
 
-    table: str
-    source_rows: int = 0
-    warehouse_rows: int = 0
-    search_docs: int | None = None
+    name: str = ""
+    unit: str = "rows"
+    stored: int | None = None
     missing: list[Any] = field(default_factory=list)
     extra: list[Any] = field(default_factory=list)
     different: list[Any] = field(default_factory=list)
     missing_count: int = 0
     extra_count: int = 0
     different_count: int = 0
-    search_missing: list[Any] = field(default_factory=list)
-    search_extra: list[Any] = field(default_factory=list)
-    search_missing_count: int = 0
-    search_extra_count: int = 0
-    search_different: list[Any] = field(default_factory=list)
-    search_different_count: int = 0
+
+    @property
+    def equal(self) -> bool:
+        return not (self.missing_count or self.extra_count or self.different_count)
+
+    @property
+    def differences(self) -> int:
+        return self.missing_count + self.extra_count + self.different_count
+
+    def lists(self) -> dict[str, Any]:
+        return {
+            "missing": self.missing,
+            "extra": self.extra,
+            "missing_count": self.missing_count,
+            "extra_count": self.extra_count,
+            "different": self.different,
+            "different_count": self.different_count,
+        }
+
+
+@dataclass
+class TableReport:
+    """One table's comparison (``to_dict`` is the ``--json`` shape). ``sinks``: one
+    :class:`SinkDiff` per sink of :data:`sinks.all.SINKS`, in its order; the first is the primary."""
+
+    table: str
+    source_rows: int = 0
+    sinks: dict[str, SinkDiff] = field(default_factory=dict)
     ranges: int = 0
     ranges_differing: int = 0
     newer_than_point: int = 0
@@ -101,15 +124,16 @@ class TableReport:
     lag: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def primary(self) -> tuple[str, SinkDiff]:
+        return next(iter(self.sinks.items()))
+
+    @property
+    def others(self) -> list[tuple[str, SinkDiff]]:
+        return list(self.sinks.items())[1:]
+
+    @property
     def equal(self) -> bool:
-        return not (
-            self.missing_count
-            or self.extra_count
-            or self.different_count
-            or self.search_missing_count
-            or self.search_extra_count
-            or self.search_different_count
-        )
+        return all(d.equal for d in self.sinks.values())
 
     @property
     def status(self) -> str:
@@ -118,26 +142,17 @@ class TableReport:
         return "ok" if self.equal else "different"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "status": self.status,
-            "source_rows": self.source_rows,
-            "warehouse_rows": self.warehouse_rows,
-            "search_docs": self.search_docs,
-            "missing": self.missing,
-            "extra": self.extra,
-            "different": self.different,
-            "missing_count": self.missing_count,
-            "extra_count": self.extra_count,
-            "different_count": self.different_count,
-            "search": {
-                "missing": self.search_missing,
-                "extra": self.search_extra,
-                "missing_count": self.search_missing_count,
-                "extra_count": self.search_extra_count,
-                "different": self.search_different,
-                "different_count": self.search_different_count,
-            },
+        """``table``, ``status``, ``source_rows``, ``<sink>_<unit>`` per sink (``warehouse_rows``,
+        ``search_docs``), the primary sink's differences at the top level (``missing``, ``extra``,
+        ``different`` and their counts), one object per other sink (``search``), then the ranges,
+        the consistent point and the catch-up state."""
+        out: dict[str, Any] = {"table": self.table, "status": self.status, "source_rows": self.source_rows}
+        out |= {f"{name}_{d.unit}": d.stored for name, d in self.sinks.items()}
+        primary = self.primary[1].lists()
+        out |= {k: primary[k] for k in ("missing", "extra", "different")}
+        out |= {k: primary[k] for k in ("missing_count", "extra_count", "different_count")}
+        out |= {name: d.lists() for name, d in self.others}
+        return out | {
             "ranges": self.ranges,
             "ranges_differing": self.ranges_differing,
             "consistent_lsn": self.consistent_lsn,
@@ -292,6 +307,9 @@ class Verifier:
         self.limit = limit
         self.range_rows = max(range_rows, 1)
         self.retries = max(retries, 1)
+        from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
+
+        self.sinks = [cls.from_settings(settings) for cls in SINKS]
 
     # -- catch-up -------------------------------------------------------------------------------------
     def _slot_caught_up(
@@ -475,80 +493,79 @@ class Verifier:
                 for norm in _normalise(columns, chunk, target):
                     yield tuple(norm[i] for i in key_idx), norm
 
-    def _warehouse(self, reg: TableReg, columns: list[tuple[str, str]]) -> tuple[Any, _Side]:
-        from sinks.warehouse import LSN, WarehouseSink
-
+    def _rows_side(self, reg: TableReg, columns: list[tuple[str, str]], back: StoredRows) -> _Side:
+        """A rows sink's live rows (:meth:`sinks.Sink.read_back`) by key: values, hash, version."""
         side = _Side()
-        sink = WarehouseSink(self.state_dir)
-        path = sink.paths(reg)[0]
-        from deltalake import DeltaTable
-
-        if not DeltaTable.is_deltatable(str(path)):
-            return None, side
-        table = sink.current_rows(reg, meta=True)
+        table = back.table
+        if table is None:
+            return side
         names = [c for c, _ in columns]
         key_idx = [names.index(k) for k in reg.key]
         present = [n for n in names if n in table.column_names]
         data = {n: table.column(n).to_pylist() for n in present}
-        versions = table.column(LSN).to_pylist()
+        versions = table.column(back.version_column).to_pylist()
         for i in range(table.num_rows):
             row = [data[n][i] if n in data else None for n in names]
             key = tuple(row[j] for j in key_idx)
             side.rows[key] = row
             side.hashes[key] = row_hash(row)
             side.versions[key] = int(versions[i])
-        return table.schema, side
-
-    def _search_docs(self, reg: TableReg) -> dict[str, dict[str, str]] | None:
-        """Every live document of the table's index: ``_cdc_key`` -> {search column: indexed text}
-        (None: the table has no search columns)."""
-        path = search_index_path(self.state_dir, reg)
-        if path is None:
-            return None
-        if not path.exists():
-            return {}
-        import tantivy
-
-        from sinks.search import KEY as SEARCH_KEY
-
-        index = tantivy.Index.open(str(path))
-        index.reload()
-        searcher = index.searcher()
-        total = int(searcher.num_docs)
-        if total == 0:
-            return {}
-        docs: dict[str, dict[str, str]] = {}
-        for _score, addr in searcher.search(tantivy.Query.all_query(), limit=total).hits:
-            body = searcher.doc(addr).to_dict()
-            keys = body.get(SEARCH_KEY) or []
-            if keys:
-                docs[str(keys[0])] = {
-                    c: str(body[f][0]) for c in reg.search if body.get(f := reg.search_field(c))
-                }
-        return docs
+        return side
 
     def _compare(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport) -> None:
+        """Every sink's read-back against the source: the rows sinks by key ranges (the source read
+        once per rows sink, normalised to that sink's types), the text sinks by document."""
         columns = self._columns(reg)
+        backs = [(sink, sink.read_back(reg)) for sink in self.sinks]
+        report.sinks = {sink.name: SinkDiff(sink.name, sink.unit) for sink in self.sinks}
         names = [c for c, _ in columns]
-        target, wh = self._warehouse(reg, columns)
-        src = _Side()
-        search_idx = [(c, names.index(c)) for c in reg.search if c in names]
+        has_texts = any(isinstance(b, StoredTexts) for _, b in backs)
+        search_cols = [c for c in reg.search if has_texts]  # registration order: the report shows them
+        search_idx = [(c, names.index(c)) for c in search_cols if c in names]
+        rows_backs = [(s.name, b) for s, b in backs if isinstance(b, StoredRows)] or [
+            ("", StoredRows(None, ""))
+        ]
         src_search: dict[Key, dict[str, str]] = {}
-        for key, row in self._source_rows(conn, reg, columns, target):
-            src.hashes[key] = row_hash(row)
-            if search_idx:
-                src_search[key] = {c: _indexed_text(row[i]) for c, i in search_idx if row[i] is not None}
-        report.source_rows = len(src.hashes)
-        report.warehouse_rows = len(wh.hashes)
-        # ranges of the source's key order
+        src = _Side()
+        for i, (name, back) in enumerate(rows_backs):
+            target = back.table.schema if back.table is not None else None
+            src = _Side()
+            for key, row in self._source_rows(conn, reg, columns, target):
+                src.hashes[key] = row_hash(row)
+                if search_idx and i == 0:
+                    src_search[key] = {c: _indexed_text(row[j]) for c, j in search_idx if row[j] is not None}
+            report.source_rows = len(src.hashes)
+            if name:
+                self._compare_rows(conn, reg, lsn, (columns, target), src, back, report, report.sinks[name])
+        for sink, texts in backs:
+            if isinstance(texts, StoredTexts):
+                self._compare_texts(reg, src, src_search, texts, report.sinks[sink.name])
+
+    def _compare_rows(
+        self,
+        conn: psycopg.Connection[Any],
+        reg: TableReg,
+        lsn: int,
+        shape: tuple[list[tuple[str, str]], Any],
+        src: _Side,
+        back: StoredRows,
+        report: TableReport,
+        diff: SinkDiff,
+    ) -> None:
+        """Per-key-range hashes, then row by row in the ranges that differ (module docstring, 3)."""
+        columns, target = shape
+        names = [c for c, _ in columns]
+        wh = self._rows_side(reg, columns, back)
+        diff.stored = len(wh.hashes)
         src_sorted = sorted(src.hashes, key=_sort_key)
         bounds = [_sort_key(k) for k in src_sorted[:: self.range_rows]] or [()]
         wh_sorted = sorted(wh.hashes, key=_sort_key)
         src_ranges = _range_hashes(src_sorted, bounds, src)
         wh_ranges = _range_hashes(wh_sorted, bounds, wh)
-        report.ranges = max(len(bounds), 1)
         bad = sorted(i for i in set(src_ranges) | set(wh_ranges) if src_ranges.get(i) != wh_ranges.get(i))
-        report.ranges_differing = len(bad)
+        if diff is report.primary[1]:
+            report.ranges = max(len(bounds), 1)
+            report.ranges_differing = len(bad)
         missing: list[Key] = []
         extra: list[Key] = []
         different: list[tuple[Key, dict[str, Any]]] = []
@@ -567,48 +584,51 @@ class Verifier:
                 elif src.hashes[k] != wh.hashes[k]:
                     s_row = src_rows.get(k)
                     w_row = wh.rows[k]
-                    diff = {
-                        n: {"source": _show(sv), "warehouse": _show(wv)}
+                    cols = {
+                        n: {"source": _show(sv), diff.name: _show(wv)}
                         for n, sv, wv in zip(names, s_row or [None] * len(names), w_row, strict=True)
                         if canonical(sv) != canonical(wv)
                     }
-                    different.append((k, diff))
+                    different.append((k, cols))
             extra = [k for k in wh_keys if k not in src.hashes]
-        report.newer_than_point = sum(
+        report.newer_than_point += sum(
             1 for k in [*extra, *(k for k, _ in different)] if wh.versions.get(k, 0) > lsn
         )
-        report.missing_count, report.extra_count, report.different_count = (
-            len(missing),
-            len(extra),
-            len(different),
+        diff.missing_count, diff.extra_count, diff.different_count = len(missing), len(extra), len(different)
+        diff.missing = [_key_json(reg.key, k) for k in missing[: self.limit]]
+        diff.extra = [_key_json(reg.key, k) for k in extra[: self.limit]]
+        diff.different = [{"key": _key_json(reg.key, k), "columns": d} for k, d in different[: self.limit]]
+
+    def _compare_texts(
+        self,
+        reg: TableReg,
+        src: _Side,
+        src_search: dict[Key, dict[str, str]],
+        back: StoredTexts,
+        diff: SinkDiff,
+    ) -> None:
+        """A text sink's documents: their keys equal the source's, their texts the source's values
+        of the search columns (module docstring, 4)."""
+        docs = back.docs
+        diff.stored = len(docs)
+        src_json = {orjson.dumps(_key_json(reg.key, k)).decode(): k for k in src.hashes}
+        s_missing = [src_json[j] for j in src_json if j not in docs]
+        s_extra = sorted(d for d in docs if d not in src_json)
+        s_diff = sorted(
+            (k for j, k in src_json.items() if j in docs and docs[j] != src_search.get(k, {})),
+            key=_sort_key,
         )
-        report.missing = [_key_json(reg.key, k) for k in missing[: self.limit]]
-        report.extra = [_key_json(reg.key, k) for k in extra[: self.limit]]
-        report.different = [{"key": _key_json(reg.key, k), "columns": d} for k, d in different[: self.limit]]
-        docs = self._search_docs(reg)
-        if docs is not None:
-            report.search_docs = len(docs)
-            src_json = {orjson.dumps(_key_json(reg.key, k)).decode(): k for k in src.hashes}
-            s_missing = [src_json[j] for j in src_json if j not in docs]
-            s_extra = sorted(d for d in docs if d not in src_json)
-            s_diff = sorted(
-                (k for j, k in src_json.items() if j in docs and docs[j] != src_search.get(k, {})),
-                key=_sort_key,
-            )
-            report.search_missing_count, report.search_extra_count = len(s_missing), len(s_extra)
-            report.search_different_count = len(s_diff)
-            report.search_missing = [
-                _key_json(reg.key, k) for k in sorted(s_missing, key=_sort_key)[: self.limit]
-            ]
-            report.search_extra = [orjson.loads(d) for d in s_extra[: self.limit]]
-            report.search_different = [
-                {
-                    "key": _key_json(reg.key, k),
-                    "source": src_search.get(k, {}),
-                    "search": docs[orjson.dumps(_key_json(reg.key, k)).decode()],
-                }
-                for k in s_diff[: self.limit]
-            ]
+        diff.missing_count, diff.extra_count, diff.different_count = len(s_missing), len(s_extra), len(s_diff)
+        diff.missing = [_key_json(reg.key, k) for k in sorted(s_missing, key=_sort_key)[: self.limit]]
+        diff.extra = [orjson.loads(d) for d in s_extra[: self.limit]]
+        diff.different = [
+            {
+                "key": _key_json(reg.key, k),
+                "source": src_search.get(k, {}),
+                "search": docs[orjson.dumps(_key_json(reg.key, k)).decode()],
+            }
+            for k in s_diff[: self.limit]
+        ]
 
     def _refetch(
         self,

@@ -1,7 +1,11 @@
 """The apply stage's sink contract: what every derived-table backend implements and is handed.
 
 One module per backend beside this one: :mod:`sinks.warehouse` (Delta Lake: current state + history)
-and :mod:`sinks.search` (tantivy). :mod:`sinks.parse` turns a table's log-store records into a
+and :mod:`sinks.search` (tantivy), listed once in :data:`sinks.all.SINKS`. Everything that handles
+sinks loops over that list: the apply job builds them (:meth:`Sink.from_settings`), ``cdc verify``
+reads them back (:meth:`Sink.read_back`), ``cdc status`` and ``cdc tables list`` ask where they live
+(:meth:`Sink.locations`); each also reports the last batch it committed (:meth:`Sink.applied_batch`).
+A new sink is its module, its tests and one entry there. :mod:`sinks.parse` turns a table's log-store records into a
 :class:`ChangeBatch` and its :class:`DeadLetter` records; the apply job (``spark_jobs/``) writes the
 dead letters, then calls :meth:`Sink.reject` and :meth:`Sink.apply` of every sink. The shared
 guarantees (version guard, deletes that stick, idempotent batches, unavailable TOAST values, poison
@@ -12,15 +16,30 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import Version
 from cdc.registry import TableReg
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from cdc.config import Settings
     from sinks.columnar import Columns
 
-__all__ = ["OPS", "ChangeBatch", "ChangeEvent", "DeadLetter", "RawRecord", "Rejection", "Sink"]
+__all__ = [
+    "OPS",
+    "ChangeBatch",
+    "ChangeEvent",
+    "DeadLetter",
+    "RawRecord",
+    "ReadBack",
+    "Rejection",
+    "Sink",
+    "StoredRows",
+    "StoredTexts",
+]
 
 OPS = frozenset("rcudt")
 
@@ -87,6 +106,30 @@ class Rejection:
     partition: int
     offset: int
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRows:
+    """A sink's live rows of one table, as it stores them (:meth:`Sink.read_back`): one row per key,
+    the registered columns (less the excluded ones) in the sink's Arrow types, and ``version_column``
+    holding each row's ``commit_lsn``. ``table`` None: the sink has stored nothing for it yet.
+    ``cdc verify`` converts the source's values to ``table``'s types and compares row by row."""
+
+    table: pa.Table | None
+    version_column: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTexts:
+    """A sink's live documents of one table (:meth:`Sink.read_back`): canonical key JSON
+    (``ChangeEvent.key_json``) -> {search column: the text it indexed}. ``cdc verify`` compares them
+    with the source's values of the table's search columns."""
+
+    docs: dict[str, dict[str, str]]
+
+
+#: what :meth:`Sink.read_back` returns: the values it holds, or the texts it indexed
+ReadBack = StoredRows | StoredTexts
 
 
 class ChangeBatch:
@@ -182,9 +225,64 @@ class Sink(abc.ABC):
     * **A poison record never stops the others.** A value the sink cannot hold is reported by
       :meth:`reject` before any sink applies the batch; the job dead-letters that record and applies
       the rest.
+    * **It describes itself.** Its paths (:meth:`locations`, built by :mod:`cdc.paths` only), its
+      rows for ``cdc verify`` (:meth:`read_back`) and its progress (:meth:`applied_batch`) come from
+      the sink, so no other module knows where or how it stores a table. The describing methods
+      only read: they never create a file, and may run while the apply job writes (they see its
+      last commit).
+
+    A sink is listed once, in :data:`sinks.all.SINKS` (no registration by import), and must then
+    implement every describing method (``tests/sinks/test_contract.py`` checks each listed sink).
+    Their defaults describe a sink that keeps nothing of any table: they exist for test doubles
+    handed to the apply job directly, never for a listed sink.
     """
 
+    #: the sink's name: in ``cdc status`` (one apply stage per table and sink), ``cdc verify``
+    #: and the job's per-sink timings; also its section of ``cdc.toml`` when it has options
     name: str
+    #: what :meth:`read_back` holds per key: ``rows`` or ``docs`` (``cdc verify --json`` reports
+    #: their number as ``<name>_<unit>``: ``warehouse_rows``, ``search_docs``)
+    unit: str = "rows"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Sink:
+        """The sink of ``settings.state_dir`` with its options (``cdc.toml``, section :attr:`name`;
+        ConfigError naming the fix for an invalid one). Called once per apply job or ``cdc verify``
+        run; creates no file (a table's files appear on its first :meth:`apply`)."""
+        raise NotImplementedError(f"{cls.__name__} is not built from settings")
+
+    @classmethod
+    def locations(cls, state_dir: Path, reg: TableReg) -> dict[str, Path]:
+        """Where the sink keeps ``reg``: role -> path (in ``docs/architecture.md``'s state layout),
+        each built by a function of :mod:`cdc.paths` (inside the state directory, names made safe).
+        Empty when the sink keeps nothing for the table (the index of a table without search
+        columns): the sink then has no apply stage for it in ``cdc status`` and no check in
+        ``cdc verify``. Pure: the paths need not exist."""
+        return {}
+
+    @classmethod
+    def listing(cls, state_dir: Path, reg: TableReg) -> dict[str, Any]:
+        """The sink's entry in a table's ``cdc tables list --json`` object (merged into it).
+        Default: ``{name: {role: path}}`` of :meth:`locations`, ``{name: None}`` when empty."""
+        where = cls.locations(state_dir, reg)
+        return {cls.name: {role: str(p) for role, p in where.items()} if where else None}
+
+    def read_back(self, reg: TableReg) -> ReadBack | None:
+        """What the sink holds of ``reg`` now, for ``cdc verify``: its live rows
+        (:class:`StoredRows`) or the texts it indexed (:class:`StoredTexts`), deleted keys left
+        out; None when it keeps nothing for the table (empty :meth:`locations`). Reads the last
+        committed state; raises (:class:`cdc.errors.ApplyError` for a known cause) when the stored
+        data cannot be read -- verify then fails, it never reports a partial comparison."""
+        return None
+
+    def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
+        """The sink's own progress on ``reg``: the newest micro-batch of the job ``app_id`` whose
+        changes to the table it committed (None: none yet, or it keeps nothing for the table).
+        This is its resume state, kept with its data in the same commit: :meth:`apply` of a batch
+        id at or below it is a replay and changes nothing. A table gets a batch id only from
+        batches holding its records, so the gap to the job's newest batch says how far behind the
+        sink is only together with the table's offsets."""
+        return None
 
     def reject(self, batch: ChangeBatch) -> list[Rejection]:
         """The events of ``batch`` this sink cannot hold (a value outside what its storage represents),

@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tantivy
 
+from cdc import paths
 from cdc.errors import ApplyError, ConfigError
 from cdc.events import Version
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, Rejection, Sink
+from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredTexts
 from sinks.toast import Chains
 
 if TYPE_CHECKING:
@@ -58,12 +59,13 @@ class SearchOptions:
 
 
 def index_path(state_dir: Path, reg: TableReg) -> Path:
-    """``<state>/search/<topic>``."""
-    return Path(state_dir) / "search" / reg.topic
+    """``<state>/search/<topic>`` (:func:`cdc.paths.search_index`)."""
+    return paths.search_index(Path(state_dir), reg.topic)
 
 
 def versions_path(state_dir: Path, reg: TableReg) -> Path:
-    return Path(state_dir) / "search" / f"{reg.topic}.versions.sqlite"
+    """``<state>/search/<topic>.versions.sqlite``, the side table (:func:`cdc.paths.search_versions`)."""
+    return paths.search_versions(Path(state_dir), reg.topic)
 
 
 def field_names(reg: TableReg) -> dict[str, str]:
@@ -246,6 +248,7 @@ class SearchSink(Sink):
     thread: the SQLite side table is opened with ``check_same_thread=False``)."""
 
     name = "search"
+    unit = "docs"
 
     def __init__(self, state_dir: Path, options: SearchOptions | None = None) -> None:
         self.state_dir = Path(state_dir)
@@ -255,6 +258,56 @@ class SearchSink(Sink):
     @classmethod
     def from_settings(cls, settings: Settings) -> SearchSink:
         return cls(Path(settings.state_dir), SearchOptions.from_settings(settings))
+
+    # -- where it lives, what it holds (sinks.Sink) ----------------------------------------------------
+    @classmethod
+    def locations(cls, state_dir: Path, reg: TableReg) -> dict[str, Path]:
+        """A table with search columns: ``index`` (tantivy) and ``versions`` (the SQLite side table)."""
+        if not reg.search:
+            return {}
+        return {"index": index_path(state_dir, reg), "versions": versions_path(state_dir, reg)}
+
+    @classmethod
+    def listing(cls, state_dir: Path, reg: TableReg) -> dict[str, Any]:
+        """``{"search_index": path}`` (None for a table without search columns)."""
+        where = cls.locations(state_dir, reg)
+        return {"search_index": str(where["index"]) if where else None}
+
+    def read_back(self, reg: TableReg) -> StoredTexts | None:
+        """Every live document: ``_cdc_key`` -> {search column: indexed text} (none before the index
+        exists); None for a table without search columns."""
+        if not reg.search:
+            return None
+        path = index_path(self.state_dir, reg)
+        if not path.exists():
+            return StoredTexts({})
+        index = tantivy.Index.open(str(path))
+        index.reload()
+        searcher = index.searcher()
+        total = int(searcher.num_docs)
+        docs: dict[str, dict[str, str]] = {}
+        if total == 0:
+            return StoredTexts(docs)
+        for _score, addr in searcher.search(tantivy.Query.all_query(), limit=total).hits:
+            body = searcher.doc(addr).to_dict()
+            keys = body.get(KEY) or []
+            if keys:
+                docs[str(keys[0])] = {
+                    c: str(body[f][0]) for c in reg.search if body.get(f := reg.search_field(c))
+                }
+        return StoredTexts(docs)
+
+    def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
+        """The side table's applied batch of ``app_id`` (recorded after the index commit)."""
+        path = versions_path(self.state_dir, reg)
+        if not reg.search or not path.exists():
+            return None
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT batch_id FROM applied WHERE app_id = ?", (app_id,)).fetchone()
+        finally:
+            db.close()
+        return None if row is None else int(row[0])
 
     def _index(self, reg: TableReg) -> _Index:
         idx = self._open.get(reg.topic)

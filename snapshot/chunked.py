@@ -45,7 +45,7 @@ from cdc.errors import ConfigError, SourceError
 from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.logstore import LogStore, Record
 from cdc.names import parse_table_name
-from cdc.registry import Alignment, Column, Registry, TableReg
+from cdc.registry import Alignment, Column, Registry, TableReg, TableState
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
 from snapshot.table_info import row_estimate, table_columns
 from snapshot.where import parse_where, where_sql
@@ -197,34 +197,22 @@ def check_watermark_table(
 
 
 # --- progress (durable, in the registry) --------------------------------------------------------
-def progress_key(schema: str, table: str) -> str:
-    return "chunked:" + orjson.dumps([schema, table]).decode()
-
-
+# the reader's names of the per-table registry entries (until it calls the typed API itself: it is
+# being split); the keys and what they hold are :class:`cdc.registry.TableState`'s
 def missing_key(schema: str, table: str) -> str:
-    """Registry state key set (to the epoch seconds it was noticed) while a registered table does
-    not exist at the source (dropped or renamed); the capture of the other tables goes on."""
-    return "source_missing:" + orjson.dumps([schema, table]).decode()
+    return TableState.SOURCE_MISSING.key(schema, table)
 
 
 def missing_ddl_key(schema: str, table: str) -> str:
-    """Registry state key (JSON ``{"what": "dropped" | "renamed", "to": new name or null, "tag":
-    command tag}``) set with :func:`missing_key` when the DDL recorder told what happened
-    (``cdc.reader.ddl``); cleared with it."""
-    return "source_missing_ddl:" + orjson.dumps([schema, table]).decode()
+    return TableState.SOURCE_MISSING_DDL.key(schema, table)
 
 
 def refused_key(schema: str, table: str) -> str:
-    """Registry state key (JSON ``{"reason", "fix"}``) of a registered table the capture refuses
-    because its key columns are gone at the source (dropped or renamed)."""
-    return "schema_refused:" + orjson.dumps([schema, table]).decode()
+    return TableState.SCHEMA_REFUSED.key(schema, table)
 
 
 def request_key(schema: str, table: str) -> str:
-    """Registry state key of a pending ``cdc snapshot --where`` request (JSON ``{"where": ...}``), or
-    of a partitioned table's attached partitions to read (JSON ``{"partitions": [[schema, table],
-    ...]}``: those leaves only, no TRUNCATE marker)."""
-    return "snapshot_request:" + orjson.dumps([schema, table]).decode()
+    return TableState.SNAPSHOT_REQUEST.key(schema, table)
 
 
 @dataclass
@@ -264,12 +252,12 @@ class ChunkProgress:
 
 
 def load_progress(registry: Registry, schema: str, table: str) -> ChunkProgress | None:
-    raw = registry.get_state(progress_key(schema, table))
+    raw = registry.get_table_state(TableState.CHUNKED_PROGRESS, schema, table)
     return ChunkProgress.from_json(raw) if raw else None
 
 
 def save_progress(registry: Registry, schema: str, table: str, progress: ChunkProgress) -> None:
-    registry.set_state(progress_key(schema, table), progress.to_json())
+    registry.set_table_state(TableState.CHUNKED_PROGRESS, schema, table, progress.to_json())
 
 
 def progress_view(progress: ChunkProgress | None) -> dict[str, Any] | None:
@@ -704,7 +692,9 @@ class ChunkDriver:
                         f"{reg.qualified} does not exist at the source (dropped or renamed): its snapshot waits; "
                         f"`cdc tables remove {reg.qualified}` if it is gone for good"
                     )
-                    self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
+                    self.registry.set_table_state(
+                        TableState.SOURCE_MISSING, reg.schema, reg.table, str(int(time.time()))
+                    )
             self.tracker.finished.set()
         except _Stopped:
             return

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from cdc import paths
 from cdc.config import Settings
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import dead_letter_topic
@@ -50,11 +51,26 @@ STOP_REQUESTED = "cdc apply: stop requested before this micro-batch started"
 
 
 def checkpoint_dir(state_dir: Path) -> Path:
-    return state_dir / "spark" / "checkpoint" / "apply"
+    return paths.spark_checkpoint(state_dir, "apply")
 
 
-def metrics_path(state_dir: Path) -> Path:
-    return state_dir / "spark" / "apply-metrics.json"
+def ledger_path(state_dir: Path) -> Path:
+    """The job's correctness ledger (:func:`cdc.paths.apply_ledger`)."""
+    return paths.apply_ledger(state_dir)
+
+
+def read_ledger(state_dir: Path) -> dict[str, Any]:
+    """The ledger's content, ``{}`` when there is none. A state directory written before the ledger
+    got its name holds it as ``apply-metrics.json`` (:func:`cdc.paths.legacy_apply_ledger`): that
+    file is read when the ledger is absent; the next write creates the ledger and removes it."""
+    for path in (ledger_path(state_dir), paths.legacy_apply_ledger(state_dir)):
+        try:
+            return dict(orjson.loads(path.read_bytes()))
+        except FileNotFoundError:
+            continue
+        except orjson.JSONDecodeError:
+            return {}
+    return {}
 
 
 def app_id_for(state_dir: Path) -> str:
@@ -91,6 +107,17 @@ def batch_end_offsets(ckpt: Path, batch_id: int) -> dict[str, dict[int, int]]:
             topic, _, part = str(key).rpartition("|")
             out.setdefault(topic, {})[int(part)] = int(off)
     return out
+
+
+def write_ledger(state_dir: Path, current: dict[str, Any]) -> None:
+    """Replace the ledger atomically (stamped ``updated_ms``); the old-named file, read once by
+    :func:`read_ledger`, is removed after the new one is in place."""
+    path = ledger_path(state_dir)
+    current["updated_ms"] = int(time.time() * 1000)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(orjson.dumps(current))
+    os.replace(tmp, path)
+    paths.legacy_apply_ledger(state_dir).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -146,7 +173,7 @@ class ApplySummary:
     seconds: float = 0.0
     tables: list[str] = field(default_factory=list)
     last_batch_id: int | None = None
-    dead_letters_total: int = 0  # over the checkpoint's life, from the metrics file
+    dead_letters_total: int = 0  # over the checkpoint's life, from the ledger
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -382,7 +409,7 @@ class ApplyJob:
         return reg
 
     def _write_dead_letters(self, dead: Sequence[DeadLetter], batch_id: int) -> None:
-        """Append the batch's dead letters once per (app id, batch id): the metrics file records the
+        """Append the batch's dead letters once per (app id, batch id): the ledger records the
         last batch whose dead letters were written and counted, so a replayed batch skips them (only
         a crash between the append and that record can write them twice)."""
         metrics = self._read_metrics()
@@ -423,22 +450,15 @@ class ApplyJob:
                 continue
 
     def _read_metrics(self) -> dict[str, Any]:
-        """This checkpoint's counters (``<state>/spark/apply-metrics.json``); reset for a new app id."""
-        path = metrics_path(self.state_dir)
-        try:
-            current = dict(orjson.loads(path.read_bytes()))
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            current = {}
+        """This checkpoint's ledger (``<state>/spark/apply-ledger.json``, :func:`read_ledger`): the
+        last batch whose dead letters were written, and the counters; reset for a new app id."""
+        current = read_ledger(self.state_dir)
         if current.get("app_id") != self.app_id:
             current = {"app_id": self.app_id, "batches": 0, "records": 0, "events": 0, "dead_letters": 0}
         return current
 
     def _write_metrics(self, current: dict[str, Any]) -> None:
-        path = metrics_path(self.state_dir)
-        current["updated_ms"] = int(time.time() * 1000)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(current))
-        os.replace(tmp, path)
+        write_ledger(self.state_dir, current)
         self.summary.dead_letters_total = int(current.get("dead_letters", 0))
 
     def _update_metrics(self, batch_id: int, records: int, events: int, newest_ts_ms: int | None) -> None:
@@ -760,12 +780,11 @@ def _first_lines(text: str, limit: int = 1500) -> str:
 
 
 def open_sinks(settings: Settings) -> list[Sink]:
-    """The job's sinks: the warehouse and the search index (which only acts on tables with search
-    columns)."""
-    from sinks.search import SearchSink
-    from sinks.warehouse import WarehouseSink
+    """The job's sinks: every one of :data:`sinks.all.SINKS`, in its order (a sink acts only on the
+    tables it keeps: the search index on those with search columns)."""
+    from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
-    return [WarehouseSink.from_settings(settings), SearchSink.from_settings(settings)]
+    return [cls.from_settings(settings) for cls in SINKS]
 
 
 def run_apply(

@@ -27,14 +27,13 @@ from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
 from cdc.reader.ddl import check_ddl_recorder, install_ddl_recorder, install_script
 from cdc.reader.nonfinite import (
-    WAL2JSON_STATE_KEY,
     check_nonfinite,
     ensure_nonfinite,
     remember,
     tracked_columns,
 )
 from cdc.reader.nonfinite import install_script as nonfinite_script
-from cdc.registry import Registry, TableReg
+from cdc.registry import Registry, State, TableReg
 from snapshot.chunked import SnapshotOptions, check_watermark_table, ensure_watermark_table
 
 
@@ -62,11 +61,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _registered(settings: Settings) -> tuple[list[TableReg], str | None]:
     """The registered tables, and what the reader found out about wal2json
-    (:data:`cdc.reader.nonfinite.WAL2JSON_STATE_KEY`)."""
+    (:attr:`cdc.registry.State.WAL2JSON_NUMERIC_AS_STRING`)."""
     if not (settings.state_dir / "registry.db").exists():
         return [], None
     with Registry(settings.state_dir) as registry:
-        return registry.list_tables(), registry.get_state(WAL2JSON_STATE_KEY)
+        return registry.list_tables(), registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING)
 
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:

@@ -17,8 +17,7 @@ import orjson
 from cdc.cli.output import print_json
 from cdc.config import Settings
 from cdc.errors import ConfigError
-from cdc.registry import Registry
-from snapshot.chunked import request_key
+from cdc.registry import Registry, TableState
 from snapshot.where import parse_where
 
 
@@ -53,11 +52,10 @@ def request_snapshot(args: argparse.Namespace, settings: Settings) -> int:
         for reg in regs:
             if args.where is not None:
                 parse_where(args.where, [c.name for c in reg.columns])  # refuse a bad filter now
-                registry.set_state(
-                    request_key(reg.schema, reg.table), orjson.dumps({"where": args.where}).decode()
-                )
+                where = orjson.dumps({"where": args.where}).decode()
+                registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, where)
             else:
-                registry.set_state(request_key(reg.schema, reg.table), None)
+                registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
             registry.set_snapshot_state(reg.schema, reg.table, "pending")
     names = [r.qualified for r in regs]
     if args.json:

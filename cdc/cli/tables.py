@@ -33,9 +33,9 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, state_key, tracked_columns
-from cdc.registry import Registry, TableReg, column_json, search_index_path, warehouse_paths
-from snapshot.chunked import load_progress, missing_ddl_key, missing_key, progress_view, refused_key
+from cdc.reader.nonfinite import ensure_nonfinite, remember, tracked_columns
+from cdc.registry import Registry, State, TableReg, TableState, column_json
+from snapshot.chunked import load_progress, progress_view
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -184,7 +184,7 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                     topic=reg.topic,
                 )
             registry.add(reg)
-            wal2json_sends_them = registry.get_state(WAL2JSON_STATE_KEY) == "1"
+            wal2json_sends_them = registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
             warnings = key_warnings(desc, key)
             recorder = None
             if not wal2json_sends_them and settings.config.nonfinite_recorder and tracked_columns(reg):
@@ -235,9 +235,10 @@ def nonfinite_recorder(
 def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None) -> dict[str, Any]:
     """The ``--json`` shape of one registration (``cdc tables list --json`` prints a list of these);
     ``snapshot.progress`` (only once a chunked snapshot ran): its progress
-    (:func:`snapshot.chunked.progress_view`)."""
-    current, history = warehouse_paths(state_dir, reg)
-    search = search_index_path(state_dir, reg)
+    (:func:`snapshot.chunked.progress_view`). Where each sink keeps the table:
+    :meth:`sinks.Sink.listing` of every sink of :data:`sinks.all.SINKS`."""
+    from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
+
     align = reg.alignment
     out: dict[str, Any] = {
         "table": reg.qualified,
@@ -255,22 +256,26 @@ def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None)
             "consistent_lsn": int_to_lsn(align.consistent_lsn) if align else None,
             "end_offsets": {str(p): o for p, o in sorted(align.end_offsets.items())} if align else None,
         },
-        "warehouse": {"current": str(current), "history": str(history)},
-        "search_index": str(search) if search else None,
     }
+    for sink in SINKS:
+        out.update(sink.listing(state_dir, reg))
     progress = progress_view(load_progress(registry, reg.schema, reg.table)) if registry else None
     if progress is not None:
         out["snapshot"]["progress"] = progress
-    missing = registry.get_state(missing_key(reg.schema, reg.table)) if registry else None
+
+    def state(entry: TableState) -> str | None:
+        return registry.get_table_state(entry, reg.schema, reg.table) if registry else None
+
+    missing = state(TableState.SOURCE_MISSING)
     if missing is not None:  # dropped or renamed at the source (noticed by `cdc run`)
         out["source_missing_since"] = int(missing)
-        told = registry.get_state(missing_ddl_key(reg.schema, reg.table)) if registry else None
+        told = state(TableState.SOURCE_MISSING_DDL)
         if told is not None:  # what the DDL recorder said: {"what", "to", "tag"}
             out["source_missing_ddl"] = json.loads(told)
-    refused = registry.get_state(refused_key(reg.schema, reg.table)) if registry else None
+    refused = state(TableState.SCHEMA_REFUSED)
     if refused is not None:  # its key columns are gone at the source: not captured any more
         out["refused"] = json.loads(refused)
-    recorder = registry.get_state(state_key(reg.schema, reg.table)) if registry else None
+    recorder = state(TableState.NONFINITE_RECORDER)
     if recorder is not None:  # NaN/Infinity (some columns') reach the topic as null (wal2json < 2.6)
         out["nonfinite_recorder"] = json.loads(recorder)
     return out

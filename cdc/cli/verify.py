@@ -8,11 +8,15 @@ documents); 3 the pipeline had not caught up with the source's consistent point 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cdc.verify import TableReport
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,49 +49,40 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json([r.to_dict() for r in reports])
     else:
-        rows: list[list[Any]] = []
-        for r in reports:
-            rows.append(
-                [
-                    r.table,
-                    r.status,
-                    r.source_rows,
-                    r.warehouse_rows,
-                    "-" if r.search_docs is None else r.search_docs,
-                    r.missing_count,
-                    r.extra_count,
-                    r.different_count,
-                    r.search_missing_count + r.search_extra_count + r.search_different_count,
-                ]
-            )
-        print_table(
-            "cdc verify",
-            [
-                "table",
-                "status",
-                "source",
-                "warehouse",
-                "search",
-                "missing",
-                "extra",
-                "different",
-                "search diff",
-            ],
-            rows,
-        )
-        for r in reports:
-            if not r.caught_up:
-                print(f"{r.table}: not caught up with the source at {r.consistent_lsn}: {r.lag}")
-            for kind, keys in (
-                ("missing", r.missing),
-                ("extra", r.extra),
-                ("different", r.different),
-                ("missing from search", r.search_missing),
-                ("extra in search", r.search_extra),
-                ("different in search", r.search_different),
-            ):
-                if keys:
-                    print(f"{r.table}: {kind}: {keys}")
+        _print_reports(reports)
     if any(not r.caught_up for r in reports):
         return 3
     return 0 if all(r.equal for r in reports) else 1
+
+
+def _print_reports(reports: Sequence[TableReport]) -> None:
+    """The text form: one line per table (the rows or documents each sink holds, the primary sink's
+    differences, the others' totals), then the keys that differ."""
+    if not reports:
+        return
+    names = list(reports[0].sinks)
+    rows: list[list[Any]] = []
+    for r in reports:
+        primary = r.primary[1]
+        rows.append(
+            [r.table, r.status, r.source_rows]
+            + ["-" if d.stored is None else d.stored for d in r.sinks.values()]
+            + [primary.missing_count, primary.extra_count, primary.different_count]
+            + [d.differences for _, d in r.others]
+        )
+    header = ["table", "status", "source", *names, "missing", "extra", "different"]
+    print_table("cdc verify", header + [f"{n} diff" for n in names[1:]], rows)
+    for r in reports:
+        if not r.caught_up:
+            print(f"{r.table}: not caught up with the source at {r.consistent_lsn}: {r.lag}")
+        primary = r.primary[1]
+        found = [("missing", primary.missing), ("extra", primary.extra), ("different", primary.different)]
+        for n, d in r.others:
+            found += [
+                (f"missing from {n}", d.missing),
+                (f"extra in {n}", d.extra),
+                (f"different in {n}", d.different),
+            ]
+        for kind, keys in found:
+            if keys:
+                print(f"{r.table}: {kind}: {keys}")

@@ -83,7 +83,7 @@ from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember,
 from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
-from cdc.registry import Column, Registry, TableReg
+from cdc.registry import Column, Registry, State, TableReg, TableState
 from snapshot import SnapshotError, create_exported_slot
 from snapshot.chunked import (
     ChunkDriver,
@@ -102,18 +102,15 @@ from snapshot.chunked import (
 from snapshot.exported import read_tables
 from snapshot.progress import NullProgress
 
-INITIAL_SNAPSHOT_KEY = "initial_snapshot"
-#: registry state: the tables the last stream session read (JSON list of [schema, table])
-STREAMED_TABLES_KEY = "streamed_tables"
-#: registry state: the leaves of each registered table the last session streamed (JSON list of
-#: [[schema, table], [[leaf schema, leaf], ...]]); a session compares them with the catalog's
-STREAMED_PARTITIONS_KEY = "streamed_partitions"
+# the reader's names of its registry entries (the keys and what they hold: cdc.registry.State and
+# TableState)
+INITIAL_SNAPSHOT_KEY = State.INITIAL_SNAPSHOT
+STREAMED_TABLES_KEY = State.STREAMED_TABLES
+STREAMED_PARTITIONS_KEY = State.STREAMED_PARTITIONS
 
 
 def detached_key(schema: str, table: str) -> str:
-    """Registry state key (JSON list of [schema, table]): partitions detached from the table whose
-    rows the reader has yet to delete from its topic."""
-    return "partitions_detached:" + orjson.dumps([schema, table]).decode()
+    return TableState.PARTITIONS_DETACHED.key(schema, table)
 
 
 @dataclass
@@ -128,9 +125,7 @@ class _Detached:
 
 
 def drop_before_key(schema: str, table: str) -> str:
-    """Registry state key: stream changes of the table with a commit LSN below this value are
-    dropped (they are contained in its snapshot and were never streamed before)."""
-    return "drop_before:" + orjson.dumps([schema, table]).decode()
+    return TableState.DROP_BEFORE.key(schema, table)
 
 
 __all__ = ["Reader", "ReaderOptions", "RunResult"]

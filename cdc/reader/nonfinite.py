@@ -84,7 +84,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.codec.values import type_kind
-from cdc.registry import Registry, TableReg
+from cdc.registry import Registry, State, TableReg, TableState
 
 __all__ = [
     "FUNCTION",
@@ -108,8 +108,8 @@ TRIGGERS = {
 }
 #: the trigger only tables under REPLICA IDENTITY FULL get (the others' events carry no old row)
 OLD_TRIGGER = "zzz_cdc_nonfinite_old"
-#: registry state: whether wal2json knows ``numeric-data-types-as-string`` ("1"/"0"; absent: unknown)
-WAL2JSON_STATE_KEY = "wal2json_numeric_as_string"
+#: registry state: whether wal2json knows ``numeric-data-types-as-string`` (the key: cdc.registry)
+WAL2JSON_STATE_KEY = State.WAL2JSON_NUMERIC_AS_STRING
 #: how long a trigger change may wait for the table's lock (an open write transaction holds one)
 LOCK_TIMEOUT = "2s"
 
@@ -463,7 +463,7 @@ def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) ->
 def state_key(schema: str, table: str) -> str:
     """Registry state key (JSON, :meth:`Outcome.to_json`) of a table whose NaN/Infinity the
     recorder does not carry (not installed, or a column it cannot cover); absent when it does."""
-    return "nonfinite_recorder:" + msgspec.json.encode([schema, table]).decode()
+    return TableState.NONFINITE_RECORDER.key(schema, table)
 
 
 def remember(registry: Registry, outcomes: Sequence[Outcome], regs: Sequence[TableReg] = ()) -> None:

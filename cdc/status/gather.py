@@ -30,15 +30,13 @@ from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
-from cdc.registry import Registry, TableReg
+from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
-from cdc.status.slot import DROP_KEY, drop_slot, judge_slot, should_drop
-from snapshot.chunked import missing_ddl_key, missing_key, refused_key
+from cdc.status.slot import drop_slot, judge_slot, should_drop
 
 CATCH_UP_WAIT_S = 1.5
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
-INITIAL_SNAPSHOT_KEY = "initial_snapshot"  # cdc.reader's registry key
 
 
 def commit_ts_ms(ts: str | None) -> int | None:
@@ -51,18 +49,20 @@ def commit_ts_ms(ts: str | None) -> int | None:
 
 def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dict[str, Any]]:
     """One ERROR stage per registered table the capture no longer reads: dropped or renamed at the
-    source (registry state ``source_missing:[schema, table]``), or refused (a key column dropped or
-    renamed, ``schema_refused:[schema, table]``). The other tables' capture goes on."""
+    source (registry state ``TableState.SOURCE_MISSING``), or refused (a key column dropped or
+    renamed, ``TableState.SCHEMA_REFUSED``). The other tables' capture goes on."""
     out: list[dict[str, Any]] = []
     for reg in tables:
         name = reg.qualified
-        missing = registry.get_state(missing_key(reg.schema, reg.table))
-        refused = registry.get_state(refused_key(reg.schema, reg.table))
+        missing = registry.get_table_state(TableState.SOURCE_MISSING, reg.schema, reg.table)
+        refused = registry.get_table_state(TableState.SCHEMA_REFUSED, reg.schema, reg.table)
         if missing is None and refused is None:
             continue
         if missing is not None:
             since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(missing)))
-            told = orjson.loads(registry.get_state(missing_ddl_key(reg.schema, reg.table)) or "null")
+            told = orjson.loads(
+                registry.get_table_state(TableState.SOURCE_MISSING_DDL, reg.schema, reg.table) or "null"
+            )
             if told and told.get("to"):
                 what = f"renamed to {told['to']}, told by the DDL recorder"
                 new_name = str(told["to"])
@@ -267,24 +267,81 @@ class Collector:
 
     # -- one report --------------------------------------------------------------------------------
     def run(self, *, record: bool, enforce_policy: bool, store: Any = None) -> dict[str, Any]:
-        opts = self.options
+        """One report (``docs/status.md``): the processes, the source and its slot, the log store's
+        per-table facts, then one stage each for capture, the slot, every table's sinks and the dead
+        letters. ``record``: append this report's positions to the samples (``history``)."""
         now = _now_ms()
         docs = metrics.read_all(self.state)
-        procs = {role: _process(docs.get(role), now, opts.window_s) for role in metrics.ROLES}
+        procs = {role: _process(docs.get(role), now, self.options.window_s) for role in metrics.ROLES}
+        tables, source, kept = self._registry_facts(enforce_policy, procs["capture"]["running"])
+        samples = history.load(self.state)
+        report = self._report_head(now, source, procs)
+        facts, dead, store_error, applied_ms = self._store_facts(store, tables, source, now)
+        apply_doc = docs.get("apply")
+        if apply_doc is not None:
+            dead["applied_counter"] = (apply_doc.get("counters") or {}).get("dead_letters", 0)
+        report["log_store"] = {
+            "backend": "kafka" if self.settings.log_url else "embedded",
+            "error": store_error,
+        }
+        sample_stages: dict[str, dict[str, Any]] = {}
+        gauges = (docs.get("capture") or {}).get("gauges", {})
+        stages = [self._capture_stage(source, procs["capture"], gauges, facts, samples, now, sample_stages)]
+        stages.extend(kept["source_tables"])  # registered tables missing or refused at the source
+        dropped: dict[str, Any] | None = orjson.loads(kept["drop_raw"]) if kept["drop_raw"] else None
+        if source.get("dropped_now"):
+            dropped = source["dropped_now"]
+        stages.append(self._slot_stage(source, tables, dropped, kept["initial"]))
+        stages.extend(self._apply_stages(facts, procs["apply"], samples, applied_ms, now, sample_stages))
+        stages.append(_dead_letter_stage(dead, self.options.window_s))
+        report["stages"] = stages
+        report["tables"] = [
+            {k: v for k, v in f.items() if k not in ("sinks",)} | {"sinks": f["sinks"]} for f in facts
+        ]
+        report["snapshots"] = [
+            {"table": f["table"], "state": f["snapshot_state"], "topic_records": f["end_total"]}
+            for f in facts
+            if f["snapshot_state"] != "done"
+        ]
+        report["dead_letters"] = dead
+        report["slot_drop"] = dropped
+        sev = worst([s["severity"] for s in stages])
+        report["severity"] = sev
+        report["verdict"] = {"ok": OK, "warn": WARN}.get(sev, "CRITICAL")
+        report["exit_code"] = EXIT_CODES[sev]
+        if record:
+            history.append(
+                self.state,
+                {"t_ms": now, "wal_lsn": source.get("wal_lsn"), "stages": sample_stages},
+                keep_s=self.options.window_s * 2,
+            )
+        return report
+
+    def _registry_facts(
+        self, enforce_policy: bool, capture_running: bool
+    ) -> tuple[list[TableReg], dict[str, Any], dict[str, Any]]:
+        """The registered tables, the source's facts (:meth:`_source`, which may drop the slot by
+        policy) and what the registry keeps for the report: the last policy drop, the tables
+        missing or refused at the source, the initial snapshot's state."""
         registry = Registry(self.state) if (self.state / "registry.db").exists() else None
         try:
             tables = registry.list_tables() if registry else []
-            source = self._source(registry, enforce_policy, procs["capture"]["running"], tables)
+            source = self._source(registry, enforce_policy, capture_running, tables)
             if source.get("dropped_now") and registry is not None:
                 tables = registry.list_tables()
-            drop_raw = registry.get_state(DROP_KEY) if registry else None
-            source_tables = _source_table_stages(registry, tables) if registry else []
-            initial = registry.get_state(INITIAL_SNAPSHOT_KEY) if registry else None
+            kept = {
+                "drop_raw": registry.get_state(State.SLOT_DROPPED) if registry else None,
+                "source_tables": _source_table_stages(registry, tables) if registry else [],
+                "initial": registry.get_state(State.INITIAL_SNAPSHOT) if registry else None,
+            }
         finally:
             if registry is not None:
                 registry.close()
-        samples = history.load(self.state)
-        report: dict[str, Any] = {
+        return tables, source, kept
+
+    def _report_head(self, now: int, source: dict[str, Any], procs: dict[str, Any]) -> dict[str, Any]:
+        opts = self.options
+        return {
             "version": SCHEMA_VERSION,
             "generated_ms": now,
             "host": socket.gethostname(),
@@ -304,17 +361,19 @@ class Collector:
             },
             "processes": procs,
         }
-        stages: list[dict[str, Any]] = []
-        sample_stages: dict[str, dict[str, Any]] = {}
 
-        # --- log store facts per table ---
+    def _store_facts(
+        self, store: Any, tables: list[TableReg], source: dict[str, Any], now: int
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None, int | None]:
+        """Per table its offsets and apply lag (:meth:`_table`), the dead letters, the log store's
+        error (None when it answered) and when the apply job last committed a batch."""
         table_facts: list[dict[str, Any]] = []
         store_error = None
         dead = {
             "topic": dead_letter_topic(self.settings.topic_prefix),
             "total": 0,
             "recent": 0,
-            "window_s": opts.window_s,
+            "window_s": self.options.window_s,
         }
         applied_all, applied_ms = self._applied()
         own_store = store is None
@@ -343,18 +402,21 @@ class Collector:
             if store is not None and own_store:
                 with contextlib.suppress(Exception):
                     store.close()
-        apply_doc = docs.get("apply")
-        if apply_doc is not None:
-            dead["applied_counter"] = (apply_doc.get("counters") or {}).get("dead_letters", 0)
-        report["log_store"] = {
-            "backend": "kafka" if self.settings.log_url else "embedded",
-            "error": store_error,
-        }
+        return table_facts, dead, store_error, applied_ms
 
-        # --- capture (source -> capture -> log store) ---
+    def _capture_stage(
+        self,
+        source: dict[str, Any],
+        cap_proc: dict[str, Any],
+        gauges: dict[str, Any],
+        table_facts: list[dict[str, Any]],
+        samples: Any,
+        now: int,
+        sample_stages: dict[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        """source -> capture -> log store: the slot's lag in bytes and seconds, judged."""
+        opts = self.options
         slot = source.get("slot")
-        cap_proc = procs["capture"]
-        gauges = (docs.get("capture") or {}).get("gauges", {})
         cap: dict[str, Any] = {
             "stage": "capture",
             "name": "source → capture → log store",
@@ -413,24 +475,28 @@ class Collector:
             verdict=j.verdict, severity=j.severity, reason=j.reason, fix=self._capture_fix(j, cap_proc)
         )
         cap["process"] = "capture"
-        stages.append(cap)
-        stages.extend(source_tables)  # registered tables missing or refused at the source
+        return cap
 
-        # --- slot health ---
-        dropped: dict[str, Any] | None = orjson.loads(drop_raw) if drop_raw else None
-        if source.get("dropped_now"):
-            dropped = source["dropped_now"]
+    def _slot_stage(
+        self,
+        source: dict[str, Any],
+        tables: list[TableReg],
+        dropped: dict[str, Any] | None,
+        initial: str | None,
+    ) -> dict[str, Any]:
+        """The replication slot's health (:func:`cdc.status.slot.judge_slot`)."""
+        slot = source.get("slot")
         marked = set(dropped.get("tables", [])) if dropped else set()
         awaiting = any(t.snapshot_state != "done" for t in tables if t.qualified in marked)
         sj, fix = judge_slot(
             slot if source["reachable"] else None,
-            opts,
+            self.options,
             max_keep=source.get("max_slot_wal_keep_size"),
             expected=initial == "done" and any(t.snapshot_state == "done" for t in tables),
             dropped=dropped,
             awaiting_resnapshot=awaiting,
         )
-        slot_stage: dict[str, Any] = {
+        return {
             "stage": "slot",
             "name": f"replication slot {self.settings.slot_name}",
             "table": None,
@@ -448,10 +514,19 @@ class Collector:
             "max_slot_wal_keep_size": source.get("max_slot_wal_keep_size"),
             "dropped": dropped,
         }
-        stages.append(slot_stage)
 
-        # --- apply, per table and sink ---
-        app_proc = procs["apply"]
+    def _apply_stages(
+        self,
+        table_facts: list[dict[str, Any]],
+        app_proc: dict[str, Any],
+        samples: Any,
+        applied_ms: int | None,
+        now: int,
+        sample_stages: dict[str, dict[str, Any]],
+    ) -> list[dict[str, Any]]:
+        """One apply stage per table and sink that keeps it: the table's offsets lag, judged."""
+        opts = self.options
+        stages: list[dict[str, Any]] = []
         for fact in table_facts:
             for sink in fact["sinks"]:
                 sid = f"apply:{fact['table']}:{sink}"
@@ -492,51 +567,7 @@ class Collector:
                     }
                 st.update(verdict=j.verdict, severity=j.severity, reason=j.reason, fix=self._apply_fix(j))
                 stages.append(st)
-
-        # --- dead letters ---
-        dl_j = (
-            Judgement(WARN, "warn", f"{dead['recent']} dead letter(s) in the last {opts.window_s:g} s")
-            if dead["recent"]
-            else Judgement(OK, "ok", f"{dead['total']} in total, none recent")
-        )
-        stages.append(
-            {
-                "stage": "dead_letters",
-                "name": "dead letters",
-                "table": None,
-                "sink": None,
-                "verdict": dl_j.verdict,
-                "severity": dl_j.severity,
-                "reason": dl_j.reason,
-                "fix": f"inspect them: `cdc topic dump {dead['topic']} --json`; fix the cause, then re-snapshot "
-                "the table if its rows matter"
-                if dead["recent"]
-                else None,
-            }
-        )
-
-        report["stages"] = stages
-        report["tables"] = [
-            {k: v for k, v in f.items() if k not in ("sinks",)} | {"sinks": f["sinks"]} for f in table_facts
-        ]
-        report["snapshots"] = [
-            {"table": f["table"], "state": f["snapshot_state"], "topic_records": f["end_total"]}
-            for f in table_facts
-            if f["snapshot_state"] != "done"
-        ]
-        report["dead_letters"] = dead
-        report["slot_drop"] = dropped
-        sev = worst([s["severity"] for s in stages])
-        report["severity"] = sev
-        report["verdict"] = {"ok": OK, "warn": WARN}.get(sev, "CRITICAL")
-        report["exit_code"] = EXIT_CODES[sev]
-        if record:
-            history.append(
-                self.state,
-                {"t_ms": now, "wal_lsn": source.get("wal_lsn"), "stages": sample_stages},
-                keep_s=opts.window_s * 2,
-            )
-        return report
+        return stages
 
     # -- helpers -----------------------------------------------------------------------------------
     @staticmethod
@@ -595,13 +626,16 @@ class Collector:
         self, store: Any, reg: TableReg, applied_all: dict[str, dict[int, int]] | None, want_newest: bool
     ) -> dict[str, Any]:
         """The table's offsets and apply lag; ``want_newest``: also the newest captured commit time
-        (read only when capture is behind: it costs a read per partition)."""
+        (read only when capture is behind: it costs a read per partition). ``sinks``: the sinks that
+        keep the table (:data:`sinks.all.SINKS`), one apply stage each."""
+        from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
+
         now = _now_ms()
         fact: dict[str, Any] = {
             "table": reg.qualified,
             "topic": reg.topic,
             "snapshot_state": reg.snapshot_state,
-            "sinks": ["warehouse", *(["search"] if reg.search else [])],
+            "sinks": [sink.name for sink in SINKS if sink.locations(self.state, reg)],
             "lag_offsets": None,
             "lag_seconds": None,
             "applied_total": None,
@@ -687,6 +721,28 @@ def collect(
     return Collector(settings, options or StatusOptions.from_settings(settings)).run(
         record=record, enforce_policy=enforce_policy, store=store
     )
+
+
+def _dead_letter_stage(dead: dict[str, Any], window_s: float) -> dict[str, Any]:
+    """Dead letters: WARN while some were written within the window."""
+    dl_j = (
+        Judgement(WARN, "warn", f"{dead['recent']} dead letter(s) in the last {window_s:g} s")
+        if dead["recent"]
+        else Judgement(OK, "ok", f"{dead['total']} in total, none recent")
+    )
+    return {
+        "stage": "dead_letters",
+        "name": "dead letters",
+        "table": None,
+        "sink": None,
+        "verdict": dl_j.verdict,
+        "severity": dl_j.severity,
+        "reason": dl_j.reason,
+        "fix": f"inspect them: `cdc topic dump {dead['topic']} --json`; fix the cause, then re-snapshot "
+        "the table if its rows matter"
+        if dead["recent"]
+        else None,
+    }
 
 
 def open_store(settings: Settings) -> Any:

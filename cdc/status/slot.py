@@ -9,7 +9,7 @@ checkpoint) is critical too, ``extended`` a warning.
 :func:`drop_slot` carries out the ``drop`` policy (``slot_policy = "drop"``): when the retained WAL
 reaches ``slot_drop_at_bytes`` while no process streams from the slot, or Postgres already
 invalidated it (``wal_status = lost``), it drops the slot, marks every registered table for
-re-snapshot (``pending``) and records why and when in the registry (:data:`DROP_KEY`); the next
+re-snapshot (``pending``) and records why and when in the registry (:attr:`cdc.registry.State.SLOT_DROPPED`); the next
 ``cdc run`` finds no slot and every table pending, creates a new slot and snapshots them again (the
 reader's own path after a lost slot). Status shows the record while any table still waits for its
 re-snapshot, and as a note afterwards. Never in silence.
@@ -23,15 +23,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
+from cdc.registry import State
 from cdc.status.judge import ERROR, OK, WARN, Judgement
 
 if TYPE_CHECKING:
     from cdc.catalog import SlotInfo
     from cdc.registry import Registry
     from cdc.status import StatusOptions
-
-#: registry state key of the last policy drop (JSON)
-DROP_KEY = "slot_dropped"
 
 
 def critical_at(options: StatusOptions, max_keep: int | None) -> int:
@@ -141,5 +139,5 @@ def drop_slot(
         "wal_status": info.wal_status,
         "tables": tables,
     }
-    registry.set_state(DROP_KEY, orjson.dumps(record).decode())
+    registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
     return record

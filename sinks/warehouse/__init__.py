@@ -21,7 +21,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 
 from cdc.errors import ApplyError
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, Rejection, Sink
+from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.warehouse import evolve, per_event
 from sinks.warehouse.columnar import ColumnarApply
@@ -105,6 +105,34 @@ class WarehouseSink(Sink):
     def paths(self, reg: TableReg) -> tuple[Path, Path, Path]:
         """``(current, history, tombstones)`` paths of a table."""
         return table_paths(self.state_dir, reg)
+
+    # -- where it lives, what it holds (sinks.Sink) ----------------------------------------------------
+    @classmethod
+    def locations(cls, state_dir: Path, reg: TableReg) -> dict[str, Path]:
+        """Every table: ``current``, ``history``, ``tombstones`` (:func:`.layout.table_paths`)."""
+        return dict(zip(("current", "history", "tombstones"), table_paths(state_dir, reg), strict=True))
+
+    @classmethod
+    def listing(cls, state_dir: Path, reg: TableReg) -> dict[str, Any]:
+        """``{"warehouse": {"current": path, "history": path}}`` (the tombstones are internal)."""
+        where = cls.locations(state_dir, reg)
+        return {cls.name: {"current": str(where["current"]), "history": str(where["history"])}}
+
+    def read_back(self, reg: TableReg) -> StoredRows:
+        """The current-state table with its meta columns (``table`` None before the first apply)."""
+        if not DeltaTable.is_deltatable(str(self.paths(reg)[0])):
+            return StoredRows(None, LSN)
+        return StoredRows(self.current_rows(reg, meta=True), LSN)
+
+    def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
+        """The batch of ``app_id`` all three tables committed (each commit carries it as its Delta
+        app transaction); None before the table's first batch."""
+        done: list[int | None] = []
+        for path in self.paths(reg):
+            if not DeltaTable.is_deltatable(str(path)):
+                return None
+            done.append(DeltaTable(str(path)).transaction_version(app_id))
+        return None if None in done else min(d for d in done if d is not None)
 
     # -- apply ---------------------------------------------------------------------------------------
     def reject(self, batch: ChangeBatch) -> list[Rejection]:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from cdc import paths
 from cdc.errors import ApplyError, ConfigError
 from cdc.logstore.partitioner import murmur2, partition_array
-from cdc.registry import TableReg, warehouse_paths
+from cdc.registry import TableReg
 from sinks import types as T
 
 if TYPE_CHECKING:
@@ -140,10 +141,9 @@ class WarehouseOptions:
 
 def table_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path, Path]:
     """``(current, history, tombstones)``: ``<state>/warehouse/<schema>/<table>``, ``...__history`` and
-    ``...__tombstones`` (characters outside ``[A-Za-z0-9._-]`` replaced by ``_``, as in topic names).
-    The first two are :func:`cdc.registry.warehouse_paths` (one computation of the paths)."""
-    current, history = warehouse_paths(Path(state_dir), reg)
-    return current, history, current.with_name(f"{current.name}__tombstones")
+    ``...__tombstones`` (:func:`cdc.paths.warehouse_tables`: characters outside ``[A-Za-z0-9._-]``
+    replaced by ``_``, as in topic names)."""
+    return paths.warehouse_tables(Path(state_dir), reg.schema, reg.table)
 
 
 def bucket_of(key_json: str, buckets: int) -> int:

@@ -14,7 +14,7 @@ from cdc.events import dead_letter_topic
 from cdc.logstore import APPLY_CONSUMER
 from sinks import ChangeBatch, Sink
 from sinks.warehouse import LSN, SEQ, WarehouseSink
-from spark_jobs.apply import metrics_path
+from spark_jobs.apply import ledger_path
 from tests.apply.changes import ChangeWriter, make_reg
 from tests.apply.conftest import Env, run_job
 
@@ -128,7 +128,7 @@ def test_corrupt_records_go_to_the_dead_letter_topic(spark_clean: Any, env: Env)
         assert dict(rec.headers)["source_topic"] == reg.topic.encode()
     assert "not JSON" in bodies[0]["reason"] or "not JSON" in bodies[1]["reason"]
     assert any("key columns" in b["reason"] for b in bodies)
-    metrics = orjson.loads(metrics_path(env.state).read_bytes())
+    metrics = orjson.loads(ledger_path(env.state).read_bytes())
     assert metrics["dead_letters"] == 2
 
 

@@ -14,7 +14,7 @@ from cdc.errors import ApplyError
 from cdc.events import dead_letter_topic
 from sinks.search import search
 from sinks.warehouse import WarehouseSink
-from spark_jobs.apply import metrics_path
+from spark_jobs.apply import ledger_path
 from tests.apply.changes import ChangeWriter, make_reg
 from tests.apply.conftest import Env
 from tests.apply.test_continuous import _continuous, _start
@@ -123,4 +123,4 @@ def test_a_poison_record_never_stops_the_others(spark_clean: Any, env: Env) -> N
     assert not runner.is_alive() and not errors, errors
     rows = {r["id"]: r for r in WarehouseSink(env.state).current_rows(items, meta=False).to_pylist()}
     assert rows[1]["name"] == "widget 1 v1" and rows[13]["name"] == "widget 13 v1"
-    assert orjson.loads(metrics_path(env.state).read_bytes())["dead_letters"] == 3
+    assert orjson.loads(ledger_path(env.state).read_bytes())["dead_letters"] == 3

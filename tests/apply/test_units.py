@@ -9,12 +9,13 @@ from pathlib import Path
 
 import orjson
 
+from cdc import paths
 from cdc.events import Version
 from cdc.logstore import StoredRecord
-from cdc.verify import canonical, row_hash
+from cdc.verify import SinkDiff, TableReport, canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
-from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir
+from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, read_ledger, write_ledger
 from spark_jobs.source import offset_key, parse_offset_key, split_budget
 
 
@@ -47,6 +48,18 @@ def test_app_id_is_kept_with_its_checkpoint_and_renewed_without(tmp_path: Path) 
     assert first.startswith("cdc-apply-") and app_id_for(tmp_path) == first
     checkpoint_dir(tmp_path).rmdir()  # a wiped checkpoint
     assert app_id_for(tmp_path) != first
+
+
+def test_ledger_of_an_older_state_dir_is_read_once_then_upgraded(tmp_path: Path) -> None:
+    old = paths.legacy_apply_ledger(tmp_path)
+    old.parent.mkdir(parents=True)
+    old.write_bytes(orjson.dumps({"app_id": "a", "dead_letter_batch": 4, "dead_letters": 2}))
+    ledger = read_ledger(tmp_path)
+    assert ledger["dead_letter_batch"] == 4  # a replay of batch 4 does not write its dead letters again
+    write_ledger(tmp_path, ledger)
+    assert not old.exists() and paths.apply_ledger(tmp_path).name == "apply-ledger.json"
+    assert read_ledger(tmp_path)["dead_letters"] == 2
+    assert read_ledger(tmp_path / "empty") == {}
 
 
 def test_dead_letter_record_keeps_the_original_bytes_reason_and_position() -> None:
@@ -137,3 +150,34 @@ def test_a_fault_armed_by_a_file_fires_once_per_arming(tmp_path: Path) -> None:
     arm.touch()
     assert f.point("apply.after_sink", 8, lambda: fired.append(8)) and fired == [8]
     assert not arm.exists() and not f.on("apply.after_sink", 9)  # once
+
+
+def test_verify_report_keeps_its_json_shape_with_a_diff_per_sink() -> None:
+    report = TableReport(
+        "public.t",
+        source_rows=3,
+        sinks={
+            "warehouse": SinkDiff("warehouse", "rows", 2, missing=[{"id": 3}], missing_count=1),
+            "search": SinkDiff("search", "docs", None),
+        },
+    )
+    body = report.to_dict()
+    assert list(body) == [
+        "table", "status", "source_rows", "warehouse_rows", "search_docs", "missing", "extra", "different",
+        "missing_count", "extra_count", "different_count", "search", "ranges", "ranges_differing",
+        "consistent_lsn", "caught_up", "lag",
+    ]  # fmt: skip
+    assert body["status"] == "different" and body["missing"] == [{"id": 3}] and body["search_docs"] is None
+    assert list(body["search"]) == [
+        "missing",
+        "extra",
+        "missing_count",
+        "extra_count",
+        "different",
+        "different_count",
+    ]
+    report.sinks["warehouse"] = SinkDiff("warehouse", "rows", 3)
+    report.sinks["search"].extra_count = 1  # a difference of any sink makes the table different
+    assert report.to_dict()["status"] == "different"
+    report.sinks["search"].extra_count = 0
+    assert report.equal and report.to_dict()["status"] == "ok"

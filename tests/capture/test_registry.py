@@ -1,11 +1,12 @@
 import multiprocessing
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from cdc.cli.tables import table_json
 from cdc.errors import RegistryError
-from cdc.registry import Alignment, Column, Registry, TableReg
+from cdc.registry import Alignment, Column, Registry, State, TableReg, TableState
 
 COLS = (Column("id", "integer", False), Column("body", "text"))
 
@@ -103,6 +104,50 @@ def test_state_store(tmp_path: Path) -> None:
         assert r.get_state("reader.lsn") == "0/16B3"
         r.set_state("reader.lsn", None)
         assert r.get_state("reader.lsn") is None
+
+
+#: the keys as registry.db files written before the typed state API hold them
+OLD_KEYS = {
+    State.INITIAL_SNAPSHOT: "initial_snapshot",
+    State.STREAMED_TABLES: "streamed_tables",
+    State.STREAMED_PARTITIONS: "streamed_partitions",
+    State.WAL2JSON_NUMERIC_AS_STRING: "wal2json_numeric_as_string",
+    State.SLOT_DROPPED: "slot_dropped",
+}
+OLD_TABLE_PREFIXES = {
+    TableState.CHUNKED_PROGRESS: "chunked",
+    TableState.SOURCE_MISSING: "source_missing",
+    TableState.SOURCE_MISSING_DDL: "source_missing_ddl",
+    TableState.SCHEMA_REFUSED: "schema_refused",
+    TableState.SNAPSHOT_REQUEST: "snapshot_request",
+    TableState.PARTITIONS_DETACHED: "partitions_detached",
+    TableState.DROP_BEFORE: "drop_before",
+    TableState.NONFINITE_RECORDER: "nonfinite_recorder",
+}
+
+
+def test_typed_state_reads_and_writes_the_keys_existing_files_hold(tmp_path: Path) -> None:
+    assert set(OLD_KEYS) == set(State) and set(OLD_TABLE_PREFIXES) == set(TableState)
+    with Registry(tmp_path):
+        pass
+    db = sqlite3.connect(tmp_path / "registry.db")
+    with db:
+        for old in OLD_KEYS.values():
+            db.execute("INSERT INTO state VALUES (?, ?)", (old, f"v-{old}"))
+        for prefix in OLD_TABLE_PREFIXES.values():
+            db.execute("INSERT INTO state VALUES (?, ?)", (f'{prefix}:["Sch \\"x","t\u00e9"]', f"v-{prefix}"))
+    db.close()
+    with Registry(tmp_path) as r:
+        for entry, old in OLD_KEYS.items():
+            assert r.get_state(entry) == f"v-{old}"
+        for tentry, prefix in OLD_TABLE_PREFIXES.items():
+            assert r.get_table_state(tentry, 'Sch "x', "t\u00e9") == f"v-{prefix}"
+            r.set_table_state(tentry, 'Sch "x', "t\u00e9", None)
+            assert r.get_table_state(tentry, 'Sch "x', "t\u00e9") is None
+        r.set_table_state(TableState.DROP_BEFORE, "s", "t", "42")
+    db = sqlite3.connect(tmp_path / "registry.db")
+    assert db.execute('SELECT value FROM state WHERE name = \'drop_before:["s","t"]\'').fetchone() == ("42",)
+    db.close()
 
 
 def test_corrupt_file_names_path_and_fix(tmp_path: Path) -> None:

@@ -148,8 +148,8 @@ class Writer:
 
 
 def newest_applied_ms(state: Path) -> int | None:
-    """The source commit time of the newest change the apply job applied (its metrics file)."""
-    for path in (state / "metrics" / "apply.json", state / "spark" / "apply-metrics.json"):
+    """The source commit time of the newest change the apply job applied (its metrics file or ledger)."""
+    for path in (state / "metrics" / "apply.json", state / "spark" / "apply-ledger.json"):
         try:
             data = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):

@@ -12,7 +12,8 @@ import pytest
 from cdc import paths
 from cdc.cli import main
 from cdc.errors import ConfigError
-from cdc.registry import TableReg, search_index_path, warehouse_paths
+from cdc.registry import TableReg
+from sinks.all import SINKS
 
 
 @pytest.mark.parametrize("name", ["..", ".", "...", "../x", "a/../../b", "/etc", "", "a\x00b", "..\\..", " "])
@@ -33,11 +34,16 @@ def test_plain_names_keep_their_paths(tmp_path: Path) -> None:
 def test_warehouse_and_search_paths_of_dot_names_stay_inside(tmp_path: Path, schema: str, table: str) -> None:
     reg = TableReg(schema, table, f"cdc.{schema}.{table}", ("id",), search=("v",))
     warehouse = (tmp_path / "warehouse").resolve()
-    for p in warehouse_paths(tmp_path, reg):
+    by_sink = {cls.name: cls.locations(tmp_path, reg) for cls in SINKS}
+    assert set(by_sink["warehouse"]) == {"current", "history", "tombstones"}
+    for p in by_sink["warehouse"].values():
         assert warehouse in p.resolve().parents
         assert p.resolve().parent.parent == warehouse
-    search = search_index_path(tmp_path, reg)
-    assert search is not None and search.resolve().parent == (tmp_path / "search").resolve()
+    assert set(by_sink["search"]) == {"index", "versions"}
+    for p in by_sink["search"].values():
+        assert p.resolve().parent == (tmp_path / "search").resolve()
+    for where in by_sink.values():  # every sink, a new one too: nothing outside the state directory
+        assert all(tmp_path.resolve() in p.resolve().parents for p in where.values())
 
 
 def _modes(root: Path) -> dict[str, int]:
