@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.plugins.postgres",
     "tests.plugins.logstore",
     "tests.plugins.spark",
+    "tests.plugins.capture",
 ]

@@ -14,7 +14,7 @@ import pytest
 from cdc.cli import main
 from cdc.devcluster import PgCluster, free_port, start_cluster
 from cdc.registry import Registry
-from tests.capture.test_reader_support import CDC, CaptureEnv, make_env
+from tests.plugins.capture import CDC, CaptureEnv
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -288,11 +288,6 @@ def test_snapshot_needs_names_or_all(cdc: Run) -> None:
 
 
 # --- the source ---------------------------------------------------------------------------------------
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
 @pytest.mark.postgres
 def test_slot_dropped_underneath(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
@@ -415,7 +410,7 @@ def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -
 def test_replication_privilege_revoked_while_running(env: CaptureEnv) -> None:
     """The running reader loses its connection (transient: retried), then the source refuses the
     role (permanent): it stops with exit 2 and the fix, instead of retrying for retry_max_s."""
-    from tests.capture.test_run import wait_streaming
+    from tests.plugins.capture import wait_streaming
 
     role = f"cap_{uuid.uuid4().hex[:8]}"
     env.pg.execute(f"CREATE ROLE {role} LOGIN REPLICATION")

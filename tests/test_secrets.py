@@ -29,7 +29,7 @@ import pytest
 
 from cdc.devcluster import PgCluster, free_port
 from cdc.registry import Registry, TableReg
-from tests.capture.test_reader_support import CDC
+from tests.plugins.capture import CDC
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 

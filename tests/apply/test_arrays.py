@@ -18,7 +18,7 @@ from cdc.cli import main as cdc_main
 from cdc.config import Settings
 from cdc.registry import Registry
 from sinks.warehouse import WarehouseSink
-from tests.apply.conftest import Env, run_job
+from tests.plugins.apply import Env, run_job
 from tests.plugins.postgres import PgCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]

@@ -13,8 +13,8 @@ from cdc.errors import ApplyError
 from sinks import ChangeBatch, Sink
 from sinks.warehouse import WarehouseSink
 from spark_jobs.apply import ApplyJob, ApplyOptions
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, run_job
+from tests.plugins.apply import Env, run_job
+from tests.plugins.changes import ChangeWriter, make_reg
 from tests.plugins.postgres import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -29,13 +29,13 @@ def _ids(env: Env, reg: Any) -> set[int]:
         return set()
 
 
-def _continuous(spark: Any, env: Env, **kw: Any) -> ApplyJob:
+def continuous_job(spark: Any, env: Env, **kw: Any) -> ApplyJob:
     return ApplyJob(
         spark, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1), **kw
     )
 
 
-def _start(job: ApplyJob) -> tuple[threading.Thread, list[BaseException]]:
+def start_job(job: ApplyJob) -> tuple[threading.Thread, list[BaseException]]:
     """Run ``job.run()`` on a thread; what it raises is collected for the test's assertions."""
     errors: list[BaseException] = []
 
@@ -58,8 +58,8 @@ def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env
     with w1.txn():
         for i in range(1, 6):
             w1.insert({"id": i, "name": f"n{i}"})
-    job = _continuous(spark_clean, env)
-    runner, errors = _start(job)
+    job = continuous_job(spark_clean, env)
+    runner, errors = start_job(job)
     try:
         wait_for(lambda: _ids(env, first) == set(range(1, 6)), timeout=120, what="the first rows applied")
         with w1.txn():
@@ -108,8 +108,8 @@ def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env
         for i in range(1, 6):
             w.insert({"id": i, "name": f"n{i}"})
     gate = _GateSink()
-    job = _continuous(spark_clean, env, sinks=[gate])
-    runner, errors = _start(job)
+    job = continuous_job(spark_clean, env, sinks=[gate])
+    runner, errors = start_job(job)
     try:
         assert gate.entered.wait(120), "the first batch never reached the sink"
         job.stop()

@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import app_id_for, checkpoint_dir
-from tests.apply.conftest import reader_env
-from tests.apply.test_verify import DDL, _row, _verify, capture, register, source
+from tests.plugins.apply import reader_env
+from tests.plugins.items import DDL, capture, item_row, register, source, verify_json
 from tests.plugins.postgres import PgCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
@@ -33,7 +33,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     env = reader_env(state)
     capture(dsn, state)  # the initial snapshot (empty): every change below is streamed
     with source(dsn) as src:
-        src.insert(*(_row(i) for i in range(1, 41)))
+        src.insert(*(item_row(i) for i in range(1, 41)))
         for i in range(1, 41, 2):
             src.update(i, {"name": f"widget {i} again", "qty": -i})
         for i in (4, 8):
@@ -94,7 +94,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     assert summary["batches"] >= 2 and summary["dead_letters"] == 0
     assert "batch 1:" in proc.stderr, "progress for people goes to stderr with --json"
 
-    code, reports = _verify(env.settings, dsn)
+    code, reports = verify_json(env.settings, dsn)
     assert code == 0, reports
     assert reports[0]["source_rows"] == 38 and reports[0]["search_docs"] == 38
     hist = WarehouseSink(env.state).history_rows(reg).to_pylist()

@@ -25,8 +25,8 @@ import orjson
 import pytest
 
 from cdc.logstore.factory import open_log_store
-from tests.apply.conftest import reader_env
-from tests.apply.test_verify import DDL, _row, _verify, capture, register, source
+from tests.plugins.apply import reader_env
+from tests.plugins.items import DDL, capture, item_row, register, source, verify_json
 from tests.plugins.postgres import PgCluster, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
@@ -132,7 +132,7 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
         with source(dsn) as src:
             for _ in range(n):
                 rows += 1
-                row = _row(rows)
+                row = item_row(rows)
                 if blob:
                     row["blob"] = base64.b64encode(random.Random(rows).randbytes(blob * 3 // 4)).decode()
                 src.insert(row)
@@ -150,7 +150,9 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
     def idle() -> bool:
         """Every record in the log store was read by the job and applied."""
         with contextlib.suppress(FileNotFoundError, ValueError):
-            read = orjson.loads((state / "metrics" / "apply.json").read_bytes())["counters"].get("records_read")
+            read = orjson.loads((state / "metrics" / "apply.json").read_bytes())["counters"].get(
+                "records_read"
+            )
             with open_log_store(env.settings) as store:
                 return bool(read == sum(store.end_offsets(reg.topic).values()) and applied())
         return False
@@ -208,6 +210,6 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
     done = subprocess.run([*args[:6], "--once"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert applied()
-    code, reports = _verify(env.settings, dsn)
+    code, reports = verify_json(env.settings, dsn)
     assert code == 0, reports
     assert reports[0]["source_rows"] == rows

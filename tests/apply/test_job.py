@@ -15,8 +15,8 @@ from cdc.logstore import APPLY_CONSUMER
 from sinks import ChangeBatch, Sink
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import metrics_path
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, run_job
+from tests.plugins.apply import Env, run_job
+from tests.plugins.changes import ChangeWriter, make_reg
 
 pytestmark = [pytest.mark.spark]
 

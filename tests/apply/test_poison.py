@@ -15,31 +15,14 @@ from cdc.events import dead_letter_topic
 from sinks.search import search
 from sinks.warehouse import WarehouseSink
 from spark_jobs.apply import metrics_path
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env
-from tests.apply.test_continuous import _continuous, _start
+from tests.plugins.apply import Env, continuous_job, start_job
+from tests.plugins.changes import ChangeWriter, make_reg
+from tests.plugins.items import POISON_COLUMNS, good_row
 from tests.plugins.postgres import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-POISON_COLUMNS = [
-    ("id", "bigint"),
-    ("name", "text"),
-    ("born", "date"),
-    ("seen", "timestamp with time zone"),
-    ("amount", "numeric(10,2)"),
-]
 PLAIN_COLUMNS = [("id", "bigint"), ("name", "text")]
-
-
-def good_row(i: int, gen: int = 0) -> dict[str, Any]:
-    return {
-        "id": i,
-        "name": f"widget {i} v{gen}",
-        "born": "2020-02-29",
-        "seen": "2026-01-01 10:00:00+00",
-        "amount": f"{i}.{gen:02d}",
-    }
 
 
 def ids(env: Env, reg: Any) -> set[int]:
@@ -85,8 +68,8 @@ def test_a_poison_record_never_stops_the_others(spark_clean: Any, env: Env) -> N
     with wp.txn():
         for i in range(1, 51):
             wp.insert({"id": i, "name": f"plain {i}"})
-    job = _continuous(spark_clean, env)
-    runner, errors = _start(job)
+    job = continuous_job(spark_clean, env)
+    runner, errors = start_job(job)
     try:
         good = set(range(1, 101)) - {13, 42}
         wait_for(lambda: ids(env, items) == good, timeout=180, what="every good row of the batch applied")

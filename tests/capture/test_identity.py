@@ -5,21 +5,12 @@ the table is snapshotted again so the changes made meanwhile are not lost."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.capture import CaptureEnv, materialize
 
 pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def _rows(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:

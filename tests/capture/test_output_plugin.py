@@ -16,7 +16,7 @@ import pytest
 
 from cdc.catalog import ServerInfo
 from cdc.devcluster import PgCluster, knows_setting, start_cluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, make_env
 
 
 @pytest.fixture(scope="module")

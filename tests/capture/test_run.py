@@ -8,24 +8,16 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
 from cdc.events import lsn_to_int
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize
 from tests.plugins.postgres import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def current_lsn(env: CaptureEnv) -> int:

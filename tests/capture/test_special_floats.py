@@ -4,25 +4,17 @@ null; the non-finite recorder's triggers (cdc.reader.nonfinite) carry them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv
 
 pytestmark = [pytest.mark.postgres]
 
 SPECIALS = ["NaN", "Infinity", "-Infinity"]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def _events(env: CaptureEnv, table: str) -> list[dict[str, Any]]:

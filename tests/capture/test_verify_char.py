@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, make_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv
-from tests.oncall.support import env_with_status, stage, status
+from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
+from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    extra = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
-    yield from env_with_status(pg, pg_db, tmp_path, request, window=3, extra=extra)
+RETAINED_WAL = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.cdc_config(status_config(window=3, extra=RETAINED_WAL)),
+]
 
 
 def _setup(env: CaptureEnv) -> None:

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
-from tests.oncall.support import STATUS, stage, status
+from tests.plugins.capture import CaptureEnv
+from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "kafka", request, STATUS.format(window=3))
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.kafka,
+    pytest.mark.slow,
+    pytest.mark.cdc_config(status_config(window=3), backend="kafka"),
+]
 
 
 def test_status_reads_kafka_offsets(env: CaptureEnv) -> None:

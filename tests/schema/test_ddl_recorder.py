@@ -5,25 +5,16 @@ table dropped or renamed at once -- and DDL on tables it does not capture leaves
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
-from tests.snapshot.helpers import wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def _values(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:

@@ -11,8 +11,6 @@ through the real reader (``cdc run``) and the real apply (Spark, Delta).
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,13 +18,11 @@ import pyarrow as pa
 import pytest
 
 from cdc.config import Settings
-from cdc.devcluster import PgCluster
 from cdc.events import TRUNCATE_KEY_FIELD
 from sinks.warehouse import END_OP, KEY, WarehouseSink
-from tests.apply.conftest import Env, run_job
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.apply import Env, run_job
+from tests.plugins.capture import CaptureEnv, materialize, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -43,11 +39,6 @@ SCHEMA = [
     " $$ BEGIN NEW.last_update := now(); RETURN NEW; END $$",
     "CREATE TRIGGER film_touch BEFORE UPDATE ON film FOR EACH ROW EXECUTE FUNCTION touch()",
 ]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def _apply(env: CaptureEnv, spark: Any) -> Any:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,21 +16,14 @@ from deltalake import DeltaTable
 
 from cdc.cli import main as cdc_main
 from cdc.config import Settings
-from cdc.devcluster import PgCluster
 from cdc.events import dead_letter_topic
 from sinks.warehouse import DROPPED_CONF, WarehouseSink
-from tests.apply.conftest import Env, run_job
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.apply import Env, run_job
+from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
-from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def _cdc(env: CaptureEnv, *args: str) -> tuple[int, str]:

@@ -10,8 +10,6 @@ import io
 import random
 import signal
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,18 +17,18 @@ import psycopg
 import pytest
 
 from cdc.cli import main as cdc_main
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.capture import (
+    CaptureEnv,
+    assert_versions_monotonic,
+    materialize,
+    progress,
+    rows_of,
+    wait_caught_up,
+    wait_streaming,
+)
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, rows_of, wait_caught_up, wait_streaming
 
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    options = getattr(request, "param", "[snapshot]\nchunk_size = 2048\n")
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, options)
+pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n")]
 
 
 class Load:
@@ -147,7 +145,7 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
 
     # the Spark apply job, then verify against the source: clean
     from cdc.config import Settings
-    from tests.apply.conftest import Env, run_job
+    from tests.plugins.apply import Env, run_job
 
     summary = run_job(spark_clean, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
     assert summary.dead_letters == 0
@@ -160,7 +158,7 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env", ["[snapshot]\nchunk_size = 1000\nparallel_chunks = 3\n"], indirect=True)
+@pytest.mark.cdc_config("[snapshot]\nchunk_size = 1000\nparallel_chunks = 3\n")
 def test_composite_text_key_parallel_chunks_resume_after_kill_9(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE c (region text, n int, label text, PRIMARY KEY (region, n))")
     env.sql(

@@ -7,25 +7,28 @@ from __future__ import annotations
 import random
 import signal
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.capture import (
+    CaptureEnv,
+    assert_versions_monotonic,
+    materialize,
+    progress,
+    rows_of,
+    wait_caught_up,
+    wait_streaming,
+)
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, rows_of, wait_caught_up, wait_streaming
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.cdc_config("[snapshot]\nchunk_size = 4096\n"),
+]
 
 ROWS = 150_000
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 4096\n")
 
 
 def test_kill_9_during_a_late_snapshot_under_deletes_brings_no_deleted_row_back(env: CaptureEnv) -> None:

@@ -9,28 +9,19 @@ from __future__ import annotations
 import signal
 import statistics
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
-
-pytestmark = [pytest.mark.postgres]
 
 ROWS = 60_000
 CHUNK = 500
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, f"[snapshot]\nchunk_size = {CHUNK}\n")
+pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config(f"[snapshot]\nchunk_size = {CHUNK}\n")]
 
 
 class Writer:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import io
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,17 +14,15 @@ import pytest
 
 from cdc.cli import main as cdc_main
 from cdc.config import Settings
-from cdc.devcluster import PgCluster
 from sinks.warehouse import END_OP, IS_CURRENT, KEY, LSN, WarehouseSink
-from tests.apply.conftest import Env, run_job
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.apply import Env, run_job
+from tests.plugins.capture import CaptureEnv
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 40\n")
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.spark,
+    pytest.mark.cdc_config("[snapshot]\nchunk_size = 40\n"),
+]
 
 
 def _apply(env: CaptureEnv, spark: Any) -> None:

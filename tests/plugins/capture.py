@@ -1,6 +1,12 @@
-"""Helpers shared by the capture tests (no tests here): a per-test capture environment (database,
-state dir, unique slot and topic prefix, log-store backend), `cdc` invocations in-process and as a
-subprocess, and a versioned "sink" that materialises a topic the way every sink must."""
+"""The capture environment of a test: its own database, state dir, unique slot and topic prefix and
+log-store backend (:class:`CaptureEnv`, the ``env`` fixture); ``cdc`` as a subprocess (:data:`CDC`);
+waiting for the reader; and a versioned "sink" that materialises a topic the way every sink must.
+
+The ``env`` fixture is configured by the ``cdc_config`` marker (on the test, its class or its
+module): ``pytest.mark.cdc_config("[snapshot]\nchunk_size = 7\n", backend="kafka")`` appends the
+text to the test's ``cdc.toml`` and picks the log-store backend (``embedded`` by default). A test
+parametrised indirectly on ``env`` (``parametrize("env", BACKENDS, indirect=True)``) runs on each
+backend of the parameter."""
 
 from __future__ import annotations
 
@@ -20,12 +26,14 @@ import pytest
 
 from cdc.config import Settings, load_settings
 from cdc.devcluster import PgCluster
-from cdc.events import TRUNCATE_KEY_FIELD, Version
+from cdc.events import TRUNCATE_KEY_FIELD, Version, lsn_to_int
 from cdc.logstore import LogStore, StoredRecord
 from cdc.logstore.factory import open_log_store
 from cdc.registry import Registry, TableReg
+from snapshot.chunked import ChunkProgress, load_progress
+from tests.plugins.postgres import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+#: the ``cdc`` command line, run from this interpreter (the worktree's code, not an installed script)
 CDC = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
 
 
@@ -121,8 +129,6 @@ class CaptureEnv:
             return out
 
     def slot_confirmed(self) -> int | None:
-        from cdc.events import lsn_to_int
-
         rows = self.pg.fetch(
             f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'"
         )
@@ -154,6 +160,74 @@ def make_env(
         yield env
     finally:
         env.stop_all()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cdc_config(options, backend='embedded'): the cdc.toml lines and log store of ``env``"
+    )
+
+
+@pytest.fixture
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    """A :class:`CaptureEnv` on a fresh database of the session cluster (see the module's doc for
+    the ``cdc_config`` marker and the indirect backend parameter)."""
+    marker = request.node.get_closest_marker("cdc_config")
+    options = str(marker.args[0]) if marker and marker.args else ""
+    backend = str(marker.kwargs.get("backend", "embedded")) if marker else "embedded"
+    backend = str(getattr(request, "param", backend))
+    yield from make_env(pg, pg_db, tmp_path, backend, request, options)
+
+
+def current_lsn(env: CaptureEnv) -> int:
+    """The source's WAL position now."""
+    return lsn_to_int(str(env.fetch("SELECT pg_current_wal_lsn()::text")[0][0]))
+
+
+def rows_of(env: CaptureEnv, table: str, key: str = "id") -> dict[str, dict[str, object]]:
+    """The source's rows of ``table`` keyed like the topic (single key column ``key``)."""
+    return {
+        orjson.dumps({key: k}).decode(): orjson.loads(r)
+        for k, r in env.fetch(f"SELECT {key}, row_to_json(t)::text FROM {table} t")
+    }
+
+
+def topic_size(env: CaptureEnv, topic: str) -> int:
+    """Records written to ``topic`` so far (0 while it does not exist)."""
+    try:
+        with env.store() as store:
+            return sum(store.end_offsets(topic).values())
+    except Exception:  # the topic may not exist yet
+        return 0
+
+
+def wait_streaming(env: CaptureEnv, proc: subprocess.Popen[bytes]) -> None:
+    """Until the reader streams: its initial snapshot is done and its slot is active (the slot is
+    active during the initial snapshot too, while the connection that created it holds the exported
+    snapshot)."""
+
+    def active() -> bool:
+        assert proc.poll() is None, env.proc_log()
+        with env.registry() as registry:
+            if registry.get_state("initial_snapshot") != "done":
+                return False
+        rows = env.pg.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
+        return bool(rows and rows[0][0])
+
+    wait_for(active, timeout=60, what="the reader to stream")
+
+
+def wait_caught_up(env: CaptureEnv, timeout: float = 90) -> None:
+    """Until the slot confirmed the WAL position of now: every change committed before this call is
+    durable in the topics."""
+    target = current_lsn(env)
+    wait_for(lambda: (env.slot_confirmed() or 0) >= target, timeout=timeout, what="the reader to catch up")
+
+
+def progress(env: CaptureEnv, table: str, schema: str = "public") -> ChunkProgress | None:
+    """The chunked snapshot's progress of ``schema.table`` (None before it starts)."""
+    with env.registry() as r:
+        return load_progress(r, schema, table)
 
 
 def materialize(records: list[StoredRecord]) -> dict[str, Any]:
