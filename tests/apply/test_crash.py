@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -17,7 +16,8 @@ from deltalake import DeltaTable
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import app_id_for, checkpoint_dir
 from tests.plugins.apply import reader_env
-from tests.plugins.items import DDL, capture, item_row, register, source, verify_json
+from tests.plugins.capture import CDC
+from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
@@ -26,10 +26,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     capture(dsn, state)  # the initial snapshot (empty): every change below is streamed
     with source(dsn) as src:
@@ -44,9 +42,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     crash_batch = 1
     proc = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "import sys; from cdc.cli import main; sys.exit(main())",
+            *CDC,
             "--state",
             str(env.state),
             "apply",
@@ -73,9 +69,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     # restart: a new `cdc apply --once --json` process, same checkpoint: batch 1 is replayed, then the rest
     proc = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "import sys; from cdc.cli import main; sys.exit(main())",
+            *CDC,
             "--state",
             str(env.state),
             "apply",

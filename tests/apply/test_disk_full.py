@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,12 +25,12 @@ import pytest
 
 from cdc.logstore.factory import open_log_store
 from tests.plugins.apply import reader_env
-from tests.plugins.items import DDL, capture, item_row, register, source, verify_json
+from tests.plugins.capture import CDC
+from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 
-CDC = [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())"]
 #: the directories of the state that only the apply job writes (cdc/paths.py)
 APPLY_DIRS = ("spark", "warehouse", "search")
 
@@ -106,9 +105,7 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
     Restarted on a freed disk (as a supervisor would), it catches up from its checkpoint and
     `cdc verify` is clean."""
     state, disk = small_disk
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     log = tmp_path / "apply.log"
     args = [

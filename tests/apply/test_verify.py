@@ -17,7 +17,18 @@ from cdc.logstore.factory import open_log_store
 from sinks.warehouse import WarehouseSink
 from tests.plugins.apply import Env, reader_env, run_job
 from tests.plugins.changes import ChangeWriter, make_reg
-from tests.plugins.items import COLUMNS, DDL, PRICES, TS, capture, item_row, register, source, verify_json
+from tests.plugins.items import (
+    COLUMNS,
+    DDL,
+    PRICES,
+    TS,
+    capture,
+    item_row,
+    items_table,
+    register,
+    source,
+    verify_json,
+)
 from tests.plugins.postgres import PgCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
@@ -26,10 +37,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 def test_mixed_workload_verifies_clean_then_differences_are_found(
     spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     capture(dsn, state)  # the initial snapshot (empty): every change below is streamed
     with source(dsn) as src:
@@ -98,10 +107,8 @@ def test_mixed_workload_verifies_clean_then_differences_are_found(
 def test_verify_reports_not_caught_up_distinctly(
     spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     with source(dsn) as src:
         src.insert(*(item_row(i) for i in range(1, 6)))

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 import pytest
 
 from snapshot.exported import sql_json_value
-from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize
+from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of
 from tests.plugins.logstore import BACKENDS
 
 pytestmark = pytest.mark.postgres
-
-
-def source_rows(env: CaptureEnv, table: str, key: str = "id") -> dict[str, Any]:
-    rows = env.fetch(f"SELECT {key}, row_to_json(t)::text FROM {table} t")
-    return {orjson.dumps({key: k}).decode(): orjson.loads(r) for k, r in rows}
 
 
 @pytest.mark.parametrize("env", BACKENDS, indirect=True)
@@ -44,7 +37,7 @@ def test_snapshot_then_stream_end_to_end(env: CaptureEnv) -> None:
     records = env.records(reg.topic)
     assert_versions_monotonic(records)
     got = materialize(records)
-    want = source_rows(env, "items")
+    want = rows_of(env, "items")
     assert got.keys() == want.keys()
     for k, row in want.items():
         assert got[k]["name"] == row["name"] and got[k]["qty"] == row["qty"]

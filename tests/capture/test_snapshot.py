@@ -15,25 +15,10 @@ import orjson
 import psycopg
 import pytest
 
-from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize
+from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of, topic_size
 from tests.plugins.postgres import wait_for
 
 pytestmark = [pytest.mark.postgres]
-
-
-def rows_of(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
-    return {
-        orjson.dumps({"id": i}).decode(): orjson.loads(r)
-        for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
-    }
-
-
-def topic_size(env: CaptureEnv, topic: str) -> int:
-    try:
-        with env.store() as store:
-            return sum(store.end_offsets(topic).values())
-    except Exception:  # the topic may not exist yet
-        return 0
 
 
 @pytest.mark.slow

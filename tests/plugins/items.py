@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from cdc.config import Settings
+from cdc.devcluster import PgCluster
 from cdc.registry import Registry, TableReg
 from tests.plugins.apply import cdc_cli
 
@@ -126,6 +127,13 @@ def register(dsn: str, state: Path, table: str = "public.items") -> TableReg:
     assert code == 0, out
     with Registry(state) as r:
         return r.find(table)
+
+
+def items_table(pg: PgCluster, db: str, state: Path) -> tuple[str, TableReg]:
+    """``public.items`` created in ``db`` and registered in ``state``: (the DSN, its registration)."""
+    pg.execute(DDL, db)
+    dsn = pg.dsn(db)
+    return dsn, register(dsn, state)
 
 
 def capture(dsn: str, state: Path) -> None:

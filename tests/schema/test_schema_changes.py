@@ -5,8 +5,6 @@ Delta table's ``cdc.dropped_columns``, and leaves the search columns."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import signal
 from typing import Any
 
@@ -14,11 +12,10 @@ import orjson
 import pytest
 from deltalake import DeltaTable
 
-from cdc.cli import main as cdc_main
 from cdc.config import Settings
 from cdc.events import dead_letter_topic
 from sinks.warehouse import DROPPED_CONF, WarehouseSink
-from tests.plugins.apply import Env, run_job
+from tests.plugins.apply import Env, apply_clean, cdc_cli, run_job
 from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
@@ -26,21 +23,8 @@ from tests.schema.helpers import install_recorder, rename_two_columns_then_write
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 
-def _cdc(env: CaptureEnv, *args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", env.dsn, "--state", str(env.state), *args])
-    return code, out.getvalue()
-
-
-def _apply(env: CaptureEnv, spark: Any) -> Any:
-    summary = run_job(spark, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
-    assert summary.dead_letters == 0
-    return summary
-
-
 def _verify_clean(env: CaptureEnv, table: str) -> dict[str, Any]:
-    code, out = _cdc(env, "verify", "--json", "--wait", "30")
+    code, out = cdc_cli(env.dsn, env.state, "verify", "--json", "--wait", "30")
     report = {r["table"]: r for r in orjson.loads(out)}[table]
     assert code == 0, report
     assert not any(report[k] for k in ("missing", "extra", "different")), report
@@ -64,7 +48,7 @@ def test_drop_column_is_followed_kept_null_in_the_warehouse_and_left_out_of_sear
         wait_caught_up(env)
         reg = env.reg("public", "items")
         assert reg.schema_version == 1
-        _apply(env, spark_clean)
+        apply_clean(spark_clean, env.state)
 
         env.sql("ALTER TABLE items DROP COLUMN note")
         env.sql("UPDATE items SET qty = -1 WHERE id = 1")  # an UPDATE first: the catalog tells
@@ -90,7 +74,7 @@ def test_drop_column_is_followed_kept_null_in_the_warehouse_and_left_out_of_sear
     assert len(later) >= 4 and all(v["source"]["schema_version"] == 2 for v in later if v)
     assert all("note" not in (v["after"] or v["before"]) for v in later if v)
 
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
     sink = WarehouseSink(env.state)
     current = {r["id"]: r for r in sink.current_rows(reg, meta=False).to_pylist()}
     assert current[1]["note"] is None and current[1]["qty"] == -1  # null from then on
@@ -100,9 +84,9 @@ def test_drop_column_is_followed_kept_null_in_the_warehouse_and_left_out_of_sear
     cur_path, hist_path, _ = sink.paths(reg)
     for path in (cur_path, hist_path):
         assert DeltaTable(str(path)).metadata().configuration[DROPPED_CONF] == "note"
-    code, out = _cdc(env, "search", "public.items", "renamed", "--json")
+    code, out = cdc_cli(env.dsn, env.state, "search", "public.items", "renamed", "--json")
     assert code == 0, out
-    code, out = _cdc(env, "tables", "list", "--json")
+    code, out = cdc_cli(env.dsn, env.state, "tables", "list", "--json")
     (listed,) = orjson.loads(out)
     assert listed["schema_version"] == 2 and listed["dropped_columns"] == ["note"]
     _verify_clean(env, "public.items")
@@ -130,7 +114,7 @@ def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
         wait_streaming(env, proc)
         env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
         wait_caught_up(env)
-        _apply(env, spark_clean)
+        apply_clean(spark_clean, env.state)
 
         # safe: int -> bigint, numeric(10,2) -> numeric(20,4), varchar(10) -> text
         env.sql("ALTER TABLE items ALTER COLUMN qty TYPE bigint")
@@ -144,7 +128,7 @@ def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
         wait_caught_up(env)
         reg = env.reg("public", "items")
         assert {c.name: c.type for c in reg.columns}["qty"] == "bigint" and reg.schema_version >= 2
-        _apply(env, spark_clean)
+        apply_clean(spark_clean, env.state)
         sink = WarehouseSink(env.state)
         current = {r["id"]: r for r in sink.current_rows(reg, meta=False).to_pylist()}
         assert current[1]["qty"] == 5000000001 and current[21]["qty"] == -9000000000
@@ -184,7 +168,7 @@ def test_rename_column_is_followed_as_a_new_column_and_in_the_search_columns(
         wait_streaming(env, proc)
         env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
         wait_caught_up(env)
-        _apply(env, spark_clean)
+        apply_clean(spark_clean, env.state)
 
         env.sql("ALTER TABLE items RENAME COLUMN name TO title")
         env.sql("UPDATE items SET qty = -1 WHERE id = 1")  # an UPDATE first
@@ -207,12 +191,12 @@ def test_rename_column_is_followed_as_a_new_column_and_in_the_search_columns(
     assert reg.search_field("title") == "name"  # the index keeps its field
     assert "renamed at the source" in env.proc_log()
 
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
     current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
     assert current[2]["title"] == "renamed widget" and current[1]["qty"] == -1
     assert current[20]["title"] == "item 20"  # the re-snapshot brought every row's value
     assert current[31]["title"] == "gadget 31"
-    code, out = _cdc(env, "search", "public.items", "renamed", "--json")
+    code, out = cdc_cli(env.dsn, env.state, "search", "public.items", "renamed", "--json")
     assert code == 0 and [h["key"] for h in orjson.loads(out)] == [{"id": 2}], out
     _verify_clean(env, "public.items")
 
@@ -230,7 +214,7 @@ def test_renames_told_by_the_ddl_recorder_end_to_end(env: CaptureEnv, spark_clea
         wait_streaming(env, proc)
         env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
         wait_caught_up(env)
-        _apply(env, spark_clean)
+        apply_clean(spark_clean, env.state)
 
         rename_two_columns_then_write(env)
     finally:
@@ -242,11 +226,11 @@ def test_renames_told_by_the_ddl_recorder_end_to_end(env: CaptureEnv, spark_clea
     assert reg.dropped_columns == ("name", "note") and reg.search == ("title",)
     assert "told by the DDL recorder" in env.proc_log()
 
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
     current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
     assert current[2]["title"] == "renamed widget" and current[1]["qty"] == -1
     assert current[20]["title"] == "item 20" and current[20]["memo"] == "note 20"
     assert current[31]["memo"] == "memo 31"
-    code, out = _cdc(env, "search", "public.items", "renamed", "--json")
+    code, out = cdc_cli(env.dsn, env.state, "search", "public.items", "renamed", "--json")
     assert code == 0 and [h["key"] for h in orjson.loads(out)] == [{"id": 2}], out
     _verify_clean(env, "public.items")

@@ -5,8 +5,6 @@ last done chunk; `cdc snapshot --where` re-reads only the matching rows and refu
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 import signal
 import threading
@@ -16,7 +14,7 @@ import orjson
 import psycopg
 import pytest
 
-from cdc.cli import main as cdc_main
+from tests.plugins.apply import cdc_cli
 from tests.plugins.capture import (
     CaptureEnv,
     assert_versions_monotonic,
@@ -74,13 +72,6 @@ class Load:
         assert not self.errors, self.errors
 
 
-def _cdc(env: CaptureEnv, *args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", env.dsn, "--state", str(env.state), *args])
-    return code, out.getvalue()
-
-
 @pytest.mark.slow
 @pytest.mark.spark
 def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_others_stream(
@@ -136,7 +127,7 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     assert ops.count("r") > rows * 0.9 and ops.count("d") > 0 and ops.count("u") > 0
 
     # tables list shows the finished chunked snapshot
-    code, out = _cdc(env, "tables", "list", "--json")
+    code, out = cdc_cli(env.dsn, env.state, "tables", "list", "--json")
     listed = {t["table"]: t for t in orjson.loads(out)}
     prog = listed["public.big"]["snapshot"]["progress"]
     # chunks of chunk_size rows in key order: 200k rows, 2048 a chunk, give or take the load's deletes
@@ -149,7 +140,7 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
 
     summary = run_job(spark_clean, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
     assert summary.dead_letters == 0
-    code, out = _cdc(env, "verify", "--json", "--wait", "30")
+    code, out = cdc_cli(env.dsn, env.state, "verify", "--json", "--wait", "30")
     reports = {r["table"]: r for r in orjson.loads(out)}
     big = reports["public.big"]
     assert code == 0, big
