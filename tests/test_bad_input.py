@@ -115,7 +115,6 @@ def test_unreachable_host(cdc: Run) -> None:
     assert "cannot be reached" in err and "pw-leak" not in err
 
 
-@pytest.mark.postgres
 def test_wrong_password(cdc: Run, pg: PgCluster, pg_db: str) -> None:
     role = f"pw_{uuid.uuid4().hex[:8]}"
     pg.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'right' IN ROLE cdc_password_auth")
@@ -125,7 +124,6 @@ def test_wrong_password(cdc: Run, pg: PgCluster, pg_db: str) -> None:
     assert "password authentication failed" in err and "pw-leak" not in err
 
 
-@pytest.mark.postgres
 def test_unknown_database(cdc: Run, pg: PgCluster) -> None:
     code, _, err = cdc("check", source=pg.dsn("no_such_database"))
     assert code == 2
@@ -185,7 +183,6 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("argv,words", REFUSALS, ids=[repr(a)[:40] for a, _ in REFUSALS])
 def test_registration_refused(
     cdc: Run, pg: PgCluster, db: str, tmp_path: Path, argv: list[str], words: str
@@ -198,7 +195,6 @@ def test_registration_refused(
     assert pg.fetch("SELECT count(*) FROM victim", db) == [(0,)]  # still there
 
 
-@pytest.mark.postgres
 def test_registration_twice_refused_keeps_the_first(cdc: Run, pg: PgCluster, db: str, tmp_path: Path) -> None:
     assert cdc("tables", "add", "keyed", "--search", "v", source=pg.dsn(db))[0] == 0
     code, _, err = cdc("tables", "add", "keyed", source=pg.dsn(db))
@@ -209,7 +205,6 @@ def test_registration_twice_refused_keeps_the_first(cdc: Run, pg: PgCluster, db:
         assert reg.get("public", "keyed").search == ("v",)
 
 
-@pytest.mark.postgres
 def test_registration_without_select_privilege(cdc: Run, pg: PgCluster, db: str, tmp_path: Path) -> None:
     role = f"nosel_{uuid.uuid4().hex[:8]}"
     pg.execute(f"CREATE ROLE {role} LOGIN")
@@ -288,7 +283,6 @@ def test_snapshot_needs_names_or_all(cdc: Run) -> None:
 
 
 # --- the source ---------------------------------------------------------------------------------------
-@pytest.mark.postgres
 def test_slot_dropped_underneath(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.sql("INSERT INTO t VALUES (1)")
@@ -301,7 +295,6 @@ def test_slot_dropped_underneath(env: CaptureEnv) -> None:
     assert len(env.records(env.reg("public", "t").topic)) == 1  # the topic is kept
 
 
-@pytest.mark.postgres
 def test_table_dropped_before_its_snapshot(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
@@ -314,7 +307,6 @@ def test_table_dropped_before_its_snapshot(env: CaptureEnv) -> None:
     assert env.reg("public", "t").snapshot_state != "done"  # registration kept, nothing marked done
 
 
-@pytest.mark.postgres
 def test_table_renamed_while_registered(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
@@ -324,7 +316,6 @@ def test_table_renamed_while_registered(env: CaptureEnv) -> None:
     assert "Traceback" not in res.stderr and "does not exist" in res.stderr and "fix:" in res.stderr
 
 
-@pytest.mark.postgres
 def test_replica_identity_changed_is_a_check_finding(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
@@ -334,7 +325,6 @@ def test_replica_identity_changed_is_a_check_finding(env: CaptureEnv) -> None:
     assert "REPLICA IDENTITY" in res.stdout
 
 
-@pytest.mark.postgres
 def test_permission_revoked_before_the_snapshot(env: CaptureEnv) -> None:
     role = f"cap_{uuid.uuid4().hex[:8]}"
     env.pg.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
@@ -366,7 +356,6 @@ def replica_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgClus
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.postgres
 def test_wal_level_not_logical(replica_cluster: PgCluster, cdc: Run, tmp_path: Path) -> None:
     replica_cluster.execute("CREATE TABLE IF NOT EXISTS t (id int PRIMARY KEY)")
     dsn = replica_cluster.dsn()
@@ -382,7 +371,6 @@ def test_wal_level_not_logical(replica_cluster: PgCluster, cdc: Run, tmp_path: P
     assert replica_cluster.fetch("SELECT count(*) FROM pg_replication_slots") == [(0,)]
 
 
-@pytest.mark.postgres
 def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     """The server cannot load wal2json (here: the database's dynamic_library_path names a directory
     that does not exist, so the plugin is not found, as on a server without the package): exit 2, the message
@@ -406,7 +394,6 @@ def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -
     assert (code, out.strip()) == (0, ""), (code, out, err)
 
 
-@pytest.mark.postgres
 def test_replication_privilege_revoked_while_running(env: CaptureEnv) -> None:
     """The running reader loses its connection (transient: retried), then the source refuses the
     role (permanent): it stops with exit 2 and the fix, instead of retrying for retry_max_s."""

@@ -10,15 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from cdc.config import Settings
 from cdc.registry import Registry
 from sinks.warehouse import WarehouseSink
 from tests.plugins.apply import Env, cdc_cli, run_job
 from tests.plugins.postgres import PgCluster
-
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_a_multi_dimensional_array_is_stored_and_the_row_never_goes_stale(

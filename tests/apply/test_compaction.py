@@ -18,8 +18,6 @@ from sinks.warehouse import WarehouseSink
 from tests.plugins.apply import Env, run_job
 from tests.plugins.changes import ChangeWriter, make_reg
 
-pytestmark = [pytest.mark.spark]
-
 COLUMNS = [("slug", "text"), ("title", "text"), ("body", "text")]
 
 

@@ -14,8 +14,6 @@ from tests.plugins.apply import Env, continuous_job, run_job, start_job, warehou
 from tests.plugins.changes import ChangeWriter, make_reg
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
 COLUMNS = [("id", "bigint"), ("name", "text")]
 
 

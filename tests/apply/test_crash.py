@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import orjson
-import pytest
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
@@ -20,11 +19,9 @@ from tests.plugins.capture import CDC
 from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster
 
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
-
 
 def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
-    pg: PgCluster, pg_db: str, tmp_path: Path
+    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None
 ) -> None:
     state = tmp_path / "state"
     dsn, reg = items_table(pg, pg_db, state)

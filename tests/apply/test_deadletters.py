@@ -19,8 +19,6 @@ from tests.plugins.apply import Env, run_job
 from tests.plugins.changes import ChangeWriter, make_reg
 from tests.plugins.items import POISON_COLUMNS, good_row
 
-pytestmark = [pytest.mark.spark]
-
 
 def cli(capsys: pytest.CaptureFixture[str], env: Env, *argv: str) -> tuple[int, Any]:
     capsys.readouterr()

@@ -29,8 +29,6 @@ from tests.plugins.capture import CDC
 from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster, wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
-
 #: the directories of the state that only the apply job writes (cdc/paths.py)
 APPLY_DIRS = ("spark", "warehouse", "search")
 
@@ -98,7 +96,7 @@ def _jvm_dump(pid: int) -> str:
 
 @pytest.mark.parametrize("when", ["batches_flowing", "idle"])
 def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
-    small_disk: tuple[Path, Path], pg: PgCluster, pg_db: str, tmp_path: Path, when: str
+    small_disk: tuple[Path, Path], pg: PgCluster, pg_db: str, tmp_path: Path, when: str, jvm: None
 ) -> None:
     """The disk fills while batches flow (or while the job is idle, then changes arrive) and stays
     full until the job exits: it must exit 1 naming ENOSPC and the fix -- never go on or hang.

@@ -18,8 +18,6 @@ from spark_jobs.apply import metrics_path
 from tests.plugins.apply import Env, run_job
 from tests.plugins.changes import ChangeWriter, make_reg
 
-pytestmark = [pytest.mark.spark]
-
 COLUMNS = [("id", "bigint"), ("name", "text"), ("price", "numeric(20,6)"), ("qty", "integer")]
 
 

@@ -19,8 +19,6 @@ from tests.plugins.changes import ChangeWriter, make_reg
 from tests.plugins.items import POISON_COLUMNS, good_row
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
 PLAIN_COLUMNS = [("id", "bigint"), ("name", "text")]
 
 

@@ -15,8 +15,6 @@ from spark_jobs.apply import ApplyJob, ApplyOptions, StalledError
 from tests.plugins.apply import Env
 from tests.plugins.changes import ChangeWriter, make_reg
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
 COLUMNS = [("id", "bigint"), ("name", "text")]
 
 

@@ -31,8 +31,6 @@ from tests.plugins.items import (
 )
 from tests.plugins.postgres import PgCluster
 
-pytestmark = [pytest.mark.spark, pytest.mark.postgres]
-
 
 def test_mixed_workload_verifies_clean_then_differences_are_found(
     spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path

@@ -10,8 +10,6 @@ from cdc.cli import main
 from cdc.registry import Alignment, Registry
 from tests.plugins.postgres import PgCluster
 
-pytestmark = pytest.mark.postgres
-
 Run = Callable[..., tuple[int, str, str]]
 
 

@@ -10,8 +10,6 @@ import pytest
 
 from tests.plugins.capture import CaptureEnv, materialize
 
-pytestmark = [pytest.mark.postgres]
-
 
 def _rows(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
     return {

@@ -16,7 +16,9 @@ from cdc.locks import ProcessLock
 from tests.plugins.capture import CDC, CaptureEnv, wait_streaming
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.postgres]
+# the lock tests without a database start `cdc apply` / `cdc deadletters` processes: kept out of
+# make check as before
+pytestmark = pytest.mark.postgres
 
 HOLD = (
     "import sys; from pathlib import Path; from cdc.locks import ProcessLock\n"

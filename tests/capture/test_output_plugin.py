@@ -46,7 +46,6 @@ def _statement(fix: str) -> str:
     return fix[start : fix.index("  --", start)]
 
 
-@pytest.mark.postgres
 def test_stock_server_refuses_then_the_printed_fix_allows(env: CaptureEnv, stock_cluster: PgCluster) -> None:
     assert knows_setting(stock_cluster, "output_plugin_libraries"), (
         f"this Postgres ({stock_cluster.fetch('SHOW server_version')[0][0]}) predates the output-plugin "

@@ -170,7 +170,6 @@ def test_table_findings() -> None:
 
 
 # --- against the real cluster ----------------------------------------------------------------------
-pg_only = pytest.mark.postgres
 Run = Callable[..., tuple[int, str, str]]
 
 
@@ -208,7 +207,6 @@ def _register(tmp_path: Path, table: str, key: tuple[str, ...] = ("id",)) -> Non
         r.add(TableReg(schema="public", table=table, topic=f"cdc.public.{table}", key=key))
 
 
-@pg_only
 def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE good (id int PRIMARY KEY, b text)", pg_db)
     _register(tmp_path, "good")
@@ -234,7 +232,6 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     assert "INFO  ddl_recorder: the DDL recorder is not installed" in out and "cdc check --fix" in out
 
 
-@pg_only
 def test_check_finds_table_without_key_identity_and_dropped_table(
     cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
@@ -258,7 +255,6 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size", "ddl_recorder"]
 
 
-@pg_only
 def test_a_partitioned_parent_is_capturable_and_add_and_check_say_the_same(
     cdc: Run, pg: PgCluster, pg_db: str
 ) -> None:
@@ -292,7 +288,6 @@ def test_a_partitioned_parent_is_capturable_and_add_and_check_say_the_same(
     assert code == 1 and (body["message"], body["fix"]) == (leaf["message"], leaf["fix"])
 
 
-@pg_only
 def test_check_as_role_without_replication_or_select(
     cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
@@ -317,7 +312,6 @@ def test_check_as_role_without_replication_or_select(
     assert "SKIP  wal2json" in out and "NOT ready" in out
 
 
-@pg_only
 def test_check_reports_the_ddl_recorder_and_fix_installs_it_when_the_role_may(
     cdc: Run, pg: PgCluster, pg_db: str
 ) -> None:
@@ -363,7 +357,6 @@ def test_check_reports_the_ddl_recorder_and_fix_installs_it_when_the_role_may(
     assert recorder()[1] is None
 
 
-@pg_only
 def test_check_warns_about_our_inactive_slot_retaining_wal(
     cdc: Run, pg: PgCluster, pg_db: str, slot: str
 ) -> None:
@@ -380,7 +373,6 @@ def test_check_warns_about_our_inactive_slot_retaining_wal(
     assert code == 1
 
 
-@pg_only
 def test_probe_reports_a_missing_output_plugin(pg: PgCluster, pg_db: str) -> None:
     with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
         assert probe_wal2json(conn) is None

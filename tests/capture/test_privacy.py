@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import stat
 
-import pytest
-
 from tests.plugins.capture import CaptureEnv
-
-pytestmark = [pytest.mark.postgres]
 
 
 def test_state_directory_and_files_private_after_capture(env: CaptureEnv) -> None:

@@ -9,8 +9,6 @@ from snapshot.exported import sql_json_value
 from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of
 from tests.plugins.logstore import BACKENDS
 
-pytestmark = pytest.mark.postgres
-
 
 @pytest.mark.parametrize("env", BACKENDS, indirect=True)
 def test_snapshot_then_stream_end_to_end(env: CaptureEnv) -> None:

@@ -10,7 +10,6 @@ import time
 
 import orjson
 import psycopg
-import pytest
 
 from tests.plugins.capture import (
     CaptureEnv,
@@ -21,8 +20,6 @@ from tests.plugins.capture import (
     wait_streaming,
 )
 from tests.plugins.postgres import wait_for
-
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_slot_advances_when_registered_tables_idle_and_other_tables_or_databases_busy(

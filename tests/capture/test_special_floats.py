@@ -8,11 +8,8 @@ from typing import Any
 
 import orjson
 import psycopg
-import pytest
 
 from tests.plugins.capture import CaptureEnv
-
-pytestmark = [pytest.mark.postgres]
 
 SPECIALS = ["NaN", "Infinity", "-Infinity"]
 

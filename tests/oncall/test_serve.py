@@ -22,7 +22,7 @@ from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.cdc_config(status_config(window=30))]
+pytestmark = pytest.mark.cdc_config(status_config(window=30))
 CHROMIUM = Path("/usr/bin/chromium")
 
 
@@ -107,7 +107,6 @@ def test_metrics_status_and_token(env: CaptureEnv) -> None:
 
 
 @pytest.mark.browser
-@pytest.mark.spark
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium")
 def test_dashboard_in_chromium(spark_clean: Any, env: CaptureEnv, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright

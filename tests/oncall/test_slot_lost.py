@@ -15,11 +15,7 @@ from tests.plugins.status import stage, status, status_config
 DROP_WHEN_LOST = (
     'slot_policy = "drop"\nslot_drop_at_bytes = 1099511627776\n'  # 1 TiB: only "lost" triggers it
 )
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.slow,
-    pytest.mark.cdc_config(status_config(window=3, extra=DROP_WHEN_LOST)),
-]
+pytestmark = pytest.mark.cdc_config(status_config(window=3, extra=DROP_WHEN_LOST))
 
 
 def test_invalidated_slot_is_dropped_marked_and_resnapshotted(pg: PgCluster, env: CaptureEnv) -> None:

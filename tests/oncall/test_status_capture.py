@@ -11,11 +11,7 @@ from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
 RETAINED_WAL = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.slow,
-    pytest.mark.cdc_config(status_config(window=3, extra=RETAINED_WAL)),
-]
+pytestmark = pytest.mark.cdc_config(status_config(window=3, extra=RETAINED_WAL))
 
 
 def _setup(env: CaptureEnv) -> None:

@@ -7,12 +7,7 @@ import pytest
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.status import stage, status, status_config
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.kafka,
-    pytest.mark.slow,
-    pytest.mark.cdc_config(status_config(window=3), backend="kafka"),
-]
+pytestmark = pytest.mark.cdc_config(status_config(window=3), backend="kafka")
 
 
 def test_status_reads_kafka_offsets(env: CaptureEnv) -> None:

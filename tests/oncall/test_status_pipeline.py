@@ -14,12 +14,7 @@ from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
 DROP_AT_2MB = 'slot_policy = "drop"\nslot_drop_at_bytes = 2097152\n'
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.spark,
-    pytest.mark.slow,
-    pytest.mark.cdc_config(status_config(window=20, extra=DROP_AT_2MB)),
-]
+pytestmark = pytest.mark.cdc_config(status_config(window=20, extra=DROP_AT_2MB))
 
 
 def _tables(env: CaptureEnv) -> None:

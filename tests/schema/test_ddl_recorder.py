@@ -8,13 +8,10 @@ import signal
 from typing import Any
 
 import orjson
-import pytest
 
 from tests.plugins.capture import CaptureEnv, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
-
-pytestmark = [pytest.mark.postgres]
 
 
 def _values(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:

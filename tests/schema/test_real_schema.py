@@ -15,15 +15,12 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pytest
 
 from cdc.events import TRUNCATE_KEY_FIELD
 from sinks.warehouse import END_OP, KEY, WarehouseSink
 from tests.plugins.apply import apply_clean
 from tests.plugins.capture import CaptureEnv, materialize, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
-
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 SCHEMA = [
     "CREATE DOMAIN year AS integer CHECK (VALUE BETWEEN 1901 AND 2155)",

@@ -9,7 +9,6 @@ import signal
 from typing import Any
 
 import orjson
-import pytest
 from deltalake import DeltaTable
 
 from cdc.config import Settings
@@ -19,8 +18,6 @@ from tests.plugins.apply import Env, apply_clean, cdc_cli, run_job
 from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
-
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 
 def _verify_clean(env: CaptureEnv, table: str) -> dict[str, Any]:

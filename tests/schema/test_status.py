@@ -12,7 +12,7 @@ from tests.plugins.capture import CaptureEnv, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config(status_config())]
+pytestmark = pytest.mark.cdc_config(status_config())
 
 
 def test_missing_and_refused_tables_are_error_stages_with_the_fix(env: CaptureEnv) -> None:

@@ -20,7 +20,7 @@ from snapshot import SnapshotError
 from snapshot.encode import RowEncoder
 from tests.plugins.capture import CaptureEnv, materialize
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.cdc_config("[snapshot]\nchunk_size = 7\n")]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 7\n")
 
 MB = 1 << 20
 UGLY = 'a"b,c\n\\d\r\te""\\\\,\n\r\n{}NULL é😀'

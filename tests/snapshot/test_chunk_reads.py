@@ -13,7 +13,7 @@ import pytest
 from tests.plugins.capture import CaptureEnv, materialize, progress
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config("[snapshot]\nchunk_size = 3\n")]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 3\n")
 
 #: text key values that a chunk bound may land on
 UGLY = [

@@ -26,7 +26,7 @@ from tests.plugins.capture import (
 )
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n")]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n")
 
 
 class Load:
@@ -72,8 +72,6 @@ class Load:
         assert not self.errors, self.errors
 
 
-@pytest.mark.slow
-@pytest.mark.spark
 def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_others_stream(
     env: CaptureEnv, spark_clean: Any
 ) -> None:
@@ -148,7 +146,6 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     assert not any(big[k] for k in ("missing", "extra", "different")), big
 
 
-@pytest.mark.slow
 @pytest.mark.cdc_config("[snapshot]\nchunk_size = 1000\nparallel_chunks = 3\n")
 def test_composite_text_key_parallel_chunks_resume_after_kill_9(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE c (region text, n int, label text, PRIMARY KEY (region, n))")

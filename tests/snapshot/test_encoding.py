@@ -13,7 +13,7 @@ import pytest
 
 from tests.plugins.capture import CaptureEnv
 
-pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config("[snapshot]\nchunk_size = 2\n")]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 2\n")
 
 DDL = """
 CREATE TYPE mood2 AS ENUM ('ok', 'a "quoted" label');

@@ -23,8 +23,6 @@ from tests.plugins.capture import (
 from tests.plugins.postgres import wait_for
 
 pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.slow,
     pytest.mark.cdc_config("[snapshot]\nchunk_size = 4096\n"),
 ]
 

@@ -21,7 +21,7 @@ from tests.plugins.postgres import wait_for
 
 ROWS = 60_000
 CHUNK = 500
-pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config(f"[snapshot]\nchunk_size = {CHUNK}\n")]
+pytestmark = pytest.mark.cdc_config(f"[snapshot]\nchunk_size = {CHUNK}\n")
 
 
 class Writer:

@@ -13,7 +13,7 @@ import pytest
 from tests.plugins.capture import CaptureEnv, materialize, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.cdc_config("[snapshot]\nchunk_size = 500\n")]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 500\n")
 
 
 def source_rows(env: CaptureEnv) -> dict[str, dict[str, object]]:

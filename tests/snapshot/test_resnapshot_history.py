@@ -15,8 +15,6 @@ from tests.plugins.apply import apply_clean, cdc_cli
 from tests.plugins.capture import CaptureEnv
 
 pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.spark,
     pytest.mark.cdc_config("[snapshot]\nchunk_size = 40\n"),
 ]
 
