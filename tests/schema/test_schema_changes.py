@@ -5,7 +5,9 @@ Delta table's ``cdc.dropped_columns``, and leaves the search columns."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -14,7 +16,7 @@ from deltalake import DeltaTable
 from cdc.config import Settings
 from cdc.events import dead_letter_topic
 from sinks.warehouse import DROPPED_CONF, WarehouseSink
-from tests.plugins.apply import Env, apply_clean, cdc_cli, run_job
+from tests.plugins.apply import apply_clean, cdc_cli, reader_env, run_job
 from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
@@ -28,6 +30,22 @@ def _verify_clean(env: CaptureEnv, table: str) -> dict[str, Any]:
     return report
 
 
+@contextlib.contextmanager
+def _running(env: CaptureEnv, spark: Any) -> Iterator[None]:
+    """`cdc run` streaming ``items``: a first change (qty + 100 on ids 1-5) captured and applied
+    before the body; stopped by SIGTERM after it, and it must exit 0."""
+    proc = env.spawn("run")
+    try:
+        wait_streaming(env, proc)
+        env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
+        wait_caught_up(env)
+        apply_clean(spark, env.state)
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, env.proc_log()
+
+
 def _values(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:
     return [orjson.loads(r.value) for r in env.records(topic) if r.value]
 
@@ -38,24 +56,15 @@ def test_drop_column_is_followed_kept_null_in_the_warehouse_and_left_out_of_sear
     env.sql("CREATE TABLE items (id int PRIMARY KEY, name text, note text, qty int)")
     env.sql("INSERT INTO items SELECT g, 'item ' || g, 'note ' || g, g FROM generate_series(1, 20) g")
     env.add_table("public.items", "--search", "name,note")
-    proc = env.spawn("run")
-    try:
-        wait_streaming(env, proc)
-        env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
-        wait_caught_up(env)
+    with _running(env, spark_clean):
         reg = env.reg("public", "items")
         assert reg.schema_version == 1
-        apply_clean(spark_clean, env.state)
-
         env.sql("ALTER TABLE items DROP COLUMN note")
         env.sql("UPDATE items SET qty = -1 WHERE id = 1")  # an UPDATE first: the catalog tells
         env.sql("INSERT INTO items VALUES (21, 'item 21', 21)")
         env.sql("UPDATE items SET name = 'renamed 2' WHERE id = 2")
         env.sql("DELETE FROM items WHERE id = 3")
         wait_caught_up(env)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, env.proc_log()
 
     reg = env.reg("public", "items")
     assert [c.name for c in reg.columns] == ["id", "name", "qty"]
@@ -106,13 +115,7 @@ def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
     )
     env.sql("INSERT INTO items SELECT g, g, g + 0.25, 'n' || g, (g * 10)::text FROM generate_series(1, 20) g")
     env.add_table("public.items")
-    proc = env.spawn("run")
-    try:
-        wait_streaming(env, proc)
-        env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
-        wait_caught_up(env)
-        apply_clean(spark_clean, env.state)
-
+    with _running(env, spark_clean):
         # safe: int -> bigint, numeric(10,2) -> numeric(20,4), varchar(10) -> text
         env.sql("ALTER TABLE items ALTER COLUMN qty TYPE bigint")
         env.sql("ALTER TABLE items ALTER COLUMN price TYPE numeric(20,4)")
@@ -138,11 +141,8 @@ def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
         env.sql("UPDATE items SET code = 77, qty = 1 WHERE id = 7")
         env.sql("UPDATE items SET code = NULL, qty = 2 WHERE id = 8")
         wait_caught_up(env)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, env.proc_log()
     reg = env.reg("public", "items")
-    summary = run_job(spark_clean, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
+    summary = run_job(spark_clean, reader_env(env.state))
     assert summary.dead_letters == 1
     (letter,) = _dead_letters(env, reg.topic)
     assert "column code" in letter["reason"] and "re-snapshot" in letter["reason"], letter
@@ -150,7 +150,7 @@ def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
     assert current[7]["qty"] == 7 and current[7]["code"] == "70"  # the refused change did not apply
     assert current[8]["qty"] == 2 and current[8]["code"] is None  # a null value still applies
     # a second run does not loop on it
-    again = run_job(spark_clean, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
+    again = run_job(spark_clean, reader_env(env.state))
     assert again.dead_letters == 0
 
 
@@ -160,13 +160,7 @@ def test_rename_column_is_followed_as_a_new_column_and_in_the_search_columns(
     env.sql("CREATE TABLE items (id int PRIMARY KEY, name text, qty int)")
     env.sql("INSERT INTO items SELECT g, 'item ' || g, g FROM generate_series(1, 30) g")
     env.add_table("public.items", "--search", "name")
-    proc = env.spawn("run")
-    try:
-        wait_streaming(env, proc)
-        env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
-        wait_caught_up(env)
-        apply_clean(spark_clean, env.state)
-
+    with _running(env, spark_clean):
         env.sql("ALTER TABLE items RENAME COLUMN name TO title")
         env.sql("UPDATE items SET qty = -1 WHERE id = 1")  # an UPDATE first
         env.sql("INSERT INTO items VALUES (31, 'gadget 31', 31)")
@@ -178,9 +172,6 @@ def test_rename_column_is_followed_as_a_new_column_and_in_the_search_columns(
         )
         env.sql("UPDATE items SET title = 'renamed widget' WHERE id = 2")
         wait_caught_up(env)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, env.proc_log()
 
     reg = env.reg("public", "items")
     assert [c.name for c in reg.columns] == ["id", "title", "qty"]
@@ -206,17 +197,8 @@ def test_renames_told_by_the_ddl_recorder_end_to_end(env: CaptureEnv, spark_clea
     env.sql("INSERT INTO items SELECT g, 'item ' || g, 'note ' || g, g FROM generate_series(1, 30) g")
     install_recorder(env)
     env.add_table("public.items", "--search", "name")
-    proc = env.spawn("run")
-    try:
-        wait_streaming(env, proc)
-        env.sql("UPDATE items SET qty = qty + 100 WHERE id <= 5")
-        wait_caught_up(env)
-        apply_clean(spark_clean, env.state)
-
+    with _running(env, spark_clean):
         rename_two_columns_then_write(env)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, env.proc_log()
 
     reg = env.reg("public", "items")
     assert [c.name for c in reg.columns] == ["id", "title", "memo", "qty"]

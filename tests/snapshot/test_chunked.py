@@ -14,7 +14,7 @@ import orjson
 import psycopg
 import pytest
 
-from tests.plugins.apply import cdc_cli
+from tests.plugins.apply import cdc_cli, reader_env
 from tests.plugins.capture import (
     CaptureEnv,
     assert_versions_monotonic,
@@ -133,10 +133,9 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     assert code == 0 and prog["done"] and 95 <= prog["chunks_done"] <= 104 and prog["chunks_left"] == 0, prog
 
     # the Spark apply job, then verify against the source: clean
-    from cdc.config import Settings
-    from tests.plugins.apply import Env, run_job
+    from tests.plugins.apply import run_job
 
-    summary = run_job(spark_clean, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
+    summary = run_job(spark_clean, reader_env(env.state))
     assert summary.dead_letters == 0
     code, out = cdc_cli(env.dsn, env.state, "verify", "--json", "--wait", "30")
     reports = {r["table"]: r for r in orjson.loads(out)}
