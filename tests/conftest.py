@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.plugins.logstore",
     "tests.plugins.spark",
     "tests.plugins.capture",
+    "tests.plugins.cli",
 ]

@@ -2,7 +2,6 @@
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from cdc.preflight import (
     verdict_exit_code,
 )
 from cdc.registry import Column, Registry, TableReg
+from tests.plugins.cli import Run
 from tests.plugins.postgres import PgCluster
 
 INFO = ServerInfo(
@@ -170,7 +170,6 @@ def test_table_findings() -> None:
 
 
 # --- against the real cluster ----------------------------------------------------------------------
-Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
@@ -181,25 +180,10 @@ def slot(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
-def cdc(
-    pg: PgCluster,
-    pg_db: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    slot: str,
-) -> Iterator[Run]:
-    for var in ("CDC_SOURCE", "CDC_STATE", "CDC_LOG", "CDC_TOPIC_PREFIX", "CDC_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-
-    def run(*argv: str, user: str | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["--source", pg.dsn(pg_db, user=user), "--state", str(tmp_path / "state"), *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
+def cdc(pg: PgCluster, pg_db: str, cdc_main: Run, monkeypatch: pytest.MonkeyPatch, slot: str) -> Run:
+    """``cdc ARGS`` in-process on the test's database, as ``user`` (default: the superuser)."""
+    monkeypatch.setenv("CDC_SLOT", slot)  # cdc_main cleared it if the slot fixture ran first
+    return lambda *argv, user=None: cdc_main(*argv, source=pg.dsn(pg_db, user=user))
 
 
 def _register(tmp_path: Path, table: str, key: tuple[str, ...] = ("id",)) -> None:
