@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import psycopg
@@ -139,6 +140,37 @@ class CaptureEnv:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
+
+
+class SourceLoad:
+    """Changes made at the source on a thread of their own while the ``with`` block runs: a subclass's
+    :meth:`loop` runs on one autocommit connection until :attr:`stop` is set; what it raises fails
+    the test as the block ends."""
+
+    def __init__(self, env: CaptureEnv) -> None:
+        self.env = env
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run)
+
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            with psycopg.connect(self.env.dsn, autocommit=True) as conn:
+                self.loop(conn)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.errors, self.errors
 
 
 def make_env(

@@ -17,6 +17,7 @@ import pytest
 from tests.plugins.apply import cdc_cli, reader_env
 from tests.plugins.capture import (
     CaptureEnv,
+    SourceLoad,
     assert_versions_monotonic,
     materialize,
     progress,
@@ -29,47 +30,31 @@ from tests.plugins.postgres import wait_for
 pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n")
 
 
-class Load:
+class Load(SourceLoad):
     """Inserts, updates and deletes on ``big`` (and updates of ``other``) on a thread."""
 
     def __init__(self, env: CaptureEnv, first_new: int, seed: int = 5) -> None:
-        self.env = env
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
+        super().__init__(env)
         self.next_id = first_new
         self.rnd = random.Random(seed)
-        self.thread = threading.Thread(target=self._run)
 
-    def _run(self) -> None:
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
         rnd = self.rnd
-        try:
-            with psycopg.connect(self.env.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    with conn.transaction():
-                        k = rnd.randint(1, self.next_id)
-                        conn.execute(
-                            "UPDATE big SET qty = qty + 1, name = name || '+', price = price * 2 WHERE id = %s",
-                            [k],
-                        )
-                        conn.execute(
-                            "INSERT INTO big VALUES (%s, %s, 0, 1.000001, now())",
-                            [self.next_id, f"new row {self.next_id}"],
-                        )
-                        self.next_id += 1
-                        lo = rnd.randint(1, self.next_id)
-                        conn.execute("DELETE FROM big WHERE id BETWEEN %s AND %s", [lo, lo + 1])
-                    conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.errors, self.errors
+        while not self.stop.is_set():
+            with conn.transaction():
+                k = rnd.randint(1, self.next_id)
+                conn.execute(
+                    "UPDATE big SET qty = qty + 1, name = name || '+', price = price * 2 WHERE id = %s",
+                    [k],
+                )
+                conn.execute(
+                    "INSERT INTO big VALUES (%s, %s, 0, 1.000001, now())",
+                    [self.next_id, f"new row {self.next_id}"],
+                )
+                self.next_id += 1
+                lo = rnd.randint(1, self.next_id)
+                conn.execute("DELETE FROM big WHERE id BETWEEN %s AND %s", [lo, lo + 1])
+            conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
 
 
 def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_others_stream(

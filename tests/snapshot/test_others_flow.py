@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import statistics
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ import orjson
 import psycopg
 import pytest
 
-from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
+from tests.plugins.capture import CaptureEnv, SourceLoad, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 
 ROWS = 60_000
@@ -24,33 +23,17 @@ CHUNK = 500
 pytestmark = pytest.mark.cdc_config(f"[snapshot]\nchunk_size = {CHUNK}\n")
 
 
-class Writer:
+class Writer(SourceLoad):
     """Single-row updates of ``other`` committed one by one on a thread, ~100 a second."""
 
     def __init__(self, env: CaptureEnv) -> None:
-        self.env = env
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
+        super().__init__(env)
         self.committed = 0
-        self.thread = threading.Thread(target=self._run)
 
-    def _run(self) -> None:
-        try:
-            with psycopg.connect(self.env.dsn, autocommit=True) as conn:
-                while not self.stop.wait(0.01):
-                    conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
-                    self.committed += 1
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.errors, self.errors
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        while not self.stop.wait(0.01):
+            conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
+            self.committed += 1
 
 
 def _records(env: CaptureEnv, topic: str, keep: Callable[[dict[str, Any]], bool]) -> list[tuple[int, int]]:
