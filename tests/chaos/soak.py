@@ -30,7 +30,8 @@ import orjson
 import psycopg
 
 from cdc.devcluster import start_cluster
-from tests.chaos.harness import CDC, DDL, TABLES, Proc
+from tests.chaos.harness import DDL, TABLES, Proc
+from tests.plugins.capture import CDC
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

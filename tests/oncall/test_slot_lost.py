@@ -53,7 +53,7 @@ def test_invalidated_slot_is_dropped_marked_and_resnapshotted(pg: PgCluster, env
 
     def both_ok() -> bool:
         _, report = status(env)
-        return stage(report, "slot")["verdict"] == "OK" and stage(report, "capture")["verdict"] == "OK"
+        return bool(stage(report, "slot")["verdict"] == "OK" and stage(report, "capture")["verdict"] == "OK")
 
     # each sample is a `cdc status` process, judged over a 3 s window: polled, not one sample
     wait_for(both_ok, timeout=60, interval=0.5, what="slot and capture OK after the re-snapshot")
