@@ -14,9 +14,7 @@ from sinks.warehouse import END_OP, IS_CURRENT, KEY, LSN, WarehouseSink
 from tests.plugins.apply import apply_clean, cdc_cli
 from tests.plugins.capture import CaptureEnv
 
-pytestmark = [
-    pytest.mark.cdc_config("[snapshot]\nchunk_size = 40\n"),
-]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 40\n")
 
 
 def _versions(env: CaptureEnv) -> tuple[Counter[int], list[dict[str, Any]]]:
