@@ -129,6 +129,16 @@ class CaptureEnv:
                 out.extend(store.iter_partition(topic, p))
             return out
 
+    def values(self, topic: str) -> list[dict[str, Any]]:
+        """The events of ``topic`` decoded, in topic order per partition (tombstones left out)."""
+        return [orjson.loads(r.value) for r in self.records(topic) if r.value]
+
+    def listed(self) -> dict[str, dict[str, Any]]:
+        """``cdc tables list --json`` by table name."""
+        res = self.cdc("tables", "list", "--json")
+        assert res.returncode == 0, res.stderr
+        return {t["table"]: t for t in orjson.loads(res.stdout)}
+
     def slot_confirmed(self) -> int | None:
         rows = self.pg.fetch(
             f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'"

@@ -46,10 +46,6 @@ def _running(env: CaptureEnv, spark: Any) -> Iterator[None]:
         assert proc.wait(timeout=60) == 0, env.proc_log()
 
 
-def _values(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in env.records(topic) if r.value]
-
-
 def test_drop_column_is_followed_kept_null_in_the_warehouse_and_left_out_of_search(
     env: CaptureEnv, spark_clean: Any
 ) -> None:
@@ -70,7 +66,7 @@ def test_drop_column_is_followed_kept_null_in_the_warehouse_and_left_out_of_sear
     assert [c.name for c in reg.columns] == ["id", "name", "qty"]
     assert reg.schema_version == 2 and reg.dropped_columns == ("note",)
     assert reg.search == ("name",)
-    values = _values(env, reg.topic)
+    values = env.values(reg.topic)
     first = values[0]["source"]
     assert first["schema_version"] == 1 and "note" in values[0]["after"]
     after_drop = [v for v in values if v["after"] and v["after"].get("qty") == -1]
