@@ -4,4 +4,6 @@ pytest_plugins = [
     "tests.plugins.postgres",
     "tests.plugins.logstore",
     "tests.plugins.spark",
+    "tests.plugins.capture",
+    "tests.plugins.cli",
 ]

@@ -6,38 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cdc.cli import main
 from cdc.devcluster import PgCluster, free_port, start_cluster
 from cdc.registry import Registry
-from tests.capture.test_reader_support import CDC, CaptureEnv, make_env
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def cdc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
-    """``cdc ARGS`` in-process in an empty directory with a clean CDC_* environment."""
-    for var in [k for k in os.environ if k.startswith("CDC_")]:
-        monkeypatch.delenv(var)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def run(*argv: str, source: str | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        pre = ["--state", str(tmp_path / "state")] + (["--source", source] if source else [])
-        try:
-            code = main([*pre, *argv])
-        except SystemExit as exc:  # argparse
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
+from tests.plugins.capture import CDC, CaptureEnv
+from tests.plugins.cli import Run
 
 
 def _clear(err: str) -> None:
@@ -70,9 +47,9 @@ def _clear_after_progress(err: str) -> str:
         ("[serve]\nport = 'http'\n", "'[serve] port' must be an integer"),
     ],
 )
-def test_bad_cdc_toml(cdc: Run, tmp_path: Path, toml: str, words: str) -> None:
+def test_bad_cdc_toml(cdc_main: Run, tmp_path: Path, toml: str, words: str) -> None:
     (tmp_path / "cdc.toml").write_text(toml)
-    code, out, err = cdc("tables", "list")
+    code, out, err = cdc_main("tables", "list")
     assert code == 2 and out == ""
     _clear(err)
     assert words in err
@@ -92,42 +69,40 @@ def test_bad_cdc_toml(cdc: Run, tmp_path: Path, toml: str, words: str) -> None:
     ],
 )
 def test_bad_environment(
-    cdc: Run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, var: str, value: str, words: str
+    cdc_main: Run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, var: str, value: str, words: str
 ) -> None:
     monkeypatch.setenv(var, value)
-    code, _, err = cdc("tables", "list")
+    code, _, err = cdc_main("tables", "list")
     assert code == 2
     _clear(err)
     assert words in err and "pw-leak" not in err
 
 
-def test_no_source_configured(cdc: Run) -> None:
-    code, _, err = cdc("check")
+def test_no_source_configured(cdc_main: Run) -> None:
+    code, _, err = cdc_main("check")
     assert code == 2
     _clear(err)
     assert "CDC_SOURCE" in err
 
 
-def test_unreachable_host(cdc: Run) -> None:
-    code, _, err = cdc("check", source=f"postgresql://u:pw-leak@127.0.0.1:{free_port()}/db")
+def test_unreachable_host(cdc_main: Run) -> None:
+    code, _, err = cdc_main("check", source=f"postgresql://u:pw-leak@127.0.0.1:{free_port()}/db")
     assert code == 1
     _clear(err)
     assert "cannot be reached" in err and "pw-leak" not in err
 
 
-@pytest.mark.postgres
-def test_wrong_password(cdc: Run, pg: PgCluster, pg_db: str) -> None:
+def test_wrong_password(cdc_main: Run, pg: PgCluster, pg_db: str) -> None:
     role = f"pw_{uuid.uuid4().hex[:8]}"
     pg.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'right' IN ROLE cdc_password_auth")
-    code, _, err = cdc("tables", "add", "t", source=pg.dsn(pg_db, role, "pw-leak"))
+    code, _, err = cdc_main("tables", "add", "t", source=pg.dsn(pg_db, role, "pw-leak"))
     assert code == 2
     _clear(err)
     assert "password authentication failed" in err and "pw-leak" not in err
 
 
-@pytest.mark.postgres
-def test_unknown_database(cdc: Run, pg: PgCluster) -> None:
-    code, _, err = cdc("check", source=pg.dsn("no_such_database"))
+def test_unknown_database(cdc_main: Run, pg: PgCluster) -> None:
+    code, _, err = cdc_main("check", source=pg.dsn("no_such_database"))
     assert code == 2
     _clear(err)
     assert 'database "no_such_database" does not exist' in err
@@ -185,12 +160,11 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("argv,words", REFUSALS, ids=[repr(a)[:40] for a, _ in REFUSALS])
 def test_registration_refused(
-    cdc: Run, pg: PgCluster, db: str, tmp_path: Path, argv: list[str], words: str
+    cdc_main: Run, pg: PgCluster, db: str, tmp_path: Path, argv: list[str], words: str
 ) -> None:
-    code, out, err = cdc("tables", "add", *argv, source=pg.dsn(db))
+    code, out, err = cdc_main("tables", "add", *argv, source=pg.dsn(db))
     assert code != 0 and out == ""
     _clear(err)
     assert words in err
@@ -198,10 +172,11 @@ def test_registration_refused(
     assert pg.fetch("SELECT count(*) FROM victim", db) == [(0,)]  # still there
 
 
-@pytest.mark.postgres
-def test_registration_twice_refused_keeps_the_first(cdc: Run, pg: PgCluster, db: str, tmp_path: Path) -> None:
-    assert cdc("tables", "add", "keyed", "--search", "v", source=pg.dsn(db))[0] == 0
-    code, _, err = cdc("tables", "add", "keyed", source=pg.dsn(db))
+def test_registration_twice_refused_keeps_the_first(
+    cdc_main: Run, pg: PgCluster, db: str, tmp_path: Path
+) -> None:
+    assert cdc_main("tables", "add", "keyed", "--search", "v", source=pg.dsn(db))[0] == 0
+    code, _, err = cdc_main("tables", "add", "keyed", source=pg.dsn(db))
     assert code == 1
     _clear(err)
     assert "already registered" in err
@@ -209,18 +184,17 @@ def test_registration_twice_refused_keeps_the_first(cdc: Run, pg: PgCluster, db:
         assert reg.get("public", "keyed").search == ("v",)
 
 
-@pytest.mark.postgres
-def test_registration_without_select_privilege(cdc: Run, pg: PgCluster, db: str, tmp_path: Path) -> None:
+def test_registration_without_select_privilege(cdc_main: Run, pg: PgCluster, db: str, tmp_path: Path) -> None:
     role = f"nosel_{uuid.uuid4().hex[:8]}"
     pg.execute(f"CREATE ROLE {role} LOGIN")
-    code, _, err = cdc("tables", "add", "keyed", source=pg.dsn(db, role))
+    code, _, err = cdc_main("tables", "add", "keyed", source=pg.dsn(db, role))
     assert code == 1
     _clear(err)
     assert "cannot SELECT" in err and _registered(tmp_path) == []
 
 
-def test_remove_unregistered(cdc: Run) -> None:
-    code, _, err = cdc("tables", "remove", "public.nothing")
+def test_remove_unregistered(cdc_main: Run) -> None:
+    code, _, err = cdc_main("tables", "remove", "public.nothing")
     assert code == 1
     _clear(err)
     assert "not registered" in err
@@ -248,10 +222,10 @@ def test_non_utf8_table_name(tmp_path: Path) -> None:
     assert "Traceback" not in err and "not valid UTF-8" in err
 
 
-def test_corrupt_registry(cdc: Run, tmp_path: Path) -> None:
+def test_corrupt_registry(cdc_main: Run, tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "registry.db").write_bytes(b"this is not a database" * 100)
-    code, _, err = cdc("tables", "list")
+    code, _, err = cdc_main("tables", "list")
     assert code == 1
     _clear(err)
     assert "cannot be read" in err
@@ -269,31 +243,25 @@ def test_corrupt_registry(cdc: Run, tmp_path: Path) -> None:
         (["tables", "frob"], "invalid choice: 'frob'"),
     ],
 )
-def test_cli_unknown_verbs_and_flags(cdc: Run, argv: list[str], words: str) -> None:
-    code, _, err = cdc(*argv)
+def test_cli_unknown_verbs_and_flags(cdc_main: Run, argv: list[str], words: str) -> None:
+    code, _, err = cdc_main(*argv)
     assert code == 2 and words in err
 
 
-def test_dump_of_an_unknown_topic(cdc: Run) -> None:
-    code, _, err = cdc("topic", "dump", "cdc.public.nothing")
+def test_dump_of_an_unknown_topic(cdc_main: Run) -> None:
+    code, _, err = cdc_main("topic", "dump", "cdc.public.nothing")
     assert code != 0
     _clear(err)
     assert "cdc.public.nothing" in err
 
 
-def test_snapshot_needs_names_or_all(cdc: Run) -> None:
-    code, _, err = cdc("snapshot")
+def test_snapshot_needs_names_or_all(cdc_main: Run) -> None:
+    code, _, err = cdc_main("snapshot")
     assert code == 2
     _clear(err)
 
 
 # --- the source ---------------------------------------------------------------------------------------
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-@pytest.mark.postgres
 def test_slot_dropped_underneath(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.sql("INSERT INTO t VALUES (1)")
@@ -306,7 +274,6 @@ def test_slot_dropped_underneath(env: CaptureEnv) -> None:
     assert len(env.records(env.reg("public", "t").topic)) == 1  # the topic is kept
 
 
-@pytest.mark.postgres
 def test_table_dropped_before_its_snapshot(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
@@ -319,7 +286,6 @@ def test_table_dropped_before_its_snapshot(env: CaptureEnv) -> None:
     assert env.reg("public", "t").snapshot_state != "done"  # registration kept, nothing marked done
 
 
-@pytest.mark.postgres
 def test_table_renamed_while_registered(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
@@ -329,7 +295,6 @@ def test_table_renamed_while_registered(env: CaptureEnv) -> None:
     assert "Traceback" not in res.stderr and "does not exist" in res.stderr and "fix:" in res.stderr
 
 
-@pytest.mark.postgres
 def test_replica_identity_changed_is_a_check_finding(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
@@ -339,7 +304,6 @@ def test_replica_identity_changed_is_a_check_finding(env: CaptureEnv) -> None:
     assert "REPLICA IDENTITY" in res.stdout
 
 
-@pytest.mark.postgres
 def test_permission_revoked_before_the_snapshot(env: CaptureEnv) -> None:
     role = f"cap_{uuid.uuid4().hex[:8]}"
     env.pg.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
@@ -371,15 +335,14 @@ def replica_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgClus
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.postgres
-def test_wal_level_not_logical(replica_cluster: PgCluster, cdc: Run, tmp_path: Path) -> None:
+def test_wal_level_not_logical(replica_cluster: PgCluster, cdc_main: Run, tmp_path: Path) -> None:
     replica_cluster.execute("CREATE TABLE IF NOT EXISTS t (id int PRIMARY KEY)")
     dsn = replica_cluster.dsn()
-    code, out, err = cdc("check", source=dsn)
+    code, out, err = cdc_main("check", source=dsn)
     assert code == 2
     assert "wal_level" in out
-    assert cdc("tables", "add", "t", source=dsn)[0] == 0
-    code, out, err = cdc("run", "--once", source=dsn)
+    assert cdc_main("tables", "add", "t", source=dsn)[0] == 0
+    code, out, err = cdc_main("run", "--once", source=dsn)
     assert code == 2, err
     fix = _clear_after_progress(err)
     assert "its wal_level is not 'logical'" in err
@@ -387,8 +350,7 @@ def test_wal_level_not_logical(replica_cluster: PgCluster, cdc: Run, tmp_path: P
     assert replica_cluster.fetch("SELECT count(*) FROM pg_replication_slots") == [(0,)]
 
 
-@pytest.mark.postgres
-def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+def test_wal2json_missing(cdc_main: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     """The server cannot load wal2json (here: the database's dynamic_library_path names a directory
     that does not exist, so the plugin is not found, as on a server without the package): exit 2, the message
     names the plugin, the fix names the package for the server's version; no slot is left behind and
@@ -397,8 +359,8 @@ def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -
     pg.execute("INSERT INTO t VALUES (1)", pg_db)
     pg.execute(f"ALTER DATABASE {pg_db} SET dynamic_library_path = '/nonexistent/cdc-no-plugins'")
     dsn = pg.dsn(pg_db)
-    assert cdc("tables", "add", "t", source=dsn)[0] == 0
-    code, out, err = cdc("run", "--once", source=dsn)
+    assert cdc_main("tables", "add", "t", source=dsn)[0] == 0
+    code, out, err = cdc_main("run", "--once", source=dsn)
     assert code == 2, err
     fix = _clear_after_progress(err)
     assert "the wal2json output plugin is not installed on the source server" in err
@@ -407,15 +369,14 @@ def test_wal2json_missing(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -
     assert pg.fetch(f"SELECT count(*) FROM pg_replication_slots WHERE database = '{pg_db}'") == [(0,)]
     with Registry(tmp_path / "state") as reg:
         assert reg.get("public", "t").snapshot_state != "done"
-    code, out, err = cdc("topic", "dump", "cdc.public.t")
+    code, out, err = cdc_main("topic", "dump", "cdc.public.t")
     assert (code, out.strip()) == (0, ""), (code, out, err)
 
 
-@pytest.mark.postgres
 def test_replication_privilege_revoked_while_running(env: CaptureEnv) -> None:
     """The running reader loses its connection (transient: retried), then the source refuses the
     role (permanent): it stops with exit 2 and the fix, instead of retrying for retry_max_s."""
-    from tests.capture.test_run import wait_streaming
+    from tests.plugins.capture import wait_streaming
 
     role = f"cap_{uuid.uuid4().hex[:8]}"
     env.pg.execute(f"CREATE ROLE {role} LOGIN REPLICATION")

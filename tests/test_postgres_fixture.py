@@ -1,10 +1,6 @@
 """The private cluster is what every capture test relies on: logical WAL and wal2json."""
 
-import pytest
-
 from tests.plugins.postgres import PgCluster
-
-pytestmark = pytest.mark.postgres
 
 
 def test_cluster_is_logical_and_has_wal2json(pg: PgCluster, pg_db: str) -> None:

@@ -29,7 +29,7 @@ import pytest
 
 from cdc.devcluster import PgCluster, free_port
 from cdc.registry import Registry, TableReg
-from tests.capture.test_reader_support import CDC
+from tests.plugins.capture import CDC
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
@@ -234,20 +234,24 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
 
 
-# about 70 processes (a Spark start among them): over the 600 s default at load 15 on 2 cores
-@pytest.mark.timeout(1800)
-def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: str, tmp_path: Path) -> None:
-    secrets = [PASSWORD, ODD_PASSWORD, quote(ODD_PASSWORD, safe="")]
-    kv = pg.dsn(pg_db, role, PASSWORD)
-    uri = f"postgresql://{role}_odd:{quote(ODD_PASSWORD, safe='')}@127.0.0.1:{pg.port}/{pg_db}"
-    captured = tmp_path / "captured"  # the output of the background verbs (checked as output)
-    outputs: list[tuple[str, str]] = []
-    #: (pass, verb, exit code, output) of every verb that did not end as expected
-    wrong: list[tuple[str, str, int, str]] = []
+#: (pass, verb, exit code, output) of a verb that did not end as expected
+Wrong = list[tuple[str, str, int, str]]
 
-    # 1. the whole pipeline with a good DSN by flag (key=value); then every verb that connects with
-    #    a good DSN by environment (URI; the verbs that do not connect only parse it, which the flag
-    #    pass and the failing pass below cover)
+
+def _good_passes(
+    pg: PgCluster,
+    pg_db: str,
+    dsns: tuple[str, str],
+    tmp_path: Path,
+    captured: Path,
+    secrets: list[str],
+) -> tuple[list[tuple[str, str]], Wrong]:
+    """1. the whole pipeline with a good DSN by flag (key=value); then every verb that connects with
+    a good DSN by environment (URI; the verbs that do not connect only parse it, which the flag
+    pass and the failing pass cover): (outputs, what did not end as expected)."""
+    kv, uri = dsns
+    outputs: list[tuple[str, str]] = []
+    wrong: Wrong = []
     for how, dsn, verbs in (
         ("flag", kv, VERBS),
         ("env", uri, [*CONNECTING, ["tables", "remove", "public.items"]]),
@@ -284,13 +288,18 @@ def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: s
             if path.is_file():
                 assert _leaks(path.read_bytes(), secrets) == [], path
         pg.execute(f"SELECT pg_drop_replication_slot('{env['CDC_SLOT']}')", pg_db)
+    return outputs, wrong
 
-    # 2. failing DSNs, by flag, environment and cdc.toml, each run its own process and state
-    #    directory, 3 at a time. A wrong password and an unreachable host get every verb that
-    #    connects (where they fail). DSNs that do not parse fail as the settings load, before any
-    #    verb runs -- the same path for every verb -- so they share the verbs out: every verb runs
-    #    with one of them (connecting verbs first, so each such DSN meets one that would connect if
-    #    it parsed), and each of them runs by flag, environment and cdc.toml.
+
+def _failing_jobs(
+    pg: PgCluster, pg_db: str, role: str
+) -> tuple[list[tuple[str, str, list[str]]], dict[str, str]]:
+    """2. failing DSNs, by flag, environment and cdc.toml. A wrong password and an unreachable host
+    get every verb that connects (where they fail). DSNs that do not parse fail as the settings
+    load, before any verb runs -- the same path for every verb -- so they share the verbs out: every
+    verb runs with one of them (connecting verbs first, so each such DSN meets one that would
+    connect if it parsed), and each of them runs by flag, environment and cdc.toml.
+    Returns the (where, DSN, verb) jobs and the kind of each DSN."""
     connects = [
         pg.dsn(pg_db, role, PASSWORD + "x"),
         f"postgresql://{role}:{PASSWORD}@127.0.0.1:{free_port()}/{pg_db}",
@@ -309,51 +318,70 @@ def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: s
     n = len(malformed)
     jobs += [(wheres[(j // n) % 3], malformed[j % n], verb) for j, verb in enumerate(connecting_first)]
     assert {tuple(v) for _, dsn, v in jobs if dsn in malformed} >= {tuple(v) for v in VERBS}
-
     kind_of = {
         connects[0]: "wrong password",
         connects[1]: "unreachable",
         **dict.fromkeys(malformed, "malformed"),
     }
+    return jobs, kind_of
 
-    def failing(job: tuple[str, str, list[str]]) -> tuple[str, str]:
-        where, dsn, verb = job
-        code_wanted, words = FAILING[kind_of[dsn]]
-        env = _base_env()
-        run_id = uuid.uuid4().hex[:8]
-        cwd = tmp_path / f"cwd-{run_id}"  # holds the cdc.toml with the DSN: not searched
-        cwd.mkdir()
-        state = tmp_path / f"state-bad-{run_id}"
-        pre = ["--state", str(state)]
-        if verb[0] == "verify":  # with no table registered it stops before it connects
-            with Registry(state) as registry:
-                registry.add(TableReg("public", "items", "cdc.public.items", ("id",)))
-        toml = "retry_max_s = 1\nbackoff_initial_s = 0.1\n"  # the unreachable host: retry briefly
-        if where == "flag":
-            pre += ["--source", dsn]
-        elif where == "env":
-            env["CDC_SOURCE"] = dsn
-        else:
-            toml = f"source = {dsn!r}\n" + toml
-        (cwd / "cdc.toml").write_text(toml)
-        env["CDC_CONFIG"] = str(cwd / "cdc.toml")
-        if verb is SERVE:
-            code, text = _serve([*pre, *verb], env, cwd, captured)
-            if dsn not in malformed:
-                # it serves (exit 0 on SIGTERM) and reports the source as unreachable
-                code_wanted, words = 0, '"reachable":false'
-        else:
-            res = _run([*pre, *verb], env, cwd)
-            code, text = res.returncode, res.stdout + res.stderr
-            if verb[0] == "status" and dsn not in malformed:
-                code_wanted = 1
-        # a DSN that does not parse fails every verb as its settings load (exit 2)
-        if code != code_wanted or words not in text.replace('": ', '":') or "Traceback" in text:
-            wrong.append((f"bad {where} {kind_of[dsn]}", " ".join(verb), code, text[-1500:]))
-        return f"bad {where} {verb}", text
 
+def _failing(
+    job: tuple[str, str, list[str]], kind_of: dict[str, str], tmp_path: Path, captured: Path, wrong: Wrong
+) -> tuple[str, str]:
+    """One failing job in its own process and state directory: (what, output); a verb that did not
+    end as expected goes to ``wrong``."""
+    where, dsn, verb = job
+    malformed = kind_of[dsn] == "malformed"
+    code_wanted, words = FAILING[kind_of[dsn]]
+    env = _base_env()
+    run_id = uuid.uuid4().hex[:8]
+    cwd = tmp_path / f"cwd-{run_id}"  # holds the cdc.toml with the DSN: not searched
+    cwd.mkdir()
+    state = tmp_path / f"state-bad-{run_id}"
+    pre = ["--state", str(state)]
+    if verb[0] == "verify":  # with no table registered it stops before it connects
+        with Registry(state) as registry:
+            registry.add(TableReg("public", "items", "cdc.public.items", ("id",)))
+    toml = "retry_max_s = 1\nbackoff_initial_s = 0.1\n"  # the unreachable host: retry briefly
+    if where == "flag":
+        pre += ["--source", dsn]
+    elif where == "env":
+        env["CDC_SOURCE"] = dsn
+    else:
+        toml = f"source = {dsn!r}\n" + toml
+    (cwd / "cdc.toml").write_text(toml)
+    env["CDC_CONFIG"] = str(cwd / "cdc.toml")
+    if verb is SERVE:
+        code, text = _serve([*pre, *verb], env, cwd, captured)
+        if not malformed:
+            # it serves (exit 0 on SIGTERM) and reports the source as unreachable
+            code_wanted, words = 0, '"reachable":false'
+    else:
+        res = _run([*pre, *verb], env, cwd)
+        code, text = res.returncode, res.stdout + res.stderr
+        if verb[0] == "status" and not malformed:
+            code_wanted = 1
+    # a DSN that does not parse fails every verb as its settings load (exit 2)
+    if code != code_wanted or words not in text.replace('": ', '":') or "Traceback" in text:
+        wrong.append((f"bad {where} {kind_of[dsn]}", " ".join(verb), code, text[-1500:]))
+    return f"bad {where} {verb}", text
+
+
+# about 70 processes (a Spark start among them): over the 600 s default at load 15 on 2 cores
+@pytest.mark.timeout(1800)
+def test_no_verb_shows_or_stores_the_password(pg: PgCluster, pg_db: str, role: str, tmp_path: Path) -> None:
+    secrets = [PASSWORD, ODD_PASSWORD, quote(ODD_PASSWORD, safe="")]
+    kv = pg.dsn(pg_db, role, PASSWORD)
+    uri = f"postgresql://{role}_odd:{quote(ODD_PASSWORD, safe='')}@127.0.0.1:{pg.port}/{pg_db}"
+    captured = tmp_path / "captured"  # the output of the background verbs (checked as output)
+    # 1. good DSNs by flag and by environment
+    outputs, wrong = _good_passes(pg, pg_db, (kv, uri), tmp_path, captured, secrets)
+    # 2. failing DSNs, by flag, environment and cdc.toml, each run its own process and state
+    #    directory, 3 at a time
+    jobs, kind_of = _failing_jobs(pg, pg_db, role)
     with ThreadPoolExecutor(3) as pool:
-        outputs += pool.map(failing, jobs)
+        outputs += pool.map(lambda job: _failing(job, kind_of, tmp_path, captured, wrong), jobs)
     for path in tmp_path.rglob("*"):
         if path.is_file() and "cwd-" not in str(path):
             assert _leaks(path.read_bytes(), secrets) == [], path

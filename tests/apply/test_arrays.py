@@ -5,30 +5,17 @@ other columns never go stale."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
-from cdc.cli import main as cdc_main
 from cdc.config import Settings
 from cdc.registry import Registry
 from sinks.warehouse import WarehouseSink
-from tests.apply.conftest import Env, run_job
+from tests.plugins.apply import Env, cdc_cli, run_job
 from tests.plugins.postgres import PgCluster
-
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
-
-
-def _cdc(dsn: str, state: Path, *args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", dsn, "--state", str(state), *args])
-    return code, out.getvalue()
 
 
 def test_a_multi_dimensional_array_is_stored_and_the_row_never_goes_stale(
@@ -47,8 +34,8 @@ def test_a_multi_dimensional_array_is_stored_and_the_row_never_goes_stale(
         "(3, 'three', NULL, NULL, NULL)",
         pg_db,
     )
-    assert _cdc(dsn, state, "tables", "add", "public.grid")[0] == 0
-    code, out = _cdc(dsn, state, "run", "--once")
+    assert cdc_cli(dsn, state, "tables", "add", "public.grid")[0] == 0
+    code, out = cdc_cli(dsn, state, "run", "--once")
     assert code == 0, out
     # streamed: an UPDATE that sets a 2-D value with another column, a 3-D insert, back to 1-D
     for stmt in [
@@ -58,7 +45,7 @@ def test_a_multi_dimensional_array_is_stored_and_the_row_never_goes_stale(
         "UPDATE public.grid SET m = '[0:1][1:2]={{10,20},{30,40}}' WHERE id = 3",
     ]:
         pg.execute(stmt, pg_db)
-    code, out = _cdc(dsn, state, "run", "--once")
+    code, out = cdc_cli(dsn, state, "run", "--once")
     assert code == 0, out
 
     settings = Settings(state_dir=state, source=None)
@@ -83,7 +70,7 @@ def test_a_multi_dimensional_array_is_stored_and_the_row_never_goes_stale(
     }
     assert rows[3]["m"] == [10, 20, 30, 40]
     assert rows[4]["m"] == [1, 2, 3, 4, 5, 6, 7, None] and rows[4]["t"] == ["x"]
-    code, out = _cdc(dsn, state, "verify", "--json", "--wait", "30")
+    code, out = cdc_cli(dsn, state, "verify", "--json", "--wait", "30")
     reports = orjson.loads(out)
     assert code == 0, reports
     assert reports[0]["source_rows"] == 4 and reports[0]["warehouse_rows"] == 4

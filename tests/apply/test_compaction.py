@@ -15,10 +15,8 @@ import pytest
 from cdc.logstore import APPLY_CONSUMER
 from cdc.logstore.embedded import EmbeddedLogStore
 from sinks.warehouse import WarehouseSink
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, run_job
-
-pytestmark = [pytest.mark.spark]
+from tests.plugins.apply import Env, run_job
+from tests.plugins.changes import ChangeWriter, make_reg
 
 COLUMNS = [("slug", "text"), ("title", "text"), ("body", "text")]
 

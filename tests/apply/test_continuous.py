@@ -9,45 +9,12 @@ from typing import Any
 
 import pytest
 
-from cdc.errors import ApplyError
 from sinks import ChangeBatch, Sink
-from sinks.warehouse import WarehouseSink
-from spark_jobs.apply import ApplyJob, ApplyOptions
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, run_job
+from tests.plugins.apply import Env, continuous_job, run_job, start_job, warehouse_ids
+from tests.plugins.changes import ChangeWriter, make_reg
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
 COLUMNS = [("id", "bigint"), ("name", "text")]
-
-
-def _ids(env: Env, reg: Any) -> set[int]:
-    try:
-        return {r["id"] for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
-    except ApplyError:  # not created yet
-        return set()
-
-
-def _continuous(spark: Any, env: Env, **kw: Any) -> ApplyJob:
-    return ApplyJob(
-        spark, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1), **kw
-    )
-
-
-def _start(job: ApplyJob) -> tuple[threading.Thread, list[BaseException]]:
-    """Run ``job.run()`` on a thread; what it raises is collected for the test's assertions."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # surfaced by the assertions of the test
-            errors.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    return runner, errors
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
@@ -58,20 +25,24 @@ def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env
     with w1.txn():
         for i in range(1, 6):
             w1.insert({"id": i, "name": f"n{i}"})
-    job = _continuous(spark_clean, env)
-    runner, errors = _start(job)
+    job = continuous_job(spark_clean, env)
+    runner, errors = start_job(job)
     try:
-        wait_for(lambda: _ids(env, first) == set(range(1, 6)), timeout=120, what="the first rows applied")
+        wait_for(
+            lambda: warehouse_ids(env, first) == set(range(1, 6)), timeout=120, what="the first rows applied"
+        )
         with w1.txn():
             w1.insert({"id": 6, "name": "later"})
             w1.delete({"id": 1})
-        wait_for(lambda: _ids(env, first) == set(range(2, 7)), timeout=60, what="later changes applied")
+        wait_for(
+            lambda: warehouse_ids(env, first) == set(range(2, 7)), timeout=60, what="later changes applied"
+        )
         # a table registered while the job runs
         second = env.register(make_reg(schema, "second", COLUMNS))
         w2 = ChangeWriter(env.store, second)
         with w2.txn():
             w2.insert({"id": 42, "name": "new table"})
-        wait_for(lambda: _ids(env, second) == {42}, timeout=90, what="the new table picked up")
+        wait_for(lambda: warehouse_ids(env, second) == {42}, timeout=90, what="the new table picked up")
         assert not errors
     finally:
         job.stop()
@@ -108,8 +79,8 @@ def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env
         for i in range(1, 6):
             w.insert({"id": i, "name": f"n{i}"})
     gate = _GateSink()
-    job = _continuous(spark_clean, env, sinks=[gate])
-    runner, errors = _start(job)
+    job = continuous_job(spark_clean, env, sinks=[gate])
+    runner, errors = start_job(job)
     try:
         assert gate.entered.wait(120), "the first batch never reached the sink"
         job.stop()

@@ -7,33 +7,28 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
-import pytest
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import app_id_for, checkpoint_dir
-from tests.apply.conftest import reader_env
-from tests.apply.test_verify import DDL, _row, _verify, capture, register, source
+from tests.plugins.apply import reader_env
+from tests.plugins.capture import CDC
+from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster
-
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
-    pg: PgCluster, pg_db: str, tmp_path: Path
+    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None
 ) -> None:
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     capture(dsn, state)  # the initial snapshot (empty): every change below is streamed
     with source(dsn) as src:
-        src.insert(*(_row(i) for i in range(1, 41)))
+        src.insert(*(item_row(i) for i in range(1, 41)))
         for i in range(1, 41, 2):
             src.update(i, {"name": f"widget {i} again", "qty": -i})
         for i in (4, 8):
@@ -44,9 +39,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     crash_batch = 1
     proc = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "import sys; from cdc.cli import main; sys.exit(main())",
+            *CDC,
             "--state",
             str(env.state),
             "apply",
@@ -73,9 +66,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     # restart: a new `cdc apply --once --json` process, same checkpoint: batch 1 is replayed, then the rest
     proc = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "import sys; from cdc.cli import main; sys.exit(main())",
+            *CDC,
             "--state",
             str(env.state),
             "apply",
@@ -94,7 +85,7 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     assert summary["batches"] >= 2 and summary["dead_letters"] == 0
     assert "batch 1:" in proc.stderr, "progress for people goes to stderr with --json"
 
-    code, reports = _verify(env.settings, dsn)
+    code, reports = verify_json(env.settings, dsn)
     assert code == 0, reports
     assert reports[0]["source_rows"] == 38 and reports[0]["search_docs"] == 38
     hist = WarehouseSink(env.state).history_rows(reg).to_pylist()

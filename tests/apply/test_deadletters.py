@@ -15,11 +15,9 @@ from cdc.cli import main
 from cdc.events import dead_letter_topic
 from sinks.search import search
 from sinks.warehouse import WarehouseSink
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, run_job
-from tests.apply.test_poison import POISON_COLUMNS, good_row
-
-pytestmark = [pytest.mark.spark]
+from tests.plugins.apply import Env, run_job
+from tests.plugins.changes import ChangeWriter, make_reg
+from tests.plugins.items import POISON_COLUMNS, good_row
 
 
 def cli(capsys: pytest.CaptureFixture[str], env: Env, *argv: str) -> tuple[int, Any]:

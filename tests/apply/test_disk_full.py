@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,13 +24,11 @@ import orjson
 import pytest
 
 from cdc.logstore.factory import open_log_store
-from tests.apply.conftest import reader_env
-from tests.apply.test_verify import DDL, _row, _verify, capture, register, source
+from tests.plugins.apply import reader_env
+from tests.plugins.capture import CDC
+from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster, wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
-
-CDC = [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())"]
 #: the directories of the state that only the apply job writes (cdc/paths.py)
 APPLY_DIRS = ("spark", "warehouse", "search")
 
@@ -97,21 +94,51 @@ def _jvm_dump(pid: int) -> str:
     return "\n".join(out)[-20000:]
 
 
-@pytest.mark.parametrize("when", ["batches_flowing", "idle"])
-def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
-    small_disk: tuple[Path, Path], pg: PgCluster, pg_db: str, tmp_path: Path, when: str
-) -> None:
-    """The disk fills while batches flow (or while the job is idle, then changes arrive) and stays
-    full until the job exits: it must exit 1 naming ENOSPC and the fix -- never go on or hang.
-    Restarted on a freed disk (as a supervisor would), it catches up from its checkpoint and
-    `cdc verify` is clean."""
-    state, disk = small_disk
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
-    reg = register(dsn, state)
-    env = reader_env(state)
-    log = tmp_path / "apply.log"
-    args = [
+class _Items:
+    """The items workload of one test: changes made at the source and captured by the real reader,
+    and what the job applied of them."""
+
+    def __init__(self, pg: PgCluster, db: str, state: Path) -> None:
+        self.state = state
+        self.dsn, self.reg = items_table(pg, db, state)
+        self.env = reader_env(state)
+        self.rows = 0
+
+    def write(self, n: int, blob: int = 0) -> None:
+        """n inserts and n/3 updates at the source, captured by the real reader; ``blob``: each
+        insert carries that many bytes of incompressible text."""
+        with source(self.dsn) as src:
+            for _ in range(n):
+                self.rows += 1
+                row = item_row(self.rows)
+                if blob:
+                    row["blob"] = base64.b64encode(random.Random(self.rows).randbytes(blob * 3 // 4)).decode()
+                src.insert(row)
+                if self.rows % 3 == 0:
+                    src.update(self.rows - 1, {"name": f"widget {self.rows - 1} again"})
+        capture(self.dsn, self.state)
+
+    def applied(self) -> bool:
+        from sinks.warehouse import WarehouseSink
+
+        with contextlib.suppress(Exception):
+            return len(WarehouseSink(self.state).current_rows(self.reg, meta=False)) == self.rows
+        return False
+
+    def idle(self) -> bool:
+        """Every record in the log store was read by the job and applied."""
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            read = orjson.loads((self.state / "metrics" / "apply.json").read_bytes())["counters"].get(
+                "records_read"
+            )
+            with open_log_store(self.env.settings) as store:
+                return bool(read == sum(store.end_offsets(self.reg.topic).values()) and self.applied())
+        return False
+
+
+def _apply_args(state: Path) -> list[str]:
+    """``cdc apply`` running continuously, in micro-batches of 20 records."""
+    return [
         *CDC,
         "--state",
         str(state),
@@ -123,93 +150,86 @@ def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
         "--stall-timeout",
         "60",
     ]
-    rows = 0
 
-    def write(n: int, blob: int = 0) -> None:
-        """n inserts and n/3 updates at the source, captured by the real reader; ``blob``: each
-        insert carries that many bytes of incompressible text."""
-        nonlocal rows
-        with source(dsn) as src:
-            for _ in range(n):
-                rows += 1
-                row = _row(rows)
-                if blob:
-                    row["blob"] = base64.b64encode(random.Random(rows).randbytes(blob * 3 // 4)).decode()
-                src.insert(row)
-                if rows % 3 == 0:
-                    src.update(rows - 1, {"name": f"widget {rows - 1} again"})
-        capture(dsn, state)
 
-    def applied() -> bool:
-        from sinks.warehouse import WarehouseSink
+def _wait_running(proc: subprocess.Popen[bytes], log: Path, items: _Items, when: str) -> None:
+    """Until the job wrote its first batch (and, ``idle``, caught up); it must still run."""
+    try:
+        wait_for(
+            lambda: "batch 0:" in log.read_text() or proc.poll() is not None, timeout=300, what="batch 0"
+        )
+    except AssertionError:
+        pytest.fail(f"no batch 0 in 300 s:\n{log.read_text()[-5000:]}\n{_jvm_dump(proc.pid)}")
+    assert proc.poll() is None, log.read_text()[-5000:]
+    if when == "idle":  # caught up: the disk fills while the job only polls for data
+        wait_for(lambda: items.idle() or proc.poll() is not None, timeout=300, what="caught up")
+        assert proc.poll() is None, log.read_text()[-5000:]
 
-        with contextlib.suppress(Exception):
-            return len(WarehouseSink(state).current_rows(reg, meta=False)) == rows
-        return False
 
-    def idle() -> bool:
-        """Every record in the log store was read by the job and applied."""
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            read = orjson.loads((state / "metrics" / "apply.json").read_bytes())["counters"].get(
-                "records_read"
+def _fill_until_exit(proc: subprocess.Popen[bytes], log: Path, items: _Items, disk: Path) -> None:
+    """Fill the disk, write changes, and wait for the job to exit on it; the disk is freed after."""
+    used = _used(disk)
+    filler = _fill(disk)
+    try:
+        # New changes whatever the job did meanwhile, each batch of them bigger than all the job
+        # wrote so far: space the job frees after the fill (a search index merge, a temporary
+        # file) cannot hold it, so a write of the batch must hit the full disk.
+        items.write(20, blob=max(64 << 10, used // 10))
+        try:
+            wait_for(lambda: proc.poll() is not None, timeout=240, what="the job to exit on the full disk")
+        except AssertionError:
+            dump = _jvm_dump(proc.pid)
+            pytest.fail(
+                f"cdc apply went on or hung on a full disk (applied: {items.applied()}):\n"
+                f"{log.read_text()[-8000:]}\n{dump}"
             )
-            with open_log_store(env.settings) as store:
-                return bool(read == sum(store.end_offsets(reg.topic).values()) and applied())
-        return False
+    finally:
+        filler.unlink()
 
-    write(300)  # about 20 micro-batches of 20 records: batches are flowing when the disk fills
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """The job's process group ended: SIGTERM, then SIGKILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("when", ["batches_flowing", "idle"])
+def test_disk_full_under_continuous_apply_fails_loudly_then_recovers(
+    small_disk: tuple[Path, Path], pg: PgCluster, pg_db: str, tmp_path: Path, when: str, jvm: None
+) -> None:
+    """The disk fills while batches flow (or while the job is idle, then changes arrive) and stays
+    full until the job exits: it must exit 1 naming ENOSPC and the fix -- never go on or hang.
+    Restarted on a freed disk (as a supervisor would), it catches up from its checkpoint and
+    `cdc verify` is clean."""
+    state, disk = small_disk
+    items = _Items(pg, pg_db, state)
+    log = tmp_path / "apply.log"
+    args = _apply_args(state)
+    items.write(300)  # about 20 micro-batches of 20 records: batches are flowing when the disk fills
     with log.open("wb") as f:
         proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        try:
-            wait_for(
-                lambda: "batch 0:" in log.read_text() or proc.poll() is not None, timeout=300, what="batch 0"
-            )
-        except AssertionError:
-            pytest.fail(f"no batch 0 in 300 s:\n{log.read_text()[-5000:]}\n{_jvm_dump(proc.pid)}")
-        assert proc.poll() is None, log.read_text()[-5000:]
-        if when == "idle":  # caught up: the disk fills while the job only polls for data
-            wait_for(lambda: idle() or proc.poll() is not None, timeout=300, what="caught up")
-            assert proc.poll() is None, log.read_text()[-5000:]
-        used = _used(disk)
-        filler = _fill(disk)
-        try:
-            # New changes whatever the job did meanwhile, each batch of them bigger than all the job
-            # wrote so far: space the job frees after the fill (a search index merge, a temporary
-            # file) cannot hold it, so a write of the batch must hit the full disk.
-            write(20, blob=max(64 << 10, used // 10))
-            try:
-                wait_for(
-                    lambda: proc.poll() is not None, timeout=240, what="the job to exit on the full disk"
-                )
-            except AssertionError:
-                dump = _jvm_dump(proc.pid)
-                pytest.fail(
-                    f"cdc apply went on or hung on a full disk (applied: {applied()}):\n"
-                    f"{log.read_text()[-8000:]}\n{dump}"
-                )
-        finally:
-            filler.unlink()
+        _wait_running(proc, log, items, when)
+        _fill_until_exit(proc, log, items, disk)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(60)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        _stop(proc)
     text = log.read_text()
     # the full disk was hit by a write: the job failed loudly, with the cause and the fix
     assert proc.returncode == 1, text[-5000:]
     assert "\nerror: " in text and "\n  fix: " in text, text[-5000:]
     assert "No space left on device" in text and "free space on the filesystem" in text, text[-5000:]
-    assert not applied(), "every change was applied although the disk was full"
+    assert not items.applied(), "every change was applied although the disk was full"
 
     # the supervisor restarts it: the disk is free again, the job catches up from its checkpoint
-    write(5)
+    items.write(5)
     done = subprocess.run([*args[:6], "--once"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert applied()
-    code, reports = _verify(env.settings, dsn)
+    assert items.applied()
+    code, reports = verify_json(items.env.settings, items.dsn)
     assert code == 0, reports
-    assert reports[0]["source_rows"] == rows
+    assert reports[0]["source_rows"] == items.rows

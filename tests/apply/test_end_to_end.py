@@ -9,14 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from cdc.registry import Registry
 from sinks.warehouse import WarehouseSink
-from tests.apply.conftest import cdc_cli, reader_env, run_job
+from tests.plugins.apply import cdc_cli, reader_env, run_job
 from tests.plugins.postgres import PgCluster
-
-pytestmark = [pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_captured_changes_applied_by_spark_verify_clean(

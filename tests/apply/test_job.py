@@ -15,10 +15,8 @@ from cdc.logstore import APPLY_CONSUMER
 from sinks import ChangeBatch, Sink
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import ledger_path
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, run_job
-
-pytestmark = [pytest.mark.spark]
+from tests.plugins.apply import Env, run_job
+from tests.plugins.changes import ChangeWriter, make_reg
 
 COLUMNS = [("id", "bigint"), ("name", "text"), ("price", "numeric(20,6)"), ("qty", "integer")]
 

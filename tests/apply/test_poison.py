@@ -10,43 +10,16 @@ from typing import Any
 import orjson
 import pytest
 
-from cdc.errors import ApplyError
 from cdc.events import dead_letter_topic
 from sinks.search import search
 from sinks.warehouse import WarehouseSink
 from spark_jobs.apply import ledger_path
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env
-from tests.apply.test_continuous import _continuous, _start
+from tests.plugins.apply import Env, continuous_job, start_job, warehouse_ids
+from tests.plugins.changes import ChangeWriter, make_reg
+from tests.plugins.items import POISON_COLUMNS, good_row
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-POISON_COLUMNS = [
-    ("id", "bigint"),
-    ("name", "text"),
-    ("born", "date"),
-    ("seen", "timestamp with time zone"),
-    ("amount", "numeric(10,2)"),
-]
 PLAIN_COLUMNS = [("id", "bigint"), ("name", "text")]
-
-
-def good_row(i: int, gen: int = 0) -> dict[str, Any]:
-    return {
-        "id": i,
-        "name": f"widget {i} v{gen}",
-        "born": "2020-02-29",
-        "seen": "2026-01-01 10:00:00+00",
-        "amount": f"{i}.{gen:02d}",
-    }
-
-
-def ids(env: Env, reg: Any) -> set[int]:
-    try:
-        return {r["id"] for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
-    except ApplyError:  # not created yet
-        return set()
 
 
 def dead_letters(env: Env, topic: str) -> list[dict[str, Any]]:
@@ -85,12 +58,16 @@ def test_a_poison_record_never_stops_the_others(spark_clean: Any, env: Env) -> N
     with wp.txn():
         for i in range(1, 51):
             wp.insert({"id": i, "name": f"plain {i}"})
-    job = _continuous(spark_clean, env)
-    runner, errors = _start(job)
+    job = continuous_job(spark_clean, env)
+    runner, errors = start_job(job)
     try:
         good = set(range(1, 101)) - {13, 42}
-        wait_for(lambda: ids(env, items) == good, timeout=180, what="every good row of the batch applied")
-        wait_for(lambda: ids(env, plain) == set(range(1, 51)), timeout=60, what="the other table applied")
+        wait_for(
+            lambda: warehouse_ids(env, items) == good, timeout=180, what="every good row of the batch applied"
+        )
+        wait_for(
+            lambda: warehouse_ids(env, plain) == set(range(1, 51)), timeout=60, what="the other table applied"
+        )
         wait_for(lambda: search_ids(env, items) == good, timeout=60, what="the index holds the good rows")
         letters = dead_letters(env, items.topic)
         assert len(letters) == 2, letters
@@ -111,8 +88,12 @@ def test_a_poison_record_never_stops_the_others(spark_clean: Any, env: Env) -> N
             wi.insert({**good_row(200), "seen": "12000-01-01 00:00:00+00"})  # a year past 9999
         with wp.txn():
             wp.insert({"id": 99, "name": "later"})
-        wait_for(lambda: 13 in ids(env, items) and 99 in ids(env, plain), timeout=90, what="later batches")
-        assert 200 not in ids(env, items)
+        wait_for(
+            lambda: 13 in warehouse_ids(env, items) and 99 in warehouse_ids(env, plain),
+            timeout=90,
+            what="later batches",
+        )
+        assert 200 not in warehouse_ids(env, items)
         wait_for(lambda: len(dead_letters(env, items.topic)) == 3, timeout=30, what="the third dead letter")
         assert "column seen" in dead_letters(env, items.topic)[-1]["reason"]
         assert not errors, errors

@@ -12,10 +12,8 @@ import pytest
 
 from sinks import ChangeBatch, Sink
 from spark_jobs.apply import ApplyJob, ApplyOptions, StalledError
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env
-
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+from tests.plugins.apply import Env
+from tests.plugins.changes import ChangeWriter, make_reg
 
 COLUMNS = [("id", "bigint"), ("name", "text")]
 

@@ -6,163 +6,43 @@ from __future__ import annotations
 
 import contextlib
 import io
-import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from cdc.cli import main as cdc_main
-from cdc.config import Settings
 from cdc.logstore.factory import open_log_store
-from cdc.registry import Registry, TableReg
 from sinks.warehouse import WarehouseSink
-from tests.apply.changes import ChangeWriter, make_reg
-from tests.apply.conftest import Env, cdc_cli, reader_env, run_job
+from tests.plugins.apply import Env, reader_env, run_job
+from tests.plugins.changes import ChangeWriter, make_reg
+from tests.plugins.items import (
+    COLUMNS,
+    DDL,
+    PRICES,
+    TS,
+    capture,
+    item_row,
+    items_table,
+    register,
+    source,
+    verify_json,
+)
 from tests.plugins.postgres import PgCluster
-
-pytestmark = [pytest.mark.spark, pytest.mark.postgres]
-
-COLUMNS = [
-    ("id", "bigint"),
-    ("name", "text"),
-    ("qty", "integer"),
-    ("price", "numeric(20,6)"),
-    ("big", "numeric"),
-    ("ts", "timestamp with time zone"),
-    ("doc", "jsonb"),
-    ("flag", "boolean"),
-    ("blob", "text"),
-]
-DDL = """CREATE TABLE public.items (id bigint PRIMARY KEY, name text, qty integer, price numeric(20,6),
- big numeric, ts timestamptz, doc jsonb, flag boolean, blob text)"""
-# no NaN here: numeric(20,6) cannot hold one (tests/apply/test_poison.py dead-letters it)
-PRICES = ["0.000001", "99999999999999.999999", "-99999999999999.999999", "0", "-0.000001", "12.5"]
-BIGS = [
-    "123456789012345678901234567890.123456789012345678901234567890",
-    "Infinity",
-    "-Infinity",
-    "1e-30",
-    "NaN",
-]
-TS = [
-    "2024-02-29 23:59:59.999999+00",
-    "1970-01-01 00:00:00+00",
-    "infinity",
-    "-infinity",
-    "2026-11-22 03:00:00.5+05:30",
-]
-
-
-def _toast(i: int) -> str:
-    """A value stored out of line (24 kB, incompressible): an UPDATE that leaves it unchanged does
-    not send it."""
-    return random.Random(i).randbytes(12_000).hex()
-
-
-def _row(i: int, gen: int = 0) -> dict[str, Any]:
-    """Row ``i`` of the workload: numeric, timestamp and jsonb edge values; every ninth row from
-    row 2 holds a value stored out of line, every fourth none."""
-    return {
-        "id": i,
-        "name": f"widget {i} generation {gen}",
-        "qty": i * 7 + gen,
-        "price": PRICES[(i + gen) % len(PRICES)],
-        "big": BIGS[(i + gen) % len(BIGS)],
-        "ts": TS[(i + gen) % len(TS)],
-        "doc": Jsonb({"i": i, "tags": ["a", "b"], "n": 1.5, "gen": gen}),
-        "flag": (i + gen) % 2 == 0,
-        "blob": None if i % 4 == 0 else f"blob-{i}-" + (_toast(i) if i % 9 == 2 else "x" * (i % 5)),
-    }
-
-
-class Source:
-    """Changes made to a table of the source database (``cdc run`` captures them)."""
-
-    def __init__(self, dsn: str, table: str = "items") -> None:
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.ident = sql.Identifier("public", table)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def insert(self, *rows: dict[str, Any]) -> None:
-        """One transaction per row."""
-        for row in rows:
-            self.conn.execute(
-                sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                    self.ident,
-                    sql.SQL(", ").join(map(sql.Identifier, row)),
-                    sql.SQL(", ").join(sql.Placeholder() * len(row)),
-                ),
-                list(row.values()),
-            )
-
-    def update(self, key: int, changes: dict[str, Any]) -> None:
-        sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
-        self.conn.execute(
-            sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.ident, sets), [*changes.values(), key]
-        )
-
-    def delete(self, key: int) -> None:
-        self.conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.ident), [key])
-
-    def change_key(self, old: int, new: int) -> None:
-        self.conn.execute(sql.SQL("UPDATE {} SET id = %s WHERE id = %s").format(self.ident), [new, old])
-
-    def truncate(self) -> None:
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.ident))
-
-
-@contextlib.contextmanager
-def source(dsn: str, table: str = "items") -> Iterator[Source]:
-    src = Source(dsn, table)
-    try:
-        yield src
-    finally:
-        src.close()
-
-
-def register(dsn: str, state: Path, table: str = "public.items") -> TableReg:
-    """``cdc tables add TABLE --search name``: its registration."""
-    code, out = cdc_cli(dsn, state, "tables", "add", table, "--search", "name")
-    assert code == 0, out
-    with Registry(state) as r:
-        return r.find(table)
-
-
-def capture(dsn: str, state: Path) -> None:
-    """``cdc run --once``: the real reader snapshots new tables, then streams the changes so far
-    into the log store."""
-    code, out = cdc_cli(dsn, state, "run", "--once")
-    assert code == 0, out
-
-
-def _verify(settings: Settings, dsn: str, *extra: str) -> tuple[int, list[dict[str, Any]]]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", dsn, "--state", str(settings.state_dir), "verify", "--json", *extra])
-    return code, orjson.loads(out.getvalue())
 
 
 def test_mixed_workload_verifies_clean_then_differences_are_found(
     spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     capture(dsn, state)  # the initial snapshot (empty): every change below is streamed
     with source(dsn) as src:
-        src.insert(*(_row(i) for i in range(1, 31)))
+        src.insert(*(item_row(i) for i in range(1, 31)))
         src.truncate()  # everything above is gone
-        src.insert(*(_row(i) for i in range(1, 61)))
+        src.insert(*(item_row(i) for i in range(1, 61)))
         capture(dsn, state)
         first = run_job(spark_clean, env, max_records=40)  # a first pass; the rest arrives later
         assert first.batches >= 2
@@ -190,7 +70,7 @@ def test_mixed_workload_verifies_clean_then_differences_are_found(
     # (when the non-finite recorder's trigger fires on the row, the value is written and sent again)
     assert unavailable and all(cols == ["blob"] for cols in unavailable.values()), unavailable
 
-    code, reports = _verify(env.settings, dsn)
+    code, reports = verify_json(env.settings, dsn)
     assert code == 0, reports
     (report,) = reports
     assert report["source_rows"] == 57 and report["warehouse_rows"] == 57 and report["search_docs"] == 57
@@ -198,8 +78,8 @@ def test_mixed_workload_verifies_clean_then_differences_are_found(
     # numeric exactness survives the trip
     current = {r["id"]: r for r in WarehouseSink(state).current_rows(reg, meta=False).to_pylist()}
     assert str(current[1]["price"]) in {p for p in PRICES}
-    assert current[2]["blob"] == _row(2)["blob"] and current[2]["qty"] == 1002
-    assert all(current[i]["blob"] == _row(i)["blob"] for i in unavailable), "a TOAST value was lost"
+    assert current[2]["blob"] == item_row(2)["blob"] and current[2]["qty"] == 1002
+    assert all(current[i]["blob"] == item_row(i)["blob"] for i in unavailable), "a TOAST value was lost"
 
     # now make the source differ behind the pipeline's back: changes the slot skips (lost)
     pg.execute("UPDATE public.items SET price = price + 0.000001 WHERE id = 10", pg_db)
@@ -207,7 +87,7 @@ def test_mixed_workload_verifies_clean_then_differences_are_found(
     pg.execute("DELETE FROM public.items WHERE id = 11", pg_db)
     pg.execute("INSERT INTO public.items (id, name) VALUES (999, 'never captured')", pg_db)
     pg.execute(f"SELECT pg_replication_slot_advance('{env.settings.slot_name}', pg_current_wal_lsn())", pg_db)
-    code, reports = _verify(env.settings, dsn)
+    code, reports = verify_json(env.settings, dsn)
     assert code == 1
     (report,) = reports
     assert report["status"] == "different"
@@ -225,18 +105,16 @@ def test_mixed_workload_verifies_clean_then_differences_are_found(
 def test_verify_reports_not_caught_up_distinctly(
     spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
-    pg.execute(DDL, pg_db)
-    dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
-    reg = register(dsn, state)
+    dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
     with source(dsn) as src:
-        src.insert(*(_row(i) for i in range(1, 6)))
+        src.insert(*(item_row(i) for i in range(1, 6)))
         capture(dsn, state)
         run_job(spark_clean, env)
-        src.insert(_row(6))
+        src.insert(item_row(6))
         capture(dsn, state)  # captured, not applied
-    code, reports = _verify(env.settings, dsn, "--wait", "1")
+    code, reports = verify_json(env.settings, dsn, "--wait", "1")
     assert code == 3
     assert reports[0]["status"] == "not_caught_up" and reports[0]["lag"]["apply"][reg.topic]
     out = io.StringIO()  # the same for people
@@ -305,7 +183,7 @@ def test_verify_of_equal_tables_does_not_wait_for_the_pipeline(
     for table in ("items", "others"):
         register(dsn, state, f"public.{table}")
         with source(dsn, table) as src:
-            src.insert(*(_row(i) for i in range(1, 21)))
+            src.insert(*(item_row(i) for i in range(1, 21)))
     capture(dsn, state)
     run_job(spark_clean, env)
     with _slot_held_behind(dsn, env.settings.slot_name):
@@ -314,7 +192,7 @@ def test_verify_of_equal_tables_does_not_wait_for_the_pipeline(
         # --wait ran out, so answering before then is the proof (not a speed bound: 300 s is far
         # from the few seconds verify takes, however loaded the machine)
         t0 = time.monotonic()
-        code, reports = _verify(env.settings, dsn, "--wait", "300")
+        code, reports = verify_json(env.settings, dsn, "--wait", "300")
         took = time.monotonic() - t0
         assert code == 0, reports
         assert [(r["table"], r["status"], r["source_rows"]) for r in reports] == [
@@ -327,7 +205,7 @@ def test_verify_of_equal_tables_does_not_wait_for_the_pipeline(
         assert len({r["consistent_lsn"] for r in reports}) == 1  # one point for every table
 
         pg.execute("UPDATE public.others SET qty = -1 WHERE id = 3", pg_db)  # behind the pipeline's back
-        code, reports = _verify(env.settings, dsn, "--wait", "2")
+        code, reports = verify_json(env.settings, dsn, "--wait", "2")
         assert code == 3, reports
         by_table = {r["table"]: r for r in reports}
         assert by_table["public.items"]["status"] == "ok"

@@ -8,8 +8,6 @@ from cdc.errors import RegistryError
 from cdc.registry import Column
 from tests.plugins.postgres import PgCluster
 
-pytestmark = pytest.mark.postgres
-
 
 @pytest.fixture
 def conn(pg: PgCluster, pg_db: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:

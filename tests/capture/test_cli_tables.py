@@ -1,40 +1,19 @@
 """`cdc tables add|list|remove` against the real Postgres cluster."""
 
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from cdc.cli import main
 from cdc.registry import Alignment, Registry
+from tests.plugins.cli import Run
 from tests.plugins.postgres import PgCluster
-
-pytestmark = pytest.mark.postgres
-
-Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
-def cdc(
-    pg: PgCluster,
-    pg_db: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> Iterator[Run]:
-    for var in ("CDC_SOURCE", "CDC_STATE", "CDC_LOG", "CDC_TOPIC_PREFIX", "CDC_SLOT", "CDC_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("COLUMNS", "200")  # rich folds long cells at the default 80
-
-    def run(*argv: str, source: str | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["--source", source or pg.dsn(pg_db), "--state", str(tmp_path / "state"), *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
+def cdc(pg: PgCluster, pg_db: str, cdc_main: Run) -> Run:
+    """``cdc ARGS`` in-process, by default on the test's database."""
+    return lambda *argv, source=None: cdc_main(*argv, source=source or pg.dsn(pg_db))
 
 
 def sql(pg: PgCluster, db: str, *statements: str) -> None:

@@ -24,6 +24,8 @@ from cdc.errors import (
 )
 from cdc.registry import Registry, TableReg
 
+# most of these tests reach no cluster (a refused port, a DSN that does not parse, a stalling peer),
+# but connect with the retry policy's timeouts: kept out of make check
 pytestmark = pytest.mark.postgres
 
 

@@ -5,21 +5,10 @@ the table is snapshotted again so the changes made meanwhile are not lost."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
-
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
+from tests.plugins.capture import CaptureEnv, materialize
 
 
 def _rows(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
@@ -27,12 +16,6 @@ def _rows(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
         orjson.dumps({"id": i}).decode(): {"id": i, "v": v}
         for i, v in env.fetch(f"SELECT id, v FROM {table} ORDER BY id")
     }
-
-
-def _listed(env: CaptureEnv, table: str) -> dict[str, object]:
-    res = env.cdc("tables", "list", "--json")
-    assert res.returncode == 0, res.stderr
-    return next(t for t in orjson.loads(res.stdout) if t["table"] == f"public.{table}")
 
 
 @pytest.mark.parametrize(
@@ -58,7 +41,7 @@ def test_a_table_that_loses_its_replica_identity_is_refused_then_recovered(
     res = env.cdc("run", "--once")
     assert res.returncode == 0, res.stderr
     assert "REFUSED public.t" in res.stderr and "wal2json drops them" in res.stderr, res.stderr
-    refused = _listed(env, "t")["refused"]
+    refused = env.listed()["public.t"]["refused"]
     assert "REPLICA IDENTITY" in refused["reason"] and "REPLICA IDENTITY" in refused["fix"], refused
     assert materialize(env.records(env.reg("public", "other").topic)) == _rows(env, "other")
 
@@ -66,6 +49,6 @@ def test_a_table_that_loses_its_replica_identity_is_refused_then_recovered(
     res = env.cdc("run", "--once")
     assert res.returncode == 0, res.stderr
     assert "snapshotting it again" in res.stderr, res.stderr
-    assert "refused" not in _listed(env, "t")
+    assert "refused" not in env.listed()["public.t"]
     # nothing lost: the update and the delete made while it was refused are in the topic now
     assert materialize(env.records(env.reg("public", "t").topic)) == _rows(env, "t")

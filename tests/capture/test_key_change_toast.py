@@ -22,8 +22,8 @@ import pytest
 
 from cdc.devcluster import PgCluster
 from sinks.warehouse import WarehouseSink
-from tests.capture.test_reader_support import CDC, CaptureEnv, make_env
-from tests.oncall.support import apply_once
+from tests.plugins.apply import apply_once
+from tests.plugins.capture import CDC, CaptureEnv, make_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 

@@ -6,20 +6,19 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
 from cdc.errors import LockedError
 from cdc.locks import ProcessLock
-from tests.capture.test_reader_support import CDC, CaptureEnv, make_env
-from tests.capture.test_run import wait_streaming
+from tests.plugins.capture import CDC, CaptureEnv, wait_streaming
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.postgres]
+# the lock tests without a database start `cdc apply` / `cdc deadletters` processes: kept out of
+# make check as before
+pytestmark = pytest.mark.postgres
 
 HOLD = (
     "import sys; from pathlib import Path; from cdc.locks import ProcessLock\n"
@@ -40,11 +39,6 @@ def _hold(state: Path, role: str) -> subprocess.Popen[str]:
     return holder
 
 
-@pytest.fixture(params=["embedded", "kafka"])
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, request.param, request)
-
-
 def _snapshot_of_state(env: CaptureEnv) -> tuple[object, ...]:
     with env.registry() as reg:
         regs = reg.list_tables()
@@ -57,6 +51,7 @@ def _snapshot_of_state(env: CaptureEnv) -> tuple[object, ...]:
     return state, ends, slots
 
 
+@pytest.mark.parametrize("env", ["embedded", "kafka"], indirect=True)
 def test_second_run_is_refused_with_the_first_ones_pid_and_host(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     env.sql("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 50) g")
@@ -105,6 +100,7 @@ def test_lock_is_released_when_the_holder_dies(tmp_path: Path) -> None:
     assert oct((tmp_path / "locks" / "run.lock").stat().st_mode & 0o777) == oct(0o600)
 
 
+@pytest.mark.parametrize("env", ["embedded", "kafka"], indirect=True)
 def test_reader_refuses_to_drop_an_active_slot(env: CaptureEnv) -> None:
     """A slot whose initial snapshot never completed is recreated -- unless a process streams from it."""
     if env.log_url:
@@ -161,7 +157,7 @@ def test_deadletters_replay_is_refused_next_to_apply(tmp_path: Path) -> None:
     from cdc.registry import Registry
     from sinks import DeadLetter
     from sinks.dead_letters import TOPIC_CONFIG, encode
-    from tests.apply.changes import ChangeWriter, make_reg
+    from tests.plugins.changes import ChangeWriter, make_reg
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

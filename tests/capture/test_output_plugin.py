@@ -16,7 +16,7 @@ import pytest
 
 from cdc.catalog import ServerInfo
 from cdc.devcluster import PgCluster, knows_setting, start_cluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, make_env
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,6 @@ def _statement(fix: str) -> str:
     return fix[start : fix.index("  --", start)]
 
 
-@pytest.mark.postgres
 def test_stock_server_refuses_then_the_printed_fix_allows(env: CaptureEnv, stock_cluster: PgCluster) -> None:
     assert knows_setting(stock_cluster, "output_plugin_libraries"), (
         f"this Postgres ({stock_cluster.fetch('SHOW server_version')[0][0]}) predates the output-plugin "

@@ -2,7 +2,6 @@
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from cdc.preflight import (
     verdict_exit_code,
 )
 from cdc.registry import Column, Registry, TableReg
+from tests.plugins.cli import Run
 from tests.plugins.postgres import PgCluster
 
 INFO = ServerInfo(
@@ -170,8 +170,6 @@ def test_table_findings() -> None:
 
 
 # --- against the real cluster ----------------------------------------------------------------------
-pg_only = pytest.mark.postgres
-Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
@@ -182,25 +180,10 @@ def slot(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
-def cdc(
-    pg: PgCluster,
-    pg_db: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    slot: str,
-) -> Iterator[Run]:
-    for var in ("CDC_SOURCE", "CDC_STATE", "CDC_LOG", "CDC_TOPIC_PREFIX", "CDC_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-
-    def run(*argv: str, user: str | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["--source", pg.dsn(pg_db, user=user), "--state", str(tmp_path / "state"), *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
+def cdc(pg: PgCluster, pg_db: str, cdc_main: Run, monkeypatch: pytest.MonkeyPatch, slot: str) -> Run:
+    """``cdc ARGS`` in-process on the test's database, as ``user`` (default: the superuser)."""
+    monkeypatch.setenv("CDC_SLOT", slot)  # cdc_main cleared it if the slot fixture ran first
+    return lambda *argv, user=None: cdc_main(*argv, source=pg.dsn(pg_db, user=user))
 
 
 def _register(tmp_path: Path, table: str, key: tuple[str, ...] = ("id",)) -> None:
@@ -208,7 +191,6 @@ def _register(tmp_path: Path, table: str, key: tuple[str, ...] = ("id",)) -> Non
         r.add(TableReg(schema="public", table=table, topic=f"cdc.public.{table}", key=key))
 
 
-@pg_only
 def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE good (id int PRIMARY KEY, b text)", pg_db)
     _register(tmp_path, "good")
@@ -234,7 +216,6 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     assert "INFO  ddl_recorder: the DDL recorder is not installed" in out and "cdc check --fix" in out
 
 
-@pg_only
 def test_check_finds_table_without_key_identity_and_dropped_table(
     cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
@@ -258,7 +239,6 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size", "ddl_recorder"]
 
 
-@pg_only
 def test_a_partitioned_parent_is_capturable_and_add_and_check_say_the_same(
     cdc: Run, pg: PgCluster, pg_db: str
 ) -> None:
@@ -292,7 +272,6 @@ def test_a_partitioned_parent_is_capturable_and_add_and_check_say_the_same(
     assert code == 1 and (body["message"], body["fix"]) == (leaf["message"], leaf["fix"])
 
 
-@pg_only
 def test_check_as_role_without_replication_or_select(
     cdc: Run, pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:
@@ -317,7 +296,6 @@ def test_check_as_role_without_replication_or_select(
     assert "SKIP  wal2json" in out and "NOT ready" in out
 
 
-@pg_only
 def test_check_reports_the_ddl_recorder_and_fix_installs_it_when_the_role_may(
     cdc: Run, pg: PgCluster, pg_db: str
 ) -> None:
@@ -363,7 +341,6 @@ def test_check_reports_the_ddl_recorder_and_fix_installs_it_when_the_role_may(
     assert recorder()[1] is None
 
 
-@pg_only
 def test_check_warns_about_our_inactive_slot_retaining_wal(
     cdc: Run, pg: PgCluster, pg_db: str, slot: str
 ) -> None:
@@ -380,7 +357,6 @@ def test_check_warns_about_our_inactive_slot_retaining_wal(
     assert code == 1
 
 
-@pg_only
 def test_probe_reports_a_missing_output_plugin(pg: PgCluster, pg_db: str) -> None:
     with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
         assert probe_wal2json(conn) is None

@@ -3,20 +3,8 @@
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
-
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
+from tests.plugins.capture import CaptureEnv
 
 
 def test_state_directory_and_files_private_after_capture(env: CaptureEnv) -> None:

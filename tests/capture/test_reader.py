@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
 from snapshot.exported import sql_json_value
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
-
-pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def env(
-    pg: PgCluster, pg_db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest
-) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, backend, request)
+from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of
+from tests.plugins.logstore import BACKENDS
 
 
-@pytest.fixture
-def env_embedded(
-    pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def source_rows(env: CaptureEnv, table: str, key: str = "id") -> dict[str, Any]:
-    rows = env.fetch(f"SELECT {key}, row_to_json(t)::text FROM {table} t")
-    return {orjson.dumps({key: k}).decode(): orjson.loads(r) for k, r in rows}
-
-
+@pytest.mark.parametrize("env", BACKENDS, indirect=True)
 def test_snapshot_then_stream_end_to_end(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int, price numeric(12,2))")
     env.sql("INSERT INTO items SELECT g, 'item ' || g, g % 7, g * 1.25 FROM generate_series(1, 500) g")
@@ -59,7 +35,7 @@ def test_snapshot_then_stream_end_to_end(env: CaptureEnv) -> None:
     records = env.records(reg.topic)
     assert_versions_monotonic(records)
     got = materialize(records)
-    want = source_rows(env, "items")
+    want = rows_of(env, "items")
     assert got.keys() == want.keys()
     for k, row in want.items():
         assert got[k]["name"] == row["name"] and got[k]["qty"] == row["qty"]
@@ -69,8 +45,7 @@ def test_snapshot_then_stream_end_to_end(env: CaptureEnv) -> None:
     assert [orjson.loads(r.value)["op"] if r.value else None for r in old] == ["r", "d", None]
 
 
-def test_truncate_reaches_every_partition(env_embedded: CaptureEnv) -> None:
-    env = env_embedded
+def test_truncate_reaches_every_partition(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     env.sql("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 20) g")
     env.add_table("public.t")
@@ -117,8 +92,7 @@ TYPES_EXPECTED = {
 }
 
 
-def test_value_encoding_is_exact_and_identical_in_snapshot_and_stream(env_embedded: CaptureEnv) -> None:
-    env = env_embedded
+def test_value_encoding_is_exact_and_identical_in_snapshot_and_stream(env: CaptureEnv) -> None:
     env.sql(TYPES_DDL)
     env.sql(TYPES_ROW, [1])
     env.add_table("public.typed")
@@ -139,8 +113,7 @@ def test_value_encoding_is_exact_and_identical_in_snapshot_and_stream(env_embedd
     assert b'"big":9007199254740993' in raw
 
 
-def test_unchanged_toast_value_is_unavailable_never_null(env_embedded: CaptureEnv) -> None:
-    env = env_embedded
+def test_unchanged_toast_value_is_unavailable_never_null(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
     env.sql("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
     env.sql("INSERT INTO docs SELECT 1, string_agg(md5(random()::text), '') FROM generate_series(1, 3200)")
@@ -158,7 +131,7 @@ def test_unchanged_toast_value_is_unavailable_never_null(env_embedded: CaptureEn
 
 
 def test_compaction_keeps_a_toast_update_s_insert_before_the_apply_job_ever_ran(
-    env_embedded: CaptureEnv, monkeypatch: pytest.MonkeyPatch
+    env: CaptureEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``cdc run`` streams for longer than ``min_compaction_lag_ms`` before ``cdc apply`` first
     starts: the reader made the apply job a consumer from the topic's first record, so compaction
@@ -167,7 +140,6 @@ def test_compaction_keeps_a_toast_update_s_insert_before_the_apply_job_ever_ran(
     from cdc.logstore import APPLY_CONSUMER
     from cdc.logstore.factory import open_log_store
 
-    env = env_embedded
     env.sql("CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
     env.sql("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
     env.add_table("public.docs")
@@ -186,8 +158,7 @@ def test_compaction_keeps_a_toast_update_s_insert_before_the_apply_job_ever_ran(
     assert [e["op"] for e in events] == ["c", "u"] and events[1]["unavailable"] == ["body"]
 
 
-def test_replica_identity_full_table_with_explicit_key(env_embedded: CaptureEnv) -> None:
-    env = env_embedded
+def test_replica_identity_full_table_with_explicit_key(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE nopk (code text NOT NULL, region int NOT NULL, v text)")
     env.sql("CREATE UNIQUE INDEX nopk_key ON nopk (code, region)")
     env.sql("ALTER TABLE nopk REPLICA IDENTITY FULL")
@@ -209,8 +180,7 @@ def test_replica_identity_full_table_with_explicit_key(env_embedded: CaptureEnv)
     }
 
 
-def test_column_added_at_source_is_recorded_and_captured(env_embedded: CaptureEnv) -> None:
-    env = env_embedded
+def test_column_added_at_source_is_recorded_and_captured(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     env.sql("INSERT INTO t VALUES (1, 'a')")
     env.add_table("public.t")
@@ -251,10 +221,9 @@ SPECIALS_LOST_BY_WAL2JSON_25 = (
 )
 
 
-def test_snapshot_json_built_by_postgres_is_byte_identical_to_the_stream(env_embedded: CaptureEnv) -> None:
+def test_snapshot_json_built_by_postgres_is_byte_identical_to_the_stream(env: CaptureEnv) -> None:
     """Every type the snapshot encodes in SQL (no float or array column: this table takes that path)
     gives the same key bytes and the same ``after`` bytes as the stream's encoding of the same row."""
-    env = env_embedded
     env.sql(SQL_TYPES_DDL)
     for k, values in enumerate(SQL_TYPES_VALUES):
         env.sql(f"INSERT INTO sqltyped VALUES {values}", [k + 1])  # snapshot rows 1, 2

@@ -5,53 +5,21 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import psycopg
-import pytest
 
-from cdc.devcluster import PgCluster
-from cdc.events import lsn_to_int
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.capture import (
+    CaptureEnv,
+    assert_versions_monotonic,
+    current_lsn,
+    materialize,
+    rows_of,
+    wait_streaming,
+)
 from tests.plugins.postgres import wait_for
-
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def current_lsn(env: CaptureEnv) -> int:
-    return lsn_to_int(str(env.fetch("SELECT pg_current_wal_lsn()::text")[0][0]))
-
-
-def wait_streaming(env: CaptureEnv, proc: subprocess.Popen[bytes]) -> None:
-    """Until the reader streams: its initial snapshot is done and its slot is active (the slot is
-    active during the initial snapshot too)."""
-
-    def active() -> bool:
-        assert proc.poll() is None, env.proc_log()
-        with env.registry() as registry:
-            if registry.get_state("initial_snapshot") != "done":
-                return False
-        rows = env.pg.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
-        return bool(rows and rows[0][0])
-
-    wait_for(active, timeout=60, what="the reader to stream")
-
-
-def rows_of(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
-    return {
-        orjson.dumps({"id": i}).decode(): orjson.loads(r)
-        for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
-    }
 
 
 def test_slot_advances_when_registered_tables_idle_and_other_tables_or_databases_busy(

@@ -9,41 +9,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of, topic_size
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.postgres]
 
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def rows_of(env: CaptureEnv, table: str) -> dict[str, dict[str, object]]:
-    return {
-        orjson.dumps({"id": i}).decode(): orjson.loads(r)
-        for i, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
-    }
-
-
-def topic_size(env: CaptureEnv, topic: str) -> int:
-    try:
-        with env.store() as store:
-            return sum(store.end_offsets(topic).values())
-    except Exception:  # the topic may not exist yet
-        return 0
-
-
-@pytest.mark.slow
 def test_changes_during_the_initial_snapshot_are_neither_lost_nor_applied_before_their_row(
     env: CaptureEnv,
 ) -> None:
@@ -90,7 +65,6 @@ def test_changes_during_the_initial_snapshot_are_neither_lost_nor_applied_before
     assert proc.wait(timeout=30) == 0, env.proc_log()
 
 
-@pytest.mark.slow
 def test_kill_9_during_the_snapshot_then_restart_completes_it(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE big (id int PRIMARY KEY, pad text)")
     env.sql("INSERT INTO big SELECT g, repeat(md5(g::text), 4) FROM generate_series(1, 300000) g")
@@ -187,6 +161,7 @@ def test_slot_left_by_an_unfinished_initial_snapshot_is_recreated(env: CaptureEn
     assert env.reg("public", "t").snapshot_state == "done"
 
 
+@pytest.mark.postgres  # no cluster used; kept out of make check as before
 def test_run_without_source_is_a_config_error(tmp_path: Path) -> None:
     res = subprocess.run(
         [

@@ -4,33 +4,22 @@ null; the non-finite recorder's triggers (cdc.reader.nonfinite) carry them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
-import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
-
-pytestmark = [pytest.mark.postgres]
+from tests.plugins.capture import CaptureEnv
 
 SPECIALS = ["NaN", "Infinity", "-Infinity"]
 
 
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def _events(env: CaptureEnv, table: str) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in env.records(env.reg("public", table).topic) if r.value]
-
-
 def _afters(env: CaptureEnv, table: str = "f") -> dict[tuple[str, int], dict[str, Any]]:
-    return {(ev["op"], ev["after"]["id"]): ev["after"] for ev in _events(env, table) if ev["after"]}
+    return {
+        (ev["op"], ev["after"]["id"]): ev["after"]
+        for ev in env.values(env.reg("public", table).topic)
+        if ev["after"]
+    }
 
 
 def _insert(env: CaptureEnv, i: int, v: str | None) -> None:
@@ -102,7 +91,9 @@ def test_special_float_and_numeric_values_in_snapshot_and_stream(env: CaptureEnv
         "NaN",
     )
     assert (got[("c", 22)]["r"], got[("c", 22)]["d"], got[("c", 22)]["n"]) == ("Infinity",) * 3
-    deleted = [ev for ev in _events(env, "f") if ev["op"] == "d" and ev["before"]["id"] == 13]
+    deleted = [
+        ev for ev in env.values(env.reg("public", "f").topic) if ev["op"] == "d" and ev["before"]["id"] == 13
+    ]
     assert deleted and (deleted[0]["before"]["d"], deleted[0]["before"]["n"]) == ("-Infinity", "-Infinity")
     for g in range(30, 40):
         assert got[("c", g)]["d"] == ("NaN" if g % 2 == 0 else None) and got[("c", g)]["n"] == str(g)
@@ -181,12 +172,6 @@ def _recorder_findings(env: CaptureEnv, *source: str) -> list[dict[str, Any]]:
     # a report, never an abort (a partitioned parent is still an error finding: issue 16, 2d)
     assert res.stdout.startswith("{") and "Traceback" not in res.stderr, res.stderr
     return [f for f in orjson.loads(res.stdout)["findings"] if f["check"] == "nonfinite_recorder"]
-
-
-def _listed(env: CaptureEnv) -> dict[str, dict[str, Any]]:
-    res = env.cdc("tables", "list", "--json")
-    assert res.returncode == 0, res.stderr
-    return {row["table"]: row for row in orjson.loads(res.stdout)}
 
 
 def _has_when(env: CaptureEnv, table: str) -> bool:
@@ -276,7 +261,7 @@ def test_a_generated_float_column_is_reported_as_not_covered(env: CaptureEnv) ->
     found = _recorder_findings(env)
     assert len(found) == 1 and "public.m (half: generated" in found[0]["message"], found
     assert "--exclude" in found[0]["fix"]
-    assert _listed(env)["public.m"]["nonfinite_recorder"]["state"] == "partial"
+    assert env.listed()["public.m"]["nonfinite_recorder"]["state"] == "partial"
     env.run_once()
     env.sql("INSERT INTO m VALUES (1, 'NaN')")
     env.run_once()
@@ -335,7 +320,7 @@ def test_a_table_of_another_owner_is_reported_and_the_others_go_on(env: CaptureE
     assert "reaches the topic as null" in res.stderr and "cdc check --nonfinite-recorder-sql" in res.stderr
     res = env.cdc("--source", low, "tables", "add", "public.mine")
     assert res.returncode == 0 and "installed the non-finite recorder's trigger" in res.stderr, res.stderr
-    listed = _listed(env)
+    listed = env.listed()
     assert listed["public.theirs"]["nonfinite_recorder"]["state"] == "failed"
     assert "nonfinite_recorder" not in listed["public.mine"]
     found = _recorder_findings(env, "--source", low)
@@ -362,4 +347,4 @@ def test_a_table_of_another_owner_is_reported_and_the_others_go_on(env: CaptureE
     res = env.cdc("--source", low, "run", "--once")
     assert res.returncode == 0 and "sends NaN/Infinity" not in res.stderr, res.stderr
     assert _afters(env, "theirs")[("c", 2)]["d"] == "-Infinity"
-    assert "nonfinite_recorder" not in _listed(env)["public.theirs"]
+    assert "nonfinite_recorder" not in env.listed()["public.theirs"]

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
-from tests.oncall.support import apply_once
+from tests.plugins.apply import apply_once
+from tests.plugins.capture import CaptureEnv, make_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 

@@ -44,8 +44,7 @@ import psycopg
 
 from cdc.devcluster import PgCluster
 from tests.chaos.ledger import Count, Ledger, Recording, committed, count
-
-CDC = [sys.executable, "-c", "import sys; from cdc.cli import main; sys.exit(main())"]
+from tests.plugins.capture import CDC
 
 DDL = """
 CREATE TABLE chaos_accounts (

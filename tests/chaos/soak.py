@@ -30,7 +30,8 @@ import orjson
 import psycopg
 
 from cdc.devcluster import start_cluster
-from tests.chaos.harness import CDC, DDL, TABLES, Proc
+from tests.chaos.harness import DDL, TABLES, Proc
+from tests.plugins.capture import CDC
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -160,6 +161,129 @@ def newest_applied_ms(state: Path) -> int | None:
     return None
 
 
+@dataclass
+class Sampled:
+    """What the soak measured while it ran: (seconds since the start, end-to-end lag) samples, the
+    processes' memory at the start, middle and end, and per minute."""
+
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    memory_at: dict[str, dict[str, float]] = field(default_factory=dict)
+    memory_by_minute: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
+def _sample(reader: Proc, apply: Proc, writer: Writer, duration: float, work: Path) -> Sampled:
+    """Sample the lag every second and the memory at the marks and every minute, for ``duration``
+    seconds, reporting a line a minute; a process that dies ends the soak."""
+    out = Sampled()
+    t0 = time.monotonic()
+    marks = {"start": min(60.0, duration / 4), "middle": duration / 2, "end": duration - 5}
+    next_memory = t0 + 60
+    next_report = t0 + 60
+    while (now := time.monotonic()) - t0 < duration:
+        if not reader.alive() or not apply.alive():
+            raise SystemExit(f"a process died during the soak: see {work}/run.log and apply.log")
+        newest = newest_applied_ms(work / "state")
+        if newest is not None:
+            out.samples.append((now - t0, time.time() - newest / 1000))
+        for name, at in list(marks.items()):
+            if now - t0 >= at:
+                out.memory_at[name] = memory(reader, apply)
+                del marks[name]
+                print(f"  memory at the {name}: {out.memory_at[name]}", file=sys.stderr, flush=True)
+        if now >= next_memory:
+            out.memory_by_minute[round((now - t0) / 60)] = memory(reader, apply)
+            next_memory += 60
+        if now >= next_report:
+            recent = [lag for t, lag in out.samples if t > now - t0 - 60]
+            if recent:
+                print(
+                    f"  {now - t0:5.0f} s: {writer.changes:,} changes, lag p50 {statistics.median(recent):.2f} s,"
+                    f" max {max(recent):.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            next_report += 60
+        time.sleep(1.0)  # the sampling period
+    return out
+
+
+def _memory_lines(sampled: Sampled, duration: float) -> list[str]:
+    """The RSS tables: at the start, middle and end; per minute, with the second half's growth."""
+    memory_at, memory_by_minute = sampled.memory_at, sampled.memory_by_minute
+    lines = ["| process | RSS at the start (MB) | middle | end |", "| --- | ---: | ---: | ---: |"]
+    for proc in memory_at.get("start", {}):
+        lines.append(
+            f"| {proc} | {memory_at.get('start', {}).get(proc, 0):,.0f} | "
+            f"{memory_at.get('middle', {}).get(proc, 0):,.0f} | {memory_at.get('end', {}).get(proc, 0):,.0f} |"
+        )
+    minutes = sorted(memory_by_minute)
+    if minutes:
+        half = [m for m in minutes if m >= duration / 120]
+        lines += ["", "RSS (MB) per minute:", ""]
+        lines += ["| process | " + " | ".join(str(m) for m in minutes) + " | second half |"]
+        lines += ["| --- | " + " | ".join("---:" for _ in minutes) + " | ---: |"]
+        for proc in memory_by_minute[minutes[0]]:
+            series = [memory_by_minute[m].get(proc, 0.0) for m in minutes]
+            lo, hi = memory_by_minute[half[0]].get(proc, 0.0), memory_by_minute[half[-1]].get(proc, 0.0)
+            growth = f"{hi - lo:+,.0f} MB ({(hi - lo) / lo * 100 if lo else 0:+.1f} %)"
+            lines.append(f"| {proc} | " + " | ".join(f"{v:,.0f}" for v in series) + f" | {growth} |")
+    return lines
+
+
+def _lag_lines(samples: list[tuple[float, float]], duration: float) -> list[str]:
+    """The end-to-end lag: p99 per minute, and p50/p99/max over the run (after its first 30 s)."""
+    lags = sorted(lag for t, lag in samples if t > 30)
+    per_minute: list[tuple[int, float]] = []
+    for minute in range(int(duration // 60) + 1):
+        window = sorted(lag for t, lag in samples if minute * 60 <= t < (minute + 1) * 60)
+        if window:
+            per_minute.append((minute, window[int(0.99 * (len(window) - 1))]))
+    lines = [
+        "",
+        "End-to-end lag (now - source commit time of the newest change applied), p99 per minute:",
+        "",
+    ]
+    lines += ["| minute | " + " | ".join(str(m + 1) for m, _ in per_minute) + " |"]
+    lines += ["| --- | " + " | ".join("---:" for _ in per_minute) + " |"]
+    lines += ["| p99 (s) | " + " | ".join(f"{p:.2f}" for _, p in per_minute) + " |"]
+    if lags:
+        lines += [
+            "",
+            f"Over the whole run: p50 {statistics.median(lags):.2f} s, "
+            f"p99 {lags[int(0.99 * (len(lags) - 1))]:.2f} s, max {lags[-1]:.2f} s.",
+        ]
+    return lines
+
+
+def _report(
+    args: argparse.Namespace,
+    duration: float,
+    writer: Writer,
+    sampled: Sampled,
+    verify: subprocess.CompletedProcess[str],
+) -> tuple[list[str], bool]:
+    """The soak's figures as markdown lines, and whether `cdc verify` was clean at the end."""
+    reports = orjson.loads(verify.stdout) if verify.stdout.strip() else []
+    achieved = writer.changes / duration
+    lines = [
+        "## Soak: a steady load through the whole pipeline",
+        "",
+        f"{duration / 60:.0f} minutes at {args.rate:,} changes/s asked, {achieved:,.0f}/s achieved "
+        f"({writer.changes:,} changes; the writer ended {writer.behind_s:.2f} s behind its schedule), "
+        "embedded log store, `cdc run` and `cdc apply` (local[2]) as processes.",
+        "",
+    ]
+    lines += _memory_lines(sampled, duration)
+    lines += _lag_lines(sampled.samples, duration)
+    clean = verify.returncode == 0 and all(r.get("status") == "ok" for r in reports)
+    lines += [
+        "",
+        f"`cdc verify` at the end: {'clean' if clean else 'NOT CLEAN: ' + verify.stdout[:500]}",
+        "",
+    ]
+    return lines, clean
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.soak", description=__doc__)
     parser.add_argument("--duration", default="10m")
@@ -186,103 +310,18 @@ def main() -> int:
     reader = Proc("cdc run", [*CDC, "run"], env, work / "run.log")
     apply = Proc("cdc apply", [*CDC, "apply", "--stall-timeout", "60"], env, work / "apply.log")
     writer = Writer(dsn, args.rate)
-    samples: list[tuple[float, float]] = []
-    memory_at: dict[str, dict[str, float]] = {}
-    memory_by_minute: dict[int, dict[str, float]] = {}
-    lines: list[str] = []
     try:
         reader.start()
         apply.start()
         thread = threading.Thread(target=writer.run, daemon=True)
         thread.start()
-        t0 = time.monotonic()
-        marks = {"start": min(60.0, duration / 4), "middle": duration / 2, "end": duration - 5}
-        next_memory = t0 + 60
-        next_report = t0 + 60
-        while (now := time.monotonic()) - t0 < duration:
-            if not reader.alive() or not apply.alive():
-                raise SystemExit(f"a process died during the soak: see {work}/run.log and apply.log")
-            newest = newest_applied_ms(work / "state")
-            if newest is not None:
-                samples.append((now - t0, time.time() - newest / 1000))
-            for name, at in list(marks.items()):
-                if now - t0 >= at:
-                    memory_at[name] = memory(reader, apply)
-                    del marks[name]
-                    print(f"  memory at the {name}: {memory_at[name]}", file=sys.stderr, flush=True)
-            if now >= next_memory:
-                memory_by_minute[round((now - t0) / 60)] = memory(reader, apply)
-                next_memory += 60
-            if now >= next_report:
-                recent = [lag for t, lag in samples if t > now - t0 - 60]
-                if recent:
-                    print(
-                        f"  {now - t0:5.0f} s: {writer.changes:,} changes, lag p50 {statistics.median(recent):.2f} s,"
-                        f" max {max(recent):.2f} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                next_report += 60
-            time.sleep(1.0)  # the sampling period
+        sampled = _sample(reader, apply, writer, duration, work)
         writer.stop.set()
         thread.join(30)
         verify = subprocess.run(
             [*CDC, "verify", "--json", "--wait", "300"], env=env, capture_output=True, text=True
         )
-        reports = orjson.loads(verify.stdout) if verify.stdout.strip() else []
-        lags = sorted(lag for t, lag in samples if t > 30)
-        per_minute: list[tuple[int, float]] = []
-        for minute in range(int(duration // 60) + 1):
-            window = sorted(lag for t, lag in samples if minute * 60 <= t < (minute + 1) * 60)
-            if window:
-                per_minute.append((minute, window[int(0.99 * (len(window) - 1))]))
-        achieved = writer.changes / duration
-        lines += [
-            "## Soak: a steady load through the whole pipeline",
-            "",
-            f"{duration / 60:.0f} minutes at {args.rate:,} changes/s asked, {achieved:,.0f}/s achieved "
-            f"({writer.changes:,} changes; the writer ended {writer.behind_s:.2f} s behind its schedule), "
-            "embedded log store, `cdc run` and `cdc apply` (local[2]) as processes.",
-            "",
-            "| process | RSS at the start (MB) | middle | end |",
-            "| --- | ---: | ---: | ---: |",
-        ]
-        for proc in memory_at.get("start", {}):
-            lines.append(
-                f"| {proc} | {memory_at.get('start', {}).get(proc, 0):,.0f} | "
-                f"{memory_at.get('middle', {}).get(proc, 0):,.0f} | {memory_at.get('end', {}).get(proc, 0):,.0f} |"
-            )
-        minutes = sorted(memory_by_minute)
-        if minutes:
-            half = [m for m in minutes if m >= duration / 120]
-            lines += ["", "RSS (MB) per minute:", ""]
-            lines += ["| process | " + " | ".join(str(m) for m in minutes) + " | second half |"]
-            lines += ["| --- | " + " | ".join("---:" for _ in minutes) + " | ---: |"]
-            for proc in memory_by_minute[minutes[0]]:
-                series = [memory_by_minute[m].get(proc, 0.0) for m in minutes]
-                lo, hi = memory_by_minute[half[0]].get(proc, 0.0), memory_by_minute[half[-1]].get(proc, 0.0)
-                growth = f"{hi - lo:+,.0f} MB ({(hi - lo) / lo * 100 if lo else 0:+.1f} %)"
-                lines.append(f"| {proc} | " + " | ".join(f"{v:,.0f}" for v in series) + f" | {growth} |")
-        lines += [
-            "",
-            "End-to-end lag (now - source commit time of the newest change applied), p99 per minute:",
-            "",
-        ]
-        lines += ["| minute | " + " | ".join(str(m + 1) for m, _ in per_minute) + " |"]
-        lines += ["| --- | " + " | ".join("---:" for _ in per_minute) + " |"]
-        lines += ["| p99 (s) | " + " | ".join(f"{p:.2f}" for _, p in per_minute) + " |"]
-        if lags:
-            lines += [
-                "",
-                f"Over the whole run: p50 {statistics.median(lags):.2f} s, "
-                f"p99 {lags[int(0.99 * (len(lags) - 1))]:.2f} s, max {lags[-1]:.2f} s.",
-            ]
-        clean = verify.returncode == 0 and all(r.get("status") == "ok" for r in reports)
-        lines += [
-            "",
-            f"`cdc verify` at the end: {'clean' if clean else 'NOT CLEAN: ' + verify.stdout[:500]}",
-            "",
-        ]
+        lines, clean = _report(args, duration, writer, sampled, verify)
         print("\n".join(lines))
         if args.out:
             Path(args.out).write_text(

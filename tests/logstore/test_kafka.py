@@ -29,7 +29,6 @@ from tests.plugins.tansu import TansuBroker
 
 OFFSET_COMMIT = 8
 
-pytestmark = pytest.mark.kafka
 
 PRODUCERS = ["bulk", "kafka-python"]
 
@@ -249,6 +248,7 @@ def test_large_append_spans_many_batches_and_requests(
     assert [r.offset for r in got] == list(range(3000))
 
 
+@pytest.mark.kafka  # no broker, but kept out of make check as before (kafka-python)
 @pytest.mark.parametrize("codec", ["none", "gzip"])
 def test_encoded_batch_matches_kafka_python(codec: str) -> None:
     """encode_batch writes the bytes kafka-python's DefaultRecordBatchBuilder writes, and its parser

@@ -14,8 +14,6 @@ from cdc.logstore.kafka import KafkaLogStore
 from cdc.logstore.kafka.options import KafkaOptions
 from tests.plugins.tansu import Stunnel, TansuBroker, TlsFiles
 
-pytestmark = pytest.mark.kafka
-
 
 def test_append_read_and_commit_over_tls(tls_tansu: tuple[TansuBroker, Stunnel, TlsFiles]) -> None:
     _, tunnel, tls = tls_tansu

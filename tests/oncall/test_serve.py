@@ -7,7 +7,6 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from cdc.devcluster import PgCluster
 from cdc.errors import ConfigError
 from cdc.serve import ServeOptions, Server
-from tests.capture.test_reader_support import CaptureEnv
-from tests.oncall.support import apply_once, env_with_status, stage, status
+from tests.plugins.apply import apply_once
+from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
+from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.cdc_config(status_config(window=30))
 CHROMIUM = Path("/usr/bin/chromium")
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from env_with_status(pg, pg_db, tmp_path, request, window=30)
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
@@ -113,7 +107,6 @@ def test_metrics_status_and_token(env: CaptureEnv) -> None:
 
 
 @pytest.mark.browser
-@pytest.mark.spark
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium")
 def test_dashboard_in_chromium(spark_clean: Any, env: CaptureEnv, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright

@@ -5,23 +5,17 @@ duration of the test (reset after)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv
-from tests.oncall.support import env_with_status, stage, status
+from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
+from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    extra = 'slot_policy = "drop"\nslot_drop_at_bytes = 1099511627776\n'  # 1 TiB: only "lost" triggers it
-    yield from env_with_status(pg, pg_db, tmp_path, request, window=3, extra=extra)
+DROP_WHEN_LOST = (
+    'slot_policy = "drop"\nslot_drop_at_bytes = 1099511627776\n'  # 1 TiB: only "lost" triggers it
+)
+pytestmark = pytest.mark.cdc_config(status_config(window=3, extra=DROP_WHEN_LOST))
 
 
 def test_invalidated_slot_is_dropped_marked_and_resnapshotted(pg: PgCluster, env: CaptureEnv) -> None:
@@ -56,5 +50,10 @@ def test_invalidated_slot_is_dropped_marked_and_resnapshotted(pg: PgCluster, env
     assert not env.fetch("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", [env.slot])
     summary = env.run_once()
     assert summary["snapshot_rows"] == {"public.t": 21}
-    code, report = status(env)
-    assert stage(report, "slot")["verdict"] == "OK" and stage(report, "capture")["verdict"] == "OK"
+
+    def both_ok() -> bool:
+        _, report = status(env)
+        return bool(stage(report, "slot")["verdict"] == "OK" and stage(report, "capture")["verdict"] == "OK")
+
+    # each sample is a `cdc status` process, judged over a 3 s window: polled, not one sample
+    wait_for(both_ok, timeout=60, interval=0.5, what="slot and capture OK after the re-snapshot")

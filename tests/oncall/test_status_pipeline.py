@@ -3,25 +3,18 @@ Spark apply job (run once in this process)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv
-from tests.oncall.support import apply_once, env_with_status, stage, status
+from tests.plugins.apply import apply_once
+from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
+from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    extra = 'slot_policy = "drop"\nslot_drop_at_bytes = 2097152\n'
-    yield from env_with_status(pg, pg_db, tmp_path, request, window=20, extra=extra)
+DROP_AT_2MB = 'slot_policy = "drop"\nslot_drop_at_bytes = 2097152\n'
+pytestmark = pytest.mark.cdc_config(status_config(window=20, extra=DROP_AT_2MB))
 
 
 def _tables(env: CaptureEnv) -> None:

@@ -16,6 +16,24 @@ pytest_plugins = ["tests.plugins.tansu"]
 BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
 
 
+def open_store(backend: str, path: Path, request: pytest.FixtureRequest, **kwargs: object) -> LogStore:
+    """A log store of ``backend``: the embedded store in ``path``, or a client of the session's
+    Tansu broker (``kafka``)."""
+    if backend == "embedded":
+        from cdc.logstore.embedded import EmbeddedLogStore
+
+        return EmbeddedLogStore(path, **kwargs)  # type: ignore[arg-type]
+    from cdc.logstore.kafka import KafkaLogStore
+
+    broker = request.getfixturevalue("tansu_broker")
+    return KafkaLogStore(broker.bootstrap, **kwargs)  # type: ignore[arg-type]
+
+
+def kafka_url(request: pytest.FixtureRequest) -> str:
+    """The ``CDC_LOG`` URL of the session's Tansu broker."""
+    return f"kafka://{request.getfixturevalue('tansu_broker').bootstrap}"
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -29,15 +47,7 @@ def log_store_factory(
     opened: list[LogStore] = []
 
     def make(**kwargs: object) -> LogStore:
-        if backend == "embedded":
-            from cdc.logstore.embedded import EmbeddedLogStore
-
-            store: LogStore = EmbeddedLogStore(tmp_path / "log", **kwargs)  # type: ignore[arg-type]
-        else:
-            from cdc.logstore.kafka import KafkaLogStore
-
-            broker = request.getfixturevalue("tansu_broker")
-            store = KafkaLogStore(broker.bootstrap, **kwargs)  # type: ignore[arg-type]
+        store = open_store(backend, tmp_path / "log", request, **kwargs)
         opened.append(store)
         return store
 

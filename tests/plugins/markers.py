@@ -3,7 +3,8 @@ broker, no browser) selects on them, ``make test`` runs everything.
 
 - a test that uses a fixture of :data:`FIXTURE_MARKS` (directly or through another fixture) gets its
   marker: the Postgres cluster, the Spark session, the Tansu broker;
-- a test parametrised with the ``"kafka"`` backend gets ``kafka``;
+- a test parametrised with the ``"kafka"`` backend, or whose ``env`` is on Kafka
+  (``cdc_config(..., backend="kafka")``, tests/plugins/capture.py), gets ``kafka``;
 - ``jvm`` is for tests that start Spark in a subprocess (``cdc apply``, ``cdc verify``): asking for it
   is how such a test says so;
 - ``check`` (the inner loop, ``make check``) is every test with none of the heavy markers, plus the
@@ -19,9 +20,12 @@ import pytest
 
 FIXTURE_MARKS = {
     "pg": "postgres",
+    "replica_cluster": "postgres",  # tests/test_bad_input.py: a cluster of its own with wal_level = replica
+    "stock_cluster": "postgres",  # tests/capture/test_output_plugin.py: a cluster without wal2json allowed
     "spark": "spark",
     "jvm": "spark",
     "tansu_broker": "kafka",
+    "tls_tansu": "kafka",
 }
 #: what keeps a test out of ``make check``; Postgres alone does not for these files
 HEAVY = {"postgres", "spark", "kafka", "browser", "chaos"}
@@ -42,6 +46,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(mark)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and any(v == "kafka" for v in callspec.params.values() if isinstance(v, str)):
+            item.add_marker("kafka")
+        config = item.get_closest_marker("cdc_config")
+        if config is not None and config.kwargs.get("backend") == "kafka":
             item.add_marker("kafka")
         marks = {m.name for m in item.iter_markers()}
         heavy = marks & HEAVY

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from tests.capture.test_reader_support import CaptureEnv
+from tests.plugins.capture import CaptureEnv, progress, wait_caught_up
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, wait_caught_up
 
 
 def install_recorder(env: CaptureEnv) -> None:

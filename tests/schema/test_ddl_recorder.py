@@ -5,35 +5,13 @@ table dropped or renamed at once -- and DDL on tables it does not capture leaves
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
-from tests.snapshot.helpers import wait_caught_up, wait_streaming
-
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def _values(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in env.records(topic) if r.value]
-
-
-def _listed(env: CaptureEnv) -> dict[str, dict[str, Any]]:
-    res = env.cdc("tables", "list", "--json")
-    assert res.returncode == 0, res.stderr
-    return {t["table"]: t for t in orjson.loads(res.stdout)}
 
 
 def test_renames_are_told_exactly_and_ddl_elsewhere_does_not_disturb_capture(env: CaptureEnv) -> None:
@@ -70,7 +48,7 @@ def test_renames_are_told_exactly_and_ddl_elsewhere_does_not_disturb_capture(env
     assert [c.name for c in reg.columns] == ["id", "title", "memo", "qty"]
     assert reg.dropped_columns == ("name", "note") and reg.search == ("title", "memo")
     assert reg.search_field("title") == "name" and reg.search_field("memo") == "note"
-    values = _values(env, reg.topic)
+    values = env.values(reg.topic)
     (upd,) = [v for v in values if v["op"] == "u" and v["after"]["qty"] == -1]
     # the first rename and the second each bump the version before the row
     assert upd["source"]["schema_version"] == 3 and set(upd["after"]) == {"id", "title", "memo", "qty"}
@@ -94,7 +72,7 @@ def test_a_dropped_and_a_renamed_table_are_told_at_once(env: CaptureEnv) -> None
         env.sql("ALTER TABLE moved RENAME TO moved2")
 
         def told() -> dict[str, dict[str, Any]] | None:
-            rows = _listed(env)
+            rows = env.listed()
             ok = all("source_missing_ddl" in rows[t] for t in ("public.gone", "public.moved"))
             return rows if ok else None
 
@@ -122,4 +100,4 @@ def test_a_dropped_and_a_renamed_table_are_told_at_once(env: CaptureEnv) -> None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, env.proc_log()
     assert "told by the DDL recorder" in env.proc_log()
-    assert {v["after"]["id"] for v in _values(env, env.reg("public", "keep").topic)} == {1, 2}
+    assert {v["after"]["id"] for v in env.values(env.reg("public", "keep").topic)} == {1, 2}

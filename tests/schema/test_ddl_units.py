@@ -93,117 +93,103 @@ class Harness:
         return None if out is None else dict(orjson.loads(out[1][0].value or b"null"))
 
 
-def test_a_renamed_column_is_told_exactly_and_the_next_row_carries_the_new_version() -> None:
-    h = Harness()
-    h.follower(
-        _msg(
-            "ALTER TABLE",
-            [
-                _obj(
-                    _cols(
-                        ("id", "integer", 1), ("title", "text", 2), ("note", "text", 3), ("qty", "integer", 4)
-                    ),
-                    kind="table column",
-                    subid=2,
-                )
-            ],
-        )
-    )
-    ((cols, renamed),) = h.changed
-    assert renamed == {"name": "title"} and [c.name for c in cols] == ["id", "title", "note", "qty"]
-    assert cols[0].nullable is False  # kept from the registration
-    ev = h.insert(
-        [
-            Col("id", "integer", 1),
-            Col("title", "text", "t"),
-            Col("note", "text", None),
-            Col("qty", "integer", 1),
-        ]
-    )
-    assert ev is not None and ev["source"]["schema_version"] == 2 and ev["after"]["title"] == "t"
-    assert len(h.changed) == 1  # the row showed nothing new: no inference
+def _alter(*spec: tuple[str, str, int], subid: int = 0) -> Message:
+    """``ALTER TABLE items ...`` as the recorder tells it: the table's columns after it; ``subid``:
+    the column the command named (a rename), else a change of the table."""
+    kind = "table column" if subid else "table"
+    return _msg("ALTER TABLE", [_obj(_cols(*spec), kind=kind, subid=subid)])
 
 
-def test_two_renames_are_two_renames_where_inference_sees_two_drops_and_two_adds() -> None:
-    h = Harness()
-    h.follower(
-        _msg(
-            "ALTER TABLE",
+RENAMED = [("id", "integer", 1), ("title", "text", 2), ("note", "text", 3), ("qty", "integer", 4)]
+ID = Column("id", "integer", False)  # not null: kept from the registration
+
+
+@pytest.mark.parametrize(
+    ("messages", "renames", "columns"),
+    [
+        pytest.param(
+            [_alter(*RENAMED, subid=2)],
+            [{"name": "title"}],
+            [ID, Column("title", "text"), Column("note", "text"), Column("qty", "integer")],
+            id="a renamed column is told exactly",
+        ),
+        pytest.param(
             [
-                _obj(
-                    _cols(
-                        ("id", "integer", 1), ("title", "text", 2), ("note", "text", 3), ("qty", "integer", 4)
-                    ),
-                    kind="table column",
-                    subid=2,
-                )
-            ],
-        )
-    )
-    h.follower(
-        _msg(
-            "ALTER TABLE",
-            [
-                _obj(
-                    _cols(
-                        ("id", "integer", 1), ("title", "text", 2), ("memo", "text", 3), ("qty", "integer", 4)
-                    ),
-                    kind="table column",
+                _alter(*RENAMED, subid=2),
+                _alter(
+                    ("id", "integer", 1),
+                    ("title", "text", 2),
+                    ("memo", "text", 3),
+                    ("qty", "integer", 4),
                     subid=3,
-                )
+                ),
             ],
-        )
-    )
-    assert [r for _, r in h.changed] == [{"name": "title"}, {"note": "memo"}]
-
-
-def test_drop_and_add_in_one_command_is_not_a_rename_even_with_the_same_type() -> None:
-    h = Harness()
-    # ALTER TABLE items DROP COLUMN note, ADD COLUMN memo text: inference would call it a rename
-    h.follower(
-        _msg(
-            "ALTER TABLE",
+            [{"name": "title"}, {"note": "memo"}],
+            [ID, Column("title", "text"), Column("memo", "text"), Column("qty", "integer")],
+            id="two renames are two renames where inference sees two drops and two adds",
+        ),
+        pytest.param(
+            # ALTER TABLE items DROP COLUMN note, ADD COLUMN memo text: inference would call it a rename
+            [_alter(("id", "integer", 1), ("name", "text", 2), ("qty", "integer", 4), ("memo", "text", 5))],
+            [{}],
+            [ID, Column("name", "text"), Column("qty", "integer"), Column("memo", "text")],
+            id="drop and add in one command is not a rename even with the same type",
+        ),
+        pytest.param(
             [
-                _obj(
-                    _cols(
-                        ("id", "integer", 1), ("name", "text", 2), ("qty", "integer", 4), ("memo", "text", 5)
-                    )
+                _alter(
+                    ("id", "integer", 1),
+                    ("name", "text", 2),
+                    ("note", "text", 3),
+                    ("qty", "bigint", 4),
+                    ("tag", "character varying(10)", 5),
                 )
             ],
-        )
-    )
-    ((cols, renamed),) = h.changed
-    assert renamed == {} and [c.name for c in cols] == ["id", "name", "qty", "memo"]
-
-
-def test_a_comment_on_a_column_or_an_unchanged_table_changes_nothing() -> None:
-    h = Harness()
-    h.follower(_msg("COMMENT", [_obj(_cols(*BASE), kind="table column", subid=2)]))
-    h.follower(_msg("ALTER TABLE", [_obj(_cols(*BASE))]))  # e.g. SET NOT NULL: nullability is not followed
-    assert h.changed == []
-
-
-def test_retype_and_add_follow_at_once() -> None:
-    h = Harness()
-    h.follower(
-        _msg(
-            "ALTER TABLE",
+            [{}],
             [
-                _obj(
-                    _cols(
-                        ("id", "integer", 1),
-                        ("name", "text", 2),
-                        ("note", "text", 3),
-                        ("qty", "bigint", 4),
-                        ("tag", "character varying(10)", 5),
-                    )
-                )
+                ID,
+                Column("name", "text"),
+                Column("note", "text"),
+                Column("qty", "bigint"),
+                Column("tag", "character varying(10)", True),
             ],
-        )
-    )
-    ((cols, renamed),) = h.changed
-    assert renamed == {} and {c.name: c.type for c in cols}["qty"] == "bigint"
-    assert cols[-1] == Column("tag", "character varying(10)", True)
+            id="retype and add follow at once",
+        ),
+    ],
+)
+def test_column_changes_are_told_exactly_and_the_next_row_carries_the_new_version(
+    messages: list[Message], renames: list[dict[str, str]], columns: list[Column]
+) -> None:
+    h = Harness()
+    for message in messages:
+        h.follower(message)
+    assert [r for _, r in h.changed] == renames
+    assert list(h.changed[-1][0]) == columns
+    row = {c.name: 1 if c.type in ("integer", "bigint") else "t" for c in columns}
+    ev = h.insert([Col(c.name, c.type, v) for c, v in zip(columns, row.values(), strict=True)])
+    assert ev is not None and ev["source"]["schema_version"] == 1 + len(renames) and ev["after"] == row
+    assert len(h.changed) == len(renames)  # the row showed nothing new: no inference
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["a comment on a column or an unchanged table", "other tables and changes older than the snapshot"],
+)
+def test_messages_that_change_nothing_are_ignored(case: str) -> None:
+    h = Harness()
+    if case == "a comment on a column or an unchanged table":
+        h.follower(_msg("COMMENT", [_obj(_cols(*BASE), kind="table column", subid=2)]))
+        h.follower(
+            _msg("ALTER TABLE", [_obj(_cols(*BASE))])
+        )  # e.g. SET NOT NULL: nullability is not followed
+    else:
+        h.follower(_msg("CREATE TABLE", [_obj(_cols(("a", "integer", 1)), table="other", oid=OID + 5)]))
+        h.follower(_msg("DROP TABLE", [_obj(None, table="other", oid=OID + 5)], event="sql_drop"))
+        assert h.changed == [] and h.gone == []
+        h.codec.snapshot_lsn = 0x40  # the table's snapshot is newer than this transaction (commit 0/30)
+        h.follower(_msg("ALTER TABLE", [_obj(_cols(("id", "integer", 1), ("name", "text", 2)))]))
+        h.follower(_msg("DROP TABLE", [_obj(None)], event="sql_drop"))
+    assert h.changed == [] and h.gone == []
 
 
 def test_a_dropped_table_is_gone_at_once_and_its_later_changes_are_skipped() -> None:
@@ -230,32 +216,12 @@ def test_a_renamed_table_is_told_with_its_new_name() -> None:
 def test_a_key_column_renamed_refuses_the_table() -> None:
     h = Harness()
     h.follower(
-        _msg(
-            "ALTER TABLE",
-            [
-                _obj(
-                    _cols(
-                        ("rid", "integer", 1), ("name", "text", 2), ("note", "text", 3), ("qty", "integer", 4)
-                    ),
-                    kind="table column",
-                    subid=1,
-                )
-            ],
+        _alter(
+            ("rid", "integer", 1), ("name", "text", 2), ("note", "text", 3), ("qty", "integer", 4), subid=1
         )
     )
     assert h.lost == [("public.items", ["id"])] and h.changed == []
     assert h.insert([Col("rid", "integer", 1)]) is None
-
-
-def test_other_tables_and_changes_older_than_the_snapshot_are_ignored() -> None:
-    h = Harness()
-    h.follower(_msg("CREATE TABLE", [_obj(_cols(("a", "integer", 1)), table="other", oid=OID + 5)]))
-    h.follower(_msg("DROP TABLE", [_obj(None, table="other", oid=OID + 5)], event="sql_drop"))
-    assert h.changed == [] and h.gone == []
-    h.codec.snapshot_lsn = 0x40  # the table's snapshot is newer than this transaction (commit 0/30)
-    h.follower(_msg("ALTER TABLE", [_obj(_cols(("id", "integer", 1), ("name", "text", 2)))]))
-    h.follower(_msg("DROP TABLE", [_obj(None)], event="sql_drop"))
-    assert h.changed == [] and h.gone == []
 
 
 def test_a_message_of_another_version_is_a_decode_error_with_the_fix() -> None:

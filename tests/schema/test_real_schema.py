@@ -11,24 +11,16 @@ through the real reader (``cdc run``) and the real apply (Spark, Delta).
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
-import pytest
 
-from cdc.config import Settings
-from cdc.devcluster import PgCluster
 from cdc.events import TRUNCATE_KEY_FIELD
 from sinks.warehouse import END_OP, KEY, WarehouseSink
-from tests.apply.conftest import Env, run_job
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.apply import apply_clean
+from tests.plugins.capture import CaptureEnv, materialize, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
-
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 SCHEMA = [
     "CREATE DOMAIN year AS integer CHECK (VALUE BETWEEN 1901 AND 2155)",
@@ -43,17 +35,6 @@ SCHEMA = [
     " $$ BEGIN NEW.last_update := now(); RETURN NEW; END $$",
     "CREATE TRIGGER film_touch BEFORE UPDATE ON film FOR EACH ROW EXECUTE FUNCTION touch()",
 ]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def _apply(env: CaptureEnv, spark: Any) -> Any:
-    summary = run_job(spark, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
-    assert summary.dead_letters == 0
-    return summary
 
 
 def test_domains_are_stored_as_their_base_types(env: CaptureEnv, spark_clean: Any) -> None:
@@ -100,7 +81,7 @@ def test_domains_are_stored_as_their_base_types(env: CaptureEnv, spark_clean: An
     assert new["sequel_year"] == 2030 and new["remake_year"] == 2021 and new["active"] is True
     assert next(a for a in streamed if a["film_id"] == 1)["award_years"] == [2007, None]
 
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
     sink = WarehouseSink(env.state)
     table = sink.current_rows(reg, meta=False)
     schema = table.schema
@@ -218,7 +199,7 @@ def test_attach_reads_only_the_partition_and_detach_deletes_its_rows(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, env.proc_log()
 
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
     sink = WarehouseSink(env.state)
     reg = env.reg("public", "payment")
     current = sink.current_rows(reg, meta=True).to_pylist()

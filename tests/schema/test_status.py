@@ -4,24 +4,15 @@ column renamed), as ERROR stages with the fix, while the other table's capture g
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv
-from tests.oncall.support import env_with_status, stage, status
+from tests.plugins.capture import CaptureEnv, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import wait_streaming
+from tests.plugins.status import stage, status, status_config
 
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from env_with_status(pg, pg_db, tmp_path, request)
+pytestmark = pytest.mark.cdc_config(status_config())
 
 
 def test_missing_and_refused_tables_are_error_stages_with_the_fix(env: CaptureEnv) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from cdc.registry import TableReg
 from sinks.parse import Form
+from sinks.warehouse import WarehouseOptions, WarehouseSink
 from tests.sinks.feed import Feed
 
 FeedMaker = Callable[[TableReg], Feed]
@@ -18,6 +20,12 @@ def columnar(request: pytest.FixtureRequest) -> Form:
     """The batch form a test's feeds build (``events`` or ``columns``)."""
     form: Form = request.param
     return form
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> WarehouseSink:
+    """A warehouse in ``tmp_path``: 4 buckets, no maintenance."""
+    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
 
 
 @pytest.fixture

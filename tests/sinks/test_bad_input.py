@@ -16,16 +16,11 @@ from deltalake import DeltaTable
 
 from cdc.errors import ApplyError
 from sinks.search import SearchSink, search
-from sinks.warehouse import WarehouseOptions, WarehouseSink
+from sinks.warehouse import WarehouseSink
 from sinks.warehouse.layout import CURRENT_META, Layout
 from tests.sinks.feed import Feed, table
 
 APP = "cdc-apply-test"
-
-
-@pytest.fixture
-def sink(tmp_path: Path) -> WarehouseSink:
-    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
 
 
 def _state(sink: WarehouseSink, reg: Any, paths: list[Path]) -> list[tuple[int, list[dict[str, Any]]]]:

@@ -30,11 +30,6 @@ pytestmark = pytest.mark.usefixtures("columnar")
 APP = "cdc-apply-test"
 
 
-@pytest.fixture
-def sink(tmp_path: Path) -> WarehouseSink:
-    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
-
-
 def current(sink: WarehouseSink, reg: Any) -> dict[Any, dict[str, Any]]:
     rows = sink.current_rows(reg).to_pylist()
     assert len({r[W.KEY] for r in rows}) == len(rows), "one row per key"

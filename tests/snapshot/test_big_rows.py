@@ -5,9 +5,7 @@ a chunked one (through ``cdc run --once``) carry every value exactly."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,15 +13,14 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from cdc.devcluster import PgCluster
 from cdc.logstore.factory import open_log_store
 from cdc.reader import Reader
 from cdc.registry import Registry
 from snapshot import SnapshotError
 from snapshot.encode import RowEncoder
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.capture import CaptureEnv, materialize
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 7\n")
 
 MB = 1 << 20
 UGLY = 'a"b,c\n\\d\r\te""\\\\,\n\r\n{}NULL é😀'
@@ -35,11 +32,6 @@ CREATE TABLE big (
   f double precision, n numeric, t text
 )"""
 COLUMNS = "id, e, j, x, ta, b, iv, ip, f, n, t"
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 7\n")
 
 
 def _text(rnd: random.Random, size: int) -> str:

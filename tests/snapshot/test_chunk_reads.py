@@ -6,19 +6,14 @@ still hold; a NULL key is refused with a fix."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import orjson
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.capture import CaptureEnv, materialize, progress
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 3\n")
 
 #: text key values that a chunk bound may land on
 UGLY = [
@@ -41,12 +36,6 @@ UGLY = [
     "(1,2)",
     "zz" * 40,
 ]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    options = getattr(request, "param", "[snapshot]\nchunk_size = 3\n")
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, options)
 
 
 def _streaming_first(env: CaptureEnv) -> None:
@@ -72,7 +61,7 @@ def _idx_scans(env: CaptureEnv, table: str) -> int:
     return int(rows[0][0])  # type: ignore[call-overload]
 
 
-@pytest.mark.parametrize("env", ["[snapshot]\nchunk_size = 100\n"], indirect=True)
+@pytest.mark.cdc_config("[snapshot]\nchunk_size = 100\n")
 def test_each_chunk_is_one_scan_of_the_table(env: CaptureEnv) -> None:
     """No upper-bound query before each chunk, and no chunk read on a stream session the server
     refuses (wal2json 2.5 refuses the first session of every `cdc run` process): the table is scanned

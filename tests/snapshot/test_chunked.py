@@ -5,89 +5,60 @@ last done chunk; `cdc snapshot --where` re-reads only the matching rows and refu
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 import signal
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
-from cdc.cli import main as cdc_main
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.apply import cdc_cli, reader_env
+from tests.plugins.capture import (
+    CaptureEnv,
+    SourceLoad,
+    assert_versions_monotonic,
+    materialize,
+    progress,
+    rows_of,
+    wait_caught_up,
+    wait_streaming,
+)
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, rows_of, wait_caught_up, wait_streaming
 
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    options = getattr(request, "param", "[snapshot]\nchunk_size = 2048\n")
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, options)
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n")
 
 
-class Load:
+class Load(SourceLoad):
     """Inserts, updates and deletes on ``big`` (and updates of ``other``) on a thread."""
 
     def __init__(self, env: CaptureEnv, first_new: int, seed: int = 5) -> None:
-        self.env = env
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
+        super().__init__(env)
         self.next_id = first_new
         self.rnd = random.Random(seed)
-        self.thread = threading.Thread(target=self._run)
 
-    def _run(self) -> None:
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
         rnd = self.rnd
-        try:
-            with psycopg.connect(self.env.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    with conn.transaction():
-                        k = rnd.randint(1, self.next_id)
-                        conn.execute(
-                            "UPDATE big SET qty = qty + 1, name = name || '+', price = price * 2 WHERE id = %s",
-                            [k],
-                        )
-                        conn.execute(
-                            "INSERT INTO big VALUES (%s, %s, 0, 1.000001, now())",
-                            [self.next_id, f"new row {self.next_id}"],
-                        )
-                        self.next_id += 1
-                        lo = rnd.randint(1, self.next_id)
-                        conn.execute("DELETE FROM big WHERE id BETWEEN %s AND %s", [lo, lo + 1])
-                    conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.errors, self.errors
+        while not self.stop.is_set():
+            with conn.transaction():
+                k = rnd.randint(1, self.next_id)
+                conn.execute(
+                    "UPDATE big SET qty = qty + 1, name = name || '+', price = price * 2 WHERE id = %s",
+                    [k],
+                )
+                conn.execute(
+                    "INSERT INTO big VALUES (%s, %s, 0, 1.000001, now())",
+                    [self.next_id, f"new row {self.next_id}"],
+                )
+                self.next_id += 1
+                lo = rnd.randint(1, self.next_id)
+                conn.execute("DELETE FROM big WHERE id BETWEEN %s AND %s", [lo, lo + 1])
+            conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
 
 
-def _cdc(env: CaptureEnv, *args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", env.dsn, "--state", str(env.state), *args])
-    return code, out.getvalue()
-
-
-@pytest.mark.slow
-@pytest.mark.spark
 # ~98 chunks of 512 rows: as many chunks (and chunk bounds under the load) as 200,000 rows in chunks
 # of 2,048, at a quarter of the rows to read, write, apply, index and verify
-@pytest.mark.parametrize("env", ["[snapshot]\nchunk_size = 512\n"], indirect=True)
+@pytest.mark.cdc_config("[snapshot]\nchunk_size = 512\n")
 def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_others_stream(
     env: CaptureEnv, spark_clean: Any
 ) -> None:
@@ -141,7 +112,7 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     assert ops.count("r") > rows * 0.9 and ops.count("d") > 0 and ops.count("u") > 0
 
     # tables list shows the finished chunked snapshot
-    code, out = _cdc(env, "tables", "list", "--json")
+    code, out = cdc_cli(env.dsn, env.state, "tables", "list", "--json")
     listed = {t["table"]: t for t in orjson.loads(out)}
     prog = listed["public.big"]["snapshot"]["progress"]
     # chunks of chunk_size rows in key order: 50k rows, 512 a chunk, give or take the load's deletes
@@ -149,12 +120,11 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     assert code == 0 and prog["done"] and 95 <= prog["chunks_done"] <= 104 and prog["chunks_left"] == 0, prog
 
     # the Spark apply job, then verify against the source: clean
-    from cdc.config import Settings
-    from tests.apply.conftest import Env, run_job
+    from tests.plugins.apply import run_job
 
-    summary = run_job(spark_clean, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
+    summary = run_job(spark_clean, reader_env(env.state))
     assert summary.dead_letters == 0
-    code, out = _cdc(env, "verify", "--json", "--wait", "30")
+    code, out = cdc_cli(env.dsn, env.state, "verify", "--json", "--wait", "30")
     reports = {r["table"]: r for r in orjson.loads(out)}
     big = reports["public.big"]
     assert code == 0, big
@@ -162,8 +132,23 @@ def test_late_table_under_load_ends_identical_in_warehouse_and_index_while_other
     assert not any(big[k] for k in ("missing", "extra", "different")), big
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("env", ["[snapshot]\nchunk_size = 1000\nparallel_chunks = 3\n"], indirect=True)
+class _Writer(SourceLoad):
+    """Updates, deletes and inserts on ``c`` across its text key's regions, on a thread."""
+
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        rnd = random.Random(3)
+        regions = ["eu", "us", "Ünïcode", "a b", "x'y"]
+        while not self.stop.is_set():
+            r, n = rnd.choice(regions), rnd.randint(1, 12000)
+            conn.execute("UPDATE c SET label = 'changed ' || n WHERE region = %s AND n = %s", [r, n])
+            conn.execute("DELETE FROM c WHERE region = %s AND n = %s", [rnd.choice(regions), n + 1])
+            conn.execute(
+                "INSERT INTO c VALUES (%s, %s, 'inserted') ON CONFLICT DO NOTHING",
+                [rnd.choice(regions), rnd.randint(12001, 20000)],
+            )
+
+
+@pytest.mark.cdc_config("[snapshot]\nchunk_size = 1000\nparallel_chunks = 3\n")
 def test_composite_text_key_parallel_chunks_resume_after_kill_9(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE c (region text, n int, label text, PRIMARY KEY (region, n))")
     env.sql(
@@ -175,28 +160,7 @@ def test_composite_text_key_parallel_chunks_resume_after_kill_9(env: CaptureEnv)
     env.add_table("public.other")
     proc = env.spawn("run")
     wait_streaming(env, proc)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def writer() -> None:
-        rnd = random.Random(3)
-        regions = ["eu", "us", "Ünïcode", "a b", "x'y"]
-        try:
-            with psycopg.connect(env.dsn, autocommit=True) as conn:
-                while not stop.is_set():
-                    r, n = rnd.choice(regions), rnd.randint(1, 12000)
-                    conn.execute("UPDATE c SET label = 'changed ' || n WHERE region = %s AND n = %s", [r, n])
-                    conn.execute("DELETE FROM c WHERE region = %s AND n = %s", [rnd.choice(regions), n + 1])
-                    conn.execute(
-                        "INSERT INTO c VALUES (%s, %s, 'inserted') ON CONFLICT DO NOTHING",
-                        [rnd.choice(regions), rnd.randint(12001, 20000)],
-                    )
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
+    with _Writer(env):
         env.add_table("public.c")
         wait_for(lambda: (p := progress(env, "c")) is not None and p.chunks >= 6, timeout=120, what="chunks")
         proc.send_signal(signal.SIGKILL)
@@ -205,10 +169,6 @@ def test_composite_text_key_parallel_chunks_resume_after_kill_9(env: CaptureEnv)
         assert before is not None and not before.done, "finished before the kill: make c bigger"
         proc = env.spawn("run")
         wait_for(lambda: env.reg("public", "c").snapshot_state == "done", timeout=180, what="c's snapshot")
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-    assert not errors, errors
     after = progress(env, "c")
     assert after is not None and after.run == before.run and after.chunks > before.chunks
     assert 60 <= after.chunks <= 70, after  # 60k rows (plus inserts) in chunks of 1000

@@ -6,17 +6,14 @@ to the same numbers)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 2\n")
 
 DDL = """
 CREATE TYPE mood2 AS ENUM ('ok', 'a "quoted" label');
@@ -48,11 +45,6 @@ ROWS = [
 # the first row again without floats: its bytes must be the stream's, byte for byte
 ROWS.append(ROWS[0].replace("1.5, 0.1, true", "NULL, NULL, true").replace("'{1e300,-0.5}'", "NULL"))
 FLOATS = ("f4", "f8", "fa")
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 2\n")
 
 
 SPECIAL = frozenset({"NaN", "Infinity", "-Infinity"})

@@ -6,26 +6,37 @@ from __future__ import annotations
 
 import random
 import signal
-import threading
-from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, assert_versions_monotonic, make_env, materialize
+from tests.plugins.capture import (
+    CaptureEnv,
+    SourceLoad,
+    assert_versions_monotonic,
+    materialize,
+    progress,
+    rows_of,
+    wait_caught_up,
+    wait_streaming,
+)
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, rows_of, wait_caught_up, wait_streaming
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 4096\n")
 
 ROWS = 150_000
 
 
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 4096\n")
+class _Deleter(SourceLoad):
+    """Deletes of four rows of ``g`` at random (and updates of ``other``) on a thread."""
+
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        rnd = random.Random(7)
+        while not self.stop.is_set():
+            lo = rnd.randint(1, ROWS)
+            conn.execute("DELETE FROM g WHERE id BETWEEN %s AND %s", [lo, lo + 3])
+            conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
 
 
 def test_kill_9_during_a_late_snapshot_under_deletes_brings_no_deleted_row_back(env: CaptureEnv) -> None:
@@ -37,23 +48,7 @@ def test_kill_9_during_a_late_snapshot_under_deletes_brings_no_deleted_row_back(
     proc = env.spawn("run")
     wait_streaming(env, proc)
 
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def deleter() -> None:
-        rnd = random.Random(7)
-        try:
-            with psycopg.connect(env.dsn, autocommit=True) as conn:
-                while not stop.is_set():
-                    lo = rnd.randint(1, ROWS)
-                    conn.execute("DELETE FROM g WHERE id BETWEEN %s AND %s", [lo, lo + 3])
-                    conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=deleter)
-    thread.start()
-    try:
+    with _Deleter(env):
         env.add_table("public.g")
         topic = env.reg("public", "g").topic
         wait_for(
@@ -75,10 +70,6 @@ def test_kill_9_during_a_late_snapshot_under_deletes_brings_no_deleted_row_back(
         # resumed after the last done chunk, not started again
         assert after is not None and after.run == before.run and after.chunks > before.chunks
         assert "resuming after chunk" in env.proc_log()
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-    assert not errors, errors
     want = rows_of(env, "g")
     wait_caught_up(env)
     got = materialize(env.records(topic))

@@ -8,58 +8,32 @@ from __future__ import annotations
 
 import signal
 import statistics
-import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv, SourceLoad, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import progress, wait_caught_up, wait_streaming
-
-pytestmark = [pytest.mark.postgres]
 
 ROWS = 60_000
 CHUNK = 500
+pytestmark = pytest.mark.cdc_config(f"[snapshot]\nchunk_size = {CHUNK}\n")
 
 
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, f"[snapshot]\nchunk_size = {CHUNK}\n")
-
-
-class Writer:
+class Writer(SourceLoad):
     """Single-row updates of ``other`` committed one by one on a thread, ~100 a second."""
 
     def __init__(self, env: CaptureEnv) -> None:
-        self.env = env
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
+        super().__init__(env)
         self.committed = 0
-        self.thread = threading.Thread(target=self._run)
 
-    def _run(self) -> None:
-        try:
-            with psycopg.connect(self.env.dsn, autocommit=True) as conn:
-                while not self.stop.wait(0.01):
-                    conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
-                    self.committed += 1
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.errors, self.errors
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        while not self.stop.wait(0.01):
+            conn.execute("UPDATE other SET v = v + 1 WHERE id = 1")
+            self.committed += 1
 
 
 def _records(env: CaptureEnv, topic: str, keep: Callable[[dict[str, Any]], bool]) -> list[tuple[int, int]]:

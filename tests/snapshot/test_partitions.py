@@ -6,23 +6,14 @@ dropped at the source: recorded and shown, while the other tables keep streaming
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from tests.capture.test_reader_support import CaptureEnv, make_env, materialize
+from tests.plugins.capture import CaptureEnv, materialize, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.snapshot.helpers import wait_caught_up, wait_streaming
 
-pytestmark = [pytest.mark.postgres]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 500\n")
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 500\n")
 
 
 def source_rows(env: CaptureEnv) -> dict[str, dict[str, object]]:

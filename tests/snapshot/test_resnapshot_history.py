@@ -4,34 +4,17 @@ TRUNCATE marker closes none (issue 16, 2d): one version per unchanged row, ``cdc
 
 from __future__ import annotations
 
-import contextlib
-import io
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from cdc.cli import main as cdc_main
-from cdc.config import Settings
-from cdc.devcluster import PgCluster
 from sinks.warehouse import END_OP, IS_CURRENT, KEY, LSN, WarehouseSink
-from tests.apply.conftest import Env, run_job
-from tests.capture.test_reader_support import CaptureEnv, make_env
+from tests.plugins.apply import apply_clean, cdc_cli
+from tests.plugins.capture import CaptureEnv
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request, "[snapshot]\nchunk_size = 40\n")
-
-
-def _apply(env: CaptureEnv, spark: Any) -> None:
-    summary = run_job(spark, Env(Settings(state_dir=env.state), None, None))  # type: ignore[arg-type]
-    assert summary.dead_letters == 0
+pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 40\n")
 
 
 def _versions(env: CaptureEnv) -> tuple[Counter[int], list[dict[str, Any]]]:
@@ -58,7 +41,7 @@ def test_an_unchanged_resnapshot_opens_no_history_version(env: CaptureEnv, spark
     env.run_once()  # the initial snapshot
     env.sql("UPDATE t SET name = 'changed' WHERE id <= 5")
     env.run_once()  # the stream
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
     before, _ = _versions(env)
     assert before[1] == 2 and before[6] == 1 and sum(before.values()) == 155
 
@@ -66,7 +49,7 @@ def test_an_unchanged_resnapshot_opens_no_history_version(env: CaptureEnv, spark
     env.run_once()  # the full chunked re-read (40 rows a chunk) and its TRUNCATE marker
     ops = [orjson.loads(r.value)["op"] for r in env.records(env.reg("public", "t").topic) if r.value]
     assert ops.count("r") == 300, "every row read twice: the initial snapshot and the re-snapshot"
-    _apply(env, spark_clean)
+    apply_clean(spark_clean, env.state)
 
     after, history = _versions(env)
     assert after == before, "one version per unchanged row, no second one"
@@ -76,10 +59,8 @@ def test_an_unchanged_resnapshot_opens_no_history_version(env: CaptureEnv, spark
     current = WarehouseSink(env.state).current_rows(env.reg("public", "t"), meta=True).to_pylist()
     open_versions = {h[KEY]: h[LSN] for h in history if h[IS_CURRENT]}
     assert open_versions == {c[KEY]: c[LSN] for c in current}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cdc_main(["--source", env.dsn, "--state", str(env.state), "verify", "--json", "--wait", "30"])
-    report = {r["table"]: r for r in orjson.loads(out.getvalue())}["public.t"]
+    code, out = cdc_cli(env.dsn, env.state, "verify", "--json", "--wait", "30")
+    report = {r["table"]: r for r in orjson.loads(out)}["public.t"]
     assert code == 0, report
     assert report["source_rows"] == report["warehouse_rows"] == 150, report
     assert not any(report[k] for k in ("missing", "extra", "different")), report

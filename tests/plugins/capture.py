@@ -1,6 +1,12 @@
-"""Helpers shared by the capture tests (no tests here): a per-test capture environment (database,
-state dir, unique slot and topic prefix, log-store backend), `cdc` invocations in-process and as a
-subprocess, and a versioned "sink" that materialises a topic the way every sink must."""
+"""The capture environment of a test: its own database, state dir, unique slot and topic prefix and
+log-store backend (:class:`CaptureEnv`, the ``env`` fixture); ``cdc`` as a subprocess (:data:`CDC`);
+waiting for the reader; and a versioned "sink" that materialises a topic the way every sink must.
+
+The ``env`` fixture is configured by the ``cdc_config`` marker (on the test, its class or its
+module): ``pytest.mark.cdc_config("[snapshot]\nchunk_size = 7\n", backend="kafka")`` appends the
+text to the test's ``cdc.toml`` and picks the log-store backend (``embedded`` by default). A test
+parametrised indirectly on ``env`` (``parametrize("env", BACKENDS, indirect=True)``) runs on each
+backend of the parameter."""
 
 from __future__ import annotations
 
@@ -8,11 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import psycopg
@@ -20,12 +27,14 @@ import pytest
 
 from cdc.config import Settings, load_settings
 from cdc.devcluster import PgCluster
-from cdc.events import TRUNCATE_KEY_FIELD, Version
+from cdc.events import TRUNCATE_KEY_FIELD, Version, lsn_to_int
 from cdc.logstore import LogStore, StoredRecord
 from cdc.logstore.factory import open_log_store
 from cdc.registry import Registry, TableReg
+from snapshot.chunked import ChunkProgress, load_progress
+from tests.plugins.postgres import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+#: the ``cdc`` command line, run from this interpreter (the worktree's code, not an installed script)
 CDC = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
 
 
@@ -120,9 +129,17 @@ class CaptureEnv:
                 out.extend(store.iter_partition(topic, p))
             return out
 
-    def slot_confirmed(self) -> int | None:
-        from cdc.events import lsn_to_int
+    def values(self, topic: str) -> list[dict[str, Any]]:
+        """The events of ``topic`` decoded, in topic order per partition (tombstones left out)."""
+        return [orjson.loads(r.value) for r in self.records(topic) if r.value]
 
+    def listed(self) -> dict[str, dict[str, Any]]:
+        """``cdc tables list --json`` by table name."""
+        res = self.cdc("tables", "list", "--json")
+        assert res.returncode == 0, res.stderr
+        return {t["table"]: t for t in orjson.loads(res.stdout)}
+
+    def slot_confirmed(self) -> int | None:
         rows = self.pg.fetch(
             f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'"
         )
@@ -133,6 +150,37 @@ class CaptureEnv:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
+
+
+class SourceLoad:
+    """Changes made at the source on a thread of their own while the ``with`` block runs: a subclass's
+    :meth:`loop` runs on one autocommit connection until :attr:`stop` is set; what it raises fails
+    the test as the block ends."""
+
+    def __init__(self, env: CaptureEnv) -> None:
+        self.env = env
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run)
+
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            with psycopg.connect(self.env.dsn, autocommit=True) as conn:
+                self.loop(conn)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.errors, self.errors
 
 
 def make_env(
@@ -154,6 +202,74 @@ def make_env(
         yield env
     finally:
         env.stop_all()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cdc_config(options, backend='embedded'): the cdc.toml lines and log store of ``env``"
+    )
+
+
+@pytest.fixture
+def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    """A :class:`CaptureEnv` on a fresh database of the session cluster (see the module's doc for
+    the ``cdc_config`` marker and the indirect backend parameter)."""
+    marker = request.node.get_closest_marker("cdc_config")
+    options = str(marker.args[0]) if marker and marker.args else ""
+    backend = str(marker.kwargs.get("backend", "embedded")) if marker else "embedded"
+    backend = str(getattr(request, "param", backend))
+    yield from make_env(pg, pg_db, tmp_path, backend, request, options)
+
+
+def current_lsn(env: CaptureEnv) -> int:
+    """The source's WAL position now."""
+    return lsn_to_int(str(env.fetch("SELECT pg_current_wal_lsn()::text")[0][0]))
+
+
+def rows_of(env: CaptureEnv, table: str, key: str = "id") -> dict[str, dict[str, object]]:
+    """The source's rows of ``table`` keyed like the topic (single key column ``key``)."""
+    return {
+        orjson.dumps({key: k}).decode(): orjson.loads(r)
+        for k, r in env.fetch(f"SELECT {key}, row_to_json(t)::text FROM {table} t")
+    }
+
+
+def topic_size(env: CaptureEnv, topic: str) -> int:
+    """Records written to ``topic`` so far (0 while it does not exist)."""
+    try:
+        with env.store() as store:
+            return sum(store.end_offsets(topic).values())
+    except Exception:  # the topic may not exist yet
+        return 0
+
+
+def wait_streaming(env: CaptureEnv, proc: subprocess.Popen[bytes]) -> None:
+    """Until the reader streams: its initial snapshot is done and its slot is active (the slot is
+    active during the initial snapshot too, while the connection that created it holds the exported
+    snapshot)."""
+
+    def active() -> bool:
+        assert proc.poll() is None, env.proc_log()
+        with env.registry() as registry:
+            if registry.get_state("initial_snapshot") != "done":
+                return False
+        rows = env.pg.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
+        return bool(rows and rows[0][0])
+
+    wait_for(active, timeout=60, what="the reader to stream")
+
+
+def wait_caught_up(env: CaptureEnv, timeout: float = 90) -> None:
+    """Until the slot confirmed the WAL position of now: every change committed before this call is
+    durable in the topics."""
+    target = current_lsn(env)
+    wait_for(lambda: (env.slot_confirmed() or 0) >= target, timeout=timeout, what="the reader to catch up")
+
+
+def progress(env: CaptureEnv, table: str, schema: str = "public") -> ChunkProgress | None:
+    """The chunked snapshot's progress of ``schema.table`` (None before it starts)."""
+    with env.registry() as r:
+        return load_progress(r, schema, table)
 
 
 def materialize(records: list[StoredRecord]) -> dict[str, Any]:

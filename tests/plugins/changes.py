@@ -6,7 +6,7 @@ the reader's own envelope code build their records
 tombstone after every delete, a primary-key change as ``d`` + tombstone + ``c``, TRUNCATE as one
 ``t`` per partition), appended with the reader's partitioning (murmur2 of the key bytes). Its events
 are synthetic: a test that claims equality with a source captures the source with ``cdc run``
-instead (``tests/apply/test_verify.py``).
+instead (``tests/plugins/items.py``, ``tests/apply/test_verify.py``).
 """
 
 from __future__ import annotations

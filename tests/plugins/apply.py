@@ -1,0 +1,118 @@
+"""The apply job and ``cdc`` in this process, for the tests: :class:`Env` (a state directory with its
+settings, log store and registry), :func:`cdc_cli`, the job run once (:func:`run_job`,
+:func:`apply_clean`, :func:`apply_once`) or continuously on a thread (:func:`continuous_job`,
+:func:`start_job`), and the rows a table holds in the warehouse (:func:`warehouse_ids`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdc.config import Settings
+from cdc.errors import ApplyError
+from cdc.logstore import LogStore
+from cdc.registry import Registry, TableReg
+
+if TYPE_CHECKING:
+    from spark_jobs.apply import ApplyJob
+    from tests.plugins.capture import CaptureEnv
+
+
+@dataclass
+class Env:
+    settings: Settings
+    store: LogStore
+    registry: Registry
+
+    @property
+    def state(self) -> Path:
+        return Path(self.settings.state_dir)
+
+    def register(self, reg: TableReg) -> TableReg:
+        return self.registry.add(reg)
+
+
+def cdc_cli(dsn: str, state: Path, *args: str) -> tuple[int, str]:
+    """``cdc --source DSN --state STATE ARGS...`` in this process: (exit code, stdout)."""
+    from cdc.cli import main as cdc_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cdc_main(["--source", dsn, "--state", str(state), *args])
+    return code, out.getvalue()
+
+
+def reader_env(state: Path) -> Env:
+    """The apply job's view of a state directory that ``cdc tables add`` / ``cdc run`` (the real
+    reader) write: its settings only, no log store or registry held open here (the reader is the
+    log store's writer)."""
+    return Env(Settings(state_dir=state), None, None)  # type: ignore[arg-type]
+
+
+def run_job(spark: Any, env: Env, *, sinks: Any = None, max_records: int = 0, **kw: Any) -> Any:
+    """Run the apply job once (availableNow) in this process; return its summary."""
+    from spark_jobs.apply import ApplyJob, ApplyOptions
+
+    job = ApplyJob(
+        spark, env.settings, ApplyOptions(once=True, max_records_per_batch=max_records, **kw), sinks=sinks
+    )
+    try:
+        return job.run()
+    finally:
+        job.close()
+
+
+def apply_clean(spark: Any, state: Path) -> Any:
+    """The apply job once over what the real reader wrote to ``state``: no dead letter; its summary."""
+    summary = run_job(spark, reader_env(state))
+    assert summary.dead_letters == 0
+    return summary
+
+
+def apply_once(spark: Any, env: CaptureEnv) -> Any:
+    """The apply job once with the capture environment's own settings (its ``cdc.toml``)."""
+    from spark_jobs.apply import ApplyJob, ApplyOptions
+
+    job = ApplyJob(spark, env.settings(), ApplyOptions(once=True))
+    try:
+        return job.run()
+    finally:
+        job.close()
+
+
+def continuous_job(spark: Any, env: Env, **kw: Any) -> ApplyJob:
+    """The apply job running continuously (0.2 s trigger, registry polled every second)."""
+    from spark_jobs.apply import ApplyJob, ApplyOptions
+
+    return ApplyJob(
+        spark, env.settings, ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1), **kw
+    )
+
+
+def start_job(job: ApplyJob) -> tuple[threading.Thread, list[BaseException]]:
+    """Run ``job.run()`` on a thread; what it raises is collected for the test's assertions."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # surfaced by the assertions of the test
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    return runner, errors
+
+
+def warehouse_ids(env: Env, reg: Any) -> set[int]:
+    """The ``id`` of every current row of ``reg`` in the warehouse (none before its table exists)."""
+    from sinks.warehouse import WarehouseSink
+
+    try:
+        return {r["id"] for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    except ApplyError:  # not created yet
+        return set()
