@@ -197,24 +197,6 @@ def check_watermark_table(
 
 
 # --- progress (durable, in the registry) --------------------------------------------------------
-# the reader's names of the per-table registry entries (until it calls the typed API itself: it is
-# being split); the keys and what they hold are :class:`cdc.registry.TableState`'s
-def missing_key(schema: str, table: str) -> str:
-    return TableState.SOURCE_MISSING.key(schema, table)
-
-
-def missing_ddl_key(schema: str, table: str) -> str:
-    return TableState.SOURCE_MISSING_DDL.key(schema, table)
-
-
-def refused_key(schema: str, table: str) -> str:
-    return TableState.SCHEMA_REFUSED.key(schema, table)
-
-
-def request_key(schema: str, table: str) -> str:
-    return TableState.SNAPSHOT_REQUEST.key(schema, table)
-
-
 @dataclass
 class ChunkProgress:
     """Resume state of one table's chunked snapshot (registry state ``chunked:[schema, table]``).

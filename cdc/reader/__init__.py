@@ -79,7 +79,7 @@ from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
-from cdc.reader.nonfinite import WAL2JSON_STATE_KEY, ensure_nonfinite, remember, tracked_columns
+from cdc.reader.nonfinite import ensure_nonfinite, remember, tracked_columns
 from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
@@ -92,25 +92,11 @@ from snapshot.chunked import (
     SnapshotOptions,
     ensure_watermark_table,
     load_progress,
-    missing_ddl_key,
-    missing_key,
-    refused_key,
-    request_key,
     save_progress,
     truncate_marker,
 )
 from snapshot.exported import read_tables
 from snapshot.progress import NullProgress
-
-# the reader's names of its registry entries (the keys and what they hold: cdc.registry.State and
-# TableState)
-INITIAL_SNAPSHOT_KEY = State.INITIAL_SNAPSHOT
-STREAMED_TABLES_KEY = State.STREAMED_TABLES
-STREAMED_PARTITIONS_KEY = State.STREAMED_PARTITIONS
-
-
-def detached_key(schema: str, table: str) -> str:
-    return TableState.PARTITIONS_DETACHED.key(schema, table)
 
 
 @dataclass
@@ -389,7 +375,8 @@ class Reader:
         where wal2json cannot send NaN/Infinity itself (< 2.6, or not known yet); say, per table
         and column, where it could not be installed (once the plugin is known to be < 2.6)."""
         if self._numeric_as_string or (
-            self._numeric_as_string is None and self.registry.get_state(WAL2JSON_STATE_KEY) == "1"
+            self._numeric_as_string is None
+            and self.registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
         ):
             remember(self.registry, [], regs)  # nothing is lost: no table needs the recorder
             return
@@ -457,7 +444,7 @@ class Reader:
     def _slot_start(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str, slot: str) -> int:
         """Carry out the slot decision (:func:`cdc.reader.slot.decide`); the position to stream from."""
         info = slot_info(conn, slot)
-        initial_state = self.registry.get_state(INITIAL_SNAPSHOT_KEY)
+        initial_state = self.registry.get_state(State.INITIAL_SNAPSHOT)
         action = decide(
             SlotFacts(
                 info.exists, info.wal_status, initial_state, any(r.snapshot_state == "done" for r in regs)
@@ -494,7 +481,7 @@ class Reader:
                 self.log(f"slot {slot} exists but its initial snapshot never completed: recreating it")
                 conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
             start_lsn = self._snapshot(regs, db, slot, temporary=False)
-            self.registry.set_state(INITIAL_SNAPSHOT_KEY, "done")
+            self.registry.set_state(State.INITIAL_SNAPSHOT, "done")
             return start_lsn
         return max(self.confirmed, info.confirmed_flush_lsn or 0)
 
@@ -546,7 +533,7 @@ class Reader:
                 f"{' (DDL recorder)' if told is not None else ''}; "
                 "snapshotting the table again (chunked) so every row carries the new name"
             )
-            self.registry.set_state(request_key(reg.schema, reg.table), None)
+            self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
             self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
         return new
 
@@ -567,7 +554,7 @@ class Reader:
         for parent, parts in watcher.leaves.items():
             for leaf in parts:
                 codecs[leaf] = codecs[parent]
-        self.registry.set_state(STREAMED_TABLES_KEY, orjson.dumps(sorted(codecs)).decode())
+        self.registry.set_state(State.STREAMED_TABLES, orjson.dumps(sorted(codecs)).decode())
         type_cache: dict[str, str] = {}
         builder = EventBuilder(
             codecs,
@@ -623,14 +610,14 @@ class Reader:
                 numeric_as_string=self._numeric_as_string is not False,
             )
             if self._numeric_as_string is None:
-                self.registry.set_state(WAL2JSON_STATE_KEY, "1")
+                self.registry.set_state(State.WAL2JSON_NUMERIC_AS_STRING, "1")
             self._numeric_as_string = self._numeric_as_string is not False
         except psycopg2.errors.InvalidParameterValue:
             if self._numeric_as_string is not None:
                 raise
             # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
             self._numeric_as_string = False
-            self.registry.set_state(WAL2JSON_STATE_KEY, "0")
+            self.registry.set_state(State.WAL2JSON_NUMERIC_AS_STRING, "0")
             return "restart"  # the next session checks the non-finite recorder and says what lacks it
         finally:
             if driver is not None:
@@ -655,7 +642,7 @@ class Reader:
         True when a table is to be snapshotted (its registration changed)."""
 
         requested = False
-        raw = self.registry.get_state(STREAMED_PARTITIONS_KEY)
+        raw = self.registry.get_state(State.STREAMED_PARTITIONS)
         state = {(k[0], k[1]): [(s, t) for s, t in v] for k, v in (orjson.loads(raw) if raw else [])}
         now = source_tables(conn, table_names(regs))
         for reg in regs:
@@ -672,22 +659,26 @@ class Reader:
             names = ", ".join(f"{s}.{t}" for s, t in attached + detached)
             if dropped or reg.snapshot_state != "done":
                 self.log(f"partitions of {reg.qualified} changed ({names}); snapshotting it again")
-                self.registry.set_state(request_key(*key), None)
+                self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, *key, None)
                 self.registry.set_snapshot_state(*key, "pending")
                 requested = True
                 continue
             if detached:
-                old = self.registry.get_state(detached_key(*key))
+                old = self.registry.get_table_state(TableState.PARTITIONS_DETACHED, *key)
                 pending = sorted({*(tuple(x) for x in (orjson.loads(old) if old else [])), *detached})
-                self.registry.set_state(detached_key(*key), orjson.dumps(pending).decode())
+                self.registry.set_table_state(
+                    TableState.PARTITIONS_DETACHED, *key, orjson.dumps(pending).decode()
+                )
                 self.log(f"{reg.qualified}: partition(s) {detached} detached; deleting their rows")
             if attached:
                 self.log(f"{reg.qualified}: partition(s) {attached} attached; reading their rows")
-                self.registry.set_state(request_key(*key), orjson.dumps({"partitions": attached}).decode())
+                self.registry.set_table_state(
+                    TableState.SNAPSHOT_REQUEST, *key, orjson.dumps({"partitions": attached}).decode()
+                )
                 self.registry.set_snapshot_state(*key, "pending")
                 requested = True
         body = [[list(k), [list(leaf) for leaf in v]] for k, v in sorted(state.items())]
-        self.registry.set_state(STREAMED_PARTITIONS_KEY, orjson.dumps(body).decode())
+        self.registry.set_state(State.STREAMED_PARTITIONS, orjson.dumps(body).decode())
         return requested
 
     def _detached_rows(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str) -> list[_Detached]:
@@ -696,7 +687,7 @@ class Reader:
         moved back stays), read in one snapshot, at version (its WAL position, 0)."""
         out: list[_Detached] = []
         for reg in regs:
-            raw = self.registry.get_state(detached_key(reg.schema, reg.table))
+            raw = self.registry.get_table_state(TableState.PARTITIONS_DETACHED, reg.schema, reg.table)
             if not raw:
                 continue
             leaves = [(str(s), str(t)) for s, t in orjson.loads(raw)]
@@ -738,7 +729,7 @@ class Reader:
             with self.store_lock:
                 if d.records:
                     self.store.append_many({d.reg.topic: d.records})
-            self.registry.set_state(detached_key(d.reg.schema, d.reg.table), None)
+            self.registry.set_table_state(TableState.PARTITIONS_DETACHED, d.reg.schema, d.reg.table, None)
             detaches.remove(d)
             self.log(
                 f"{d.reg.qualified}: {len(d.records) // 2} row(s) of detached partition(s) "
@@ -761,7 +752,6 @@ class Reader:
         refused: set[tuple[str, str]] = set()
         digests = capture_digests(conn, [(r.schema, r.table) for r in regs])
         for reg in regs:
-            key = refused_key(reg.schema, reg.table)
             # the one rule (cdc.catalog.capture_problems), asked again when the catalog facts it
             # judges changed; the reader refuses for a key it cannot carry: a key column gone (kind
             # ``key``), a replica identity without it (``identity``)
@@ -783,15 +773,17 @@ class Reader:
             if problems:
                 self._record_refusal(reg, problems[0])
             else:
-                before = self.registry.get_state(key)
+                before = self.registry.get_table_state(TableState.SCHEMA_REFUSED, reg.schema, reg.table)
                 if before is not None:
-                    self.registry.set_state(key, None)
+                    self.registry.set_table_state(TableState.SCHEMA_REFUSED, reg.schema, reg.table, None)
                     if orjson.loads(before).get("kind") == "identity":
                         self.log(
                             f"{reg.qualified}: its replica identity holds the key again; snapshotting "
                             "it again (chunked) for the changes the stream lost meanwhile"
                         )
-                        self.registry.set_state(request_key(reg.schema, reg.table), None)
+                        self.registry.set_table_state(
+                            TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None
+                        )
                         self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
                 continue
             refused.add((reg.schema, reg.table))
@@ -803,15 +795,18 @@ class Reader:
 
     def _record_refusal(self, reg: TableReg, problem: CaptureProblem) -> None:
         """Record (once) and log that ``reg`` is refused for ``problem`` (:func:`capture_problems`)."""
-
-        key = refused_key(reg.schema, reg.table)
-        if self.registry.get_state(key) is not None:
+        if self.registry.get_table_state(TableState.SCHEMA_REFUSED, reg.schema, reg.table) is not None:
             return
         kind = problem.kind
         reason = f"{problem.message}, so {reg.qualified} is no longer captured"
         fix = problem.fix + ("; cdc then snapshots it again by itself" if kind == "identity" else "")
         self.log(f"REFUSED {reg.qualified}: {reason} -- fix: {fix}")
-        self.registry.set_state(key, orjson.dumps({"reason": reason, "fix": fix, "kind": kind}).decode())
+        self.registry.set_table_state(
+            TableState.SCHEMA_REFUSED,
+            reg.schema,
+            reg.table,
+            orjson.dumps({"reason": reason, "fix": fix, "kind": kind}).decode(),
+        )
 
     def _ddl_follower(
         self,
@@ -832,9 +827,13 @@ class Reader:
                 "DDL recorder); no longer captured, the others go on"
             )
             body = {"what": what, "to": to, "tag": tag}
-            self.registry.set_state(missing_ddl_key(reg.schema, reg.table), orjson.dumps(body).decode())
-            if self.registry.get_state(missing_key(reg.schema, reg.table)) is None:
-                self.registry.set_state(missing_key(reg.schema, reg.table), str(int(time.time())))
+            self.registry.set_table_state(
+                TableState.SOURCE_MISSING_DDL, reg.schema, reg.table, orjson.dumps(body).decode()
+            )
+            if self.registry.get_table_state(TableState.SOURCE_MISSING, reg.schema, reg.table) is None:
+                self.registry.set_table_state(
+                    TableState.SOURCE_MISSING, reg.schema, reg.table, str(int(time.time()))
+                )
             watcher.gone(reg)  # the source check need not tell it again
 
         return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse)
@@ -852,7 +851,7 @@ class Reader:
                 continue
             progress = load_progress(self.registry, reg.schema, reg.table)
             if reg.snapshot_state == "pending" or progress is None or progress.done:
-                raw = self.registry.get_state(request_key(reg.schema, reg.table))
+                raw = self.registry.get_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table)
                 request = orjson.loads(raw) if raw else {}
                 where, parts = request.get("where"), request.get("partitions")
                 progress = ChunkProgress(
@@ -863,7 +862,7 @@ class Reader:
                     chunk_size=opts.chunk_size,
                 )
                 save_progress(self.registry, reg.schema, reg.table, progress)
-                self.registry.set_state(request_key(reg.schema, reg.table), None)
+                self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
                 self.registry.set_state(drop_before_key(reg.schema, reg.table), "0")
                 self.registry.set_snapshot_state(reg.schema, reg.table, "running")
             out.append(reg)
@@ -926,10 +925,10 @@ class Reader:
         """Snapshot ``regs`` from a new slot's exported snapshot; record each table's alignment.
         Returns the consistent point."""
 
-        streamed_raw = self.registry.get_state(STREAMED_TABLES_KEY)
+        streamed_raw = self.registry.get_state(State.STREAMED_TABLES)
         streamed = {tuple(x) for x in orjson.loads(streamed_raw)} if streamed_raw and temporary else set()
         if not temporary:
-            self.registry.set_state(INITIAL_SNAPSHOT_KEY, "running")
+            self.registry.set_state(State.INITIAL_SNAPSHOT, "running")
         for reg in regs:
             self.registry.set_snapshot_state(reg.schema, reg.table, "running")
         repl = open_replication(self.dsn)
@@ -967,7 +966,7 @@ class Reader:
                     if (reg.schema, reg.table) not in finished:
                         self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
                 if not temporary:
-                    self.registry.set_state(INITIAL_SNAPSHOT_KEY, "done")
+                    self.registry.set_state(State.INITIAL_SNAPSHOT, "done")
                 cause = exc.__cause__
                 raise (cause if isinstance(cause, Exception) and is_transient(cause) else exc) from None
             finally:

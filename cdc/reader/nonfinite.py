@@ -66,10 +66,10 @@ first float or numeric column), ``cdc tables add`` at registration, ``cdc check 
 registered table; otherwise ``cdc check`` reports them with the SQL for the owner (``cdc check
 --nonfinite-recorder-sql``). A table the triggers cannot go on (no TRIGGER privilege, locked, a
 shape Postgres refuses them on) is reported for that table, with the fix and what is lost; the
-others go on, and the table's state (:func:`state_key`) shows in ``cdc tables list``. ``cdc tables remove`` leaves them (another deployment may capture the
+others go on, and the table's state (:attr:`cdc.registry.TableState.NONFINITE_RECORDER`) shows in ``cdc tables list``. ``cdc tables remove`` leaves them (another deployment may capture the
 same table); the owner drops them with ``DROP TRIGGER zzz_cdc_nonfinite ON ...``.
 
-:data:`WAL2JSON_STATE_KEY` (registry state): ``"1"`` once the reader found that wal2json sends the
+:attr:`cdc.registry.State.WAL2JSON_NUMERIC_AS_STRING` (registry state): ``"1"`` once the reader found that wal2json sends the
 values itself (2.6+; nothing is installed then), ``"0"`` once it found it does not.
 """
 
@@ -84,18 +84,16 @@ import psycopg
 from psycopg import sql
 
 from cdc.codec.values import type_kind
-from cdc.registry import Registry, State, TableReg, TableState
+from cdc.registry import Registry, TableReg, TableState
 
 __all__ = [
     "FUNCTION",
     "TRIGGERS",
-    "WAL2JSON_STATE_KEY",
     "Outcome",
     "check_nonfinite",
     "ensure_nonfinite",
     "install_script",
     "remember",
-    "state_key",
     "tracked_columns",
 ]
 
@@ -108,8 +106,6 @@ TRIGGERS = {
 }
 #: the trigger only tables under REPLICA IDENTITY FULL get (the others' events carry no old row)
 OLD_TRIGGER = "zzz_cdc_nonfinite_old"
-#: registry state: whether wal2json knows ``numeric-data-types-as-string`` (the key: cdc.registry)
-WAL2JSON_STATE_KEY = State.WAL2JSON_NUMERIC_AS_STRING
 #: how long a trigger change may wait for the table's lock (an open write transaction holds one)
 LOCK_TIMEOUT = "2s"
 
@@ -395,7 +391,7 @@ class Outcome:
     uncovered: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any] | None:
-        """The per-table state kept in the registry (:func:`state_key`): None when the recorder
+        """The per-table state kept in the registry (:attr:`cdc.registry.TableState.NONFINITE_RECORDER`): None when the recorder
         covers every tracked column, else ``{"state": "failed"|"partial", "reason", "fix"}``."""
         if self.action == "failed":
             return {"state": "failed", "reason": self.why, "fix": self.fix}
@@ -460,12 +456,6 @@ def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) ->
     return out
 
 
-def state_key(schema: str, table: str) -> str:
-    """Registry state key (JSON, :meth:`Outcome.to_json`) of a table whose NaN/Infinity the
-    recorder does not carry (not installed, or a column it cannot cover); absent when it does."""
-    return TableState.NONFINITE_RECORDER.key(schema, table)
-
-
 def remember(registry: Registry, outcomes: Sequence[Outcome], regs: Sequence[TableReg] = ()) -> None:
     """Keep each table's recorder state where ``cdc tables list`` shows it; ``regs`` without an
     outcome (nothing to track, or wal2json sends the values itself) have none. Writes only what
@@ -476,7 +466,6 @@ def remember(registry: Registry, outcomes: Sequence[Outcome], regs: Sequence[Tab
     for reg in regs:
         wanted.setdefault((reg.schema, reg.table), None)
     for (schema, table), state in wanted.items():
-        key = state_key(schema, table)
         value = None if state is None else msgspec.json.encode(state).decode()
-        if registry.get_state(key) != value:
-            registry.set_state(key, value)
+        if registry.get_table_state(TableState.NONFINITE_RECORDER, schema, table) != value:
+            registry.set_table_state(TableState.NONFINITE_RECORDER, schema, table, value)

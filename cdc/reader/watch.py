@@ -19,8 +19,7 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import Leaves, column_names, source_tables
-from cdc.registry import Registry, TableReg
-from snapshot.chunked import missing_ddl_key, missing_key
+from cdc.registry import Registry, TableReg, TableState
 
 #: how often (seconds) the stream checks that the registered tables exist, and their partitions
 SOURCE_CHECK_S = 2.0
@@ -111,16 +110,18 @@ class SourceWatcher:
 
     def _record_missing(self) -> None:
         for (schema, table), found in self.source.items():
-            key = missing_key(schema, table)
+            missing = self.registry.get_table_state(TableState.SOURCE_MISSING, schema, table)
             if found is None:
-                if self.registry.get_state(key) is None:
+                if missing is None:
                     self.log(
                         f"{schema}.{table} does not exist at the source (dropped or renamed); the others go on"
                     )
-                    self.registry.set_state(key, str(int(time.time())))
-            elif self.registry.get_state(key) is not None:
-                self.registry.set_state(key, None)
-                self.registry.set_state(missing_ddl_key(schema, table), None)
+                    self.registry.set_table_state(
+                        TableState.SOURCE_MISSING, schema, table, str(int(time.time()))
+                    )
+            elif missing is not None:
+                self.registry.set_table_state(TableState.SOURCE_MISSING, schema, table, None)
+                self.registry.set_table_state(TableState.SOURCE_MISSING_DDL, schema, table, None)
 
     def _source_changed(self) -> bool:
         """A registered table gone or back, or its partitions changed (then True: restart; the next
@@ -136,11 +137,11 @@ class SourceWatcher:
                 self.log(
                     f"{schema}.{table} no longer exists at the source (dropped or renamed); the others go on"
                 )
-                self.registry.set_state(missing_key(schema, table), str(int(time.time())))
+                self.registry.set_table_state(TableState.SOURCE_MISSING, schema, table, str(int(time.time())))
             elif before is None:
                 self.log(f"{schema}.{table} exists at the source again")
-                self.registry.set_state(missing_key(schema, table), None)
-                self.registry.set_state(missing_ddl_key(schema, table), None)
+                self.registry.set_table_state(TableState.SOURCE_MISSING, schema, table, None)
+                self.registry.set_table_state(TableState.SOURCE_MISSING_DDL, schema, table, None)
                 restart = True
             else:
                 self.log(f"partitions of {schema}.{table} changed: {[f'{s}.{t}' for s, t in after]}")
