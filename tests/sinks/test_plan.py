@@ -188,3 +188,152 @@ def test_confirmed_snapshot_reads_move_the_open_row() -> None:
             k: moved_open[k] for k in want_moved
         }, seed
     assert seen > 50
+
+
+def _reference_confirming(
+    events: list[dict[str, Any]], truncates: list[V], open_: dict[str, V], stored_val: dict[str, int]
+) -> dict[str, Any]:
+    """The rules with confirming reads, as the obvious loop over each key's events and the truncates:
+    an applied read (op r) equal to the row its key has when it comes (``val``) opens nothing, that row
+    takes its version, and a truncate whose key's next applied event is such a read closes nothing."""
+    new: dict[tuple[str, V], Any] = {}  # (key, first version) -> [version now, closer]
+    closed_open: dict[str, Any] = {}
+    moved: dict[str, V] = {}
+    for key in sorted({e["key"] for e in events}):
+        evs = sorted((e for e in events if e["key"] == key), key=lambda e: (e["v"], e["p"], e["o"]))
+        merged = sorted(
+            [(e["v"], 1, e) for e in evs] + [(t, 0, None) for t in truncates], key=lambda x: (x[0], x[1])
+        )
+        guard = open_.get(key, NO)
+        target: list[Any] | None = ["open", open_[key], stored_val.get(key)] if key in open_ else None
+
+        def confirms(e: dict[str, Any] | None, target: list[Any] | None) -> bool:
+            return e is not None and e["op"] == "r" and target is not None and e["val"] == target[2]
+
+        def next_applied(i: int, guard: V, merged: list[Any] = merged) -> dict[str, Any] | None:
+            for v, is_ev, e in merged[i + 1 :]:
+                if is_ev and v > guard:
+                    return e  # type: ignore[no-any-return]
+                guard = max(guard, v)
+            return None
+
+        def close(by: Any, target: list[Any], key: str = key) -> None:
+            if target[0] == "open":
+                closed_open[key] = by
+            else:
+                new[(key, target[0])][1] = by
+
+        for i, (v, is_ev, e) in enumerate(merged):
+            if not is_ev:
+                if target is not None and target[1] < v and not confirms(next_applied(i, max(guard, v)), target):
+                    close(("t", v), target)
+                    target = None
+                guard = max(guard, v)
+                continue
+            if v <= guard:
+                continue
+            guard = v
+            if confirms(e, target):
+                assert target is not None
+                target[1] = v
+                if target[0] == "open":
+                    moved[key] = v
+                else:
+                    new[(key, target[0])][0] = v
+                continue
+            if target is not None:
+                close(("e", v), target)
+                moved.pop(key, None)
+                target = None
+            if e["op"] != "d":
+                new[(key, v)] = [v, None]
+                target = [v, v, e["val"]]
+    return {"new": {k: tuple(x) for k, x in new.items()}, "closed_open": closed_open, "moved": moved}
+
+
+def _confirmed(plan: Plan, stored: Stored, vals: list[int], stored_val: list[int | None]) -> np.ndarray:
+    """What the caller does: the planned reads whose value equals the row they compare with."""
+    reads, against = plan.snapshot_reads(stored)
+    key = plan.key_of_row
+    same = [
+        vals[r] == (stored_val[key[r]] if a == NONE else vals[a])
+        for r, a in zip(reads.tolist(), against.tolist(), strict=True)
+    ]
+    return reads[np.array(same, dtype=bool)] if len(reads) else reads
+
+
+def test_reads_confirm_the_row_as_it_stands_after_the_batchs_earlier_events() -> None:
+    """A read equal to the row its key has when it comes -- the stored row, or the one an earlier event
+    of the same batch opened -- opens no history row; that row takes its version (against the loop)."""
+    seen_in_batch = 0
+    for seed in range(600):
+        rng = random.Random(seed)
+        events, truncates, _, _, open_ = _batch(rng)
+        for e in events:
+            e["val"] = rng.randint(0, 1)
+        for e in events:  # redeliveries carry their original's value
+            e["val"] = next(x["val"] for x in events if x["o"] == e["o"] % 1000 and x["key"] == e["key"])
+        stored_val = {k: rng.randint(0, 1) for k in open_}
+        plan, keys, stored = _planned(events, truncates, {}, NO, open_)
+        by_pos = {(e["key"], e["o"]): e["val"] for e in events}
+        t = plan.t
+        key_at, off_at = t.column("key_json").to_pylist(), t.column("offset").to_pylist()
+        vals = [by_pos[(k, o)] for k, o in zip(key_at, off_at, strict=True)]
+        v_at = list(zip(plan.lsn.tolist(), plan.seq.tolist(), strict=True))
+        confirmed = _confirmed(plan, stored, vals, [stored_val.get(k) for k in keys])
+        seen_in_batch += sum(1 for r in confirmed if any(key_at[a] == key_at[r] for a in range(r)))
+        hp = plan.history(stored, confirmed)
+        tr = list(zip(*(plan.truncates.column(c).to_pylist() for c in ("commit_lsn", "seq")), strict=True))
+
+        def closer(ev: int, tt: int, v_at: list[V] = v_at, tr: list[V] = tr) -> Any:
+            return ("e", v_at[ev]) if ev != NONE else ("t", tr[tt]) if tt != NONE else None
+
+        want = _reference_confirming(events, truncates, open_, stored_val)
+        got_new = {
+            (key_at[r], v_at[r]): (v_at[to], closer(n, tt))
+            for r, to, n, tt in zip(hp.new, hp.new_version, hp.new_next, hp.new_truncate, strict=True)
+        }
+        assert got_new == want["new"], seed
+        got_closed = {
+            keys[k]: closer(e, tt)
+            for k, e, tt in zip(hp.closed_keys, hp.close_event, hp.close_truncate, strict=True)
+        }
+        assert got_closed == want["closed_open"], seed
+        assert {keys[k]: v_at[r] for k, r in zip(hp.moved_keys, hp.moved_to, strict=True)} == want["moved"]
+    assert seen_in_batch > 30
+
+
+def _one_key(ops: list[tuple[str, int]], truncates: list[V] | None = None) -> tuple[Plan, Stored]:
+    """A batch of one key's events ``(op, commit_lsn)`` (offsets in that order), the key's stored
+    open row at version (8, 0)."""
+    events = [{"key": '{"id":1}', "v": (lsn, 0), "op": op, "p": 0, "o": o} for o, (op, lsn) in enumerate(ops)]
+    plan = Plan(_table(events, truncates or []))
+    one = np.array([8], dtype=np.int64)
+    zero = np.array([0], dtype=np.int64)
+    return plan, Stored(np.array([-1]), np.array([-1]), one, zero)
+
+
+def test_a_read_equal_to_the_batchs_earlier_change_opens_no_version() -> None:
+    """[u(k), r(k) equal to the u's row]: one history row (the u's), at the read's version, left open;
+    different: two rows, the u's closed by the read. A replay of the batch plans nothing."""
+    for truncates in ([], [(24, 0)]):  # the re-snapshot's marker between the change and the read
+        plan, stored = _one_key([("u", 16), ("r", 32)], truncates)
+        reads, against = plan.snapshot_reads(stored)
+        assert reads.tolist() == [1] and against.tolist() == [0]  # compared with the u's row
+        hp = plan.history(stored, reads)  # equal
+        assert hp.new.tolist() == [0] and hp.new_version.tolist() == [1]
+        assert hp.new_next.tolist() == [NONE] and hp.new_truncate.tolist() == [NONE]
+        assert hp.closed_keys.tolist() == [0] and hp.close_event.tolist() == [0]  # the stored row, by u
+        assert hp.moved_keys.tolist() == []
+        hp = plan.history(stored, np.zeros(0, dtype=np.int64))  # different
+        assert hp.new.tolist() == [0, 1] and hp.new_version.tolist() == [0, 1]
+        assert hp.new_next.tolist()[0] == (1 if not truncates else NONE)
+        # a replay against what the batch left (the open row at the read's version) plans nothing
+        again = stored.with_open(np.array([32]), np.array([0]))
+        assert [len(a) for a in _replayed(plan, again)] == [0, 0, 0, 0]
+
+
+def _replayed(plan: Plan, stored: Stored) -> list[np.ndarray]:
+    reads, _ = plan.snapshot_reads(stored)
+    hp = plan.history(stored, reads)
+    return [reads, hp.applied, hp.closed_keys, hp.moved_keys]

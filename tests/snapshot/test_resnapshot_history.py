@@ -64,3 +64,46 @@ def test_an_unchanged_resnapshot_opens_no_history_version(env: CaptureEnv, spark
     assert code == 0, report
     assert report["source_rows"] == report["warehouse_rows"] == 150, report
     assert not any(report[k] for k in ("missing", "extra", "different")), report
+
+
+def test_a_resnapshot_read_after_a_change_in_the_same_batch_opens_no_version(
+    env: CaptureEnv, spark_clean: Any
+) -> None:
+    """A change of a key and the re-snapshot's read of that key land in one apply batch: the read
+    equals the row the change left, so it confirms that row (one version for the change, none for the
+    read), whether the batch carries the full re-snapshot's marker (per-event form) or not (a --where
+    re-snapshot)."""
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, name text, ratio double precision, tags text[])")
+    env.sql(
+        "INSERT INTO t SELECT g, 'n' || g, CASE WHEN g % 7 = 0 THEN 'NaN'::float8 ELSE g / 3.0 END,"
+        " ARRAY['a,b', NULL] FROM generate_series(1, 60) g"
+    )
+    env.add_table("public.t")
+    env.run_once()  # the initial snapshot
+    apply_clean(spark_clean, env.state)
+    assert _versions(env)[0] == Counter(range(1, 61))
+
+    ugly = "'say \"hi\" \\ ' || id || E'\\nnext line'"
+    env.sql(f"UPDATE t SET name = {ugly}, tags = ARRAY[E'c\"d'] WHERE id <= 5")  # older than the re-read
+    assert env.cdc("snapshot", "public.t").returncode == 0, env.last_stderr
+    env.run_once()  # the updates, then the full chunked re-read and its TRUNCATE marker
+    assert apply_clean(spark_clean, env.state).batches == 1, "the changes and the reads in one batch"
+    after, history = _versions(env)
+    assert after == Counter({**dict.fromkeys(range(1, 61), 1), **dict.fromkeys(range(1, 6), 2)}), (
+        "one version for each change, none for the re-snapshot's reads"
+    )
+    assert not [h for h in history if h[END_OP] == "t"], "no row closed by the re-snapshot's marker"
+
+    env.sql("UPDATE t SET name = name || E'\\\\x' WHERE id BETWEEN 6 AND 8")
+    assert env.cdc("snapshot", "public.t", "--where", "id <= 10").returncode == 0, env.last_stderr
+    env.run_once()  # the updates, then the filtered re-read (no marker)
+    assert apply_clean(spark_clean, env.state).batches == 1, "the changes and the reads in one batch"
+    after, history = _versions(env)
+    assert after == Counter({**dict.fromkeys(range(1, 61), 1), **dict.fromkeys(range(1, 9), 2)})
+    current = WarehouseSink(env.state).current_rows(env.reg("public", "t"), meta=True).to_pylist()
+    open_versions = {h[KEY]: h[LSN] for h in history if h[IS_CURRENT]}
+    assert open_versions == {c[KEY]: c[LSN] for c in current}, "open rows at the reads' versions"
+    code, out = cdc_cli(env.dsn, env.state, "verify", "--json", "--wait", "30")
+    report = {r["table"]: r for r in orjson.loads(out)}["public.t"]
+    assert code == 0, report
+    assert not any(report[k] for k in ("missing", "extra", "different")), report
