@@ -22,9 +22,9 @@ from sinks.warehouse.delta import (
     Truncate,
     arrow_schema,
     cast_to_field,
+    confirming,
     current_versions,
     stored_guards,
-    unchanged,
     write_current,
     write_history,
     write_tombstones,
@@ -169,10 +169,16 @@ class ColumnarApply:
         plan = self.plan
         o_lsn, o_seq = self.current_versions()
         stored = self.stored.with_open(o_lsn, o_seq)
-        reads = plan.snapshot_reads(stored)
-        if len(reads):  # those equal to the stored row confirm it (docs/warehouse.md)
-            rows = self._data(reads, arrow_schema(self._current), self._meta(reads))
-            reads = reads[unchanged(self._current, rows, self.bucket_set)]
+        reads, against = plan.snapshot_reads(stored)
+        if len(reads):  # those equal to the row they come to confirm it (docs/warehouse.md)
+            schema = arrow_schema(self._current)
+            reads = confirming(
+                self._current,
+                reads,
+                against,
+                lambda at: self._data(at, schema, self._meta(at)),
+                lambda at: set(self.key_bucket[plan.key_of_row[at]].tolist()),
+            )
         hp = plan.history(stored, reads)
         moved = hp.moved_keys
         if (
@@ -185,6 +191,7 @@ class ColumnarApply:
         new = hp.new
         meta = self._meta(new)
         meta.update(self._closers(hp.new_next, hp.new_truncate))
+        meta[LSN], meta[SEQ] = pa.array(plan.lsn[hp.new_version]), pa.array(plan.seq[hp.new_version])
         meta[VALID_FROM] = meta[TS]
         meta[SRC_KIND] = pa.array(["new"] * len(new), pa.string())
         schema = pa.schema([*arrow_schema(history), (SRC_KIND, pa.string())])

@@ -4,7 +4,7 @@ commit carrying the batch's app transaction, and the bucket-pruned reads the wri
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from sinks.warehouse.layout import (
     VALID_TO,
     Layout,
 )
-from sinks.warehouse.plan import Stored, versions_of
+from sinks.warehouse.plan import NONE, Stored, versions_of
 
 #: rows the lookups (:func:`read_rows`) read from Delta, per kind of table (``current``, ``history``,
 #: ``tombstones``; from the table's name) -- before the in-memory key filter: what they cost. Tests
@@ -321,12 +321,41 @@ def unchanged(current: DeltaTable, rows: pa.Table, buckets: Iterable[int]) -> np
     stored = read_rows(current, keys.to_pylist(), buckets)
     idx = pc.index_in(keys, value_set=stored.column(KEY).cast(pa.string()).combine_chunks())
     same: np.ndarray = pc.is_valid(idx).to_numpy(zero_copy_only=False)
-    at = pc.fill_null(idx, 0)
+    if same.any():
+        same &= equal_rows(rows, stored.take(pc.fill_null(idx, 0)))
+    return same
+
+
+def equal_rows(rows: pa.Table, other: pa.Table) -> np.ndarray:
+    """Row by row: ``rows`` and ``other`` (same length; ``other`` holds at least ``rows``' columns)
+    hold the same value in every data column of ``rows``, compared as stored (nulls and NaNs equal)."""
+    same = np.ones(rows.num_rows, dtype=bool)
     for name in rows.column_names:
         if name in HISTORY_META.names or not same.any():
             continue
-        same &= _equal(rows.column(name).combine_chunks(), stored.column(name).take(at).combine_chunks())
+        same &= _equal(rows.column(name).combine_chunks(), other.column(name).combine_chunks())
     return same
+
+
+def confirming(
+    current: DeltaTable,
+    reads: np.ndarray,
+    against: np.ndarray,
+    rows_of: Callable[[np.ndarray], pa.Table],
+    buckets: Callable[[np.ndarray], Iterable[int]],
+) -> np.ndarray:
+    """Of the plan's snapshot reads (:meth:`Plan.snapshot_reads`), those equal to the row they compare
+    with: the stored current row (``against`` NONE; only those keys' rows are read) or the batch's
+    row ``against``. ``rows_of(positions)``: the batch's rows at those positions in the current table's
+    columns; ``buckets(positions)``: their keys' buckets."""
+    same = np.zeros(len(reads), dtype=bool)
+    stored = against == NONE
+    if stored.any():
+        same[stored] = unchanged(current, rows_of(reads[stored]), buckets(reads[stored]))
+    if not stored.all():
+        same[~stored] = equal_rows(rows_of(reads[~stored]), rows_of(against[~stored]))
+    out: np.ndarray = reads[same]
+    return out
 
 
 def _equal(a: pa.Array, b: pa.Array) -> np.ndarray:

@@ -25,11 +25,11 @@ from sinks.toast import Chains
 from sinks.warehouse.delta import (
     arrow_schema,
     cast_to_field,
+    confirming,
     current_versions,
     layout_of,
     read_rows,
     stored_guards,
-    unchanged,
     write_current,
     write_history,
     write_tombstones,
@@ -116,15 +116,28 @@ class BatchContext:
         return self._cur_versions
 
     def confirmed(self, stored: Stored) -> np.ndarray:
-        """The plan's snapshot reads (:meth:`Plan.snapshot_reads`) whose values equal their key's
-        stored current row, as the current table stores them."""
-        reads = self.plan.snapshot_reads(stored)
-        if not len(reads):
-            return reads
-        rows = [{**self.meta_row(ev), _DATA: ev.after or {}} for ev in map(self.event, reads)]
-        table = _to_table(rows, arrow_schema(self._current), self.types)
-        same: np.ndarray = reads[unchanged(self._current, table, self.buckets_of(r[KEY] for r in rows))]
-        return same
+        """The plan's snapshot reads (:meth:`Plan.snapshot_reads`) whose values equal the row they come
+        to, as the current table stores them: the stored current row, or the row of the key's previous
+        event in the batch -- when that event holds all its values (one lacking unchanged TOAST
+        columns, or a key change, is not compared: the read opens a version)."""
+        reads, against = self.plan.snapshot_reads(stored)
+        whole = np.array(
+            [a == NONE or not ((ev := self.event(a)).unavailable or Chains.is_moved(ev)) for a in against],
+            dtype=bool,
+        )
+        if not whole.any():
+            none: np.ndarray = reads[whole]
+            return none
+        schema = arrow_schema(self._current)
+
+        def rows_of(at: np.ndarray) -> pa.Table:
+            rows = [{**self.meta_row(ev), _DATA: ev.after or {}} for ev in map(self.event, at)]
+            return _to_table(rows, schema, self.types)
+
+        def buckets(at: np.ndarray) -> set[int]:
+            return self.buckets_of(self.event(r).key_json for r in at)
+
+        return confirming(self._current, reads[whole], against[whole], rows_of, buckets)
 
     def current_rows(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The stored current rows of ``keys`` (those that have one), as they were before the batch."""
@@ -437,6 +450,9 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
                 END_OP: None,
             }
         )
+        if hp.new_version[j] != r:  # confirmed by later snapshot reads: at the last one's version
+            v = ctx.event(hp.new_version[j]).version
+            row[LSN], row[SEQ] = v.commit_lsn, v.seq
         if hp.new_next[j] != NONE:
             _close(row, ctx.event(hp.new_next[j]))
         elif hp.new_truncate[j] != NONE:

@@ -159,46 +159,89 @@ class Plan:
         guard = np.maximum(tomb, r[-2])
         return ev, tr, guard, np.where(open_ > 0, open_, -1), open_ > 0
 
-    def snapshot_reads(self, stored: Stored) -> np.ndarray:
-        """The rows that may confirm their key's stored open row: each key's first applied event when
-        it is a snapshot read (op ``r``) and the key has a stored open row. Those whose values equal the
-        stored row (the caller compares them) go to :meth:`history` as ``confirmed``."""
-        if not (self.is_read & (stored.open_lsn[self.key_of_row] >= 0)).any():
-            return np.zeros(0, dtype=np.int64)  # no read of a stored key: nothing to plan twice
-        s = self.history(stored).applied
-        first = np.ones(len(s), dtype=bool)
-        first[1:] = self.key_of_row[s][1:] != self.key_of_row[s][:-1]
-        f = s[first]
-        out: np.ndarray = f[self.is_read[f] & (stored.open_lsn[self.key_of_row[f]] >= 0)]
-        return out
-
-    def history(self, stored: Stored, confirmed: np.ndarray | None = None) -> HistoryPlan:
-        """Which events open history rows, and what closes them and the stored open rows.
-        ``confirmed``: rows of :meth:`snapshot_reads` equal to their key's stored row; each moves that
-        row's version to its own instead of opening a row (so neither it nor a TRUNCATE older than it
-        closes the stored row)."""
-        if confirmed is None:
-            confirmed = np.zeros(0, dtype=np.int64)
-        c_key = self.key_of_row[confirmed]
-        if len(confirmed):
-            o_lsn, o_seq = stored.open_lsn.copy(), stored.open_seq.copy()
-            o_lsn[c_key], o_seq[c_key] = self.lsn[confirmed], self.seq[confirmed]
-            stored = stored.with_open(o_lsn, o_seq)
-        ev, tr, guard, open_rank, has_open = self._ranks(stored)
-        key = self.key_of_row
+    def _applied(self, stored: Stored) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """The applied events (row positions, key then version order) and the ranks they came from
+        (:meth:`_ranks`)."""
+        r = self._ranks(stored)
+        ev, tr, guard, open_rank, _ = r
         # the last truncate at or before each event (equal: the truncate comes first and wins)
         t_le = np.searchsorted(tr, ev, side="right") - 1
         max_t = np.where(t_le >= 0, tr[np.maximum(t_le, 0)] if len(tr) else 0, 0)
         key_guard = np.maximum(guard, np.maximum(open_rank, 0))
-        applied = self.first_of_version & (ev > key_guard[key]) & (ev > max_t)
-        s = np.flatnonzero(applied)
+        applied = self.first_of_version & (ev > key_guard[self.key_of_row]) & (ev > max_t)
+        return np.flatnonzero(applied), r
+
+    def _firsts(self, s: np.ndarray) -> np.ndarray:
+        """Of the rows ``s`` (key order): which is the first of its key."""
+        first = np.ones(len(s), dtype=bool)
+        first[1:] = self.key_of_row[s][1:] != self.key_of_row[s][:-1]
+        return first
+
+    def snapshot_reads(self, stored: Stored) -> tuple[np.ndarray, np.ndarray]:
+        """The snapshot reads (op ``r``) that may confirm the row their key has when they come, and
+        what that row is: ``(reads, against)``. A key's first applied event compares with the stored
+        current row when the key has one (``against`` NONE); a later applied read compares with the
+        key's previous applied event, when that is an upsert (``against``: its row; a read after a
+        delete opens a row). The reads whose values equal it (the caller compares them) go to
+        :meth:`history` as ``confirmed``. Empty, at no cost, for a batch without such reads."""
+        none = np.zeros(0, dtype=np.int64)
+        key = self.key_of_row
+        if not (self.is_read & ((stored.open_lsn[key] >= 0) | ~self.first_of_key)).any():
+            return none, none  # no read that can confirm anything: nothing to plan twice
+        s, _ = self._applied(stored)
+        first = self._firsts(s)
+        prev = np.full(len(s), NONE)
+        prev[1:] = s[:-1]
+        prev[first] = NONE
+        upsert_before = (prev != NONE) & ~self.is_delete[np.maximum(prev, 0)]
+        may = self.is_read[s] & np.where(first, stored.open_lsn[key[s]] >= 0, upsert_before)
+        return s[may], prev[may]
+
+    def _stored_confirms(self, stored: Stored, confirmed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Split ``confirmed`` into the reads that confirm their key's stored row (the last of each key's
+        leading run of confirmed reads: the stored row moves to its version) and those that confirm a
+        row opened earlier in the batch."""
+        s, _ = self._applied(stored)
+        first = self._firsts(s)
+        conf = np.isin(s, confirmed)
+        breaks = np.cumsum(~conf)
+        # the breaks before each key's first applied event
+        before_key: np.ndarray = (breaks - (~conf).astype(np.int64))[first]
+        lead = conf & (breaks == before_key[np.cumsum(first) - 1])
+        next_lead = np.zeros(len(s), dtype=bool)
+        next_lead[:-1] = lead[1:] & ~first[1:]
+        return s[lead & ~next_lead], s[conf & ~lead]
+
+    def history(self, stored: Stored, confirmed: np.ndarray | None = None) -> HistoryPlan:
+        """Which events open history rows, and what closes them and the stored open rows.
+        ``confirmed``: reads of :meth:`snapshot_reads` equal to the row they compare with. One that
+        confirms its key's stored row moves that row's version to its own instead of opening a row (so
+        neither it nor a TRUNCATE older than it closes the stored row); one that confirms a row an
+        earlier event of the batch opens is no row either: that row takes its version (``new_version``)
+        and is closed by what would close the read."""
+        c_first = c_in = np.zeros(0, dtype=np.int64)
+        if confirmed is not None and len(confirmed):
+            c_first, c_in = self._stored_confirms(stored, confirmed)
+        c_key = self.key_of_row[c_first]
+        if len(c_first):
+            o_lsn, o_seq = stored.open_lsn.copy(), stored.open_seq.copy()
+            o_lsn[c_key], o_seq[c_key] = self.lsn[c_first], self.seq[c_first]
+            stored = stored.with_open(o_lsn, o_seq)
+        s_all, (ev, tr, _, open_rank, has_open) = self._applied(stored)
+        # a read confirming the row opened before it joins that row: the row ends at its version
+        head = ~(np.isin(s_all, c_in) & ~self._firsts(s_all))
+        s = s_all[head]
+        ends = np.ones(len(head), dtype=bool)  # each row's last confirming read (or the row itself)
+        ends[:-1] = head[1:]
+        to = s_all[ends]
+        key = self.key_of_row
         s_key = key[s]
         nxt = np.full(len(s), NONE)
         same = np.zeros(len(s), dtype=bool)
         same[:-1] = s_key[1:] == s_key[:-1]
         nxt[:-1] = np.where(same[:-1], s[1:], NONE)
-        # first truncate strictly newer than each applied event
-        t_gt = np.searchsorted(tr, ev[s], side="right")
+        # first truncate strictly newer than each applied event (or the last read confirming it)
+        t_gt = np.searchsorted(tr, ev[to], side="right")
         has_t = t_gt < len(tr)
         t_rank = np.where(has_t, tr[np.minimum(t_gt, max(len(tr) - 1, 0))] if len(tr) else 0, 0)
         by_t = has_t & ((nxt == NONE) | (t_rank < ev[np.maximum(nxt, 0)]))
@@ -207,8 +250,7 @@ class Plan:
         new_next = np.where(by_t[up], NONE, nxt[up])
         new_trunc = np.where(by_t[up], t_gt[up], NONE)
         # the stored open rows: closed by the key's first applied event, or a truncate newer than them
-        first_applied = np.ones(len(s), dtype=bool)
-        first_applied[1:] = s_key[1:] != s_key[:-1]
+        first_applied = self._firsts(s)
         first_ev = np.full(len(self.keys), NONE)
         first_ev[s_key[first_applied]] = s[first_applied]
         o_t = np.searchsorted(tr, open_rank, side="right")
@@ -227,7 +269,8 @@ class Plan:
             close_event=np.where(o_by_ev[closed_keys], first_ev[closed_keys], NONE),
             close_truncate=np.where(o_by_t[closed_keys], o_t[closed_keys], NONE),
             moved_keys=c_key[moved],
-            moved_to=confirmed[moved],
+            moved_to=c_first[moved],
+            new_version=to[up],
         )
 
     def current(self, stored: Stored) -> np.ndarray:
@@ -268,3 +311,4 @@ class HistoryPlan:
     close_truncate: np.ndarray
     moved_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     moved_to: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    new_version: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))

@@ -1011,3 +1011,37 @@ def test_an_unchanged_read_then_a_change_in_one_batch(sink: WarehouseSink, feed:
         ("a", 100, 210, "u"),
         ("b", 210, None, None),
     ]
+
+
+def test_a_read_after_a_change_in_one_batch_confirms_the_changes_row(
+    sink: WarehouseSink, feed: FeedMaker
+) -> None:
+    """The read compares with the row the batch's earlier change left, not the stored one: equal, it
+    opens nothing and that row takes its version; different, it opens a version. A replay writes the
+    same tables."""
+    reg = table()
+    f = feed(reg)
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100 + i) for i in (1, 2))), 1, APP
+    )
+    b = f.batch(
+        f.change("u", {"id": 1, "name": "b", "note": UGLY}, 200),
+        f.change("r", {"id": 1, "name": "b", "note": UGLY}, 300),  # equal to the u's row
+        f.change("u", {"id": 2, "name": "b", "note": None}, 201),
+        f.change("r", {"id": 2, "name": "c", "note": None}, 301),  # a change the log missed
+    )
+    for _ in range(2):  # the second: a replay of the same batch
+        sink.apply(b, 2, APP)
+        h1 = history(sink, reg, 1)
+        assert [(r["name"], r[W.OP], r[W.LSN], r[W.END_LSN], r[W.IS_CURRENT]) for r in h1] == [
+            ("a", "c", 101, 200, False),
+            ("b", "u", 300, None, True),
+        ]
+        assert h1[1][W.VALID_FROM] == ts(200) and h1[1]["note"] == UGLY
+        h2 = history(sink, reg, 2)
+        assert [(r["name"], r[W.OP], r[W.LSN], r[W.END_LSN], r[W.IS_CURRENT]) for r in h2] == [
+            ("a", "c", 102, 201, False),
+            ("b", "u", 201, 301, False),
+            ("c", "r", 301, None, True),
+        ]
+        assert {i: r[W.LSN] for i, r in current(sink, reg).items()} == {1: 300, 2: 301}
