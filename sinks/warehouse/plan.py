@@ -11,10 +11,11 @@ event (a repeat of a version counts once); each applied upsert opens a history r
 key's next applied event or by a TRUNCATE newer than it that comes first; the stored open row is
 closed the same way by the key's first applied event or a TRUNCATE; the current table takes each
 key's newest event when newer than the last TRUNCATE and (for an upsert) than the key's tombstone;
-the tombstones take each key's newest event when it is a delete, and the last TRUNCATE. A snapshot
-read that is its key's first applied event and equals the stored row (the caller compares values:
-``confirmed``) opens no row: the stored open row's version moves to the read's, then the rules above
-run (so a TRUNCATE older than the read does not close it).
+the tombstones take each key's newest event when it is a delete, and the last TRUNCATE. An applied
+snapshot read equal to the row its key has when it comes -- the stored row for the key's first
+applied event, else the row the key's previous applied upsert opens (the caller compares values:
+``confirmed``) -- opens no row: that row's version moves to the read's and the read's closer closes
+it (so a TRUNCATE older than the read does not close it).
 """
 
 from __future__ import annotations
