@@ -1045,3 +1045,25 @@ def test_a_read_after_a_change_in_one_batch_confirms_the_changes_row(
             ("c", "r", 301, None, True),
         ]
         assert {i: r[W.LSN] for i, r in current(sink, reg).items()} == {1: 300, 2: 301}
+
+
+def test_a_read_after_a_change_lacking_toast_values_is_compared_with_the_whole_row(
+    sink: WarehouseSink, feed: FeedMaker
+) -> None:
+    """The change lacks its unchanged TOAST value (kept: UGLY); a read with that column null differs
+    from the row the change left, so it opens a version (and leaves the column null)."""
+    reg = table()
+    f = feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": UGLY}, 100)), 1, APP)
+    b = f.batch(
+        f.change("u", {"id": 1, "name": "b"}, 200, unavailable=["note"]),
+        f.change("r", {"id": 1, "name": "b", "note": None}, 300),
+    )
+    sink.apply(b, 2, APP)
+    h = history(sink, reg, 1)
+    assert [(r["name"], r[W.LSN], r[W.END_LSN], r["note"] == UGLY) for r in h] == [
+        ("a", 100, 200, True),
+        ("b", 200, 300, True),
+        ("b", 300, None, False),
+    ]
+    assert current(sink, reg)[1]["note"] is None
