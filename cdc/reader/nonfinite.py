@@ -41,6 +41,12 @@ UPDATE, the reading back of its unchanged out-of-line values, up to 11x the writ
   a trigger's ``WHEN`` reads, from ``pg_depend``, with those it should read). A NaN written into
   the new column before that reaches the topic as null.
 
+``nonfinite_recorder_when = "row"`` in cdc.toml (:data:`When`) keeps that whole-row form for a
+deployment whose DBAs retype or drop such columns: it never blocks their DDL and covers a column
+added later at once; on a table with stored generated columns, where Postgres refuses a whole-row
+``NEW`` in the ``WHEN``, its new-row trigger has none, and the function runs the same test as its
+first statement for every written row. Changing the setting replaces the triggers as outdated.
+
 Tables with stored generated columns (in the table or, Postgres 15 allowing it, in one of its
 partitions): Postgres refuses a BEFORE trigger whose ``WHEN`` reads a generated column of ``NEW``
 (``cannot reference NEW generated columns``, 42P17) -- and computes them after every BEFORE trigger
@@ -93,7 +99,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import psycopg
@@ -182,6 +188,12 @@ def _args(reg: TableReg, image: str) -> list[str]:
     return [image, *reg.key]
 
 
+#: the ``WHEN`` clause's form (``nonfinite_recorder_when`` in cdc.toml): each tracked column, or the
+#: whole row as text (the form of earlier versions, which never blocks a DDL command)
+When = Literal["columns", "row"]
+#: a trigger's WHEN as :class:`_State` reads it: the columns it tests, or one of these
+NO_WHEN, ROW_WHEN = "none", "row"
+
 #: the values the ``WHEN`` clause looks for (as untyped literals: each takes its column's type)
 _SPECIALS = sql.SQL("('NaN', 'Infinity', '-Infinity')")
 
@@ -198,6 +210,26 @@ def _when_columns(
     skip = generated if TRIGGERS[name][2] == "NEW" else frozenset()
     cols = tracked_columns(reg) if present is None else tuple(c for c in present if c not in reg.exclude)
     return tuple(c for c in cols if c not in skip)
+
+
+def _expected(
+    reg: TableReg, name: str, generated: frozenset[str], present: Sequence[str] | None, when: When
+) -> str | frozenset[str]:
+    """Trigger ``name``'s ``WHEN`` as it should be: the columns it tests, or in the ``row`` form
+    :data:`ROW_WHEN`, but :data:`NO_WHEN` for the new-row trigger of a table with stored generated
+    columns (Postgres refuses a whole-row ``NEW`` there; the function runs the same test first)."""
+    if when == "row":
+        return NO_WHEN if generated and TRIGGERS[name][2] == "NEW" else ROW_WHEN
+    return frozenset(_when_columns(reg, name, generated, present))
+
+
+def _when_clause(row: str, expected: str | frozenset[str], ordered: Sequence[str]) -> sql.Composable:
+    """The trigger's ``WHEN`` clause (``ordered``: the tested columns in the table's order)."""
+    if expected == NO_WHEN:
+        return sql.SQL("")
+    if expected == ROW_WHEN:
+        return sql.SQL("WHEN ({}::text ~ 'NaN|Infinity') ").format(sql.SQL(row))
+    return sql.SQL("WHEN ({}) ").format(_when(row, ordered))
 
 
 def _when(row: str, columns: Sequence[str]) -> sql.Composable:
@@ -238,22 +270,27 @@ def trigger_statements(
     full_identity: bool,
     generated: frozenset[str] = frozenset(),
     present: Sequence[str] | None = None,
+    when: When = "columns",
 ) -> list[sql.Composed]:
     """``CREATE OR REPLACE TRIGGER`` of the triggers the table should have (needs the TRIGGER
     privilege); none for a table without float or numeric columns. ``generated``: the table's
     stored generated columns (those of its partitions too); ``present``: its float and numeric
-    columns at the source (see :func:`_when_columns`)."""
+    columns at the source (see :func:`_when_columns`); ``when``: the ``WHEN`` clause's form."""
     out = []
     for name in _wanted(reg, full_identity):
         image, events, row = TRIGGERS[name]
         out.append(
             sql.SQL(
-                "CREATE OR REPLACE TRIGGER {} BEFORE {} ON {} FOR EACH ROW WHEN ({}) EXECUTE FUNCTION {}({})"
+                "CREATE OR REPLACE TRIGGER {} BEFORE {} ON {} FOR EACH ROW {}EXECUTE FUNCTION {}({})"
             ).format(
                 sql.Identifier(name),
                 sql.SQL(events),
                 _table(reg),
-                _when(row, _when_columns(reg, name, generated, present)),
+                _when_clause(
+                    row,
+                    _expected(reg, name, generated, present, when),
+                    _when_columns(reg, name, generated, present),
+                ),
                 _function(),
                 sql.SQL(", ").join(sql.Literal(a) for a in _args(reg, image)),
             )
@@ -261,10 +298,12 @@ def trigger_statements(
     return out
 
 
-def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> str:
+def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns") -> str:
     """The SQL that installs the function and the triggers of ``regs`` (for the owner's ``psql``)."""
     state = _state(conn, regs)
-    stmts = [function_statement()] + [s for reg in regs for s in trigger_statements(reg, *state.shape(reg))]
+    stmts = [function_statement()] + [
+        s for reg in regs for s in trigger_statements(reg, *state.shape(reg), when)
+    ]
     return "BEGIN;\n" + "".join(s.as_string(conn) + ";\n" for s in stmts) + "COMMIT;\n"
 
 
@@ -297,8 +336,8 @@ SELECT n.nspname::text, c.relname::text, c.relreplident = 'f',
 _TRIGGERS = """
 SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.tgargs,
        fn.nspname = %(fschema)s AND f.proname = %(fname)s,
-       -- its WHEN clause, when it has one other than the whole-row test of earlier versions, and the columns that reads
-       t.tgqual IS NOT NULL AND position('NaN|Infinity' in pg_catalog.pg_get_triggerdef(t.oid)) = 0,
+       -- its WHEN clause: none, the whole-row test, or the columns it reads
+       t.tgqual IS NOT NULL, position('NaN|Infinity' in pg_catalog.pg_get_triggerdef(t.oid)) > 0,
        ARRAY(SELECT a.attname::text FROM pg_catalog.pg_depend d
                JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
               WHERE d.classid = 'pg_catalog.pg_trigger'::regclass AND d.objid = t.oid
@@ -318,9 +357,9 @@ SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.t
 class _State:
     body: str | None
     database: str
-    #: (schema, table) -> {trigger: (enabled, calls ours, args, its WHEN's columns or None when it
-    #: has no WHEN or the whole-row one of old)}
-    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], frozenset[str] | None]]]
+    #: (schema, table) -> {trigger: (enabled, calls ours, args, the columns its WHEN tests, or
+    #: :data:`NO_WHEN` / :data:`ROW_WHEN`)}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], str | frozenset[str]]]]
     #: the tables under REPLICA IDENTITY FULL
     full: frozenset[tuple[str, str]]
     #: (schema, table) -> its stored generated columns (those of its partitions too), when any
@@ -348,7 +387,7 @@ class _State:
         gen = self.generated(reg)
         return tuple(c for c in tracked_columns(reg) if c in gen)
 
-    def table_ok(self, reg: TableReg) -> bool:
+    def table_ok(self, reg: TableReg, when: When = "columns") -> bool:
         """The table has the triggers it should, up to date and enabled, their ``WHEN`` testing
         the columns it should (a column added, dropped or now generated since makes it outdated;
         so does the whole-row ``WHEN`` of earlier versions). An old-row trigger left on a table no
@@ -360,7 +399,7 @@ class _State:
                 True,
                 True,
                 _args(reg, TRIGGERS[name][0]),
-                frozenset(_when_columns(reg, name, *self.shape(reg)[1:])),
+                _expected(reg, name, *self.shape(reg)[1:], when),
             )
             for name in _wanted(reg, self.full_identity(reg))
         )
@@ -370,7 +409,7 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
     params = {"fschema": FUNCTION[0], "fname": FUNCTION[1]}
     row = conn.execute(_STATE, params).fetchone()
     assert row is not None
-    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], frozenset[str] | None]]] = {}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], str | frozenset[str]]]] = {}
     full: set[tuple[str, str]] = set()
     generated: dict[tuple[str, str], frozenset[str]] = {}
     present: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -382,7 +421,7 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
                 full.add((str(schema), str(table)))
             if gen:
                 generated[(str(schema), str(table))] = frozenset(gen)
-        for schema, table, name, enabled, args, ours, when, when_columns in conn.execute(
+        for schema, table, name, enabled, args, ours, qual, row_form, when_columns in conn.execute(
             _TRIGGERS, {**params, "names": list(TRIGGERS), **tables}
         ).fetchall():
             parts = bytes(args).split(b"\x00")[:-1]
@@ -390,7 +429,7 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
                 bool(enabled),
                 bool(ours),
                 [p.decode("utf-8", "replace") for p in parts],
-                frozenset(when_columns) if when else None,
+                NO_WHEN if not qual else ROW_WHEN if row_form else frozenset(when_columns),
             )
     return _State(row[0], str(row[1]), triggers, frozenset(full), generated, present)
 
@@ -420,7 +459,9 @@ def _uncovered_text(reg: TableReg, cols: Sequence[str]) -> str:
     )
 
 
-def check_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> tuple[str, str, str] | None:
+def check_nonfinite(
+    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns"
+) -> tuple[str, str, str] | None:
     """``cdc check``'s view: None when every registered table with float/numeric columns has
     up-to-date triggers covering all of them, else ``("warning", message, fix)`` naming the tables
     and columns whose NaN/Infinity a wal2json older than 2.6 would turn into null."""
@@ -428,7 +469,7 @@ def check_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> 
     if not need:
         return None
     state = _state(conn, need)
-    bad = [r for r in need if not (state.function_ok and state.table_ok(r))]
+    bad = [r for r in need if not (state.function_ok and state.table_ok(r, when))]
     partial = [(r, state.uncovered(r)) for r in need if r not in bad and state.uncovered(r)]
     if not bad and not partial:
         return None
@@ -484,7 +525,9 @@ _REFUSED = (
 )
 
 
-def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> list[Outcome]:
+def ensure_nonfinite(
+    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns"
+) -> list[Outcome]:
     """Install or update the function and the triggers of the tables with tracked columns, each
     table in its own transaction (waiting at most :data:`LOCK_TIMEOUT` for its lock). Never raises
     for a missing privilege, a busy table or a trigger Postgres refuses on the table's shape: that
@@ -504,13 +547,13 @@ def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) ->
             why = f"this role may not create {FUNCTION[0]}.{FUNCTION[1]}(): {exc.diag.message_primary}"
             return [Outcome(r, "failed", why, _fix(state.database)) for r in need]
     for reg in need:
-        if state.table_ok(reg):
+        if state.table_ok(reg, when):
             out.append(Outcome(reg, "ok", uncovered=state.uncovered(reg)))
             continue
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-                for stmt in trigger_statements(reg, *state.shape(reg)):
+                for stmt in trigger_statements(reg, *state.shape(reg), when):
                     conn.execute(stmt)
             out.append(Outcome(reg, "installed", uncovered=state.uncovered(reg)))
         except psycopg.errors.InsufficientPrivilege as exc:

@@ -31,17 +31,18 @@ def _insert(env: CaptureEnv, i: int, v: str | None) -> None:
     )
 
 
-def _when_columns(env: CaptureEnv, table: str, trigger: str = "zzz_cdc_nonfinite") -> list[str] | None:
-    """The columns the trigger's WHEN clause tests (None: it has no WHEN, or the whole-row one)."""
+def _when_columns(env: CaptureEnv, table: str, trigger: str = "zzz_cdc_nonfinite") -> list[str] | str:
+    """The columns the trigger's WHEN clause tests ("none": it has no WHEN; "row": the whole-row one)."""
     rows = env.fetch(
-        "SELECT tgqual IS NOT NULL AND position('NaN|Infinity' in pg_get_triggerdef(t.oid)) = 0, "
+        "SELECT CASE WHEN tgqual IS NULL THEN 'none' WHEN position('NaN|Infinity' in "
+        "pg_get_triggerdef(t.oid)) > 0 THEN 'row' END, "
         "ARRAY(SELECT a.attname::text FROM pg_depend d JOIN pg_attribute a ON a.attrelid = d.refobjid "
         "AND a.attnum = d.refobjsubid WHERE d.classid = 'pg_trigger'::regclass AND d.objid = t.oid "
         "AND d.refobjsubid > 0 ORDER BY 1) FROM pg_trigger t WHERE tgrelid = %s::regclass AND tgname = %s",
         [table, trigger],
     )
     assert len(rows) == 1, rows
-    return list(rows[0][1]) if rows[0][0] else None
+    return str(rows[0][0]) if rows[0][0] else list(rows[0][1])
 
 
 def test_special_float_and_numeric_values_in_snapshot_and_stream(env: CaptureEnv) -> None:
@@ -404,7 +405,7 @@ def test_the_whole_row_triggers_of_earlier_versions_are_replaced(env: CaptureEnv
     assert _when_columns(env, "p") == ["d", "n", "q", "r"] and _when_columns(env, "g") == ["d", "q"]
     env.sql(_OLD_FORM.format(t="p", when="WHEN (NEW::text ~ 'NaN|Infinity') "))
     env.sql(_OLD_FORM.format(t="g", when=""))
-    assert _when_columns(env, "p") is None and _when_columns(env, "g") is None
+    assert _when_columns(env, "p") == "row" and _when_columns(env, "g") == "none"
     found = _recorder_findings(env)
     assert (
         len(found) == 1
@@ -433,3 +434,29 @@ def test_the_whole_row_triggers_of_earlier_versions_are_replaced(env: CaptureEnv
     )
     assert (g[("u", 3)]["d"], g[("u", 3)]["q"], g[("u", 3)]["up"]) == ("NaN", "-Infinity", "Y" * 9000)
     assert "sends NaN/Infinity" not in env.last_stderr
+
+
+@pytest.mark.cdc_config('nonfinite_recorder_when = "row"\n')
+def test_the_row_form_never_blocks_ddl_and_covers_a_column_added_later_at_once(env: CaptureEnv) -> None:
+    """nonfinite_recorder_when = "row": the WHEN prints the row (none with generated columns):
+    the DBA's ALTER COLUMN TYPE / DROP COLUMN go through, a float column added is covered before
+    the reader sees it."""
+    env.sql("CREATE TABLE f (id int PRIMARY KEY, r real, n numeric, plain float8)")
+    env.sql(
+        "CREATE TABLE g (id int PRIMARY KEY, d float8, t text, up text GENERATED ALWAYS AS (upper(t)) STORED)"
+    )
+    for t in ("public.f", "public.g"):
+        env.add_table(t)
+    env.run_once()
+    assert _when_columns(env, "f") == "row" and _when_columns(env, "g") == "none"
+    assert _recorder_findings(env) == []
+    env.sql("ALTER TABLE f ALTER COLUMN r TYPE double precision")
+    env.sql("ALTER TABLE f DROP COLUMN plain")
+    env.sql("ALTER TABLE f ADD COLUMN later real")
+    env.sql("INSERT INTO f (id, r, n, later) VALUES (1, 'NaN', 'Infinity', '-Infinity')")
+    env.sql("INSERT INTO g (id, d, t) VALUES (1, '-Infinity', 'x')")
+    env.run_once()
+    f, g = _afters(env, "f")[("c", 1)], _afters(env, "g")[("c", 1)]
+    assert (f["r"], f["n"], f["later"]) == ("NaN", "Infinity", "-Infinity")
+    assert (g["d"], g["up"]) == ("-Infinity", "X")
+    assert _when_columns(env, "f") == "row" and _recorder_findings(env) == []

@@ -160,6 +160,11 @@ def test_the_triggers_test_only_the_tracked_columns_and_only_tables_with_floats_
     # every tracked column generated: the new-row trigger has nothing to test
     text = " ".join(s.as_string(None) for s in trigger_statements(reg, False, frozenset({"d", "n"})))
     assert "WHEN (false)" in text
+    # the row form (nonfinite_recorder_when = "row"): the row as text, none with generated columns
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, True, when="row"))
+    assert "WHEN (NEW::text ~ 'NaN|Infinity')" in text and "WHEN (OLD::text ~ 'NaN|Infinity')" in text
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, True, frozenset({"g"}), when="row"))
+    assert "WHEN (NEW" not in text and "WHEN (OLD::text ~ 'NaN|Infinity')" in text
     # identifiers are quoted
     odd = TableReg("public", "v", "x", ("id",), columns=(Column("id", "integer"), Column('a"b c', "real")))
     assert 'NEW."a""b c" IN' in trigger_statements(odd, False)[0].as_string(None)
