@@ -4,10 +4,9 @@ Peer, same run: the same statements on the same table without the triggers. One 
 bigint key, two double precision columns, a numeric and a text column; per variant, ``INSERT ...
 SELECT`` of N rows in one statement, ``UPDATE`` of every row, and ``COPY FROM STDIN`` of N rows,
 with every value finite (the common case: the ``WHEN`` clause is false), then the same with one
-row in 100 holding a NaN (the trigger fires and writes a message). Each shape twice: as is (the
-new-row trigger tests the row in its ``WHEN`` clause) and with a stored generated column added
-(Postgres refuses that ``WHEN`` there: the trigger has none and its function runs the same test
-first thing, for every row). Figures: wall time and the
+row in 100 holding a NaN (the trigger fires and writes a message). Each shape twice: as is and
+with a stored generated column added (the new-row trigger's ``WHEN`` leaves it out: Postgres
+refuses a generated column of ``NEW`` there). Figures: wall time and the
 serving backend's CPU per row (``/proc/<pid>/stat``, utime + stime; the cluster is local), and the
 WAL written per row (``pg_current_wal_lsn()`` before and after). Best of three rounds each.
 """
@@ -150,15 +149,15 @@ def run(quick: bool) -> str:
         lines += _rows(results, plain, recorded, n)
     lines += [
         "",
-        "Reading: with every value finite the trigger's `WHEN (NEW::text ~ 'NaN|Infinity')` is false "
-        "and the function never runs; what remains is the row's text output and one regular-expression "
-        "match per written row, which grows with the row (the wide rows: the UPDATE also reads the "
-        "unchanged out-of-line value back to print it), and for COPY the loss of batched inserts (a "
-        "BEFORE ROW INSERT trigger makes COPY insert row by row). On a table with a stored generated "
-        "column (`+ generated` rows; the peer has the column too) Postgres refuses that `WHEN`, so the "
-        "trigger has none and the function runs for every row, the same test its first statement: "
-        "the difference between the two ratios is the PL/pgSQL call. A row holding a NaN runs the "
-        "function and writes one logical message. `nonfinite_recorder = false` in cdc.toml keeps the "
+        "Reading: with every value finite the trigger's `WHEN (NEW.a IN ('NaN', 'Infinity', "
+        "'-Infinity') OR ...)`, one comparison per float or numeric column, is false and the function "
+        "never runs, whatever the row's width (the wide rows' UPDATE does not read the unchanged "
+        "out-of-line value back); what remains is the trigger's evaluation per written row and, for "
+        "COPY, the loss of batched inserts (a BEFORE ROW INSERT trigger makes COPY insert row by "
+        "row). On a table with a stored generated column (`+ generated` rows; the peer has the "
+        "column too) the `WHEN` leaves that column out and tests the others alike. A row holding a "
+        "NaN runs the PL/pgSQL function, which writes one logical message. `nonfinite_recorder = "
+        "false` in cdc.toml keeps the "
         "triggers off (NaN and infinities then reach the topics as null, and `cdc run` / `cdc check` "
         "say where); wal2json 2.6+ needs none of it.",
         "",

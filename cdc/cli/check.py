@@ -77,7 +77,13 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                 sys.stdout.write(install_script(conn))
                 return 0
             if args.nonfinite_recorder_sql:
-                sys.stdout.write(nonfinite_script(conn, [r for r in regs if tracked_columns(r)]))
+                sys.stdout.write(
+                    nonfinite_script(
+                        conn,
+                        [r for r in regs if tracked_columns(r)],
+                        settings.config.nonfinite_recorder_when,
+                    )
+                )
                 return 0
             if args.fix:
                 if ensure_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark):
@@ -109,7 +115,7 @@ def _fix_ddl_recorder(conn: psycopg.Connection[Any]) -> None:
 def _fix_nonfinite(conn: psycopg.Connection[Any], regs: list[TableReg], settings: Settings) -> None:
     """Install or update the non-finite recorder's triggers where the role may; say where not
     (each table's state kept for ``cdc tables list``)."""
-    outcomes = ensure_nonfinite(conn, regs)
+    outcomes = ensure_nonfinite(conn, regs, settings.config.nonfinite_recorder_when)
     if outcomes:
         with Registry(settings.state_dir) as registry:
             remember(registry, outcomes)
@@ -140,7 +146,9 @@ def _with_source_objects(
         ("ddl_recorder", check_ddl_recorder(conn)),
     ]
     if wal2json_state != "1":
-        checks.append(("nonfinite_recorder", check_nonfinite(conn, regs)))
+        checks.append(
+            ("nonfinite_recorder", check_nonfinite(conn, regs, settings.config.nonfinite_recorder_when))
+        )
     for name, found in checks:
         if found is not None:
             severity, message, fix = found

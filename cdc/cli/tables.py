@@ -33,7 +33,7 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.reader.nonfinite import ensure_nonfinite, remember, tracked_columns
+from cdc.reader.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
 from snapshot.chunked import load_progress, progress_view
 
@@ -188,7 +188,9 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
             warnings = key_warnings(desc, key)
             recorder = None
             if not wal2json_sends_them and settings.config.nonfinite_recorder and tracked_columns(reg):
-                recorder, more = nonfinite_recorder(conn, reg, registry)  # the same connection
+                recorder, more = nonfinite_recorder(
+                    conn, reg, registry, settings.config.nonfinite_recorder_when
+                )  # the same connection
                 warnings += more
     if args.json:
         print_json(
@@ -213,13 +215,13 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def nonfinite_recorder(
-    conn: psycopg.Connection[Any], reg: TableReg, registry: Registry
+    conn: psycopg.Connection[Any], reg: TableReg, registry: Registry, when: When = "columns"
 ) -> tuple[str | None, list[str]]:
     """Install the non-finite recorder's triggers on a table with float/numeric columns
     (:mod:`cdc.reader.nonfinite`): what was done (None: nothing to do; ``ok``, ``installed``,
     ``failed``) and the warning, with the fix, when the role may not or a column stays uncovered
     (kept in the registry for ``cdc tables list``)."""
-    outcomes = ensure_nonfinite(conn, [reg])
+    outcomes = ensure_nonfinite(conn, [reg], when)
     remember(registry, outcomes)
     warnings = [
         f"with wal2json < 2.6 a NaN, Infinity or -Infinity in "

@@ -389,7 +389,7 @@ class Reader:
                         "in cdc.toml; fix: set it to true (or upgrade wal2json to 2.6+)"
                     )
             return
-        outcomes = ensure_nonfinite(conn, regs)
+        outcomes = ensure_nonfinite(conn, regs, self.settings.config.nonfinite_recorder_when)
         remember(self.registry, outcomes, regs)  # shown by `cdc tables list`
         for outcome in outcomes:
             cols = ", ".join(tracked_columns(outcome.reg))

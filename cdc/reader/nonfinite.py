@@ -8,39 +8,61 @@ trigger that writes the row's non-finite values into the WAL as a transactional 
 prefix :data:`~cdc.codec.NONFINITE_PREFIX` (``cdc.nonfinite``), just before the row's
 change:
 
-* ``zzz_cdc_nonfinite`` -- ``BEFORE INSERT OR UPDATE ... FOR EACH ROW WHEN (NEW::text ~
-  'NaN|Infinity')``: the new row's values (the event's ``after``);
-* ``zzz_cdc_nonfinite_old`` -- ``BEFORE UPDATE OR DELETE ... WHEN (OLD::text ~ ...)``, only on a
-  table with ``REPLICA IDENTITY FULL``: the old row's (the event's ``before``).
+* ``zzz_cdc_nonfinite`` -- ``BEFORE INSERT OR UPDATE ... FOR EACH ROW WHEN (NEW.a IN ('NaN',
+  'Infinity', '-Infinity') OR NEW.b IN (...) ...)``, one test per tracked column: the new row's
+  values (the event's ``after``);
+* ``zzz_cdc_nonfinite_old`` -- ``BEFORE UPDATE OR DELETE ... WHEN (OLD.a IN (...) OR ...)``, only
+  on a table with ``REPLICA IDENTITY FULL``: the old row's (the event's ``before``).
 
 Both call ``public.cdc_record_nonfinite()`` with the arguments ``image`` and the key columns. The
-``WHEN`` clause is evaluated by the executor without calling the function: a row whose text holds
-neither word costs its text output and one regular-expression match, and writes nothing; the
-function runs only for the others and writes a message only when a value is exactly ``NaN``,
-``Infinity`` or ``-Infinity`` (about 150 bytes of WAL). The clause names no column on purpose: a
-trigger whose ``WHEN`` names a column blocks ``ALTER COLUMN ... TYPE`` and ``DROP COLUMN`` of it
-(Postgres records the dependency), and would miss a column added later; this one never gets in a
-DBA's way and covers every column the table will have. The price is the row's text output per
-write, which grows with the row (``docs/benchmarks/nonfinite.md``). The names start with ``zzz``
-because BEFORE triggers fire in name order: these run after the table's own BEFORE triggers, so
-they see the row as it is written.
+tracked columns are the table's ``real``, ``double precision`` and ``numeric`` columns, and domains
+over them, as the source has them when the triggers are installed (:func:`_when_columns`), less
+the excluded ones; the untyped literals take each column's type (``'NaN'`` equals ``'NaN'`` for
+both float and numeric in Postgres; a NULL makes its test NULL, not true). The ``WHEN`` clause is
+evaluated by the executor without calling the function, so a row without such a value costs one
+comparison per tracked column, whatever the row's width, and writes nothing; the function runs only
+for the others and writes one message (about 150 bytes of WAL). Arrays are not tested: wal2json
+sends them as text, NaN included. The names start with ``zzz`` because BEFORE triggers fire in
+name order: these run after the table's own BEFORE triggers, so they see the row as it is written.
+
+Naming the columns has two consequences a DBA meets (the whole-row test of earlier versions,
+``WHEN (NEW::text ~ 'NaN|Infinity')``, had neither, but cost the row's text output and, on an
+UPDATE, the reading back of its unchanged out-of-line values, up to 11x the write's CPU:
+``docs/benchmarks/nonfinite.md``):
+
+* Postgres records that the trigger depends on each tested column, so it refuses ``ALTER COLUMN
+  ... TYPE`` of one (``cannot alter type of a column used in a trigger definition``, naming the
+  trigger) and ``DROP COLUMN`` of one without ``CASCADE``. The DBA drops the triggers in the same
+  transaction (``DROP TRIGGER zzz_cdc_nonfinite ON t``, and ``zzz_cdc_nonfinite_old``); ``cdc run``
+  puts them back over the table's columns then (at its next session, or when it sees the changed
+  columns in the stream), as does ``cdc check --fix``.
+* A float or numeric column added later is tested once the triggers are replaced: when ``cdc run``
+  starts a session or sees the column in the stream (:meth:`_State.table_ok` compares the columns
+  a trigger's ``WHEN`` reads, from ``pg_depend``, with those it should read). A NaN written into
+  the new column before that reaches the topic as null.
+
+``nonfinite_recorder_when = "row"`` in cdc.toml (:data:`When`) keeps that whole-row form for a
+deployment whose DBAs retype or drop such columns: it never blocks their DDL and covers a column
+added later at once; on a table with stored generated columns, where Postgres refuses a whole-row
+``NEW`` in the ``WHEN``, its new-row trigger has none, and the function runs the same test as its
+first statement for every written row. Changing the setting replaces the triggers as outdated.
 
 Tables with stored generated columns (in the table or, Postgres 15 allowing it, in one of its
-partitions): Postgres refuses a BEFORE trigger whose ``WHEN`` reads ``NEW`` whole there
-(``cannot reference NEW generated columns``, 42P17), so on them ``zzz_cdc_nonfinite`` has no
-``WHEN`` and the function runs the same test as its first statement, for every written row: the
-PL/pgSQL call is the extra cost (``docs/benchmarks/nonfinite.md``, the ``+ generated`` rows). The
-function tests a copy of ``NEW`` on UPDATE: reading ``NEW`` itself whole would detoast its
+partitions): Postgres refuses a BEFORE trigger whose ``WHEN`` reads a generated column of ``NEW``
+(``cannot reference NEW generated columns``, 42P17) -- and computes them after every BEFORE trigger
+anyway -- so the new-row trigger's ``WHEN`` leaves them out (``WHEN (false)`` when no other column
+is left) and tests the others; the old-row trigger tests them too. A generated float or numeric
+column's NaN/Infinity in a new row is therefore not recorded (in an old row it is): ``cdc tables
+add``, ``cdc run`` and ``cdc check`` say so, with the fix (wal2json 2.6+, or excluding the column).
+The function tests a copy of ``NEW`` on UPDATE: reading ``NEW`` itself whole would detoast its
 out-of-line values in place and the row it returns would store them anew, a new TOAST value (and
-its WAL) for every UPDATE. ``OLD`` may be read whole, so ``zzz_cdc_nonfinite_old`` keeps its
-``WHEN``. A table that gets a generated column later (Postgres allows that under the trigger, but a
-dump of it would not restore) gets the trigger replaced when the reader sees the new column. Why
-not the alternatives: a ``WHEN`` over the non-generated columns names them (the dependency above);
-an AFTER trigger may read generated columns, but its message would land after the statement's
-changes in the WAL, and the reader takes a message with the table's *next* change. A generated
-float or numeric column is computed after every BEFORE trigger, so its NaN/Infinity in a new row
-is not recorded (in an old row it is): ``cdc tables add``, ``cdc run`` and ``cdc check`` say so,
-with the fix (wal2json 2.6+, or excluding the column).
+its WAL) for every UPDATE. An AFTER trigger could read generated columns, but its message would
+land after the statement's changes in the WAL, and the reader takes a message with the table's
+*next* change.
+
+Upgrading: a trigger whose ``WHEN`` is the whole-row test of earlier versions, or that has none
+(tables with generated columns had none), is outdated: ``cdc check`` says so and ``cdc run``,
+``cdc tables add`` and ``cdc check --fix`` replace it (``CREATE OR REPLACE TRIGGER``).
 
 The message (JSON): ``{"v": 1, "image": "new"|"old", "schema", "table", "key": [text, ...],
 "values": {column: "NaN"|"Infinity"|"-Infinity"}}``; ``schema``/``table`` name the relation the
@@ -77,7 +99,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import psycopg
@@ -166,11 +188,58 @@ def _args(reg: TableReg, image: str) -> list[str]:
     return [image, *reg.key]
 
 
-def _has_when(name: str, generated: bool) -> bool:
-    """Whether trigger ``name`` tests the row in its ``WHEN`` clause: all but the new-row trigger
-    of a table with stored generated columns, where Postgres refuses a BEFORE trigger's ``WHEN``
-    that reads ``NEW`` whole (the function runs the same test first thing instead)."""
-    return not (generated and TRIGGERS[name][2] == "NEW")
+#: the ``WHEN`` clause's form (``nonfinite_recorder_when`` in cdc.toml): each tracked column, or the
+#: whole row as text (the form of earlier versions, which never blocks a DDL command)
+When = Literal["columns", "row"]
+#: a trigger's WHEN as :class:`_State` reads it: the columns it tests, or one of these
+NO_WHEN, ROW_WHEN = "none", "row"
+
+#: the values the ``WHEN`` clause looks for (as untyped literals: each takes its column's type)
+_SPECIALS = sql.SQL("('NaN', 'Infinity', '-Infinity')")
+
+
+def _when_columns(
+    reg: TableReg, name: str, generated: frozenset[str], present: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The columns trigger ``name``'s ``WHEN`` clause tests: the tracked ones -- those the source
+    has now when known (``present``: its float and numeric columns, domains over them too; the
+    registry learns a column added or dropped only from the stream), less the excluded ones --
+    but for the new-row trigger not the stored generated ones (Postgres refuses a BEFORE
+    trigger's ``WHEN`` that reads them in ``NEW``; they are computed after it anyway,
+    :meth:`_State.uncovered`)."""
+    skip = generated if TRIGGERS[name][2] == "NEW" else frozenset()
+    cols = tracked_columns(reg) if present is None else tuple(c for c in present if c not in reg.exclude)
+    return tuple(c for c in cols if c not in skip)
+
+
+def _expected(
+    reg: TableReg, name: str, generated: frozenset[str], present: Sequence[str] | None, when: When
+) -> str | frozenset[str]:
+    """Trigger ``name``'s ``WHEN`` as it should be: the columns it tests, or in the ``row`` form
+    :data:`ROW_WHEN`, but :data:`NO_WHEN` for the new-row trigger of a table with stored generated
+    columns (Postgres refuses a whole-row ``NEW`` there; the function runs the same test first)."""
+    if when == "row":
+        return NO_WHEN if generated and TRIGGERS[name][2] == "NEW" else ROW_WHEN
+    return frozenset(_when_columns(reg, name, generated, present))
+
+
+def _when_clause(row: str, expected: str | frozenset[str], ordered: Sequence[str]) -> sql.Composable:
+    """The trigger's ``WHEN`` clause (``ordered``: the tested columns in the table's order)."""
+    if expected == NO_WHEN:
+        return sql.SQL("")
+    if expected == ROW_WHEN:
+        return sql.SQL("WHEN ({}::text ~ 'NaN|Infinity') ").format(sql.SQL(row))
+    return sql.SQL("WHEN ({}) ").format(_when(row, ordered))
+
+
+def _when(row: str, columns: Sequence[str]) -> sql.Composable:
+    """``NEW.a IN ('NaN', 'Infinity', '-Infinity') OR NEW.b IN (...)``: per column, so a row costs
+    one comparison per tracked column, whatever its width (``false`` when no column is left)."""
+    if not columns:
+        return sql.SQL("false")
+    return sql.SQL(" OR ").join(
+        sql.SQL("{}.{} IN {}").format(sql.SQL(row), sql.Identifier(c), _SPECIALS) for c in columns
+    )
 
 
 def _wanted(reg: TableReg, full_identity: bool) -> list[str]:
@@ -196,15 +265,20 @@ def _table(reg: TableReg) -> sql.Identifier:
     return sql.Identifier(reg.schema, reg.table)
 
 
-def trigger_statements(reg: TableReg, full_identity: bool, generated: bool = False) -> list[sql.Composed]:
+def trigger_statements(
+    reg: TableReg,
+    full_identity: bool,
+    generated: frozenset[str] = frozenset(),
+    present: Sequence[str] | None = None,
+    when: When = "columns",
+) -> list[sql.Composed]:
     """``CREATE OR REPLACE TRIGGER`` of the triggers the table should have (needs the TRIGGER
-    privilege); none for a table without float or numeric columns. ``generated``: the table (or
-    one of its partitions) has stored generated columns (see :func:`_has_when`)."""
-    wanted = _wanted(reg, full_identity)
+    privilege); none for a table without float or numeric columns. ``generated``: the table's
+    stored generated columns (those of its partitions too); ``present``: its float and numeric
+    columns at the source (see :func:`_when_columns`); ``when``: the ``WHEN`` clause's form."""
     out = []
-    for name in wanted:
+    for name in _wanted(reg, full_identity):
         image, events, row = TRIGGERS[name]
-        when = sql.SQL("WHEN ({}::text ~ 'NaN|Infinity') ").format(sql.SQL(row))
         out.append(
             sql.SQL(
                 "CREATE OR REPLACE TRIGGER {} BEFORE {} ON {} FOR EACH ROW {}EXECUTE FUNCTION {}({})"
@@ -212,7 +286,11 @@ def trigger_statements(reg: TableReg, full_identity: bool, generated: bool = Fal
                 sql.Identifier(name),
                 sql.SQL(events),
                 _table(reg),
-                when if _has_when(name, generated) else sql.SQL(""),
+                _when_clause(
+                    row,
+                    _expected(reg, name, generated, present, when),
+                    _when_columns(reg, name, generated, present),
+                ),
                 _function(),
                 sql.SQL(", ").join(sql.Literal(a) for a in _args(reg, image)),
             )
@@ -220,11 +298,11 @@ def trigger_statements(reg: TableReg, full_identity: bool, generated: bool = Fal
     return out
 
 
-def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> str:
+def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns") -> str:
     """The SQL that installs the function and the triggers of ``regs`` (for the owner's ``psql``)."""
     state = _state(conn, regs)
     stmts = [function_statement()] + [
-        s for reg in regs for s in trigger_statements(reg, state.full_identity(reg), state.generated(reg))
+        s for reg in regs for s in trigger_statements(reg, *state.shape(reg), when)
     ]
     return "BEGIN;\n" + "".join(s.as_string(conn) + ";\n" for s in stmts) + "COMMIT;\n"
 
@@ -235,12 +313,21 @@ SELECT (SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n
        current_database()
 """
 
-#: per table: under REPLICA IDENTITY FULL, and its stored generated columns (in any partition)
+#: per table: under REPLICA IDENTITY FULL, its stored generated columns (in any partition), and
+#: its float and numeric columns (a domain over one, or over such a domain, too), in order
 _TABLES = """
 SELECT n.nspname::text, c.relname::text, c.relreplident = 'f',
        ARRAY(SELECT DISTINCT a.attname::text FROM pg_catalog.pg_attribute a
               WHERE (a.attrelid = c.oid OR a.attrelid IN (SELECT relid FROM pg_catalog.pg_partition_tree(c.oid)))
-                AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '')
+                AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> ''),
+       ARRAY(SELECT a.attname::text FROM pg_catalog.pg_attribute a
+               JOIN pg_catalog.pg_type t1 ON t1.oid = a.atttypid
+               LEFT JOIN pg_catalog.pg_type t2 ON t2.oid = t1.typbasetype
+              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                AND (CASE WHEN t1.typtype <> 'd' THEN t1.oid WHEN t2.typtype <> 'd' THEN t2.oid
+                          ELSE t2.typbasetype END) IN ('pg_catalog.float4'::regtype,
+                         'pg_catalog.float8'::regtype, 'pg_catalog.numeric'::regtype)
+              ORDER BY a.attnum)
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
  WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%(schemas)s::text[], %(tables)s::text[]))
@@ -248,7 +335,14 @@ SELECT n.nspname::text, c.relname::text, c.relreplident = 'f',
 
 _TRIGGERS = """
 SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.tgargs,
-       fn.nspname = %(fschema)s AND f.proname = %(fname)s, t.tgqual IS NOT NULL
+       fn.nspname = %(fschema)s AND f.proname = %(fname)s,
+       -- its WHEN clause: none, the whole-row test, or the columns it reads
+       t.tgqual IS NOT NULL, position('NaN|Infinity' in pg_catalog.pg_get_triggerdef(t.oid)) > 0,
+       ARRAY(SELECT a.attname::text FROM pg_catalog.pg_depend d
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+              WHERE d.classid = 'pg_catalog.pg_trigger'::regclass AND d.objid = t.oid
+                AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjsubid > 0
+              ORDER BY a.attname)
   FROM pg_catalog.pg_trigger t
   JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -263,12 +357,15 @@ SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled <> 'D', t.t
 class _State:
     body: str | None
     database: str
-    #: (schema, table) -> {trigger: (enabled, calls ours, args, has a WHEN clause)}
-    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], bool]]]
+    #: (schema, table) -> {trigger: (enabled, calls ours, args, the columns its WHEN tests, or
+    #: :data:`NO_WHEN` / :data:`ROW_WHEN`)}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], str | frozenset[str]]]]
     #: the tables under REPLICA IDENTITY FULL
     full: frozenset[tuple[str, str]]
     #: (schema, table) -> its stored generated columns (those of its partitions too), when any
     generated_columns: dict[tuple[str, str], frozenset[str]]
+    #: (schema, table) -> its float and numeric columns at the source (tables that exist)
+    present: dict[tuple[str, str], tuple[str, ...]]
 
     @property
     def function_ok(self) -> bool:
@@ -277,22 +374,33 @@ class _State:
     def full_identity(self, reg: TableReg) -> bool:
         return (reg.schema, reg.table) in self.full
 
-    def generated(self, reg: TableReg) -> bool:
-        return bool(self.generated_columns.get((reg.schema, reg.table)))
+    def generated(self, reg: TableReg) -> frozenset[str]:
+        return self.generated_columns.get((reg.schema, reg.table), frozenset())
+
+    def shape(self, reg: TableReg) -> tuple[bool, frozenset[str], tuple[str, ...] | None]:
+        """:func:`trigger_statements`' arguments after ``reg``."""
+        return self.full_identity(reg), self.generated(reg), self.present.get((reg.schema, reg.table))
 
     def uncovered(self, reg: TableReg) -> tuple[str, ...]:
         """The tracked columns that are generated: a BEFORE trigger sees them null (Postgres
         computes them after), so their NaN/Infinity in a new row is not recorded."""
-        gen = self.generated_columns.get((reg.schema, reg.table), frozenset())
+        gen = self.generated(reg)
         return tuple(c for c in tracked_columns(reg) if c in gen)
 
-    def table_ok(self, reg: TableReg) -> bool:
-        """The table has the triggers it should, up to date and enabled (an old-row trigger left
-        on a table no longer under REPLICA IDENTITY FULL does no harm and is not required)."""
+    def table_ok(self, reg: TableReg, when: When = "columns") -> bool:
+        """The table has the triggers it should, up to date and enabled, their ``WHEN`` testing
+        the columns it should (a column added, dropped or now generated since makes it outdated;
+        so does the whole-row ``WHEN`` of earlier versions). An old-row trigger left on a table no
+        longer under REPLICA IDENTITY FULL does no harm and is not required."""
         have = self.triggers.get((reg.schema, reg.table), {})
         return all(
             have.get(name)
-            == (True, True, _args(reg, TRIGGERS[name][0]), _has_when(name, self.generated(reg)))
+            == (
+                True,
+                True,
+                _args(reg, TRIGGERS[name][0]),
+                _expected(reg, name, *self.shape(reg)[1:], when),
+            )
             for name in _wanted(reg, self.full_identity(reg))
         )
 
@@ -301,17 +409,19 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
     params = {"fschema": FUNCTION[0], "fname": FUNCTION[1]}
     row = conn.execute(_STATE, params).fetchone()
     assert row is not None
-    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], bool]]] = {}
+    triggers: dict[tuple[str, str], dict[str, tuple[bool, bool, list[str], str | frozenset[str]]]] = {}
     full: set[tuple[str, str]] = set()
     generated: dict[tuple[str, str], frozenset[str]] = {}
+    present: dict[tuple[str, str], tuple[str, ...]] = {}
     if regs:
         tables = {"schemas": [r.schema for r in regs], "tables": [r.table for r in regs]}
-        for schema, table, is_full, gen in conn.execute(_TABLES, tables).fetchall():
+        for schema, table, is_full, gen, floats in conn.execute(_TABLES, tables).fetchall():
+            present[(str(schema), str(table))] = tuple(floats)
             if is_full:
                 full.add((str(schema), str(table)))
             if gen:
                 generated[(str(schema), str(table))] = frozenset(gen)
-        for schema, table, name, enabled, args, ours, when in conn.execute(
+        for schema, table, name, enabled, args, ours, qual, row_form, when_columns in conn.execute(
             _TRIGGERS, {**params, "names": list(TRIGGERS), **tables}
         ).fetchall():
             parts = bytes(args).split(b"\x00")[:-1]
@@ -319,9 +429,9 @@ def _state(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> _State:
                 bool(enabled),
                 bool(ours),
                 [p.decode("utf-8", "replace") for p in parts],
-                bool(when),
+                NO_WHEN if not qual else ROW_WHEN if row_form else frozenset(when_columns),
             )
-    return _State(row[0], str(row[1]), triggers, frozenset(full), generated)
+    return _State(row[0], str(row[1]), triggers, frozenset(full), generated, present)
 
 
 def _fix(database: str) -> str:
@@ -349,7 +459,9 @@ def _uncovered_text(reg: TableReg, cols: Sequence[str]) -> str:
     )
 
 
-def check_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> tuple[str, str, str] | None:
+def check_nonfinite(
+    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns"
+) -> tuple[str, str, str] | None:
     """``cdc check``'s view: None when every registered table with float/numeric columns has
     up-to-date triggers covering all of them, else ``("warning", message, fix)`` naming the tables
     and columns whose NaN/Infinity a wal2json older than 2.6 would turn into null."""
@@ -357,7 +469,7 @@ def check_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> 
     if not need:
         return None
     state = _state(conn, need)
-    bad = [r for r in need if not (state.function_ok and state.table_ok(r))]
+    bad = [r for r in need if not (state.function_ok and state.table_ok(r, when))]
     partial = [(r, state.uncovered(r)) for r in need if r not in bad and state.uncovered(r)]
     if not bad and not partial:
         return None
@@ -413,7 +525,9 @@ _REFUSED = (
 )
 
 
-def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) -> list[Outcome]:
+def ensure_nonfinite(
+    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns"
+) -> list[Outcome]:
     """Install or update the function and the triggers of the tables with tracked columns, each
     table in its own transaction (waiting at most :data:`LOCK_TIMEOUT` for its lock). Never raises
     for a missing privilege, a busy table or a trigger Postgres refuses on the table's shape: that
@@ -433,13 +547,13 @@ def ensure_nonfinite(conn: psycopg.Connection[Any], regs: Sequence[TableReg]) ->
             why = f"this role may not create {FUNCTION[0]}.{FUNCTION[1]}(): {exc.diag.message_primary}"
             return [Outcome(r, "failed", why, _fix(state.database)) for r in need]
     for reg in need:
-        if state.table_ok(reg):
+        if state.table_ok(reg, when):
             out.append(Outcome(reg, "ok", uncovered=state.uncovered(reg)))
             continue
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-                for stmt in trigger_statements(reg, state.full_identity(reg), state.generated(reg)):
+                for stmt in trigger_statements(reg, *state.shape(reg), when):
                     conn.execute(stmt)
             out.append(Outcome(reg, "installed", uncovered=state.uncovered(reg)))
         except psycopg.errors.InsufficientPrivilege as exc:

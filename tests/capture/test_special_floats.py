@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import pytest
 
 from tests.plugins.capture import CaptureEnv
 
@@ -28,6 +29,20 @@ def _insert(env: CaptureEnv, i: int, v: str | None) -> None:
         "ARRAY[%s]::real[], ARRAY[%s, '1.000000000000000000001']::numeric[], 0.1)",
         [i, v, v, v, v, v, v],
     )
+
+
+def _when_columns(env: CaptureEnv, table: str, trigger: str = "zzz_cdc_nonfinite") -> list[str] | str:
+    """The columns the trigger's WHEN clause tests ("none": it has no WHEN; "row": the whole-row one)."""
+    rows = env.fetch(
+        "SELECT CASE WHEN tgqual IS NULL THEN 'none' WHEN position('NaN|Infinity' in "
+        "pg_get_triggerdef(t.oid)) > 0 THEN 'row' END, "
+        "ARRAY(SELECT a.attname::text FROM pg_depend d JOIN pg_attribute a ON a.attrelid = d.refobjid "
+        "AND a.attnum = d.refobjsubid WHERE d.classid = 'pg_trigger'::regclass AND d.objid = t.oid "
+        "AND d.refobjsubid > 0 ORDER BY 1) FROM pg_trigger t WHERE tgrelid = %s::regclass AND tgname = %s",
+        [table, trigger],
+    )
+    assert len(rows) == 1, rows
+    return str(rows[0][0]) if rows[0][0] else list(rows[0][1])
 
 
 def test_special_float_and_numeric_values_in_snapshot_and_stream(env: CaptureEnv) -> None:
@@ -103,10 +118,21 @@ def test_special_float_and_numeric_values_in_snapshot_and_stream(env: CaptureEnv
     assert (got[("c", 51)]["r"], got[("c", 51)]["d"]) == (None, "NaN")
     assert got[("c", 60)]["d"] is None
     assert "sends NaN/Infinity" not in env.last_stderr  # nothing to warn about
-    # the triggers never get in a DBA's way: their WHEN clause names no column
-    env.sql("ALTER TABLE f ALTER COLUMN r TYPE double precision")
-    env.sql("ALTER TABLE f DROP COLUMN plain")
-    env.sql("ALTER TABLE f ADD COLUMN later real")
+    assert _when_columns(env, "f") == ["d", "n", "plain", "r"]
+    assert _when_columns(env, "f", "zzz_cdc_nonfinite_old") == ["d", "n", "plain", "r"]
+    # the WHEN clause names the tracked columns: Postgres refuses to retype or drop one under it,
+    # saying which trigger; the DBA drops the triggers in the same transaction, and the reader
+    # puts them back over the columns the table has then
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="trigger definition"):
+        env.sql("ALTER TABLE f ALTER COLUMN r TYPE double precision")
+    env.sql(
+        "BEGIN; DROP TRIGGER zzz_cdc_nonfinite ON f; DROP TRIGGER zzz_cdc_nonfinite_old ON f; "
+        "ALTER TABLE f ALTER COLUMN r TYPE double precision; ALTER TABLE f DROP COLUMN plain; "
+        "ALTER TABLE f ADD COLUMN later real; COMMIT"
+    )
+    env.run_once()
+    assert "non-finite recorder installed on public.f" in env.last_stderr
+    assert _when_columns(env, "f") == ["d", "later", "n", "r"]
     env.sql("INSERT INTO f (id, r, n, later) VALUES (70, 'NaN', 'Infinity', '-Infinity')")
     env.run_once()
     got = _afters(env)
@@ -164,6 +190,17 @@ def test_a_float_column_added_later_is_covered_once_the_reader_sees_it(env: Capt
     env.sql("INSERT INTO f VALUES (2, 'b', 'Infinity')")
     env.run_once()
     assert _afters(env)[("c", 2)]["d"] == "Infinity"
+    # a second one: the WHEN clause, which names the columns, gets it when the reader starts or
+    # sees the column
+    assert _when_columns(env, "f") == ["d"]
+    env.sql("ALTER TABLE f ADD COLUMN e real")
+    env.sql("INSERT INTO f VALUES (3, 'c', 2.5, 1.5)")
+    env.run_once()
+    assert "non-finite recorder installed on public.f" in env.last_stderr
+    assert _when_columns(env, "f") == ["d", "e"]
+    env.sql("INSERT INTO f VALUES (4, 'd', 1.5, '-Infinity')")
+    env.run_once()
+    assert (_afters(env)[("c", 4)]["d"], _afters(env)[("c", 4)]["e"]) == (1.5, "-Infinity")
 
 
 # --- table shapes that restrict triggers (issue 16, 2c) -----------------------------------------
@@ -174,18 +211,9 @@ def _recorder_findings(env: CaptureEnv, *source: str) -> list[dict[str, Any]]:
     return [f for f in orjson.loads(res.stdout)["findings"] if f["check"] == "nonfinite_recorder"]
 
 
-def _has_when(env: CaptureEnv, table: str) -> bool:
-    rows = env.fetch(
-        "SELECT tgqual IS NOT NULL FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = 'zzz_cdc_nonfinite'",
-        [table],
-    )
-    assert len(rows) == 1, rows
-    return bool(rows[0][0])
-
-
 def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: CaptureEnv) -> None:
-    """Postgres refuses a BEFORE trigger whose WHEN reads NEW whole on a table with stored
-    generated columns: that table gets the trigger without WHEN, and no table stops."""
+    """Postgres refuses a BEFORE trigger's WHEN that reads a stored generated column in NEW (or
+    NEW whole): the WHEN tests the table's other float and numeric columns, and no table stops."""
     env.sql("CREATE TABLE other (id int PRIMARY KEY, d double precision)")
     env.add_table("public.other")
     env.sql(
@@ -197,14 +225,14 @@ def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: Capt
     res = env.cdc("tables", "add", "public.film")
     assert res.returncode == 0, res.stderr
     assert "installed the non-finite recorder's trigger" in res.stderr and "Traceback" not in res.stderr
-    assert not _has_when(env, "film") and _has_when(env, "other")
+    assert _when_columns(env, "film") == ["rate", "score"] and _when_columns(env, "other") == ["d"]
     assert _recorder_findings(env) == []  # installed and up to date: nothing to report
     env.sql("DROP TRIGGER zzz_cdc_nonfinite ON film")  # `cdc check --fix` puts it back
     found = _recorder_findings(env)
     assert len(found) == 1 and "public.film (rate, score)" in found[0]["message"], found
     res = env.cdc("check", "--fix")
     assert "installed the non-finite recorder on public.film" in res.stderr and "Traceback" not in res.stderr
-    assert _recorder_findings(env) == [] and not _has_when(env, "film")
+    assert _recorder_findings(env) == [] and _when_columns(env, "film") == ["rate", "score"]
     env.run_once()
     env.sql("INSERT INTO film VALUES (2, 'Alien', 'NaN', 'Infinity', repeat('x', 5000))")
     env.sql("INSERT INTO film VALUES (3, 'Heat', 7.5, NULL, 'c')")
@@ -222,26 +250,30 @@ def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: Capt
     assert (got[("u", 3)]["rate"], got[("u", 3)]["score"]) == ("7.50", "NaN")
     assert (_afters(env, "other")[("c", 1)]["d"], _afters(env, "other")[("c", 2)]["d"]) == ("Infinity", "NaN")
     assert "sends NaN/Infinity" not in env.last_stderr
-    # the trigger without WHEN names no column either: it never blocks a DBA's DDL
-    env.sql("ALTER TABLE film ALTER COLUMN score TYPE real")
+    # a column the WHEN clause does not test stays the DBA's to drop; a tested one is refused
     env.sql("ALTER TABLE film DROP COLUMN body")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="trigger definition"):
+        env.sql("ALTER TABLE film ALTER COLUMN score TYPE real")
     env.sql("INSERT INTO film (id, title, rate, score) VALUES (4, 'Ran', 'NaN', '-Infinity')")
     env.run_once()
     got = _afters(env, "film")
     assert (got[("c", 4)]["rate"], got[("c", 4)]["score"]) == ("NaN", "-Infinity")
 
 
-def test_a_generated_column_added_later_gets_the_trigger_without_when(env: CaptureEnv) -> None:
-    """Postgres lets a generated column be added under a trigger whose WHEN reads NEW whole, but a
-    dump of the table would then not restore: the reader replaces it with the form without WHEN."""
+def test_a_generated_column_added_later_leaves_the_when_on_the_other_columns(env: CaptureEnv) -> None:
+    """A generated column added under the trigger (a float one too) is not in its WHEN: the table
+    still restores from a dump, and the other columns stay covered."""
     env.sql("CREATE TABLE f (id int PRIMARY KEY, d double precision)")
     env.add_table("public.f")
     env.run_once()
-    assert _has_when(env, "f")
-    env.sql("ALTER TABLE f ADD COLUMN t text, ADD COLUMN up text GENERATED ALWAYS AS (upper(t)) STORED")
+    assert _when_columns(env, "f") == ["d"]
+    env.sql(
+        "ALTER TABLE f ADD COLUMN t text, ADD COLUMN up text GENERATED ALWAYS AS (upper(t)) STORED, "
+        "ADD COLUMN half float8 GENERATED ALWAYS AS (d / 2) STORED"
+    )
     env.sql("INSERT INTO f VALUES (1, 'NaN', 'a')")  # the reader learns the new columns from this row
     env.run_once()
-    assert not _has_when(env, "f")
+    assert _when_columns(env, "f") == ["d"]
     env.sql("INSERT INTO f VALUES (2, '-Infinity', 'b')")
     env.run_once()
     got = _afters(env)
@@ -272,7 +304,7 @@ def test_a_generated_float_column_is_reported_as_not_covered(env: CaptureEnv) ->
 
 def test_a_partitioned_table_gets_the_recorder_on_every_partition(env: CaptureEnv) -> None:
     """BEFORE ROW triggers on a partitioned parent are cloned to its partitions (PG13+), also one
-    attached later; with a generated column, the form without WHEN."""
+    attached later; with a generated column too."""
     env.sql(
         "CREATE TABLE pay (id int, month int, amount numeric, cents bigint GENERATED ALWAYS AS (id * 100) STORED, "
         "PRIMARY KEY (id, month)) PARTITION BY RANGE (month)"
@@ -285,7 +317,7 @@ def test_a_partitioned_table_gets_the_recorder_on_every_partition(env: CaptureEn
     for t in ("public.pay", "public.log"):
         res = env.cdc("tables", "add", t)
         assert res.returncode == 0 and "installed the non-finite recorder's trigger" in res.stderr, res.stderr
-    assert not _has_when(env, "pay") and _has_when(env, "log")
+    assert _when_columns(env, "pay") == ["amount"] and _when_columns(env, "log") == ["v"]
     assert _recorder_findings(env) == []
     env.run_once()
     env.sql("CREATE TABLE pay_2 PARTITION OF pay FOR VALUES FROM (2) TO (3)")
@@ -348,3 +380,83 @@ def test_a_table_of_another_owner_is_reported_and_the_others_go_on(env: CaptureE
     assert res.returncode == 0 and "sends NaN/Infinity" not in res.stderr, res.stderr
     assert _afters(env, "theirs")[("c", 2)]["d"] == "-Infinity"
     assert "nonfinite_recorder" not in env.listed()["public.theirs"]
+
+
+#: the triggers of earlier versions: the whole row printed and matched; none on a generated table
+_OLD_FORM = (
+    "CREATE OR REPLACE TRIGGER zzz_cdc_nonfinite BEFORE INSERT OR UPDATE ON {t} FOR EACH ROW {when}"
+    "EXECUTE FUNCTION public.cdc_record_nonfinite('new', 'id')"
+)
+
+
+def test_the_whole_row_triggers_of_earlier_versions_are_replaced(env: CaptureEnv) -> None:
+    """An installation from before: `cdc check` calls its triggers outdated and `cdc run` replaces
+    them by the per-column WHEN; values of every tracked shape (real, float8, numeric, a domain
+    over float8, on a table with a generated column too) still arrive exact."""
+    env.sql("CREATE DOMAIN ratio AS double precision")
+    env.sql("CREATE TABLE p (id int PRIMARY KEY, r real, d float8, n numeric, q ratio, t text)")
+    env.sql(
+        "CREATE TABLE g (id int PRIMARY KEY, d float8, q ratio, t text, "
+        "up text GENERATED ALWAYS AS (upper(t)) STORED)"
+    )
+    for t in ("public.p", "public.g"):
+        env.add_table(t)
+    env.run_once()
+    assert _when_columns(env, "p") == ["d", "n", "q", "r"] and _when_columns(env, "g") == ["d", "q"]
+    env.sql(_OLD_FORM.format(t="p", when="WHEN (NEW::text ~ 'NaN|Infinity') "))
+    env.sql(_OLD_FORM.format(t="g", when=""))
+    assert _when_columns(env, "p") == "row" and _when_columns(env, "g") == "none"
+    found = _recorder_findings(env)
+    assert (
+        len(found) == 1
+        and "missing or outdated for public.g (d, q); public.p (r, d, n, q)" in (found[0]["message"])
+    ), found
+    env.run_once()
+    assert "non-finite recorder installed on public.p" in env.last_stderr
+    assert "non-finite recorder installed on public.g" in env.last_stderr
+    assert _when_columns(env, "p") == ["d", "n", "q", "r"] and _when_columns(env, "g") == ["d", "q"]
+    assert _recorder_findings(env) == []
+    for i, v in enumerate(SPECIALS, start=1):
+        env.sql("INSERT INTO p VALUES (%s, %s, %s, %s, %s, 'x')", [i, v, v, v, v])
+        env.sql("INSERT INTO g VALUES (%s, %s, %s, 'a\\\"b''c\\n')", [i, v, v])
+    env.sql("INSERT INTO p VALUES (9, 1.5, NULL, 2.25, NULL, 'NaN')")  # finite, null, a text word
+    env.sql("UPDATE g SET d = 'NaN', t = repeat('y', 9000) WHERE id = 3")
+    env.run_once()
+    p, g = _afters(env, "p"), _afters(env, "g")
+    for i, v in enumerate(SPECIALS, start=1):
+        assert (p[("c", i)]["r"], p[("c", i)]["d"], p[("c", i)]["n"], p[("c", i)]["q"]) == (v,) * 4
+        assert (g[("c", i)]["d"], g[("c", i)]["q"], g[("c", i)]["up"]) == (v, v, "A\\\"B'C\\N")
+    assert (p[("c", 9)]["r"], p[("c", 9)]["d"], p[("c", 9)]["n"], p[("c", 9)]["q"]) == (
+        1.5,
+        None,
+        "2.25",
+        None,
+    )
+    assert (g[("u", 3)]["d"], g[("u", 3)]["q"], g[("u", 3)]["up"]) == ("NaN", "-Infinity", "Y" * 9000)
+    assert "sends NaN/Infinity" not in env.last_stderr
+
+
+@pytest.mark.cdc_config('nonfinite_recorder_when = "row"\n')
+def test_the_row_form_never_blocks_ddl_and_covers_a_column_added_later_at_once(env: CaptureEnv) -> None:
+    """nonfinite_recorder_when = "row": the WHEN prints the row (none with generated columns):
+    the DBA's ALTER COLUMN TYPE / DROP COLUMN go through, a float column added is covered before
+    the reader sees it."""
+    env.sql("CREATE TABLE f (id int PRIMARY KEY, r real, n numeric, plain float8)")
+    env.sql(
+        "CREATE TABLE g (id int PRIMARY KEY, d float8, t text, up text GENERATED ALWAYS AS (upper(t)) STORED)"
+    )
+    for t in ("public.f", "public.g"):
+        env.add_table(t)
+    env.run_once()
+    assert _when_columns(env, "f") == "row" and _when_columns(env, "g") == "none"
+    assert _recorder_findings(env) == []
+    env.sql("ALTER TABLE f ALTER COLUMN r TYPE double precision")
+    env.sql("ALTER TABLE f DROP COLUMN plain")
+    env.sql("ALTER TABLE f ADD COLUMN later real")
+    env.sql("INSERT INTO f (id, r, n, later) VALUES (1, 'NaN', 'Infinity', '-Infinity')")
+    env.sql("INSERT INTO g (id, d, t) VALUES (1, '-Infinity', 'x')")
+    env.run_once()
+    f, g = _afters(env, "f")[("c", 1)], _afters(env, "g")[("c", 1)]
+    assert (f["r"], f["n"], f["later"]) == ("NaN", "Infinity", "-Infinity")
+    assert (g["d"], g["up"]) == ("-Infinity", "X")
+    assert _when_columns(env, "f") == "row" and _recorder_findings(env) == []

@@ -136,21 +136,38 @@ def test_a_message_this_reader_does_not_know_is_a_decode_error(content: str) -> 
     assert err.value.fix and "cdc check --fix" in err.value.fix
 
 
-def test_the_triggers_name_no_column_and_only_tables_with_floats_get_them() -> None:
-    """A WHEN clause naming a column would block ALTER COLUMN TYPE / DROP COLUMN of it."""
+def test_the_triggers_test_only_the_tracked_columns_and_only_tables_with_floats_get_them() -> None:
+    """The WHEN clause compares each tracked column (never the whole row printed as text: that
+    costs the row's width on every write and Postgres refuses it with generated columns)."""
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=COLS)
     text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=False))
     assert "zzz_cdc_nonfinite_old" not in text  # no old row in the events without REPLICA IDENTITY FULL
-    assert "WHEN (NEW::text ~ 'NaN|Infinity')" in text and "cdc_record_nonfinite\"('new', 'id')" in text
+    specials = "IN ('NaN', 'Infinity', '-Infinity')"
+    assert f'WHEN (NEW."d" {specials} OR NEW."n" {specials})' in text and "::text" not in text
+    assert "cdc_record_nonfinite\"('new', 'id')" in text and 'NEW."t"' not in text
     text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=True))
     assert "BEFORE UPDATE OR DELETE" in text and "cdc_record_nonfinite\"('old', 'id')" in text
+    assert f'WHEN (OLD."d" {specials} OR OLD."n" {specials})' in text
     plain = TableReg("public", "u", "x", ("id",), columns=(Column("id", "integer"), Column("a", "float8[]")))
     assert trigger_statements(plain, full_identity=True) == []
-    # stored generated columns: Postgres refuses a BEFORE trigger's WHEN reading NEW whole, so
-    # the new-row trigger has none (the function tests); the old-row one keeps its WHEN
-    text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=True, generated=True))
+    # a stored generated column: Postgres refuses it in a BEFORE trigger's WHEN on NEW (and
+    # computes it after the trigger), so only the new-row trigger leaves it out
+    text = " ".join(
+        s.as_string(None) for s in trigger_statements(reg, full_identity=True, generated=frozenset({"n"}))
+    )
+    assert f'WHEN (NEW."d" {specials}) EXECUTE' in text
+    assert f'WHEN (OLD."d" {specials} OR OLD."n" {specials})' in text
+    # every tracked column generated: the new-row trigger has nothing to test
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, False, frozenset({"d", "n"})))
+    assert "WHEN (false)" in text
+    # the row form (nonfinite_recorder_when = "row"): the row as text, none with generated columns
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, True, when="row"))
+    assert "WHEN (NEW::text ~ 'NaN|Infinity')" in text and "WHEN (OLD::text ~ 'NaN|Infinity')" in text
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, True, frozenset({"g"}), when="row"))
     assert "WHEN (NEW" not in text and "WHEN (OLD::text ~ 'NaN|Infinity')" in text
-    assert "FOR EACH ROW EXECUTE FUNCTION" in text
+    # identifiers are quoted
+    odd = TableReg("public", "v", "x", ("id",), columns=(Column("id", "integer"), Column('a"b c', "real")))
+    assert 'NEW."a""b c" IN' in trigger_statements(odd, False)[0].as_string(None)
 
 
 def test_only_float_and_numeric_columns_are_filled() -> None:
