@@ -163,11 +163,12 @@ class CdcFile(_Section):
     #: float/numeric NaN or infinity into null (cdc.reader.nonfinite); false: never install them
     #: (such values then reach the topics as null, and cdc run / cdc check say where)
     nonfinite_recorder: bool = True
-    #: the recorder's WHEN clause: "columns" tests each float/numeric column (cheap, but Postgres
-    #: then refuses ALTER COLUMN ... TYPE / DROP COLUMN of one while the trigger is there); "row"
-    #: the whole row as text (never blocks DDL; costs the row's text output per write, and on a
-    #: table with stored generated columns there is no WHEN at all)
-    nonfinite_recorder_when: Literal["columns", "row"] = "columns"
+    #: the recorder's WHEN clause: "row" (the default) the whole row as text (never blocks the DBA's
+    #: DDL and covers a column added later at once; costs the row's text output per write, and on a
+    #: table with stored generated columns there is no WHEN at all); "columns" tests each
+    #: float/numeric column (cheap, but Postgres then refuses ALTER COLUMN ... TYPE / DROP COLUMN of
+    #: one while the trigger is there, and a column added later is covered only once cdc run sees it)
+    nonfinite_recorder_when: Literal["columns", "row"] = "row"
     # reader options (cdc.reader.ReaderOptions)
     batch_max_events: int = Field(default=5000, ge=1)
     batch_max_ms: int = Field(default=100, ge=1)

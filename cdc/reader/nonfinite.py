@@ -25,10 +25,17 @@ for the others and writes one message (about 150 bytes of WAL). Arrays are not t
 sends them as text, NaN included. The names start with ``zzz`` because BEFORE triggers fire in
 name order: these run after the table's own BEFORE triggers, so they see the row as it is written.
 
-Naming the columns has two consequences a DBA meets (the whole-row test of earlier versions,
-``WHEN (NEW::text ~ 'NaN|Infinity')``, had neither, but cost the row's text output and, on an
-UPDATE, the reading back of its unchanged out-of-line values, up to 11x the write's CPU:
-``docs/benchmarks/nonfinite.md``):
+The ``WHEN`` clause has two forms (``nonfinite_recorder_when`` in cdc.toml, :data:`When`).
+
+``"row"``, the default: ``WHEN (NEW::text ~ 'NaN|Infinity')``. It never gets in a DBA's way and
+covers a column added later at once, but costs the row's text output on every write and, on an
+UPDATE, the reading back of its unchanged out-of-line values (up to 11x the write's CPU,
+``docs/benchmarks/nonfinite.md``); on a table with stored generated columns, where Postgres refuses
+a whole-row ``NEW`` in the ``WHEN``, its new-row trigger has none, and the function runs the same
+test as its first statement for every written row.
+
+``"columns"``: one comparison per tracked column, whatever the row's width. It is the default only
+once a DBA accepts its two consequences:
 
 * Postgres records that the trigger depends on each tested column, so it refuses ``ALTER COLUMN
   ... TYPE`` of one (``cannot alter type of a column used in a trigger definition``, naming the
@@ -41,11 +48,8 @@ UPDATE, the reading back of its unchanged out-of-line values, up to 11x the writ
   a trigger's ``WHEN`` reads, from ``pg_depend``, with those it should read). A NaN written into
   the new column before that reaches the topic as null.
 
-``nonfinite_recorder_when = "row"`` in cdc.toml (:data:`When`) keeps that whole-row form for a
-deployment whose DBAs retype or drop such columns: it never blocks their DDL and covers a column
-added later at once; on a table with stored generated columns, where Postgres refuses a whole-row
-``NEW`` in the ``WHEN``, its new-row trigger has none, and the function runs the same test as its
-first statement for every written row. Changing the setting replaces the triggers as outdated.
+The default is the form that can neither block the source's DDL nor lose a value in silence.
+Changing the setting replaces the triggers as outdated.
 
 Tables with stored generated columns (in the table or, Postgres 15 allowing it, in one of its
 partitions): Postgres refuses a BEFORE trigger whose ``WHEN`` reads a generated column of ``NEW``
@@ -270,7 +274,7 @@ def trigger_statements(
     full_identity: bool,
     generated: frozenset[str] = frozenset(),
     present: Sequence[str] | None = None,
-    when: When = "columns",
+    when: When = "row",
 ) -> list[sql.Composed]:
     """``CREATE OR REPLACE TRIGGER`` of the triggers the table should have (needs the TRIGGER
     privilege); none for a table without float or numeric columns. ``generated``: the table's
@@ -298,7 +302,7 @@ def trigger_statements(
     return out
 
 
-def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns") -> str:
+def install_script(conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "row") -> str:
     """The SQL that installs the function and the triggers of ``regs`` (for the owner's ``psql``)."""
     state = _state(conn, regs)
     stmts = [function_statement()] + [
@@ -387,7 +391,7 @@ class _State:
         gen = self.generated(reg)
         return tuple(c for c in tracked_columns(reg) if c in gen)
 
-    def table_ok(self, reg: TableReg, when: When = "columns") -> bool:
+    def table_ok(self, reg: TableReg, when: When = "row") -> bool:
         """The table has the triggers it should, up to date and enabled, their ``WHEN`` testing
         the columns it should (a column added, dropped or now generated since makes it outdated;
         so does the whole-row ``WHEN`` of earlier versions). An old-row trigger left on a table no
@@ -460,7 +464,7 @@ def _uncovered_text(reg: TableReg, cols: Sequence[str]) -> str:
 
 
 def check_nonfinite(
-    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns"
+    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "row"
 ) -> tuple[str, str, str] | None:
     """``cdc check``'s view: None when every registered table with float/numeric columns has
     up-to-date triggers covering all of them, else ``("warning", message, fix)`` naming the tables
@@ -526,7 +530,7 @@ _REFUSED = (
 
 
 def ensure_nonfinite(
-    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "columns"
+    conn: psycopg.Connection[Any], regs: Sequence[TableReg], when: When = "row"
 ) -> list[Outcome]:
     """Install or update the function and the triggers of the tables with tracked columns, each
     table in its own transaction (waiting at most :data:`LOCK_TIMEOUT` for its lock). Never raises

@@ -45,6 +45,7 @@ def _when_columns(env: CaptureEnv, table: str, trigger: str = "zzz_cdc_nonfinite
     return str(rows[0][0]) if rows[0][0] else list(rows[0][1])
 
 
+@pytest.mark.cdc_config('nonfinite_recorder_when = "columns"\n')
 def test_special_float_and_numeric_values_in_snapshot_and_stream(env: CaptureEnv) -> None:
     env.sql(
         "CREATE TABLE f (id int PRIMARY KEY, r real, d double precision, n numeric, fa float8[], "
@@ -178,6 +179,7 @@ def test_a_role_that_may_not_install_the_recorder_is_told_the_fix(env: CaptureEn
     assert (after["d"], after["n"], after["t"]) == ("-Infinity", "NaN", "y")
 
 
+@pytest.mark.cdc_config('nonfinite_recorder_when = "columns"\n')
 def test_a_float_column_added_later_is_covered_once_the_reader_sees_it(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE f (id int PRIMARY KEY, t text)")
     env.add_table("public.f")
@@ -211,6 +213,7 @@ def _recorder_findings(env: CaptureEnv, *source: str) -> list[dict[str, Any]]:
     return [f for f in orjson.loads(res.stdout)["findings"] if f["check"] == "nonfinite_recorder"]
 
 
+@pytest.mark.cdc_config('nonfinite_recorder_when = "columns"\n')
 def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: CaptureEnv) -> None:
     """Postgres refuses a BEFORE trigger's WHEN that reads a stored generated column in NEW (or
     NEW whole): the WHEN tests the table's other float and numeric columns, and no table stops."""
@@ -260,6 +263,7 @@ def test_a_table_with_generated_columns_registers_and_captures_its_nan(env: Capt
     assert (got[("c", 4)]["rate"], got[("c", 4)]["score"]) == ("NaN", "-Infinity")
 
 
+@pytest.mark.cdc_config('nonfinite_recorder_when = "columns"\n')
 def test_a_generated_column_added_later_leaves_the_when_on_the_other_columns(env: CaptureEnv) -> None:
     """A generated column added under the trigger (a float one too) is not in its WHEN: the table
     still restores from a dump, and the other columns stay covered."""
@@ -302,6 +306,7 @@ def test_a_generated_float_column_is_reported_as_not_covered(env: CaptureEnv) ->
     assert "does not cover half" in env.last_stderr
 
 
+@pytest.mark.cdc_config('nonfinite_recorder_when = "columns"\n')
 def test_a_partitioned_table_gets_the_recorder_on_every_partition(env: CaptureEnv) -> None:
     """BEFORE ROW triggers on a partitioned parent are cloned to its partitions (PG13+), also one
     attached later; with a generated column too."""
@@ -389,6 +394,7 @@ _OLD_FORM = (
 )
 
 
+@pytest.mark.cdc_config('nonfinite_recorder_when = "columns"\n')
 def test_the_whole_row_triggers_of_earlier_versions_are_replaced(env: CaptureEnv) -> None:
     """An installation from before: `cdc check` calls its triggers outdated and `cdc run` replaces
     them by the per-column WHEN; values of every tracked shape (real, float8, numeric, a domain

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import pytest
 from deltalake import DeltaTable
 
 from cdc.config import Settings
@@ -104,9 +103,6 @@ def _dead_letters(env: CaptureEnv, topic: str) -> list[dict[str, Any]]:
     ]
 
 
-# the non-finite recorder's default WHEN names the numeric column `price`, and Postgres then refuses
-# to retype it (docs/robustness.md); the row form lets the DBA's ALTER through, as this test needs
-@pytest.mark.cdc_config('nonfinite_recorder_when = "row"\n')
 def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
     env: CaptureEnv, spark_clean: Any
 ) -> None:

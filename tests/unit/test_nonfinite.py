@@ -140,25 +140,28 @@ def test_the_triggers_test_only_the_tracked_columns_and_only_tables_with_floats_
     """The WHEN clause compares each tracked column (never the whole row printed as text: that
     costs the row's width on every write and Postgres refuses it with generated columns)."""
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=COLS)
-    text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=False))
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=False, when="columns"))
     assert "zzz_cdc_nonfinite_old" not in text  # no old row in the events without REPLICA IDENTITY FULL
     specials = "IN ('NaN', 'Infinity', '-Infinity')"
     assert f'WHEN (NEW."d" {specials} OR NEW."n" {specials})' in text and "::text" not in text
     assert "cdc_record_nonfinite\"('new', 'id')" in text and 'NEW."t"' not in text
-    text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=True))
+    text = " ".join(s.as_string(None) for s in trigger_statements(reg, full_identity=True, when="columns"))
     assert "BEFORE UPDATE OR DELETE" in text and "cdc_record_nonfinite\"('old', 'id')" in text
     assert f'WHEN (OLD."d" {specials} OR OLD."n" {specials})' in text
     plain = TableReg("public", "u", "x", ("id",), columns=(Column("id", "integer"), Column("a", "float8[]")))
-    assert trigger_statements(plain, full_identity=True) == []
+    assert trigger_statements(plain, full_identity=True, when="columns") == []
     # a stored generated column: Postgres refuses it in a BEFORE trigger's WHEN on NEW (and
     # computes it after the trigger), so only the new-row trigger leaves it out
     text = " ".join(
-        s.as_string(None) for s in trigger_statements(reg, full_identity=True, generated=frozenset({"n"}))
+        s.as_string(None)
+        for s in trigger_statements(reg, full_identity=True, generated=frozenset({"n"}), when="columns")
     )
     assert f'WHEN (NEW."d" {specials}) EXECUTE' in text
     assert f'WHEN (OLD."d" {specials} OR OLD."n" {specials})' in text
     # every tracked column generated: the new-row trigger has nothing to test
-    text = " ".join(s.as_string(None) for s in trigger_statements(reg, False, frozenset({"d", "n"})))
+    text = " ".join(
+        s.as_string(None) for s in trigger_statements(reg, False, frozenset({"d", "n"}), when="columns")
+    )
     assert "WHEN (false)" in text
     # the row form (nonfinite_recorder_when = "row"): the row as text, none with generated columns
     text = " ".join(s.as_string(None) for s in trigger_statements(reg, True, when="row"))
@@ -167,7 +170,7 @@ def test_the_triggers_test_only_the_tracked_columns_and_only_tables_with_floats_
     assert "WHEN (NEW" not in text and "WHEN (OLD::text ~ 'NaN|Infinity')" in text
     # identifiers are quoted
     odd = TableReg("public", "v", "x", ("id",), columns=(Column("id", "integer"), Column('a"b c', "real")))
-    assert 'NEW."a""b c" IN' in trigger_statements(odd, False)[0].as_string(None)
+    assert 'NEW."a""b c" IN' in trigger_statements(odd, False, when="columns")[0].as_string(None)
 
 
 def test_only_float_and_numeric_columns_are_filled() -> None:
