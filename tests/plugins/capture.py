@@ -31,7 +31,7 @@ from cdc.events import TRUNCATE_KEY_FIELD, Version, lsn_to_int
 from cdc.logstore import LogStore, StoredRecord
 from cdc.logstore.factory import open_log_store
 from cdc.registry import Registry, TableReg
-from snapshot.chunked import ChunkProgress, load_progress
+from snapshot.chunk_state import ChunkProgress, load_progress
 from tests.plugins.postgres import wait_for
 
 #: the ``cdc`` command line, run from this interpreter (the worktree's code, not an installed script)
