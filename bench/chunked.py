@@ -214,7 +214,7 @@ def _chunked(pg: PgCluster, dsn: str, base: Path, table: str, chunk: int, tag: s
     with SourceCpu(pg, dsn) as idle:
         call("run", "--once")
     from cdc.registry import Registry
-    from snapshot.chunked import load_progress
+    from snapshot.chunk_state import load_progress
 
     with Registry(state) as registry:
         prog = load_progress(registry, "public", table)
@@ -293,7 +293,7 @@ def _columns(dsn: str, table: str) -> list[str]:
 
 
 def run(quick: bool) -> str:
-    from snapshot.chunked import SnapshotOptions
+    from snapshot.chunk_state import SnapshotOptions
 
     default = SnapshotOptions().chunk_size
     rows = {"narrow": 30_000, "wider": 40_000} if quick else {"narrow": 600_000, "wider": 800_000}

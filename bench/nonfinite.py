@@ -1,4 +1,4 @@
-"""What the non-finite recorder (``cdc/reader/nonfinite.py``) costs the source.
+"""What the non-finite recorder (``cdc/recorders/nonfinite.py``) costs the source.
 
 Peer, same run: the same statements on the same table without the triggers. One table with a
 bigint key, two double precision columns, a numeric and a text column; per variant, ``INSERT ...
@@ -23,7 +23,7 @@ import psycopg
 
 from bench._common import cpu_s
 from cdc.devcluster import start_cluster
-from cdc.reader.nonfinite import ensure_nonfinite
+from cdc.recorders.nonfinite import ensure_nonfinite
 from cdc.registry import Column, TableReg
 
 TABLE = "CREATE TABLE {t} (id bigint PRIMARY KEY, a double precision, b double precision, n numeric, s text)"

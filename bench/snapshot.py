@@ -414,7 +414,7 @@ def _wait_streaming(dsn: str, slot: str, proc: subprocess.Popen[bytes], log: Pat
 def _wait_snapshot_done(state: Path, proc: subprocess.Popen[bytes], log: Path) -> Any:
     """Wait (up to 30 min) for the chunked snapshot of ``public.bench`` to end; its progress record."""
     from cdc.registry import Registry
-    from snapshot.chunked import load_progress
+    from snapshot.chunk_state import load_progress
 
     deadline = time.monotonic() + 1800
     while True:

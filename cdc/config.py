@@ -160,7 +160,7 @@ class CdcFile(_Section):
     slot: str | None = None
     partitions: int | None = Field(default=None, ge=1)
     #: keep the non-finite recorder's triggers on captured tables where wal2json < 2.6 would turn a
-    #: float/numeric NaN or infinity into null (cdc.reader.nonfinite); false: never install them
+    #: float/numeric NaN or infinity into null (cdc.recorders.nonfinite); false: never install them
     #: (such values then reach the topics as null, and cdc run / cdc check say where)
     nonfinite_recorder: bool = True
     #: the recorder's WHEN clause: "row" (the default) the whole row as text (never blocks the DBA's

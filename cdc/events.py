@@ -12,7 +12,7 @@ value encoding per column type: ``docs/events.md``.
 * Values: integers as JSON integers, ``numeric`` as a string with every digit, floats as JSON
   numbers, float/numeric NaN, Infinity, -Infinity as the strings ``"NaN"``, ``"Infinity"``,
   ``"-Infinity"`` (never null; past wal2json 2.5, which streams a scalar one as null, through
-  :mod:`cdc.reader.nonfinite`), ``bool`` as
+  :mod:`cdc.recorders.nonfinite`), ``bool`` as
   JSON booleans, json/jsonb as their text, ``bytea`` as hex, arrays as JSON lists, everything else
   as Postgres' text output.
 """

@@ -46,9 +46,9 @@ CHECKS = (
     "registered_tables",
     "replica_identity",
     "select_privilege",
-    "watermark_table",  # run by cdc.cli.check (snapshot.chunked.check_watermark_table)
-    "ddl_recorder",  # run by cdc.cli.check (cdc.reader.ddl.check_ddl_recorder)
-    # run by cdc.cli.check (cdc.reader.nonfinite.check_nonfinite) unless the reader found a wal2json
+    "watermark_table",  # run by cdc.cli.check (snapshot.chunk_state.check_watermark_table)
+    "ddl_recorder",  # run by cdc.cli.check (cdc.recorders.ddl.check_ddl_recorder)
+    # run by cdc.cli.check (cdc.recorders.nonfinite.check_nonfinite) unless the reader found a wal2json
     # that sends NaN/Infinity itself (2.6+)
     "nonfinite_recorder",
 )

@@ -108,7 +108,7 @@ class TableState(StrEnum):
     """The per-table entries of the registry's key/value state (:meth:`Registry.get_table_state`).
     The stored key is ``<value>:["schema","table"]`` (:meth:`key`); never change a value."""
 
-    #: a chunked snapshot's progress (JSON, :class:`snapshot.chunked.ChunkProgress`)
+    #: a chunked snapshot's progress (JSON, :class:`snapshot.chunk_state.ChunkProgress`)
     CHUNKED_PROGRESS = "chunked"
     #: set (to the epoch seconds it was noticed) while the table does not exist at the source
     #: (dropped or renamed); the capture of the other tables goes on
@@ -128,7 +128,7 @@ class TableState(StrEnum):
     #: snapshot and were never streamed before)
     DROP_BEFORE = "drop_before"
     #: the non-finite recorder does not carry the table's NaN/Infinity (JSON,
-    #: :meth:`cdc.reader.nonfinite.Outcome.to_json`); absent when it does
+    #: :meth:`cdc.recorders.nonfinite.Outcome.to_json`); absent when it does
     NONFINITE_RECORDER = "nonfinite_recorder"
 
     def key(self, schema: str, table: str) -> str:

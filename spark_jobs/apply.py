@@ -39,6 +39,7 @@ from cdc.metrics import Publisher
 from cdc.registry import Registry, TableReg
 from sinks import ChangeBatch, DeadLetter, Sink, dead_letters
 from sinks.parse import Parsed, parse
+from spark_jobs.checkpoint import batch_end_offsets, checkpoint_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,10 +49,6 @@ if TYPE_CHECKING:
 #: the message of the error a micro-batch raises when it starts after a stop was requested (it has
 #: done nothing; Spark replays it on the next run)
 STOP_REQUESTED = "cdc apply: stop requested before this micro-batch started"
-
-
-def checkpoint_dir(state_dir: Path) -> Path:
-    return paths.spark_checkpoint(state_dir, "apply")
 
 
 def ledger_path(state_dir: Path) -> Path:
@@ -88,25 +85,6 @@ def app_id_for(state_dir: Path) -> str:
     os.replace(tmp, id_file)
     ckpt.mkdir(parents=True, exist_ok=True)
     return app_id
-
-
-def batch_end_offsets(ckpt: Path, batch_id: int) -> dict[str, dict[int, int]]:
-    """The end offsets of ``batch_id`` from Spark's offset log (written before the batch runs):
-    ``{topic: {partition: next_offset}}``; empty if the log has no entry."""
-    path = ckpt / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return {}
-    # "v1", the batch metadata, then one line per source ("-" when the source had no offset)
-    out: dict[str, dict[int, int]] = {}
-    for line in lines[2:3]:
-        if not line.strip() or line.strip() == "-":
-            continue
-        for key, off in orjson.loads(line).items():
-            topic, _, part = str(key).rpartition("|")
-            out.setdefault(topic, {})[int(part)] = int(off)
-    return out
 
 
 def write_ledger(state_dir: Path, current: dict[str, Any]) -> None:

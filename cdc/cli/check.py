@@ -1,8 +1,8 @@
 """``cdc check [--json] [--fix] [--ddl-recorder-sql] [--nonfinite-recorder-sql]``: preflight of the
 source (see :mod:`cdc.preflight`); ``--fix`` creates the watermark table of chunked snapshots
 (``docs/snapshots.md``) and, when the role may, installs the DDL recorder (a superuser;
-:mod:`cdc.reader.ddl`, ``docs/schema-changes.md``) and the non-finite recorder's triggers on the
-registered tables (the tables' owner; :mod:`cdc.reader.nonfinite`); ``--ddl-recorder-sql`` and
+:mod:`cdc.recorders.ddl`, ``docs/schema-changes.md``) and the non-finite recorder's triggers on the
+registered tables (the tables' owner; :mod:`cdc.recorders.nonfinite`); ``--ddl-recorder-sql`` and
 ``--nonfinite-recorder-sql`` print the SQL that installs either (for the right role's ``psql``) and
 check nothing.
 
@@ -25,16 +25,16 @@ from cdc.config import Settings
 from cdc.connect import classify, connect
 from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
-from cdc.reader.ddl import check_ddl_recorder, install_ddl_recorder, install_script
-from cdc.reader.nonfinite import (
+from cdc.recorders.ddl import check_ddl_recorder, install_ddl_recorder, install_script
+from cdc.recorders.nonfinite import (
     check_nonfinite,
     ensure_nonfinite,
     remember,
     tracked_columns,
 )
-from cdc.reader.nonfinite import install_script as nonfinite_script
+from cdc.recorders.nonfinite import install_script as nonfinite_script
 from cdc.registry import Registry, State, TableReg
-from snapshot.chunked import SnapshotOptions, check_watermark_table, ensure_watermark_table
+from snapshot.chunk_state import SnapshotOptions, check_watermark_table, ensure_watermark_table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,9 +137,9 @@ def _with_source_objects(
     wal2json_state: str | None,
 ) -> Report:
     """The report with the checks of the objects the service keeps at the source: the watermark
-    table (:func:`snapshot.chunked.check_watermark_table`), the DDL recorder
-    (:func:`cdc.reader.ddl.check_ddl_recorder`) and, unless the reader found a wal2json that sends
-    NaN/Infinity itself, the non-finite recorder (:func:`cdc.reader.nonfinite.check_nonfinite`)."""
+    table (:func:`snapshot.chunk_state.check_watermark_table`), the DDL recorder
+    (:func:`cdc.recorders.ddl.check_ddl_recorder`) and, unless the reader found a wal2json that sends
+    NaN/Infinity itself, the non-finite recorder (:func:`cdc.recorders.nonfinite.check_nonfinite`)."""
     findings = report.findings
     checks: list[tuple[str, tuple[str, str, str] | None]] = [
         ("watermark_table", check_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark)),

@@ -8,9 +8,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from cdc.errors import CdcError
 
@@ -32,7 +29,12 @@ def print_json(value: Any) -> None:
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """A table for people. Every title, header and cell is shown as the literal text it is: user data
     such as ``[/x]`` or ``[bold]`` is never read as Rich markup (so it can neither raise
-    ``MarkupError`` nor restyle the output). Callers pass plain strings, not escaped ones."""
+    ``MarkupError`` nor restyle the output). Callers pass plain strings, not escaped ones. Rich is
+    imported here: most runs of a verb print JSON or no table, and rich costs ~0.1 s to import."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=None if title is None else Text(title), show_lines=False)
     for col in columns:
         table.add_column(Text(str(col)), overflow="fold")

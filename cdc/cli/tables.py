@@ -33,9 +33,9 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.reader.nonfinite import When, ensure_nonfinite, remember, tracked_columns
+from cdc.recorders.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
-from snapshot.chunked import load_progress, progress_view
+from snapshot.chunk_state import load_progress, progress_view
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -215,10 +215,10 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def nonfinite_recorder(
-    conn: psycopg.Connection[Any], reg: TableReg, registry: Registry, when: When = "columns"
+    conn: psycopg.Connection[Any], reg: TableReg, registry: Registry, when: When = "row"
 ) -> tuple[str | None, list[str]]:
     """Install the non-finite recorder's triggers on a table with float/numeric columns
-    (:mod:`cdc.reader.nonfinite`): what was done (None: nothing to do; ``ok``, ``installed``,
+    (:mod:`cdc.recorders.nonfinite`): what was done (None: nothing to do; ``ok``, ``installed``,
     ``failed``) and the warning, with the fix, when the role may not or a column stays uncovered
     (kept in the registry for ``cdc tables list``)."""
     outcomes = ensure_nonfinite(conn, [reg], when)
@@ -237,7 +237,7 @@ def nonfinite_recorder(
 def table_json(reg: TableReg, state_dir: Path, registry: Registry | None = None) -> dict[str, Any]:
     """The ``--json`` shape of one registration (``cdc tables list --json`` prints a list of these);
     ``snapshot.progress`` (only once a chunked snapshot ran): its progress
-    (:func:`snapshot.chunked.progress_view`). Where each sink keeps the table:
+    (:func:`snapshot.chunk_state.progress_view`). Where each sink keeps the table:
     :meth:`sinks.Sink.listing` of every sink of :data:`sinks.all.SINKS`."""
     from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 

@@ -9,7 +9,7 @@ The package root is the interface every decoder implements; beside it, one modul
 Shared by every decoder: :mod:`cdc.codec.values` (Postgres' text output of a column type to its
 event value; the snapshot's ``COPY`` uses it too), :mod:`cdc.codec.envelope` (a decoded change to
 its event) and :mod:`cdc.codec.nonfinite` (the non-finite recorder's messages; installing the
-recorder is the reader's, :mod:`cdc.reader.nonfinite`).
+recorder is the reader's, :mod:`cdc.recorders.nonfinite`).
 
 Nothing here imports the reader or the snapshot: they import it (``docs/architecture.md``).
 """
@@ -34,9 +34,9 @@ __all__ = [
 
 #: prefix of the reader's heartbeat messages (non-transactional, empty)
 HEARTBEAT_PREFIX = "cdc_heartbeat"
-#: prefix of the DDL recorder's messages (transactional, JSON; :mod:`cdc.reader.ddl`)
+#: prefix of the DDL recorder's messages (transactional, JSON; :mod:`cdc.recorders.ddl`)
 DDL_PREFIX = "cdc.ddl"
-#: prefix of the non-finite recorder's messages (transactional, JSON; :mod:`cdc.reader.nonfinite`)
+#: prefix of the non-finite recorder's messages (transactional, JSON; :mod:`cdc.recorders.nonfinite`)
 NONFINITE_PREFIX = "cdc.nonfinite"
 
 #: every logical-message prefix the reader reads (a decoder leaves out the others)

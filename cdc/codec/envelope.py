@@ -406,7 +406,7 @@ class EventBuilder:
         if new_reg is not None:
             codec.follow(new_reg)
 
-    # -- the non-finite recorder (cdc.reader.nonfinite) ------------------------------------------
+    # -- the non-finite recorder (cdc.recorders.nonfinite) ------------------------------------------
     def nonfinite(self, msg: Message) -> None:
         """A ``cdc.nonfinite`` message: held for the next change of its table in this transaction."""
         nf = parse_nonfinite(msg.content, msg.lsn)
@@ -425,7 +425,7 @@ class EventBuilder:
                 have = {c.name: c.value for c in cols}
                 got = [None if have.get(k) is None else str(have[k]) for k in codec.key]
                 if got != nf.key:
-                    continue  # not this change's row (see cdc.reader.nonfinite)
+                    continue  # not this change's row (see cdc.recorders.nonfinite)
             values = nf.values
             for c in cols:
                 # by the type wal2json sent: a column added since the codec's columns counts too

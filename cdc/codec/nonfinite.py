@@ -1,5 +1,5 @@
 """The non-finite recorder's messages, the stream side (the recorder itself, its triggers and
-their installation: :mod:`cdc.reader.nonfinite`, whose docstring describes the message).
+their installation: :mod:`cdc.recorders.nonfinite`, whose docstring describes the message).
 
 :func:`parse_nonfinite` decodes a ``cdc.nonfinite`` message; :meth:`cdc.codec.envelope.EventBuilder.nonfinite`
 holds it for the table's next change, whose key it must match (:func:`key_comparable`).

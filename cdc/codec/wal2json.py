@@ -7,8 +7,8 @@ What wal2json 2.5 sends (measured on Debian's postgresql-15-wal2json 2.5):
 * ``I``/``U``/``D``: one change per message, ``columns`` (new row), ``identity`` (old key, or the full
   old row under REPLICA IDENTITY FULL), ``pk``. An unchanged out-of-line TOASTed column is absent
   from ``columns``. ``T``: TRUNCATE of one table. ``M``: a logical message (``prefix``, ``content``, ``transactional``):
-  our heartbeat, or the DDL recorder's (:mod:`cdc.reader.ddl`) or the non-finite recorder's
-  (:mod:`cdc.reader.nonfinite`), which come inside their transaction, in order with the changes.
+  our heartbeat, or the DDL recorder's (:mod:`cdc.recorders.ddl`) or the non-finite recorder's
+  (:mod:`cdc.recorders.nonfinite`), which come inside their transaction, in order with the changes.
 * ``numeric`` and floats are bare JSON numbers: they are decoded with a float hook that keeps the
   exact text (a float parse would lose digits); integers of any size stay Python ints. NaN and
   +-Infinity come as null -- unless the plugin knows ``numeric-data-types-as-string`` (wal2json

@@ -3,8 +3,8 @@
 Interface: :class:`Reader` (``Reader(settings, store, registry).run(once=..., stop=...)``), tuned by
 :class:`ReaderOptions`. Modules beside it: :mod:`~cdc.reader.slot` (the slot decision: create,
 recover, resume), :mod:`~cdc.reader.watch` (the watcher of source changes while streaming),
-:mod:`~cdc.reader.replication` (the psycopg2 loop), :mod:`~cdc.reader.ddl` and
-:mod:`~cdc.reader.nonfinite` (the recorders). Decoding is :mod:`cdc.codec` (the decoder, the event);
+:mod:`~cdc.reader.replication` (the psycopg2 loop), :mod:`~cdc.reader.ddl` (the DDL
+recorder's stream side). The recorders' triggers on the source are :mod:`cdc.recorders`. Decoding is :mod:`cdc.codec` (the decoder, the event);
 the snapshot stage is the top-level :mod:`snapshot` package, which the reader imports (never the
 other way round).
 
@@ -79,22 +79,20 @@ from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
-from cdc.reader.nonfinite import ensure_nonfinite, remember, tracked_columns
 from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
+from cdc.recorders.nonfinite import ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Column, Registry, State, TableReg, TableState
 from snapshot import SnapshotError, create_exported_slot
-from snapshot.chunked import (
-    ChunkDriver,
+from snapshot.chunk_state import (
     ChunkProgress,
-    ChunkTracker,
     SnapshotOptions,
     ensure_watermark_table,
     load_progress,
     save_progress,
-    truncate_marker,
 )
+from snapshot.chunked import ChunkDriver, ChunkTracker, truncate_marker
 from snapshot.exported import read_tables
 from snapshot.progress import NullProgress
 
@@ -371,7 +369,7 @@ class Reader:
         )
 
     def _ensure_nonfinite(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> None:
-        """Install or update the non-finite recorder's triggers (:mod:`cdc.reader.nonfinite`)
+        """Install or update the non-finite recorder's triggers (:mod:`cdc.recorders.nonfinite`)
         where wal2json cannot send NaN/Infinity itself (< 2.6, or not known yet); say, per table
         and column, where it could not be installed (once the plugin is known to be < 2.6)."""
         if self._numeric_as_string or (

@@ -252,7 +252,7 @@ class Collector:
     def _applied(self) -> tuple[dict[str, dict[int, int]] | None, int | None]:
         """The Spark checkpoint's applied offsets (its newest committed batch) and when it was
         committed (ms); (None, None) without a checkpoint."""
-        from spark_jobs.apply import batch_end_offsets, checkpoint_dir
+        from spark_jobs.checkpoint import batch_end_offsets, checkpoint_dir
 
         ckpt = checkpoint_dir(self.state)
         commits = ckpt / "commits"

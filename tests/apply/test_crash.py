@@ -13,7 +13,8 @@ import orjson
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
-from spark_jobs.apply import app_id_for, checkpoint_dir
+from spark_jobs.apply import app_id_for
+from spark_jobs.checkpoint import checkpoint_dir
 from tests.plugins.apply import reader_env
 from tests.plugins.capture import CDC
 from tests.plugins.items import capture, item_row, items_table, source, verify_json

@@ -15,7 +15,8 @@ from cdc.logstore import StoredRecord
 from cdc.verify import SinkDiff, TableReport, canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
-from spark_jobs.apply import app_id_for, batch_end_offsets, checkpoint_dir, read_ledger, write_ledger
+from spark_jobs.apply import app_id_for, read_ledger, write_ledger
+from spark_jobs.checkpoint import batch_end_offsets, checkpoint_dir
 from spark_jobs.source import offset_key, parse_offset_key, split_budget
 
 

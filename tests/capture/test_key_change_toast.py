@@ -12,25 +12,15 @@ applies cost 25-30 s apiece."""
 from __future__ import annotations
 
 import secrets
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
-from sinks.warehouse import WarehouseSink
-from tests.plugins.apply import apply_once
-from tests.plugins.capture import CDC, CaptureEnv, make_env
+from tests.plugins.apply import apply_once, warehouse_rows
+from tests.plugins.capture import CaptureEnv
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
 
 
 def body(i: int) -> str:
@@ -38,21 +28,8 @@ def body(i: int) -> str:
     return f"row {i} 'q' \"dq\" back\\slash\\\\ new\nline " + secrets.token_hex(6000)
 
 
-def apply_process(env: CaptureEnv, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """``cdc apply --once --json`` in its own process (``extra_env``: the fault to inject)."""
-    return subprocess.run(
-        [*CDC, "apply", "--once", "--json"],
-        env={**env.environ(), **extra_env},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=env.state.parent,
-    )
-
-
-def warehouse(env: CaptureEnv, table: str) -> dict[int, dict[str, Any]]:
-    reg = env.reg("public", table)
-    return {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+def warehouse(env: CaptureEnv, table: str) -> dict[Any, dict[str, Any]]:
+    return warehouse_rows(env, env.reg("public", table))
 
 
 def source(env: CaptureEnv, table: str) -> dict[int, dict[str, Any]]:
@@ -102,13 +79,14 @@ def test_key_change_keeps_the_unchanged_toast_value(env: CaptureEnv, spark: Any)
     env.run_once()
     arm = env.state.parent / "arm"
     arm.touch()
-    crashed = apply_process(env, CDC_FAULTS=f"apply.after_sink:@{arm}")
+    crashed = env.cdc(
+        "apply", "--once", "--json", timeout=900, extra_env={"CDC_FAULTS": f"apply.after_sink:@{arm}"}
+    )
     assert crashed.returncode != 0 and "cdc-fault: apply.after_sink" in crashed.stderr, crashed.stderr[-3000:]
     apply_once(spark, env)
     same(env, "d")
-    res = env.cdc("verify", "--json", timeout=600)
-    report = orjson.loads(res.stdout)
-    assert res.returncode == 0, report
+    code, report = env.verify()
+    assert code == 0, report
     assert [(t["table"], t["status"]) for t in report] == [("public.d", "ok"), ("public.other", "ok")], report
 
     # no row anywhere: the old key's insert was a dead letter (a BC date), so its key change's new

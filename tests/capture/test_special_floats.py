@@ -1,6 +1,6 @@
 """float4/float8 NaN, Infinity, -Infinity and numeric NaN/+-Infinity are never null in events
 (issue 9 item 9), in the snapshot and in the stream. wal2json 2.5 (this machine's) sends them as
-null; the non-finite recorder's triggers (cdc.reader.nonfinite) carry them."""
+null; the non-finite recorder's triggers (cdc.recorders.nonfinite) carry them."""
 
 from __future__ import annotations
 

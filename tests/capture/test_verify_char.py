@@ -5,30 +5,14 @@ the session's Spark (a JVM of its own for 21 rows cost 30-50 s); `cdc verify` is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
-from cdc.devcluster import PgCluster
 from tests.plugins.apply import apply_once
-from tests.plugins.capture import CaptureEnv, make_env
+from tests.plugins.capture import CaptureEnv
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
-
-
-@pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
-    yield from make_env(pg, pg_db, tmp_path, "embedded", request)
-
-
-def _verify(env: CaptureEnv) -> tuple[int, dict[str, object]]:
-    res = env.cdc("verify", "--json", timeout=300)
-    assert res.stdout, res.stderr
-    (report,) = orjson.loads(res.stdout)
-    return res.returncode, report
 
 
 def test_verify_is_clean_on_char_columns(env: CaptureEnv, spark: Any) -> None:
@@ -43,6 +27,6 @@ def test_verify_is_clean_on_char_columns(env: CaptureEnv, spark: Any) -> None:
     env.sql("UPDATE c SET code = 'zz' WHERE id = ' 3'")
     env.run_once()
     assert apply_once(spark, env).records > 0
-    code, report = _verify(env)
+    code, (report,) = env.verify(timeout=300)
     assert code == 0, report
     assert report["different"] == [] and report["source_rows"] == 21 and report["warehouse_rows"] == 21

@@ -65,7 +65,7 @@ NUMERIC_EDGES = (
     "123456789012345678.123456",
 )
 #: chaos_events.amount is an unbounded numeric: it also takes NaN and the infinities, which the
-#: stream carries past wal2json 2.5 through the non-finite recorder (cdc/reader/nonfinite.py)
+#: stream carries past wal2json 2.5 through the non-finite recorder (cdc/recorders/nonfinite.py)
 AMOUNTS = (*NUMERIC_EDGES, "NaN", "Infinity", "-Infinity")
 #: chaos_accounts.ratio (float8): one row in 20 holds NaN or an infinity
 SPECIAL_RATIOS = (float("nan"), float("inf"), float("-inf"))

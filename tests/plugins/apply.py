@@ -1,7 +1,7 @@
 """The apply job and ``cdc`` in this process, for the tests: :class:`Env` (a state directory with its
 settings, log store and registry), :func:`cdc_cli`, the job run once (:func:`run_job`,
 :func:`apply_clean`, :func:`apply_once`) or continuously on a thread (:func:`continuous_job`,
-:func:`start_job`), and the rows a table holds in the warehouse (:func:`warehouse_ids`)."""
+:func:`start_job`), and the rows a table holds in the warehouse (:func:`warehouse_rows`, :func:`warehouse_ids`)."""
 
 from __future__ import annotations
 
@@ -108,11 +108,16 @@ def start_job(job: ApplyJob) -> tuple[threading.Thread, list[BaseException]]:
     return runner, errors
 
 
-def warehouse_ids(env: Env, reg: Any) -> set[int]:
-    """The ``id`` of every current row of ``reg`` in the warehouse (none before its table exists)."""
+def warehouse_rows(env: Env | CaptureEnv, reg: Any) -> dict[Any, dict[str, Any]]:
+    """Every current row of ``reg`` in the warehouse (no meta columns), by its ``id``."""
     from sinks.warehouse import WarehouseSink
 
+    return {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+
+
+def warehouse_ids(env: Env, reg: Any) -> set[int]:
+    """The ``id`` of every current row of ``reg`` in the warehouse (none before its table exists)."""
     try:
-        return {r["id"] for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+        return set(warehouse_rows(env, reg))
     except ApplyError:  # not created yet
         return set()

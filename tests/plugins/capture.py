@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -31,7 +31,7 @@ from cdc.events import TRUNCATE_KEY_FIELD, Version, lsn_to_int
 from cdc.logstore import LogStore, StoredRecord
 from cdc.logstore.factory import open_log_store
 from cdc.registry import Registry, TableReg
-from snapshot.chunked import ChunkProgress, load_progress
+from snapshot.chunk_state import ChunkProgress, load_progress
 from tests.plugins.postgres import wait_for
 
 #: the ``cdc`` command line, run from this interpreter (the worktree's code, not an installed script)
@@ -79,10 +79,13 @@ class CaptureEnv:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
 
-    def cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def cdc(
+        self, *args: str, timeout: float = 300, extra_env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``cdc ARGS...`` in a process of its own (``extra_env``: more environment, e.g. a fault)."""
         res = subprocess.run(
             [*CDC, *args],
-            env=self.environ(),
+            env={**self.environ(), **(extra_env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -102,6 +105,12 @@ class CaptureEnv:
     def proc_log(self, i: int = -1) -> str:
         n = i if i >= 0 else len(self.procs) + i
         return (self.state.parent / f"run-{n}.log").read_text(errors="replace")
+
+    def verify(self, *extra: str, timeout: float = 600) -> tuple[int, list[dict[str, Any]]]:
+        """``cdc verify --json EXTRA...`` in a process of its own: (exit code, the report)."""
+        res = self.cdc("verify", "--json", *extra, timeout=timeout)
+        assert res.stdout, res.stderr
+        return res.returncode, orjson.loads(res.stdout)
 
     def add_table(self, name: str, *flags: str) -> None:
         res = self.cdc("tables", "add", name, *flags)

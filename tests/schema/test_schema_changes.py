@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from cdc.config import Settings
 from cdc.events import dead_letter_topic
 from sinks.warehouse import DROPPED_CONF, WarehouseSink
-from tests.plugins.apply import apply_clean, cdc_cli, reader_env, run_job
+from tests.plugins.apply import apply_clean, cdc_cli, reader_env, run_job, warehouse_rows
 from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
@@ -142,7 +142,7 @@ def test_type_changes_widen_safely_and_refuse_the_unsafe_one_per_record(
     assert summary.dead_letters == 1
     (letter,) = _dead_letters(env, reg.topic)
     assert "column code" in letter["reason"] and "re-snapshot" in letter["reason"], letter
-    current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    current = warehouse_rows(env, reg)
     assert current[7]["qty"] == 7 and current[7]["code"] == "70"  # the refused change did not apply
     assert current[8]["qty"] == 2 and current[8]["code"] is None  # a null value still applies
     # a second run does not loop on it
@@ -176,7 +176,7 @@ def test_rename_column_is_followed_as_a_new_column_and_in_the_search_columns(
     assert "renamed at the source" in env.proc_log()
 
     apply_clean(spark_clean, env.state)
-    current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    current = warehouse_rows(env, reg)
     assert current[2]["title"] == "renamed widget" and current[1]["qty"] == -1
     assert current[20]["title"] == "item 20"  # the re-snapshot brought every row's value
     assert current[31]["title"] == "gadget 31"
@@ -202,7 +202,7 @@ def test_renames_told_by_the_ddl_recorder_end_to_end(env: CaptureEnv, spark_clea
     assert "told by the DDL recorder" in env.proc_log()
 
     apply_clean(spark_clean, env.state)
-    current = {r["id"]: r for r in WarehouseSink(env.state).current_rows(reg, meta=False).to_pylist()}
+    current = warehouse_rows(env, reg)
     assert current[2]["title"] == "renamed widget" and current[1]["qty"] == -1
     assert current[20]["title"] == "item 20" and current[20]["memo"] == "note 20"
     assert current[31]["memo"] == "memo 31"

@@ -13,7 +13,8 @@ from cdc.errors import ConfigError
 from cdc.events import Version
 from cdc.logstore import Record
 from cdc.registry import Column, TableReg
-from snapshot.chunked import ChunkProgress, ChunkTracker, SnapshotOptions, progress_view
+from snapshot.chunk_state import ChunkProgress, SnapshotOptions, progress_view
+from snapshot.chunked import ChunkTracker
 from snapshot.where import Condition, parse_where, where_sql
 
 SLOT = "s1"

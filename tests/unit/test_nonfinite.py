@@ -13,7 +13,7 @@ from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.nonfinite import key_comparable
 from cdc.codec.wal2json import decode
 from cdc.errors import DecodeError
-from cdc.reader.nonfinite import trigger_statements
+from cdc.recorders.nonfinite import trigger_statements
 from cdc.registry import Column, TableReg
 
 COLS = (Column("id", "integer"), Column("d", "double precision"), Column("n", "numeric"), Column("t", "text"))
