@@ -170,12 +170,22 @@ class BatchContext:
         row held just before ``v``, whether the delete that closed it is in this batch or applied."""
         rows = self._history_of.get(key_json)
         if rows is None:
-            rows = read_rows(history, [key_json], {self.bucket(key_json)}).to_pylist()
-            self._history_of[key_json] = rows
+            self._read_history(history, key_json)
+            rows = self._history_of[key_json]
         before = [r for r in rows if (r[LSN], r[SEQ]) < (v.commit_lsn, v.seq)]
         if not before:
             return None
         return _row_to_event_values(max(before, key=lambda r: (r[LSN], r[SEQ])), self.types)
+
+    def _read_history(self, history: DeltaTable, key_json: str) -> None:
+        """The history rows of ``key_json`` and of every old key of the batch's primary-key changes
+        not read yet, in one scan of their buckets: a scan per key made a batch of many key changes
+        cost one pass over the history's bucket files each (a replayed chaos batch stalled on it)."""
+        keys = sorted({key_json, *self.chains.old_keys(self.events)} - self._history_of.keys())
+        got: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
+        for r in read_rows(history, keys, {self.bucket(k) for k in keys}).to_pylist():
+            got[r[KEY]].append(r)
+        self._history_of.update(got)
 
     def event(self, row: int) -> ChangeEvent:
         """The event at a row of the plan."""
