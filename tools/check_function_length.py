@@ -2,11 +2,6 @@
 
 A function's length runs from its ``def`` line to its last line, as ``ast`` reports them, so a
 nested function counts inside its parent and on its own. Every function over the limit is listed.
-
-``tools/long_functions.txt`` is the allow-list of functions still being split (one
-``path::qualified.name`` a line, ``#`` comments allowed): those are reported as warnings and do not
-fail the check. A listed function that is no longer over the limit (or no longer exists) is
-reported too, so that its line can be removed. Once the list is empty, every long function fails.
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "snapshot", "sinks", "spark_jobs", "bench", "tests")
 LIMIT = 100
-ALLOW_LIST = ROOT / "tools" / "long_functions.txt"
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -49,25 +43,11 @@ def long_functions(root: Path = ROOT, limit: int = LIMIT) -> dict[str, int]:
     return found
 
 
-def allowed(path: Path = ALLOW_LIST) -> set[str]:
-    """The allow-list's entries, without blank lines and comments."""
-    if not path.is_file():
-        return set()
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines())
-    return {line for line in lines if line}
-
-
 def main() -> int:
     found = long_functions()
-    allow = allowed()
-    failing = {name: n for name, n in found.items() if name not in allow}
-    for name in sorted(found.keys() & allow):
-        print(f"warning: {name} has {found[name]} lines (allow-listed in {ALLOW_LIST.name})")
-    for name in sorted(allow - found.keys()):
-        print(f"note: {name} is no longer over {LIMIT} lines; remove it from {ALLOW_LIST.name}")
-    for name in sorted(failing):
-        print(f"error: {name} has {failing[name]} lines; split it (at most {LIMIT})")
-    return 1 if failing else 0
+    for name in sorted(found):
+        print(f"error: {name} has {found[name]} lines; split it (at most {LIMIT})")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
