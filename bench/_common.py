@@ -64,6 +64,22 @@ def cdc_caller(
     return call
 
 
+def late_table(
+    dsn: str, state: Path, slot: str, config_text: str, table: str, timeout: float
+) -> Callable[..., str]:
+    """A pipeline on the new directory ``state`` (cdc.toml ``config_text``) that snapshotted and
+    streams the one-row ``public.tiny``, with ``table`` registered after it: the next ``cdc run
+    --once`` reads ``table`` as a chunked snapshot. Returns the pipeline's :func:`cdc_caller`."""
+    state.mkdir(parents=True)
+    config = state / "cdc.toml"
+    config.write_text(config_text)
+    call = cdc_caller(dsn, state, slot, "bench", config, timeout=timeout)  # its own log store: any prefix
+    call("tables", "add", "public.tiny")
+    call("run", "--once")
+    call("tables", "add", table)
+    return call
+
+
 def paced(per_s: float, stop: threading.Event) -> Iterator[int]:
     """0, 1, 2, ... at ``per_s`` a second until ``stop`` is set: a writer's loop at a target rate
     (it sleeps until each step is due, and catches up without sleeping when it falls behind)."""

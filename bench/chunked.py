@@ -39,7 +39,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from bench._common import cdc_caller, cpu_s, loadavg, say
+from bench._common import cpu_s, late_table, loadavg, say
 from cdc.devcluster import PgCluster, start_cluster
 
 OLD_CHUNK = 8192
@@ -194,16 +194,8 @@ def _copy_peer(pg: PgCluster, dsn: str, table: str, cols: list[str]) -> dict[str
 def _chunked(pg: PgCluster, dsn: str, base: Path, table: str, chunk: int, tag: str) -> dict[str, float]:
     """One chunked snapshot of ``table`` by ``cdc run --once`` (a subprocess) with ``chunk`` rows a
     chunk: the source's CPU by part, the reader process's CPU, seconds, chunks."""
-    state = base / f"state-{tag}"
-    state.mkdir(parents=True)
-    config = state / "cdc.toml"
-    config.write_text(f"[snapshot]\nchunk_size = {chunk}\n")
-    slot = f"bench_{tag}"
-    call = cdc_caller(dsn, state, slot, f"b{tag}", config, timeout=3600)
-
-    call("tables", "add", "public.tiny")
-    call("run", "--once")
-    call("tables", "add", f"public.{table}")
+    state, slot = base / f"state-{tag}", f"bench_{tag}"
+    call = late_table(dsn, state, slot, f"[snapshot]\nchunk_size = {chunk}\n", f"public.{table}", 3600)
     with SourceCpu(pg, dsn) as cpu:
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()

@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from bench._common import CDC, cdc_caller, cdc_env, copy_peer, cpu_s, loadavg, paced, say
+from bench._common import CDC, cdc_caller, cdc_env, copy_peer, cpu_s, late_table, loadavg, paced, say
 from cdc.devcluster import start_cluster
 
 COLUMNS = ["id", "t", "i", "n", "ts", "j"]
@@ -93,16 +93,9 @@ def _chunked(dsn: str, base: Path, parallel: int, tag: str) -> tuple[float, int]
     ``bench/chunked.py`` measures the default's source CPU)."""
     import orjson
 
-    state = base / f"state-{tag}"
-    state.mkdir(parents=True)
-    config = state / "cdc.toml"
-    config.write_text(f"[snapshot]\nchunk_size = 8192\nparallel_chunks = {parallel}\n")
+    config = f"[snapshot]\nchunk_size = 8192\nparallel_chunks = {parallel}\n"
     slot = f"bench_chunk_{tag}"
-    call = cdc_caller(dsn, state, slot, f"b{tag}", config, timeout=1800)
-
-    call("tables", "add", "public.tiny")
-    call("run", "--once")
-    call("tables", "add", "public.bench")
+    call = late_table(dsn, base / f"state-{tag}", slot, config, "public.bench", 1800)
     t0 = time.perf_counter()
     out = orjson.loads(call("run", "--once", "--json").strip().splitlines()[-1])
     elapsed = time.perf_counter() - t0
