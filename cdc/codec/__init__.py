@@ -80,9 +80,23 @@ class Decoder(Protocol):
     #: the output plugin's name (``CREATE_REPLICATION_SLOT ... LOGICAL <plugin>``)
     plugin: str
 
-    def decode(self, data: bytes) -> Message:
-        """One message from the stream; :class:`~cdc.errors.DecodeError` (with the raw bytes) if
-        it is not one."""
+    def decode(self, data: bytes, lsn: int) -> Message | None:
+        """One message from the stream; ``lsn``: its position (the XLogData's ``data_start``: a
+        change's own LSN, which pgoutput does not repeat inside the message). None when it
+        carries nothing for the reader (pgoutput's Relation/Type/Origin messages, which only
+        update the decoder's state; a logical message of another prefix).
+        :class:`~cdc.errors.DecodeError` (with the raw bytes) if it is not a message."""
+        ...
+
+    def source(self, read: Callable[[], Any]) -> Callable[[], Any]:
+        """What the stream loop reads raw messages with, given the cursor's ``read_message``: each
+        call returns an object with ``payload`` and ``data_start``, or None when nothing is ready.
+        wal2json: ``read`` itself. A decoder whose plugin streams in-progress transactions spools
+        them and returns them at their commit, as one transaction."""
+        ...
+
+    def close(self) -> None:
+        """End of the session: release what :meth:`source` holds (spool files)."""
         ...
 
     def replication_options(

@@ -22,7 +22,7 @@ text output (the snapshot's ``COPY ... TO STDOUT``); both give the same JSON val
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -141,8 +141,14 @@ class Wal2Json:
 
     plugin = "wal2json"
 
-    def decode(self, data: bytes) -> Message:
-        return decode(data)
+    def decode(self, data: bytes, lsn: int) -> Message | None:
+        return decode(data)  # wal2json repeats the change's LSN inside the message
+
+    def source(self, read: Callable[[], Any]) -> Callable[[], Any]:
+        return read  # whole transactions only: nothing to spool
+
+    def close(self) -> None:
+        pass
 
     def replication_options(
         self, tables: Iterable[tuple[str, str]], *, numeric_as_string: bool = False

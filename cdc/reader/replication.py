@@ -244,7 +244,7 @@ def _loop(
     boundary = at.boundary
     max_events = ctl.batch_max_events
     stats = ctl.stats
-    read = cur.read_message
+    read = decoder.source(cur.read_message)
     decode = decoder.decode
     change = builder.change
     changes = 0
@@ -257,9 +257,10 @@ def _loop(
         msg = read()
         if msg is not None:
             n += 1
-            data = decode(msg.payload)
-            action = data.action
-            if action == "B":
+            data = decode(msg.payload, msg.data_start)
+            if data is None:
+                pass  # a message that only updates the decoder's state
+            elif (action := data.action) == "B":
                 builder.begin(data)
                 at.in_txn = True
             elif action == "C":
