@@ -11,6 +11,7 @@ Connections come from :mod:`cdc.connect`; identifier parsing and quoting live in
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,6 +330,22 @@ def resolve_domains(
         Column(c.name, bases[c.type], c.nullable, c.type) if not c.domain and bases.get(c.type) else c
         for c in columns
     )
+
+
+def type_namer(conn: psycopg.Connection[Any]) -> Callable[[int, int], str]:
+    """``(type oid, typmod) -> name`` as ``format_type`` gives it (what wal2json sends as a column's
+    type, e.g. ``character varying(20)``, a domain by its name), cached: pgoutput's Relation
+    messages name a column's type only by its oid. Called from the thread that owns ``conn``."""
+    cache: dict[tuple[int, int], str] = {}
+
+    def name(oid: int, typmod: int) -> str:
+        got = cache.get((oid, typmod))
+        if got is None:
+            row = conn.execute("SELECT format_type(%s::oid, %s)", [oid, typmod]).fetchone()
+            got = cache[(oid, typmod)] = str(row[0]) if row and row[0] is not None else str(oid)
+        return got
+
+    return name
 
 
 # --- can this table be captured? ---------------------------------------------------------------------

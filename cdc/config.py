@@ -7,7 +7,7 @@ its sections); an unknown key anywhere, or a value of the wrong type (``buckets 
 :class:`~cdc.errors.ConfigError` naming the key and what is allowed, never a traceback. Values in
 the file are taken as TOML types, with no coercion (a quoted number is a string). Environment
 variables: ``CDC_SOURCE``, ``CDC_STATE``, ``CDC_LOG``, ``CDC_TOPIC_PREFIX``, ``CDC_SLOT``,
-``CDC_PARTITIONS``, ``CDC_CONFIG``, ``CDC_KAFKA_SASL_PASSWORD``, ``CDC_SERVE_TOKEN`` (and the
+``CDC_DECODER``, ``CDC_PUBLICATION``, ``CDC_PARTITIONS``, ``CDC_CONFIG``, ``CDC_KAFKA_SASL_PASSWORD``, ``CDC_SERVE_TOKEN`` (and the
 process knobs in :data:`OTHER_ENV`); another ``CDC_*`` variable is refused as a likely typo.
 
 Secrets (the source DSN, the Kafka SASL password, the serve token) are held as ``SecretStr``; only
@@ -33,6 +33,10 @@ DEFAULT_STATE = ".cdc"
 DEFAULT_PREFIX = "cdc"
 DEFAULT_SLOT = "cdc_slot"
 DEFAULT_PARTITIONS = 4
+#: the output plugin the reader decodes (``decoder`` in cdc.toml, ``CDC_DECODER``): see
+#: docs/decoders.md for how to choose; chosen when the slot is created and recorded in the registry
+DECODERS = ("wal2json", "pgoutput")
+DEFAULT_DECODER = "wal2json"
 GIB = 1 << 30
 
 #: environment variables the service reads (at the entry point)
@@ -42,6 +46,8 @@ ENV_KEYS = (
     "CDC_LOG",
     "CDC_TOPIC_PREFIX",
     "CDC_SLOT",
+    "CDC_DECODER",
+    "CDC_PUBLICATION",
     "CDC_PARTITIONS",
     "CDC_CONFIG",
     "CDC_KAFKA_SASL_PASSWORD",
@@ -158,6 +164,10 @@ class CdcFile(_Section):
     log: str | None = None
     topic_prefix: str | None = None
     slot: str | None = None
+    #: the output plugin: "wal2json" or "pgoutput" (docs/decoders.md)
+    decoder: Literal["wal2json", "pgoutput"] | None = None
+    #: pgoutput's publication, kept in step with the registered tables (default: the slot's name)
+    publication: str | None = None
     partitions: int | None = Field(default=None, ge=1)
     #: keep the non-finite recorder's triggers on captured tables where wal2json < 2.6 would turn a
     #: float/numeric NaN or infinity into null (cdc.recorders.nonfinite); false: never install them
@@ -198,6 +208,11 @@ class Settings:
     topic_prefix: str = DEFAULT_PREFIX
     slot_name: str = DEFAULT_SLOT
     partitions: int = DEFAULT_PARTITIONS
+    #: the output plugin a new slot is created with (an existing slot keeps the one the registry
+    #: recorded at its creation)
+    decoder: str = DEFAULT_DECODER
+    #: pgoutput's publication (None: named after the slot)
+    publication_name: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     config: CdcFile = field(default_factory=CdcFile)
     serve_token: SecretStr | None = None
@@ -211,6 +226,11 @@ class Settings:
                 "or pass --source, or put source = '...' in cdc.toml",
             )
         return self.source.get_secret_value()
+
+    @property
+    def publication(self) -> str:
+        """pgoutput's publication: ``publication`` in cdc.toml, else the slot's name."""
+        return self.publication_name or self.slot_name
 
 
 # --- secrets in text ---------------------------------------------------------------------------------
@@ -471,6 +491,18 @@ def load_settings(
     prefix = pick("topic_prefix", "CDC_TOPIC_PREFIX", "topic_prefix") or DEFAULT_PREFIX
     slot = pick("slot", "CDC_SLOT", "slot") or DEFAULT_SLOT
     partitions = _partitions(pick("partitions", "CDC_PARTITIONS", "partitions") or DEFAULT_PARTITIONS)
+    decoder = str(pick("decoder", "CDC_DECODER", "decoder") or DEFAULT_DECODER)
+    if decoder not in DECODERS:
+        raise ConfigError(
+            f"decoder {decoder!r} is not one this service reads",
+            fix=f"set CDC_DECODER (or decoder in cdc.toml) to one of {', '.join(DECODERS)}",
+        )
+    publication = pick("publication", "CDC_PUBLICATION", "publication") or None
+    if publication is not None and not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", str(publication)):
+        raise ConfigError(
+            f"publication name {publication!r} is not a valid name",
+            fix="use lower-case letters, digits and underscores (at most 63 characters)",
+        )
     log_url = _log_url(log_raw)
     _check_names(slot, prefix)
     if source:
@@ -486,6 +518,8 @@ def load_settings(
         topic_prefix=str(prefix),
         slot_name=str(slot),
         partitions=partitions,
+        decoder=decoder,
+        publication_name=str(publication) if publication else None,
         extra=_extra(config),
         config=config,
         serve_token=SecretStr(serve_token) if serve_token else None,

@@ -25,10 +25,13 @@ from cdc.catalog import (
     TableDescription,
     capture_problems,
     describe_table,
+    is_table,
     server_info,
     slot_info,
 )
+from cdc.config import DECODERS
 from cdc.errors import RegistryError
+from cdc.publication import publication_sql, publication_tables
 from cdc.registry import TableReg
 
 #: ``info``: worth knowing, nothing to fix for capture to be right (it does not change the exit code)
@@ -36,11 +39,14 @@ Severity = Literal["error", "warning", "info"]
 
 # The checks in the order they run; each name appears in Report.checked when it ran.
 CHECKS = (
+    "decoder",  # info: the output plugin in use (and pgoutput's publication)
     "wal_level",
     "replication_role",
     "replication_slots",
     "wal_senders",
-    "wal2json",
+    "wal2json",  # the plugin loads (the decoder wal2json)
+    "pgoutput",  # the server allows it (the decoder pgoutput)
+    "publication",  # pgoutput: the publication holds every registered table
     "max_slot_wal_keep_size",
     "slot",
     "registered_tables",
@@ -135,8 +141,34 @@ def check_output_plugin(info: ServerInfo, plugin: str = "wal2json") -> list[Find
     if refusal is None:
         return []
     message, fix = refusal
+    return [Finding(plugin, "error", message, fix, {"output_plugin_libraries": info.output_plugin_libraries})]
+
+
+def check_publication(
+    name: str, have: set[tuple[str, str]] | None, want: Sequence[TableReg], fix_sql: list[str]
+) -> list[Finding]:
+    """pgoutput sends the changes of the publication's tables only: an error for a registered table
+    (existing at the source) it does not hold, or for a missing publication; ``fix_sql`` brings it
+    in step (:func:`cdc.publication.publication_sql`)."""
+    if not fix_sql:
+        return []
+    missing = [r.qualified for r in want if have is None or (r.schema, r.table) not in have]
+    if not missing and have is not None:
+        return []  # only tables no longer registered to drop: their changes are skipped
+    what = (
+        f"the publication {name!r} does not exist"
+        if have is None
+        else f"the publication {name!r} lacks registered table(s) {', '.join(missing)}"
+    )
     return [
-        Finding("wal2json", "error", message, fix, {"output_plugin_libraries": info.output_plugin_libraries})
+        Finding(
+            "publication",
+            "error",
+            f"{what}: pgoutput sends no change of a table it does not hold",
+            "run `cdc run` (it keeps the publication in step) as a role that may, or have the DBA run: "
+            + " ".join(fix_sql),
+            {"publication": name, "missing": missing},
+        )
     ]
 
 
@@ -217,13 +249,13 @@ def check_slot(slot: SlotInfo, database: str) -> list[Finding]:
         return []
     name = slot.name
     drop = f"SELECT pg_drop_replication_slot('{name}')"
-    if slot.slot_type != "logical" or slot.plugin != "wal2json" or slot.database != database:
+    if slot.slot_type != "logical" or slot.plugin not in DECODERS or slot.database != database:
         return [
             Finding(
                 "slot",
                 "error",
                 f"slot {name!r} exists but is a {slot.slot_type} slot with plugin {slot.plugin!r} "
-                f"in database {slot.database!r}, not a wal2json slot in {database!r}",
+                f"in database {slot.database!r}, not a slot of {' or '.join(DECODERS)} in {database!r}",
                 f"choose another slot name (CDC_SLOT / cdc.toml slot = ...), or if it is a leftover: {drop}",
                 {"slot": name, "plugin": slot.plugin, "database": slot.database, "slot_type": slot.slot_type},
             )
@@ -286,6 +318,18 @@ def check_tables(
 
 
 # --- gathering facts ---------------------------------------------------------------------------------
+def _decoder_info(plugin: str, publication: str, slot: SlotInfo) -> Finding:
+    where = f" from publication {publication!r}" if plugin == "pgoutput" else ""
+    made = "the slot was created with it" if slot.exists else "a new slot is created with it"
+    return Finding(
+        "decoder",
+        "info",
+        f"decoder: {plugin}{where} ({made})",
+        "decoder in cdc.toml / CDC_DECODER chooses the next slot's; docs/decoders.md",
+        {"decoder": plugin, "publication": publication if plugin == "pgoutput" else None},
+    )
+
+
 def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> Finding | None:
     """Create and drop a temporary logical slot with output plugin ``plugin``; None when that works.
 
@@ -330,8 +374,17 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
     return None
 
 
-def run_preflight(conn: psycopg.Connection[Any], slot_name: str, regs: Sequence[TableReg]) -> Report:
-    """Run every check against the source behind ``conn`` (autocommit) for ``regs``."""
+def run_preflight(
+    conn: psycopg.Connection[Any],
+    slot_name: str,
+    regs: Sequence[TableReg],
+    *,
+    plugin: str = "wal2json",
+    publication: str | None = None,
+    watermark: tuple[str, str] | None = None,
+) -> Report:
+    """Run every check against the source behind ``conn`` (autocommit) for ``regs``, decoded with
+    output plugin ``plugin`` (pgoutput: from ``publication``, which also holds ``watermark``)."""
     info = server_info(conn)
     slot = slot_info(conn, slot_name)
     findings: list[Finding] = []
@@ -345,8 +398,21 @@ def run_preflight(conn: psycopg.Connection[Any], slot_name: str, regs: Sequence[
     record(["wal_level"], check_wal_level(info))
     record(["replication_role"], check_role(info))
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
-    refused = check_output_plugin(info)
-    if refused:
+    publication = publication or slot_name
+    record(["decoder"], [_decoder_info(plugin, publication, slot)])
+    if plugin == "pgoutput":
+        record(["pgoutput"], check_output_plugin(info, "pgoutput"))  # built in: only a refusal
+        tables = [(r.schema, r.table) for r in regs] + ([watermark] if watermark else [])
+        record(
+            ["publication"],
+            check_publication(
+                publication,
+                publication_tables(conn, publication),
+                [r for r in regs if is_table(conn, (r.schema, r.table))],  # else registered_tables
+                publication_sql(conn, publication, tables),
+            ),
+        )
+    elif refused := check_output_plugin(info):
         record(["wal2json"], refused)
     elif info.wal_level != "logical":
         skipped["wal2json"] = "wal_level is not logical"

@@ -102,6 +102,9 @@ class State(StrEnum):
     WAL2JSON_NUMERIC_AS_STRING = "wal2json_numeric_as_string"
     #: the last slot drop of the status policy (JSON, :mod:`cdc.status.slot`)
     SLOT_DROPPED = "slot_dropped"
+    #: the output plugin the slot was created with (``wal2json``/``pgoutput``; absent: a slot
+    #: created before decoders were recorded, which is wal2json)
+    DECODER = "decoder"
 
 
 class TableState(StrEnum):

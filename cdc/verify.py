@@ -63,6 +63,7 @@ from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
+from cdc.names import quote_ident
 from cdc.registry import Registry, TableReg
 from sinks import StoredRows, StoredTexts
 
@@ -322,28 +323,43 @@ class Verifier:
         peeked (``pg_logical_slot_peek_changes`` up to ``lsn``, filtered to these tables; nothing is
         consumed): no pending change of these tables also means caught up."""
         row = conn.execute(
-            "SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            "SELECT active, confirmed_flush_lsn::text, plugin::text FROM pg_replication_slots "
+            "WHERE slot_name = %s",
             (self.settings.slot_name,),
         ).fetchone()
         if row is None or row[1] is None:
             return True, {}
-        active, flushed_text = bool(row[0]), str(row[1])
+        active, flushed_text, plugin = bool(row[0]), str(row[1]), str(row[2])
         if lsn_to_int(flushed_text) >= lsn:
             return True, {}
         info: dict[str, Any] = {"slot": self.settings.slot_name, "confirmed_flush_lsn": flushed_text}
         if active:
             return False, info
         try:
-            rows = conn.execute(
-                "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
-                "'include-transaction', 'false', 'add-tables', %s)",
-                (self.settings.slot_name, int_to_lsn(lsn), ",".join(_wal2json_name(t) for t in tables)),
-            ).fetchall()
+            pending = self._pending_changes(conn, plugin, lsn, tables)
         except psycopg.errors.ObjectInUse:  # the reader just started: wait for it instead
             return False, info
-        pending = sum(1 for (data,) in rows if orjson.loads(data).get("action") in ("I", "U", "D", "T"))
         info["pending_changes"] = pending
         return pending == 0, info
+
+    def _pending_changes(
+        self, conn: psycopg.Connection[Any], plugin: str, lsn: int, tables: Sequence[TableReg]
+    ) -> int:
+        """The changes of ``tables`` (pgoutput: of every published table) the inactive slot holds
+        before ``lsn`` (peeked: nothing is consumed)."""
+        if plugin == "pgoutput":
+            rows = conn.execute(
+                "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
+                "NULL, 'proto_version', '1', 'publication_names', %s)",
+                (self.settings.slot_name, int_to_lsn(lsn), quote_ident(self.settings.publication)),
+            ).fetchall()
+            return sum(1 for (kind,) in rows if bytes(kind) in (b"I", b"U", b"D", b"T"))
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
+            "'include-transaction', 'false', 'add-tables', %s)",
+            (self.settings.slot_name, int_to_lsn(lsn), ",".join(_wal2json_name(t) for t in tables)),
+        ).fetchall()
+        return sum(1 for (data,) in rows if orjson.loads(data).get("action") in ("I", "U", "D", "T"))
 
     def _apply_lag(self, store: Any, topic: str, ends: dict[int, int]) -> dict[int, int]:
         try:

@@ -67,12 +67,14 @@ class Progress(Protocol):
     def close(self) -> None: ...
 
 
-def create_exported_slot(repl_cursor: Any, slot: str, *, temporary: bool) -> ExportedSnapshot:
-    """Create a logical wal2json slot that exports its snapshot, on a psycopg2 replication
-    connection's cursor (psycopg2's create_replication_slot does not export). The slot name is
-    validated by the caller (``[a-z_][a-z0-9_]*``)."""
+def create_exported_slot(
+    repl_cursor: Any, slot: str, *, temporary: bool, plugin: str = "wal2json"
+) -> ExportedSnapshot:
+    """Create a logical slot of output plugin ``plugin`` that exports its snapshot, on a psycopg2
+    replication connection's cursor (psycopg2's create_replication_slot does not export). The slot
+    name and plugin are validated by the caller (``[a-z_][a-z0-9_]*``, :data:`cdc.config.DECODERS`)."""
     temp = " TEMPORARY" if temporary else ""
-    repl_cursor.execute(f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL wal2json EXPORT_SNAPSHOT')
+    repl_cursor.execute(f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL {plugin} EXPORT_SNAPSHOT')
     row = repl_cursor.fetchone()
     return ExportedSnapshot(slot=str(row[0]), name=str(row[2]), consistent_lsn=lsn_to_int(str(row[1])))
 

@@ -25,6 +25,7 @@ from cdc.config import Settings
 from cdc.connect import classify, connect
 from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
+from cdc.publication import decoder_in_use, sync_publication
 from cdc.recorders.ddl import check_ddl_recorder, install_ddl_recorder, install_script
 from cdc.recorders.nonfinite import (
     check_nonfinite,
@@ -59,17 +60,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.set_defaults(handler=run_check)
 
 
-def _registered(settings: Settings) -> tuple[list[TableReg], str | None]:
-    """The registered tables, and what the reader found out about wal2json
-    (:attr:`cdc.registry.State.WAL2JSON_NUMERIC_AS_STRING`)."""
+def _registered(settings: Settings) -> tuple[list[TableReg], str | None, str]:
+    """The registered tables, what the reader found out about wal2json
+    (:attr:`cdc.registry.State.WAL2JSON_NUMERIC_AS_STRING`), and the decoder in use."""
     if not (settings.state_dir / "registry.db").exists():
-        return [], None
+        return [], None, settings.decoder
     with Registry(settings.state_dir) as registry:
-        return registry.list_tables(), registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING)
+        return (
+            registry.list_tables(),
+            registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING),
+            decoder_in_use(registry, settings),
+        )
 
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
-    regs, wal2json_state = _registered(settings)
+    regs, wal2json_state, plugin = _registered(settings)
     dsn = settings.require_source()
     with connect(dsn, application_name="cdc check") as conn:
         try:
@@ -85,14 +90,29 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                     )
                 )
                 return 0
+            watermark = SnapshotOptions.from_settings(settings).watermark
             if args.fix:
-                if ensure_watermark_table(conn, *SnapshotOptions.from_settings(settings).watermark):
+                if ensure_watermark_table(conn, *watermark):
                     print("created the watermark table", file=sys.stderr)
+                if plugin == "pgoutput":
+                    tables = [(r.schema, r.table) for r in regs] + [watermark]
+                    sync_publication(conn, settings.publication, tables)
                 _fix_ddl_recorder(conn)
-                if settings.config.nonfinite_recorder:
+                if settings.config.nonfinite_recorder and plugin == "wal2json":
                     _fix_nonfinite(conn, regs, settings)
             report = _with_source_objects(
-                run_preflight(conn, settings.slot_name, regs), conn, settings, regs, wal2json_state
+                run_preflight(
+                    conn,
+                    settings.slot_name,
+                    regs,
+                    plugin=plugin,
+                    publication=settings.publication,
+                    watermark=watermark,
+                ),
+                conn,
+                settings,
+                regs,
+                wal2json_state if plugin == "wal2json" else "1",  # pgoutput: no recorder
             )
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None

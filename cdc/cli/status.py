@@ -44,6 +44,8 @@ def _lag(stage: dict[str, Any]) -> str:
         parts.append(f"{stage['lag_offsets']:,} offsets")
     if stage.get("retained_wal_bytes") is not None:
         parts.append(f"retained {stage['retained_wal_bytes']:,} B")
+    if stage.get("decoder"):
+        parts.append(f"decoder {stage['decoder']}")
     if stage.get("lag_seconds") is not None:
         parts.append(f"{stage['lag_seconds']:.1f} s")
     return ", ".join(parts) or "-"

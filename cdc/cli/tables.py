@@ -33,9 +33,10 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
+from cdc.publication import decoder_in_use, published, sync_publication
 from cdc.recorders.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
-from snapshot.chunk_state import load_progress, progress_view
+from snapshot.chunk_state import SnapshotOptions, load_progress, progress_view
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -183,11 +184,17 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                     fix="rename one of the tables, or remove the other registration first",
                     topic=reg.topic,
                 )
+            _publish(conn, settings, registry, [(schema, table)])
             registry.add(reg)
             wal2json_sends_them = registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
             warnings = key_warnings(desc, key)
             recorder = None
-            if not wal2json_sends_them and settings.config.nonfinite_recorder and tracked_columns(reg):
+            if (
+                decoder_in_use(registry, settings) == "wal2json"  # pgoutput sends them itself
+                and not wal2json_sends_them
+                and settings.config.nonfinite_recorder
+                and tracked_columns(reg)
+            ):
                 recorder, more = nonfinite_recorder(
                     conn, reg, registry, settings.config.nonfinite_recorder_when
                 )  # the same connection
@@ -212,6 +219,23 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
             "`cdc run` or `cdc snapshot` takes it)"
         )
     return 0
+
+
+def _publish(
+    conn: psycopg.Connection[Any], settings: Settings, registry: Registry, also: list[tuple[str, str]]
+) -> None:
+    """pgoutput: bring the publication in step with the registered tables and ``also`` (the one
+    being added) before the registration is written (:mod:`cdc.publication`)."""
+    if decoder_in_use(registry, settings) != "pgoutput":
+        return
+    tables = published(registry, SnapshotOptions.from_settings(settings).watermark) + also
+    change = sync_publication(conn, settings.publication, tables)
+    if change.dba_sql:
+        print(
+            f"warning: the publication {settings.publication} still holds tables no longer registered "
+            f"(their changes are skipped); fix: have the DBA run: {change.dba_sql}",
+            file=sys.stderr,
+        )
 
 
 def nonfinite_recorder(
@@ -302,10 +326,12 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
     registry = _open_existing(settings)
     regs: list[TableReg] = []
     rows: list[dict[str, Any]] = []
+    decoder = settings.decoder
     if registry is not None:
         with registry:
             regs = registry.list_tables()
-            rows = [table_json(r, settings.state_dir, registry) for r in regs]
+            decoder = decoder_in_use(registry, settings)
+            rows = [{**table_json(r, settings.state_dir, registry), "decoder": decoder} for r in regs]
     if args.json:
         print_json(rows)
         return 0
@@ -314,6 +340,7 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
             f"no tables registered (state: {settings.state_dir}); add one with `cdc tables add SCHEMA.TABLE`"
         )
         return 0
+    print(f"decoder: {decoder}" + (f" (publication {settings.publication})" if decoder == "pgoutput" else ""))
     print_table(
         None,
         ["table", "topic", "key", "search", "snapshot", "consistent LSN", "chunks"],
@@ -366,6 +393,9 @@ def remove_table(args: argparse.Namespace, settings: Settings) -> int:
     with registry:
         found = registry.find(args.table)
         reg = registry.remove(found.schema, found.table)
+        if decoder_in_use(registry, settings) == "pgoutput":
+            with connect(settings.require_source()) as conn:
+                _publish(conn, settings, registry, [])
     if args.json:
         print_json({"removed": table_json(reg, settings.state_dir), "topic_kept": True})
     else:

@@ -322,8 +322,15 @@ class EventBuilder:
         columns_changed: ColumnsChanged,
         columns_gone: ColumnsGone | None = None,
         resolve_types: Callable[[tuple[Column, ...]], tuple[Column, ...]] | None = None,
+        *,
+        skip_unlisted: bool = False,
     ) -> None:
         self.codecs = codecs
+        #: a change of a table not in ``codecs`` is skipped (counted in :attr:`unlisted`), not an
+        #: error: the decoder's filter is shared server state (pgoutput's publication) that may
+        #: hold a table registered after this session started, which restarts with it
+        self.skip_unlisted = skip_unlisted
+        self.unlisted = 0
         #: a domain column named by its domain (as wal2json and the DDL recorder name it) -> its
         #: base type (cdc.catalog.resolve_domains); none: types are kept as sent
         self.resolve_types = resolve_types
@@ -471,11 +478,12 @@ class EventBuilder:
             if held is not None and codec is not None:
                 self._patch(codec, msg, held)
         if codec is None:
-            if (msg.schema or "", table or "") in self.detached:
+            if self.skip_unlisted or (msg.schema or "", table or "") in self.detached:
                 self.seq += 1
+                self.unlisted += self.skip_unlisted
                 return None
             raise DecodeError(
-                f"wal2json sent a change of {msg.schema}.{msg.table}, which is not registered",
+                f"the stream sent a change of {msg.schema}.{msg.table}, which is not registered",
                 fix="this is a bug: the add-tables filter and the registry disagree",
                 lsn=msg.lsn,
                 reason="unregistered table",

@@ -1,4 +1,4 @@
-"""The reader stage: Postgres logical replication (wal2json v2) -> change events in the log store.
+"""The reader stage: Postgres logical replication (wal2json v2 or pgoutput) -> change events in the log store.
 
 Interface: :class:`Reader` (``Reader(settings, store, registry).run(once=..., stop=...)``), tuned by
 :class:`ReaderOptions`. Modules beside it: :mod:`~cdc.reader.slot` (the slot decision: create,
@@ -61,10 +61,13 @@ from cdc.catalog import (
     slot_info,
     source_tables,
     table_oids,
+    type_namer,
 )
-from cdc.codec import HEARTBEAT_PREFIX
+from cdc.codec import HEARTBEAT_PREFIX, Decoder
 from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.config import Settings, redact_dsn, redact_text
+from cdc.codec.pgoutput import PgOutput
+from cdc.codec.wal2json import DECODER as WAL2JSON
+from cdc.config import DECODERS, Settings, redact_dsn, redact_text
 from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
 from cdc.errors import (
     ConfigError,
@@ -78,6 +81,7 @@ from cdc.events import encode_key, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
+from cdc.publication import published, sync_publication
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.reader.slot import SlotFacts, decide
@@ -221,6 +225,8 @@ class Reader:
         self._topics: set[str] = set()
         #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
         self._numeric_as_string: bool | None = None
+        #: the output plugin of the current session (the slot's; :meth:`_choose_plugin`)
+        self._plugin = settings.decoder
         #: per table: the catalog digest and key last judged, and the problems found (the poll asks
         #: cdc.catalog.capture_problems again only when they changed)
         self._capture_checked: dict[
@@ -347,13 +353,15 @@ class Reader:
                     self.store.hold(APPLY_CONSUMER, reg.topic)
                 self._topics.add(reg.topic)
 
-    def _codec(self, reg: TableReg, db: str) -> TableCodec:
+    def _codec(self, reg: TableReg, db: str, decoder: Decoder = WAL2JSON) -> TableCodec:
+        """The table's codec; ``decoder``: the stream's (whose values it converts)."""
         codec = TableCodec(
             reg,
             prefix=self.settings.topic_prefix,
             db=db,
             partitions=self.settings.partitions,
             numeric_as_string=self._numeric_as_string is not False,
+            decoder=decoder,
         )
         drop_before = self.registry.get_state(drop_before_key(reg.schema, reg.table))
         if drop_before is not None:
@@ -371,10 +379,15 @@ class Reader:
     def _ensure_nonfinite(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> None:
         """Install or update the non-finite recorder's triggers (:mod:`cdc.recorders.nonfinite`)
         where wal2json cannot send NaN/Infinity itself (< 2.6, or not known yet); say, per table
-        and column, where it could not be installed (once the plugin is known to be < 2.6)."""
-        if self._numeric_as_string or (
-            self._numeric_as_string is None
-            and self.registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
+        and column, where it could not be installed (once the plugin is known to be < 2.6).
+        pgoutput sends them itself: no recorder."""
+        if (
+            self._plugin != "wal2json"
+            or self._numeric_as_string
+            or (
+                self._numeric_as_string is None
+                and self.registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
+            )
         ):
             remember(self.registry, [], regs)  # nothing is lost: no table needs the recorder
             return
@@ -402,10 +415,57 @@ class Reader:
                     + (f"; fix: {state['fix']}" if state["fix"] else "")
                 )
 
+    def _choose_plugin(self, conn: psycopg.Connection[Any], slot: str) -> str:
+        """The session's output plugin: the existing slot's (a slot cannot change plugin), else the
+        configured ``decoder``. A slot of another plugin than the configured one is refused, with
+        the way to switch."""
+        info = slot_info(conn, slot)
+        wanted = self.settings.decoder
+        if not info.exists or info.plugin is None or info.plugin == wanted:
+            return wanted
+        if info.plugin not in DECODERS:
+            return wanted  # not a slot of ours: the slot decision refuses it as foreign
+        raise SourcePermanentError(
+            f"decoder = {wanted!r} is configured, but replication slot {slot!r} was created with "
+            f"{info.plugin!r}, and a slot cannot change its output plugin",
+            fix=f"keep decoder = {info.plugin!r} (CDC_DECODER), or switch: stop `cdc run`, drop the "
+            f"slot (SELECT pg_drop_replication_slot('{slot}')), run `cdc snapshot --all`, then `cdc run` "
+            f"(a new {wanted} slot; every table is snapshotted again in chunks while streaming)",
+            slot=slot,
+            plugin=info.plugin,
+            decoder=wanted,
+        )
+
+    def _decoder(self, conn: psycopg.Connection[Any]) -> Decoder:
+        """A decoder for this session's plugin (pgoutput's keeps per-session state)."""
+        if self._plugin == "pgoutput":
+            decoder: Decoder = PgOutput(type_namer(conn), self.settings.publication, conn.info.server_version)
+            return decoder
+        return WAL2JSON
+
+    def _sync_publication(self, conn: psycopg.Connection[Any]) -> None:
+        """pgoutput: the publication holds every registered table and, once it exists, the chunked
+        snapshots' watermark table (:mod:`cdc.publication`)."""
+        if self._plugin != "pgoutput":
+            return
+        tables = published(self.registry, self._snapshot_options().watermark)
+        change = sync_publication(conn, self.settings.publication, tables)
+        if change.dba_sql:
+            self.log(
+                f"warning: the publication {self.settings.publication} still holds tables no longer "
+                f"registered (their changes are skipped); fix: have the DBA run: {change.dba_sql}"
+            )
+        if change.changed:
+            self.log(
+                f"publication {self.settings.publication}: "
+                + ("created; " if change.created else "")
+                + f"added {[f'{s}.{t}' for s, t in change.added]}, dropped {[f'{s}.{t}' for s, t in change.dropped]}"
+            )
+
     def _refuse_if_plugin_refused(self, conn: psycopg.Connection[Any]) -> None:
         """Fail fast, before any slot work, when the server's ``output_plugin_libraries`` leaves out
-        wal2json (the same rule and fix as ``cdc check``)."""
-        refusal = server_info(conn).output_plugin_refusal("wal2json")
+        the session's plugin (the same rule and fix as ``cdc check``)."""
+        refusal = server_info(conn).output_plugin_refusal(self._plugin)
         if refusal is not None:
             message, fix = refusal
             raise SourcePermanentError(message, fix=fix, source=redact_dsn(self.dsn))
@@ -428,10 +488,13 @@ class Reader:
         slot = self.settings.slot_name
         with self._connect() as conn:
             db = str(conn.info.dbname)
+            self._plugin = self._choose_plugin(conn, slot)
             self._refuse_if_plugin_refused(conn)
             regs = self.registry.list_tables()
             self._ensure_nonfinite(conn, regs)
+            self._sync_publication(conn)  # before a new slot's consistent point
             start_lsn = self._slot_start(conn, regs, db, slot)
+            self.registry.set_state(State.DECODER, self._plugin)
             self.confirmed = max(self.confirmed, start_lsn)
             regs, refused, chunking = self._session_tables(conn)
             watcher = SourceWatcher(
@@ -467,7 +530,7 @@ class Reader:
             # full chunked snapshot ends with a TRUNCATE marker that removes the rows whose
             # deletes the lost slot never delivered
             row = conn.execute(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'wal2json')", [slot]
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", [slot, self._plugin]
             ).fetchone()
             assert row is not None
             self.log(f"slot {slot} created at {row[0]}; every table is snapshotted in chunks")
@@ -548,7 +611,8 @@ class Reader:
     ) -> str:
         """Stream ``regs`` (and the chunked snapshots of ``chunking``) until stopped, caught up, or
         a restart is due; the reason."""
-        codecs = {(r.schema, r.table): self._codec(r, db) for r in regs}
+        decoder = self._decoder(conn)
+        codecs = {(r.schema, r.table): self._codec(r, db, decoder) for r in regs}
         for parent, parts in watcher.leaves.items():
             for leaf in parts:
                 codecs[leaf] = codecs[parent]
@@ -559,6 +623,9 @@ class Reader:
             functools.partial(self._columns_changed, conn),
             watcher.columns_gone,
             lambda cols: resolve_domains(conn, cols, type_cache),
+            # pgoutput's publication is shared state: a table registered since this session started
+            # is published before the session restarts with it (its chunked snapshot covers it)
+            skip_unlisted=self._plugin == "pgoutput",
         )
         follower = self._ddl_follower(conn, builder, regs, watcher)
         batch = Batch(self.store, self.store_lock)
@@ -592,6 +659,7 @@ class Reader:
             driver = self._chunk_driver(conn, chunking, db)
             ctl.chunks = driver.tracker
             tables.append(driver.tracker.schema_table)
+            self._sync_publication(conn)  # the watermark table exists now
         self.log(f"streaming {len(regs)} table(s) from {int_to_lsn(self.confirmed)}")
         self._publish_progress(self.confirmed, self.events)
         if driver is not None:
@@ -605,13 +673,15 @@ class Reader:
                 builder,
                 batch,
                 ctl,
-                numeric_as_string=self._numeric_as_string is not False,
+                numeric_as_string=self._plugin == "wal2json" and self._numeric_as_string is not False,
+                decoder=decoder,
             )
-            if self._numeric_as_string is None:
-                self.registry.set_state(State.WAL2JSON_NUMERIC_AS_STRING, "1")
-            self._numeric_as_string = self._numeric_as_string is not False
+            if self._plugin == "wal2json":
+                if self._numeric_as_string is None:
+                    self.registry.set_state(State.WAL2JSON_NUMERIC_AS_STRING, "1")
+                self._numeric_as_string = self._numeric_as_string is not False
         except psycopg2.errors.InvalidParameterValue:
-            if self._numeric_as_string is not None:
+            if self._numeric_as_string is not None or self._plugin != "wal2json":
                 raise
             # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
             self._numeric_as_string = False
@@ -620,6 +690,7 @@ class Reader:
         finally:
             if driver is not None:
                 driver.stop()
+            decoder.close()
             batch.close()
             self.events += batch.written
         self.confirmed = max(self.confirmed, pos)
@@ -931,7 +1002,7 @@ class Reader:
             self.registry.set_snapshot_state(reg.schema, reg.table, "running")
         repl = open_replication(self.dsn)
         try:
-            snap = create_exported_slot(repl.cursor(), slot, temporary=temporary)
+            snap = create_exported_slot(repl.cursor(), slot, temporary=temporary, plugin=self._plugin)
             self.log(
                 f"{'initial' if not temporary else 'table'} snapshot of {len(regs)} table(s) at "
                 f"{int_to_lsn(snap.consistent_lsn)}"

@@ -30,12 +30,15 @@ from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
+from cdc.names import quote_ident
 from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
 from cdc.status.slot import drop_slot, judge_slot, should_drop
 
 CATCH_UP_WAIT_S = 1.5
+#: Postgres' epoch (2000-01-01 UTC) in Unix epoch milliseconds: pgoutput's timestamps count from it
+PG_EPOCH_MS = 946_684_800_000
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -147,10 +150,14 @@ class Collector:
         self.state = Path(settings.state_dir)
 
     # -- the source ------------------------------------------------------------------------------
-    def _peek(self, conn: Any, upto: int, tables: list[TableReg]) -> dict[str, Any] | None:
+    def _peek(
+        self, conn: Any, upto: int, tables: list[TableReg], plugin: str | None
+    ) -> dict[str, Any] | None:
         """With no reader streaming, peek the slot (nothing is consumed) up to ``upto`` for changes
         of the registered tables: their count and the commit time of the oldest. None when the slot
         became busy meanwhile."""
+        if plugin == "pgoutput":
+            return self._peek_pgoutput(conn, upto)
 
         def esc(part: str) -> str:
             return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
@@ -174,6 +181,28 @@ class Collector:
                 pending += 1
                 if oldest is None and begin_ts:
                     oldest = commit_ts_ms(begin_ts)
+        return {"pending_changes": pending, "oldest_pending_ms": oldest}
+
+    def _peek_pgoutput(self, conn: Any, upto: int) -> dict[str, Any] | None:
+        """:meth:`_peek` of a pgoutput slot: the changes of every published table (the publication
+        holds the registered ones); a Begin message carries the commit time (µs since 2000)."""
+        try:
+            rows = conn.execute(
+                "SELECT substr(data, 1, 17) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
+                "NULL, 'proto_version', '1', 'publication_names', %s)",
+                (self.settings.slot_name, int_to_lsn(upto), quote_ident(self.settings.publication)),
+            ).fetchall()
+        except psycopg.errors.ObjectInUse:  # a reader just started streaming
+            return None
+        pending, oldest, begin_ms = 0, None, None
+        for (head,) in rows:
+            head = bytes(head)
+            if head[:1] == b"B":
+                begin_ms = int.from_bytes(head[9:17], "big", signed=True) // 1000 + PG_EPOCH_MS
+            elif head[:1] in (b"I", b"U", b"D", b"T"):
+                pending += 1
+                if oldest is None:
+                    oldest = begin_ms
         return {"pending_changes": pending, "oldest_pending_ms": oldest}
 
     def _source(
@@ -226,7 +255,7 @@ class Collector:
             elif (
                 info.exists and not info.active and 0 < (info.lag_bytes or 0) <= CATCH_UP_MAX_BYTES and tables
             ):
-                out["peek"] = self._peek(conn, wal, tables)
+                out["peek"] = self._peek(conn, wal, tables, info.plugin)
             out["wal_lsn"] = wal
             out["slot"] = info
         return out
@@ -506,6 +535,7 @@ class Collector:
             "reason": sj.reason,
             "fix": fix,
             "slot": self.settings.slot_name,
+            "decoder": slot.plugin if slot and slot.exists else None,
             "exists": bool(slot and slot.exists),
             "active": bool(slot and slot.active),
             "wal_status": slot.wal_status if slot else None,

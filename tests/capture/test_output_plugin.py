@@ -99,6 +99,25 @@ def test_stock_server_refuses_then_the_printed_fix_allows(env: CaptureEnv, stock
     assert rows[2]["after"] == {"id": 2, "v": "quote ' and\nnewline"} and rows[2]["op"] == "r"
 
 
+def test_pgoutput_needs_no_allow_list(env: CaptureEnv, stock_cluster: PgCluster) -> None:
+    """The same stock server, decoder pgoutput: nothing to allow, capture works as it is."""
+    env.config.write_text(env.config.read_text() + 'decoder = "pgoutput"\n')
+    assert stock_cluster.fetch("SHOW output_plugin_libraries") == [("pgoutput, test_decoding",)]
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO t VALUES (1, 'before')")
+    env.add_table("public.t")
+    report = orjson.loads(env.cdc("check", "--json").stdout)
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report
+    env.run_once()
+    env.sql("UPDATE t SET v = %s WHERE id = 1", ["after \\ and\nnewline"])
+    env.run_once()
+    events = [orjson.loads(r.value) for r in env.records(env.reg("public", "t").topic) if r.value]
+    assert [(e["op"], e["after"]) for e in events] == [
+        ("r", {"id": 1, "v": "before"}),
+        ("u", {"id": 1, "v": "after \\ and\nnewline"}),
+    ]
+
+
 @pytest.mark.parametrize(
     "setting,refused",
     [

@@ -1,4 +1,4 @@
-"""The reader end to end against the real Postgres (wal2json) and both log-store backends."""
+"""The reader end to end against the real Postgres (wal2json and pgoutput) and both log-store backends."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import pytest
 from snapshot.exported import sql_json_value
 from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of
 from tests.plugins.logstore import BACKENDS
+
+pytestmark = pytest.mark.decoders("wal2json", "pgoutput")
 
 
 @pytest.mark.parametrize("env", BACKENDS, indirect=True)

@@ -6,7 +6,11 @@ The ``env`` fixture is configured by the ``cdc_config`` marker (on the test, its
 module): ``pytest.mark.cdc_config("[snapshot]\nchunk_size = 7\n", backend="kafka")`` appends the
 text to the test's ``cdc.toml`` and picks the log-store backend (``embedded`` by default). A test
 parametrised indirectly on ``env`` (``parametrize("env", BACKENDS, indirect=True)``) runs on each
-backend of the parameter."""
+backend of the parameter.
+
+The ``decoders`` marker runs a test once per output plugin it names
+(``pytest.mark.decoders("wal2json", "pgoutput")``): ``env``'s cdc.toml then sets ``decoder``, and the
+``decoder`` fixture tells the test which one it runs with (``wal2json`` without the marker)."""
 
 from __future__ import annotations
 
@@ -193,7 +197,13 @@ class SourceLoad:
 
 
 def make_env(
-    pg: PgCluster, db: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest, options: str = ""
+    pg: PgCluster,
+    db: str,
+    tmp_path: Path,
+    backend: str,
+    request: pytest.FixtureRequest,
+    options: str = "",
+    decoder: str | None = None,
 ) -> Iterator[CaptureEnv]:
     tag = uuid.uuid4().hex[:8]
     log_url = None
@@ -204,7 +214,9 @@ def make_env(
     state.mkdir()
     config = tmp_path / "cdc.toml"
     config.write_text(
-        "heartbeat_interval_s = 1\npoll_s = 0.2\nbackoff_initial_s = 0.2\nbackoff_max_s = 2\n" + options
+        "heartbeat_interval_s = 1\npoll_s = 0.2\nbackoff_initial_s = 0.2\nbackoff_max_s = 2\n"
+        + (f'decoder = "{decoder}"\n' if decoder else "")
+        + options
     )
     env = CaptureEnv(pg, db, state, f"cdc_slot_{tag}", f"cdc{tag}", log_url, config)
     try:
@@ -217,17 +229,32 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "cdc_config(options, backend='embedded'): the cdc.toml lines and log store of ``env``"
     )
+    config.addinivalue_line("markers", "decoders(*names): run the test once per output plugin (``env``)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("decoders")
+    if marker is not None and "decoder" in metafunc.fixturenames:
+        metafunc.parametrize("decoder", list(marker.args), indirect=True)
 
 
 @pytest.fixture
-def env(pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+def decoder(request: pytest.FixtureRequest) -> str | None:
+    """The output plugin of ``env`` (the ``decoders`` marker's parameter; None: the default)."""
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def env(
+    pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest, decoder: str | None
+) -> Iterator[CaptureEnv]:
     """A :class:`CaptureEnv` on a fresh database of the session cluster (see the module's doc for
     the ``cdc_config`` marker and the indirect backend parameter)."""
     marker = request.node.get_closest_marker("cdc_config")
     options = str(marker.args[0]) if marker and marker.args else ""
     backend = str(marker.kwargs.get("backend", "embedded")) if marker else "embedded"
     backend = str(getattr(request, "param", backend))
-    yield from make_env(pg, pg_db, tmp_path, backend, request, options)
+    yield from make_env(pg, pg_db, tmp_path, backend, request, options, decoder)
 
 
 def current_lsn(env: CaptureEnv) -> int:

@@ -1,0 +1,182 @@
+"""pgoutput's publication: cdc's own, kept in step with the registered tables.
+
+pgoutput filters the changes it sends by a publication, not by an option of the session (wal2json's
+``add-tables``). The reader decodes with pgoutput (``decoder = "pgoutput"``) from a publication named
+by ``publication`` in cdc.toml (default: the slot's name) that holds exactly the registered tables
+that exist at the source, and the chunked snapshots' watermark table while one runs. It is created
+``WITH (publish_via_partition_root = true)``: a partitioned table's changes arrive under the parent's
+name, whatever leaf they were written to.
+
+``cdc tables add`` / ``remove`` and every reader session bring it in step (:func:`sync_publication`).
+Without the privilege (``CREATE`` on the database for ``CREATE PUBLICATION``, ownership of a table to
+add it) the error carries the exact SQL for the DBA (:func:`publication_sql`); ``cdc check`` reports a
+registered table missing from it (:func:`publication_tables`).
+
+Membership is judged by Postgres with the catalog as of each change's WAL position: a table added
+now is published for changes written after this commit. The reader snapshots a newly registered
+table in chunks after its session has added it, so no change the snapshot does not hold is missed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+
+from cdc.config import Settings
+from cdc.errors import SourcePermanentError
+from cdc.registry import Registry, State
+
+__all__ = [
+    "PublicationChange",
+    "decoder_in_use",
+    "publication_sql",
+    "publication_tables",
+    "published",
+    "sync_publication",
+]
+
+Table = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PublicationChange:
+    """What :func:`sync_publication` did: ``created`` the publication, tables ``added``/``dropped``;
+    ``dba_sql``: the statements the role may not run, when they only drop tables no longer
+    registered (nothing is lost: their changes are skipped; a DBA should still run them)."""
+
+    created: bool
+    added: tuple[Table, ...]
+    dropped: tuple[Table, ...]
+    dba_sql: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.created or bool(self.added) or bool(self.dropped)
+
+
+def decoder_in_use(registry: Registry, settings: Settings) -> str:
+    """The output plugin of this deployment: the one its slot was created with (recorded in the
+    registry), else the configured ``decoder`` (the next slot's)."""
+    return registry.get_state(State.DECODER) or settings.decoder
+
+
+def published(registry: Registry, watermark: Table) -> list[Table]:
+    """What the publication should hold: every registered table and the chunked snapshots'
+    ``watermark`` table (both only where they exist at the source: :func:`sync_publication`)."""
+    return [(r.schema, r.table) for r in registry.list_tables()] + [watermark]
+
+
+def publication_tables(conn: psycopg.Connection[Any], name: str) -> set[Table] | None:
+    """The tables the publication holds (as added: a partitioned parent, not its leaves); None
+    when it does not exist."""
+    row = conn.execute("SELECT oid FROM pg_publication WHERE pubname = %s", [name]).fetchone()
+    if row is None:
+        return None
+    rows = conn.execute(
+        "SELECT n.nspname::text, c.relname::text FROM pg_publication_rel pr "
+        "JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE pr.prpubid = %s",
+        [row[0]],
+    ).fetchall()
+    return {(str(s), str(t)) for s, t in rows}
+
+
+def _table(t: Table) -> sql.Composable:
+    return sql.Identifier(*t)
+
+
+def _statements(
+    name: str, have: set[Table] | None, want: set[Table], via_root: bool
+) -> tuple[list[sql.Composed], PublicationChange]:
+    pub = sql.Identifier(name)
+    out: list[sql.Composed] = []
+    if have is None:
+        tables = sorted(want)
+        target = (
+            sql.SQL(" FOR TABLE {}").format(sql.SQL(", ").join(_table(t) for t in tables))
+            if tables
+            else sql.SQL("")
+        )
+        out.append(
+            sql.SQL("CREATE PUBLICATION {}{} WITH (publish_via_partition_root = true)").format(pub, target)
+        )
+        return out, PublicationChange(True, tuple(tables), ())
+    added = tuple(sorted(want - have))
+    dropped = tuple(sorted(have - want))
+    if not via_root:
+        out.append(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub))
+    if added:
+        out.append(
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                pub, sql.SQL(", ").join(_table(t) for t in added)
+            )
+        )
+    if dropped:
+        out.append(
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                pub, sql.SQL(", ").join(_table(t) for t in dropped)
+            )
+        )
+    return out, PublicationChange(False, added, dropped)
+
+
+def _existing(conn: psycopg.Connection[Any], tables: Iterable[Table]) -> set[Table]:
+    """The tables of ``tables`` that exist at the source (a dropped one cannot be published)."""
+    out = set()
+    for schema, table in tables:
+        row = conn.execute(
+            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            [schema, table],
+        ).fetchone()
+        if row is not None:
+            out.add((schema, table))
+    return out
+
+
+def _plan(
+    conn: psycopg.Connection[Any], name: str, tables: Iterable[Table]
+) -> tuple[list[sql.Composed], PublicationChange]:
+    have = publication_tables(conn, name)
+    row = conn.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s", [name]).fetchone()
+    return _statements(name, have, _existing(conn, tables), bool(row[0]) if row else True)
+
+
+def publication_sql(conn: psycopg.Connection[Any], name: str, tables: Iterable[Table]) -> list[str]:
+    """The statements that bring the publication in step with ``tables`` (for a DBA to run)."""
+    statements, _ = _plan(conn, name, tables)
+    return [s.as_string(conn) + ";" for s in statements]
+
+
+def sync_publication(conn: psycopg.Connection[Any], name: str, tables: Iterable[Table]) -> PublicationChange:
+    """Create the publication, or add and drop tables, so that it holds exactly those of ``tables``
+    that exist at the source; committed before it returns. Without the privilege to create it or
+    add a table: a :class:`~cdc.errors.SourcePermanentError` whose fix is the SQL for the DBA (only
+    to drop tables: that SQL in :attr:`PublicationChange.dba_sql`)."""
+    statements, change = _plan(conn, name, tables)
+    if not statements:
+        return change
+    try:
+        with conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        text = " ".join(s.as_string(conn) + ";" for s in statements)
+        if not change.created and not change.added:
+            return PublicationChange(False, (), (), dba_sql=text)
+        role = conn.execute("SELECT current_user::text").fetchone()
+        raise SourcePermanentError(
+            f"the source role {role[0] if role else '?'} may not keep the publication {name!r} in step "
+            f"with the registered tables ({str(exc).strip()})",
+            fix=f"have the DBA run: {text} (or grant CREATE on the database and make the role the "
+            "tables' owner)",
+            publication=name,
+        ) from None
+    if not conn.autocommit:
+        conn.commit()
+    return change
