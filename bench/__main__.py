@@ -22,6 +22,7 @@ BENCHMARKS = [
     "chunked",
     "apply",
     "freshness",
+    "decoders",
 ]
 
 

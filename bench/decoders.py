@@ -1,0 +1,150 @@
+"""The reader's decoding cost per change: pgoutput (:mod:`cdc.codec.pgoutput`) against wal2json
+(:mod:`cdc.codec.wal2json`), on the same changes.
+
+One table of 10 typical columns (bigint key, integer, two texts, numeric, double precision,
+boolean, timestamptz, date, jsonb); N inserts, then N updates of one column, in transactions of
+100 rows, read from a wal2json slot and a pgoutput slot created at the same point (the SQL
+functions ``pg_logical_slot_peek_changes`` / ``peek_binary_changes``, so no socket is timed). Timed
+in this process (its CPU time), free of I/O: ``decode`` of every message (B/C included), then decode
+plus the per-column converters to the event values (what ``TableCodec.fast_row`` does). Median of
+5 rounds, microseconds per change (messages of the inserts or the updates, divided by N).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench._common import loadavg, say
+from cdc.codec import Message
+from cdc.codec.pgoutput import PgOutput
+from cdc.codec.wal2json import DECODER as WAL2JSON
+from cdc.codec.wal2json import replication_options
+from cdc.devcluster import start_cluster
+
+TABLE = (
+    "CREATE TABLE t (id bigint PRIMARY KEY, n integer, name text, email varchar(100), amount numeric(12,2),"
+    " score double precision, active boolean, created timestamptz, day date, meta jsonb)"
+)
+INSERT = (
+    "INSERT INTO t SELECT g, g %% 1000, 'name ' || g, 'user' || g || '@example.com', g * 1.25, g / 7.0,"
+    " g %% 2 = 0, '2026-11-26 01:00:00+00'::timestamptz + g * interval '1 s', '2026-11-26'::date + (g %% 365)::int,"
+    " jsonb_build_object('k', g, 'tag', 'x') FROM generate_series(%s::bigint, %s::bigint) g"
+)
+ROUNDS = 5
+
+
+def _peek(
+    dsn: str, n: int
+) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], dict[tuple[int, int], str]]:
+    """The wal2json and pgoutput messages of N inserts then N updates (and the type names)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(TABLE)
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        conn.execute("SELECT pg_create_logical_replication_slot('w', 'wal2json')")
+        conn.execute("SELECT pg_create_logical_replication_slot('p', 'pgoutput')")
+        for lo in range(1, n + 1, 100):
+            conn.execute(INSERT, (lo, min(lo + 99, n)))
+        for lo in range(1, n + 1, 100):
+            conn.execute("UPDATE t SET n = n + 1 WHERE id BETWEEN %s AND %s", (lo, lo + 99))
+        opts = [x for kv in replication_options([("public", "t")]).items() for x in kv]
+        args = ", ".join(["%s"] * len(opts))
+        w = conn.execute(
+            f"SELECT lsn - '0/0'::pg_lsn, data FROM pg_logical_slot_peek_changes('w', NULL, NULL, {args})",
+            opts,
+        ).fetchall()
+        p = conn.execute(
+            "SELECT lsn - '0/0'::pg_lsn, data FROM pg_logical_slot_peek_binary_changes('p', NULL, NULL,"
+            " 'proto_version', '2', 'publication_names', 'pub', 'messages', 'true')"
+        ).fetchall()
+        types = dict(
+            ((int(oid), int(typmod)), str(name))
+            for oid, typmod, name in conn.execute(
+                "SELECT atttypid, atttypmod, format_type(atttypid, atttypmod) FROM pg_attribute"
+                " WHERE attrelid = 't'::regclass AND attnum > 0"
+            ).fetchall()
+        )
+    return (
+        [(int(lsn), data.encode()) for lsn, data in w],
+        [(int(lsn), bytes(data)) for lsn, data in p],
+        types,
+    )
+
+
+def _split(
+    msgs: list[tuple[int, bytes]], first_update: Callable[[bytes], bool]
+) -> tuple[list[Any], list[Any]]:
+    i = next(i for i, (_, d) in enumerate(msgs) if first_update(d))
+    while msgs[i - 1][1][:1] not in (b"C", b"{"):  # back to the start of its transaction
+        i -= 1
+    return msgs[:i], msgs[i:]
+
+
+def _time(
+    decode: Callable[[bytes, int], Message | None], msgs: list[tuple[int, bytes]], convert: bool
+) -> float:
+    conv: dict[str, Any] = {}
+    t0 = time.process_time()
+    for lsn, data in msgs:
+        m = decode(data, lsn)
+        if convert and m is not None and m.columns:
+            for c in m.columns:
+                f = conv.get(c.name, 0)
+                if f == 0:
+                    f = conv[c.name] = _converter(c.type)
+                v = c.value
+                _ = v if f is None or v is None else f(v)
+    return time.process_time() - t0
+
+
+_converter: Callable[[str], Any] = WAL2JSON.converter_for
+
+
+def run(quick: bool) -> str:
+    n = 2_000 if quick else 20_000
+    with tempfile.TemporaryDirectory(prefix="cdc-bench-dec-") as base:
+        pg = start_cluster(Path(base))
+        try:
+            db = pg.create_database()
+            w, p, types = _peek(pg.dsn(db), n)
+        finally:
+            pg.stop("immediate")
+    say(f"{len(w)} wal2json and {len(p)} pgoutput messages for {n} inserts and {n} updates")
+    w_ins, w_upd = _split(w, lambda d: b'"action":"U"' in d)
+    p_ins, p_upd = _split(p, lambda d: d[:1] == b"U")
+    relation = next(d for _, d in p if d[:1] == b"R")
+    global _converter
+    rows = []
+    for label, convert in (("decode", False), ("decode + converters", True)):
+        for what, wm, pm in (("insert", w_ins, p_ins), ("update", w_upd, p_upd)):
+            wt, pt = [], []
+            for _ in range(ROUNDS):
+                _converter = WAL2JSON.converter_for
+                wt.append(_time(WAL2JSON.decode, wm, convert))
+                dec = PgOutput(lambda oid, typmod: types[(oid, typmod)], "pub", 150000)
+                dec.decode(relation, 0)  # sent once, before the first insert
+                _converter = dec.converter_for
+                pt.append(_time(dec.decode, pm, convert))
+            wu, pu = statistics.median(wt) / n * 1e6, statistics.median(pt) / n * 1e6
+            say(f"{label:20} {what}: wal2json {wu:.2f} µs/change, pgoutput {pu:.2f} µs/change")
+            rows.append(f"| {label} | {what} | {wu:.2f} | {pu:.2f} | {pu / wu:.2f} |")
+    return "\n".join(
+        [
+            "# Decoding cost per change: pgoutput against wal2json",
+            "",
+            __doc__.strip().split("\n\n", 1)[1] if __doc__ else "",
+            "",
+            f"{n} changes of each kind; load average {loadavg()}.",
+            "",
+            "| work | change | wal2json µs/change | pgoutput µs/change | pgoutput / wal2json |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
