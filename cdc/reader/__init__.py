@@ -439,7 +439,11 @@ class Reader:
     def _decoder(self, conn: psycopg.Connection[Any]) -> Decoder:
         """A decoder for this session's plugin (pgoutput's keeps per-session state)."""
         if self._plugin == "pgoutput":
-            decoder: Decoder = PgOutput(type_namer(conn), self.settings.publication, conn.info.server_version)
+            spool = self.settings.state_dir / "spool"  # streamed transactions until their commit
+            spool.mkdir(exist_ok=True)
+            decoder: Decoder = PgOutput(
+                type_namer(conn), self.settings.publication, conn.info.server_version, spool_dir=str(spool)
+            )
             return decoder
         return WAL2JSON
 

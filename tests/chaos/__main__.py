@@ -1,6 +1,7 @@
 """`make chaos`: the fault suite at full size on both log-store backends (see harness.py).
 
-python -m tests.chaos [--size full|ci] [--backend embedded|kafka|both] [--seed N] [--json]
+python -m tests.chaos [--size full|ci] [--backend embedded|kafka|both] [--decoder wal2json|pgoutput]
+                     [--seed N] [--json]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     parser.add_argument("--size", default="full", choices=["full", "ci"])
     parser.add_argument("--backend", default="both", choices=["embedded", "kafka", "both"])
+    parser.add_argument("--decoder", default="wal2json", choices=["wal2json", "pgoutput"])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the reports as JSON on stdout")
     parser.add_argument("--cycles", type=int, help="how many faults (default: by --size)")
@@ -55,11 +57,22 @@ def main() -> int:
                         say=say,
                         kinds=kinds,
                         kafka_pid=pid,
+                        decoder=args.decoder,
                     )
                     reports.append(run.run())
             else:
                 reports.append(
-                    Chaos(cluster, db, base / backend, backend, size, args.seed, say=say, kinds=kinds).run()
+                    Chaos(
+                        cluster,
+                        db,
+                        base / backend,
+                        backend,
+                        size,
+                        args.seed,
+                        say=say,
+                        kinds=kinds,
+                        decoder=args.decoder,
+                    ).run()
                 )
         completed = True
     finally:

@@ -115,6 +115,7 @@ class Size:
 @dataclass
 class Report:
     backend: str
+    decoder: str = "wal2json"
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     recover_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     changes: int = 0
@@ -132,7 +133,7 @@ class Report:
     failures: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"chaos on the {self.backend} log store"]
+        out = [f"chaos on the {self.backend} log store, decoder {self.decoder}"]
         out.append(f"  changes made: {self.changes:,} in {self.transactions:,} transactions")
         out.append(f"  faults injected: {sum(self.faults.values())}")
         for kind in FAULT_KINDS:
@@ -169,6 +170,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
+            "decoder": self.decoder,
             "changes": self.changes,
             "transactions": self.transactions,
             "faults": dict(self.faults),
@@ -504,6 +506,7 @@ class Chaos:
         say: Callable[[str], None] = print,
         kinds: tuple[str, ...] | None = None,
         kafka_pid: int | None = None,
+        decoder: str = "wal2json",
     ) -> None:
         unknown = set(kinds or ()) - set(FAULT_KINDS)
         if unknown:
@@ -512,7 +515,7 @@ class Chaos:
         self.pg, self.db, self.workdir, self.backend, self.size = pg, db, workdir, backend, size
         self.rng = random.Random(seed)
         self.say = say
-        self.report = Report(backend)
+        self.report = Report(backend, decoder=decoder)
         self.dsn = pg.dsn(db)
         self.state = workdir / "state"
         self.mounted = False
@@ -521,7 +524,7 @@ class Chaos:
         self.prefix = f"chaos{seed}"
         workdir.mkdir(parents=True, exist_ok=True)
         # heartbeats every second: an idle source's slot confirms quickly, so verify need not wait
-        (workdir / "cdc.toml").write_text("heartbeat_interval_s = 1\n")
+        (workdir / "cdc.toml").write_text(f'heartbeat_interval_s = 1\ndecoder = "{decoder}"\n')
         self.env = {
             "CDC_CONFIG": str(workdir / "cdc.toml"),
             **os.environ,
