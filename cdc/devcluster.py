@@ -40,7 +40,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _as_postgres_user() -> list[str]:
+def as_postgres_user() -> list[str]:
+    """The prefix that runs a server program as the cluster's OS user (``postgres`` when we are root)."""
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
@@ -83,7 +84,7 @@ def embedded_pg_bin(cache: Path | None = None) -> Path:
 
 def _runs_as_cluster_user(bin_dir: Path) -> bool:
     result = subprocess.run(
-        [*_as_postgres_user(), str(bin_dir / "postgres"), "--version"],
+        [*as_postgres_user(), str(bin_dir / "postgres"), "--version"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=False,
@@ -125,7 +126,7 @@ class PgCluster:
     def _ctl(self, *args: str) -> None:
         subprocess.run(
             [
-                *_as_postgres_user(),
+                *as_postgres_user(),
                 str(self.bin_dir / "pg_ctl"),
                 "-D",
                 str(self.datadir),
@@ -144,6 +145,10 @@ class PgCluster:
 
     def stop(self, mode: str = "fast") -> None:
         self._ctl("-m", mode, "stop")
+
+    def promote(self) -> None:
+        """Promote a standby to primary; returns once it accepts writes (``pg_ctl promote -w``)."""
+        self._ctl("promote")
 
     def restart(self) -> None:
         self._ctl("-m", "fast", "-l", str(self.datadir / "server.log"), "restart")
@@ -256,7 +261,7 @@ def start_cluster(
     own_dirs(base, sockdir)
     subprocess.run(
         [
-            *_as_postgres_user(),
+            *as_postgres_user(),
             str(bin_dir / "initdb"),
             "-D",
             str(datadir),
