@@ -120,7 +120,8 @@ def test_slot_states() -> None:
     assert (
         idle.severity == "warning" and "5.0 MB" in idle.message and idle.values["retained_bytes"] == 5 << 20
     )
-    (foreign,) = check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app")
+    assert check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app") == []  # the other decoder's: ours
+    (foreign,) = check_slot(replace(OUR_SLOT, plugin="test_decoding"), "app")
     assert foreign.severity == "error" and "CDC_SLOT" in foreign.fix
     (other_db,) = check_slot(OUR_SLOT, "other")
     assert other_db.severity == "error"
@@ -196,14 +197,17 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     _register(tmp_path, "good")
     code, out, _ = cdc("check", "--json")
     report = json.loads(out)
-    assert report["checked"] == list(CHECKS)  # every check ran, wal2json included
+    # every check ran, wal2json included, but pgoutput's (the decoder is wal2json)
+    assert report["checked"] == [c for c in CHECKS if c not in ("pgoutput", "publication")]
     assert report["skipped"] == {}
     # the test cluster leaves max_slot_wal_keep_size unlimited (shared cluster: not changed here),
     # so that warning is the one warning; the optional DDL recorder is not installed (info)
     assert [(f["check"], f["severity"]) for f in report["findings"]] == [
+        ("decoder", "info"),
         ("max_slot_wal_keep_size", "warning"),
         ("ddl_recorder", "info"),
     ]
+    assert report["findings"][0]["values"] == {"decoder": "wal2json", "publication": None}
     assert report["ok"] is True and code == 1 == report["exit_code"]
     # the probe slot is gone again
     assert pg.fetch("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'cdc_check_%'") == [(0,)]
@@ -236,7 +240,11 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     pg.execute("ALTER TABLE nokey REPLICA IDENTITY FULL", pg_db)
     pg.execute("CREATE TABLE dropme (id int PRIMARY KEY)", pg_db)
     code, out, _ = cdc("check", "--json")
-    assert [f["check"] for f in json.loads(out)["findings"]] == ["max_slot_wal_keep_size", "ddl_recorder"]
+    assert [f["check"] for f in json.loads(out)["findings"]] == [
+        "decoder",
+        "max_slot_wal_keep_size",
+        "ddl_recorder",
+    ]
 
 
 def test_a_partitioned_parent_is_capturable_and_add_and_check_say_the_same(

@@ -9,7 +9,7 @@ from snapshot.exported import sql_json_value
 from tests.plugins.capture import CaptureEnv, assert_versions_monotonic, materialize, rows_of
 from tests.plugins.logstore import BACKENDS
 
-pytestmark = pytest.mark.decoders("wal2json", "pgoutput")
+pytestmark = pytest.mark.decoders("wal2json", "pgoutput", "pgoutput@pg18")
 
 
 @pytest.mark.parametrize("env", BACKENDS, indirect=True)

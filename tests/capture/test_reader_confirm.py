@@ -27,6 +27,7 @@ from cdc.registry import Column, TableReg
 @dataclass
 class Msg:
     payload: bytes
+    data_start: int = 0  # wal2json repeats it inside the message
 
 
 class FakeStore:

@@ -113,6 +113,7 @@ OLD_KEYS = {
     State.STREAMED_PARTITIONS: "streamed_partitions",
     State.WAL2JSON_NUMERIC_AS_STRING: "wal2json_numeric_as_string",
     State.SLOT_DROPPED: "slot_dropped",
+    State.DECODER: "decoder",
 }
 OLD_TABLE_PREFIXES = {
     TableState.CHUNKED_PROGRESS: "chunked",

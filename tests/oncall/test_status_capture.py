@@ -12,7 +12,10 @@ from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
 RETAINED_WAL = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
-pytestmark = pytest.mark.cdc_config(status_config(window=3, extra=RETAINED_WAL))
+pytestmark = [
+    pytest.mark.cdc_config(status_config(window=3, extra=RETAINED_WAL)),
+    pytest.mark.decoders("wal2json", "pgoutput"),
+]
 
 
 def _setup(env: CaptureEnv) -> None:

@@ -9,8 +9,10 @@ parametrised indirectly on ``env`` (``parametrize("env", BACKENDS, indirect=True
 backend of the parameter.
 
 The ``decoders`` marker runs a test once per output plugin it names
-(``pytest.mark.decoders("wal2json", "pgoutput")``): ``env``'s cdc.toml then sets ``decoder``, and the
-``decoder`` fixture tells the test which one it runs with (``wal2json`` without the marker)."""
+(``pytest.mark.decoders("wal2json", "pgoutput", "pgoutput@pg18")``): ``env``'s cdc.toml then sets
+``decoder``, and the ``decoder`` fixture tells the test which one it runs with (None without the
+marker: the default). ``@pg18``: ``env``'s database is in the PostgreSQL 18 cluster (the ``pg18``
+fixture) instead of the session's PostgreSQL 15."""
 
 from __future__ import annotations
 
@@ -234,27 +236,39 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("decoders")
-    if marker is not None and "decoder" in metafunc.fixturenames:
-        metafunc.parametrize("decoder", list(marker.args), indirect=True)
+    if marker is not None and "capture_source" in metafunc.fixturenames:
+        metafunc.parametrize("capture_source", list(marker.args), indirect=True)
 
 
 @pytest.fixture
-def decoder(request: pytest.FixtureRequest) -> str | None:
-    """The output plugin of ``env`` (the ``decoders`` marker's parameter; None: the default)."""
-    return getattr(request, "param", None)
+def capture_source(request: pytest.FixtureRequest) -> str:
+    """``decoder[@server]`` of ``env`` (the ``decoders`` marker's parameter; "": the defaults)."""
+    return str(getattr(request, "param", ""))
+
+
+@pytest.fixture
+def decoder(capture_source: str) -> str | None:
+    """The output plugin of ``env`` (None: the default)."""
+    return capture_source.partition("@")[0] or None
 
 
 @pytest.fixture
 def env(
-    pg: PgCluster, pg_db: str, tmp_path: Path, request: pytest.FixtureRequest, decoder: str | None
+    tmp_path: Path, request: pytest.FixtureRequest, capture_source: str, decoder: str | None
 ) -> Iterator[CaptureEnv]:
-    """A :class:`CaptureEnv` on a fresh database of the session cluster (see the module's doc for
-    the ``cdc_config`` marker and the indirect backend parameter)."""
+    """A :class:`CaptureEnv` on a fresh database of the session cluster, or of the PostgreSQL 18 one
+    (see the module's doc for the ``cdc_config`` and ``decoders`` markers and the indirect backend
+    parameter)."""
     marker = request.node.get_closest_marker("cdc_config")
     options = str(marker.args[0]) if marker and marker.args else ""
     backend = str(marker.kwargs.get("backend", "embedded")) if marker else "embedded"
     backend = str(getattr(request, "param", backend))
-    yield from make_env(pg, pg_db, tmp_path, backend, request, options, decoder)
+    server = capture_source.partition("@")[2]
+    if server not in ("", "pg18"):
+        raise ValueError(f"unknown server {server!r} in decoders marker (known: pg18)")
+    cluster: PgCluster = request.getfixturevalue("pg18" if server else "pg")
+    db = request.getfixturevalue("pg18_db" if server else "pg_db")
+    yield from make_env(cluster, db, tmp_path, backend, request, options, decoder)
 
 
 def current_lsn(env: CaptureEnv) -> int:

@@ -21,6 +21,7 @@ import pytest
 
 FIXTURE_MARKS: dict[str, str | tuple[str, ...]] = {
     "pg": "postgres",
+    "env": "postgres",  # tests/plugins/capture.py: on the session's cluster or the PostgreSQL 18 one
     "pg18": ("postgres", "pg18"),
     "pg18_pair": ("postgres", "pg18"),  # tests/plugins/failover.py: a PostgreSQL 18 primary and standby
     "replica_cluster": "postgres",  # tests/test_bad_input.py: a cluster of its own with wal_level = replica
@@ -51,6 +52,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and any(v == "kafka" for v in callspec.params.values() if isinstance(v, str)):
             item.add_marker("kafka")
+        if callspec is not None and str(callspec.params.get("capture_source", "")).endswith("@pg18"):
+            item.add_marker("pg18")  # env on the PostgreSQL 18 cluster (the decoders marker)
         config = item.get_closest_marker("cdc_config")
         if config is not None and config.kwargs.get("backend") == "kafka":
             item.add_marker("kafka")

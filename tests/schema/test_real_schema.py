@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pytest
 
 from cdc.events import TRUNCATE_KEY_FIELD
 from sinks.warehouse import END_OP, KEY, WarehouseSink
@@ -35,6 +36,8 @@ SCHEMA = [
     " $$ BEGIN NEW.last_update := now(); RETURN NEW; END $$",
     "CREATE TRIGGER film_touch BEFORE UPDATE ON film FOR EACH ROW EXECUTE FUNCTION touch()",
 ]
+
+pytestmark = pytest.mark.decoders("wal2json", "pgoutput")
 
 
 def test_domains_are_stored_as_their_base_types(env: CaptureEnv, spark_clean: Any) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+import pytest
 from deltalake import DeltaTable
 
 from cdc.config import Settings
@@ -20,6 +21,8 @@ from tests.plugins.apply import apply_clean, cdc_cli, reader_env, run_job, wareh
 from tests.plugins.capture import CaptureEnv, progress, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.schema.helpers import install_recorder, rename_two_columns_then_write
+
+pytestmark = pytest.mark.decoders("wal2json", "pgoutput")
 
 
 def _verify_clean(env: CaptureEnv, table: str) -> dict[str, Any]:

@@ -26,7 +26,10 @@ from tests.plugins.capture import (
 )
 from tests.plugins.postgres import wait_for
 
-pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n")
+pytestmark = [
+    pytest.mark.cdc_config("[snapshot]\nchunk_size = 2048\n"),
+    pytest.mark.decoders("wal2json", "pgoutput"),
+]
 
 
 class Load(SourceLoad):
