@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 
 from tests.plugins.capture import CaptureEnv, materialize, wait_streaming
@@ -153,3 +154,40 @@ def test_a_slot_of_the_other_decoder_is_refused_with_the_way_to_switch(env: Capt
     assert res.returncode == 2, res.stderr
     assert "was created with 'wal2json'" in res.stderr and "pg_drop_replication_slot" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_big_transaction_streams_in_blocks_and_only_committed_rows_arrive(env: CaptureEnv) -> None:
+    """With ``streaming`` on, a transaction bigger than ``logical_decoding_work_mem`` reaches the reader
+    in blocks before its commit; the reader spools them and emits the transaction at its commit,
+    leaving out the rows of a subtransaction rolled back in the middle; a transaction that commits
+    meanwhile is not held up."""
+    env.sql(f"ALTER DATABASE \"{env.db}\" SET logical_decoding_work_mem = '64kB'")
+    env.sql("CREATE TABLE big (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE small (id int PRIMARY KEY)")
+    env.add_table("public.big")
+    env.add_table("public.small")
+    env.run_once()
+    proc = env.spawn("run")
+    wait_streaming(env, proc)
+    with psycopg.connect(env.dsn) as conn:  # one transaction
+        conn.execute("INSERT INTO big SELECT g, 'row ' || g FROM generate_series(1, 40000) g")
+        conn.execute("SAVEPOINT s")
+        conn.execute("INSERT INTO big SELECT g, 'rolled back' FROM generate_series(40001, 50000) g")
+        conn.execute("ROLLBACK TO SAVEPOINT s")
+        env.sql("INSERT INTO small VALUES (1)")  # commits while the big one is open
+        wait_for(lambda: _by_key(env, "small") == {'{"id":1}': {"id": 1}}, timeout=60, what="small's row")
+        conn.execute(
+            "INSERT INTO big SELECT g, e'quote '' \\\\ and\\nnewline ' || g FROM generate_series(50001, 60000) g"
+        )
+    want = {i for i in range(1, 40001)} | {i for i in range(50001, 60001)}
+    wait_for(
+        lambda: {int(k[6:-1]) for k in _by_key(env, "big")} == want,
+        timeout=120,
+        what="the big transaction's committed rows in the topic",
+    )
+    streamed = env.fetch(
+        "SELECT stream_txns, stream_count FROM pg_stat_replication_slots WHERE slot_name = %s", [env.slot]
+    )
+    assert streamed and streamed[0][0] >= 1 and streamed[0][1] > 1, streamed  # sent in blocks
+    assert _by_key(env, "big")['{"id":50001}']["v"] == "quote ' \\ and\nnewline 50001"
+    assert proc.poll() is None, env.proc_log()
