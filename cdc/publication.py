@@ -90,9 +90,28 @@ def _table(t: Table) -> sql.Composable:
     return sql.Identifier(*t)
 
 
+#: PostgreSQL 18 publishes stored generated columns when asked (``publish_generated_columns``)
+GENERATED_COLUMNS_VERSION = 180000
+
+
+def publication_options(server_version: int) -> dict[str, str]:
+    """The publication's options: changes of a partition under its root's name, and, on
+    PostgreSQL 18+, stored generated columns (earlier pgoutput never sends them: ``cdc tables add``
+    leaves them out of the capture, :func:`unpublished_columns`)."""
+    options = {"publish_via_partition_root": "true"}
+    if server_version >= GENERATED_COLUMNS_VERSION:
+        options["publish_generated_columns"] = "stored"
+    return options
+
+
+def _with(options: dict[str, str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.SQL(v)) for k, v in options.items())
+
+
 def _statements(
-    name: str, have: set[Table] | None, want: set[Table], via_root: bool
+    name: str, have: set[Table] | None, want: set[Table], options: dict[str, str]
 ) -> tuple[list[sql.Composed], PublicationChange]:
+    """``options``: every option to create the publication with, or (it exists) those to change."""
     pub = sql.Identifier(name)
     out: list[sql.Composed] = []
     if have is None:
@@ -102,14 +121,12 @@ def _statements(
             if tables
             else sql.SQL("")
         )
-        out.append(
-            sql.SQL("CREATE PUBLICATION {}{} WITH (publish_via_partition_root = true)").format(pub, target)
-        )
+        out.append(sql.SQL("CREATE PUBLICATION {}{} WITH ({})").format(pub, target, _with(options)))
         return out, PublicationChange(True, tuple(tables), ())
     added = tuple(sorted(want - have))
     dropped = tuple(sorted(have - want))
-    if not via_root:
-        out.append(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub))
+    if options:
+        out.append(sql.SQL("ALTER PUBLICATION {} SET ({})").format(pub, _with(options)))
     if added:
         out.append(
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
@@ -143,8 +160,32 @@ def _plan(
     conn: psycopg.Connection[Any], name: str, tables: Iterable[Table]
 ) -> tuple[list[sql.Composed], PublicationChange]:
     have = publication_tables(conn, name)
-    row = conn.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s", [name]).fetchone()
-    return _statements(name, have, _existing(conn, tables), bool(row[0]) if row else True)
+    options = publication_options(conn.info.server_version)
+    if have is not None:
+        gencols = "pubgencols" if conn.info.server_version >= GENERATED_COLUMNS_VERSION else "'s'"
+        row = conn.execute(
+            sql.SQL("SELECT pubviaroot, {} = 's' FROM pg_publication WHERE pubname = %s").format(
+                sql.SQL(gencols)
+            ),
+            [name],
+        ).fetchone()
+        now = {"publish_via_partition_root": "true" if row and row[0] else "false"}
+        now["publish_generated_columns"] = "stored" if row and row[1] else "none"
+        options = {k: v for k, v in options.items() if now.get(k) != v}
+    return _statements(name, have, _existing(conn, tables), options)
+
+
+def unpublished_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str]:
+    """The table's stored generated columns when pgoutput cannot send them (PostgreSQL < 18)."""
+    if conn.info.server_version >= GENERATED_COLUMNS_VERSION:
+        return []
+    rows = conn.execute(
+        "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s "
+        "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '' ORDER BY a.attnum",
+        [schema, table],
+    ).fetchall()
+    return [str(r[0]) for r in rows]
 
 
 def publication_sql(conn: psycopg.Connection[Any], name: str, tables: Iterable[Table]) -> list[str]:

@@ -19,6 +19,7 @@ Names follow Postgres' rules (:func:`cdc.names.parse_table_name`): ``'"Mixed Cas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.publication import decoder_in_use, published, sync_publication
+from cdc.publication import decoder_in_use, published, sync_publication, unpublished_columns
 from cdc.recorders.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
 from snapshot.chunk_state import SnapshotOptions, load_progress, progress_view
@@ -184,10 +185,11 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                     fix="rename one of the tables, or remove the other registration first",
                     topic=reg.topic,
                 )
+            reg, left_out = _leave_out_unpublished(conn, settings, registry, reg)
             _publish(conn, settings, registry, [(schema, table)])
             registry.add(reg)
             wal2json_sends_them = registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
-            warnings = key_warnings(desc, key)
+            warnings = key_warnings(desc, key) + left_out
             recorder = None
             if (
                 decoder_in_use(registry, settings) == "wal2json"  # pgoutput sends them itself
@@ -219,6 +221,31 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
             "`cdc run` or `cdc snapshot` takes it)"
         )
     return 0
+
+
+def _leave_out_unpublished(
+    conn: psycopg.Connection[Any], settings: Settings, registry: Registry, reg: TableReg
+) -> tuple[TableReg, list[str]]:
+    """pgoutput before PostgreSQL 18 never sends a stored generated column: it is left out of the
+    capture (the snapshot's too, so both agree), with a warning; refused if it is a search column."""
+    if decoder_in_use(registry, settings) != "pgoutput":
+        return reg, []
+    gen = [c for c in unpublished_columns(conn, reg.schema, reg.table) if c not in reg.exclude]
+    if not gen:
+        return reg, []
+    if set(gen) & set(reg.search):
+        raise RegistryError(
+            f"{reg.qualified}: the search column(s) {sorted(set(gen) & set(reg.search))} are stored "
+            "generated columns, which pgoutput sends only from PostgreSQL 18",
+            fix='leave them out of --search, use decoder = "wal2json", or upgrade the source to 18',
+            table=reg.qualified,
+        )
+    warning = (
+        f"{', '.join(gen)}: stored generated column(s), which pgoutput sends only from PostgreSQL 18, "
+        "left out of the capture (as --exclude would); fix: compute them downstream, use "
+        'decoder = "wal2json", or upgrade the source to 18 and add the table again'
+    )
+    return dataclasses.replace(reg, exclude=(*reg.exclude, *gen)), [warning]
 
 
 def _publish(

@@ -9,7 +9,7 @@ import pytest
 
 from cdc.config import load_settings
 from cdc.errors import ConfigError
-from cdc.publication import _statements
+from cdc.publication import _statements, publication_options
 
 
 def _sql(statements: list) -> list[str]:  # type: ignore[type-arg]
@@ -17,7 +17,8 @@ def _sql(statements: list) -> list[str]:  # type: ignore[type-arg]
 
 
 def test_a_missing_publication_is_created_with_its_tables_via_the_partition_root() -> None:
-    statements, change = _statements("cdc_slot", None, {("public", "b"), ("sales", 'we"ird')}, True)
+    options = {"publish_via_partition_root": "true"}
+    statements, change = _statements("cdc_slot", None, {("public", "b"), ("sales", 'we"ird')}, options)
     assert _sql(statements) == [
         'CREATE PUBLICATION "cdc_slot" FOR TABLE "public"."b", "sales"."we""ird" '
         "WITH (publish_via_partition_root = true)"
@@ -26,21 +27,23 @@ def test_a_missing_publication_is_created_with_its_tables_via_the_partition_root
 
 
 def test_an_empty_publication_is_created_without_tables() -> None:
-    statements, _ = _statements("p", None, set(), True)
-    assert _sql(statements) == ['CREATE PUBLICATION "p" WITH (publish_via_partition_root = true)']
+    statements, _ = _statements("p", None, set(), publication_options(180006))
+    assert _sql(statements) == [
+        'CREATE PUBLICATION "p" WITH (publish_via_partition_root = true, publish_generated_columns = stored)'
+    ]
 
 
 def test_tables_are_added_and_dropped_and_the_root_option_set() -> None:
     have = {("public", "a"), ("public", "gone")}
     want = {("public", "a"), ("public", "new")}
-    statements, change = _statements("p", have, want, False)
+    statements, change = _statements("p", have, want, {"publish_via_partition_root": "true"})
     assert _sql(statements) == [
         'ALTER PUBLICATION "p" SET (publish_via_partition_root = true)',
         'ALTER PUBLICATION "p" ADD TABLE "public"."new"',
         'ALTER PUBLICATION "p" DROP TABLE "public"."gone"',
     ]
     assert change.added == (("public", "new"),) and change.dropped == (("public", "gone"),)
-    assert _statements("p", want, want, True)[0] == []  # in step: nothing to run
+    assert _statements("p", want, want, {})[0] == []  # in step: nothing to run
 
 
 def test_decoder_setting(tmp_path: Path) -> None:
