@@ -172,6 +172,10 @@ class CdcFile(_Section):
     #: keep the non-finite recorder's triggers on captured tables where wal2json < 2.6 would turn a
     #: float/numeric NaN or infinity into null (cdc.recorders.nonfinite); false: never install them
     #: (such values then reach the topics as null, and cdc run / cdc check say where)
+    #: when the reader finds its slot gone (a failover to a server without it, a DBA's drop) or
+    #: invalidated: "fail" (exit with the fix: `cdc snapshot --all`) or "resnapshot" (create a new
+    #: slot and snapshot every table again in chunks while streaming; status says it happened)
+    slot_lost: Literal["fail", "resnapshot"] = "fail"
     nonfinite_recorder: bool = True
     #: the recorder's WHEN clause: "row" (the default) the whole row as text (never blocks the DBA's
     #: DDL and covers a column added later at once; costs the row's text output per write, and on a

@@ -524,6 +524,9 @@ class Reader:
                 f"SELECT pg_drop_replication_slot('{slot}')",
                 slot=slot,
             )
+        if action in ("invalidated", "gone") and self.settings.config.slot_lost == "resnapshot":
+            self._resnapshot_after_lost_slot(conn, slot, action, info.wal_status)
+            action = "recover"
         if action == "invalidated":
             raise self._slot_lost("was invalidated (wal_status = 'lost')")
         if action == "gone":
@@ -547,6 +550,36 @@ class Reader:
             self.registry.set_state(State.INITIAL_SNAPSHOT, "done")
             return start_lsn
         return max(self.confirmed, info.confirmed_flush_lsn or 0)
+
+    def _resnapshot_after_lost_slot(
+        self, conn: psycopg.Connection[Any], slot: str, action: str, wal_status: str | None
+    ) -> None:
+        """``slot_lost = "resnapshot"``: drop an invalidated slot, mark every table for a chunked
+        re-snapshot (each ends with a TRUNCATE marker, so rows deleted while no slot existed go) and
+        record why and when (:attr:`State.SLOT_DROPPED`, which ``cdc status`` shows)."""
+        if action == "invalidated":
+            self._refuse_if_active(conn, slot)
+            conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+        why = (
+            "Postgres invalidated the slot (wal_status = lost)"
+            if action == "invalidated"
+            else "the slot does not exist on the source any more (a failover to a server without it, "
+            "or dropped by hand)"
+        )
+        tables = []
+        for reg in self.registry.list_tables():
+            self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
+            tables.append(reg.qualified)
+        record = {
+            "slot": slot,
+            "at_ms": int(time.time() * 1000),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "reason": f"{why}; slot_lost = resnapshot: every table is snapshotted again",
+            "wal_status": wal_status,
+            "tables": tables,
+        }
+        self.registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
+        self.log(f"warning: replication slot {slot!r}: {record['reason']} ({len(tables)} table(s))")
 
     def _session_tables(
         self, conn: psycopg.Connection[Any]

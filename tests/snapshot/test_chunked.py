@@ -240,6 +240,29 @@ def test_recovery_after_a_lost_slot_is_chunked_and_removes_rows_deleted_meanwhil
     assert got == rows_of(env, "t")  # no deleted row left behind
 
 
+@pytest.mark.cdc_config('slot_lost = "resnapshot"\n[snapshot]\nchunk_size = 2048\n')
+def test_slot_lost_resnapshot_recovers_by_itself_and_status_says_so(env: CaptureEnv) -> None:
+    """``slot_lost = "resnapshot"``: a gone slot (here dropped by hand; after a failover to a server
+    without it, the same) is recovered by ``cdc run`` itself: a new slot, every table snapshotted
+    again in chunks with its TRUNCATE marker, so rows deleted while no slot existed do not survive;
+    ``cdc status`` says what happened."""
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    env.sql("INSERT INTO t SELECT g, 0 FROM generate_series(1, 3000) g")
+    env.add_table("public.t")
+    env.run_once()
+    env.pg.execute(f"SELECT pg_drop_replication_slot('{env.slot}')")
+    env.sql("DELETE FROM t WHERE id % 10 = 0")  # lost with the slot
+    env.sql("UPDATE t SET v = 1 WHERE id % 10 = 1")
+    summary = env.run_once()
+    assert summary["snapshot_rows"] == {"public.t": 2700}
+    assert "the slot does not exist on the source any more" in env.last_stderr
+    got = materialize(env.records(env.reg("public", "t").topic))
+    assert got == rows_of(env, "t")  # no deleted row left behind
+    status = orjson.loads(env.cdc("status", "--json").stdout)
+    (slot,) = [s for s in status["stages"] if s["stage"] == "slot"]
+    assert slot["dropped"]["tables"] == ["public.t"] and "resnapshot" in slot["dropped"]["reason"]
+
+
 def test_check_explains_the_watermark_table_and_fix_creates_it(env: CaptureEnv) -> None:
     role = f"cdc_low_{env.slot[-8:]}"
     env.sql(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pw'")
