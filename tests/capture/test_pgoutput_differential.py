@@ -270,6 +270,27 @@ def _spot_checks(p: list[dict[str, Any]]) -> None:
     assert sum(1 for m in p if m["table"] == "bulk") == BIG
 
 
+def _insert(conn: psycopg.Connection[Any], lo: int, hi: int, v: str = "row ") -> None:
+    conn.execute("INSERT INTO s SELECT g, %s || g FROM generate_series(%s::int, %s::int) g", (v, lo, hi))
+
+
+def _streamed_with_savepoints(conn: psycopg.Connection[Any], rows: int) -> None:
+    """Rows 1..``rows`` committed, in order, around savepoints: one rolled back holding a released
+    one (its changes carry their own xid: pgoutput must abort them too), one released holding a
+    rolled-back one."""
+    half, q = rows // 2, rows * 3 // 4
+    _insert(conn, 1, half)
+    with conn.transaction(force_rollback=True):  # savepoint a: rolled back
+        _insert(conn, rows + 1, rows + 5000, "aborted a ")
+        with conn.transaction():  # savepoint b inside a: released, then gone with a
+            _insert(conn, rows + 5001, rows + 9999, "aborted b ")
+    with conn.transaction():  # savepoint c: released
+        _insert(conn, half + 1, q)
+        with conn.transaction(force_rollback=True):  # savepoint d inside c: rolled back
+            _insert(conn, rows + 10000, rows + 15000, "aborted d ")
+        _insert(conn, q + 1, rows)
+
+
 @pytest.mark.parametrize("rows", [BIG])
 def test_a_streamed_transaction_comes_out_whole_and_committed_only(
     pg: PgCluster, pg_db: str, rows: int
@@ -285,16 +306,7 @@ def test_a_streamed_transaction_comes_out_whole_and_committed_only(
         with conn.transaction(force_rollback=True):
             conn.execute("INSERT INTO s SELECT g, 'aborted ' || g FROM generate_series(-20000, -1) g")
         with conn.transaction():
-            half = rows // 2
-            conn.execute("INSERT INTO s SELECT g, 'row ' || g FROM generate_series(1, %s) g", (half,))
-            with conn.transaction(force_rollback=True):  # a savepoint rolled back
-                conn.execute(
-                    "INSERT INTO s SELECT g, 'savepoint' FROM generate_series(%s, %s) g",
-                    (rows + 1, rows + 9999),
-                )
-            conn.execute(
-                "INSERT INTO s SELECT g, 'row ' || g FROM generate_series(%s, %s) g", (half + 1, rows)
-            )
+            _streamed_with_savepoints(conn, rows)
         conn.execute("SELECT pg_logical_emit_message(false, 'cdc_heartbeat', %s)", (END,))
         version = conn.info.server_version
     pgo = PgOutput(_type_names(dsn), PUBLICATION, version)
