@@ -64,6 +64,8 @@ _PREFIXES = frozenset(MESSAGE_PREFIXES)
 #: relation's schema once per streamed transaction (keyed by the top-level xid), whichever
 #: subtransaction's change needed it first
 _STATE_TYPES = frozenset(b"RYO")
+#: messages :meth:`PgOutput.source` hands on as they come (outside a stream block)
+_PLAIN = frozenset(b"BCIUDRYOM")
 #: messages handled inside a stream block before :meth:`PgOutput.source` returns one (the reader
 #: loop counts returned messages for its duties; a long block must not starve them)
 _SPOOL_BURST = 64
@@ -350,10 +352,37 @@ class PgOutput:
         their commit as one transaction (a synthetic B, the committed messages in order, a
         synthetic C); a TRUNCATE of several relations becomes one per relation."""
         pending: Iterator[RawMessage] | None = None
-        in_block: int | None = None  # the xid of the open stream block
+        block: int | None = None  # the xid of the open stream block
+
+        def control(raw: Any) -> Any:
+            """A message inside a stream block or other than :data:`_PLAIN`: what to hand on, or
+            None to read on."""
+            nonlocal pending, block
+            data = raw.payload
+            kind = data[0]
+            if block is not None:
+                if kind == 69:  # E: stream stop
+                    block = None
+                else:
+                    self._spool_for(block).add(data, raw.data_start)
+                return None
+            if kind == 83:  # S: stream start
+                (block,) = _U32(data, 1)
+                self.stream_blocks += 1
+                return None
+            if kind == 65:  # A: stream abort
+                self._aborted(data)
+                return None
+            if kind == 99:  # c: stream commit
+                pending = self._committed(data, raw.data_start)
+            elif kind == 84 and _TRUNCATE_HEAD.unpack_from(data, 1)[0] > 1:
+                pending = _split_truncate(data, raw.data_start, 1)
+            else:
+                return raw  # a one-relation TRUNCATE; anything else: decode() tells what it is
+            return next(pending)
 
         def next_message() -> Any:
-            nonlocal pending, in_block
+            nonlocal pending
             if pending is not None:
                 msg = next(pending, None)
                 if msg is not None:
@@ -361,30 +390,11 @@ class PgOutput:
                 pending = None
             for _ in range(_SPOOL_BURST):
                 raw = read()
-                if raw is None:
-                    return None
-                data = raw.payload
-                kind = data[0]
-                if in_block is not None:
-                    if kind == 69:  # E: stream stop
-                        in_block = None
-                    else:
-                        self._spool_for(in_block).add(data, raw.data_start)
-                    continue
-                if kind == 83:  # S: stream start
-                    (in_block,) = _U32(data, 1)
-                    self.stream_blocks += 1
-                    continue
-                if kind == 99:  # c: stream commit
-                    pending = self._committed(data, raw.data_start)
-                    return next(pending)
-                if kind == 65:  # A: stream abort
-                    self._aborted(data)
-                    continue
-                if kind == 84 and _TRUNCATE_HEAD.unpack_from(data, 1)[0] > 1:
-                    pending = _split_truncate(data, raw.data_start, 1)
-                    return next(pending)
-                return raw
+                if raw is None or (block is None and raw.payload[0] in _PLAIN):
+                    return raw
+                out = control(raw)
+                if out is not None:
+                    return out
             return _NOOP  # a long stream block: let the reader's loop do its duties
 
         return next_message
