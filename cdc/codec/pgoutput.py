@@ -51,6 +51,7 @@ _BEGIN = struct.Struct(">QqI")  # final_lsn, commit_ts, xid
 _COMMIT = struct.Struct(">BQQq")  # flags, commit_lsn, end_lsn, commit_ts
 _MSG = struct.Struct(">BQ")  # flags, lsn
 _STREAM_COMMIT = struct.Struct(">IBQQq")  # xid, flags, commit_lsn, end_lsn, commit_ts
+_STREAM_START = struct.Struct(">IB")  # xid, first segment
 _STREAM_ABORT = struct.Struct(">II")  # xid, subxid
 _SPOOL = struct.Struct(">IQI")  # (sub)xid, data_start, payload length
 _TRUNCATE_HEAD = struct.Struct(">iB")  # number of relations, options
@@ -367,8 +368,10 @@ class PgOutput:
                     self._spool_for(block).add(data, raw.data_start)
                 return None
             if kind == 83:  # S: stream start
-                (block,) = _U32(data, 1)
+                block, first = _STREAM_START.unpack_from(data, 1)
                 self.stream_blocks += 1
+                if first and block in self._spools:  # sent again from its start (a new session)
+                    self._spools.pop(block).close()
                 return None
             if kind == 65:  # A: stream abort
                 self._aborted(data)
@@ -416,7 +419,7 @@ class PgOutput:
 
     def _committed(self, data: bytes, data_start: int) -> Iterator[RawMessage]:
         xid, _, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(data, 1)
-        spool = self._spools.pop(xid, None)
+        spool = self._spools.get(xid)  # kept there while it is read: close() closes it too
         try:
             yield RawMessage(b"B" + _BEGIN.pack(commit_lsn, ts, xid), data_start)
             if spool is not None:
@@ -424,6 +427,7 @@ class PgOutput:
             yield RawMessage(b"C" + _COMMIT.pack(0, commit_lsn, end_lsn, ts), data_start)
         finally:
             if spool is not None:
+                self._spools.pop(xid, None)
                 spool.close()
 
     def close(self) -> None:

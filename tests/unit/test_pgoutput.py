@@ -370,3 +370,36 @@ def test_a_long_stream_block_yields_no_ops_not_none() -> None:
 @pytest.mark.parametrize("lsn", [0, 1, 0xFFFFFFFF, 0x1_0000_0000, 0x16_B374D848, 0xFFFFFFFF_FFFFFFFF])
 def test_lsn_text_is_int_to_lsn(lsn: int) -> None:
     assert lsn_text(lsn) == int_to_lsn(lsn)
+
+
+def test_a_stream_sent_again_from_its_start_replaces_the_spool(tmp_path: Path) -> None:
+    """A new session resends an uncommitted streamed transaction from its first segment: the
+    spool of the earlier session's part must not be replayed twice."""
+    dec = decoder(tmp_path)
+    rel = relation(1, "public", "t", T_COLS)
+    first = [stream_start(100), in_stream(rel, 100), in_stream(insert(1, "1", "a", "1"), 100), b"E"]
+    run(dec, first)
+    out = run(
+        dec,
+        [
+            *first,
+            stream_start(100, first=False),
+            in_stream(insert(1, "2", "b", "2"), 100),
+            b"E",
+            stream_commit(100, 0x700, 0x730, TS),
+        ],
+    )
+    assert [m.columns[0].value for m in out if m.columns] == ["1", "2"]
+
+
+def test_close_while_a_committed_stream_is_handed_on(tmp_path: Path) -> None:
+    dec = decoder(tmp_path)
+    rel = relation(1, "public", "t", T_COLS)
+    msgs = [stream_start(100), in_stream(rel, 100), in_stream(insert(1, "1", "a", "1"), 100), b"E"]
+    raws = iter(RawMessage(m, i) for i, m in enumerate([*msgs, stream_commit(100, 0x700, 0x730, TS)]))
+    read = dec.source(lambda: next(raws, None))
+    while (raw := read()) is not None and raw.payload[:1] != b"B":
+        pass
+    spool = dec._spools[100]
+    dec.close()  # the session ends (stopped) in the middle of the transaction
+    assert spool.file.closed and not dec._spools
