@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from cdc.codec import Decoder, Message
@@ -28,7 +29,8 @@ from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from tests.plugins.postgres import PgCluster
 
-PUBLICATION = "cdc_pub"
+PUBLICATION = 'cdc "pub", x.y'  # pgoutput splits publication_names as SQL identifiers
+PUB = psycopg.sql.Identifier(PUBLICATION).as_string(None)
 BIG = 100_000
 
 SCHEMA = [
@@ -46,7 +48,7 @@ SCHEMA = [
     "CREATE TABLE tr2 (id int PRIMARY KEY)",
     "CREATE TABLE bulk (id int PRIMARY KEY, v text)",
     "CREATE TABLE other (id int PRIMARY KEY)",  # not published
-    f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t, full_t, p, tr1, tr2, bulk"
+    f"CREATE PUBLICATION {PUB} FOR TABLE t, full_t, p, tr1, tr2, bulk"
     " WITH (publish_via_partition_root = true)",
 ]
 #: wal2json's add-tables: the leaves of ``p`` (wal2json names a partition's changes by its leaf)
@@ -309,7 +311,7 @@ def test_a_streamed_transaction_comes_out_whole_and_committed_only(
     dsn = pg.dsn(pg_db)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE s (id int PRIMARY KEY, v text)")
-        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE s")
+        conn.execute(f"CREATE PUBLICATION {PUB} FOR TABLE s")
         conn.execute("SELECT pg_create_logical_replication_slot('p', 'pgoutput')")
         with conn.transaction(force_rollback=True):
             conn.execute("INSERT INTO s SELECT g, 'aborted ' || g FROM generate_series(-20000, -1) g")
