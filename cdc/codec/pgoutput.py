@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import IO, Any
 
 from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
-from cdc.codec.values import text_converter_for
+from cdc.codec.values import text_converter_for, type_kind
 from cdc.errors import DecodeError
 
 __all__ = ["PgOutput", "RawMessage", "commit_time_text", "lsn_text"]
@@ -217,7 +217,10 @@ class PgOutput:
         return options
 
     def converter_for(self, pg_type: str, *, numeric_as_string: bool = False) -> Converter | None:
-        """Text output to event value: the snapshot's converters (:func:`text_converter_for`)."""
+        """Text output to event value: the snapshot's converters (:func:`text_converter_for`);
+        None for ``numeric``, whose text is its value (every digit; NaN, Infinity, -Infinity)."""
+        if type_kind(pg_type) == "numeric":
+            return None
         return text_converter_for(pg_type)
 
     # -- decoding --------------------------------------------------------------------------------

@@ -155,6 +155,8 @@ def test_relation_insert_text_null_and_special_floats() -> None:
     for pg_type, text, value in [("double precision", "-Infinity", "-Infinity"), ("integer", "5", 5)]:
         conv = dec.converter_for(pg_type)
         assert conv is not None and conv(text) == value == text_converter_for(pg_type)(text)  # type: ignore[misc]
+    for text in ("12345678901234567890.123456789", "NaN", "-Infinity"):  # numeric: the text is the value
+        assert dec.converter_for("numeric(38,9)") is None and text_converter_for("numeric")(text) == text  # type: ignore[misc]
 
 
 def test_unchanged_toast_is_left_out_never_null() -> None:
