@@ -312,6 +312,7 @@ def test_a_streamed_transaction_comes_out_whole_and_committed_only(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE s (id int PRIMARY KEY, v text)")
         conn.execute(f"CREATE PUBLICATION {PUB} FOR TABLE s")
+        conn.execute("SELECT pg_create_logical_replication_slot('w', 'wal2json')")
         conn.execute("SELECT pg_create_logical_replication_slot('p', 'pgoutput')")
         with conn.transaction(force_rollback=True):
             conn.execute("INSERT INTO s SELECT g, 'aborted ' || g FROM generate_series(-20000, -1) g")
@@ -320,14 +321,14 @@ def test_a_streamed_transaction_comes_out_whole_and_committed_only(
         conn.execute("SELECT pg_logical_emit_message(false, 'cdc_heartbeat', %s)", (END,))
         version = conn.info.server_version
     pgo = PgOutput(_type_names(dsn), PUBLICATION, version)
-    seen: list[str] = []
+    seen: list[Message] = []
     state = {"next": 1}
 
     def check(msg: Message) -> bool:
         if msg.action == "M":
             return msg.content == END
         if msg.action in ("B", "C"):
-            seen.append(msg.action)
+            seen.append(msg)
             return False
         assert msg.action == "I" and msg.columns is not None
         assert msg.columns[0].value == str(state["next"]) and msg.columns[1].value == f"row {state['next']}"
@@ -348,5 +349,14 @@ def test_a_streamed_transaction_comes_out_whole_and_committed_only(
     finally:
         tracemalloc.stop()
     assert pgo.stream_blocks > 1, "the transaction did not arrive in stream blocks"
-    assert seen == ["B", "C"] and state["next"] == rows + 1
+    assert [m.action for m in seen] == ["B", "C"] and state["next"] == rows + 1
     assert peak < 8_000_000, f"{peak} bytes allocated at the peak: the streamed rows are held in memory"
+    # the B and C made up at the stream commit are wal2json's (B: but for its end LSN)
+    w = [
+        m
+        for m in _collect(dsn, "w", WAL2JSON, WAL2JSON.replication_options([("public", "s")]))
+        if m.action in "BC"
+    ]
+    assert [m.action for m in w] == ["B", "C"]  # the rolled-back transaction: from neither
+    w[0].nextlsn = None
+    assert seen == w
