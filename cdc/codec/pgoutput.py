@@ -140,11 +140,10 @@ def _bad(data: bytes, lsn: int, what: str) -> DecodeError:
     )
 
 
-def _tuple(data: bytes, text: str, pos: int, rel: _Relation) -> tuple[list[Col], int]:
+def _tuple(data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
     """A TupleData at ``pos``: its columns (an unchanged TOAST value left out), and its end.
     ``data``: the message with :data:`_PAD` after it (a kind and a length are read at once, even
-    for the last column's one-byte null); ``text``: the message decoded as latin-1, one character
-    per byte, so an ASCII value is one slice (else its bytes are decoded as UTF-8)."""
+    for the last column's one-byte null)."""
     (n,) = _I16(data, pos)
     if n != rel.ncols:
         raise ValueError(
@@ -158,8 +157,7 @@ def _tuple(data: bytes, text: str, pos: int, rel: _Relation) -> tuple[list[Col],
         if k == 116:  # t: text
             start = pos + 5
             pos = start + size
-            v = text[start:pos]
-            append(Col(name, typ, v if v.isascii() else data[start:pos].decode()))
+            append(Col(name, typ, data[start:pos].decode()))
         elif k == 110:  # n: null
             append(Col(name, typ, None))
             pos += 1
@@ -281,11 +279,11 @@ class PgOutput:
             key.append(bool(flags & 1))
         self.relations[relid] = _Relation(schema or "pg_catalog", table, names, types, key)
 
-    def _old(self, data: bytes, text: str, pos: int, rel: _Relation) -> tuple[list[Col], int]:
+    def _old(self, data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
         """The old tuple of an update/delete at ``pos`` (its ``K``/``O`` byte): the key columns of
         a ``K`` tuple, the whole row of an ``O``."""
         kind = data[pos]
-        cols, pos = _tuple(data, text, pos + 1, rel)
+        cols, pos = _tuple(data, pos + 1, rel)
         if kind == 75:  # K: the key; the other columns are sent as nulls
             keys = rel.key_names
             cols = [c for c in cols if c.name in keys]
@@ -296,19 +294,18 @@ class PgOutput:
     def _insert(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
-        cols, _ = _tuple(data + _PAD, data.decode("latin-1"), 6, rel)  # 5: 'N'
+        cols, _ = _tuple(data + _PAD, 6, rel)  # 5: 'N'
         return Message("I", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols)
 
     def _update(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
-        text = data.decode("latin-1")
         data += _PAD
         identity: list[Col] | None = None
         pos = 5
         if data[pos] != 78:  # not N: an old tuple first
-            identity, pos = self._old(data, text, pos, rel)
-        cols, _ = _tuple(data, text, pos + 1, rel)
+            identity, pos = self._old(data, pos, rel)
+        cols, _ = _tuple(data, pos + 1, rel)
         if identity is None and rel.key_names:
             keys = rel.key_names  # no old tuple: the key did not change (wal2json: the new key)
             identity = [c for c in cols if c.name in keys]
@@ -317,7 +314,7 @@ class PgOutput:
     def _delete(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
-        identity, _ = self._old(data + _PAD, data.decode("latin-1"), 5, rel)
+        identity, _ = self._old(data + _PAD, 5, rel)
         return Message("D", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, None, identity)
 
     def _truncate(self, data: bytes, lsn: int) -> Message:
