@@ -69,6 +69,7 @@ CHANGES = [
     (ROW, (1, UGLY, "NaN", "Infinity", "-Infinity", "NaN")),
     (ROW, (2, "two", "1e-300", "3.25", "12345678901234567890123456789.123456789", "-Infinity")),
     (ROW, (3, None, None, None, None, None)),
+    ("INSERT INTO t (id, a) VALUES (4, repeat(%s, 60000))", (UGLY,)),  # ~4 MB of ugly text
     ("UPDATE t SET a = 'changed' WHERE id = 1", ()),  # big: an unchanged TOAST value
     ("UPDATE t SET id = 10, f = 'Infinity' WHERE id = 2", ()),  # a primary-key change
     ("DELETE FROM t WHERE id = 3", ()),
@@ -321,6 +322,7 @@ def _spot_checks(p: list[dict[str, Any]]) -> None:
     assert values["tags"] == ["a b", "c,d", None, 'q"x', "NULL", ""]
     assert values["b"] == "00ff275c" and values["d"] == 7 and values["ok"] is True
     assert len(values["big"]) == 32_000
+    assert rows[("I", "t", 4)]["columns"][1] == ("a", "text", UGLY * 60_000)
     toast = rows[("U", "t", 1)]
     assert "big" not in {n for n, _, _ in toast["columns"]}  # unchanged TOAST: absent, not null
     key_change = rows[("U", "t", 10)]
