@@ -113,7 +113,7 @@ _NOOP = RawMessage(b"E", 0)
 class _Relation:
     """What a Relation message said about one table, ready for its changes."""
 
-    __slots__ = ("key", "key_names", "names", "ncols", "schema", "table", "types")
+    __slots__ = ("key", "key_names", "names", "ncols", "pairs", "schema", "table", "types")
 
     def __init__(self, schema: str, table: str, names: list[str], types: list[str], key: list[bool]) -> None:
         self.schema = schema
@@ -121,6 +121,7 @@ class _Relation:
         self.names = names
         self.types = types
         self.ncols = len(names)
+        self.pairs = tuple(zip(names, types, strict=True))
         self.key = key
         self.key_names = frozenset(n for n, k in zip(names, key, strict=True) if k)
 
@@ -152,7 +153,7 @@ def _tuple(data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
     pos += 2
     cols: list[Col] = []
     append = cols.append
-    for name, typ in zip(rel.names, rel.types, strict=True):
+    for name, typ in rel.pairs:
         k, size = _KIND_SIZE(data, pos)
         if k == 116:  # t: text
             start = pos + 5
