@@ -228,8 +228,10 @@ class PgOutput:
         ``data_start``."""
         try:
             kind = data[0]
-            if kind == 73:  # I
-                return self._insert(data, lsn)
+            if kind == 73:  # I (inline: the most common message)
+                rel = self.relations[_U32(data, 1)[0]]
+                cols = _tuple(data + _PAD, 6, rel)[0]  # 5: 'N'
+                return Message("I", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols)
             if kind == 85:  # U
                 return self._update(data, lsn)
             if kind == 68:  # D
@@ -291,12 +293,6 @@ class PgOutput:
         elif kind != 79:
             raise ValueError(f"old tuple kind {bytes([kind])!r}")
         return cols, pos
-
-    def _insert(self, data: bytes, lsn: int) -> Message:
-        (relid,) = _U32(data, 1)
-        rel = self.relations[relid]
-        cols, _ = _tuple(data + _PAD, 6, rel)  # 5: 'N'
-        return Message("I", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols)
 
     def _update(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
