@@ -113,7 +113,7 @@ _NOOP = RawMessage(b"E", 0)
 class _Relation:
     """What a Relation message said about one table, ready for its changes."""
 
-    __slots__ = ("key", "key_names", "names", "ncols", "pairs", "schema", "table", "types")
+    __slots__ = ("key", "key_names", "key_positions", "names", "ncols", "pairs", "schema", "table", "types")
 
     def __init__(self, schema: str, table: str, names: list[str], types: list[str], key: list[bool]) -> None:
         self.schema = schema
@@ -124,6 +124,7 @@ class _Relation:
         self.pairs = tuple(zip(names, types, strict=True))
         self.key = key
         self.key_names = frozenset(n for n, k in zip(names, key, strict=True) if k)
+        self.key_positions = tuple(i for i, k in enumerate(key) if k)
 
 
 def _cstring(data: bytes, pos: int) -> tuple[str, int]:
@@ -303,9 +304,12 @@ class PgOutput:
         if data[pos] != 78:  # not N: an old tuple first
             identity, pos = self._old(data, pos, rel)
         cols, _ = _tuple(data, pos + 1, rel)
-        if identity is None and rel.key_names:
-            keys = rel.key_names  # no old tuple: the key did not change (wal2json: the new key)
-            identity = [c for c in cols if c.name in keys]
+        if identity is None and rel.key_names:  # no old tuple: the key did not change (wal2json: the new key)
+            if len(cols) == rel.ncols:  # every column sent: the key's by position
+                identity = [cols[i] for i in rel.key_positions]
+            else:
+                keys = rel.key_names
+                identity = [c for c in cols if c.name in keys]
         return Message("U", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols, identity)
 
     def _delete(self, data: bytes, lsn: int) -> Message:

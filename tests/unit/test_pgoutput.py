@@ -405,3 +405,18 @@ def test_close_while_a_committed_stream_is_handed_on(tmp_path: Path) -> None:
     spool = dec._spools[100]
     dec.close()  # the session ends (stopped) in the middle of the transaction
     assert spool.file.closed and not dec._spools
+
+
+def test_update_without_old_tuple_identity_is_the_new_key_in_column_order() -> None:
+    dec = decoder()
+    cols = [("v", 25, False), ("k2", 23, True), ("f", 701, False), ("k1", 25, True)]
+    dec.decode(relation(4, "public", "two_keys", cols), 1)
+    m = dec.decode(update(4, ("a", "2", "1.5", "x")), 2)  # every column sent
+    assert m is not None and m.identity == [Col("k2", "integer", "2"), Col("k1", "text", "x")]
+    m = dec.decode(update(4, (..., "3", None, "y")), 3)  # an unchanged TOAST value
+    assert m is not None and m.identity == [Col("k2", "integer", "3"), Col("k1", "text", "y")]
+    assert m.columns == [
+        Col("k2", "integer", "3"),
+        Col("f", "double precision", None),
+        Col("k1", "text", "y"),
+    ]
