@@ -28,6 +28,13 @@ What pgoutput sends (measured on PostgreSQL 15 beside wal2json 2.5, ``tests/capt
 
 Values are Postgres' text output, so a column's converter is the one the snapshot's ``COPY``
 uses (:func:`cdc.codec.values.text_converter_for`); NaN and +-Infinity arrive as text, exact.
+
+Why a decoder of our own (read 2026-11-26): ``pypgoutput`` 0.0.3 (2022) parses with a ``BytesIO``
+and a frozen dataclass per column (4x our CPU per change), knows neither logical messages nor
+stream blocks, and brings its own connection loop (multiprocessing, pydantic). ``pgoutput-decoder``
+0.1.0 (Rust, tokio) owns the connection too, needs Python 3.12+ and a Rust toolchain to build
+here (no wheel for this platform), knows no stream blocks, and turns an unchanged TOAST value into
+null. Neither fits behind :class:`~cdc.codec.Decoder` with psycopg2's stream loop.
 """
 
 from __future__ import annotations
