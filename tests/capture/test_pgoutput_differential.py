@@ -15,7 +15,7 @@ from __future__ import annotations
 import select
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -100,18 +100,20 @@ NONFINITE = {
 END = "end of the change set"
 
 
-def _type_names(dsn: str) -> Callable[[int, int], str]:
-    conn = psycopg.connect(dsn, autocommit=True)
-    cache: dict[tuple[int, int], str] = {}
+@pytest.fixture
+def type_names(pg: PgCluster, pg_db: str) -> Iterator[Callable[[int, int], str]]:
+    """``format_type(oid, typmod)``, cached: what the reader gives the pgoutput decoder."""
+    with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
+        cache: dict[tuple[int, int], str] = {}
 
-    def type_name(oid: int, typmod: int) -> str:
-        if (oid, typmod) not in cache:
-            row = conn.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()
-            assert row is not None
-            cache[(oid, typmod)] = str(row[0])
-        return cache[(oid, typmod)]
+        def type_name(oid: int, typmod: int) -> str:
+            if (oid, typmod) not in cache:
+                row = conn.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()
+                assert row is not None
+                cache[(oid, typmod)] = str(row[0])
+            return cache[(oid, typmod)]
 
-    return type_name
+        yield type_name
 
 
 def _read(
@@ -175,7 +177,9 @@ def _converted(msgs: list[Message], decoder: Decoder, domains: dict[str, str]) -
     return out
 
 
-def test_pgoutput_and_wal2json_give_the_same_messages(pg: PgCluster, pg_db: str) -> None:
+def test_pgoutput_and_wal2json_give_the_same_messages(
+    pg: PgCluster, pg_db: str, type_names: Callable[[int, int], str]
+) -> None:
     dsn = pg.dsn(pg_db)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for stmt in SCHEMA:
@@ -191,7 +195,7 @@ def test_pgoutput_and_wal2json_give_the_same_messages(pg: PgCluster, pg_db: str)
             conn.execute(stmt, args)
         conn.execute("SELECT pg_logical_emit_message(false, 'cdc_heartbeat', %s)", (END,))
         version = conn.info.server_version
-    pgo = PgOutput(_type_names(dsn), PUBLICATION, version)
+    pgo = PgOutput(type_names, PUBLICATION, version)
     assert pgo.replication_options([])["streaming"] == "on"
     w_msgs = _collect(dsn, "w", WAL2JSON, WAL2JSON.replication_options(WAL2JSON_TABLES))
     p_msgs = _collect(dsn, "p", pgo, pgo.replication_options([]))
@@ -358,7 +362,7 @@ def _streamed_with_savepoints(conn: psycopg.Connection[Any], rows: int) -> None:
 
 @pytest.mark.parametrize("rows", [BIG])
 def test_a_streamed_transaction_comes_out_whole_and_committed_only(
-    pg: PgCluster, pg_db: str, rows: int
+    pg: PgCluster, pg_db: str, type_names: Callable[[int, int], str], rows: int
 ) -> None:
     """logical_decoding_work_mem = 64kB: a top-level transaction rolled back after streaming, then
     one of ``rows`` rows with a rolled-back savepoint in the middle; ``source()`` returns exactly
@@ -375,7 +379,7 @@ def test_a_streamed_transaction_comes_out_whole_and_committed_only(
             _streamed_with_savepoints(conn, rows)
         conn.execute("SELECT pg_logical_emit_message(false, 'cdc_heartbeat', %s)", (END,))
         version = conn.info.server_version
-    pgo = PgOutput(_type_names(dsn), PUBLICATION, version)
+    pgo = PgOutput(type_names, PUBLICATION, version)
     seen: list[Message] = []
     state = {"next": 1}
 
