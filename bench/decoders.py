@@ -5,13 +5,20 @@ One table of 10 typical columns (bigint key, integer, two texts, numeric, double
 boolean, timestamptz, date, jsonb); N inserts, then N updates of one column, in transactions of
 100 rows, read from a wal2json slot and a pgoutput slot created at the same point (the SQL
 functions ``pg_logical_slot_peek_changes`` / ``peek_binary_changes``, so no socket is timed). Timed
-in this process (its CPU time), free of I/O: ``decode`` of every message (B/C included), then decode
-plus the per-column converters to the event values (what ``TableCodec.fast_row`` does). Median of
-5 rounds, microseconds per change (messages of the inserts or the updates, divided by N).
+in this process (its CPU time), free of I/O: every message (B/C included) read through the
+decoder's ``source`` and ``decode``d as the reader's loop does, then the same plus the per-column
+converters to the event values (what ``TableCodec.fast_row`` does). Median of 5 rounds,
+microseconds per change (messages of the inserts or the updates, divided by N).
+
+Then both slots are streamed from their start over a replication connection, as the reader does
+(psycopg2, its session options, each decoder's options): the CPU per change of the walsender
+(``/proc``: what each plugin costs the source) and of this process (read, decode, converters; no
+envelope, no log store), one run each.
 """
 
 from __future__ import annotations
 
+import select
 import statistics
 import tempfile
 import time
@@ -21,11 +28,12 @@ from typing import Any
 
 import psycopg
 
-from bench._common import loadavg, say
-from cdc.codec import Message
-from cdc.codec.pgoutput import PgOutput
+from bench._common import cpu_s, loadavg, say
+from cdc.codec import Decoder
+from cdc.codec.pgoutput import PgOutput, RawMessage
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.codec.wal2json import replication_options
+from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.devcluster import start_cluster
 
 TABLE = (
@@ -53,6 +61,7 @@ def _peek(
             conn.execute(INSERT, (lo, min(lo + 99, n)))
         for lo in range(1, n + 1, 100):
             conn.execute("UPDATE t SET n = n + 1 WHERE id BETWEEN %s AND %s", (lo, lo + 99))
+        conn.execute("SELECT pg_logical_emit_message(false, 'cdc_heartbeat', 'end')")
         opts = [x for kv in replication_options([("public", "t")]).items() for x in kv]
         args = ", ".join(["%s"] * len(opts))
         w = conn.execute(
@@ -86,24 +95,74 @@ def _split(
     return msgs[:i], msgs[i:]
 
 
-def _time(
-    decode: Callable[[bytes, int], Message | None], msgs: list[tuple[int, bytes]], convert: bool
-) -> float:
+def _time(decoder: Decoder, msgs: list[tuple[int, bytes]], convert: bool) -> float:
+    """CPU seconds to read ``msgs`` as the reader's loop does: through the decoder's ``source``,
+    then ``decode``, then (``convert``) each column's converter."""
+    raws = iter([RawMessage(data, lsn) for lsn, data in msgs])
+    read = decoder.source(lambda: next(raws, None))
+    decode = decoder.decode
     conv: dict[str, Any] = {}
     t0 = time.process_time()
-    for lsn, data in msgs:
-        m = decode(data, lsn)
+    while (raw := read()) is not None:
+        m = decode(raw.payload, raw.data_start)
         if convert and m is not None and m.columns:
             for c in m.columns:
                 f = conv.get(c.name, 0)
                 if f == 0:
-                    f = conv[c.name] = _converter(c.type)
+                    f = conv[c.name] = decoder.converter_for(c.type)
                 v = c.value
                 _ = v if f is None or v is None else f(v)
     return time.process_time() - t0
 
 
-_converter: Callable[[str], Any] = WAL2JSON.converter_for
+def _streamed_cpu(dsn: str, slot: str, decoder: Decoder) -> tuple[float, float]:
+    """Stream the whole slot as the reader does (psycopg2, the reader's session options): CPU
+    seconds of the walsender (``/proc``) and of this process (read, decode, converters) until the
+    workload's end message."""
+    conn = connect_replication(dsn, options=SESSION_OPTIONS, application_name="cdc-bench")
+    try:
+        cur = conn.cursor()
+        cur.start_replication(
+            slot_name=slot, decode=False, options=decoder.replication_options([("public", "t")])
+        )
+        with psycopg.connect(dsn) as c:
+            row = c.execute(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+        assert row is not None
+        pid = int(row[0])
+        walsender, reader = cpu_s(pid), time.process_time()
+        read = decoder.source(cur.read_message)
+        conv: dict[str, Any] = {}
+        while True:
+            raw = read()
+            if raw is None:
+                select.select([conn], [], [], 0.5)
+                continue
+            m = decoder.decode(raw.payload, raw.data_start)
+            if m is None:
+                continue
+            if m.action == "M":
+                break
+            for c in m.columns or ():
+                f = conv.get(c.name, 0)
+                if f == 0:
+                    f = conv[c.name] = decoder.converter_for(c.type)
+                if f is not None and c.value is not None:
+                    f(c.value)
+        return cpu_s(pid) - walsender, time.process_time() - reader
+    finally:
+        conn.close()
+
+
+def _stream_rows(dsn: str, n: int, types: dict[tuple[int, int], str]) -> list[str]:
+    rows = []
+    for slot, decoder in (("w", WAL2JSON), ("p", PgOutput(lambda o, t: types[(o, t)], "pub", 150000))):
+        ws, rs = _streamed_cpu(dsn, slot, decoder)
+        per = 2 * n / 1e6
+        say(f"{decoder.plugin}: walsender {ws / per:.2f} µs/change, reader {rs / per:.2f} µs/change")
+        rows.append(f"| {decoder.plugin} | {ws / per:.2f} | {rs / per:.2f} | {rs / ws:.2f} |")
+    return rows
 
 
 def run(quick: bool) -> str:
@@ -113,24 +172,22 @@ def run(quick: bool) -> str:
         try:
             db = pg.create_database()
             w, p, types = _peek(pg.dsn(db), n)
+            streamed = _stream_rows(pg.dsn(db), n, types)
         finally:
             pg.stop("immediate")
     say(f"{len(w)} wal2json and {len(p)} pgoutput messages for {n} inserts and {n} updates")
     w_ins, w_upd = _split(w, lambda d: b'"action":"U"' in d)
     p_ins, p_upd = _split(p, lambda d: d[:1] == b"U")
     relation = next(d for _, d in p if d[:1] == b"R")
-    global _converter
     rows = []
     for label, convert in (("decode", False), ("decode + converters", True)):
         for what, wm, pm in (("insert", w_ins, p_ins), ("update", w_upd, p_upd)):
             wt, pt = [], []
             for _ in range(ROUNDS):
-                _converter = WAL2JSON.converter_for
-                wt.append(_time(WAL2JSON.decode, wm, convert))
+                wt.append(_time(WAL2JSON, wm, convert))
                 dec = PgOutput(lambda oid, typmod: types[(oid, typmod)], "pub", 150000)
                 dec.decode(relation, 0)  # sent once, before the first insert
-                _converter = dec.converter_for
-                pt.append(_time(dec.decode, pm, convert))
+                pt.append(_time(dec, pm, convert))
             wu, pu = statistics.median(wt) / n * 1e6, statistics.median(pt) / n * 1e6
             say(f"{label:20} {what}: wal2json {wu:.2f} µs/change, pgoutput {pu:.2f} µs/change")
             rows.append(f"| {label} | {what} | {wu:.2f} | {pu:.2f} | {pu / wu:.2f} |")
@@ -145,6 +202,13 @@ def run(quick: bool) -> str:
             "| work | change | wal2json µs/change | pgoutput µs/change | pgoutput / wal2json |",
             "|---|---|---|---|---|",
             *rows,
+            "",
+            "Streamed through a replication connection (the same changes, both slots from the start):"
+            " CPU per change of the walsender and of this process (read, decode, converters).",
+            "",
+            "| decoder | walsender µs/change | reader µs/change | reader / walsender |",
+            "|---|---|---|---|",
+            *streamed,
             "",
         ]
     )

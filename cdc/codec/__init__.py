@@ -3,8 +3,8 @@
 The package root is the interface every decoder implements; beside it, one module per decoder:
 
 * :mod:`cdc.codec.wal2json` -- wal2json format-version 2 (the one the reader uses today);
-* a pgoutput decoder goes beside it (issue #18): it implements :class:`Decoder` and produces the
-  same :class:`Message`.
+* :mod:`cdc.codec.pgoutput` -- PostgreSQL's built-in pgoutput (issue #18): the same
+  :class:`Message` for the same change, streamed transactions spooled until their commit.
 
 Shared by every decoder: :mod:`cdc.codec.values` (Postgres' text output of a column type to its
 event value; the snapshot's ``COPY`` uses it too), :mod:`cdc.codec.envelope` (a decoded change to

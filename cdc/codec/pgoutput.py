@@ -28,6 +28,13 @@ What pgoutput sends (measured on PostgreSQL 15 beside wal2json 2.5, ``tests/capt
 
 Values are Postgres' text output, so a column's converter is the one the snapshot's ``COPY``
 uses (:func:`cdc.codec.values.text_converter_for`); NaN and +-Infinity arrive as text, exact.
+
+Why a decoder of our own (read 2026-11-26): ``pypgoutput`` 0.0.3 (2022) parses with a ``BytesIO``
+and a frozen dataclass per column (4x our CPU per change), knows neither logical messages nor
+stream blocks, and brings its own connection loop (multiprocessing, pydantic). ``pgoutput-decoder``
+0.1.0 (Rust, tokio) owns the connection too, needs Python 3.12+ and a Rust toolchain to build
+here (no wheel for this platform), knows no stream blocks, and turns an unchanged TOAST value into
+null. Neither fits behind :class:`~cdc.codec.Decoder` with psycopg2's stream loop.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 from typing import IO, Any
 
 from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
-from cdc.codec.values import text_converter_for
+from cdc.codec.values import text_converter_for, type_kind
 from cdc.errors import DecodeError
 
 __all__ = ["PgOutput", "RawMessage", "commit_time_text", "lsn_text"]
@@ -51,6 +58,7 @@ _BEGIN = struct.Struct(">QqI")  # final_lsn, commit_ts, xid
 _COMMIT = struct.Struct(">BQQq")  # flags, commit_lsn, end_lsn, commit_ts
 _MSG = struct.Struct(">BQ")  # flags, lsn
 _STREAM_COMMIT = struct.Struct(">IBQQq")  # xid, flags, commit_lsn, end_lsn, commit_ts
+_STREAM_START = struct.Struct(">IB")  # xid, first segment
 _STREAM_ABORT = struct.Struct(">II")  # xid, subxid
 _SPOOL = struct.Struct(">IQI")  # (sub)xid, data_start, payload length
 _TRUNCATE_HEAD = struct.Struct(">iB")  # number of relations, options
@@ -64,6 +72,8 @@ _PREFIXES = frozenset(MESSAGE_PREFIXES)
 #: relation's schema once per streamed transaction (keyed by the top-level xid), whichever
 #: subtransaction's change needed it first
 _STATE_TYPES = frozenset(b"RYO")
+#: messages :meth:`PgOutput.source` hands on as they come (outside a stream block)
+_PLAIN = frozenset(b"BCIUDRYOM")
 #: messages handled inside a stream block before :meth:`PgOutput.source` returns one (the reader
 #: loop counts returned messages for its duties; a long block must not starve them)
 _SPOOL_BURST = 64
@@ -110,7 +120,7 @@ _NOOP = RawMessage(b"E", 0)
 class _Relation:
     """What a Relation message said about one table, ready for its changes."""
 
-    __slots__ = ("key", "key_names", "names", "ncols", "schema", "table", "types")
+    __slots__ = ("key", "key_names", "key_positions", "names", "ncols", "pairs", "schema", "table", "types")
 
     def __init__(self, schema: str, table: str, names: list[str], types: list[str], key: list[bool]) -> None:
         self.schema = schema
@@ -118,8 +128,10 @@ class _Relation:
         self.names = names
         self.types = types
         self.ncols = len(names)
+        self.pairs = tuple(zip(names, types, strict=True))
         self.key = key
         self.key_names = frozenset(n for n, k in zip(names, key, strict=True) if k)
+        self.key_positions = tuple(i for i, k in enumerate(key) if k)
 
 
 def _cstring(data: bytes, pos: int) -> tuple[str, int]:
@@ -137,11 +149,10 @@ def _bad(data: bytes, lsn: int, what: str) -> DecodeError:
     )
 
 
-def _tuple(data: bytes, text: str, pos: int, rel: _Relation) -> tuple[list[Col], int]:
+def _tuple(data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
     """A TupleData at ``pos``: its columns (an unchanged TOAST value left out), and its end.
     ``data``: the message with :data:`_PAD` after it (a kind and a length are read at once, even
-    for the last column's one-byte null); ``text``: the message decoded as latin-1, one character
-    per byte, so an ASCII value is one slice (else its bytes are decoded as UTF-8)."""
+    for the last column's one-byte null)."""
     (n,) = _I16(data, pos)
     if n != rel.ncols:
         raise ValueError(
@@ -150,13 +161,12 @@ def _tuple(data: bytes, text: str, pos: int, rel: _Relation) -> tuple[list[Col],
     pos += 2
     cols: list[Col] = []
     append = cols.append
-    for name, typ in zip(rel.names, rel.types, strict=True):
+    for name, typ in rel.pairs:
         k, size = _KIND_SIZE(data, pos)
         if k == 116:  # t: text
             start = pos + 5
             pos = start + size
-            v = text[start:pos]
-            append(Col(name, typ, v if v.isascii() else data[start:pos].decode()))
+            append(Col(name, typ, data[start:pos].decode()))
         elif k == 110:  # n: null
             append(Col(name, typ, None))
             pos += 1
@@ -214,7 +224,10 @@ class PgOutput:
         return options
 
     def converter_for(self, pg_type: str, *, numeric_as_string: bool = False) -> Converter | None:
-        """Text output to event value: the snapshot's converters (:func:`text_converter_for`)."""
+        """Text output to event value: the snapshot's converters (:func:`text_converter_for`);
+        None for ``numeric``, whose text is its value (every digit; NaN, Infinity, -Infinity)."""
+        if type_kind(pg_type) == "numeric":
+            return None
         return text_converter_for(pg_type)
 
     # -- decoding --------------------------------------------------------------------------------
@@ -223,8 +236,10 @@ class PgOutput:
         ``data_start``."""
         try:
             kind = data[0]
-            if kind == 73:  # I
-                return self._insert(data, lsn)
+            if kind == 73:  # I (inline: the most common message)
+                rel = self.relations[_U32(data, 1)[0]]
+                cols = _tuple(data + _PAD, 6, rel)[0]  # 5: 'N'
+                return Message("I", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols)
             if kind == 85:  # U
                 return self._update(data, lsn)
             if kind == 68:  # D
@@ -275,11 +290,11 @@ class PgOutput:
             key.append(bool(flags & 1))
         self.relations[relid] = _Relation(schema or "pg_catalog", table, names, types, key)
 
-    def _old(self, data: bytes, text: str, pos: int, rel: _Relation) -> tuple[list[Col], int]:
+    def _old(self, data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
         """The old tuple of an update/delete at ``pos`` (its ``K``/``O`` byte): the key columns of
         a ``K`` tuple, the whole row of an ``O``."""
         kind = data[pos]
-        cols, pos = _tuple(data, text, pos + 1, rel)
+        cols, pos = _tuple(data, pos + 1, rel)
         if kind == 75:  # K: the key; the other columns are sent as nulls
             keys = rel.key_names
             cols = [c for c in cols if c.name in keys]
@@ -287,31 +302,27 @@ class PgOutput:
             raise ValueError(f"old tuple kind {bytes([kind])!r}")
         return cols, pos
 
-    def _insert(self, data: bytes, lsn: int) -> Message:
-        (relid,) = _U32(data, 1)
-        rel = self.relations[relid]
-        cols, _ = _tuple(data + _PAD, data.decode("latin-1"), 6, rel)  # 5: 'N'
-        return Message("I", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols)
-
     def _update(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
-        text = data.decode("latin-1")
         data += _PAD
         identity: list[Col] | None = None
         pos = 5
         if data[pos] != 78:  # not N: an old tuple first
-            identity, pos = self._old(data, text, pos, rel)
-        cols, _ = _tuple(data, text, pos + 1, rel)
-        if identity is None and rel.key_names:
-            keys = rel.key_names  # no old tuple: the key did not change (wal2json: the new key)
-            identity = [c for c in cols if c.name in keys]
+            identity, pos = self._old(data, pos, rel)
+        cols, _ = _tuple(data, pos + 1, rel)
+        if identity is None and rel.key_names:  # no old tuple: the key did not change (wal2json: the new key)
+            if len(cols) == rel.ncols:  # every column sent: the key's by position
+                identity = [cols[i] for i in rel.key_positions]
+            else:
+                keys = rel.key_names
+                identity = [c for c in cols if c.name in keys]
         return Message("U", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols, identity)
 
     def _delete(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
-        identity, _ = self._old(data + _PAD, data.decode("latin-1"), 5, rel)
+        identity, _ = self._old(data + _PAD, 5, rel)
         return Message("D", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, None, identity)
 
     def _truncate(self, data: bytes, lsn: int) -> Message:
@@ -350,10 +361,39 @@ class PgOutput:
         their commit as one transaction (a synthetic B, the committed messages in order, a
         synthetic C); a TRUNCATE of several relations becomes one per relation."""
         pending: Iterator[RawMessage] | None = None
-        in_block: int | None = None  # the xid of the open stream block
+        block: int | None = None  # the xid of the open stream block
+
+        def control(raw: Any) -> Any:
+            """A message inside a stream block or other than :data:`_PLAIN`: what to hand on, or
+            None to read on."""
+            nonlocal pending, block
+            data = raw.payload
+            kind = data[0]
+            if block is not None:
+                if kind == 69:  # E: stream stop
+                    block = None
+                else:
+                    self._spool_for(block).add(data, raw.data_start)
+                return None
+            if kind == 83:  # S: stream start
+                block, first = _STREAM_START.unpack_from(data, 1)
+                self.stream_blocks += 1
+                if first and block in self._spools:  # sent again from its start (a new session)
+                    self._spools.pop(block).close()
+                return None
+            if kind == 65:  # A: stream abort
+                self._aborted(data)
+                return None
+            if kind == 99:  # c: stream commit
+                pending = self._committed(data, raw.data_start)
+            elif kind == 84 and _TRUNCATE_HEAD.unpack_from(data, 1)[0] > 1:
+                pending = _split_truncate(data, raw.data_start, 1)
+            else:
+                return raw  # a one-relation TRUNCATE; anything else: decode() tells what it is
+            return next(pending)
 
         def next_message() -> Any:
-            nonlocal pending, in_block
+            nonlocal pending
             if pending is not None:
                 msg = next(pending, None)
                 if msg is not None:
@@ -361,30 +401,11 @@ class PgOutput:
                 pending = None
             for _ in range(_SPOOL_BURST):
                 raw = read()
-                if raw is None:
-                    return None
-                data = raw.payload
-                kind = data[0]
-                if in_block is not None:
-                    if kind == 69:  # E: stream stop
-                        in_block = None
-                    else:
-                        self._spool_for(in_block).add(data, raw.data_start)
-                    continue
-                if kind == 83:  # S: stream start
-                    (in_block,) = _U32(data, 1)
-                    self.stream_blocks += 1
-                    continue
-                if kind == 99:  # c: stream commit
-                    pending = self._committed(data, raw.data_start)
-                    return next(pending)
-                if kind == 65:  # A: stream abort
-                    self._aborted(data)
-                    continue
-                if kind == 84 and _TRUNCATE_HEAD.unpack_from(data, 1)[0] > 1:
-                    pending = _split_truncate(data, raw.data_start, 1)
-                    return next(pending)
-                return raw
+                if raw is None or (block is None and raw.payload[0] in _PLAIN):
+                    return raw
+                out = control(raw)
+                if out is not None:
+                    return out
             return _NOOP  # a long stream block: let the reader's loop do its duties
 
         return next_message
@@ -406,7 +427,7 @@ class PgOutput:
 
     def _committed(self, data: bytes, data_start: int) -> Iterator[RawMessage]:
         xid, _, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(data, 1)
-        spool = self._spools.pop(xid, None)
+        spool = self._spools.get(xid)  # kept there while it is read: close() closes it too
         try:
             yield RawMessage(b"B" + _BEGIN.pack(commit_lsn, ts, xid), data_start)
             if spool is not None:
@@ -414,6 +435,7 @@ class PgOutput:
             yield RawMessage(b"C" + _COMMIT.pack(0, commit_lsn, end_lsn, ts), data_start)
         finally:
             if spool is not None:
+                self._spools.pop(xid, None)
                 spool.close()
 
     def close(self) -> None:

@@ -155,6 +155,8 @@ def test_relation_insert_text_null_and_special_floats() -> None:
     for pg_type, text, value in [("double precision", "-Infinity", "-Infinity"), ("integer", "5", 5)]:
         conv = dec.converter_for(pg_type)
         assert conv is not None and conv(text) == value == text_converter_for(pg_type)(text)  # type: ignore[misc]
+    for text in ("12345678901234567890.123456789", "NaN", "-Infinity"):  # numeric: the text is the value
+        assert dec.converter_for("numeric(38,9)") is None and text_converter_for("numeric")(text) == text  # type: ignore[misc]
 
 
 def test_unchanged_toast_is_left_out_never_null() -> None:
@@ -370,3 +372,51 @@ def test_a_long_stream_block_yields_no_ops_not_none() -> None:
 @pytest.mark.parametrize("lsn", [0, 1, 0xFFFFFFFF, 0x1_0000_0000, 0x16_B374D848, 0xFFFFFFFF_FFFFFFFF])
 def test_lsn_text_is_int_to_lsn(lsn: int) -> None:
     assert lsn_text(lsn) == int_to_lsn(lsn)
+
+
+def test_a_stream_sent_again_from_its_start_replaces_the_spool(tmp_path: Path) -> None:
+    """A new session resends an uncommitted streamed transaction from its first segment: the
+    spool of the earlier session's part must not be replayed twice."""
+    dec = decoder(tmp_path)
+    rel = relation(1, "public", "t", T_COLS)
+    first = [stream_start(100), in_stream(rel, 100), in_stream(insert(1, "1", "a", "1"), 100), b"E"]
+    run(dec, first)
+    out = run(
+        dec,
+        [
+            *first,
+            stream_start(100, first=False),
+            in_stream(insert(1, "2", "b", "2"), 100),
+            b"E",
+            stream_commit(100, 0x700, 0x730, TS),
+        ],
+    )
+    assert [m.columns[0].value for m in out if m.columns] == ["1", "2"]
+
+
+def test_close_while_a_committed_stream_is_handed_on(tmp_path: Path) -> None:
+    dec = decoder(tmp_path)
+    rel = relation(1, "public", "t", T_COLS)
+    msgs = [stream_start(100), in_stream(rel, 100), in_stream(insert(1, "1", "a", "1"), 100), b"E"]
+    raws = iter(RawMessage(m, i) for i, m in enumerate([*msgs, stream_commit(100, 0x700, 0x730, TS)]))
+    read = dec.source(lambda: next(raws, None))
+    while (raw := read()) is not None and raw.payload[:1] != b"B":
+        pass
+    spool = dec._spools[100]
+    dec.close()  # the session ends (stopped) in the middle of the transaction
+    assert spool.file.closed and not dec._spools
+
+
+def test_update_without_old_tuple_identity_is_the_new_key_in_column_order() -> None:
+    dec = decoder()
+    cols = [("v", 25, False), ("k2", 23, True), ("f", 701, False), ("k1", 25, True)]
+    dec.decode(relation(4, "public", "two_keys", cols), 1)
+    m = dec.decode(update(4, ("a", "2", "1.5", "x")), 2)  # every column sent
+    assert m is not None and m.identity == [Col("k2", "integer", "2"), Col("k1", "text", "x")]
+    m = dec.decode(update(4, (..., "3", None, "y")), 3)  # an unchanged TOAST value
+    assert m is not None and m.identity == [Col("k2", "integer", "3"), Col("k1", "text", "y")]
+    assert m.columns == [
+        Col("k2", "integer", "3"),
+        Col("f", "double precision", None),
+        Col("k1", "text", "y"),
+    ]
