@@ -92,7 +92,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                 if settings.config.nonfinite_recorder:
                     _fix_nonfinite(conn, regs, settings)
             report = _with_source_objects(
-                run_preflight(conn, settings.slot_name, regs), conn, settings, regs, wal2json_state
+                run_preflight(conn, settings.slot_name, regs, dsn=dsn), conn, settings, regs, wal2json_state
             )
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None
