@@ -235,3 +235,26 @@ def test_primary_without_synchronized_standby_slots_gets_the_finding(
     pair.primary.execute(found["fix"].split(": ", 1)[1].split(";")[0])
     pair.primary.execute("SELECT pg_reload_conf()")
     assert _failover(_check(cdc_main, pair.primary.dsn())) == []
+
+
+def _slot_stage(cdc_main: Run, source: str) -> dict[str, Any]:
+    _, out, _ = cdc_main("status", "--json", source=source)
+    (stage,) = [s for s in json.loads(out)["stages"] if s["stage"] == "slot"]
+    return dict(stage)
+
+
+def test_status_shows_failover_readiness(
+    pg18_pair: Callable[..., FailoverPair], cdc_main: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pair = pg18_pair()
+    monkeypatch.setenv("CDC_SLOT", "cdc_fo_status")
+    assert _slot_stage(cdc_main, pair.dsn())["failover"] is None  # no slot yet
+    with connect(pair.primary.dsn()) as conn:
+        create_logical_slot(conn, "cdc_fo_status", "pgoutput")
+    where = f"127.0.0.1:{pair.standby.port}"
+    before = _slot_stage(cdc_main, pair.dsn())["failover"]
+    assert before["failover"] is True and before["unreachable"] == {}
+    assert [(s["standby"], s["ready"]) for s in before["standbys"]] == [(where, False)]
+    pair.wait_synced("cdc_fo_status")
+    after = _slot_stage(cdc_main, pair.dsn())["failover"]
+    assert after["standbys"] == [{"standby": where, "ready": True, "synced": True, "temporary": False}]
