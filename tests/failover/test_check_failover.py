@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +24,9 @@ from cdc.preflight import (
     check_server_version,
     run_preflight,
 )
+from tests.plugins.capture import CaptureEnv
 from tests.plugins.cli import Run
-from tests.plugins.failover import STANDBY_SLOT, FailoverPair
+from tests.plugins.failover import STANDBY_SLOT, FailoverPair, pair_env
 from tests.plugins.postgres import PgCluster
 
 STANDBY = FailoverInfo(
@@ -237,24 +240,26 @@ def test_primary_without_synchronized_standby_slots_gets_the_finding(
     assert _failover(_check(cdc_main, pair.primary.dsn())) == []
 
 
-def _slot_stage(cdc_main: Run, source: str) -> dict[str, Any]:
-    _, out, _ = cdc_main("status", "--json", source=source)
-    (stage,) = [s for s in json.loads(out)["stages"] if s["stage"] == "slot"]
-    return dict(stage)
+def _failover_stage(env: CaptureEnv) -> Any:
+    res = env.cdc("status", "--json")
+    (stage,) = [s for s in json.loads(res.stdout)["stages"] if s["stage"] == "slot"]
+    return stage["failover"]
 
 
 def test_status_shows_failover_readiness(
-    pg18_pair: Callable[..., FailoverPair], cdc_main: Run, monkeypatch: pytest.MonkeyPatch
+    pg18_pair: Callable[..., FailoverPair], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     pair = pg18_pair()
-    monkeypatch.setenv("CDC_SLOT", "cdc_fo_status")
-    assert _slot_stage(cdc_main, pair.dsn())["failover"] is None  # no slot yet
-    with connect(pair.primary.dsn()) as conn:
-        create_logical_slot(conn, "cdc_fo_status", "pgoutput")
-    where = f"127.0.0.1:{pair.standby.port}"
-    before = _slot_stage(cdc_main, pair.dsn())["failover"]
-    assert before["failover"] is True and before["unreachable"] == {}
-    assert [(s["standby"], s["ready"]) for s in before["standbys"]] == [(where, False)]
-    pair.wait_synced("cdc_fo_status")
-    after = _slot_stage(cdc_main, pair.dsn())["failover"]
-    assert after["standbys"] == [{"standby": where, "ready": True, "synced": True, "temporary": False}]
+    for env in pair_env(pair, tmp_path, request):
+        failover = partial(_failover_stage, env)
+        assert failover() is None  # no slot yet
+        with connect(pair.primary.dsn(env.db)) as conn:
+            create_logical_slot(conn, env.slot, "pgoutput")
+        where = f"127.0.0.1:{pair.standby.port}"
+        before = failover()
+        assert before["failover"] is True and before["unreachable"] == {}
+        assert [(s["standby"], s["ready"]) for s in before["standbys"]] == [(where, False)]
+        pair.wait_synced(env.slot)
+        assert failover()["standbys"] == [
+            {"standby": where, "ready": True, "synced": True, "temporary": False}
+        ]

@@ -34,9 +34,10 @@ from cdc.devcluster import (
     own_dirs,
     start_cluster,
 )
+from tests.plugins.capture import CaptureEnv, make_env
 from tests.plugins.postgres import wait_for
 
-__all__ = ["STANDBY_SLOT", "FailoverPair", "pg18_pair", "start_pair"]
+__all__ = ["STANDBY_SLOT", "FailoverPair", "pair_env", "pg18_pair", "start_pair"]
 
 #: the primary's physical slot that the standby streams from
 STANDBY_SLOT = "cdc_standby"
@@ -116,6 +117,19 @@ class FailoverPair:
         for cluster in (self.standby, self.primary):
             with contextlib.suppress(subprocess.CalledProcessError):  # already stopped (a failover)
                 cluster.stop("immediate")
+
+
+def pair_env(
+    pair: FailoverPair, tmp_path: Path, request: pytest.FixtureRequest, options: str = ""
+) -> Iterator[CaptureEnv]:
+    """A :class:`~tests.plugins.capture.CaptureEnv` on a new database of the pair, whose source DSN
+    names both hosts with ``target_session_attrs=primary`` (what a reader that follows a failover
+    is given); the database is on the standby too before it is yielded."""
+    db = pair.primary.create_database()
+    pair.wait_replayed()
+    for env in make_env(pair.primary, db, tmp_path, "embedded", request, options):
+        env.source = pair.dsn(db)
+        yield env
 
 
 def start_pair(
