@@ -68,9 +68,11 @@ CHECKS = (
 #: the checks of failover slots: they run on PostgreSQL 17+ only
 FAILOVER_CHECKS = ("failover_slot", "synchronized_standby_slots", "failover_standby", "failover_ready")
 WAL2JSON_TIMEOUT_MS = 10_000
+#: the connect timeout to a standby among the source DSN's hosts (cdc check, cdc status)
+STANDBY_TIMEOUT_S = 3
 #: what a server without wal2json captures with: pgoutput is built into every PostgreSQL >= 10
 USE_PGOUTPUT = (
-    "or capture with pgoutput, built into every PostgreSQL server (no install, no allow-list): "
+    "capture with pgoutput, built into every PostgreSQL server (no install, no allow-list): "
     'decoder = "pgoutput" in cdc.toml (CDC_DECODER=pgoutput)'
 )
 
@@ -162,7 +164,7 @@ def check_output_plugin(
     if installed is False:
         return [not_installed(plugin, "it is not in the server's library directory", values)]
     message, fix = refusal
-    return [Finding("wal2json", "error", message, f"{fix}; {USE_PGOUTPUT}", values)]
+    return [Finding("wal2json", "error", message, f"{fix}; or {USE_PGOUTPUT}", values)]
 
 
 def not_installed(plugin: str, detail: str, values: dict[str, Any]) -> Finding:
@@ -522,7 +524,7 @@ def gather_standbys(
     for params in _other_hosts(dsn, conn):
         where = f"{params['host']}:{params['port']}"
         try:
-            one = make_conninfo(dsn, **params, target_session_attrs="any")
+            one = make_conninfo(dsn, **params, target_session_attrs="any", connect_timeout=STANDBY_TIMEOUT_S)
             with connect(one, application_name="cdc check") as other:
                 version = other.info.server_version
                 if not failover_supported(version):
@@ -574,7 +576,7 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
             "error",
             f"the source server refuses the {plugin} output plugin ({exc.diag.message_primary})",
             f"as a superuser on the source, add {plugin} to output_plugin_libraries "
-            f"(ALTER SYSTEM SET output_plugin_libraries = ...; SELECT pg_reload_conf();); {USE_PGOUTPUT}",
+            f"(ALTER SYSTEM SET output_plugin_libraries = ...; SELECT pg_reload_conf();); or {USE_PGOUTPUT}",
             {},
         )
     except pg_errors.QueryCanceled:

@@ -27,7 +27,7 @@ from cdc.preflight import (
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.cli import Run
 from tests.plugins.failover import STANDBY_SLOT, FailoverPair, pair_env
-from tests.plugins.postgres import PgCluster
+from tests.plugins.postgres import PgCluster, free_port
 
 STANDBY = FailoverInfo(
     in_recovery=True,
@@ -83,7 +83,7 @@ def test_missing_wal2json_points_to_pgoutput() -> None:
     (refused,) = check_output_plugin(INFO)  # unknown whether installed: allow it, or use pgoutput
     assert "ALTER SYSTEM SET output_plugin_libraries" in refused.fix and 'decoder = "pgoutput"' in refused.fix
     (missing,) = check_output_plugin(INFO, installed=False)
-    assert "not installed" in missing.message and missing.fix.startswith("or capture with pgoutput")
+    assert "not installed" in missing.message and missing.fix.startswith("capture with pgoutput")
     assert "CDC_DECODER=pgoutput" in missing.fix
 
 
@@ -263,3 +263,13 @@ def test_status_shows_failover_readiness(
         assert failover()["standbys"] == [
             {"standby": where, "ready": True, "synced": True, "temporary": False}
         ]
+
+
+def test_a_host_of_the_dsn_that_cannot_be_reached_is_skipped_with_why(pg18: PgCluster, pg18_db: str) -> None:
+    down = free_port()
+    dsn = f"host=127.0.0.1,127.0.0.1 port={pg18.port},{down} dbname={pg18_db} user=postgres target_session_attrs=primary"
+    with connect(dsn) as conn:
+        report = run_preflight(conn, "cdc_unreached", [], decoder="pgoutput", dsn=dsn)
+    assert report.skipped[f"failover_standby@127.0.0.1:{down}"].startswith("cannot connect")
+    assert not [f for f in report.findings if f.check in FAILOVER_CHECKS]
+    assert set(FAILOVER_CHECKS) <= set(report.checked)
