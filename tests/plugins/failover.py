@@ -80,22 +80,24 @@ class FailoverPair:
 
         The standby keeps its copy temporary until the primary's slot has moved past the WAL and
         catalog xmin the copy could reserve ("could not synchronize replication slot ... could
-        lead to data loss" in its log), and its slot-sync worker naps up to 30 s when nothing
-        changes. So each round wakes the worker (a reload sets its latch) and, with ``advance``
-        (no consumer of its own on the slot), moves the primary's slot to the current WAL
-        position after a running-xacts record: what a consumer confirming its position does."""
+        lead to data loss" in its log). The slot's catalog xmin moves only at a running-xacts
+        record, which the primary writes every 15 s by itself, and the slot-sync worker naps up to
+        30 s when nothing changes: with a consumer confirming every 0.5 s and no help, the copy
+        was ready after 26 s. So each round writes a running-xacts record, wakes the worker (a
+        reload sets its latch) and, with ``advance`` (no consumer of its own on the slot), moves
+        the primary's slot to the current WAL position, as a consumer confirming it would."""
 
         def ready() -> bool:
             if self.standby_slot(slot) == (True, False):
                 return True
+            self.primary.execute("SELECT pg_log_standby_snapshot()")
             if advance:
-                self.primary.execute("SELECT pg_log_standby_snapshot()")
                 self.primary.execute(
                     sql.SQL("SELECT pg_replication_slot_advance({}, pg_current_wal_lsn())").format(
                         sql.Literal(slot)
                     )
                 )
-                self.wait_replayed()
+            self.wait_replayed()
             self.standby.execute("SELECT pg_reload_conf()")
             return False
 
