@@ -85,3 +85,18 @@ def test_failover_slot_survives_promotion_with_every_change(pg18_pair: Callable[
         conn.execute("INSERT INTO t VALUES (1000, 'on the new primary')")
     assert [c[:1] for c in _peek(pair.standby.dsn(), "cdc_fo")] == [b"B", b"R", b"I", b"C"]
     print(f"\nfailover slot: synced in {synced_s:.2f}s; promoted and slot usable in {usable_s:.2f}s")
+
+
+def test_without_failover_the_promoted_standby_has_no_slot(pg18_pair: Callable[..., FailoverPair]) -> None:
+    """The control: a slot created without failover is not kept by the standby, so a failover loses
+    it (the reader's lost-slot path: every table snapshotted again)."""
+    pair = pg18_pair()
+    with connect(pair.primary.dsn()) as conn:
+        create_logical_slot(conn, "cdc_plain", "pgoutput", failover=False)
+        create_logical_slot(conn, "cdc_fo2", "pgoutput")
+    pair.wait_synced("cdc_fo2")  # the worker has synced what it syncs
+    assert pair.standby_slot("cdc_plain") is None
+    pair.stop_primary("immediate")
+    pair.promote()
+    names = {r[0] for r in pair.standby.fetch("SELECT slot_name FROM pg_replication_slots")}
+    assert "cdc_fo2" in names and "cdc_plain" not in names
