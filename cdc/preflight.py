@@ -18,19 +18,25 @@ from typing import Any, Literal
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from cdc.catalog import (
+    FailoverInfo,
     ServerInfo,
     SlotInfo,
     TableDescription,
     capture_problems,
     describe_table,
+    failover_info,
+    failover_supported,
     is_table,
+    pgoutput_protocol,
     server_info,
     slot_info,
 )
-from cdc.config import DECODERS
-from cdc.errors import RegistryError
+from cdc.config import parse_dsn
+from cdc.connect import connect
+from cdc.errors import RegistryError, SourceError
 from cdc.publication import publication_sql, publication_tables
 from cdc.registry import TableReg
 
@@ -39,16 +45,22 @@ Severity = Literal["error", "warning", "info"]
 
 # The checks in the order they run; each name appears in Report.checked when it ran.
 CHECKS = (
-    "decoder",  # info: the output plugin in use (and pgoutput's publication)
     "wal_level",
     "replication_role",
     "replication_slots",
     "wal_senders",
+    "decoder",  # info: the output plugin in use (and pgoutput's publication)
     "wal2json",  # the plugin loads (the decoder wal2json)
     "pgoutput",  # the server allows it (the decoder pgoutput)
     "publication",  # pgoutput: the publication holds every registered table
+    "server_version",  # info: what this server's version brings (streaming levels, failover slots)
     "max_slot_wal_keep_size",
     "slot",
+    # failover slots (PostgreSQL 17+): our slot, the primary's and each standby's settings, readiness
+    "failover_slot",
+    "synchronized_standby_slots",
+    "failover_standby",
+    "failover_ready",
     "registered_tables",
     "replica_identity",
     "select_privilege",
@@ -58,7 +70,16 @@ CHECKS = (
     # that sends NaN/Infinity itself (2.6+)
     "nonfinite_recorder",
 )
+#: the checks of failover slots: they run on PostgreSQL 17+ only
+FAILOVER_CHECKS = ("failover_slot", "synchronized_standby_slots", "failover_standby", "failover_ready")
 WAL2JSON_TIMEOUT_MS = 10_000
+#: the connect timeout to a standby among the source DSN's hosts (cdc check, cdc status)
+STANDBY_TIMEOUT_S = 3
+#: what a server without wal2json captures with: pgoutput is built into every PostgreSQL >= 10
+USE_PGOUTPUT = (
+    "capture with pgoutput, built into every PostgreSQL server (no install, no allow-list): "
+    'decoder = "pgoutput" in cdc.toml (CDC_DECODER=pgoutput)'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +155,25 @@ def human_bytes(n: int) -> str:
 
 
 # --- judging facts (pure) ----------------------------------------------------------------------------
-def check_output_plugin(info: ServerInfo, plugin: str = "wal2json") -> list[Finding]:
+def check_output_plugin(
+    info: ServerInfo, plugin: str = "wal2json", installed: bool | None = None
+) -> list[Finding]:
     """An error when the server's ``output_plugin_libraries`` (current minor releases) leaves out
-    ``plugin``: slot creation and streaming are refused until a superuser allows it and reloads."""
+    ``plugin``: slot creation and streaming are refused until a superuser allows it and reloads.
+    ``installed``: whether the library is on the server (False: allowing it is no fix; None:
+    unknown, only a superuser can look, :func:`wal2json_installed`)."""
     refusal = info.output_plugin_refusal(plugin)
     if refusal is None:
         return []
+    values = {"output_plugin_libraries": info.output_plugin_libraries, "installed": installed}
+    if installed is False:
+        return [not_installed(plugin, "it is not in the server's library directory", values)]
     message, fix = refusal
-    return [Finding(plugin, "error", message, fix, {"output_plugin_libraries": info.output_plugin_libraries})]
+    return [
+        Finding(
+            plugin, "error", message, f"{fix}; or {USE_PGOUTPUT}" if plugin == "wal2json" else fix, values
+        )
+    ]
 
 
 def check_publication(
@@ -154,7 +186,7 @@ def check_publication(
         return []
     missing = [r.qualified for r in want if have is None or (r.schema, r.table) not in have]
     if not missing and have is not None:
-        return []  # only tables no longer registered to drop: their changes are skipped
+        return []  # only tables no longer registered to drop, or an option: nothing is lost
     what = (
         f"the publication {name!r} does not exist"
         if have is None
@@ -168,6 +200,54 @@ def check_publication(
             "run `cdc run` (it keeps the publication in step) as a role that may, or have the DBA run: "
             + " ".join(fix_sql),
             {"publication": name, "missing": missing},
+        )
+    ]
+
+
+def not_installed(plugin: str, detail: str, values: dict[str, Any]) -> Finding:
+    """The finding of a server without the wal2json library: pgoutput is what works there."""
+    return Finding(
+        "wal2json",
+        "error",
+        f"the {plugin} output plugin is not installed on the source server ({detail})",
+        f"{USE_PGOUTPUT}; or install {plugin} on the server (Debian/Ubuntu: apt-get install "
+        "postgresql-<version>-wal2json; RDS/Aurora/Cloud SQL ship it) and allow it in "
+        "output_plugin_libraries",
+        values,
+    )
+
+
+def check_server_version(info: ServerInfo) -> list[Finding]:
+    """What the server's version brings to capture (info): pgoutput's protocol and ``streaming``
+    level, and whether it has failover slots (PostgreSQL 17+)."""
+    version = info.server_version_num
+    proto, streaming = pgoutput_protocol(version)
+    name = f"PostgreSQL {version // 10000}.{version % 10000}"
+    stream = {
+        "parallel": "streaming = parallel (in-progress transactions streamed, applied in parallel)",
+        "on": "streaming = on (in-progress transactions streamed)",
+        "off": "no streaming (a transaction arrives at its commit)",
+    }[streaming]
+    values = {"server_version_num": version, "proto_version": proto, "streaming": streaming}
+    if failover_supported(version):
+        return [
+            Finding(
+                "server_version",
+                "info",
+                f"{name}: pgoutput protocol {proto}, {stream}; failover slots: the slot is created with "
+                "failover, so a standby that syncs it takes over capture after a failover",
+                "nothing to do; for failover, set up the standby as the failover checks below say",
+                {**values, "failover_slots": True},
+            )
+        ]
+    return [
+        Finding(
+            "server_version",
+            "info",
+            f"{name}: pgoutput protocol {proto}, {stream}; no failover slots (PostgreSQL 17+): after a "
+            "primary failover the slot is lost and every table is snapshotted again",
+            "upgrade to PostgreSQL 17 or later to keep the slot through a failover",
+            {**values, "failover_slots": False},
         )
     ]
 
@@ -243,19 +323,20 @@ def check_wal_keep(info: ServerInfo) -> list[Finding]:
     ]
 
 
-def check_slot(slot: SlotInfo, database: str) -> list[Finding]:
-    """Our slot (``settings.slot_name``): right kind, not lost, not retaining WAL while nobody reads it."""
+def check_slot(slot: SlotInfo, database: str, plugin: str = "wal2json") -> list[Finding]:
+    """Our slot (``settings.slot_name``): right kind (a logical slot of ``plugin``, the decoder's),
+    not lost, not retaining WAL while nobody reads it."""
     if not slot.exists:
         return []
     name = slot.name
     drop = f"SELECT pg_drop_replication_slot('{name}')"
-    if slot.slot_type != "logical" or slot.plugin not in DECODERS or slot.database != database:
+    if slot.slot_type != "logical" or slot.plugin != plugin or slot.database != database:
         return [
             Finding(
                 "slot",
                 "error",
                 f"slot {name!r} exists but is a {slot.slot_type} slot with plugin {slot.plugin!r} "
-                f"in database {slot.database!r}, not a slot of {' or '.join(DECODERS)} in {database!r}",
+                f"in database {slot.database!r}, not a {plugin} slot in {database!r}",
                 f"choose another slot name (CDC_SLOT / cdc.toml slot = ...), or if it is a leftover: {drop}",
                 {"slot": name, "plugin": slot.plugin, "database": slot.database, "slot_type": slot.slot_type},
             )
@@ -317,6 +398,201 @@ def check_tables(
     ]
 
 
+# --- failover slots (PostgreSQL 17+) ----------------------------------------------------------------
+#: a standby of the source DSN's hosts: ``host:port``, its server_version_num, and its facts (None
+#: when it is older than 17 and cannot sync slots)
+Standby = tuple[str, int, FailoverInfo | None]
+
+
+def _alter(name: str, value: str) -> str:
+    return f"ALTER SYSTEM SET {name} = {value}; SELECT pg_reload_conf();"
+
+
+def check_failover_primary(
+    primary: FailoverInfo, slot: SlotInfo, standbys: Sequence[Standby]
+) -> list[Finding]:
+    """On the primary (PostgreSQL 17+): our slot is a failover slot, and where there is a standby,
+    ``synchronized_standby_slots`` names its physical slot (else the reader may confirm changes
+    the standby has not received, which its synced slot then lacks after a failover)."""
+    out: list[Finding] = []
+    copy = primary.slot
+    if slot.exists and slot.slot_type == "logical" and copy is not None and not copy.failover:
+        out.append(
+            Finding(
+                "failover_slot",
+                "warning",
+                f"slot {slot.name!r} was created without failover: no standby keeps a copy, and a "
+                "primary failover loses it (every table is then snapshotted again)",
+                'make it a failover slot on a replication connection: psql "dbname=<db> '
+                f'replication=database" -c \'ALTER_REPLICATION_SLOT "{slot.name}" (FAILOVER true)\'',
+                {"slot": slot.name},
+            )
+        )
+    has_standby = bool(primary.physical_slots or primary.standbys or standbys)
+    if has_standby and not primary.synchronized_standby_slots:
+        names = ", ".join(primary.physical_slots) or "<the standby's physical slot>"
+        out.append(
+            Finding(
+                "synchronized_standby_slots",
+                "warning",
+                "synchronized_standby_slots is not set on the primary: the reader may confirm changes "
+                "a standby has not received yet, and after a failover the standby's copy of the slot "
+                "would be past changes nobody delivered",
+                "on the primary, name the standbys' physical slots (those that must have every change "
+                f"before cdc does): {_alter('synchronized_standby_slots', repr(names))}",
+                {"physical_slots": list(primary.physical_slots), "standbys": primary.standbys},
+            )
+        )
+    return out
+
+
+def check_failover_standby(where: str, version: int, standby: FailoverInfo | None) -> list[Finding]:
+    """What a standby (``where``: host:port) lacks to keep a synced copy of the slot, each with
+    its fix (run on that standby)."""
+    if standby is None:
+        return [
+            Finding(
+                "failover_standby",
+                "warning",
+                f"standby {where} is PostgreSQL {version // 10000}: it cannot sync slots (17+)",
+                "upgrade the standby to the primary's major version",
+                {"standby": where, "server_version_num": version},
+            )
+        ]
+    missing: list[tuple[str, str, str]] = []
+    if not standby.sync_replication_slots:
+        missing.append(("sync_replication_slots", "is off", _alter("sync_replication_slots", "on")))
+    if not standby.hot_standby_feedback:
+        missing.append(("hot_standby_feedback", "is off", _alter("hot_standby_feedback", "on")))
+    if not standby.primary_slot_name:
+        missing.append(
+            (
+                "primary_slot_name",
+                "is not set (the standby streams without a physical slot)",
+                "on the primary: SELECT pg_create_physical_replication_slot('standby1'); on the standby: "
+                + _alter("primary_slot_name", "'standby1'"),
+            )
+        )
+    if standby.conninfo_has_dbname is False:
+        missing.append(
+            (
+                "primary_conninfo",
+                "names no database (the slot-sync worker connects to one)",
+                "add dbname=<any database> to primary_conninfo: "
+                + _alter("primary_conninfo", "'<the current value> dbname=postgres'"),
+            )
+        )
+    return [
+        Finding(
+            "failover_standby",
+            "warning",
+            f"standby {where}: {name} {why}; it does not keep a synced copy of the slot, so a failover "
+            "to it loses the slot",
+            f"on the standby {where}: {fix}",
+            {"standby": where, "setting": name},
+        )
+        for name, why, fix in missing
+    ]
+
+
+def check_failover_ready(where: str, slot: SlotInfo, standby: FailoverInfo) -> list[Finding]:
+    """Readiness: the standby's copy of our (existing) slot is ``synced AND NOT temporary``."""
+    if not slot.exists:
+        return []
+    copy = standby.slot
+    values: dict[str, Any] = {"standby": where, "slot": slot.name}
+    if copy is not None and copy.ready:
+        return [
+            Finding(
+                "failover_ready",
+                "info",
+                f"standby {where} has a synced copy of slot {slot.name!r}: capture continues there after a failover",
+                "nothing to do",
+                {**values, "ready": True},
+            )
+        ]
+    if copy is None:
+        why = "has no copy of it yet"
+    elif copy.invalidation_reason:
+        why = f"has an invalidated copy ({copy.invalidation_reason})"
+    elif copy.temporary:
+        why = "has a temporary copy (kept until the primary's slot moves past what the standby can reserve)"
+    else:
+        why = "has a copy that is not synced from the primary"
+    return [
+        Finding(
+            "failover_ready",
+            "warning",
+            f"standby {where} is not ready to take over slot {slot.name!r}: it {why}",
+            "let `cdc run` stream (its confirmed position moves the primary's slot on) and fix the "
+            "failover_standby findings; the copy is ready when synced AND NOT temporary",
+            {**values, "ready": False},
+        )
+    ]
+
+
+def _other_hosts(dsn: str, conn: psycopg.Connection[Any]) -> list[dict[str, str]]:
+    """The libpq parameters (host, port, hostaddr) of each host the DSN names besides the one
+    ``conn`` is connected to."""
+    params = parse_dsn(dsn)
+    hosts = (params.get("host") or "").split(",")
+    if len(hosts) < 2:
+        return []
+    ports = (params.get("port") or "5432").split(",")
+    addrs = params["hostaddr"].split(",") if params.get("hostaddr") else []
+    here = (conn.info.host, str(conn.info.port))
+    out = []
+    for i, host in enumerate(hosts):
+        one = {"host": host, "port": ports[i] if len(ports) > 1 else ports[0]}
+        if addrs:
+            one["hostaddr"] = addrs[i]
+        if (one.get("hostaddr", host), one["port"]) != here and (host, one["port"]) != here:
+            out.append(one)
+    return out
+
+
+def gather_standbys(
+    dsn: str, conn: psycopg.Connection[Any], slot_name: str
+) -> tuple[list[Standby], dict[str, str]]:
+    """Each other host of a multi-host source DSN (``host=a,b port=x,y``) that is a standby, reached
+    with ``target_session_attrs=any``; and ``host:port`` -> why, for those that could not be asked."""
+    standbys: list[Standby] = []
+    unreachable: dict[str, str] = {}
+    for params in _other_hosts(dsn, conn):
+        where = f"{params['host']}:{params['port']}"
+        try:
+            one = make_conninfo(dsn, **params, target_session_attrs="any", connect_timeout=STANDBY_TIMEOUT_S)
+            with connect(one, application_name="cdc check") as other:
+                version = other.info.server_version
+                if not failover_supported(version):
+                    standbys.append((where, version, None))
+                    continue
+                facts = failover_info(other, slot_name)
+                if facts.in_recovery:
+                    standbys.append((where, version, facts))
+                else:
+                    unreachable[where] = "it is not a standby (not in recovery)"
+        except SourceError as exc:
+            unreachable[where] = exc.message
+    return standbys, unreachable
+
+
+def failover_findings(
+    conn: psycopg.Connection[Any], slot: SlotInfo, dsn: str | None
+) -> tuple[list[Finding], dict[str, str]]:
+    """The failover checks of a PostgreSQL 17+ primary and the standbys its DSN names (see
+    :func:`check_failover_primary`, :func:`check_failover_standby`, :func:`check_failover_ready`);
+    and the standbys that could not be asked (``failover_standby@host:port`` -> why)."""
+    primary = failover_info(conn, slot.name)
+    standbys, unreachable = gather_standbys(dsn, conn, slot.name) if dsn else ([], {})
+    found = check_failover_primary(primary, slot, standbys)
+    for where, version, facts in standbys:
+        found.extend(check_failover_standby(where, version, facts))
+        if facts is not None and primary.slot is not None and primary.slot.failover:
+            found.extend(check_failover_ready(where, slot, facts))
+    return found, {f"failover_standby@{where}": why for where, why in unreachable.items()}
+
+
 # --- gathering facts ---------------------------------------------------------------------------------
 def _decoder_info(plugin: str, publication: str, slot: SlotInfo) -> Finding:
     where = f" from publication {publication!r}" if plugin == "pgoutput" else ""
@@ -327,6 +603,24 @@ def _decoder_info(plugin: str, publication: str, slot: SlotInfo) -> Finding:
         f"decoder: {plugin}{where} ({made})",
         "decoder in cdc.toml / CDC_DECODER chooses the next slot's; docs/decoders.md",
         {"decoder": plugin, "publication": publication if plugin == "pgoutput" else None},
+    )
+
+
+def _check_pgoutput(
+    conn: psycopg.Connection[Any],
+    info: ServerInfo,
+    regs: Sequence[TableReg],
+    publication: str,
+    watermark: tuple[str, str] | None,
+) -> list[Finding]:
+    """pgoutput is built in (only a refusal by the allow-list), and its publication holds every
+    registered table that exists (a missing one is the registered_tables finding)."""
+    tables = [(r.schema, r.table) for r in regs] + ([watermark] if watermark else [])
+    return check_output_plugin(info, "pgoutput") + check_publication(
+        publication,
+        publication_tables(conn, publication),
+        [r for r in regs if is_table(conn, (r.schema, r.table))],
+        publication_sql(conn, publication, tables),
     )
 
 
@@ -341,14 +635,7 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
     try:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, %s, true)", (name, plugin))
     except pg_errors.UndefinedFile as exc:
-        return Finding(
-            "wal2json",
-            "error",
-            f"the {plugin} output plugin is not installed on the source server ({exc.diag.message_primary})",
-            "install it on the server (Debian/Ubuntu: apt-get install postgresql-<version>-wal2json; "
-            "RDS/Aurora/Cloud SQL ship it)",
-            {},
-        )
+        return not_installed(plugin, exc.diag.message_primary or "its library is missing", {})
     except pg_errors.InsufficientPrivilege as exc:
         # REPLICATION was checked before the probe runs: the server refused the library itself
         return Finding(
@@ -356,7 +643,7 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
             "error",
             f"the source server refuses the {plugin} output plugin ({exc.diag.message_primary})",
             f"as a superuser on the source, add {plugin} to output_plugin_libraries "
-            "(ALTER SYSTEM SET output_plugin_libraries = ...; SELECT pg_reload_conf();)",
+            f"(ALTER SYSTEM SET output_plugin_libraries = ...; SELECT pg_reload_conf();); or {USE_PGOUTPUT}",
             {},
         )
     except pg_errors.QueryCanceled:
@@ -374,17 +661,59 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
     return None
 
 
+_WAL2JSON_FILE = """
+SELECT (pg_stat_file(setting || '/wal2json.so', true)).size IS NOT NULL
+FROM pg_catalog.pg_config WHERE name = 'PKGLIBDIR'
+"""
+
+
+def wal2json_installed(conn: psycopg.Connection[Any], info: ServerInfo) -> bool | None:
+    """Whether the wal2json library is in the server's library directory; None when the role may
+    not look. Only a superuser may (``pg_config`` and ``pg_stat_file`` are theirs): a REPLICATION
+    role learns it from a test slot (:func:`probe_wal2json`), which tells a missing library apart
+    only once ``output_plugin_libraries`` allows it (the allow-list refuses first)."""
+    if not info.role_superuser:
+        return None
+    try:
+        row = conn.execute(_WAL2JSON_FILE).fetchone()
+    except pg_errors.InsufficientPrivilege:
+        return None
+    return bool(row[0]) if row else None
+
+
+def _check_wal2json(
+    conn: psycopg.Connection[Any], info: ServerInfo, slot: SlotInfo
+) -> tuple[list[Finding] | None, str]:
+    """The wal2json check: its findings, or None and why it could not run."""
+    refused = check_output_plugin(info, installed=wal2json_installed(conn, info))
+    if refused:
+        return refused, ""
+    if info.wal_level != "logical":
+        return None, "wal_level is not logical"
+    if not info.can_replicate:
+        return None, "the role may not create replication slots"
+    if slot.exists and slot.plugin == "wal2json":
+        return [], ""  # the existing slot proves the plugin loads
+    if info.slots_in_use >= info.max_replication_slots:
+        return None, "no replication slot is free for a test slot"
+    probe = probe_wal2json(conn)
+    return [probe] if probe else [], ""
+
+
 def run_preflight(
     conn: psycopg.Connection[Any],
     slot_name: str,
     regs: Sequence[TableReg],
     *,
-    plugin: str = "wal2json",
+    decoder: str = "wal2json",
+    dsn: str | None = None,
     publication: str | None = None,
     watermark: tuple[str, str] | None = None,
 ) -> Report:
-    """Run every check against the source behind ``conn`` (autocommit) for ``regs``, decoded with
-    output plugin ``plugin`` (pgoutput: from ``publication``, which also holds ``watermark``)."""
+    """Run every check against the source behind ``conn`` (autocommit) for ``regs``, capturing
+    with ``decoder`` (the output plugin: ``wal2json`` or ``pgoutput``; pgoutput from
+    ``publication``, default the slot's name, which also holds ``watermark``). ``dsn``: the source
+    DSN; when it names several hosts, the standbys among them are checked for failover too."""
     info = server_info(conn)
     slot = slot_info(conn, slot_name)
     findings: list[Finding] = []
@@ -399,34 +728,26 @@ def run_preflight(
     record(["replication_role"], check_role(info))
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
     publication = publication or slot_name
-    record(["decoder"], [_decoder_info(plugin, publication, slot)])
-    if plugin == "pgoutput":
-        record(["pgoutput"], check_output_plugin(info, "pgoutput"))  # built in: only a refusal
-        tables = [(r.schema, r.table) for r in regs] + ([watermark] if watermark else [])
-        record(
-            ["publication"],
-            check_publication(
-                publication,
-                publication_tables(conn, publication),
-                [r for r in regs if is_table(conn, (r.schema, r.table))],  # else registered_tables
-                publication_sql(conn, publication, tables),
-            ),
-        )
-    elif refused := check_output_plugin(info):
-        record(["wal2json"], refused)
-    elif info.wal_level != "logical":
-        skipped["wal2json"] = "wal_level is not logical"
-    elif not info.can_replicate:
-        skipped["wal2json"] = "the role may not create replication slots"
-    elif slot.exists and slot.plugin == "wal2json":
-        checked.append("wal2json")  # the existing slot proves the plugin loads
-    elif info.slots_in_use >= info.max_replication_slots:
-        skipped["wal2json"] = "no replication slot is free for a test slot"
+    record(["decoder"], [_decoder_info(decoder, publication, slot)])
+    if decoder == "wal2json":
+        found, why = _check_wal2json(conn, info, slot)
+        if found is None:
+            skipped["wal2json"] = why
+        else:
+            record(["wal2json"], found)
     else:
-        probe = probe_wal2json(conn)
-        record(["wal2json"], [probe] if probe else [])
+        skipped["wal2json"] = f"the decoder is {decoder}, built into the server"
+        record(["pgoutput", "publication"], _check_pgoutput(conn, info, regs, publication, watermark))
+    record(["server_version"], check_server_version(info))
     record(["max_slot_wal_keep_size"], check_wal_keep(info))
-    record(["slot"], check_slot(slot, info.database))
+    record(["slot"], check_slot(slot, info.database, decoder))
+    if failover_supported(info.server_version_num):
+        found_failover, unreachable = failover_findings(conn, slot, dsn)
+        record(
+            ["failover_slot", "synchronized_standby_slots", "failover_standby", "failover_ready"],
+            found_failover,
+        )
+        skipped.update(unreachable)
     descriptions: dict[tuple[str, str], TableDescription | None] = {}
     for reg in regs:
         try:

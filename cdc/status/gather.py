@@ -20,7 +20,7 @@ import contextlib
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
@@ -35,6 +35,9 @@ from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
 from cdc.status.slot import drop_slot, judge_slot, should_drop
+
+if TYPE_CHECKING:
+    from cdc.catalog import SlotInfo
 
 CATCH_UP_WAIT_S = 1.5
 #: Postgres' epoch (2000-01-01 UTC) in Unix epoch milliseconds: pgoutput's timestamps count from it
@@ -258,7 +261,33 @@ class Collector:
                 out["peek"] = self._peek(conn, wal, tables, info.plugin)
             out["wal_lsn"] = wal
             out["slot"] = info
+            out["failover"] = self._failover(conn, server.server_version_num, info)
         return out
+
+    def _failover(self, conn: Any, server_version: int, info: SlotInfo) -> dict[str, Any] | None:
+        """Failover readiness of the slot (PostgreSQL 17+; None before, or with no slot): whether
+        it is a failover slot, and for each standby among the source DSN's hosts whether its copy
+        is ready (``synced AND NOT temporary``, :func:`cdc.catalog.synced_slot`)."""
+        from cdc.catalog import failover_info, failover_supported
+        from cdc.preflight import gather_standbys
+
+        if not failover_supported(server_version) or not info.exists:
+            return None
+        primary = failover_info(conn, info.name)
+        standbys, unreachable = gather_standbys(self.settings.require_source(), conn, info.name)
+        return {
+            "failover": bool(primary.slot and primary.slot.failover),
+            "standbys": [
+                {
+                    "standby": where,
+                    "ready": bool(facts and facts.slot and facts.slot.ready),
+                    "synced": bool(facts and facts.slot and facts.slot.synced),
+                    "temporary": bool(facts and facts.slot and facts.slot.temporary),
+                }
+                for where, _, facts in standbys
+            ],
+            "unreachable": unreachable,
+        }
 
     # -- the log store ---------------------------------------------------------------------------
     def open_store(self) -> Any:
@@ -543,6 +572,7 @@ class Collector:
             "safe_wal_size": slot.safe_wal_size if slot else None,
             "max_slot_wal_keep_size": source.get("max_slot_wal_keep_size"),
             "dropped": dropped,
+            "failover": source.get("failover"),
         }
 
     def _apply_stages(

@@ -14,6 +14,7 @@ from cdc.cli import main
 from cdc.devcluster import knows_setting
 from cdc.preflight import (
     CHECKS,
+    FAILOVER_CHECKS,
     Finding,
     check_capacity,
     check_role,
@@ -120,8 +121,8 @@ def test_slot_states() -> None:
     assert (
         idle.severity == "warning" and "5.0 MB" in idle.message and idle.values["retained_bytes"] == 5 << 20
     )
-    assert check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app") == []  # the other decoder's: ours
-    (foreign,) = check_slot(replace(OUR_SLOT, plugin="test_decoding"), "app")
+    assert check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app", "pgoutput") == []
+    (foreign,) = check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app")  # not the decoder in use
     assert foreign.severity == "error" and "CDC_SLOT" in foreign.fix
     (other_db,) = check_slot(OUR_SLOT, "other")
     assert other_db.severity == "error"
@@ -197,13 +198,18 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     _register(tmp_path, "good")
     code, out, _ = cdc("check", "--json")
     report = json.loads(out)
-    # every check ran, wal2json included, but pgoutput's (the decoder is wal2json)
-    assert report["checked"] == [c for c in CHECKS if c not in ("pgoutput", "publication")]
+    # every check ran, wal2json included, but pgoutput's (the decoder is wal2json); those of
+    # failover slots need PostgreSQL 17+
+    assert report["checked"] == [
+        c for c in CHECKS if c not in FAILOVER_CHECKS and c not in ("pgoutput", "publication")
+    ]
     assert report["skipped"] == {}
     # the test cluster leaves max_slot_wal_keep_size unlimited (shared cluster: not changed here),
-    # so that warning is the one warning; the optional DDL recorder is not installed (info)
+    # so that warning is the one warning; the optional DDL recorder is not installed (info), and
+    # what PostgreSQL 15 brings is said (info)
     assert [(f["check"], f["severity"]) for f in report["findings"]] == [
         ("decoder", "info"),
+        ("server_version", "info"),
         ("max_slot_wal_keep_size", "warning"),
         ("ddl_recorder", "info"),
     ]
@@ -242,6 +248,7 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     code, out, _ = cdc("check", "--json")
     assert [f["check"] for f in json.loads(out)["findings"]] == [
         "decoder",
+        "server_version",
         "max_slot_wal_keep_size",
         "ddl_recorder",
     ]

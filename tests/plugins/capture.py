@@ -55,10 +55,12 @@ class CaptureEnv:
     config: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     last_stderr: str = ""  # of the last `cdc` run by :meth:`cdc`
+    #: the source DSN when it is not ``pg``'s alone (a primary and its standby: tests/plugins/failover.py)
+    source: str | None = None
 
     @property
     def dsn(self) -> str:
-        return self.pg.dsn(self.db)
+        return self.source or self.pg.dsn(self.db)
 
     def environ(self) -> dict[str, str]:
         env = {

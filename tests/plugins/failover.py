@@ -34,9 +34,10 @@ from cdc.devcluster import (
     own_dirs,
     start_cluster,
 )
+from tests.plugins.capture import CaptureEnv, make_env
 from tests.plugins.postgres import wait_for
 
-__all__ = ["STANDBY_SLOT", "FailoverPair", "pg18_pair", "start_pair"]
+__all__ = ["STANDBY_SLOT", "FailoverPair", "pair_env", "pg18_pair", "start_pair"]
 
 #: the primary's physical slot that the standby streams from
 STANDBY_SLOT = "cdc_standby"
@@ -79,22 +80,24 @@ class FailoverPair:
 
         The standby keeps its copy temporary until the primary's slot has moved past the WAL and
         catalog xmin the copy could reserve ("could not synchronize replication slot ... could
-        lead to data loss" in its log), and its slot-sync worker naps up to 30 s when nothing
-        changes. So each round wakes the worker (a reload sets its latch) and, with ``advance``
-        (no consumer of its own on the slot), moves the primary's slot to the current WAL
-        position after a running-xacts record: what a consumer confirming its position does."""
+        lead to data loss" in its log). The slot's catalog xmin moves only at a running-xacts
+        record, which the primary writes every 15 s by itself, and the slot-sync worker naps up to
+        30 s when nothing changes: with a consumer confirming every 0.5 s and no help, the copy
+        was ready after 26 s. So each round writes a running-xacts record, wakes the worker (a
+        reload sets its latch) and, with ``advance`` (no consumer of its own on the slot), moves
+        the primary's slot to the current WAL position, as a consumer confirming it would."""
 
         def ready() -> bool:
             if self.standby_slot(slot) == (True, False):
                 return True
+            self.primary.execute("SELECT pg_log_standby_snapshot()")
             if advance:
-                self.primary.execute("SELECT pg_log_standby_snapshot()")
                 self.primary.execute(
                     sql.SQL("SELECT pg_replication_slot_advance({}, pg_current_wal_lsn())").format(
                         sql.Literal(slot)
                     )
                 )
-                self.wait_replayed()
+            self.wait_replayed()
             self.standby.execute("SELECT pg_reload_conf()")
             return False
 
@@ -116,6 +119,19 @@ class FailoverPair:
         for cluster in (self.standby, self.primary):
             with contextlib.suppress(subprocess.CalledProcessError):  # already stopped (a failover)
                 cluster.stop("immediate")
+
+
+def pair_env(
+    pair: FailoverPair, tmp_path: Path, request: pytest.FixtureRequest, options: str = ""
+) -> Iterator[CaptureEnv]:
+    """A :class:`~tests.plugins.capture.CaptureEnv` on a new database of the pair, whose source DSN
+    names both hosts with ``target_session_attrs=primary`` (what a reader that follows a failover
+    is given); the database is on the standby too before it is yielded."""
+    db = pair.primary.create_database()
+    pair.wait_replayed()
+    for env in make_env(pair.primary, db, tmp_path, "embedded", request, options):
+        env.source = pair.dsn(db)
+        yield env
 
 
 def start_pair(
