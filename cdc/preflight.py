@@ -185,8 +185,8 @@ def check_publication(
     if not fix_sql:
         return []
     missing = [r.qualified for r in want if have is None or (r.schema, r.table) not in have]
-    if not missing and have is not None:
-        return []  # only tables no longer registered to drop, or an option: nothing is lost
+    if not missing:
+        return []  # nothing registered yet, tables no longer registered, an option: nothing is lost
     what = (
         f"the publication {name!r} does not exist"
         if have is None

@@ -17,6 +17,7 @@ import pytest
 from cdc.catalog import ServerInfo
 from cdc.devcluster import PgCluster, knows_setting, start_cluster
 from tests.plugins.capture import CaptureEnv, make_env
+from tests.plugins.postgres import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,12 @@ def test_stock_server_refuses_then_the_printed_fix_allows(env: CaptureEnv, stock
 def test_pgoutput_needs_no_allow_list(env: CaptureEnv, stock_cluster: PgCluster) -> None:
     """The same stock server, decoder pgoutput: nothing to allow, capture works as it is."""
     env.config.write_text(env.config.read_text() + 'decoder = "pgoutput"\n')
-    assert stock_cluster.fetch("SHOW output_plugin_libraries") == [("pgoutput, test_decoding",)]
+    stock_cluster.execute("ALTER SYSTEM RESET output_plugin_libraries")  # as the DBA left it, or not
+    stock_cluster.execute("SELECT pg_reload_conf()")
+    wait_for(
+        lambda: stock_cluster.fetch("SHOW output_plugin_libraries") == [("pgoutput, test_decoding",)],
+        what="the stock allow-list",
+    )
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     env.sql("INSERT INTO t VALUES (1, 'before')")
     env.add_table("public.t")
