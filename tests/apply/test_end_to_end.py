@@ -1,4 +1,4 @@
-"""The real path: Postgres -> `cdc run --once` (wal2json reader) -> embedded log store -> the Spark apply
+"""The real path: Postgres -> `cdc run --once` (each decoder: wal2json, pgoutput) -> embedded log store -> the Spark apply
 job -> Delta + tantivy -> `cdc verify` clean. Covers snapshot rows, inserts, updates, deletes, a primary-key
 change, TRUNCATE, an unchanged out-of-line TOAST value and numeric edge values."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from cdc.registry import Registry
 from sinks.warehouse import WarehouseSink
@@ -16,9 +17,11 @@ from tests.plugins.apply import cdc_cli, reader_env, run_job
 from tests.plugins.postgres import PgCluster
 
 
+@pytest.mark.parametrize("plugin", ["wal2json", "pgoutput"])
 def test_captured_changes_applied_by_spark_verify_clean(
-    spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path
+    plugin: str, spark_clean: Any, pg: PgCluster, pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("CDC_DECODER", plugin)
     dsn = pg.dsn(pg_db)
     state = tmp_path / "state"
     pg.execute(
