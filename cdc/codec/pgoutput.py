@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any
 
+from cdc.catalog import pgoutput_protocol
 from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
 from cdc.codec.values import text_converter_for, type_kind
 from cdc.errors import DecodeError
@@ -204,7 +205,11 @@ class PgOutput:
         self._xid: int | None = None
         self._ts: str | None = None
         self._spools: dict[int, _Spool] = {}
-        self._streaming = server_version_num >= 140000
+        #: the highest protocol the server speaks (3 on 15: two-phase messages, never asked for
+        #: here; 4 on 16+: parallel streaming's abort fields, only with ``streaming parallel``), so
+        #: every message this decoder reads has its proto 2 layout
+        self._proto, level = pgoutput_protocol(server_version_num)
+        self._streaming = level != "off"
         #: stream blocks seen (``S`` messages), for tests and metrics
         self.stream_blocks = 0
 
@@ -212,10 +217,11 @@ class PgOutput:
     def replication_options(
         self, tables: Iterable[tuple[str, str]], *, numeric_as_string: bool = False
     ) -> dict[str, str]:
-        """proto_version 2 with ``streaming`` on PostgreSQL 14+, 1 below; the publication filters
-        the tables (``tables`` is not used); logical messages on."""
+        """The highest ``proto_version`` of the server, with ``streaming on`` on PostgreSQL 14+ (not
+        ``parallel``: the reader spools a streamed transaction and emits it at its commit either
+        way); the publication filters the tables (``tables`` is not used); logical messages on."""
         options = {
-            "proto_version": "2" if self._streaming else "1",
+            "proto_version": str(self._proto),
             "publication_names": publication_names(self.publication),
             "messages": "true",
         }

@@ -253,8 +253,10 @@ def test_bad_messages_raise_decode_error_with_the_bytes() -> None:
 
 
 def test_options_by_server_version() -> None:
+    assert PgOutput(_type_name, "p", 180006).replication_options([])["proto_version"] == "4"
+    assert PgOutput(_type_name, "p", 140000).replication_options([])["proto_version"] == "2"
     assert PgOutput(_type_name, 'my "pub"', 150000).replication_options([("public", "t")]) == {
-        "proto_version": "2",
+        "proto_version": "3",
         "publication_names": '"my ""pub"""',
         "messages": "true",
         "streaming": "on",
