@@ -1,8 +1,9 @@
 """A primary-key change of a row with an out-of-line TOAST column (issue 16, 2b), through the real
-reader (``cdc run --once``, wal2json) and the real apply job (Spark): the new key's event lacks the
-unchanged column, and the old key's row must supply it -- within one batch, across batches, after a
-restart of the apply. Where no row holds it, that record is a dead letter with its reason and every
-other record and table is applied. (Only wal2json exists today.)
+reader (``cdc run --once``, on each decoder: wal2json leaves the unchanged column out, pgoutput marks
+it unchanged) and the real apply job (Spark): the new key's event lacks the unchanged column, and the
+old key's row must supply it -- within one batch, across batches, after a restart of the apply. Where
+no row holds it, that record is a dead letter with its reason and every other record and table is
+applied.
 
 The apply runs once in this process on the session's Spark (the same job `cdc apply --once` runs),
 except the one killed after a sink wrote: that is ``cdc apply --once`` in a process of its own, and
@@ -20,7 +21,12 @@ import pytest
 from tests.plugins.apply import apply_once, warehouse_rows
 from tests.plugins.capture import CaptureEnv
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.decoders("wal2json", "pgoutput"),
+]
 
 
 def body(i: int) -> str:
