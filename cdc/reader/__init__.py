@@ -62,13 +62,11 @@ from cdc.catalog import (
     slot_info,
     source_tables,
     table_oids,
-    type_namer,
 )
 from cdc.codec import HEARTBEAT_PREFIX, Decoder
 from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.codec.pgoutput import PgOutput
 from cdc.codec.wal2json import DECODER as WAL2JSON
-from cdc.config import DECODERS, Settings, redact_dsn, redact_text
+from cdc.config import Settings, redact_dsn, redact_text
 from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
 from cdc.errors import (
     ConfigError,
@@ -82,8 +80,8 @@ from cdc.events import encode_key, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
-from cdc.publication import published, sync_publication
 from cdc.reader.ddl import DdlFollower
+from cdc.reader.plugin import choose_plugin, keep_publication, make_decoder, resnapshot_after_lost_slot
 from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
@@ -416,56 +414,9 @@ class Reader:
                     + (f"; fix: {state['fix']}" if state["fix"] else "")
                 )
 
-    def _choose_plugin(self, conn: psycopg.Connection[Any], slot: str) -> str:
-        """The session's output plugin: the existing slot's (a slot cannot change plugin), else the
-        configured ``decoder``. A slot of another plugin than the configured one is refused, with
-        the way to switch."""
-        info = slot_info(conn, slot)
-        wanted = self.settings.decoder
-        if not info.exists or info.plugin is None or info.plugin == wanted:
-            return wanted
-        if info.plugin not in DECODERS:
-            return wanted  # not a slot of ours: the slot decision refuses it as foreign
-        raise SourcePermanentError(
-            f"decoder = {wanted!r} is configured, but replication slot {slot!r} was created with "
-            f"{info.plugin!r}, and a slot cannot change its output plugin",
-            fix=f"keep decoder = {info.plugin!r} (CDC_DECODER), or switch: stop `cdc run`, drop the "
-            f"slot (SELECT pg_drop_replication_slot('{slot}')), run `cdc snapshot --all`, then `cdc run` "
-            f"(a new {wanted} slot; every table is snapshotted again in chunks while streaming)",
-            slot=slot,
-            plugin=info.plugin,
-            decoder=wanted,
-        )
-
-    def _decoder(self, conn: psycopg.Connection[Any]) -> Decoder:
-        """A decoder for this session's plugin (pgoutput's keeps per-session state)."""
-        if self._plugin == "pgoutput":
-            spool = self.settings.state_dir / "spool"  # streamed transactions until their commit
-            spool.mkdir(exist_ok=True)
-            decoder: Decoder = PgOutput(
-                type_namer(conn), self.settings.publication, conn.info.server_version, spool_dir=str(spool)
-            )
-            return decoder
-        return WAL2JSON
-
     def _sync_publication(self, conn: psycopg.Connection[Any]) -> None:
-        """pgoutput: the publication holds every registered table and, once it exists, the chunked
-        snapshots' watermark table (:mod:`cdc.publication`)."""
-        if self._plugin != "pgoutput":
-            return
-        tables = published(self.registry, self._snapshot_options().watermark)
-        change = sync_publication(conn, self.settings.publication, tables)
-        if change.dba_sql:
-            self.log(
-                f"warning: the publication {self.settings.publication} still holds tables no longer "
-                f"registered (their changes are skipped); fix: have the DBA run: {change.dba_sql}"
-            )
-        if change.changed:
-            self.log(
-                f"publication {self.settings.publication}: "
-                + ("created; " if change.created else "")
-                + f"added {[f'{s}.{t}' for s, t in change.added]}, dropped {[f'{s}.{t}' for s, t in change.dropped]}"
-            )
+        if self._plugin == "pgoutput":
+            keep_publication(conn, self.registry, self.settings, self._snapshot_options().watermark, self.log)
 
     def _refuse_if_plugin_refused(self, conn: psycopg.Connection[Any]) -> None:
         """Fail fast, before any slot work, when the server's ``output_plugin_libraries`` leaves out
@@ -493,7 +444,7 @@ class Reader:
         slot = self.settings.slot_name
         with self._connect() as conn:
             db = str(conn.info.dbname)
-            self._plugin = self._choose_plugin(conn, slot)
+            self._plugin = choose_plugin(conn, slot, self.settings.decoder)
             self._refuse_if_plugin_refused(conn)
             regs = self.registry.list_tables()
             self._ensure_nonfinite(conn, regs)
@@ -525,7 +476,9 @@ class Reader:
                 slot=slot,
             )
         if action in ("invalidated", "gone") and self.settings.config.slot_lost == "resnapshot":
-            self._resnapshot_after_lost_slot(conn, slot, action, info.wal_status)
+            if action == "invalidated":
+                self._refuse_if_active(conn, slot)
+            resnapshot_after_lost_slot(conn, self.registry, slot, action, info.wal_status, self.log)
             action = "recover"
         if action == "invalidated":
             raise self._slot_lost("was invalidated (wal_status = 'lost')")
@@ -550,36 +503,6 @@ class Reader:
             self.registry.set_state(State.INITIAL_SNAPSHOT, "done")
             return start_lsn
         return max(self.confirmed, info.confirmed_flush_lsn or 0)
-
-    def _resnapshot_after_lost_slot(
-        self, conn: psycopg.Connection[Any], slot: str, action: str, wal_status: str | None
-    ) -> None:
-        """``slot_lost = "resnapshot"``: drop an invalidated slot, mark every table for a chunked
-        re-snapshot (each ends with a TRUNCATE marker, so rows deleted while no slot existed go) and
-        record why and when (:attr:`State.SLOT_DROPPED`, which ``cdc status`` shows)."""
-        if action == "invalidated":
-            self._refuse_if_active(conn, slot)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
-        why = (
-            "Postgres invalidated the slot (wal_status = lost)"
-            if action == "invalidated"
-            else "the slot does not exist on the source any more (a failover to a server without it, "
-            "or dropped by hand)"
-        )
-        tables = []
-        for reg in self.registry.list_tables():
-            self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
-            tables.append(reg.qualified)
-        record = {
-            "slot": slot,
-            "at_ms": int(time.time() * 1000),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "reason": f"{why}; slot_lost = resnapshot: every table is snapshotted again",
-            "wal_status": wal_status,
-            "tables": tables,
-        }
-        self.registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
-        self.log(f"warning: replication slot {slot!r}: {record['reason']} ({len(tables)} table(s))")
 
     def _session_tables(
         self, conn: psycopg.Connection[Any]
@@ -646,7 +569,7 @@ class Reader:
     ) -> str:
         """Stream ``regs`` (and the chunked snapshots of ``chunking``) until stopped, caught up, or
         a restart is due; the reason."""
-        decoder = self._decoder(conn)
+        decoder = make_decoder(self._plugin, conn, self.settings)
         codecs = {(r.schema, r.table): self._codec(r, db, decoder) for r in regs}
         for parent, parts in watcher.leaves.items():
             for leaf in parts:

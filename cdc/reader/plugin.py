@@ -1,0 +1,118 @@
+"""The reader's output plugin and what goes with it: which plugin a session decodes with, its
+decoder, pgoutput's publication, and the recovery from a lost slot (``slot_lost = "resnapshot"``).
+
+The plugin is fixed when the slot is created (``decoder`` in cdc.toml; ``docs/decoders.md``): a
+session takes the existing slot's, and refuses a configured one that differs rather than decode a
+stream it was not asked for. The registry records it (:attr:`cdc.registry.State.DECODER`) for the
+verbs that do not connect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import psycopg
+
+from cdc.catalog import slot_info, type_namer
+from cdc.codec import Decoder
+from cdc.codec.pgoutput import PgOutput
+from cdc.codec.wal2json import DECODER as WAL2JSON
+from cdc.config import DECODERS, Settings
+from cdc.errors import SourcePermanentError
+from cdc.publication import published, sync_publication
+from cdc.registry import Registry, State
+
+__all__ = ["choose_plugin", "keep_publication", "make_decoder", "resnapshot_after_lost_slot"]
+
+
+def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> str:
+    """The session's output plugin: the existing slot's (a slot cannot change plugin), else
+    ``wanted`` (the configured ``decoder``). A slot of the other decoder is refused, with the way
+    to switch; a slot of a plugin cdc does not read is left to the slot decision (foreign)."""
+    info = slot_info(conn, slot)
+    if not info.exists or info.plugin is None or info.plugin == wanted or info.plugin not in DECODERS:
+        return wanted
+    raise SourcePermanentError(
+        f"decoder = {wanted!r} is configured, but replication slot {slot!r} was created with "
+        f"{info.plugin!r}, and a slot cannot change its output plugin",
+        fix=f"keep decoder = {info.plugin!r} (CDC_DECODER), or switch: stop `cdc run`, drop the "
+        f"slot (SELECT pg_drop_replication_slot('{slot}')), run `cdc snapshot --all`, then `cdc run` "
+        f"(a new {wanted} slot; every table is snapshotted again in chunks while streaming)",
+        slot=slot,
+        plugin=info.plugin,
+        decoder=wanted,
+    )
+
+
+def make_decoder(plugin: str, conn: psycopg.Connection[Any], settings: Settings) -> Decoder:
+    """A decoder for one session of ``plugin``: pgoutput's keeps per-session state (its relation
+    cache, type names looked up on ``conn``, streamed transactions spooled under the state dir)."""
+    if plugin != "pgoutput":
+        return WAL2JSON
+    spool = settings.state_dir / "spool"
+    spool.mkdir(exist_ok=True)
+    decoder: Decoder = PgOutput(
+        type_namer(conn), settings.publication, conn.info.server_version, spool_dir=str(spool)
+    )
+    return decoder
+
+
+def keep_publication(
+    conn: psycopg.Connection[Any],
+    registry: Registry,
+    settings: Settings,
+    watermark: tuple[str, str],
+    log: Callable[[str], None],
+) -> None:
+    """pgoutput: the publication holds every registered table and, once it exists, the chunked
+    snapshots' ``watermark`` table (:mod:`cdc.publication`); what changed is logged."""
+    name = settings.publication
+    change = sync_publication(conn, name, published(registry, watermark))
+    if change.dba_sql:
+        log(
+            f"warning: the publication {name} still holds tables no longer registered (their "
+            f"changes are skipped); fix: have the DBA run: {change.dba_sql}"
+        )
+    if change.changed:
+        added = [f"{s}.{t}" for s, t in change.added]
+        dropped = [f"{s}.{t}" for s, t in change.dropped]
+        log(f"publication {name}: {'created; ' if change.created else ''}added {added}, dropped {dropped}")
+
+
+def resnapshot_after_lost_slot(
+    conn: psycopg.Connection[Any],
+    registry: Registry,
+    slot: str,
+    action: str,
+    wal_status: str | None,
+    log: Callable[[str], None],
+) -> None:
+    """``slot_lost = "resnapshot"``: drop an ``invalidated`` slot (the caller made sure no process
+    streams from it), mark every table for a chunked re-snapshot (each ends with a TRUNCATE marker,
+    so rows deleted while no slot existed go) and record why and when
+    (:attr:`State.SLOT_DROPPED`, which ``cdc status`` shows). The caller then creates the slot."""
+    if action == "invalidated":
+        conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+    why = (
+        "Postgres invalidated the slot (wal_status = lost)"
+        if action == "invalidated"
+        else "the slot does not exist on the source any more (a failover to a server without it, "
+        "or dropped by hand)"
+    )
+    tables = []
+    for reg in registry.list_tables():
+        registry.set_snapshot_state(reg.schema, reg.table, "pending")
+        tables.append(reg.qualified)
+    record = {
+        "slot": slot,
+        "at_ms": int(time.time() * 1000),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reason": f"{why}; slot_lost = resnapshot: every table is snapshotted again",
+        "wal_status": wal_status,
+        "tables": tables,
+    }
+    registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
+    log(f"warning: replication slot {slot!r}: {record['reason']} ({len(tables)} table(s))")
