@@ -1,0 +1,302 @@
+"""A primary failover under load through the real reader (``cdc run``, decoder pgoutput) on two
+PostgreSQL 18 clusters (tests/plugins/failover.py): with a failover slot the reader reconnects
+through the two-host DSN to the promoted standby and goes on from the synced slot, losing nothing
+(the load's own ledger, the source's rows, ``cdc verify`` after the apply); without one
+(``slot_lost = "resnapshot"``) it finds its slot gone, creates a new one and snapshots every table
+again, and rows deleted while no slot existed leave the warehouse and the index.
+
+The primary commits synchronously to the standby (``synchronous_standby_names``), so a commit the
+load saw acknowledged is on the standby when the primary stops: what the ledger holds is what the
+promoted standby holds. A change whose commit the stop cut off is settled from the new primary.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from cdc.events import lsn_to_int
+from cdc.registry import State
+from tests.plugins.apply import apply_once, warehouse_rows
+from tests.plugins.capture import CaptureEnv, materialize, wait_streaming
+from tests.plugins.failover import FailoverPair, pair_env
+from tests.plugins.postgres import wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+#: the changes' ugly text: quotes, a newline, a tab, backslashes
+UGLY = "'q' \"dq\" back\\slash\\\\ new\nline\ttab"
+#: a column stored out of line (SET STORAGE EXTERNAL) and incompressible
+BIG_HEX = 3000
+
+
+class LedgerLoad:
+    """Single-row changes (insert, update, delete) to ``docs`` (an out-of-line TOASTed column) and
+    ``parts`` (partitioned) through the two-host DSN on a thread, until stopped. Every change whose
+    commit the server acknowledged goes into :attr:`ledger` (``(table, id)`` to the row's columns,
+    None once deleted); one whose commit a lost connection cut off is settled, after reconnecting,
+    from the new primary's row. It reconnects after a lost primary and counts the changes committed
+    after :attr:`promoted` is set."""
+
+    def __init__(self, dsn: str, first_id: int = 1000) -> None:
+        self.dsn = dsn
+        self.rng = random.Random(18)
+        self.ledger: dict[tuple[str, int], dict[str, Any] | None] = {}
+        self.live: dict[str, list[int]] = {"docs": [], "parts": []}
+        self.next_id = first_id
+        self.committed = 0
+        self.after_promotion = 0
+        self.reconnects = 0
+        self.promoted = threading.Event()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self._pending: tuple[str, int] | None = None
+        self.thread = threading.Thread(target=self._run, name="ledger-load", daemon=True)
+
+    def seed(self, table: str, ids: list[int], rows: dict[int, dict[str, Any]]) -> None:
+        self.live[table].extend(ids)
+        self.ledger.update({(table, i): rows[i] for i in ids})
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while not self.stop.is_set():
+                try:
+                    if conn is None:
+                        conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+                        self._settle(conn)
+                    self._one(conn)
+                except psycopg.OperationalError:
+                    if conn is not None:
+                        conn.close()
+                    conn, self.reconnects = None, self.reconnects + 1
+                    self.stop.wait(0.1)
+                else:
+                    self.stop.wait(0.003)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _settle(self, conn: psycopg.Connection[Any]) -> None:
+        """The change whose commit was cut off: what the new primary has decides."""
+        if self._pending is None:
+            return
+        table, key = self._pending
+        cols = "body, big" if table == "docs" else "v"
+        row = conn.execute(f"SELECT {cols} FROM {table} WHERE id = %s", [key]).fetchone()
+        self.ledger[(table, key)] = dict(zip(cols.split(", "), row, strict=True)) if row else None
+        ids = self.live[table]
+        if row is None and key in ids:
+            ids.remove(key)
+        elif row is not None and key not in ids:
+            ids.append(key)
+        self._pending = None
+
+    def _one(self, conn: psycopg.Connection[Any]) -> None:
+        table = self.rng.choice(("docs", "parts"))
+        ids, r = self.live[table], self.rng.random()
+        n = self.next_id
+        if len(ids) < 20 or r < 0.4:
+            key = n if table == "docs" or n % 2 else 100_000 + n  # parts: both partitions
+            self.next_id += 1
+            row: dict[str, Any] | None = (
+                {"body": f"{table} {n} {UGLY}", "big": secrets.token_hex(BIG_HEX)}
+                if table == "docs"
+                else {"v": f"{table} {n} {UGLY}"}
+            )
+            assert row is not None
+            query = (
+                "INSERT INTO docs (id, body, big) VALUES (%s, %s, %s)"
+                if table == "docs"
+                else "INSERT INTO parts (id, v) VALUES (%s, %s)"
+            )
+            params: list[Any] = [key, *row.values()]
+        elif r < 0.8:
+            key = self.rng.choice(ids)
+            col = "body" if table == "docs" else "v"
+            row = {**(self.ledger[(table, key)] or {}), col: f"{table} {key} updated {n} {UGLY}"}
+            self.next_id += 1
+            query = f"UPDATE {table} SET {col} = %s WHERE id = %s"  # docs: big unchanged (TOAST)
+            params = [row[col], key]
+        else:
+            key, row = self.rng.choice(ids), None
+            query, params = f"DELETE FROM {table} WHERE id = %s", [key]
+        self._pending = (table, key)
+        conn.execute(query, params)  # autocommit: returns once the commit is acknowledged
+        self._pending = None
+        self.ledger[(table, key)] = row
+        if row is None:
+            ids.remove(key)
+        elif key not in ids:
+            ids.append(key)
+        self.committed += 1
+        self.after_promotion += self.promoted.is_set()
+
+    def __enter__(self) -> LedgerLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+
+
+@pytest.fixture
+def pair(pg18_pair: Callable[..., FailoverPair], request: pytest.FixtureRequest) -> FailoverPair:
+    """The pair of the test (an indirect parameter: :func:`start_pair`'s options); the primary
+    commits synchronously to its standby."""
+    made = pg18_pair(**getattr(request, "param", {}))
+    made.primary.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+    made.primary.execute("SELECT pg_reload_conf()")
+    return made
+
+
+@pytest.fixture
+def fenv(pair: FailoverPair, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
+    marker = request.node.get_closest_marker("cdc_config")
+    yield from pair_env(
+        pair, tmp_path, request, 'decoder = "pgoutput"\n' + (marker.args[0] if marker else "")
+    )
+
+
+def create_tables(env: CaptureEnv, seed: int = 30) -> dict[str, dict[int, dict[str, Any]]]:
+    """``docs`` (``big`` out of line) and ``parts`` (partitioned on id), ``seed`` rows each; the
+    seeded rows by table and id."""
+    env.sql("CREATE TABLE docs (id int PRIMARY KEY, body text, big text)")
+    env.sql("ALTER TABLE docs ALTER COLUMN big SET STORAGE EXTERNAL")
+    env.sql("CREATE TABLE parts (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+    env.sql("CREATE TABLE parts_lo PARTITION OF parts FOR VALUES FROM (MINVALUE) TO (100000)")
+    env.sql("CREATE TABLE parts_hi PARTITION OF parts FOR VALUES FROM (100000) TO (MAXVALUE)")
+    rows: dict[str, dict[int, dict[str, Any]]] = {"docs": {}, "parts": {}}
+    for i in range(1, seed + 1):
+        rows["docs"][i] = {"body": f"seed {i} {UGLY}", "big": secrets.token_hex(BIG_HEX)}
+        rows["parts"][i * 7919] = {"v": f"seed {i} {UGLY}"}
+    with psycopg.connect(env.dsn, autocommit=True) as conn, conn.transaction():
+        for i, row in rows["docs"].items():
+            conn.execute("INSERT INTO docs VALUES (%s, %s, %s)", [i, row["body"], row["big"]])
+        for i, row in rows["parts"].items():
+            conn.execute("INSERT INTO parts VALUES (%s, %s)", [i, row["v"]])
+    return rows
+
+
+def source_rows(env: CaptureEnv, table: str) -> dict[str, dict[str, Any]]:
+    """The source's rows of ``table`` keyed like its topic (``{"id":N}``)."""
+    return {
+        orjson.dumps({"id": k}).decode(): orjson.loads(r)
+        for k, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
+    }
+
+
+def topic_rows(env: CaptureEnv, table: str) -> dict[str, Any]:
+    return materialize(env.records(env.reg("public", table).topic))
+
+
+def has_key(env: CaptureEnv, table: str, key: int) -> bool:
+    want = orjson.dumps({"id": key})
+    try:
+        return any(r.key == want for r in env.records(env.reg("public", table).topic))
+    except Exception:  # the topic is being created
+        return False
+
+
+def wait_caught_up_on(env: CaptureEnv, cluster_dsn: str, timeout: float = 60) -> None:
+    """Until the slot on the server of ``cluster_dsn`` (the promoted standby) confirmed its WAL
+    position of now."""
+
+    def lsn(query: str) -> int:
+        with psycopg.connect(cluster_dsn, autocommit=True) as conn:
+            row = conn.execute(query, [env.slot]).fetchone()
+        return lsn_to_int(str(row[0])) if row and row[0] else 0
+
+    target = lsn("SELECT pg_current_wal_lsn()::text WHERE %s::text IS NOT NULL")
+    wait_for(
+        lambda: (
+            lsn("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s") >= target
+        ),
+        timeout=timeout,
+        what="the reader to catch up on the new primary",
+    )
+
+
+def stop_reader(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_failover_slot_capture_goes_on_and_loses_nothing(
+    pair: FailoverPair, fenv: CaptureEnv, spark: Any
+) -> None:
+    env = fenv
+    seeded = create_tables(env)
+    env.add_table("public.docs")
+    env.add_table("public.parts")
+    proc = env.spawn("run")
+    wait_streaming(env, proc)
+    with LedgerLoad(env.dsn) as load:
+        for table, rows in seeded.items():
+            load.seed(table, list(rows), rows)
+        wait_for(lambda: load.committed >= 100, timeout=60, what="the load's first changes")
+        pair.wait_synced(env.slot, advance=False)
+        before = load.committed
+        wait_for(lambda: load.committed >= before + 100, timeout=60, what="changes after the sync")
+
+        stopped = time.monotonic()
+        pair.stop_primary("immediate")
+        pair.promote()
+        load.promoted.set()
+        env.sql("INSERT INTO docs VALUES (-1, %s, 'marker')", [f"after the promotion {UGLY}"])
+        wait_for(lambda: has_key(env, "docs", -1), timeout=60, interval=0.05, what="the marker in the topic")
+        resumed_s = time.monotonic() - stopped
+        wait_for(lambda: load.after_promotion >= 200, timeout=60, what="the load on the new primary")
+    print(
+        f"\nfailover: {load.committed} changes ({load.after_promotion} after the promotion, "
+        f"{load.reconnects} reconnects); capture resumed {resumed_s:.2f} s after the primary stopped"
+    )
+
+    # one process all along, now streaming from the promoted standby
+    assert proc.poll() is None, env.proc_log()
+    assert len(env.procs) == 1
+    wait_caught_up_on(env, pair.standby.dsn(env.db))
+    assert pair.standby.fetch(
+        f"SELECT active, failover FROM pg_replication_slots WHERE slot_name = '{env.slot}'"
+    ) == [(True, True)]
+    assert "retry" in env.proc_log(), env.proc_log()[-3000:]
+    with env.registry() as registry:
+        assert registry.get_state(State.SLOT_DROPPED) is None
+
+    for table in ("docs", "parts"):
+        got, src = topic_rows(env, table), source_rows(env, table)
+        assert got == src, f"{table}: the topic differs from the source"
+        lost = {
+            key: want
+            for (t, key), want in load.ledger.items()
+            if t == table
+            and got.get(orjson.dumps({"id": key}).decode(), {}) != ({"id": key, **want} if want else {})
+        }
+        assert not lost, f"{table}: {len(lost)} ledger changes lost: {sorted(lost)[:10]}"
+    assert has_key(env, "docs", -1)
+
+    stop_reader(proc)
+    summary = apply_once(spark, env)
+    assert summary.dead_letters == 0
+    for table in ("docs", "parts"):
+        wh = warehouse_rows(env, env.reg("public", table))
+        assert {orjson.dumps({"id": k}).decode(): row for k, row in wh.items()} == source_rows(env, table)
+    code, report = env.verify()
+    assert code == 0, report
+    assert {t["table"]: t["status"] for t in report} == {"public.docs": "ok", "public.parts": "ok"}, report
