@@ -581,6 +581,21 @@ class Reader:
         self.registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
         self.log(f"warning: replication slot {slot!r}: {record['reason']} ({len(tables)} table(s))")
 
+    def _note_reread(self, table: str, rows: int) -> None:
+        """The cost of a recovery from a lost slot: the rows of ``table``'s chunked re-snapshot, in
+        the :attr:`State.SLOT_DROPPED` record (``reread``), once per table it marked; with the last,
+        the total (``reread_rows``) and when it finished (``reread_done_at``)."""
+        raw = self.registry.get_state(State.SLOT_DROPPED)
+        record = orjson.loads(raw) if raw else None
+        if not record or table not in record.get("tables", []) or table in record.get("reread", {}):
+            return
+        reread = {**record.get("reread", {}), table: rows}
+        record["reread"] = reread
+        if set(reread) >= set(record["tables"]):
+            record["reread_rows"] = sum(reread.values())
+            record["reread_done_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
+
     def _session_tables(
         self, conn: psycopg.Connection[Any]
     ) -> tuple[list[TableReg], list[TableReg], list[TableReg]]:
@@ -993,6 +1008,7 @@ class Reader:
             self.registry.set_columns(reg.schema, reg.table, cols)
             self.registry.set_snapshot_state(reg.schema, reg.table, "done", alignment)
             self.snapshots[reg.qualified] = rows
+            self._note_reread(reg.qualified, rows)
 
         return ChunkDriver(
             dsn=self.dsn,

@@ -26,7 +26,7 @@ import orjson
 import psycopg
 import pytest
 
-from cdc.events import lsn_to_int
+from cdc.events import TRUNCATE_KEY_FIELD, lsn_to_int
 from cdc.registry import State
 from tests.plugins.apply import apply_once, warehouse_rows
 from tests.plugins.capture import CaptureEnv, materialize, wait_streaming
@@ -300,3 +300,103 @@ def test_failover_slot_capture_goes_on_and_loses_nothing(
     code, report = env.verify()
     assert code == 0, report
     assert {t["table"]: t["status"] for t in report} == {"public.docs": "ok", "public.parts": "ok"}, report
+
+
+def table_states(env: CaptureEnv) -> dict[str, str | None]:
+    with env.registry() as registry:
+        return {r.qualified: r.snapshot_state for r in registry.list_tables()}
+
+
+def create_items(env: CaptureEnv, count: int = 40) -> None:
+    """``items``, searched on ``name``: each name a word of its own (``itemN``) and ugly text."""
+    env.sql("CREATE TABLE items (id int PRIMARY KEY, name text, note text)")
+    env.sql(
+        "INSERT INTO items SELECT i, 'item' || i || ' ' || %s, 'note ' || i FROM generate_series(1, %s) i",
+        [UGLY, count],
+    )
+
+
+@pytest.mark.parametrize("pair", [{"standby_settings": {"sync_replication_slots": "off"}}], indirect=True)
+@pytest.mark.cdc_config('slot_lost = "resnapshot"\n[snapshot]\nchunk_size = 7\n')
+@pytest.mark.timeout(600)
+def test_without_failover_slot_the_reader_resnapshots_and_deletes_go(
+    pair: FailoverPair, fenv: CaptureEnv, spark: Any
+) -> None:
+    """A standby not set up for failover (no ``sync_replication_slots``) has no copy of the slot:
+    after the failover the reader finds it gone, creates a new slot and snapshots every table again
+    in chunks, each ending with a TRUNCATE marker, so rows deleted while no slot existed (on the old
+    primary after the reader stopped reading, and on the new one before its new slot) leave the
+    warehouse and the index; ``cdc status`` says what happened and what it cost."""
+    env = fenv
+    create_items(env)
+    create_tables(env, seed=20)
+    env.add_table("public.items", "--search", "name")
+    env.add_table("public.parts")
+    proc = env.spawn("run")
+    wait_streaming(env, proc)
+    env.sql("UPDATE items SET name = name || ' streamed' WHERE id <= 5")
+    env.sql("DELETE FROM items WHERE id BETWEEN 6 AND 8")
+    wait_for(
+        lambda: has_key(env, "items", 8) and len(topic_rows(env, "items")) == 37, what="the streamed changes"
+    )
+    pair.wait_replayed()
+    assert pair.standby_slot(env.slot) is None  # nothing to fail over to
+
+    # the reader stands still while the primary changes, goes away and the standby takes over
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        env.sql("DELETE FROM items WHERE id BETWEEN 10 AND 14")
+        env.sql("DELETE FROM parts WHERE id IN (7919, 15838)")
+        env.sql("UPDATE items SET name = 'item15 changed before the stop' WHERE id = 15")
+        pair.stop_primary("immediate")
+        pair.promote()
+        env.sql("DELETE FROM items WHERE id BETWEEN 20 AND 24")
+        env.sql("DELETE FROM parts WHERE id = 23757")
+        env.sql("INSERT INTO items VALUES (100, %s, 'new primary')", [f"item100 {UGLY}"])
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    gone = {*range(6, 9), *range(10, 15), *range(20, 25)}
+
+    wait_for(
+        lambda: (
+            set(table_states(env).values()) == {"done"}
+            and pair.standby.fetch(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
+            == [(True,)]
+        ),
+        timeout=90,
+        what="the new slot and every table snapshotted again",
+    )
+    env.sql("DELETE FROM items WHERE id = 30")  # streamed from the new slot
+    wait_caught_up_on(env, pair.standby.dsn(env.db))
+    assert proc.poll() is None, env.proc_log()
+    for table in ("items", "parts"):
+        records = env.records(env.reg("public", table).topic)
+        assert any(TRUNCATE_KEY_FIELD in orjson.loads(r.key) for r in records), f"{table}: no TRUNCATE marker"
+        assert materialize(records) == source_rows(env, table), f"{table}: the topic differs from the source"
+
+    res = env.cdc("status", "--json")
+    report = orjson.loads(res.stdout)
+    (slot_stage,) = [s for s in report["stages"] if s["stage"] == "slot"]
+    dropped = slot_stage["dropped"]
+    assert dropped == report["slot_drop"]
+    assert "does not exist" in dropped["reason"] and "resnapshot" in dropped["reason"], dropped
+    assert sorted(dropped["tables"]) == ["public.items", "public.parts"]
+    items_n, parts_n = (env.fetch(f"SELECT count(*) FROM {t}")[0][0] for t in ("items", "parts"))
+    assert dropped["reread"] == {"public.items": items_n + 1, "public.parts": parts_n}, dropped
+    assert dropped["reread_rows"] == items_n + 1 + parts_n and dropped["reread_done_at"], dropped
+    assert slot_stage["verdict"] == "OK" and "re-read" in slot_stage["reason"], slot_stage
+
+    stop_reader(proc)
+    summary = apply_once(spark, env)
+    assert summary.dead_letters == 0
+    wh = warehouse_rows(env, env.reg("public", "items"))
+    assert set(wh) == {r[0] for r in env.fetch("SELECT id FROM items")} and not gone & set(wh)
+    for word in ("item12", "item22", "item30"):
+        hits = env.cdc("search", "public.items", word, "--json")
+        assert hits.returncode == 0 and word not in hits.stdout, hits.stdout
+    assert "item100" in env.cdc("search", "public.items", "item100", "--json").stdout
+    code, verified = env.verify()
+    assert code == 0, verified
+    assert {t["table"]: t["status"] for t in verified} == {"public.items": "ok", "public.parts": "ok"}, (
+        verified
+    )
