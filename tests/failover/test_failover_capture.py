@@ -26,10 +26,10 @@ import orjson
 import psycopg
 import pytest
 
-from cdc.events import TRUNCATE_KEY_FIELD, lsn_to_int
+from cdc.events import TRUNCATE_KEY_FIELD
 from cdc.registry import State
 from tests.plugins.apply import apply_once, warehouse_rows
-from tests.plugins.capture import CaptureEnv, materialize, wait_streaming
+from tests.plugins.capture import CaptureEnv, materialize, rows_of, wait_caught_up, wait_streaming
 from tests.plugins.failover import FailoverPair, pair_env
 from tests.plugins.postgres import wait_for
 
@@ -193,14 +193,6 @@ def create_tables(env: CaptureEnv, seed: int = 30) -> dict[str, dict[int, dict[s
     return rows
 
 
-def source_rows(env: CaptureEnv, table: str) -> dict[str, dict[str, Any]]:
-    """The source's rows of ``table`` keyed like its topic (``{"id":N}``)."""
-    return {
-        orjson.dumps({"id": k}).decode(): orjson.loads(r)
-        for k, r in env.fetch(f"SELECT id, row_to_json(t)::text FROM {table} t")
-    }
-
-
 def topic_rows(env: CaptureEnv, table: str) -> dict[str, Any]:
     return materialize(env.records(env.reg("public", table).topic))
 
@@ -211,25 +203,6 @@ def has_key(env: CaptureEnv, table: str, key: int) -> bool:
         return any(r.key == want for r in env.records(env.reg("public", table).topic))
     except Exception:  # the topic is being created
         return False
-
-
-def wait_caught_up_on(env: CaptureEnv, cluster_dsn: str, timeout: float = 60) -> None:
-    """Until the slot on the server of ``cluster_dsn`` (the promoted standby) confirmed its WAL
-    position of now."""
-
-    def lsn(query: str) -> int:
-        with psycopg.connect(cluster_dsn, autocommit=True) as conn:
-            row = conn.execute(query, [env.slot]).fetchone()
-        return lsn_to_int(str(row[0])) if row and row[0] else 0
-
-    target = lsn("SELECT pg_current_wal_lsn()::text WHERE %s::text IS NOT NULL")
-    wait_for(
-        lambda: (
-            lsn("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s") >= target
-        ),
-        timeout=timeout,
-        what="the reader to catch up on the new primary",
-    )
 
 
 def stop_reader(proc: subprocess.Popen[bytes]) -> None:
@@ -271,7 +244,7 @@ def test_failover_slot_capture_goes_on_and_loses_nothing(
     # one process all along, now streaming from the promoted standby
     assert proc.poll() is None, env.proc_log()
     assert len(env.procs) == 1
-    wait_caught_up_on(env, pair.standby.dsn(env.db))
+    wait_caught_up(env, pg=pair.standby)
     assert pair.standby.fetch(
         f"SELECT active, failover FROM pg_replication_slots WHERE slot_name = '{env.slot}'"
     ) == [(True, True)]
@@ -280,7 +253,7 @@ def test_failover_slot_capture_goes_on_and_loses_nothing(
         assert registry.get_state(State.SLOT_DROPPED) is None
 
     for table in ("docs", "parts"):
-        got, src = topic_rows(env, table), source_rows(env, table)
+        got, src = topic_rows(env, table), rows_of(env, table)
         assert got == src, f"{table}: the topic differs from the source"
         lost = {
             key: want
@@ -296,7 +269,7 @@ def test_failover_slot_capture_goes_on_and_loses_nothing(
     assert summary.dead_letters == 0
     for table in ("docs", "parts"):
         wh = warehouse_rows(env, env.reg("public", table))
-        assert {orjson.dumps({"id": k}).decode(): row for k, row in wh.items()} == source_rows(env, table)
+        assert {orjson.dumps({"id": k}).decode(): row for k, row in wh.items()} == rows_of(env, table)
     code, report = env.verify()
     assert code == 0, report
     assert {t["table"]: t["status"] for t in report} == {"public.docs": "ok", "public.parts": "ok"}, report
@@ -367,12 +340,12 @@ def test_without_failover_slot_the_reader_resnapshots_and_deletes_go(
         what="the new slot and every table snapshotted again",
     )
     env.sql("DELETE FROM items WHERE id = 30")  # streamed from the new slot
-    wait_caught_up_on(env, pair.standby.dsn(env.db))
+    wait_caught_up(env, pg=pair.standby)
     assert proc.poll() is None, env.proc_log()
     for table in ("items", "parts"):
         records = env.records(env.reg("public", table).topic)
         assert any(TRUNCATE_KEY_FIELD in orjson.loads(r.key) for r in records), f"{table}: no TRUNCATE marker"
-        assert materialize(records) == source_rows(env, table), f"{table}: the topic differs from the source"
+        assert materialize(records) == rows_of(env, table), f"{table}: the topic differs from the source"
 
     res = env.cdc("status", "--json")
     report = orjson.loads(res.stdout)
