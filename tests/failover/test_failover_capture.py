@@ -33,7 +33,7 @@ from tests.plugins.capture import CaptureEnv, materialize, rows_of, wait_caught_
 from tests.plugins.failover import FailoverPair, pair_env
 from tests.plugins.postgres import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # postgres, pg18 and spark come from the fixtures
 
 #: the changes' ugly text: quotes, a newline, a tab, backslashes
 UGLY = "'q' \"dq\" back\\slash\\\\ new\nline\ttab"
@@ -289,7 +289,9 @@ def create_items(env: CaptureEnv, count: int = 40) -> None:
     )
 
 
-@pytest.mark.parametrize("pair", [{"standby_settings": {"sync_replication_slots": "off"}}], indirect=True)
+@pytest.mark.parametrize(
+    "pair", [{"standby_settings": {"sync_replication_slots": "off"}}], indirect=True, ids=["no-slot-sync"]
+)
 @pytest.mark.cdc_config('slot_lost = "resnapshot"\n[snapshot]\nchunk_size = 7\n')
 @pytest.mark.timeout(600)
 def test_without_failover_slot_the_reader_resnapshots_and_deletes_go(
