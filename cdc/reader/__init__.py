@@ -81,7 +81,13 @@ from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
 from cdc.reader.ddl import DdlFollower
-from cdc.reader.plugin import choose_plugin, keep_publication, make_decoder, resnapshot_after_lost_slot
+from cdc.reader.plugin import (
+    choose_plugin,
+    keep_publication,
+    make_decoder,
+    note_reread,
+    resnapshot_after_lost_slot,
+)
 from cdc.reader.replication import StreamControl, open_replication, stream
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
@@ -916,6 +922,7 @@ class Reader:
             self.registry.set_columns(reg.schema, reg.table, cols)
             self.registry.set_snapshot_state(reg.schema, reg.table, "done", alignment)
             self.snapshots[reg.qualified] = rows
+            note_reread(self.registry, reg.qualified, rows)
 
         return ChunkDriver(
             dsn=self.dsn,

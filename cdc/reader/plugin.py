@@ -25,7 +25,7 @@ from cdc.errors import SourcePermanentError
 from cdc.publication import published, sync_publication
 from cdc.registry import Registry, State
 
-__all__ = ["choose_plugin", "keep_publication", "make_decoder", "resnapshot_after_lost_slot"]
+__all__ = ["choose_plugin", "keep_publication", "make_decoder", "note_reread", "resnapshot_after_lost_slot"]
 
 
 def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> str:
@@ -116,3 +116,19 @@ def resnapshot_after_lost_slot(
     }
     registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
     log(f"warning: replication slot {slot!r}: {record['reason']} ({len(tables)} table(s))")
+
+
+def note_reread(registry: Registry, table: str, rows: int) -> None:
+    """The cost of a recovery from a lost slot: the rows of ``table``'s chunked re-snapshot, in the
+    :attr:`State.SLOT_DROPPED` record (``reread``), once per table it marked; with the last, the
+    total (``reread_rows``) and when it finished (``reread_done_at``)."""
+    raw = registry.get_state(State.SLOT_DROPPED)
+    record = orjson.loads(raw) if raw else None
+    if not record or table not in record.get("tables", []) or table in record.get("reread", {}):
+        return
+    reread = {**record.get("reread", {}), table: rows}
+    record["reread"] = reread
+    if set(reread) >= set(record["tables"]):
+        record["reread_rows"] = sum(reread.values())
+        record["reread_done_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())

@@ -104,7 +104,15 @@ def judge_slot(
             WARN, "warn", f"retained WAL {_mb(retained)} (over {_mb(options.retained_wal_warn_bytes)})"
         ), fix
     state = "active" if info.active else "inactive"
-    return Judgement(OK, "ok", f"{state}, wal_status {info.wal_status}, retained WAL {_mb(retained)}"), None
+    recovered = (
+        f"; recovered from the loss of slot {dropped.get('slot')!r} at {dropped.get('at')}: "
+        f"{dropped['reread_rows']} rows re-read from {len(dropped.get('reread', {}))} table(s)"
+        if dropped and "reread_rows" in dropped
+        else ""
+    )
+    return Judgement(
+        OK, "ok", f"{state}, wal_status {info.wal_status}, retained WAL {_mb(retained)}{recovered}"
+    ), None
 
 
 def should_drop(info: SlotInfo, options: StatusOptions) -> str | None:

@@ -70,3 +70,20 @@ def test_options_validation() -> None:
         StatusOptions.from_mapping({"retained_wal_warn_bytes": "1G"})
     with pytest.raises(ConfigError, match="keep"):
         StatusOptions.from_mapping({"slot_policy": "delete"})
+
+
+def test_slot_recovered_from_a_loss_says_what_it_cost() -> None:
+    opts = StatusOptions()
+    info = SlotInfo(name="s", exists=True, active=True, wal_status="reserved", retained_bytes=0)
+    record = {"slot": "s", "at": "2026-11-26T01:00:00Z", "reason": "gone", "tables": ["public.a", "public.b"]}
+    j, _ = judge_slot(info, opts, max_keep=-1, expected=True, dropped=record, awaiting_resnapshot=True)
+    assert j.verdict == "ERROR" and "2 table(s) wait for their re-snapshot" in j.reason
+    j, _ = judge_slot(info, opts, max_keep=-1, expected=True, dropped=record, awaiting_resnapshot=False)
+    assert j.verdict == "OK" and "re-read" not in j.reason  # a record from before the cost was kept
+    done = {**record, "reread": {"public.a": 5, "public.b": 7}, "reread_rows": 12}
+    j, fix = judge_slot(info, opts, max_keep=-1, expected=True, dropped=done, awaiting_resnapshot=False)
+    assert (j.verdict, fix) == ("OK", None)
+    assert (
+        "recovered from the loss of slot 's' at 2026-11-26T01:00:00Z: 12 rows re-read from 2 table(s)"
+        in j.reason
+    )

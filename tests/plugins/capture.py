@@ -156,8 +156,10 @@ class CaptureEnv:
         assert res.returncode == 0, res.stderr
         return {t["table"]: t for t in orjson.loads(res.stdout)}
 
-    def slot_confirmed(self) -> int | None:
-        rows = self.pg.fetch(
+    def slot_confirmed(self, pg: PgCluster | None = None) -> int | None:
+        """The slot's confirmed position on ``pg`` (default: :attr:`pg`; a promoted standby after a
+        failover)."""
+        rows = (pg or self.pg).fetch(
             f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{self.slot}'"
         )
         return lsn_to_int(str(rows[0][0])) if rows and rows[0][0] else None
@@ -311,11 +313,11 @@ def wait_streaming(env: CaptureEnv, proc: subprocess.Popen[bytes]) -> None:
     wait_for(active, timeout=60, what="the reader to stream")
 
 
-def wait_caught_up(env: CaptureEnv, timeout: float = 90) -> None:
-    """Until the slot confirmed the WAL position of now: every change committed before this call is
-    durable in the topics."""
+def wait_caught_up(env: CaptureEnv, timeout: float = 90, pg: PgCluster | None = None) -> None:
+    """Until the slot (on ``pg``, default ``env.pg``) confirmed the WAL position of now: every change
+    committed before this call is durable in the topics."""
     target = current_lsn(env)
-    wait_for(lambda: (env.slot_confirmed() or 0) >= target, timeout=timeout, what="the reader to catch up")
+    wait_for(lambda: (env.slot_confirmed(pg) or 0) >= target, timeout=timeout, what="the reader to catch up")
 
 
 def progress(env: CaptureEnv, table: str, schema: str = "public") -> ChunkProgress | None:
