@@ -357,8 +357,11 @@ def test_without_failover_slot_the_reader_resnapshots_and_deletes_go(
     assert "does not exist" in dropped["reason"] and "resnapshot" in dropped["reason"], dropped
     assert sorted(dropped["tables"]) == ["public.items", "public.parts"]
     items_n, parts_n = (env.fetch(f"SELECT count(*) FROM {t}")[0][0] for t in ("items", "parts"))
-    assert dropped["reread"] == {"public.items": items_n + 1, "public.parts": parts_n}, dropped
-    assert dropped["reread_rows"] == items_n + 1 + parts_n and dropped["reread_done_at"], dropped
+    # id 30 was read by the re-snapshot and deleted after it; a chunk's row that a stream change
+    # in the chunk's window supersedes is not emitted, so the count may be one lower
+    reread = dropped["reread"]
+    assert reread["public.items"] in (items_n, items_n + 1) and reread["public.parts"] == parts_n, dropped
+    assert dropped["reread_rows"] == sum(reread.values()) and dropped["reread_done_at"], dropped
     assert slot_stage["verdict"] == "OK" and "re-read" in slot_stage["reason"], slot_stage
 
     stop_reader(proc)
