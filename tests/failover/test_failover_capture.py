@@ -357,8 +357,8 @@ def test_without_failover_slot_the_reader_resnapshots_and_deletes_go(
     assert "does not exist" in dropped["reason"] and "resnapshot" in dropped["reason"], dropped
     assert sorted(dropped["tables"]) == ["public.items", "public.parts"]
     items_n, parts_n = (env.fetch(f"SELECT count(*) FROM {t}")[0][0] for t in ("items", "parts"))
-    # id 30 was read by the re-snapshot and deleted after it; a chunk's row that a stream change
-    # in the chunk's window supersedes is not emitted, so the count may be one lower
+    # the re-read counts the rows each table's chunks emitted: id 30 (deleted once every table was
+    # seen done) was among them or not, as the polling fell (seen 28 and 27 under load)
     reread = dropped["reread"]
     assert reread["public.items"] in (items_n, items_n + 1) and reread["public.parts"] == parts_n, dropped
     assert dropped["reread_rows"] == sum(reread.values()) and dropped["reread_done_at"], dropped
