@@ -524,7 +524,13 @@ def _report(
         f"One transaction of {big_n:,} updates (`UPDATE bench SET i = i + 1`), `cdc run --once` with "
         "each decoder (bar: the reader < 200 MB RSS; pgoutput with `streaming` on spools the "
         f"transaction to the state directory: its slot reported stream_txns {stream_stats['stream_txns']}, "
-        f"stream_bytes {stream_stats['stream_bytes'] / 2**20:.0f} MB, spill_txns {stream_stats['spill_txns']}):",
+        f"stream_bytes {stream_stats['stream_bytes'] / 2**20:.0f} MB, spill_txns {stream_stats['spill_txns']}"
+        + (
+            "; not streamed: the transaction fits in `logical_decoding_work_mem`, 64 MB; the full size streams)"
+            if not stream_stats["stream_txns"]
+            else ")"
+        )
+        + ":",
         "",
         *big_lines,
         "",
