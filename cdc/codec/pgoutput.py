@@ -153,7 +153,9 @@ def _bad(data: bytes, lsn: int, what: str) -> DecodeError:
 def _tuple(data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
     """A TupleData at ``pos``: its columns (an unchanged TOAST value left out), and its end.
     ``data``: the message with :data:`_PAD` after it (a kind and a length are read at once, even
-    for the last column's one-byte null)."""
+    for the last column's one-byte null). A message all ASCII (the common case: no value, length
+    or OID byte above 127) is decoded once and each value sliced from that text, its byte offsets
+    being its character offsets; otherwise each value is decoded from its bytes (UTF-8)."""
     (n,) = _I16(data, pos)
     if n != rel.ncols:
         raise ValueError(
@@ -162,12 +164,13 @@ def _tuple(data: bytes, pos: int, rel: _Relation) -> tuple[list[Col], int]:
     pos += 2
     cols: list[Col] = []
     append = cols.append
+    text = data.decode("ascii") if data.isascii() else None
     for name, typ in rel.pairs:
         k, size = _KIND_SIZE(data, pos)
         if k == 116:  # t: text
             start = pos + 5
             pos = start + size
-            append(Col(name, typ, data[start:pos].decode()))
+            append(Col(name, typ, data[start:pos].decode() if text is None else text[start:pos]))
         elif k == 110:  # n: null
             append(Col(name, typ, None))
             pos += 1

@@ -422,3 +422,27 @@ def test_update_without_old_tuple_identity_is_the_new_key_in_column_order() -> N
         Col("f", "double precision", None),
         Col("k1", "text", "y"),
     ]
+
+
+def test_values_are_the_same_whether_the_message_is_all_ascii_or_not() -> None:
+    """An all-ASCII message is decoded once and sliced; any other (a non-ASCII value, a length or
+    a relation OID with a byte over 127) value by value: the same values either way."""
+    dec = decoder()
+    dec.decode(relation(1, "public", "t", T_COLS), 1)
+    dec.decode(relation(0x80_0080, "public", "t", T_COLS), 1)
+    cases = [
+        (1, ("7", 'a "q"\n\\b', "1.5")),  # all ASCII
+        (1, ("7", "é, ü, 日本, \U0001f600", "1.5")),  # non-ASCII value before an ASCII one
+        (1, ("7", "x" * 200 + "\t", None)),  # a length of 201: a byte over 127
+        (0x80_0080, ("7", "plain", "2")),  # the relation OID's bytes over 127
+        (1, ("7", "", "NaN")),  # an empty value
+    ]
+    for relid, values in cases:
+        data = insert(relid, *values)
+        assert data.isascii() == (relid == 1 and values[1] in ('a "q"\n\\b', ""))
+        m = dec.decode(data, 2)
+        assert m is not None and m.columns is not None
+        assert [c.value for c in m.columns] == list(values), values
+    u = dec.decode(update(1, ("8", "ü", "3"), ("7", None, None)), 3)
+    assert u is not None and u.columns is not None and [c.value for c in u.columns] == ["8", "ü", "3"]
+    assert u.identity == [Col("id", "integer", "7")]
