@@ -44,6 +44,7 @@ def main() -> int:
             print(f"chaos: {backend} log store, {size.cycles} faults", file=sys.stderr)
             db = cluster.create_database("chaos")
             say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            common = {"say": say, "kinds": kinds, "decoder": args.decoder}
             if backend == "kafka":
                 with tansu() as (bootstrap, pid):
                     run = Chaos(
@@ -54,26 +55,12 @@ def main() -> int:
                         size,
                         args.seed,
                         bootstrap,
-                        say=say,
-                        kinds=kinds,
                         kafka_pid=pid,
-                        decoder=args.decoder,
+                        **common,
                     )
                     reports.append(run.run())
             else:
-                reports.append(
-                    Chaos(
-                        cluster,
-                        db,
-                        base / backend,
-                        backend,
-                        size,
-                        args.seed,
-                        say=say,
-                        kinds=kinds,
-                        decoder=args.decoder,
-                    ).run()
-                )
+                reports.append(Chaos(cluster, db, base / backend, backend, size, args.seed, **common).run())
         completed = True
     finally:
         cluster.stop("immediate")
