@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.abc
 import os
 import sys
 from collections.abc import Sequence
@@ -111,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 SPARK_VERBS = frozenset({"apply", "demo"})
 
 
-class _NoPandas(importlib.abc.MetaPathFinder):
+class _NoPandas:
     """Finds pandas missing (an ImportError, which pyarrow takes as "not installed")."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
