@@ -1,5 +1,6 @@
 # Fixtures live in plugin modules under tests/plugins; this file only lists them.
 pytest_plugins = [
+    "tests.plugins.bytecode",
     "tests.plugins.markers",
     "tests.plugins.postgres",
     "tests.plugins.logstore",

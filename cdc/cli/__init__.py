@@ -106,5 +106,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+#: the verbs that run Spark, whose Arrow conversions use pandas (``cdc demo`` runs ``cdc apply``)
+SPARK_VERBS = frozenset({"apply", "demo"})
+
+
+class _NoPandas:
+    """Finds pandas missing (an ImportError, which pyarrow takes as "not installed")."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname == "pandas":
+            raise ModuleNotFoundError("pandas is not used outside the Spark verbs", name=fullname)
+
+
+def keep_pandas_out(verb: str | None) -> None:
+    """Outside :data:`SPARK_VERBS`, pandas cannot be imported by this process. No other verb uses
+    pandas, but pyarrow imports it (0.3-0.5 s of CPU, more than the rest of a ``cdc run --once``'s
+    imports) on its first array of Python values, only to ask whether they are pandas objects."""
+    if verb not in SPARK_VERBS and "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
+
+
 def entry() -> None:  # pragma: no cover - console script shim
+    keep_pandas_out(_verb_of(sys.argv[1:]))  # the process's own: never for in-process callers of main()
     sys.exit(main())

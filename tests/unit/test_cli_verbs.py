@@ -43,3 +43,32 @@ def test_status_does_not_import_the_other_verbs() -> None:
     assert "cdc.cli.status" in out
     for heavy in ("cdc.cli.apply", "cdc.cli.snapshot", "snapshot", "spark_jobs"):
         assert f"'{heavy}'" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("verb", "pandas"), [("run", False), ("verify", False), (None, False), ("apply", True)]
+)
+def test_a_verb_without_spark_never_imports_pandas_through_pyarrow(verb: str | None, pandas: bool) -> None:
+    """pyarrow imports pandas on its first array of Python values (0.3-0.5 s of CPU) unless the
+    process marked it absent, as `cdc` does for every verb but those that run Spark; pyarrow works
+    the same without it."""
+    code = (
+        "import sys\nfrom cdc.cli import keep_pandas_out\n"
+        f"keep_pandas_out({verb!r})\n"
+        "import pyarrow as pa\n"
+        "assert pa.array(['a', None]).to_pylist() == ['a', None]\n"
+        "assert pa.scalar(b'x', pa.binary()).as_py() == b'x'\n"
+        "print(sys.modules.get('pandas') is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(pandas)
+
+
+def test_the_cdc_process_marks_pandas_absent_for_its_verb() -> None:
+    code = (
+        "import sys\nsys.argv = ['cdc', '--state', '/nonexistent', 'topic', 'list', '--help']\n"
+        "from cdc.cli import entry\ntry:\n    entry()\nexcept SystemExit:\n    pass\n"
+        "try:\n    import pandas\nexcept ImportError as exc:\n    print(exc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "pandas is not used outside the Spark verbs"
