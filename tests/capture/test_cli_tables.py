@@ -66,6 +66,7 @@ def test_add_list_remove_round_trip_with_quoted_names(
             "history": str(state / "warehouse" / "Mixed_Case" / "tab_le__history"),
         },
         "search_index": str(state / "search" / "cdc.Mixed_Case.tab_le"),
+        "decoder": "wal2json",  # the configured one until a slot records its own
     }
     assert listed[1]["search_index"] is None and listed[1]["key"] == ["id"]
 
