@@ -1,5 +1,6 @@
 """The pgoutput decoder: PostgreSQL's built-in logical replication output plugin (protocol
-"Logical Replication Message Formats", ``proto_version`` 1 and 2), decoded into the same
+"Logical Replication Message Formats", ``proto_version`` 1 to 4, read with the proto 2 layouts:
+two-phase and parallel-streaming fields are never asked for), decoded into the same
 :class:`~cdc.codec.Message` the wal2json decoder gives for the same change.
 
 What pgoutput sends (measured on PostgreSQL 15 beside wal2json 2.5, ``tests/capture/test_pgoutput_differential.py``):
@@ -15,8 +16,9 @@ What pgoutput sends (measured on PostgreSQL 15 beside wal2json 2.5, ``tests/capt
   unchanged out-of-line TOAST value (``u``, left out of ``columns`` as wal2json does). An update
   or delete carries the old key (``K``: the key columns, the others null) or the whole old row
   (``O``: REPLICA IDENTITY FULL); an update whose key did not change carries none, and then
-  ``identity`` is the new row's key columns (what wal2json 2.5 sends). Generated columns are not
-  sent (wal2json sends them).
+  ``identity`` is the new row's key columns (what wal2json 2.5 sends). Stored generated columns
+  are sent from PostgreSQL 18 when the publication asks (cdc's does); before 18 never (wal2json
+  sends them: ``cdc tables add`` leaves them out of a pgoutput capture, :mod:`cdc.publication`).
 * ``T``: one TRUNCATE of several relations (:meth:`PgOutput.source` splits it, one per relation,
   as wal2json sends it). ``M``: a logical message (``messages`` on).
 * With ``streaming`` (proto 2, PostgreSQL 14+), a transaction that outgrows
