@@ -20,24 +20,23 @@ import contextlib
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import psycopg
 
 from cdc import metrics
+from cdc.catalog import SlotInfo, connect, failover_info, failover_supported, server_info, slot_info
 from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
 from cdc.names import quote_ident
+from cdc.preflight import gather_standbys
 from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
 from cdc.status.slot import drop_slot, judge_slot, should_drop
-
-if TYPE_CHECKING:
-    from cdc.catalog import SlotInfo
 
 CATCH_UP_WAIT_S = 1.5
 #: Postgres' epoch (2000-01-01 UTC) in Unix epoch milliseconds: pgoutput's timestamps count from it
@@ -211,8 +210,6 @@ class Collector:
     def _source(
         self, registry: Registry | None, enforce: bool, capture_running: bool, tables: list[TableReg]
     ) -> dict[str, Any]:
-        from cdc.catalog import connect, server_info, slot_info
-
         out: dict[str, Any] = {"reachable": False, "error": None, "slot": None, "dropped_now": None}
         if self.settings.source is None:
             out["error"] = "no source configured (CDC_SOURCE)"
@@ -268,9 +265,6 @@ class Collector:
         """Failover readiness of the slot (PostgreSQL 17+; None before, or with no slot): whether
         it is a failover slot, and for each standby among the source DSN's hosts whether its copy
         is ready (``synced AND NOT temporary``, :func:`cdc.catalog.synced_slot`)."""
-        from cdc.catalog import failover_info, failover_supported
-        from cdc.preflight import gather_standbys
-
         if not failover_supported(server_version) or not info.exists:
             return None
         primary = failover_info(conn, info.name)
