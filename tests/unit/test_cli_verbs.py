@@ -33,13 +33,18 @@ def test_every_verb_is_listed_with_its_module() -> None:
     assert set(sub.choices) == listed  # type: ignore[arg-type]
 
 
+def _python(code: str) -> str:
+    """``code`` run by a fresh interpreter (what a new ``cdc`` process imports): its stdout."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
 def test_status_does_not_import_the_other_verbs() -> None:
     code = (
         "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
         "build_parser(_verb_of(['status', '--json']))\n"
         "print(sorted(m for m in sys.modules if m.startswith(('cdc.cli.', 'spark_jobs', 'snapshot'))))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = _python(code)
     assert "cdc.cli.status" in out
     for heavy in ("cdc.cli.apply", "cdc.cli.snapshot", "snapshot", "spark_jobs"):
         assert f"'{heavy}'" not in out, out
@@ -60,7 +65,7 @@ def test_a_verb_without_spark_never_imports_pandas_through_pyarrow(verb: str | N
         "assert pa.scalar(b'x', pa.binary()).as_py() == b'x'\n"
         "print(sys.modules.get('pandas') is not None)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = _python(code)
     assert out.strip() == str(pandas)
 
 
@@ -70,5 +75,5 @@ def test_the_cdc_process_marks_pandas_absent_for_its_verb() -> None:
         "from cdc.cli import entry\ntry:\n    entry()\nexcept SystemExit:\n    pass\n"
         "try:\n    import pandas\nexcept ImportError as exc:\n    print(exc)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = _python(code)
     assert out.splitlines()[-1] == "pandas is not used outside the Spark verbs"
