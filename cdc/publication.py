@@ -19,7 +19,7 @@ table in chunks after its session has added it, so no change the snapshot does n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
+from cdc.catalog import is_table
 from cdc.config import Settings
 from cdc.errors import SourcePermanentError
 from cdc.registry import Registry, State
@@ -34,6 +35,7 @@ from cdc.registry import Registry, State
 __all__ = [
     "PublicationChange",
     "decoder_in_use",
+    "keep_publication",
     "publication_sql",
     "publication_tables",
     "published",
@@ -142,20 +144,6 @@ def _statements(
     return out, PublicationChange(False, added, dropped)
 
 
-def _existing(conn: psycopg.Connection[Any], tables: Iterable[Table]) -> set[Table]:
-    """The tables of ``tables`` that exist at the source (a dropped one cannot be published)."""
-    out = set()
-    for schema, table in tables:
-        row = conn.execute(
-            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            [schema, table],
-        ).fetchone()
-        if row is not None:
-            out.add((schema, table))
-    return out
-
-
 def _plan(
     conn: psycopg.Connection[Any], name: str, tables: Iterable[Table]
 ) -> tuple[list[sql.Composed], PublicationChange]:
@@ -172,7 +160,7 @@ def _plan(
         now = {"publish_via_partition_root": "true" if row and row[0] else "false"}
         now["publish_generated_columns"] = "stored" if row and row[1] else "none"
         options = {k: v for k, v in options.items() if now.get(k) != v}
-    return _statements(name, have, _existing(conn, tables), options)
+    return _statements(name, have, {t for t in tables if is_table(conn, t)}, options)
 
 
 def unpublished_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str]:
@@ -221,3 +209,26 @@ def sync_publication(conn: psycopg.Connection[Any], name: str, tables: Iterable[
     if not conn.autocommit:
         conn.commit()
     return change
+
+
+def keep_publication(
+    conn: psycopg.Connection[Any],
+    registry: Registry,
+    settings: Settings,
+    watermark: Table,
+    log: Callable[[str], None],
+    also: Iterable[Table] = (),
+) -> None:
+    """Bring ``settings.publication`` in step with :func:`published` and ``also`` (a table being
+    registered); what changed, and the SQL a DBA still has to run, go to ``log``."""
+    name = settings.publication
+    change = sync_publication(conn, name, [*published(registry, watermark), *also])
+    if change.dba_sql:
+        log(
+            f"warning: the publication {name} still holds tables no longer registered (their "
+            f"changes are skipped); fix: have the DBA run: {change.dba_sql}"
+        )
+    if change.changed:
+        added = [f"{s}.{t}" for s, t in change.added]
+        dropped = [f"{s}.{t}" for s, t in change.dropped]
+        log(f"publication {name}: {'created; ' if change.created else ''}added {added}, dropped {dropped}")

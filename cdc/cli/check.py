@@ -25,7 +25,7 @@ from cdc.config import Settings
 from cdc.connect import classify, connect
 from cdc.errors import SourceError
 from cdc.preflight import Finding, Report, run_preflight
-from cdc.publication import decoder_in_use, sync_publication
+from cdc.publication import decoder_in_use, keep_publication
 from cdc.recorders.ddl import check_ddl_recorder, install_ddl_recorder, install_script
 from cdc.recorders.nonfinite import (
     check_nonfinite,
@@ -94,9 +94,9 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
             if args.fix:
                 if ensure_watermark_table(conn, *watermark):
                     print("created the watermark table", file=sys.stderr)
-                if plugin == "pgoutput":
-                    tables = [(r.schema, r.table) for r in regs] + [watermark]
-                    sync_publication(conn, settings.publication, tables)
+                if plugin == "pgoutput" and regs:  # nothing registered: nothing to publish
+                    with Registry(settings.state_dir) as registry:
+                        keep_publication(conn, registry, settings, watermark, _stderr)
                 _fix_ddl_recorder(conn)
                 if settings.config.nonfinite_recorder and plugin == "wal2json":
                     _fix_nonfinite(conn, regs, settings)
@@ -122,6 +122,10 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print_report(report)
     return report.exit_code
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _fix_ddl_recorder(conn: psycopg.Connection[Any]) -> None:

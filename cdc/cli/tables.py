@@ -34,7 +34,7 @@ from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.publication import decoder_in_use, published, sync_publication, unpublished_columns
+from cdc.publication import decoder_in_use, keep_publication, unpublished_columns
 from cdc.recorders.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
 from snapshot.chunk_state import SnapshotOptions, load_progress, progress_view
@@ -185,14 +185,16 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                     fix="rename one of the tables, or remove the other registration first",
                     topic=reg.topic,
                 )
-            reg, left_out = _leave_out_unpublished(conn, settings, registry, reg)
-            _publish(conn, settings, registry, [(schema, table)])
+            plugin = decoder_in_use(registry, settings)
+            reg, left_out = _leave_out_unpublished(conn, reg) if plugin == "pgoutput" else (reg, [])
+            if plugin == "pgoutput":
+                _publish(conn, settings, registry, [(schema, table)])
             registry.add(reg)
             wal2json_sends_them = registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
             warnings = key_warnings(desc, key) + left_out
             recorder = None
             if (
-                decoder_in_use(registry, settings) == "wal2json"  # pgoutput sends them itself
+                plugin == "wal2json"  # pgoutput sends them itself
                 and not wal2json_sends_them
                 and settings.config.nonfinite_recorder
                 and tracked_columns(reg)
@@ -223,13 +225,9 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _leave_out_unpublished(
-    conn: psycopg.Connection[Any], settings: Settings, registry: Registry, reg: TableReg
-) -> tuple[TableReg, list[str]]:
+def _leave_out_unpublished(conn: psycopg.Connection[Any], reg: TableReg) -> tuple[TableReg, list[str]]:
     """pgoutput before PostgreSQL 18 never sends a stored generated column: it is left out of the
     capture (the snapshot's too, so both agree), with a warning; refused if it is a search column."""
-    if decoder_in_use(registry, settings) != "pgoutput":
-        return reg, []
     gen = [c for c in unpublished_columns(conn, reg.schema, reg.table) if c not in reg.exclude]
     if not gen:
         return reg, []
@@ -251,18 +249,15 @@ def _leave_out_unpublished(
 def _publish(
     conn: psycopg.Connection[Any], settings: Settings, registry: Registry, also: list[tuple[str, str]]
 ) -> None:
-    """pgoutput: bring the publication in step with the registered tables and ``also`` (the one
-    being added) before the registration is written (:mod:`cdc.publication`)."""
-    if decoder_in_use(registry, settings) != "pgoutput":
-        return
-    tables = published(registry, SnapshotOptions.from_settings(settings).watermark) + also
-    change = sync_publication(conn, settings.publication, tables)
-    if change.dba_sql:
-        print(
-            f"warning: the publication {settings.publication} still holds tables no longer registered "
-            f"(their changes are skipped); fix: have the DBA run: {change.dba_sql}",
-            file=sys.stderr,
-        )
+    """Bring pgoutput's publication in step with the registered tables and ``also`` (the one being
+    added) before the registration is written (:func:`cdc.publication.keep_publication`)."""
+    watermark = SnapshotOptions.from_settings(settings).watermark
+    keep_publication(conn, registry, settings, watermark, _warn, also)
+
+
+def _warn(line: str) -> None:
+    if line.startswith("warning:"):  # what changed is the reader's log, not the verb's output
+        print(line, file=sys.stderr)
 
 
 def nonfinite_recorder(

@@ -80,10 +80,10 @@ from cdc.events import encode_key, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
 from cdc.metrics import Publisher
+from cdc.publication import keep_publication
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.plugin import (
     choose_plugin,
-    keep_publication,
     make_decoder,
     note_reread,
     resnapshot_after_lost_slot,

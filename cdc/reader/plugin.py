@@ -1,5 +1,5 @@
 """The reader's output plugin and what goes with it: which plugin a session decodes with, its
-decoder, pgoutput's publication, and the recovery from a lost slot (``slot_lost = "resnapshot"``).
+decoder, and the recovery from a lost slot (``slot_lost = "resnapshot"``).
 
 The plugin is fixed when the slot is created (``decoder`` in cdc.toml; ``docs/decoders.md``): a
 session takes the existing slot's, and refuses a configured one that differs rather than decode a
@@ -22,10 +22,9 @@ from cdc.codec.pgoutput import PgOutput
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.config import DECODERS, Settings
 from cdc.errors import SourcePermanentError
-from cdc.publication import published, sync_publication
 from cdc.registry import Registry, State
 
-__all__ = ["choose_plugin", "keep_publication", "make_decoder", "note_reread", "resnapshot_after_lost_slot"]
+__all__ = ["choose_plugin", "make_decoder", "note_reread", "resnapshot_after_lost_slot"]
 
 
 def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> str:
@@ -58,28 +57,6 @@ def make_decoder(plugin: str, conn: psycopg.Connection[Any], settings: Settings)
         type_namer(conn), settings.publication, conn.info.server_version, spool_dir=str(spool)
     )
     return decoder
-
-
-def keep_publication(
-    conn: psycopg.Connection[Any],
-    registry: Registry,
-    settings: Settings,
-    watermark: tuple[str, str],
-    log: Callable[[str], None],
-) -> None:
-    """pgoutput: the publication holds every registered table and, once it exists, the chunked
-    snapshots' ``watermark`` table (:mod:`cdc.publication`); what changed is logged."""
-    name = settings.publication
-    change = sync_publication(conn, name, published(registry, watermark))
-    if change.dba_sql:
-        log(
-            f"warning: the publication {name} still holds tables no longer registered (their "
-            f"changes are skipped); fix: have the DBA run: {change.dba_sql}"
-        )
-    if change.changed:
-        added = [f"{s}.{t}" for s, t in change.added]
-        dropped = [f"{s}.{t}" for s, t in change.dropped]
-        log(f"publication {name}: {'created; ' if change.created else ''}added {added}, dropped {dropped}")
 
 
 def resnapshot_after_lost_slot(
