@@ -230,7 +230,7 @@ class Reader:
         self._topics: set[str] = set()
         #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
         self._numeric_as_string: bool | None = None
-        #: the output plugin of the current session (the slot's; :meth:`_choose_plugin`)
+        #: the output plugin of the current session (the slot's; :func:`cdc.reader.plugin.choose_plugin`)
         self._plugin = settings.decoder
         #: per table: the catalog digest and key last judged, and the problems found (the poll asks
         #: cdc.catalog.capture_problems again only when they changed)
