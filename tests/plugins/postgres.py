@@ -57,24 +57,25 @@ def pg18() -> Iterator[PgCluster]:
     yield from running_cluster("cdc-pg18-", bin_dir=embedded_pg_bin())
 
 
-@pytest.fixture
-def pg18_db(pg18: PgCluster) -> Iterator[str]:
-    """A fresh database in the PostgreSQL 18 cluster, dropped (with its slots) after."""
-    name = pg18.create_database()
+def fresh_database(cluster: PgCluster) -> Iterator[str]:
+    """A new database in ``cluster`` (its name), dropped with its slots after."""
+    name = cluster.create_database()
     try:
         yield name
     finally:
-        pg18.drop_database(name)
+        cluster.drop_database(name)
+
+
+@pytest.fixture
+def pg18_db(pg18: PgCluster) -> Iterator[str]:
+    """A fresh database in the PostgreSQL 18 cluster, dropped (with its slots) after."""
+    yield from fresh_database(pg18)
 
 
 @pytest.fixture
 def pg_db(pg: PgCluster) -> Iterator[str]:
     """A fresh database in the session cluster; returns its name. Dropped (with its slots) after."""
-    name = pg.create_database()
-    try:
-        yield name
-    finally:
-        pg.drop_database(name)
+    yield from fresh_database(pg)
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
