@@ -25,7 +25,8 @@ from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.warehouse import evolve, per_event
 from sinks.warehouse.columnar import ColumnarApply
-from sinks.warehouse.delta import arrow_schema, layout_of, not_applied, read_all, ts_literal
+from sinks.warehouse.delta import Commit, arrow_schema, layout_of, not_applied, read_all, ts_literal
+from sinks.warehouse.files import TableWrite
 from sinks.warehouse.layout import (
     BUCKET,
     CURRENT_META,
@@ -97,6 +98,9 @@ class WarehouseSink(Sink):
         self.state_dir = Path(state_dir)
         self.options = options or WarehouseOptions()
         self.last_metrics: dict[str, dict[str, Any]] = {}
+        #: with ``write = "files"``: None commits each write at once; a list collects the writes
+        #: instead (:class:`sinks.warehouse.files.TableWrite`), for a committer elsewhere
+        self.pending: list[TableWrite] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -236,7 +240,11 @@ class WarehouseSink(Sink):
         ]
         if not todo:
             return
-        commit = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
+        commit = Commit(
+            CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]),
+            files=self.options.write == "files",
+            pending=self.pending,
+        )
         if cols is not None:
             fast = ColumnarApply(reg, cols, columns, layout, tombs, current)
             for name, _table in todo:

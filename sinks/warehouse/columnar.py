@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 
 from cdc.events import Version
 from cdc.registry import TableReg
 from sinks.columnar import Columns
 from sinks.warehouse.delta import (
+    Commit,
     Truncate,
     arrow_schema,
     cast_to_field,
@@ -165,7 +166,7 @@ class ColumnarApply:
         }
 
     # -- the three tables ------------------------------------------------------------------------------
-    def history(self, history: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
+    def history(self, history: DeltaTable, commit: Commit) -> dict[str, Any]:
         plan = self.plan
         o_lsn, o_seq = self.current_versions()
         stored = self.stored.with_open(o_lsn, o_seq)
@@ -225,7 +226,7 @@ class ColumnarApply:
         match = None if plan.truncates.num_rows else set(self.key_bucket[touched].tolist())
         return write_history(history, source, match, _truncates(plan), commit)
 
-    def current(self, current: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
+    def current(self, current: DeltaTable, commit: Commit) -> dict[str, Any]:
         rows = self.plan.current(self.stored)
         trunc = _truncates(self.plan)
         if len(rows) == 0 and not trunc:
@@ -238,7 +239,7 @@ class ColumnarApply:
             current, source, None if trunc else match, trunc[-1][0] if trunc else None, commit
         )
 
-    def tombstones(self, tombs: DeltaTable, commit: CommitProperties) -> None:
+    def tombstones(self, tombs: DeltaTable, commit: Commit) -> None:
         plan = self.plan
         rows = plan.tombstones()
         k = plan.key_of_row[rows]

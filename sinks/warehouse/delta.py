@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from deltalake.table import TableMerger
 from cdc.errors import ApplyError
 from cdc.events import Version
 from cdc.registry import TableReg
+from sinks.warehouse import files
 from sinks.warehouse.layout import (
     BUCKET,
     END_LSN,
@@ -43,6 +45,27 @@ ROWS_READ: Counter[str] = Counter()
 
 #: a TRUNCATE as the Delta writes take it: its version and source commit time (ms)
 Truncate = tuple[Version, int]
+
+
+@dataclass
+class Commit:
+    """How a batch's writes reach a table: ``properties`` (the batch's application transaction) and
+    the write method. ``files`` False: delta-rs' MERGE, committed by each write. ``files`` True: the
+    copy-on-write of :mod:`.files`, committed by each write when ``pending`` is None, else only
+    written and appended to ``pending`` for a committer elsewhere (the apply's driver)."""
+
+    properties: CommitProperties
+    files: bool = False
+    pending: list[files.TableWrite] | None = None
+
+    def finish(self, table: DeltaTable, write: files.TableWrite) -> dict[str, Any]:
+        if not write.adds and not write.removes:
+            return {}
+        if self.pending is None:
+            files.commit(table, write, self.properties)
+        else:
+            self.pending.append(write)
+        return write.metrics()
 
 
 def _q(name: str) -> str:
@@ -74,15 +97,23 @@ def _in_list(alias: str, column: str, values: Iterable[int]) -> str:
     return f"{_col(alias, column)} IN ({', '.join(str(v) for v in sorted(set(values)))})"
 
 
-def _merger(table: DeltaTable, source: pa.Table, predicate: str, commit: CommitProperties) -> TableMerger:
+def _merger(table: DeltaTable, source: pa.Table, predicate: str, commit: Commit) -> TableMerger:
     """A merge of ``source`` (alias ``s``) into ``table`` (alias ``t``), committed with ``commit``."""
     return table.merge(
-        source, predicate, source_alias="s", target_alias="t", streamed_exec=False, commit_properties=commit
+        source,
+        predicate,
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=False,
+        commit_properties=commit.properties,
     )
 
 
-def write_tombstones(tombs: DeltaTable, source: pa.Table, commit: CommitProperties) -> None:
+def write_tombstones(tombs: DeltaTable, source: pa.Table, commit: Commit) -> None:
     """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
+    if commit.files:
+        commit.finish(tombs, files.write_tombstones(tombs, source))
+        return
     pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
         "t", BUCKET, source.column(BUCKET).unique().to_pylist()
     )
@@ -100,7 +131,7 @@ def write_history(
     source: pa.Table,
     match: Iterable[int] | None,
     truncates: Sequence[Truncate],
-    commit: CommitProperties,
+    commit: Commit,
 ) -> dict[str, Any]:
     """Write the history's source rows in one commit: ``close`` rows (``SRC_KIND``) close the stored
     open row of the same key and version, ``move`` rows move it to the version they carry in the end
@@ -109,6 +140,9 @@ def write_history(
     rewritten (in a history partitioned by ``is_current`` too, only those partitions' files).
     ``match``: the buckets of the close and move rows (None: any, as with truncates); when empty, the new rows
     are appended."""
+    if commit.files:
+        at = [((v.commit_lsn, v.seq), ts) for v, ts in truncates]
+        return commit.finish(history, files.write_history(history, source, match, at))
     target_cols = arrow_schema(history).names
     predicate = (
         f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
@@ -122,7 +156,7 @@ def write_history(
                 history,
                 source.drop_columns([SRC_KIND]).select(target_cols),
                 mode="append",
-                commit_properties=commit,
+                commit_properties=commit.properties,
             )
             return {
                 "num_target_files_removed": 0,
@@ -156,12 +190,15 @@ def write_current(
     source: pa.Table,
     match: Iterable[int] | None,
     trunc: Version | None,
-    commit: CommitProperties,
+    commit: Commit,
 ) -> dict[str, Any]:
     """Merge the current table's source rows (every column of the table; ``_cdc_op`` 'd' for a delete,
     each already version-guarded against tombstones) in one commit; ``trunc``: the batch's newest
     TRUNCATE. ``match``: the buckets of the source's keys that have a current row (None with a
     TRUNCATE: any); only those are read and rewritten; when empty, the upserts are appended."""
+    if commit.files:
+        at = None if trunc is None else (trunc.commit_lsn, trunc.seq)
+        return commit.finish(current, files.write_current(current, source, match, at))
     schema = source.schema
     predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
     if trunc is None:
@@ -172,7 +209,7 @@ def write_current(
             ups = source.filter(pc.not_equal(source.column(OP), "d"))
             if ups.num_rows == 0:
                 return {}  # nothing to write: a replay computes the same nothing
-            write_deltalake(current, ups, mode="append", commit_properties=commit)
+            write_deltalake(current, ups, mode="append", commit_properties=commit.properties)
             return {"num_target_files_removed": 0, "num_target_rows_inserted": ups.num_rows, "appended": True}
         predicate += " AND " + _in_list("t", BUCKET, match)
     merger = _merger(current, source, predicate, commit)

@@ -96,7 +96,9 @@ class WarehouseOptions:
     how long a delete's version guards against older late events. ``target_file_size``: the files
     ``maintain`` compacts small files into (bytes; a file already that large is never rewritten by it,
     so a compaction's cost stays bounded however large a table grows: default 8 MiB, None: delta-rs's
-    100 MiB)."""
+    100 MiB). ``write``: how a batch's rows reach a table: ``merge`` (delta-rs' MERGE, one commit per
+    write) or ``files`` (:mod:`sinks.warehouse.files`: whole buckets rewritten in Arrow, then committed
+    as add/remove actions -- what a Spark task can do for its buckets, with the driver committing)."""
 
     buckets: int = 16
     clustering: str = "auto"
@@ -106,6 +108,7 @@ class WarehouseOptions:
     vacuum_every: int = 10
     vacuum_retention_hours: int = 1
     target_file_size: int | None = 8 << 20
+    write: str = "merge"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseOptions:
@@ -129,12 +132,13 @@ class WarehouseOptions:
             or opts.vacuum_every < 0
             or opts.vacuum_retention_hours < 0
             or opts.tombstone_retention_hours < 0
+            or opts.write not in ("merge", "files")
         ):
             raise ConfigError(
                 f"invalid [warehouse] settings {raw}",
                 fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
                 "maintain_every >= 0, vacuum_every >= 0, vacuum_retention_hours >= 0, "
-                "tombstone_retention_hours >= 0",
+                'tombstone_retention_hours >= 0, write "merge" or "files"',
             )
         return opts
 

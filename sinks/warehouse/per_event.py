@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 
 from cdc.errors import ApplyError
 from cdc.events import Version
@@ -23,6 +23,7 @@ from sinks import ChangeBatch, ChangeEvent
 from sinks import types as T
 from sinks.toast import Chains
 from sinks.warehouse.delta import (
+    Commit,
     arrow_schema,
     cast_to_field,
     confirming,
@@ -421,7 +422,7 @@ def _to_table(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperties) -> dict[str, Any]:
+def apply_history(ctx: BatchContext, history: DeltaTable, commit: Commit) -> dict[str, Any]:
     """The history's source rows from the plan's decisions (:meth:`Plan.history`); values from the
     events, unavailable TOAST columns resolved in each key's version order."""
     plan = ctx.plan
@@ -494,7 +495,7 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: CommitProperti
 
 
 def apply_current(
-    ctx: BatchContext, current: DeltaTable, history: DeltaTable, commit: CommitProperties
+    ctx: BatchContext, current: DeltaTable, history: DeltaTable, commit: Commit
 ) -> dict[str, Any]:
     trunc = ctx.truncates[-1].version if ctx.truncates else None
     latest = [ctx.event(r) for r in ctx.plan.current(ctx.stored)]  # in key order
@@ -537,7 +538,7 @@ def apply_current(
     return write_current(current, source, None if trunc else match, trunc, commit)
 
 
-def apply_tombstones(ctx: BatchContext, tombs: DeltaTable, commit: CommitProperties) -> None:
+def apply_tombstones(ctx: BatchContext, tombs: DeltaTable, commit: Commit) -> None:
     rows: list[dict[str, Any]] = []
     for r in ctx.plan.tombstones():
         ev = ctx.event(r)

@@ -22,10 +22,18 @@ def columnar(request: pytest.FixtureRequest) -> Form:
     return form
 
 
+@pytest.fixture(params=["merge", "files"])
+def write(request: pytest.FixtureRequest) -> str:
+    """The warehouse's write method (``WarehouseOptions.write``): delta-rs' MERGE or the Arrow
+    copy-on-write of whole buckets (``sinks.warehouse.files``); every warehouse test runs with both."""
+    method: str = request.param
+    return method
+
+
 @pytest.fixture
-def sink(tmp_path: Path) -> WarehouseSink:
-    """A warehouse in ``tmp_path``: 4 buckets, no maintenance."""
-    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
+def sink(tmp_path: Path, write: str) -> WarehouseSink:
+    """A warehouse in ``tmp_path``: 4 buckets, no maintenance, the ``write`` method."""
+    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write=write))
 
 
 @pytest.fixture

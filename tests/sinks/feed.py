@@ -4,6 +4,7 @@ operations and versions are chosen here."""
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -153,3 +154,44 @@ class Feed:
                 stacklevel=2,
             )
         return parsed.batch
+
+
+def mixed_batches(f: Feed, seed: int) -> list[list[Any]]:
+    """Batches of a random workload over 40 keys: inserts, updates, deletes, re-inserts and snapshot
+    reads (most equal to the stored row, some not), each batch's records shuffled, some events
+    delivered again in a later batch, older versions late, and a TRUNCATE in batch 3 (that batch takes
+    the per-event form; later ones bring events older than it)."""
+    rng = random.Random(seed)
+    lsn = 1_000
+    live: set[int] = set()
+    vals: dict[int, dict[str, Any]] = {}
+    sent: list[Any] = []
+    batches = []
+    for _ in range(6):
+        recs: list[Any] = []
+        touched: set[int] = set()  # keys changed in this batch: a read is compared with the stored row
+        for _ in range(rng.randint(70, 140)):
+            k = rng.randint(1, 40)
+            lsn += rng.choice((1, 1, 2, 5))
+            if k in live and rng.random() < 0.25:
+                recs.extend(f.delete({"id": k}, lsn))
+                live.discard(k)
+            elif k in live and k not in touched and rng.random() < 0.3:  # a read: equal, or a missed change
+                row = vals[k] if rng.random() < 0.7 else {**vals[k], "name": f"r{lsn}"}
+                recs.append(f.change("r", row, lsn))
+                vals[k] = row
+            else:
+                op = "u" if k in live else "c"
+                vals[k] = {"id": k, "name": f"n{lsn}", "note": rng.choice((None, "x"))}
+                recs.append(f.change(op, vals[k], lsn))
+                live.add(k)
+            touched.add(k)
+        recs.extend(rng.sample(sent, min(len(sent), 30)))  # redelivered and late events
+        sent.extend(r for r in recs if r.value is not None)
+        if len(batches) == 3:
+            lsn += 1
+            recs.extend(f.truncate(lsn))
+            live.clear()
+        rng.shuffle(recs)
+        batches.append(recs)
+    return batches

@@ -22,7 +22,7 @@ from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink, columnar, per_event
 from sinks.warehouse import delta as D
 from tests.sinks.conftest import FeedMaker
-from tests.sinks.feed import BASE_TS_MS, Feed, table
+from tests.sinks.feed import BASE_TS_MS, Feed, mixed_batches, table
 
 # every test runs on both batch forms (per-event and columnar)
 pytestmark = pytest.mark.usefixtures("columnar")
@@ -444,10 +444,14 @@ def test_replay_after_crash_between_commits(
     assert [r["key_json"] for r in sink.tombstone_rows(reg).to_pylist()] == ['{"id":2}']
 
 
-def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path, feed: FeedMaker) -> None:
+def test_maintenance_compacts_vacuums_and_purges_tombstones(
+    tmp_path: Path, feed: FeedMaker, write: str
+) -> None:
     sink = WarehouseSink(
         tmp_path,
-        WarehouseOptions(buckets=2, maintain_every=3, tombstone_retention_hours=0, vacuum_retention_hours=0),
+        WarehouseOptions(
+            buckets=2, maintain_every=3, tombstone_retention_hours=0, vacuum_retention_hours=0, write=write
+        ),
     )
     reg = table()
     f = feed(reg)
@@ -469,12 +473,15 @@ def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path, feed
     assert current(sink, reg) == {2: current(sink, reg)[2]} and current(sink, reg)[2]["name"] == "b"
 
 
-def test_superseded_files_are_vacuumed_between_maintenances(tmp_path: Path, feed: FeedMaker) -> None:
+def test_superseded_files_are_vacuumed_between_maintenances(
+    tmp_path: Path, feed: FeedMaker, write: str
+) -> None:
     """Every merge rewrites the files it touches; the old ones are deleted every ``vacuum_every``
     batches (once unreferenced for ``vacuum_retention_hours``), not only by the rarer ``maintain``:
     the full-size fault suite filled the disk with them (67 GB beside 3.3 GB live in 80 minutes)."""
     sink = WarehouseSink(
-        tmp_path, WarehouseOptions(buckets=2, maintain_every=0, vacuum_every=2, vacuum_retention_hours=0)
+        tmp_path,
+        WarehouseOptions(buckets=2, maintain_every=0, vacuum_every=2, vacuum_retention_hours=0, write=write),
     )
     reg = table()
     f = feed(reg)
@@ -496,9 +503,11 @@ def _files(path: Path) -> int:
     return len(DeltaTable(str(path)).file_uris())
 
 
-def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: FeedMaker) -> None:
+def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: FeedMaker, write: str) -> None:
     """What is bounded (hash layout): a batch whose keys fall in one bucket rewrites only that bucket's file."""
-    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, clustering="hash", maintain_every=0))
+    sink = WarehouseSink(
+        tmp_path, WarehouseOptions(buckets=8, clustering="hash", maintain_every=0, write=write)
+    )
     reg = table()
     f = feed(reg)
     sink.apply(
@@ -520,11 +529,11 @@ def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: F
 
 
 def test_range_layout_merge_of_recent_keys_rewrites_only_the_newest_buckets(
-    tmp_path: Path, feed: FeedMaker
+    tmp_path: Path, feed: FeedMaker, write: str
 ) -> None:
     """An integer key is range-clustered by default: updating the most recent rows (the usual CDC
     pattern) rewrites the newest bucket's file only; keys spread over the range touch every bucket."""
-    sink = WarehouseSink(tmp_path, WarehouseOptions(range_width=250, maintain_every=0))
+    sink = WarehouseSink(tmp_path, WarehouseOptions(range_width=250, maintain_every=0, write=write))
     reg = table()
     f = feed(reg)
     sink.apply(
@@ -588,49 +597,6 @@ def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink, fee
         assert bad in str(err.value) and "exclude" in (err.value.fix or "")
 
 
-def _mixed_batches(f: Feed, seed: int) -> list[list[Any]]:
-    """Batches of a random workload over 40 keys: inserts, updates, deletes, re-inserts and snapshot
-    reads (most equal to the stored row, some not), each batch's records shuffled, some events
-    delivered again in a later batch, older versions late, and a TRUNCATE in batch 3 (that batch takes
-    the per-event form; later ones bring events older than it)."""
-    import random
-
-    rng = random.Random(seed)
-    lsn = 1_000
-    live: set[int] = set()
-    vals: dict[int, dict[str, Any]] = {}
-    sent: list[Any] = []
-    batches = []
-    for _ in range(6):
-        recs: list[Any] = []
-        touched: set[int] = set()  # keys changed in this batch: a read is compared with the stored row
-        for _ in range(rng.randint(70, 140)):
-            k = rng.randint(1, 40)
-            lsn += rng.choice((1, 1, 2, 5))
-            if k in live and rng.random() < 0.25:
-                recs.extend(f.delete({"id": k}, lsn))
-                live.discard(k)
-            elif k in live and k not in touched and rng.random() < 0.3:  # a read: equal, or a missed change
-                row = vals[k] if rng.random() < 0.7 else {**vals[k], "name": f"r{lsn}"}
-                recs.append(f.change("r", row, lsn))
-                vals[k] = row
-            else:
-                op = "u" if k in live else "c"
-                vals[k] = {"id": k, "name": f"n{lsn}", "note": rng.choice((None, "x"))}
-                recs.append(f.change(op, vals[k], lsn))
-                live.add(k)
-            touched.add(k)
-        recs.extend(rng.sample(sent, min(len(sent), 30)))  # redelivered and late events
-        sent.extend(r for r in recs if r.value is not None)
-        if len(batches) == 3:
-            lsn += 1
-            recs.extend(f.truncate(lsn))
-            live.clear()
-        rng.shuffle(recs)
-        batches.append(recs)
-    return batches
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_columnar_and_per_event_forms_write_the_same_tables(tmp_path: Path, seed: int) -> None:
     reg = table()
@@ -638,7 +604,7 @@ def test_columnar_and_per_event_forms_write_the_same_tables(tmp_path: Path, seed
     for form in (False, True):
         sink = WarehouseSink(tmp_path / str(form), WarehouseOptions(buckets=4, maintain_every=0))
         f = Feed(reg, "columns" if form else "events")
-        for batch_id, recs in enumerate(_mixed_batches(f, seed)):
+        for batch_id, recs in enumerate(mixed_batches(f, seed)):
             batch = f.batch(recs)
             assert (batch.columns is not None) == (form and batch_id != 3)
             sink.apply(batch, batch_id, APP)
@@ -822,7 +788,7 @@ def test_closing_rows_rewrites_only_files_of_open_rows(sink: WarehouseSink, feed
 
 @pytest.mark.parametrize("stage", ["write_current", "write_tombstones"])
 def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run_does(
-    tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch, stage: str
+    tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch, stage: str, write: str
 ) -> None:
     """Every batch of a random workload (deletes, re-inserts, late and repeated events, a TRUNCATE)
     crashes once after the history's commit (or the current table's), then is replayed: the tables
@@ -832,9 +798,11 @@ def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run
     got: dict[bool, list[Any]] = {False: [], True: []}
     crashes = 0
     for crashing in (False, True):
-        sink = WarehouseSink(tmp_path / str(crashing), WarehouseOptions(buckets=4, maintain_every=0))
+        sink = WarehouseSink(
+            tmp_path / str(crashing), WarehouseOptions(buckets=4, maintain_every=0, write=write)
+        )
         f = feed(reg)
-        for batch_id, recs in enumerate(_mixed_batches(f, 3)):
+        for batch_id, recs in enumerate(mixed_batches(f, 3)):
             if crashing:
 
                 def crash(*args: Any, **kwargs: Any) -> None:
@@ -859,14 +827,16 @@ def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run
         assert crashed == straight, f"after batch {batch_id}"
 
 
-def test_a_history_partitioned_by_bucket_alone_still_applies(tmp_path: Path, feed: FeedMaker) -> None:
+def test_a_history_partitioned_by_bucket_alone_still_applies(
+    tmp_path: Path, feed: FeedMaker, write: str
+) -> None:
     """A history created before the ``is_current`` partitioning keeps working (its closes rewrite
     whole buckets' files, as they did): the same tables as a new one."""
     reg = table()
-    recs = _mixed_batches(Feed(reg), 4)
+    recs = mixed_batches(Feed(reg), 4)
     got = []
     for old in (False, True):
-        sink = WarehouseSink(tmp_path / str(old), WarehouseOptions(buckets=4, maintain_every=0))
+        sink = WarehouseSink(tmp_path / str(old), WarehouseOptions(buckets=4, maintain_every=0, write=write))
         f = feed(reg)
         for batch_id, batch_recs in enumerate(recs):
             sink.apply(f.batch(batch_recs), batch_id, APP)

@@ -1,0 +1,449 @@
+"""The warehouse's three writes as copy-on-write of whole partitions in Arrow, with no Delta MERGE.
+
+:mod:`.delta` merges a batch's source rows into a table with delta-rs' MERGE, which reads, writes and
+commits in one call. This module computes the same result -- the same clauses, version guards and
+truncate handling, row for row (``tests/sinks/test_file_writes.py`` runs both on the same batches) --
+as new Parquet data files written under the table's location plus the Delta actions that swap them in
+(:class:`TableWrite`). The files can then be written in one process (a Spark task, owning a set of
+buckets) and committed in another (the driver: :func:`commit`, one transaction per table for all of a
+batch's tasks, with the application transaction that makes a replayed batch commit nothing twice).
+
+A write reads every row of the partitions it rewrites (``_cdc_bucket`` in the buckets that hold a
+matched key; in the history only the open partition ``is_current = true`` of those buckets) at the
+table's version when the :class:`~deltalake.DeltaTable` was opened, and removes exactly the files it
+read. A new key's rows are appended (no file removed). A commit refuses, without writing anything,
+when a file it removes is no longer in the table (another writer -- a compaction, a vacuum's
+companion optimize, an external job -- replaced it since it was read): :class:`WriteConflict`; the
+batch is then computed again from the new version (Spark replays it), so no commit is ever lost and
+no row doubled.
+
+Files a write leaves uncommitted (a task killed between its write and the driver's commit, a commit
+that refused) are referenced by no version; ``vacuum`` removes them once older than its retention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from cdc.errors import ApplyError
+from sinks.warehouse.layout import (
+    BUCKET,
+    END_LSN,
+    END_OP,
+    END_SEQ,
+    IS_CURRENT,
+    KEY,
+    LSN,
+    OP,
+    SEQ,
+    SRC_KIND,
+    VALID_TO,
+)
+
+#: a TRUNCATE as the writes take it: (commit_lsn, seq) and its source commit time in ms
+TruncateAt = tuple[tuple[int, int], int]
+
+
+class WriteConflict(ApplyError):
+    """A file a write read (and would remove) left the table before the commit: the batch must be
+    computed again from the table's new version."""
+
+
+@dataclass
+class TableWrite:
+    """One batch's write to one Delta table: files already written under ``uri`` (``adds``) and the
+    files they replace (``removes``: paths relative to the table, read at ``read_version``).
+
+    ``rows_read`` and ``rows_written`` are the write's cost, for the batch's metrics."""
+
+    uri: str
+    read_version: int
+    partition_by: list[str]
+    adds: list[dict[str, Any]] = field(default_factory=list)
+    removes: list[dict[str, Any]] = field(default_factory=list)
+    rows_read: int = 0
+    rows_written: int = 0
+    #: the rows the write updated, inserted and deleted (MERGE's ``num_target_rows_*``)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: TableWrite) -> None:
+        """Fold another task's write to the same table (same read version) into this one."""
+        if other.uri != self.uri or other.read_version != self.read_version:
+            raise ApplyError(
+                f"writes of {other.uri}@{other.read_version} and {self.uri}@{self.read_version} "
+                "cannot be committed together",
+                fix="report this: every task of a batch reads the table at the version the driver pinned",
+            )
+        self.adds.extend(other.adds)
+        self.removes.extend(other.removes)
+        self.rows_read += other.rows_read
+        self.rows_written += other.rows_written
+        for name, n in other.counts.items():
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> TableWrite:
+        return cls(**json.loads(raw))
+
+    def metrics(self) -> dict[str, Any]:
+        """The keys delta-rs' MERGE reports that the batch metrics use."""
+        return {
+            "num_target_files_removed": len(self.removes),
+            "num_target_files_added": len(self.adds),
+            "num_target_rows_copied": max(self.rows_written - self.rows_read, 0),
+            "rows_read": self.rows_read,
+            "rows_written": self.rows_written,
+            "appended": not self.removes,
+            **{f"num_target_rows_{name}": n for name, n in self.counts.items()},
+        }
+
+
+def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -> None:
+    """Commit ``write`` to ``table`` in one transaction (with ``properties``' application transaction).
+
+    Refuses with :class:`WriteConflict`, committing nothing, when a file to remove is no longer in
+    the table's latest version. An empty write commits only the application transaction, so that a
+    replay of the batch is recognised as applied."""
+    table.update_incremental()
+    if write.removes and table.version() != write.read_version:
+        live = {a for a in pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()}
+        gone = [r["path"] for r in write.removes if r["path"] not in live]
+        if gone:
+            raise WriteConflict(
+                f"{len(gone)} file(s) of {write.uri} read at version {write.read_version} were replaced "
+                f"before the commit (now version {table.version()}), e.g. {gone[0]}",
+                fix="nothing to do: the batch is applied again from the new version",
+                table=write.uri,
+            )
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [AddAction(**a) for a in write.adds]
+    actions += [RemoveAction(r["path"], True, now, r["size"], r["partition_values"]) for r in write.removes]
+    table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=table.schema(),
+        partition_by=write.partition_by,
+        commit_properties=properties,
+    )
+
+
+# -- reading and writing partitions -----------------------------------------------------------------
+def _partition_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_):
+        return "true" if value else "false"
+    return str(value)
+
+
+class Partitions:
+    """The files and rows of some partitions of a table at its opened version."""
+
+    def __init__(self, table: DeltaTable) -> None:
+        self.table = table
+        self.schema = pa.schema(table.schema().to_arrow())
+        self.partition_by: list[str] = list(table.metadata().partition_columns)
+        self.version = table.version()
+
+    def new_write(self) -> TableWrite:
+        return TableWrite(self.table.table_uri, self.version, list(self.partition_by))
+
+    def read(self, write: TableWrite, buckets: Iterable[int] | None, *, open_only: bool = False) -> pa.Table:
+        """Every row of the partitions ``_cdc_bucket`` in ``buckets`` (None: all), only those with
+        ``is_current`` when ``open_only``; their files join ``write.removes``."""
+        files = pa.table(self.table.get_add_actions(flatten=True))
+        if not files.num_rows:
+            return self.schema.empty_table()
+        keep = np.ones(files.num_rows, dtype=bool)
+        flt: pc.Expression | None = None
+        if buckets is not None:
+            wanted = sorted(set(buckets))
+            keep &= pc.is_in(files.column(f"partition.{BUCKET}"), pa.array(wanted, pa.int64())).to_numpy(
+                zero_copy_only=False
+            )
+            flt = pc.field(BUCKET).isin(wanted)
+        if open_only and IS_CURRENT in self.partition_by:
+            keep &= pc.fill_null(files.column(f"partition.{IS_CURRENT}"), False).to_numpy(
+                zero_copy_only=False
+            )
+            open_ = pc.field(IS_CURRENT) == True  # noqa: E712 - an Arrow expression
+            flt = open_ if flt is None else flt & open_
+        chosen = files.filter(pa.array(keep))
+        for row in chosen.to_pylist():
+            parts = {c: _partition_text(row[f"partition.{c}"]) for c in self.partition_by}
+            write.removes.append({"path": row["path"], "size": row["size_bytes"], "partition_values": parts})
+        if not chosen.num_rows:
+            return self.schema.empty_table()
+        rows = self.table.to_pyarrow_dataset().to_table(filter=flt)
+        write.rows_read += rows.num_rows
+        return rows.cast(self.schema) if rows.schema != self.schema else rows
+
+    def write(self, write: TableWrite, rows: pa.Table) -> None:
+        """Write ``rows`` (the table's columns) as one new file per partition; their adds join
+        ``write``."""
+        if not rows.num_rows:
+            return
+        rows = rows.select(self.schema.names).cast(self.schema)
+        data_cols = [n for n in self.schema.names if n not in self.partition_by]
+        keys = rows.select(self.partition_by)
+        groups = keys.group_by(self.partition_by, use_threads=False).aggregate([])
+        for part in groups.to_pylist():
+            mask: pa.Array | None = None
+            for col, value in part.items():
+                eq = pc.is_null(rows.column(col)) if value is None else pc.equal(rows.column(col), value)
+                mask = eq if mask is None else pc.and_(mask, eq)
+            chunk = rows.filter(mask).select(data_cols)
+            texts = {c: _partition_text(part[c]) for c in self.partition_by}
+            rel = "/".join(
+                f"{c}={'__HIVE_DEFAULT_PARTITION__' if v is None else v}" for c, v in texts.items()
+            )
+            rel = f"{rel}/part-{uuid.uuid4()}-c000.snappy.parquet"
+            path = os.path.join(self.table.table_uri.removeprefix("file://"), rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            pq.write_table(chunk, path, compression="snappy")
+            write.adds.append(
+                {
+                    "path": rel,
+                    "size": os.path.getsize(path),
+                    "partition_values": texts,
+                    "modification_time": int(time.time() * 1000),
+                    "data_change": True,
+                    "stats": _stats(chunk),
+                }
+            )
+            write.rows_written += chunk.num_rows
+
+
+def _stats(rows: pa.Table) -> str:
+    """Delta file statistics: the row count, null counts, and min/max of the integer columns (strings
+    and timestamps are left out: a reader then never prunes on them, which is always correct)."""
+    mins: dict[str, int] = {}
+    maxs: dict[str, int] = {}
+    nulls: dict[str, int] = {}
+    for name in rows.column_names:
+        col = rows.column(name)
+        nulls[name] = col.null_count
+        if pa.types.is_integer(col.type) and col.null_count < len(col):
+            mm = pc.min_max(col).as_py()
+            mins[name], maxs[name] = mm["min"], mm["max"]
+    return json.dumps(
+        {"numRecords": rows.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
+        separators=(",", ":"),
+    )
+
+
+# -- the three writes --------------------------------------------------------------------------------
+def _newer(s_lsn: np.ndarray, s_seq: np.ndarray, t_lsn: np.ndarray, t_seq: np.ndarray) -> np.ndarray:
+    out: np.ndarray = (s_lsn > t_lsn) | ((s_lsn == t_lsn) & (s_seq > t_seq))
+    return out
+
+
+def _ints(table: pa.Table, name: str) -> np.ndarray:
+    out: np.ndarray = pc.fill_null(table.column(name), -1).to_numpy().astype(np.int64)
+    return out
+
+
+def _lookup(
+    keys: pa.ChunkedArray | pa.Array, among: pa.ChunkedArray | pa.Array
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``keys``: whether it is in ``among``, and its (first) position there (0 when not)."""
+    idx = pc.index_in(keys.cast(pa.string()), value_set=among.cast(pa.string()))
+    found: np.ndarray = pc.is_valid(idx).to_numpy(zero_copy_only=False)
+    pos: np.ndarray = pc.fill_null(idx, 0).to_numpy().astype(np.int64)
+    return found, pos
+
+
+def _gather(values: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """``values[pos]``; -1 everywhere when ``values`` is empty (nothing to find there)."""
+    if not len(values):
+        return np.full(len(pos), -1, dtype=np.int64)
+    out: np.ndarray = values[pos]
+    return out
+
+
+def _gather_bool(values: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    out: np.ndarray = values[pos] if len(values) else np.zeros(len(pos), dtype=bool)
+    return out
+
+
+def write_current(
+    table: DeltaTable, source: pa.Table, match: Iterable[int] | None, trunc: tuple[int, int] | None
+) -> TableWrite:
+    """:func:`sinks.warehouse.delta.write_current` as files: a newer source row replaces (or, a delete,
+    removes) its key's stored row; a source row of an absent key is inserted unless a delete; with a
+    truncate, every stored row older than it and not in the source is removed."""
+    parts = Partitions(table)
+    out = parts.new_write()
+    if trunc is None and not set(match or ()):
+        ups = source.filter(pc.not_equal(source.column(OP), "d"))
+        parts.write(out, ups)
+        out.counts = {"inserted": ups.num_rows}
+        return out
+    stored = parts.read(out, None if trunc is not None else match)
+    s_key, t_key = source.column(KEY), stored.column(KEY)
+    s_lsn, s_seq, t_lsn, t_seq = (
+        _ints(source, LSN),
+        _ints(source, SEQ),
+        _ints(stored, LSN),
+        _ints(stored, SEQ),
+    )
+    s_del = pc.equal(source.column(OP), "d").to_numpy(zero_copy_only=False)
+    t_found, t_at = _lookup(t_key, s_key)  # each stored row's source row
+    t_replaced = t_found & _newer(_gather(s_lsn, t_at), _gather(s_seq, t_at), t_lsn, t_seq)
+    keep = ~t_replaced
+    if trunc is not None:
+        older = (t_lsn < trunc[0]) | ((t_lsn == trunc[0]) & (t_seq < trunc[1]))
+        keep &= t_found | ~older
+    s_found, s_at = _lookup(s_key, t_key)  # each source row's stored row
+    s_wins = ~s_found | _newer(s_lsn, s_seq, _gather(t_lsn, s_at), _gather(t_seq, s_at))
+    insert = s_wins & ~s_del
+    out.counts = {
+        "updated": int((t_replaced & ~_gather_bool(s_del, t_at)).sum()),
+        "deleted": int((~keep).sum() - (t_replaced & ~_gather_bool(s_del, t_at)).sum()),
+        "inserted": int((insert & ~s_found).sum()),
+    }
+    rows = pa.concat_tables(
+        [stored.filter(pa.array(keep)), source.filter(pa.array(insert)).cast(stored.schema)]
+    )
+    parts.write(out, rows)
+    return out
+
+
+def write_tombstones(table: DeltaTable, source: pa.Table) -> TableWrite:
+    """:func:`sinks.warehouse.delta.write_tombstones` as files: per key the newer of the stored and the
+    source tombstone."""
+    parts = Partitions(table)
+    out = parts.new_write()
+    stored = parts.read(out, pc.unique(source.column(BUCKET)).to_pylist())
+    s_lsn, s_seq = _ints(source, "commit_lsn"), _ints(source, "seq")
+    t_lsn, t_seq = _ints(stored, "commit_lsn"), _ints(stored, "seq")
+    t_found, t_at = _lookup(stored.column("key_json"), source.column("key_json"))
+    keep = ~(t_found & _newer(_gather(s_lsn, t_at), _gather(s_seq, t_at), t_lsn, t_seq))
+    s_found, s_at = _lookup(source.column("key_json"), stored.column("key_json"))
+    insert = ~s_found | _newer(s_lsn, s_seq, _gather(t_lsn, s_at), _gather(t_seq, s_at))
+    parts.write(
+        out,
+        pa.concat_tables(
+            [stored.filter(pa.array(keep)), source.filter(pa.array(insert)).cast(stored.schema)]
+        ),
+    )
+    return out
+
+
+def _version_keys(table: pa.Table) -> pa.Array:
+    """One string per row: key, LSN and sequence (the history's match on a row version)."""
+    return pc.binary_join_element_wise(
+        table.column(KEY).cast(pa.string()),
+        table.column(LSN).cast(pa.string()),
+        table.column(SEQ).cast(pa.string()),
+        "\x00",
+    )
+
+
+def write_history(
+    table: DeltaTable, source: pa.Table, match: Iterable[int] | None, truncates: Sequence[TruncateAt]
+) -> TableWrite:
+    """:func:`sinks.warehouse.delta.write_history` as files: ``close`` rows close the open row of their
+    key and version, ``move`` rows move it to their end version, ``new`` rows are inserted unless an
+    open row of that key and version is stored; the truncates close every open row older than the
+    last one, at the first one newer than it. Only the open partitions of the touched buckets are
+    rewritten; closed rows are appended."""
+    parts = Partitions(table)
+    out = parts.new_write()
+    kind = source.column(SRC_KIND)
+    target = source.drop_columns([SRC_KIND])
+    if match is not None and not set(match):
+        parts.write(out, target.filter(pc.equal(kind, "new")))
+        return out
+    stored = parts.read(out, None if match is None else match, open_only=True)
+    cols = {name: stored.column(name).combine_chunks() for name in stored.column_names}
+    # a history partitioned by bucket alone gives its closed rows too: they never match
+    is_open = pc.fill_null(stored.column(IS_CURRENT), False).to_numpy(zero_copy_only=False)
+    t_found = np.zeros(stored.num_rows, dtype=bool)
+    insert = np.zeros(source.num_rows, dtype=bool)
+    if source.num_rows:
+        opened = np.flatnonzero(is_open)
+        t_found, t_at = _lookup(_version_keys(stored), _version_keys(source))
+        t_found &= is_open
+        s_found, _ = _lookup(_version_keys(source), _version_keys(stored).take(pa.array(opened)))
+        kinds = np.asarray(kind.to_pylist(), dtype=object)
+        at = pa.array(t_at)
+        close = pa.array(t_found & (kinds[t_at] == "close"))
+        move = pa.array(t_found & (kinds[t_at] == "move"))
+        for name in (VALID_TO, IS_CURRENT, END_LSN, END_SEQ, END_OP):
+            got = target.column(name).combine_chunks().take(at).cast(cols[name].type)
+            cols[name] = pc.if_else(close, got, cols[name])
+        for name, end in ((LSN, END_LSN), (SEQ, END_SEQ)):
+            cols[name] = pc.if_else(move, target.column(end).combine_chunks().take(at), cols[name])
+        insert = ~s_found & (kinds == "new")
+        changed = np.asarray(close) | np.asarray(move)
+        out.counts = {"updated": int(changed.sum()), "inserted": int(insert.sum())}
+    if truncates:
+        cols = _close_truncated(cols, ~t_found, truncates)
+    updated = pa.table(cols, schema=stored.schema)
+    parts.write(out, pa.concat_tables([updated, target.filter(pa.array(insert)).cast(stored.schema)]))
+    return out
+
+
+def _close_truncated(
+    cols: dict[str, pa.Array], unmatched: np.ndarray, truncates: Sequence[TruncateAt]
+) -> dict[str, pa.Array]:
+    """Close each open row (not matched by the source) older than the last truncate, at the first
+    truncate newer than it."""
+    lsn = pc.fill_null(cols[LSN], -1).to_numpy().astype(np.int64)
+    seq = pc.fill_null(cols[SEQ], -1).to_numpy().astype(np.int64)
+    is_open = pc.fill_null(cols[IS_CURRENT], False).to_numpy(zero_copy_only=False)
+    n = len(lsn)
+    which = np.full(n, -1, dtype=np.int64)
+    for i in range(len(truncates) - 1, -1, -1):  # the first (oldest) newer truncate wins
+        (t_lsn, t_seq), _ts = truncates[i]
+        older = (lsn < t_lsn) | ((lsn == t_lsn) & (seq < t_seq))
+        which = np.where(older, i, which)
+    hit = unmatched & is_open & (which >= 0)
+    if not hit.any():
+        return cols
+    sel = np.where(hit, which, 0)
+    t_lsns = np.array([t[0][0] for t in truncates], dtype=np.int64)[sel]
+    t_seqs = np.array([t[0][1] for t in truncates], dtype=np.int64)[sel]
+    t_ts = np.array([t[1] * 1000 for t in truncates], dtype=np.int64)[sel]
+    mask = pa.array(hit)
+    out = dict(cols)
+    out[VALID_TO] = pc.if_else(mask, pa.array(t_ts).cast(cols[VALID_TO].type), cols[VALID_TO])
+    out[IS_CURRENT] = pc.if_else(mask, pa.scalar(False), cols[IS_CURRENT])
+    out[END_LSN] = pc.if_else(mask, pa.array(t_lsns), cols[END_LSN])
+    out[END_SEQ] = pc.if_else(mask, pa.array(t_seqs), cols[END_SEQ])
+    out[END_OP] = pc.if_else(mask, pa.scalar("t", cols[END_OP].type), cols[END_OP])
+    return out
+
+
+def commit_all(writes: Sequence[TableWrite], properties: CommitProperties) -> None:
+    """Commit a batch's writes (from any number of tasks): one transaction per table, each with
+    ``properties`` (the batch's application transaction). A table whose commit refuses
+    (:class:`WriteConflict`) stops the rest; the batch is then applied again, and a table already
+    committed recognises it by its application transaction and writes nothing twice."""
+    by_uri: dict[str, TableWrite] = {}
+    for w in writes:
+        if w.uri in by_uri:
+            by_uri[w.uri].merge(w)
+        else:
+            by_uri[w.uri] = TableWrite(w.uri, w.read_version, list(w.partition_by))
+            by_uri[w.uri].merge(w)
+    for uri, write in sorted(by_uri.items()):
+        if write.adds or write.removes:
+            commit(DeltaTable(uri), write, properties)

@@ -1,0 +1,142 @@
+"""The warehouse's file writes (``write = "files"``, ``sinks.warehouse.files``): the same tables as
+delta-rs' MERGE on random workloads, writes deferred to a committer (what a Spark task hands the
+driver), and a commit that refuses when a file it replaces left the table meanwhile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction
+
+from sinks import warehouse as W
+from sinks.warehouse import WarehouseOptions, WarehouseSink
+from sinks.warehouse.files import TableWrite, WriteConflict, commit, commit_all
+from tests.sinks.conftest import FeedMaker
+from tests.sinks.feed import mixed_batches, table
+
+APP = "cdc-apply-test"
+
+
+def _tables(sink: WarehouseSink, reg: Any) -> list[list[dict[str, Any]]]:
+    return [
+        sorted(rows(reg).to_pylist(), key=lambda r: (r.get(W.KEY) or r["key_json"], str(r)))
+        for rows in (sink.current_rows, sink.history_rows, sink.tombstone_rows)
+    ]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_file_writes_give_the_tables_the_merge_gives(tmp_path: Path, feed: FeedMaker, seed: int) -> None:
+    """Inserts, updates, deletes, re-inserts, snapshot reads, late and redelivered events and a
+    TRUNCATE, batch after batch: both write methods leave equal tables after every batch."""
+    reg = table()
+    got: dict[str, list[Any]] = {}
+    for write in ("merge", "files"):
+        sink = WarehouseSink(tmp_path / write, WarehouseOptions(buckets=4, maintain_every=0, write=write))
+        f = feed(reg)
+        got[write] = []
+        for batch_id, recs in enumerate(mixed_batches(f, seed)):
+            sink.apply(f.batch(recs), batch_id, APP)
+            got[write].append(_tables(sink, reg))
+    assert all(got["files"][-1])
+    for batch_id, (files, merged) in enumerate(zip(got["files"], got["merge"], strict=True)):
+        assert files == merged, f"after batch {batch_id}"
+
+
+def test_ugly_values_round_trip_through_files(tmp_path: Path, feed: FeedMaker) -> None:
+    """A 4 MB value with quotes, newlines and backslashes, and an update of it, as the merge stores it."""
+    reg = table()
+    ugly = ('a "quoted", \\back\\slashed\nline\r\n' * 120_000)[: 4 << 20]
+    got = {}
+    for write in ("merge", "files"):
+        sink = WarehouseSink(tmp_path / write, WarehouseOptions(buckets=4, maintain_every=0, write=write))
+        f = feed(reg)
+        sink.apply(f.batch(f.change("c", {"id": 1, "name": ugly, "note": "'"}, 100)), 0, APP)
+        sink.apply(f.batch(f.change("u", {"id": 1, "name": ugly[::-1], "note": None}, 200)), 1, APP)
+        got[write] = _tables(sink, reg)
+    assert got["files"] == got["merge"]
+    assert got["files"][0][0]["name"] == ugly[::-1]
+
+
+def _deferred(tmp_path: Path) -> tuple[WarehouseSink, list[TableWrite]]:
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files"))
+    pending: list[TableWrite] = []
+    sink.pending = pending
+    return sink, pending
+
+
+def _props(batch_id: int) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(APP, version=batch_id)])
+
+
+def test_deferred_writes_are_invisible_until_committed_once_per_table(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """With the writes deferred, a batch changes no table; the committer then commits each table's
+    writes in one transaction carrying the batch's application transaction."""
+    reg = table()
+    f = feed(reg)
+    direct = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files"))
+    direct.apply(
+        f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100 + i) for i in range(50))), 0, APP
+    )
+    sink, pending = _deferred(tmp_path)
+    paths = sink.paths(reg)
+    versions = [DeltaTable(str(p)).version() for p in paths]
+    batch = f.batch(
+        *(f.change("u", {"id": i, "name": "b", "note": None}, 300 + i) for i in range(0, 50, 2)),
+        f.delete({"id": 1}, 400),
+    )
+    sink.apply(batch, 1, APP)
+    assert [DeltaTable(str(p)).version() for p in paths] == versions, "a deferred write committed"
+    assert {w.uri for w in pending} == {DeltaTable(str(p)).table_uri for p in paths}
+    commit_all(pending, _props(1))
+    assert [DeltaTable(str(p)).version() for p in paths] == [v + 1 for v in versions]
+    assert all(DeltaTable(str(p)).transaction_version(APP) == 1 for p in paths)
+    rows = {r["id"]: r["name"] for r in direct.current_rows(reg).to_pylist()}
+    assert len(rows) == 49 and 1 not in rows
+    assert [rows[i] for i in (0, 2, 3)] == ["b", "b", "a"]
+    # the replay of an applied batch writes nothing
+    pending.clear()
+    sink.apply(batch, 1, APP)
+    assert pending == []
+
+
+def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """A compaction that replaced files the write read: the commit refuses and commits nothing (no
+    row doubled, none lost); the batch computed again from the new version commits."""
+    reg = table()
+    f = feed(reg)
+    sink, pending = _deferred(tmp_path)
+    for b in range(3):  # several files per bucket, for the compaction to merge
+        sink.pending = None
+        sink.apply(
+            f.batch(
+                *(
+                    f.change("c", {"id": i, "name": "a", "note": None}, 100 * b + i)
+                    for i in range(b * 10, b * 10 + 10)
+                )
+            ),
+            b,
+            APP,
+        )
+    cur = sink.paths(reg)[0]
+    sink.pending = pending
+    batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
+    sink.apply(batch, 3, APP)
+    write = next(w for w in pending if w.uri == DeltaTable(str(cur)).table_uri)
+    assert write.removes, "the update rewrites stored files"
+    assert DeltaTable(str(cur)).optimize.compact()["numFilesRemoved"] > 0
+    before = pa.table(DeltaTable(str(cur)).to_pyarrow_table()).num_rows
+    with pytest.raises(WriteConflict, match="replaced before the commit"):
+        commit(DeltaTable(str(cur)), write, _props(3))
+    assert pa.table(DeltaTable(str(cur)).to_pyarrow_table()).num_rows == before == 30
+    pending.clear()
+    sink.apply(batch, 3, APP)
+    commit_all(pending, _props(3))
+    rows = sink.current_rows(reg).to_pylist()
+    assert len(rows) == 30 and {r["name"] for r in rows} == {"b"}
