@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import Version
+from cdc.logstore.partitioner import partition_for
 from cdc.registry import TableReg
 
 if TYPE_CHECKING:
@@ -139,16 +140,28 @@ class ChangeBatch:
     Two forms describing the same events: the event list, or :class:`sinks.columnar.Columns` (a plain
     batch: no TRUNCATE, no unavailable column); then ``columns`` is set and ``events`` is built from it
     on first use. A sink may take either form.
+
+    ``shard``: None, the batch holds the table's events of every log-store partition; an int ``p``,
+    it holds only those of partition ``p`` (a slice of the micro-batch applied by one Spark task, which
+    owns the shard ``p`` of each sink's data: :func:`shard_of` of a key is its partition). A sink then
+    reads and writes only shard ``p`` of a table sharded like the topic, so that the slices of one
+    table run in parallel without touching each other's files.
     """
 
     def __init__(
-        self, table: TableReg, events: list[ChangeEvent] | None = None, *, columns: Columns | None = None
+        self,
+        table: TableReg,
+        events: list[ChangeEvent] | None = None,
+        *,
+        columns: Columns | None = None,
+        shard: int | None = None,
     ) -> None:
         if (events is None) == (columns is None):
             raise ValueError("a ChangeBatch needs either events or columns")
         self.table = table
         self.columns = columns
         self._events = events
+        self.shard = shard
 
     @property
     def events(self) -> list[ChangeEvent]:
@@ -198,8 +211,16 @@ class ChangeBatch:
         if not positions:
             return self
         if self.columns is not None:
-            return ChangeBatch(self.table, columns=self.columns.without(positions))
-        return ChangeBatch(self.table, [e for e in self.events if (e.partition, e.offset) not in positions])
+            return ChangeBatch(self.table, columns=self.columns.without(positions), shard=self.shard)
+        kept = [e for e in self.events if (e.partition, e.offset) not in positions]
+        return ChangeBatch(self.table, kept, shard=self.shard)
+
+
+def shard_of(key_json: str, shards: int) -> int:
+    """The shard of a key among ``shards``: the log-store partition the reader puts it in when the
+    topic has ``shards`` partitions (Kafka's murmur2 of the key's canonical JSON), so that a Spark task
+    reading one partition's records owns one shard of every sink's data."""
+    return partition_for(key_json.encode(), shards)
 
 
 def order(ev: ChangeEvent) -> tuple[int, int, int, int]:
