@@ -240,13 +240,16 @@ class WarehouseSink(Sink):
         ]
         if not todo:
             return
+        files = self.options.write == "files" or batch.shard is not None
         commit = Commit(
             CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]),
-            files=self.options.write == "files",
+            files=files,
             pending=self.pending,
+            shard=None if batch.shard is None else (batch.shard, layout.shards),
         )
         if cols is not None:
-            fast = ColumnarApply(reg, cols, columns, layout, tombs, current)
+            fast = ColumnarApply(reg, cols, columns, layout, tombs, current, batch.shard)
+            _check_shard(reg, layout, batch.shard, fast.key_bucket)
             for name, _table in todo:
                 if name == "history":
                     self.last_metrics["history"] = fast.history(history, commit)
@@ -257,6 +260,7 @@ class WarehouseSink(Sink):
             self._maintain_after(reg, batch_id)
             return
         ctx = per_event.BatchContext(reg, batch, columns, layout, tombs, current)
+        _check_shard(reg, layout, batch.shard, list(ctx.key_buckets.values()))
         for name, _table in todo:
             if name == "history":
                 self.last_metrics["history"] = per_event.apply_history(ctx, history, commit)
@@ -359,6 +363,28 @@ class WarehouseSink(Sink):
 
     def close(self) -> None:
         return None
+
+
+def _check_shard(reg: TableReg, layout: Layout, shard: int | None, buckets: Sequence[int] | Any) -> None:
+    """A batch that is one shard's slice (``shard``) must be of a sharded table and hold only that
+    shard's keys: another task owns the rest (``ChangeBatch.shard``)."""
+    if shard is None:
+        return
+    if layout.shards == 1:
+        raise ApplyError(
+            f"{reg.qualified}: a slice of shard {shard} was given, but its warehouse tables have one shard",
+            fix="report this: the apply must give an unsharded table's events in one batch",
+            table=reg.qualified,
+        )
+    strays = [int(b) for b in buckets if int(b) % layout.shards != shard]
+    if strays:
+        raise ApplyError(
+            f"{reg.qualified}: the slice of shard {shard} (of {layout.shards}) holds keys of buckets "
+            f"{sorted(set(strays))[:5]}, of other shards",
+            fix="report this: a key's records must all be in its shard's log-store partition",
+            table=reg.qualified,
+            shard=shard,
+        )
 
 
 def _unresolved_reason(ev: ChangeEvent) -> str:

@@ -70,8 +70,10 @@ class ColumnarApply:
         layout: Layout,
         tombs: DeltaTable,
         current: DeltaTable,
+        shard: int | None = None,
     ) -> None:
         self.reg = reg
+        self.markers = layout.marker_buckets(shard)
         self.types = types
         self.plan = plan = Plan(columns.table)
         t = plan.t
@@ -85,7 +87,7 @@ class ColumnarApply:
         )
         self.key_bucket = layout.buckets(reg, self.key_list, first_values.to_pylist())
         self.bucket_set = set(self.key_bucket.tolist())
-        self.stored = stored_guards(tombs, self.keys, self.bucket_set)
+        self.stored = stored_guards(tombs, self.keys, self.bucket_set, self.markers)
         self.columns = columns
         self._by_key: dict[str, pa.Array] = {}
         self._current = current
@@ -255,13 +257,14 @@ class ColumnarApply:
         )
         if plan.truncates.num_rows:
             last = plan.truncates.slice(plan.truncates.num_rows - 1)
+            n = len(self.markers)
             marker = pa.Table.from_arrays(
                 [
-                    pa.array([TRUNCATE_MARKER]),
-                    pa.array([0], pa.int64()),
-                    last.column("commit_lsn").combine_chunks(),
-                    last.column("seq").combine_chunks(),
-                    pa.array(last.column("ts_ms").to_numpy() * 1000).cast(TS_TYPE),
+                    pa.array([TRUNCATE_MARKER] * n),
+                    pa.array(self.markers, pa.int64()),
+                    pa.array([last.column("commit_lsn")[0].as_py()] * n, pa.int64()),
+                    pa.array([last.column("seq")[0].as_py()] * n, pa.int64()),
+                    pa.array([last.column("ts_ms")[0].as_py() * 1000] * n).cast(TS_TYPE),
                 ],
                 schema=TOMBSTONES,
             )

@@ -18,7 +18,7 @@ from deltalake.table import TableMerger
 from cdc.errors import ApplyError
 from cdc.events import Version
 from cdc.registry import TableReg
-from sinks.warehouse import files
+from sinks.warehouse import files as file_writes
 from sinks.warehouse.layout import (
     BUCKET,
     END_LSN,
@@ -56,13 +56,15 @@ class Commit:
 
     properties: CommitProperties
     files: bool = False
-    pending: list[files.TableWrite] | None = None
+    pending: list[file_writes.TableWrite] | None = None
+    #: (shard, shards): the batch is one shard's slice; a TRUNCATE rewrites only that shard's buckets
+    shard: tuple[int, int] | None = None
 
-    def finish(self, table: DeltaTable, write: files.TableWrite) -> dict[str, Any]:
+    def finish(self, table: DeltaTable, write: file_writes.TableWrite) -> dict[str, Any]:
         if not write.adds and not write.removes:
             return {}
         if self.pending is None:
-            files.commit(table, write, self.properties)
+            file_writes.commit(table, write, self.properties)
         else:
             self.pending.append(write)
         return write.metrics()
@@ -112,7 +114,7 @@ def _merger(table: DeltaTable, source: pa.Table, predicate: str, commit: Commit)
 def write_tombstones(tombs: DeltaTable, source: pa.Table, commit: Commit) -> None:
     """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
     if commit.files:
-        commit.finish(tombs, files.write_tombstones(tombs, source))
+        commit.finish(tombs, file_writes.write_tombstones(tombs, source))
         return
     pred = "t.key_json = s.key_json AND t._cdc_bucket = s._cdc_bucket AND " + _in_list(
         "t", BUCKET, source.column(BUCKET).unique().to_pylist()
@@ -142,7 +144,7 @@ def write_history(
     are appended."""
     if commit.files:
         at = [((v.commit_lsn, v.seq), ts) for v, ts in truncates]
-        return commit.finish(history, files.write_history(history, source, match, at))
+        return commit.finish(history, file_writes.write_history(history, source, match, at, commit.shard))
     target_cols = arrow_schema(history).names
     predicate = (
         f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', LSN)} = {_col('s', LSN)}"
@@ -198,7 +200,7 @@ def write_current(
     TRUNCATE: any); only those are read and rewritten; when empty, the upserts are appended."""
     if commit.files:
         at = None if trunc is None else (trunc.commit_lsn, trunc.seq)
-        return commit.finish(current, files.write_current(current, source, match, at))
+        return commit.finish(current, file_writes.write_current(current, source, match, at, commit.shard))
     schema = source.schema
     predicate = f"{_col('t', KEY)} = {_col('s', KEY)} AND {_col('t', BUCKET)} = {_col('s', BUCKET)}"
     if trunc is None:
@@ -336,16 +338,21 @@ def arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def stored_guards(tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int]) -> Stored:
+def stored_guards(
+    tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int], markers: Sequence[int] = (0,)
+) -> Stored:
     """The tombstones table's state for ``keys`` (their buckets given): each key's tombstone version
-    and the TRUNCATE marker, as the plan's :class:`Stored` (no open rows yet)."""
+    and the newest TRUNCATE marker of the buckets ``markers`` (one per shard, written together), as
+    the plan's :class:`Stored` (no open rows yet)."""
     key_list = keys.to_pylist()
-    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, 0], key="key_json")
+    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, *markers], key="key_json")
     is_marker = pc.equal(tomb.column("key_json").cast(pa.string()), TRUNCATE_MARKER)
     marker = tomb.filter(is_marker)
     m = (-1, -1)
-    if marker.num_rows:
-        m = (int(marker.column("commit_lsn")[0].as_py()), int(marker.column("seq")[0].as_py()))
+    for lsn, seq in zip(
+        marker.column("commit_lsn").to_pylist(), marker.column("seq").to_pylist(), strict=True
+    ):
+        m = max(m, (int(lsn), int(seq)))
     t_lsn, t_seq = versions_of(keys, tomb.filter(pc.invert(is_marker)), "key_json", "commit_lsn", "seq")
     none = np.full(len(key_list), -1, dtype=np.int64)
     return Stored(t_lsn, t_seq, none, none, m)

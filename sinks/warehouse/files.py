@@ -55,6 +55,8 @@ from sinks.warehouse.layout import (
 
 #: a TRUNCATE as the writes take it: (commit_lsn, seq) and its source commit time in ms
 TruncateAt = tuple[tuple[int, int], int]
+#: (shard, shards): the write is one shard's (a TRUNCATE rewrites only its buckets)
+Shard = tuple[int, int]
 
 
 class WriteConflict(ApplyError):
@@ -164,14 +166,25 @@ class Partitions:
     def new_write(self) -> TableWrite:
         return TableWrite(self.table.table_uri, self.version, list(self.partition_by))
 
-    def read(self, write: TableWrite, buckets: Iterable[int] | None, *, open_only: bool = False) -> pa.Table:
-        """Every row of the partitions ``_cdc_bucket`` in ``buckets`` (None: all), only those with
-        ``is_current`` when ``open_only``; their files join ``write.removes``."""
+    def read(
+        self,
+        write: TableWrite,
+        buckets: Iterable[int] | None,
+        *,
+        open_only: bool = False,
+        shard: Shard | None = None,
+    ) -> pa.Table:
+        """Every row of the partitions ``_cdc_bucket`` in ``buckets`` (None: all; with ``shard``,
+        all of that shard's: ``bucket % shards == shard``), only those with ``is_current`` when
+        ``open_only``; their files join ``write.removes``."""
         files = pa.table(self.table.get_add_actions(flatten=True))
         if not files.num_rows:
             return self.schema.empty_table()
         keep = np.ones(files.num_rows, dtype=bool)
         flt: pc.Expression | None = None
+        if buckets is None and shard is not None:
+            all_buckets = pc.unique(files.column(f"partition.{BUCKET}")).to_pylist()
+            buckets = [b for b in all_buckets if b % shard[1] == shard[0]]
         if buckets is not None:
             wanted = sorted(set(buckets))
             keep &= pc.is_in(files.column(f"partition.{BUCKET}"), pa.array(wanted, pa.int64())).to_numpy(
@@ -283,7 +296,11 @@ def _gather_bool(values: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 
 def write_current(
-    table: DeltaTable, source: pa.Table, match: Iterable[int] | None, trunc: tuple[int, int] | None
+    table: DeltaTable,
+    source: pa.Table,
+    match: Iterable[int] | None,
+    trunc: tuple[int, int] | None,
+    shard: Shard | None = None,
 ) -> TableWrite:
     """:func:`sinks.warehouse.delta.write_current` as files: a newer source row replaces (or, a delete,
     removes) its key's stored row; a source row of an absent key is inserted unless a delete; with a
@@ -295,7 +312,7 @@ def write_current(
         parts.write(out, ups)
         out.counts = {"inserted": ups.num_rows}
         return out
-    stored = parts.read(out, None if trunc is not None else match)
+    stored = parts.read(out, None if trunc is not None else match, shard=shard)
     s_key, t_key = source.column(KEY), stored.column(KEY)
     s_lsn, s_seq, t_lsn, t_seq = (
         _ints(source, LSN),
@@ -333,17 +350,23 @@ def write_tombstones(table: DeltaTable, source: pa.Table) -> TableWrite:
     stored = parts.read(out, pc.unique(source.column(BUCKET)).to_pylist())
     s_lsn, s_seq = _ints(source, "commit_lsn"), _ints(source, "seq")
     t_lsn, t_seq = _ints(stored, "commit_lsn"), _ints(stored, "seq")
-    t_found, t_at = _lookup(stored.column("key_json"), source.column("key_json"))
+    s_keys, t_keys = _bucket_keys(source), _bucket_keys(stored)  # a TRUNCATE marker per shard's bucket
+    t_found, t_at = _lookup(t_keys, s_keys)
     keep = ~(t_found & _newer(_gather(s_lsn, t_at), _gather(s_seq, t_at), t_lsn, t_seq))
-    s_found, s_at = _lookup(source.column("key_json"), stored.column("key_json"))
+    s_found, s_at = _lookup(s_keys, t_keys)
     insert = ~s_found | _newer(s_lsn, s_seq, _gather(t_lsn, s_at), _gather(t_seq, s_at))
-    parts.write(
-        out,
-        pa.concat_tables(
-            [stored.filter(pa.array(keep)), source.filter(pa.array(insert)).cast(stored.schema)]
-        ),
+    rows = pa.concat_tables(
+        [stored.filter(pa.array(keep)), source.filter(pa.array(insert)).cast(stored.schema)]
     )
+    parts.write(out, rows)
     return out
+
+
+def _bucket_keys(table: pa.Table) -> pa.Array:
+    """One string per tombstone: its key and bucket (the tombstones' match)."""
+    return pc.binary_join_element_wise(
+        table.column("key_json").cast(pa.string()), table.column(BUCKET).cast(pa.string()), "\x00"
+    )
 
 
 def _version_keys(table: pa.Table) -> pa.Array:
@@ -357,7 +380,11 @@ def _version_keys(table: pa.Table) -> pa.Array:
 
 
 def write_history(
-    table: DeltaTable, source: pa.Table, match: Iterable[int] | None, truncates: Sequence[TruncateAt]
+    table: DeltaTable,
+    source: pa.Table,
+    match: Iterable[int] | None,
+    truncates: Sequence[TruncateAt],
+    shard: Shard | None = None,
 ) -> TableWrite:
     """:func:`sinks.warehouse.delta.write_history` as files: ``close`` rows close the open row of their
     key and version, ``move`` rows move it to their end version, ``new`` rows are inserted unless an
@@ -371,7 +398,7 @@ def write_history(
     if match is not None and not set(match):
         parts.write(out, target.filter(pc.equal(kind, "new")))
         return out
-    stored = parts.read(out, None if match is None else match, open_only=True)
+    stored = parts.read(out, match, open_only=True, shard=shard)
     cols = {name: stored.column(name).combine_chunks() for name in stored.column_names}
     # a history partitioned by bucket alone gives its closed rows too: they never match
     is_open = pc.fill_null(stored.column(IS_CURRENT), False).to_numpy(zero_copy_only=False)

@@ -5,7 +5,7 @@ See ``docs/warehouse.md`` for the tables and what each meta column means.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,7 +98,9 @@ class WarehouseOptions:
     so a compaction's cost stays bounded however large a table grows: default 8 MiB, None: delta-rs's
     100 MiB). ``write``: how a batch's rows reach a table: ``merge`` (delta-rs' MERGE, one commit per
     write) or ``files`` (:mod:`sinks.warehouse.files`: whole buckets rewritten in Arrow, then committed
-    as add/remove actions -- what a Spark task can do for its buckets, with the driver committing)."""
+    as add/remove actions -- what a Spark task can do for its buckets, with the driver committing).
+    ``shards``: the :class:`Layout` shards of tables created afterwards; set it to the topics'
+    partition count (``partitions``) so that one Spark task per partition owns one shard."""
 
     buckets: int = 16
     clustering: str = "auto"
@@ -109,6 +111,7 @@ class WarehouseOptions:
     vacuum_retention_hours: int = 1
     target_file_size: int | None = 8 << 20
     write: str = "merge"
+    shards: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseOptions:
@@ -133,12 +136,13 @@ class WarehouseOptions:
             or opts.vacuum_retention_hours < 0
             or opts.tombstone_retention_hours < 0
             or opts.write not in ("merge", "files")
+            or opts.shards < 1
         ):
             raise ConfigError(
                 f"invalid [warehouse] settings {raw}",
                 fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
                 "maintain_every >= 0, vacuum_every >= 0, vacuum_retention_hours >= 0, "
-                'tombstone_retention_hours >= 0, write "merge" or "files"',
+                'tombstone_retention_hours >= 0, write "merge" or "files", shards >= 1',
             )
         return opts
 
@@ -165,20 +169,41 @@ class Layout:
       -- rewrites only the newest buckets' files.
     * ``hash`` (N buckets): ``murmur2(_cdc_key) % N`` (Iceberg's ``bucket[N]``); any key type. A batch
       of K keys touches ``min(N, ~K)`` buckets wherever its keys are.
+
+    ``shards`` (S > 1): every bucket belongs to one shard, ``bucket % S``, the key's
+    :func:`sinks.shard_of` -- the log-store partition of its records when the topic has S
+    partitions: bucket = ``base * S + shard``, ``base`` as above. A Spark task applying one
+    partition's records then rewrites only its shard's files (``docs/apply.md``). A table created
+    before shards (configuration ``mode:size``) has one shard.
     """
 
     mode: str
     size: int
+    shards: int = 1
 
     def conf(self) -> str:
-        return f"{self.mode}:{self.size}"
+        base = f"{self.mode}:{self.size}"
+        return base if self.shards == 1 else f"{base}:{self.shards}"
 
     @classmethod
     def parse(cls, raw: str) -> Layout:
-        mode, _, size = raw.partition(":")
-        if mode not in ("range", "hash") or not size.isdigit() or int(size) < 1:
+        parts = raw.split(":")
+        if (
+            len(parts) not in (2, 3)
+            or parts[0] not in ("range", "hash")
+            or not all(p.isdigit() and int(p) >= 1 for p in parts[1:])
+        ):
             raise ValueError(raw)
-        return cls(mode, int(size))
+        return cls(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
+
+    def shard_buckets(self, buckets: Iterable[int], shard: int | None) -> list[int]:
+        """Those of ``buckets`` in ``shard`` (None: all)."""
+        return [b for b in buckets if shard is None or b % self.shards == shard]
+
+    def marker_buckets(self, shard: int | None) -> list[int]:
+        """The buckets of a TRUNCATE's markers in the tombstones table: one per shard (``shard``:
+        only that one's)."""
+        return list(range(self.shards)) if shard is None else [shard]
 
     @classmethod
     def choose(
@@ -188,7 +213,7 @@ class Layout:
         batch's keys are sparse (fewer than 1 key per 64 key values, e.g. snowflake ids: range buckets
         would hold a row or two each), else hash. ``key_values()``: the first batch's values of the key
         column."""
-        hashed = cls("hash", options.buckets)
+        hashed = cls("hash", options.buckets, options.shards)
         types = {c.name: T.base_type(c.type) for c in reg.columns}
         int_key = len(reg.key) == 1 and types.get(reg.key[0]) in INT_KEY_TYPES
         if options.clustering == "hash" or not int_key:
@@ -200,7 +225,7 @@ class Layout:
                     table=reg.qualified,
                 )
             return hashed
-        ranged = cls("range", options.range_width)
+        ranged = cls("range", options.range_width, options.shards)
         if options.clustering == "range":
             return ranged
         values = [v for v in key_values() if type(v) is int]
@@ -211,6 +236,14 @@ class Layout:
     def buckets(self, reg: TableReg, keys: Sequence[str], key_values: Sequence[Any]) -> np.ndarray:
         """The bucket of each key (int64), given each key's value of the first key column (what the
         range layout divides)."""
+        base = self._base(reg, keys, key_values)
+        if self.shards == 1:
+            return base
+        shards: np.ndarray = partition_array([k.encode() for k in keys], self.shards)
+        out: np.ndarray = base * self.shards + shards
+        return out
+
+    def _base(self, reg: TableReg, keys: Sequence[str], key_values: Sequence[Any]) -> np.ndarray:
         if self.mode == "hash":
             return partition_array([k.encode() for k in keys], self.size)
         bad = next((k for k, v in zip(keys, key_values, strict=True) if type(v) is not int), None)

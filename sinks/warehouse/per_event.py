@@ -93,7 +93,8 @@ class BatchContext:
         )
         for k in self.keys:
             _check_lsn(self.by_key[k][-1].version)
-        self.stored = stored_guards(tombs, self.plan.keys, [*self.key_buckets.values()])
+        self.markers = layout.marker_buckets(batch.shard)
+        self.stored = stored_guards(tombs, self.plan.keys, [*self.key_buckets.values()], self.markers)
         self.tombstones = {
             k: Version(int(lsn), int(seq))
             for k, lsn, seq in zip(self.keys, self.stored.tomb_lsn, self.stored.tomb_seq, strict=True)
@@ -554,14 +555,15 @@ def apply_tombstones(ctx: BatchContext, tombs: DeltaTable, commit: Commit) -> No
             )
     if ctx.truncates:
         t = ctx.truncates[-1]
-        rows.append(
+        rows.extend(
             {
                 "key_json": TRUNCATE_MARKER,
-                BUCKET: 0,
+                BUCKET: b,
                 "commit_lsn": t.version.commit_lsn,
                 "seq": t.version.seq,
                 "deleted_at": _ts(t.ts_ms),
             }
+            for b in ctx.markers
         )
     if not rows:
         return

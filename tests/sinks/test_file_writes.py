@@ -7,10 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction
 
+from cdc.errors import ApplyError
+from cdc.events import TRUNCATE_KEY_FIELD
+from sinks import RawRecord, shard_of
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink
 from sinks.warehouse.files import TableWrite, WriteConflict, commit, commit_all
@@ -60,8 +65,61 @@ def test_ugly_values_round_trip_through_files(tmp_path: Path, feed: FeedMaker) -
     assert got["files"][0][0]["name"] == ugly[::-1]
 
 
-def _deferred(tmp_path: Path) -> tuple[WarehouseSink, list[TableWrite]]:
-    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files"))
+def _slices(recs: list[Any], shards: int) -> dict[int, list[RawRecord]]:
+    """A batch's records per shard, as the log store's partitions hold them: a key's records in
+    :func:`shard_of` of the key, a TRUNCATE's markers one per partition."""
+    out: dict[int, list[RawRecord]] = {p: [] for p in range(shards)}
+    for r in (x for rec in recs for x in (rec if isinstance(rec, list) else [rec])):
+        key = orjson.loads(r.key)
+        out[r.partition if TRUNCATE_KEY_FIELD in key else shard_of(r.key.decode(), shards)].append(r)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_shards_applied_apart_and_committed_together_equal_the_whole_batch(
+    tmp_path: Path, feed: FeedMaker, seed: int
+) -> None:
+    """Each batch applied as 4 shard slices (what 4 Spark tasks do: each reads the tables as they
+    were before the batch and writes only its shard's files; a TRUNCATE marker in each), then
+    committed in one transaction per table, gives the tables of the whole batch applied at once."""
+    reg = table()
+    shards = 4
+    whole = WarehouseSink(
+        tmp_path / "whole", WarehouseOptions(buckets=4, maintain_every=0, write="files", shards=shards)
+    )
+    sliced, pending = _deferred(tmp_path / "sliced", shards)
+    f = feed(reg)
+    for batch_id, recs in enumerate(mixed_batches(f, seed, partitions=shards)):
+        whole.apply(f.batch(recs), batch_id, APP)
+        for p, part in _slices(recs, shards).items():
+            if part:
+                b = f.batch(part)
+                b.shard = p
+                sliced.apply(b, batch_id, APP)
+        commit_all(pending, _props(batch_id))
+        pending.clear()
+        assert _tables(sliced, reg) == _tables(whole, reg), f"after batch {batch_id}"
+    paths = sliced.paths(reg)
+    assert DeltaTable(str(paths[0])).metadata().configuration["cdc.layout"] == "range:65536:4"
+    assert len(sliced.tombstone_rows(reg).filter(pc.equal(pc.field("key_json"), "*"))) == shards
+
+
+def test_a_slice_holding_another_shards_key_is_refused(tmp_path: Path, feed: FeedMaker) -> None:
+    reg = table()
+    sink, pending = _deferred(tmp_path, 4)
+    f = feed(reg)
+    key = '{"id":1}'
+    b = f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100))
+    b.shard = (shard_of(key, 4) + 1) % 4
+    with pytest.raises(ApplyError, match="holds keys of buckets"):
+        sink.apply(b, 0, APP)
+    assert pending == []
+
+
+def _deferred(tmp_path: Path, shards: int = 1) -> tuple[WarehouseSink, list[TableWrite]]:
+    sink = WarehouseSink(
+        tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files", shards=shards)
+    )
     pending: list[TableWrite] = []
     sink.pending = pending
     return sink, pending
