@@ -305,6 +305,23 @@ class Sink(abc.ABC):
         sink is only together with the table's offsets."""
         return None
 
+    def shards(self, reg: TableReg) -> int | None:
+        """How many shards the sink keeps ``reg``'s data in (a key's shard: :func:`shard_of`): a
+        micro-batch of the table may be applied as that many slices in parallel
+        (``ChangeBatch.shard``) when the topic has as many partitions. 1: the table's batch must be
+        applied whole (not sharded, or not created yet: one task creates it). None: the sink keeps
+        nothing of the table. Reads only."""
+        return None
+
+    def prepare(self, reg: TableReg) -> None:  # noqa: B027 - optional hook
+        """Called by the apply's driver before a micro-batch of ``reg`` is applied in tasks: bring
+        the table's metadata in line with the registration (new, dropped or widened columns), so
+        that the tasks, which may run at once, only write data. Never creates the table."""
+
+    def committed(self, reg: TableReg, batch_id: int) -> None:  # noqa: B027 - optional hook
+        """Called by the apply's driver once the writes of micro-batch ``batch_id`` of ``reg`` that
+        the tasks left to it are committed: periodic maintenance belongs here, never in a task."""
+
     def reject(self, batch: ChangeBatch) -> list[Rejection]:
         """The events of ``batch`` this sink cannot hold (a value outside what its storage represents),
         each with the reason. Called per table per micro-batch, before any sink's :meth:`apply`, and

@@ -1,7 +1,9 @@
 """``cdclog``: a Python Data Source that streams log-store records into Structured Streaming.
 
 Rows: ``topic string, partition int, offset long, key binary, value binary (null = tombstone),
-timestamp long``; offsets ``{"<topic>|<partition>": next_offset}``, checkpointed by Spark, so a
+timestamp long``; or, with the option ``emit = ranges``, one row per partition's offset range of the
+micro-batch, ``topic string, partition int, start long, end long`` (:data:`RANGES_DDL`: the records
+stay in the log store, for a task to read them itself, ``spark_jobs/tasks.py``); offsets ``{"<topic>|<partition>": next_offset}``, checkpointed by Spark, so a
 restarted query resumes exactly there and a failed batch is replayed with the same offsets. Usage,
 options and every guarantee (new topics, recreated topics, read limits, ``availableNow``):
 ``docs/spark_source.md``.
@@ -37,6 +39,11 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1 have neither
 
 
 SOURCE_NAME = "cdclog"
+#: the rows of ``emit = ranges``: one per (topic, partition) of a micro-batch, records [start, end)
+RANGES_DDL = "topic string, partition int, start long, end long"
+RANGES = pa.schema(
+    [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
+)
 READ_CHUNK = 10_000
 DEFAULT_SPLIT = 500_000
 
@@ -97,6 +104,9 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_records = int(raw_max) if raw_max else 0
         raw_split = options.get("splitRecords") or options.get("splitrecords") or ""
         self.split = int(raw_split) if raw_split else DEFAULT_SPLIT
+        self.ranges = (options.get("emit") or "records") == "ranges"
+        if self.ranges:  # a partition's range is one task's shard: never split
+            self.split = 1 << 62
         self._store: Any = None
         self._target: dict[str, int] | None = None
 
@@ -173,6 +183,19 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
+        if self.ranges:
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "topic": partition.topic,
+                        "partition": partition.partition,
+                        "start": partition.start,
+                        "end": partition.end,
+                    }
+                ],
+                schema=RANGES,
+            )
+            return
         yield from read_range(self.state, self.log, partition)
 
     def commit(self, end: dict[str, int]) -> None:
@@ -192,9 +215,11 @@ def _batch(cols: tuple[list[Any], ...]) -> pa.RecordBatch:
     )
 
 
-def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
-    """Every record of ``rng`` as Arrow batches of at most :data:`READ_CHUNK` rows."""
-    store = open_store(state, log)
+def read_range(state: str, log: str, rng: LogRange, store: Any = None) -> Iterator[pa.RecordBatch]:
+    """Every record of ``rng`` as Arrow batches of at most :data:`READ_CHUNK` rows (from ``store``
+    when given, else a store opened and closed here)."""
+    own = store is None
+    store = open_store(state, log) if own else store
     try:
         cols: tuple[list[Any], ...] = ([], [], [], [], [], [])
         for rec in store.iter_partition(rng.topic, rng.partition, rng.start, rng.end, batch=READ_CHUNK):
@@ -210,7 +235,8 @@ def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
         if cols[0]:
             yield _batch(cols)
     finally:
-        store.close()
+        if own:
+            store.close()
 
 
 class CdcLogDataSource(DataSource):
@@ -221,7 +247,7 @@ class CdcLogDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return RECORDS_DDL
+        return RANGES_DDL if (self.options.get("emit") or "records") == "ranges" else RECORDS_DDL
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
         return CdcLogStreamReader(self.options)

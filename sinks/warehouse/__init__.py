@@ -207,32 +207,10 @@ class WarehouseSink(Sink):
             return
         cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
         columns = _columns(reg, batch.events if cols is None else ())
-        cur_path, hist_path, tomb_path = self.paths(reg)
-        _refuse_lost_tables(reg, (cur_path, hist_path, tomb_path))
-        stored = evolve.stored_types(cur_path) or {}
-        widened, refused = evolve.changes(reg, stored)
-        for name in refused:  # its non-null values were rejected: the stored type stays
-            columns[name] = evolve.pg_type_of(stored[name]) or columns[name]
-        if widened:  # a safe type change at the source: cast the stored column, once
-            for path in (hist_path, cur_path):
-                if DeltaTable.is_deltatable(str(path)):
-                    evolve.widen(path, widened)
-        current = self._ensure(
-            cur_path,
-            columns,
-            CURRENT_META,
-            lambda: Layout.choose(reg, self.options, lambda: _key_values(batch)),
+        current, history, tombs = self._open_tables(
+            reg, columns, lambda: Layout.choose(reg, self.options, lambda: _key_values(batch))
         )
         layout = layout_of(current)
-        history = self._ensure(hist_path, columns, HISTORY_META, lambda: layout, HISTORY_PARTITIONS)
-        tombs = self._ensure(tomb_path, {}, TOMBSTONES, lambda: layout)
-        current = _mark_dropped(current, reg)
-        history = _mark_dropped(history, reg)
-        if layout_of(history) != layout or layout_of(tombs) != layout:
-            raise ApplyError(
-                f"the warehouse tables of {reg.qualified} disagree on their layout (cdc.layout)",
-                fix=f"delete {cur_path.parent}/{cur_path.name}* and re-snapshot the table",
-            )
         todo = [
             (name, table)
             for name, table in (("history", history), ("current", current), ("tombstones", tombs))
@@ -257,7 +235,8 @@ class WarehouseSink(Sink):
                     self.last_metrics["current"] = fast.current(current, commit)
                 else:
                     fast.tombstones(tombs, commit)
-            self._maintain_after(reg, batch_id)
+            if self.pending is None:  # deferred: the committer calls committed() after its commit
+                self._maintain_after(reg, batch_id)
             return
         ctx = per_event.BatchContext(reg, batch, columns, layout, tombs, current)
         _check_shard(reg, layout, batch.shard, list(ctx.key_buckets.values()))
@@ -268,6 +247,56 @@ class WarehouseSink(Sink):
                 self.last_metrics["current"] = per_event.apply_current(ctx, current, history, commit)
             else:
                 per_event.apply_tombstones(ctx, tombs, commit)
+        if self.pending is None:
+            self._maintain_after(reg, batch_id)
+
+    def shards(self, reg: TableReg) -> int | None:
+        """See :meth:`sinks.Sink.shards`: the current table's :class:`Layout` shards; 1 before the
+        table exists."""
+        cur = self.paths(reg)[0]
+        if not DeltaTable.is_deltatable(str(cur)):
+            return 1
+        return layout_of(DeltaTable(str(cur))).shards
+
+    def prepare(self, reg: TableReg) -> None:
+        """See :meth:`sinks.Sink.prepare`: the registration's columns added, a widened type cast, the
+        dropped columns recorded -- on tables that exist (a table is created by its first batch)."""
+        cur_path = self.paths(reg)[0]
+        if DeltaTable.is_deltatable(str(cur_path)):
+            layout = layout_of(DeltaTable(str(cur_path)))
+            self._open_tables(reg, _columns(reg, ()), lambda: layout)
+
+    def _open_tables(
+        self, reg: TableReg, columns: dict[str, str | None], layout: Callable[[], Layout]
+    ) -> tuple[DeltaTable, DeltaTable, DeltaTable]:
+        """The table's (current, history, tombstones), created with ``layout()`` when missing, and
+        brought in line with ``columns`` (added; a safe type change at the source cast once; a
+        refused one keeps the stored type) and the registration's dropped columns."""
+        cur_path, hist_path, tomb_path = self.paths(reg)
+        _refuse_lost_tables(reg, (cur_path, hist_path, tomb_path))
+        stored = evolve.stored_types(cur_path) or {}
+        widened, refused = evolve.changes(reg, stored)
+        for name in refused:  # its non-null values were rejected: the stored type stays
+            columns[name] = evolve.pg_type_of(stored[name]) or columns[name]
+        if widened:  # a safe type change at the source: cast the stored column, once
+            for path in (hist_path, cur_path):
+                if DeltaTable.is_deltatable(str(path)):
+                    evolve.widen(path, widened)
+        current = self._ensure(cur_path, columns, CURRENT_META, layout)
+        chosen = layout_of(current)
+        history = self._ensure(hist_path, columns, HISTORY_META, lambda: chosen, HISTORY_PARTITIONS)
+        tombs = self._ensure(tomb_path, {}, TOMBSTONES, lambda: chosen)
+        current = _mark_dropped(current, reg)
+        history = _mark_dropped(history, reg)
+        if layout_of(history) != chosen or layout_of(tombs) != chosen:
+            raise ApplyError(
+                f"the warehouse tables of {reg.qualified} disagree on their layout (cdc.layout)",
+                fix=f"delete {cur_path.parent}/{cur_path.name}* and re-snapshot the table",
+            )
+        return current, history, tombs
+
+    def committed(self, reg: TableReg, batch_id: int) -> None:
+        """See :meth:`sinks.Sink.committed`: the periodic compaction and vacuum."""
         self._maintain_after(reg, batch_id)
 
     def _maintain_after(self, reg: TableReg, batch_id: int) -> None:

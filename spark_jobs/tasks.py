@@ -1,0 +1,160 @@
+"""The apply's work in Spark tasks: each task reads its own offset ranges from the log store, parses,
+plans and writes one slice of a micro-batch, and hands the driver only what to commit.
+
+The driver (:mod:`spark_jobs.apply`) gets the micro-batch as offset ranges (the ``cdclog`` source with
+``emit = ranges``: one row per (topic, partition), never a record), cuts them into :class:`Slice`\\ s
+(:func:`plan_slices`) and runs :func:`run_slices` on the executors, one slice per task. A slice is
+either one partition of a topic whose sinks are sharded like the topic -- shard ``p`` of every sink's
+data is then written by the task of partition ``p`` alone -- or every partition of a topic (a table
+that is not sharded, or not created yet: one task creates its tables). Each task:
+
+1. reads its ranges from the log store (the records never cross into the JVM or to the driver);
+2. parses them, asks every sink what it cannot hold, and applies the rest with a
+   :class:`~spark_jobs.applier.BatchApplier` whose warehouse only *writes* its files
+   (:mod:`sinks.warehouse.files`: :class:`~sinks.warehouse.files.TableWrite`, committed by the
+   driver) and whose search index writes its own shard;
+3. returns a :class:`SliceResult`: the writes to commit, its dead letters and its counts.
+
+The driver then commits each table's writes of all tasks in one Delta transaction with the batch's
+application transaction (:func:`sinks.warehouse.files.commit_all`), writes the dead letters, and
+commits the consumer positions. Guarantees (``docs/apply.md``): a task that dies leaves files no
+commit references (vacuum removes them) and Spark retries it; a driver that dies before its commit
+replays the batch from the checkpoint, and every sink recognises what it already applied.
+
+No pyspark import here: :func:`run_slices` is a plain function of plain values, tested without a JVM
+(``tests/apply/test_tasks.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from cdc.logstore.records import RECORDS
+from cdc.registry import TableReg
+from sinks import DeadLetter, Sink
+from sinks.warehouse import WarehouseSink
+from sinks.warehouse.files import TableWrite
+from spark_jobs.applier import BatchApplier, TableOutcome, open_sinks
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
+
+#: one partition's records of a micro-batch: (partition, start offset, end offset)
+Range = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One task's share of a micro-batch: records of ``topic`` in ``ranges``, applied as shard
+    ``shard`` of every sink's data (None: the whole table)."""
+
+    topic: str
+    ranges: tuple[Range, ...]
+    shard: int | None = None
+
+
+@dataclass
+class SliceResult:
+    """What a task hands the driver: never a row of data, only what to commit and count."""
+
+    writes: list[TableWrite] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    tables: list[TableOutcome] = field(default_factory=list)
+    records: int = 0
+    read_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    sink_seconds: dict[str, float] = field(default_factory=dict)
+    event_ts_ms: list[int] = field(default_factory=list)
+
+
+def table_shards(sinks: Sequence[Sink], reg: TableReg) -> int:
+    """How many shards every sink keeps ``reg`` in, 1 when they differ or one is not sharded (or has
+    not created the table yet): the table's batch is then one slice."""
+    counts = {n for n in (s.shards(reg) for s in sinks) if n is not None}
+    return counts.pop() if len(counts) == 1 else 1
+
+
+def plan_slices(
+    ranges: Iterable[tuple[str, int, int, int]],
+    shards: Callable[[str], int],
+    partitions: Callable[[str], int],
+) -> list[Slice]:
+    """The tasks of a micro-batch of ``ranges`` ((topic, partition, start, end), empty ones left out):
+    one per partition of a topic whose table is kept in as many shards as the topic has partitions
+    (``shards(topic) == partitions(topic) > 1``), else one per topic."""
+    by_topic: dict[str, list[Range]] = {}
+    for topic, part, start, end in ranges:
+        if end > start:
+            by_topic.setdefault(topic, []).append((int(part), int(start), int(end)))
+    out: list[Slice] = []
+    for topic, rs in sorted(by_topic.items()):
+        rs.sort()
+        n = shards(topic)
+        if n > 1 and n == partitions(topic):
+            out.extend(Slice(topic, (r,), r[0]) for r in rs)
+        else:
+            out.append(Slice(topic, tuple(rs)))
+    return out
+
+
+def task_settings(settings: Settings) -> Settings:
+    """``settings`` without its secrets (the source DSN, the serve token): what a task is sent."""
+    return dataclasses.replace(settings, source=None, serve_token=None)
+
+
+def run_slices(
+    settings: Settings,
+    app_id: str,
+    batch_id: int,
+    tables: Mapping[str, TableReg],
+    slices: Iterable[Slice],
+    *,
+    keep_event_ts: bool = False,
+) -> Iterator[SliceResult]:
+    """A task's body: apply each of ``slices`` of micro-batch ``batch_id`` (``tables``: topic ->
+    registration, as the driver saw the registry) and yield its :class:`SliceResult`. The warehouse
+    writes are left for the driver to commit; the search index's shard is committed here."""
+    from spark_jobs.source import LogRange, open_store, read_range
+
+    sinks = open_sinks(settings)
+    store = open_store(str(settings.state_dir), settings.log_url or "")
+    applier = BatchApplier(sinks, tables.get, app_id, keep_event_ts=keep_event_ts)
+    try:
+        for sl in slices:
+            pending: list[TableWrite] = []
+            for sink in sinks:
+                if isinstance(sink, WarehouseSink):
+                    sink.pending = pending
+            t0 = time.monotonic()
+            batches = [
+                b
+                for p, start, end in sl.ranges
+                for b in read_range("", "", LogRange(sl.topic, p, start, end), store)
+            ]
+            records = pa.Table.from_batches(batches, schema=RECORDS)
+            t1 = time.monotonic()
+            prepared = applier.prepare(records)
+            for b in prepared.batches:
+                b.shard = sl.shard
+            outcome = applier.apply(prepared, batch_id)
+            yield SliceResult(
+                writes=pending,
+                dead=outcome.dead,
+                tables=outcome.tables,
+                records=outcome.records,
+                read_seconds=t1 - t0,
+                prepare_seconds=outcome.prepare_seconds,
+                sink_seconds=outcome.sink_seconds,
+                event_ts_ms=outcome.event_ts_ms,
+            )
+    finally:
+        try:
+            applier.close(close_sinks=True, timeout=None)
+        finally:
+            store.close()
