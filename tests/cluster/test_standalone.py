@@ -66,7 +66,15 @@ def test_apply_once_on_the_cluster_runs_its_tasks_in_executors_and_verifies_clea
         src.close()
     env.run_once()
 
-    res = env.cdc("apply", "--once", "--json", "--master", spark_cluster.url, "--max-records-per-batch", "40")
+    # cluster settings reach the driver through spark-defaults.conf (docs/apply.md)
+    conf = env.state.parent / "spark-conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.executor.memory 640m\n")
+    res = env.cdc(
+        "apply",
+        *("--once", "--json", "--master", spark_cluster.url, "--max-records-per-batch", "40"),
+        extra_env={"SPARK_CONF_DIR": str(conf)},
+    )
     assert res.returncode == 0, res.stderr[-5000:]
     summary = orjson.loads(res.stdout)
     assert summary["batches"] >= 3 and summary["dead_letters"] == 0
@@ -75,6 +83,7 @@ def test_apply_once_on_the_cluster_runs_its_tasks_in_executors_and_verifies_clea
     # not local mode: the master ran the application, and its executors ran the tasks
     (app,) = spark_cluster.applications(APP)
     assert app["state"] == "FINISHED"
+    assert app["memoryperexecutor"] == 640, app
     tasks = _tasks_by_executor(spark_cluster, app["id"])
     assert len(tasks) == 2, f"one executor per worker expected, got {tasks}"
     assert sum(tasks) >= summary["batches"], tasks
