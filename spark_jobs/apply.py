@@ -771,12 +771,14 @@ def run_apply(
     *,
     spark: SparkSession | None = None,
     on_batch: Callable[[BatchReport], None] | None = None,
+    master: str | None = None,
 ) -> ApplySummary:
-    """Build (or reuse) the session and run the job once; the entry point of ``cdc apply``."""
+    """Build (or reuse) the session (on ``master``, see :func:`spark_jobs.session.get_session`) and
+    run the job once; the entry point of ``cdc apply``."""
     if spark is None:
         from spark_jobs.session import get_session
 
-        spark = get_session()
+        spark = get_session(master=master)
     job = ApplyJob(spark, settings, options, on_batch=on_batch)
     previous: Any = None
     if threading.current_thread() is threading.main_thread():

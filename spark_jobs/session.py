@@ -106,8 +106,6 @@ def get_session(
         # checkpoint files and directories: keep them private
         .config("spark.hadoop.fs.permissions.umask-mode", "077")
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stopTimeout", "60s")
         # the micro-batch fixed cost matters for freshness: keep the state-store and
@@ -117,6 +115,12 @@ def get_session(
     )
     if master:
         builder = builder.master(master)
+    if (master or "").startswith("local"):
+        # on a cluster the executors connect back to the driver: Spark's own address then
+        # (SPARK_LOCAL_IP / SPARK_LOCAL_HOSTNAME, or spark.driver.host: docs/apply.md)
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

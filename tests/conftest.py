@@ -5,6 +5,7 @@ pytest_plugins = [
     "tests.plugins.postgres",
     "tests.plugins.logstore",
     "tests.plugins.spark",
+    "tests.plugins.spark_cluster",
     "tests.plugins.capture",
     "tests.plugins.failover",
     "tests.plugins.cli",

@@ -63,3 +63,24 @@ def test_image_copies_packages_that_exist() -> None:
     dockerfile = (ROOT / "compose" / "Dockerfile").read_text()
     for src in re.findall(r"^COPY (\S+) ", dockerfile, re.M):
         assert (ROOT / src).exists(), src
+
+
+def test_apply_drives_the_spark_cluster_and_its_workers_share_the_state() -> None:
+    services = load()["services"]
+    master_cmd, worker_cmd = services["spark-master"]["command"], services["spark-worker"]["command"]
+    assert master_cmd[1] == "org.apache.spark.deploy.master.Master"
+    host = master_cmd[master_cmd.index("--host") + 1]
+    url = f"spark://{host}:7077"  # the master's default port
+    apply_env = services["apply"]["environment"]
+    assert apply_env["CDC_SPARK_MASTER"] == url
+    assert worker_cmd[1:3] == ["org.apache.spark.deploy.worker.Worker", url]
+    assert services["spark-worker"]["deploy"]["replicas"] >= 2
+    # the executors connect back to the driver by the apply service's name, not a loopback address
+    assert apply_env["SPARK_LOCAL_HOSTNAME"] == "apply"
+    # the image runs as an unprivileged user: the worker's work directory must be writable (not the venv)
+    work = worker_cmd[worker_cmd.index("--work-dir") + 1]
+    assert not work.startswith("/opt/venv")
+    # the state directory the driver names is the same volume, at the same path, on every worker
+    state = apply_env["CDC_STATE"]
+    assert f"cdcstate:{state}" in services["apply"]["volumes"]
+    assert f"cdcstate:{state}" in services["spark-worker"]["volumes"]

@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a micro-batch without any progress for this long is a stall: dump every thread and exit 1 "
         "(default 300; 0: no watchdog)",
     )
+    p.add_argument(
+        "--master",
+        metavar="URL",
+        help="the Spark master: spark://HOST:PORT (standalone), yarn, k8s://https://HOST:PORT or local[N] "
+        "(default $CDC_SPARK_MASTER, else local[2]; see docs/apply.md, Running on a cluster)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(handler=handle)
 
@@ -116,7 +122,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         )
         out.flush()
         try:
-            summary = run_apply(settings, options, on_batch=progress)
+            summary = run_apply(settings, options, on_batch=progress, master=args.master)
         except BaseException as exc:  # reported, then the process ends (see the module docstring)
             _exit_hard(exc, as_json=bool(args.json))
     body: dict[str, Any] = summary.to_dict()

@@ -27,6 +27,7 @@ FIXTURE_MARKS: dict[str, str | tuple[str, ...]] = {
     "replica_cluster": "postgres",  # tests/test_bad_input.py: a cluster of its own with wal_level = replica
     "stock_cluster": "postgres",  # tests/capture/test_output_plugin.py: a cluster without wal2json allowed
     "spark": "spark",
+    "spark_cluster": "spark",  # tests/plugins/spark_cluster.py: a standalone master and workers
     "jvm": "spark",
     "tansu_broker": "kafka",
     "tls_tansu": "kafka",
