@@ -177,7 +177,7 @@ def replay(settings: Settings, table: str | None = None, *, out: Any = None) -> 
 def _replay(settings: Settings, table: str | None, *, out: Any) -> ReplayReport:
     from sinks import RawRecord
     from sinks.parse import parse
-    from spark_jobs.apply import open_sinks
+    from spark_jobs.applier import open_sinks
 
     report = ReplayReport()
     state = ReplayState.load(settings.state_dir)
