@@ -98,7 +98,7 @@ class BatchReport:
     seconds: float
     applied_at_ms: int
     columnar: int = 0  # tables of the batch parsed in columns (the others record by record)
-    event_ts_ms: list[int] = field(default_factory=list)  # filled when ApplyJob.keep_event_ts
+    event_ts_ms: list[int] = field(default_factory=list)  # filled when ApplyJob(keep_event_ts=True)
     read_parse_seconds: float = 0.0  # collecting the records and parsing them
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink name
 
