@@ -28,7 +28,7 @@ from sinks.parse import Parsed, parse
 if TYPE_CHECKING:
     from cdc.config import Settings
 
-__all__ = ["AFTER_SINK", "BatchApplier", "BatchOutcome", "Prepared", "TableOutcome", "open_sinks"]
+__all__ = ["AFTER_SINK", "BatchApplier", "BatchOutcome", "Prepared", "TableOutcome", "open_sinks", "reject"]
 
 #: the fault-injection point the applier offers (:mod:`cdc.faults`): after the first sink applied
 #: micro-batch ARG, before the other sinks finish
@@ -167,49 +167,10 @@ class BatchApplier:
             parsed = parse(self.tables(name), records.filter(pc.equal(topic, name)))
             dead.extend(parsed.dead)
             if parsed.batch is not None:
-                batch, rejected = self.reject(parsed)
+                batch, rejected = reject(self.sinks, parsed)
                 dead.extend(rejected)
                 batches.append(batch)
         return Prepared(records.num_rows, batches, dead, time.monotonic() - started)
-
-    def reject(self, parsed: Parsed) -> tuple[ChangeBatch, list[DeadLetter]]:
-        """The batch without the events a sink cannot hold (:meth:`sinks.Sink.reject`), and their dead
-        letters: a poison record never stops the others."""
-        batch = parsed.batch
-        assert batch is not None
-        reasons: dict[tuple[int, int], list[str]] = {}
-        rest = batch
-        while True:  # until no sink rejects more: an event may need one rejected before it (TOAST)
-            new = False
-            for sink in self.sinks:
-                for r in sink.reject(rest):
-                    new = new or (r.partition, r.offset) not in reasons
-                    reasons.setdefault((r.partition, r.offset), []).append(f"{sink.name}: {r.reason}")
-            if not new:
-                break
-            rest = batch.without(set(reasons))
-        if not reasons:
-            return batch, []
-        positions = set(reasons)
-        raw = parsed.raw(positions)
-        events = {(e.partition, e.offset): e for e in batch.events if (e.partition, e.offset) in positions}
-        dead = []
-        for pos in sorted(positions):
-            rec, ev = raw[pos], events[pos]
-            dead.append(
-                DeadLetter(
-                    rec.topic,
-                    rec.partition,
-                    rec.offset,
-                    rec.key,
-                    rec.value,
-                    "; ".join(reasons[pos]),
-                    table=batch.table.qualified,
-                    key_json=ev.key_json,
-                    version=ev.version,
-                )
-            )
-        return batch.without(positions), dead
 
     def apply(
         self, prepared: Prepared, batch_id: int, *, prepare_seconds: float | None = None
@@ -268,6 +229,47 @@ class BatchApplier:
         """End the threads without waiting for a stuck sink (the process is about to exit)."""
         for pool in self._threads:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def reject(sinks: Sequence[Sink], parsed: Parsed) -> tuple[ChangeBatch, list[DeadLetter]]:
+    """The batch of ``parsed`` without the events one of ``sinks`` cannot hold
+    (:meth:`sinks.Sink.reject`, asked until none rejects more), and their dead letters, each reason
+    ``"<sink>: <why>"`` joined by ``"; "``: a poison record never stops the others. Writes nothing."""
+    batch = parsed.batch
+    assert batch is not None
+    reasons: dict[tuple[int, int], list[str]] = {}
+    rest = batch
+    while True:  # until no sink rejects more: an event may need one rejected before it (TOAST)
+        new = False
+        for sink in sinks:
+            for r in sink.reject(rest):
+                new = new or (r.partition, r.offset) not in reasons
+                reasons.setdefault((r.partition, r.offset), []).append(f"{sink.name}: {r.reason}")
+        if not new:
+            break
+        rest = batch.without(set(reasons))
+    if not reasons:
+        return batch, []
+    positions = set(reasons)
+    raw = parsed.raw(positions)
+    events = {(e.partition, e.offset): e for e in batch.events if (e.partition, e.offset) in positions}
+    dead = []
+    for pos in sorted(positions):
+        rec, ev = raw[pos], events[pos]
+        dead.append(
+            DeadLetter(
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                rec.key,
+                rec.value,
+                "; ".join(reasons[pos]),
+                table=batch.table.qualified,
+                key_json=ev.key_json,
+                version=ev.version,
+            )
+        )
+    return batch.without(positions), dead
 
 
 def sink_name(sink: Sink) -> str:

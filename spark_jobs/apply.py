@@ -275,7 +275,9 @@ class ApplyJob:
         sys.stderr.write("cdc-fault: apply.after_sink: killing the JVM and the driver now\n")
         sys.stderr.flush()
         try:
-            os.kill(int(self.spark.sparkContext._jvm.ProcessHandle.current().pid()), signal.SIGKILL)  # type: ignore[union-attr]
+            pid = jvm_pid(self.spark)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
 
