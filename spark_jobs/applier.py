@@ -66,7 +66,8 @@ class Prepared:
 
 @dataclass
 class BatchOutcome:
-    """What :meth:`BatchApplier.run` did to one micro-batch (plain values: no handle, no Spark)."""
+    """What :meth:`BatchApplier.run` did to one micro-batch: plain values (no handle, no Spark), so it
+    pickles, e.g. out of the Spark task that applied one slice of a batch, for the driver to sum."""
 
     batch_id: int
     records: int  # log-store records in (tombstones included)

@@ -5,6 +5,7 @@ directory."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -108,6 +109,7 @@ def test_poison_records_are_dead_letters_and_the_rest_applies(tmp_path: Path, si
 
     out = applier(sinks, ITEMS).run(records_table(records), 0, dead_letters=dead_letters)
     assert handed == out.dead
+    assert pickle.loads(pickle.dumps(out)) == out, "plain values: an outcome can leave a Spark task"
     by_pos = {(d.topic, d.offset): d for d in out.dead}
     assert set(by_pos) == {(ITEMS.topic, 6), (ITEMS.topic, 7), (ITEMS.topic, 9), ("cdc.public.gone", 1)}
     bc = by_pos[(ITEMS.topic, 6)]
