@@ -70,6 +70,10 @@ class BatchGate:
         with self._cond:
             return self._in_batch
 
+    def halting(self) -> bool:
+        """Whether the query is being stopped (no body may start)."""
+        return self._halt.is_set()
+
     def wait_idle(self, timeout: float | None) -> tuple[bool, int | None]:
         """Wait until no body runs: (whether it came to that within ``timeout``, ``last_batch``)."""
         with self._cond:
