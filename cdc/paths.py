@@ -81,13 +81,13 @@ def spark_checkpoint(state_dir: Path, job: str = "apply") -> Path:
 
 def apply_ledger(state_dir: Path) -> Path:
     """The apply job's correctness ledger: the last batch whose dead letters were written (a
-    replayed batch must not write them again) and the checkpoint's counters (spark_jobs.apply)."""
+    replayed batch must not write them again) and the checkpoint's counters (spark_jobs.ledger)."""
     return spark_dir(state_dir) / "apply-ledger.json"
 
 
 def legacy_apply_ledger(state_dir: Path) -> Path:
     """The ledger's name before 2026-11 (``apply-metrics.json``): read once when the new file is
-    absent, so an existing state directory keeps its dead-letter record (spark_jobs.apply)."""
+    absent, so an existing state directory keeps its dead-letter record (spark_jobs.ledger)."""
     return spark_dir(state_dir) / "apply-metrics.json"
 
 

@@ -1,5 +1,5 @@
 """The one list of sinks. Every part that handles sinks loops over :data:`SINKS`: the apply job
-(:func:`spark_jobs.apply.open_sinks`), ``cdc verify``, ``cdc status`` and ``cdc tables list``.
+(:func:`spark_jobs.applier.open_sinks`), ``cdc verify``, ``cdc status`` and ``cdc tables list``.
 
 A new sink is a module implementing :class:`sinks.Sink` (its tests beside the others in
 ``tests/sinks/``) and one entry here; nothing registers itself on import. The order is the order

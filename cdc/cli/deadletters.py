@@ -177,7 +177,7 @@ def replay(settings: Settings, table: str | None = None, *, out: Any = None) -> 
 def _replay(settings: Settings, table: str | None, *, out: Any) -> ReplayReport:
     from sinks import RawRecord
     from sinks.parse import parse
-    from spark_jobs.apply import open_sinks
+    from spark_jobs.applier import open_sinks, reject
 
     report = ReplayReport()
     state = ReplayState.load(settings.state_dir)
@@ -210,15 +210,9 @@ def _replay(settings: Settings, table: str | None, *, out: Any) -> ReplayReport:
             parsed = parse(reg, records, form="events")
             for d in parsed.dead:
                 report.failing[by_pos[(d.partition, d.offset)].id] = d.reason
-            batch = parsed.batch
-            assert batch is not None
-            rejected: dict[tuple[int, int], list[str]] = {}
-            for sink in sinks:
-                for r in sink.reject(batch):
-                    rejected.setdefault((r.partition, r.offset), []).append(f"{sink.name}: {r.reason}")
-            for pos, reasons in rejected.items():
-                report.failing[by_pos[pos].id] = "; ".join(reasons)
-            batch = batch.without(set(rejected))
+            batch, rejected = reject(sinks, parsed)
+            for d in rejected:
+                report.failing[by_pos[(d.partition, d.offset)].id] = d.reason
             batch_id = state.next_batch_id
             for sink in sinks:
                 sink.apply(batch, batch_id, REPLAY_APP_ID)

@@ -84,7 +84,7 @@ def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env
     try:
         assert gate.entered.wait(120), "the first batch never reached the sink"
         job.stop()
-        wait_for(job._halt.is_set, timeout=30, what="run() waiting for the batch in progress")
+        wait_for(job.gate.halting, timeout=30, what="run() waiting for the batch in progress")
         assert runner.is_alive() and not gate.applied
         gate.release.set()
         runner.join(120)

@@ -3,7 +3,6 @@ StalledError after a thread dump, and closing the job does not wait for the stuc
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import uuid
 from typing import Any
@@ -55,7 +54,7 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
     )
 
     def arm() -> None:  # the watchdog from the moment the batch is stuck in the sink
-        job.options = dataclasses.replace(job.options, stall_timeout_s=5)
+        job.watchdog.timeout_s = 5
 
     sink.arm = arm
     errors: list[BaseException] = []
