@@ -33,7 +33,7 @@ from cdc.logstore.factory import open_log_store
 from cdc.metrics import Publisher
 from cdc.registry import Registry, TableReg
 from sinks import DeadLetter, Sink
-from spark_jobs.applier import BatchApplier, BatchOutcome, open_sinks
+from spark_jobs.applier import AFTER_SINK, BatchApplier, BatchOutcome, open_sinks
 from spark_jobs.checkpoint import checkpoint_dir
 from spark_jobs.ledger import (
     Ledger,
@@ -84,6 +84,11 @@ class ApplyOptions:
     #: if even the job's main loop stops checking in (blocked in py4j), a backstop thread dumps the
     #: threads and ends the process with ``os._exit(1)`` -- for the CLI process only, never in-process
     hard_exit_on_stall: bool = False
+    #: where a micro-batch's work runs: ``tasks`` (Spark tasks on the executors read, parse and write
+    #: their slices; the driver commits, :mod:`spark_jobs.tasks`) or ``driver`` (the records are
+    #: collected to the driver, which applies them: the job's sinks given to :class:`ApplyJob` are
+    #: then used as they are)
+    work: str = "tasks"
 
 
 @dataclass
@@ -163,6 +168,7 @@ class ApplyJob:
         self.summary = ApplySummary(app_id=self.app_id)
         self.metrics = Publisher(self.state_dir, "apply")  # on-call counters (cdc.metrics)
         self.ledger = Ledger(self.state_dir, self.app_id)
+        self.keep_event_ts = keep_event_ts
         self.applier = BatchApplier(
             self.sinks,
             self._table_for,
@@ -216,9 +222,20 @@ class ApplyJob:
         return self._store
 
     # -- one micro-batch -----------------------------------------------------------------------------
+    @property
+    def in_tasks(self) -> bool:
+        """Whether micro-batches are applied by Spark tasks (``options.work``): not with sinks given
+        to the job (test doubles, benchmarks: only the driver holds them)."""
+        return self.options.work == "tasks" and self._own_sinks
+
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` body: the records as Arrow to the applier, then the driver's commits
-        (dead letters, positions, ledger); ``docs/apply.md`` says what each guarantees."""
+        """``foreachBatch`` body: in tasks (:meth:`_process_in_tasks`), or the records as Arrow to
+        the applier, then the driver's commits (dead letters, positions, ledger); ``docs/apply.md``
+        says what each guarantees."""
+        if self.in_tasks:
+            with self.gate.batch(batch_id):
+                self._process_in_tasks(df, batch_id)
+            return
         with self.gate.batch(batch_id), _no_cyclic_gc():
             started = time.monotonic()
             records = df.toArrow()
@@ -228,6 +245,45 @@ class ApplyJob:
             )
             commit_positions(self.store, self.ckpt, batch_id)
             self._record(outcome, started, collected + outcome.prepare_seconds)
+
+    def _process_in_tasks(self, df: DataFrame, batch_id: int) -> None:
+        """The micro-batch's offset ranges (``emit = ranges``: no record reaches the driver) cut into
+        slices, each applied by a Spark task (:func:`spark_jobs.tasks.run_slices`); then the dead
+        letters, one Delta commit per table of every task's writes, the positions and the ledger."""
+        from spark_jobs import tasks
+
+        started = time.monotonic()
+        ranges = [(r.topic, r.partition, r.start, r.end) for r in df.collect()]
+        regs = {t: reg for t in {r[0] for r in ranges} if (reg := self._table_for(t)) is not None}
+        slices = tasks.plan_slices(
+            ranges,
+            lambda t: tasks.table_shards(self.sinks, regs[t]) if t in regs else 1,
+            lambda t: len(self.store().end_offsets(t)),
+        )
+        for reg in regs.values():
+            for sink in self.sinks:
+                sink.prepare(reg)
+        results: list[tasks.SliceResult] = []
+        if slices:
+            settings, app_id, keep_ts = tasks.task_settings(self.settings), self.app_id, self.keep_event_ts
+            by_topic = dict(regs)
+            results = (
+                self.spark.sparkContext.parallelize(slices, len(slices))
+                .mapPartitions(
+                    lambda it: tasks.run_slices(
+                        settings, app_id, batch_id, by_topic, it, keep_event_ts=keep_ts
+                    )
+                )
+                .collect()
+            )
+        outcome = tasks.outcome_of(batch_id, results)
+        if outcome.dead:
+            self._write_dead_letters(outcome.dead, batch_id)
+        if results:
+            self.options.faults.point(AFTER_SINK, batch_id, self._crash)
+        tasks.commit_slices(self.sinks, regs.values(), results, self.app_id, batch_id)
+        commit_positions(self.store, self.ckpt, batch_id)
+        self._record(outcome, started, outcome.prepare_seconds)
 
     def _write_dead_letters(self, dead: Sequence[DeadLetter], batch_id: int) -> None:
         topic = dead_letter_topic(self.settings.topic_prefix)
@@ -290,6 +346,7 @@ class ApplyJob:
             .option("state", str(self.state_dir))
             .option("log", self.settings.log_url or "")
             .option("topics", ",".join(sorted(self._by_topic)))
+            .option("emit", "ranges" if self.in_tasks else "records")
         )
         if self.options.max_records_per_batch > 0:
             reader = reader.option("maxRecordsPerBatch", str(self.options.max_records_per_batch))

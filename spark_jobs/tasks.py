@@ -40,7 +40,7 @@ from cdc.registry import TableReg
 from sinks import DeadLetter, Sink
 from sinks.warehouse import WarehouseSink
 from sinks.warehouse.files import TableWrite
-from spark_jobs.applier import BatchApplier, TableOutcome, open_sinks
+from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks
 
 if TYPE_CHECKING:
     from cdc.config import Settings
@@ -158,3 +158,59 @@ def run_slices(
             applier.close(close_sinks=True, timeout=None)
         finally:
             store.close()
+
+
+def outcome_of(batch_id: int, results: Sequence[SliceResult]) -> BatchOutcome:
+    """The tasks' results of a micro-batch as one :class:`BatchOutcome` (tables in topic order; the
+    sinks' seconds summed over tasks)."""
+    seconds: dict[str, float] = {}
+    for r in results:
+        for name, s in r.sink_seconds.items():
+            seconds[name] = seconds.get(name, 0.0) + s
+    return BatchOutcome(
+        batch_id=batch_id,
+        records=sum(r.records for r in results),
+        tables=_merged_tables([t for r in results for t in r.tables]),
+        dead=[d for r in results for d in r.dead],
+        prepare_seconds=sum(r.read_seconds + r.prepare_seconds for r in results),
+        sink_seconds=seconds,
+        event_ts_ms=[t for r in results for t in r.event_ts_ms],
+    )
+
+
+def _merged_tables(parts: Sequence[TableOutcome]) -> list[TableOutcome]:
+    """One :class:`TableOutcome` per table from its slices' (events summed, columnar when all were)."""
+    by: dict[str, list[TableOutcome]] = {}
+    for t in parts:
+        by.setdefault(t.table, []).append(t)
+    return [
+        TableOutcome(
+            name,
+            sum(t.events for t in ts),
+            all(t.columnar for t in ts),
+            max((t.newest_ts_ms for t in ts if t.newest_ts_ms is not None), default=None),
+        )
+        for name, ts in sorted(by.items())
+    ]
+
+
+def commit_slices(
+    sinks: Sequence[Sink],
+    regs: Iterable[TableReg],
+    results: Sequence[SliceResult],
+    app_id: str,
+    batch_id: int,
+) -> None:
+    """The driver's commit of a micro-batch the tasks applied: every table's deferred writes in one
+    Delta transaction each, with the batch's application transaction (a replayed batch commits
+    nothing twice: the tasks find it applied and write nothing), then each sink's
+    :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables."""
+    from deltalake import CommitProperties, Transaction
+
+    from sinks.warehouse.files import commit_all
+
+    props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
+    commit_all([w for r in results for w in r.writes], props)
+    for reg in regs:
+        for sink in sinks:
+            sink.committed(reg, batch_id)
