@@ -120,10 +120,11 @@ def run_slices(
     """A task's body: apply each of ``slices`` of micro-batch ``batch_id`` (``tables``: topic ->
     registration, as the driver saw the registry) and yield its :class:`SliceResult`. The warehouse
     writes are left for the driver to commit; the search index's shard is committed here."""
-    from spark_jobs.source import LogRange, open_store, read_range
+    from cdc.logstore.factory import open_log_store
+    from spark_jobs.source import LogRange, read_range
 
     sinks = open_sinks(settings)
-    store = open_store(str(settings.state_dir), settings.log_url or "")
+    store = open_log_store(settings, writer=False)  # with the [kafka] section's TLS and SASL
     applier = BatchApplier(sinks, tables.get, app_id, keep_event_ts=keep_event_ts)
     try:
         for sl in slices:

@@ -1,0 +1,145 @@
+"""The apply's task path without a JVM (``spark_jobs.tasks``): the records in a real embedded log
+store, placed by key in 4 partitions as the reader places them; each slice applied in its own process
+at the same time (as Spark's Python workers do), the driver committing; the sinks' tables equal what
+the driver path (:class:`spark_jobs.applier.BatchApplier` over the whole micro-batch) gives."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc.config import Settings
+from cdc.logstore import Record, TopicConfig
+from cdc.logstore.factory import open_log_store
+from cdc.logstore.records import RECORDS
+from cdc.registry import TableReg
+from sinks import RawRecord, StoredTexts
+from sinks.warehouse import WarehouseSink
+from spark_jobs.applier import BatchApplier, open_sinks
+from spark_jobs.source import LogRange, read_range
+from spark_jobs.tasks import (
+    Slice,
+    SliceResult,
+    commit_slices,
+    outcome_of,
+    plan_slices,
+    run_slices,
+    table_shards,
+)
+from tests.sinks.feed import Feed, mixed_batches, table
+
+APP = "cdc-apply-tasks-test"
+PARTITIONS = 4
+ITEMS = table("items", search=("name",))
+PLAIN = table("plain")
+
+
+def test_plan_slices() -> None:
+    """A partition per task where the table is sharded like its topic, else the topic in one task;
+    empty ranges left out."""
+    ranges = [("a", 1, 5, 9), ("a", 0, 0, 3), ("a", 2, 4, 4), ("b", 0, 0, 2), ("b", 1, 3, 7)]
+    got = plan_slices(ranges, {"a": 4, "b": 1}.__getitem__, lambda t: 4)
+    assert got == [
+        Slice("a", ((0, 0, 3),), 0),
+        Slice("a", ((1, 5, 9),), 1),
+        Slice("b", ((0, 0, 2), (1, 3, 7))),
+    ]
+    # shards that differ from the topic's partitions: one task
+    assert plan_slices(ranges[:2], lambda t: 4, lambda t: 8) == [Slice("a", ((0, 0, 3), (1, 5, 9)))]
+
+
+def _run(args: tuple[Settings, int, dict[str, TableReg], Slice]) -> list[SliceResult]:
+    settings, batch_id, tables, sl = args
+    return list(run_slices(settings, APP, batch_id, tables, [sl]))
+
+
+def _append(store: Any, recs: list[RawRecord]) -> None:
+    """The records as the reader appends them: a key's records in its partition, a TRUNCATE's
+    markers one per partition."""
+    by_topic: dict[str, list[Record]] = {}
+    for r in recs:
+        marker = r.partition if b"__truncate" in r.key else None
+        by_topic.setdefault(r.topic, []).append(Record(r.key, r.value, partition=marker))
+    store.append_many(by_topic)
+
+
+def _flat(recs: list[Any]) -> list[RawRecord]:
+    return [x for r in recs for x in (r if isinstance(r, list) else [r])]
+
+
+def _state(settings: Settings, regs: list[TableReg]) -> list[Any]:
+    sinks = open_sinks(settings)
+    try:
+        out: list[Any] = []
+        for reg in regs:
+            wh = WarehouseSink(settings.state_dir)
+            for rows in (wh.current_rows, wh.history_rows, wh.tombstone_rows):
+                out.append(sorted(rows(reg).to_pylist(), key=str))
+            texts = [t for s in sinks if isinstance(t := s.read_back(reg), StoredTexts)]
+            out.append({k: v for t in texts for k, v in sorted(t.docs.items())})
+        return out
+    finally:
+        for s in sinks:
+            s.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Path, seed: int) -> None:
+    """Two tables (one indexed), a random workload per table (inserts, updates, deletes, snapshot
+    reads, late and redelivered events, a TRUNCATE), six micro-batches: after each, the tables
+    applied by concurrent task processes and committed by the driver equal the driver path's."""
+    tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS)
+    driver_settings = Settings(state_dir=tmp_path / "driver", partitions=PARTITIONS)
+    regs = [ITEMS, PLAIN]
+    by_topic = {r.topic: r for r in regs}
+    feeds = [Feed(r) for r in regs]
+    workloads = [mixed_batches(f, seed + i, partitions=PARTITIONS) for i, f in enumerate(feeds)]
+    store = open_log_store(tasks_settings, writer=True)
+    for reg in regs:
+        store.create_topic(reg.topic, TopicConfig(partitions=PARTITIONS))
+    driver_sinks = open_sinks(driver_settings)
+    driver = BatchApplier(driver_sinks, by_topic.get, APP)
+    task_sinks = open_sinks(tasks_settings)  # the driver's: shards, prepare and committed only
+    ctx = multiprocessing.get_context("spawn")
+    sliced = 0
+    try:
+        with ctx.Pool(PARTITIONS) as pool:
+            for batch_id in range(6):
+                before = {r.topic: store.end_offsets(r.topic) if batch_id else {} for r in regs}
+                _append(store, [x for w in workloads for x in _flat(w[batch_id])])
+                ranges = [
+                    (r.topic, p, before[r.topic].get(p, 0), end)
+                    for r in regs
+                    for p, end in store.end_offsets(r.topic).items()
+                ]
+                records = [
+                    b for t, p, s, e in ranges for b in read_range("", "", LogRange(t, p, s, e), store)
+                ]
+                driver.run(pa.Table.from_batches(records, schema=RECORDS), batch_id)
+                slices = plan_slices(
+                    ranges, lambda t: table_shards(task_sinks, by_topic[t]), lambda t: PARTITIONS
+                )
+                sliced += sum(sl.shard is not None for sl in slices)
+                for reg in regs:
+                    for sink in task_sinks:
+                        sink.prepare(reg)
+                results = [
+                    r
+                    for rs in pool.map(_run, [(tasks_settings, batch_id, by_topic, sl) for sl in slices])
+                    for r in rs
+                ]
+                commit_slices(task_sinks, regs, results, APP, batch_id)
+                assert outcome_of(batch_id, results).dead == []
+                assert _state(tasks_settings, regs) == _state(driver_settings, regs), (
+                    f"after batch {batch_id}"
+                )
+    finally:
+        driver.close(close_sinks=True, timeout=None)
+        for s in task_sinks:
+            s.close()
+        store.close()
+    assert sliced >= 5 * 2 * PARTITIONS - 8, "the batches after the first ran one task per partition"
