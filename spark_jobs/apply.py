@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from cdc.signals import StopSignals
+
 
 #: the message of the error a micro-batch raises when it starts after a stop was requested (it has
 #: done nothing; Spark replays it on the next run)
@@ -771,17 +773,17 @@ def run_apply(
     *,
     spark: SparkSession | None = None,
     on_batch: Callable[[BatchReport], None] | None = None,
+    stop_signals: StopSignals | None = None,
 ) -> ApplySummary:
-    """Build (or reuse) the session and run the job once; the entry point of ``cdc apply``."""
+    """Build (or reuse) the session and run the job once; the entry point of ``cdc apply``.
+    ``stop_signals``: a stop they request (SIGTERM, SIGINT) is the job's :meth:`ApplyJob.stop`."""
     if spark is None:
         from spark_jobs.session import get_session
 
         spark = get_session()
     job = ApplyJob(spark, settings, options, on_batch=on_batch)
-    previous: Any = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, lambda *_: job.stop())
+    if stop_signals is not None:
+        stop_signals.on_stop(job.stop)
     failed: BaseException | None = None
     try:
         return job.run()
@@ -798,8 +800,6 @@ def run_apply(
             # writer whose thread died on the same full disk) must not replace it: it is told, then
             # the run's error is raised
             sys.stderr.write(f"cdc apply: closing the sinks after the failure also failed: {exc!r}\n")
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         if job._stalled and options.hard_exit_on_stall and job._jvm_pid is not None:
             # a stuck JVM may not exit on its own (its shutdown hooks wait for the stuck query):
             # give it a moment to print the thread dump it was asked for, then end it
