@@ -69,7 +69,7 @@ def _running(proc: subprocess.Popen[bytes], log: Path, batch: int, marker: str) 
         what=f"batch {batch}",
     )
     assert proc.poll() is None, log.read_text()[-5000:]
-    jvms = [pid for pid, cmd in processes_with_env(marker).items() if "java" in cmd.split(" ")[0]]
+    jvms = [pid for pid, cmd in processes_with_env(marker).items() if Path(cmd.split(" ")[0]).name == "java"]
     assert len(jvms) == 1, processes_with_env(marker)
     assert os.getpgid(jvms[0]) != proc.pid, "the Spark JVM is in the job's process group"
     return jvms[0]
