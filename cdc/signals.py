@@ -38,10 +38,19 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+        self.install()
         return self
+
+    def install(self) -> None:
+        """Install the handlers (again): pyspark's SparkContext replaces the SIGINT handler with its
+        own when it starts (it cancels every job and raises ``KeyboardInterrupt``, calling into py4j
+        from the handler), so ``cdc apply`` takes it back once Spark is up. :meth:`__exit__` restores
+        the handlers of before the first install."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            previous = signal.signal(sig, self._on_signal)
+            self._previous.setdefault(sig, previous)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -95,6 +95,7 @@ def _exit_hard(exc: BaseException, *, as_json: bool) -> NoReturn:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     from spark_jobs.apply import ApplyOptions, BatchReport, run_apply
+    from spark_jobs.session import get_session
 
     if args.trigger_interval <= 0:
         raise ConfigError(
@@ -127,7 +128,9 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         out.flush()
         try:
             with StopSignals("cdc apply", STOPPING) as stop:  # before Spark starts: no signal is lost
-                summary = run_apply(settings, options, on_batch=progress, stop_signals=stop)
+                spark = get_session()
+                stop.install()  # the SparkContext installed its own SIGINT handler
+                summary = run_apply(settings, options, spark=spark, on_batch=progress, stop_signals=stop)
         except BaseException as exc:  # reported, then the process ends (see the module docstring)
             _exit_hard(exc, as_json=bool(args.json))
     body: dict[str, Any] = summary.to_dict()

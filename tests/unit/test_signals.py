@@ -69,3 +69,17 @@ def test_off_the_main_thread_nothing_is_installed() -> None:
     t.start()
     t.join(10)
     assert seen == [before, True]
+
+
+def test_install_takes_the_signals_back_and_exit_restores_the_first_handlers() -> None:
+    """pyspark's SparkContext sets its own SIGINT handler while the job starts: install() takes it
+    back, and leaving restores what was there before StopSignals, not pyspark's."""
+    before = signal.getsignal(signal.SIGINT)
+    called, stop = _stop_callbacks()
+    with stop:
+        signal.signal(signal.SIGINT, lambda *_: called.append("pyspark"))
+        stop.install()
+        stop.on_stop(lambda: called.append("job"))
+        os.kill(os.getpid(), signal.SIGINT)
+        assert called == ["job"]
+    assert signal.getsignal(signal.SIGINT) is before
