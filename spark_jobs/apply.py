@@ -17,7 +17,6 @@ import gc
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -50,6 +49,8 @@ from spark_jobs.watchdog import StalledError, Watchdog
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from cdc.signals import StopSignals
 
 __all__ = [
     "STOP_REQUESTED",
@@ -432,18 +433,18 @@ def run_apply(
     spark: SparkSession | None = None,
     on_batch: Callable[[BatchReport], None] | None = None,
     master: str | None = None,
+    stop_signals: StopSignals | None = None,
 ) -> ApplySummary:
     """Build (or reuse) the session (on ``master``, see :func:`spark_jobs.session.get_session`) and
-    run the job once; the entry point of ``cdc apply``."""
+    run the job once; the entry point of ``cdc apply``. ``stop_signals``: a stop they request
+    (SIGTERM, SIGINT) is the job's :meth:`ApplyJob.stop`."""
     if spark is None:
         from spark_jobs.session import get_session
 
         spark = get_session(master=master)
     job = ApplyJob(spark, settings, options, on_batch=on_batch)
-    previous: Any = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, lambda *_: job.stop())
+    if stop_signals is not None:
+        stop_signals.on_stop(job.stop)
     failed: BaseException | None = None
     try:
         return job.run()
@@ -460,7 +461,5 @@ def run_apply(
             # writer whose thread died on the same full disk) must not replace it: it is told, then
             # the run's error is raised
             sys.stderr.write(f"cdc apply: closing the sinks after the failure also failed: {exc!r}\n")
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         if options.hard_exit_on_stall:
             job.watchdog.end_stuck_jvm()

@@ -94,33 +94,59 @@ def get_session(
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     master = master or os.environ.get("CDC_SPARK_MASTER") or (None if submitted else "local[2]")
     scratch = private_scratch(local_dir)
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.default.parallelism", "2")
-        .config("spark.local.dir", str(scratch))
+    options = {
+        "spark.app.name": app_name,
+        "spark.driver.memory": driver_memory,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.default.parallelism": "2",
+        "spark.local.dir": str(scratch),
         # Hadoop's local filesystem applies its own umask (022, key fs.permissions.umask-mode) to
         # checkpoint files and directories: keep them private
-        .config("spark.hadoop.fs.permissions.umask-mode", "077")
-        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.streaming.stopTimeout", "60s")
+        "spark.hadoop.fs.permissions.umask-mode": "077",
+        "spark.sql.warehouse.dir": str(scratch / "warehouse"),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.streaming.stopTimeout": "60s",
         # the micro-batch fixed cost matters for freshness: keep the state-store and
         # maintenance machinery out of the way (the job keeps no Spark state)
-        .config("spark.sql.streaming.minBatchesToRetain", "20")
-        .config("spark.python.worker.reuse", "true")
-    )
+        "spark.sql.streaming.minBatchesToRetain": "20",
+        "spark.python.worker.reuse": "true",
+    }
     if master:
-        builder = builder.master(master)
+        options["spark.master"] = master
     if (master or "").startswith("local"):
         # on a cluster the executors connect back to the driver: Spark's own address then
         # (SPARK_LOCAL_IP / SPARK_LOCAL_HOSTNAME, or spark.driver.host: docs/apply.md)
-        builder = builder.config("spark.driver.host", "127.0.0.1").config(
-            "spark.driver.bindAddress", "127.0.0.1"
-        )
+        options["spark.driver.host"] = "127.0.0.1"
+        options["spark.driver.bindAddress"] = "127.0.0.1"
+    if not submitted:
+        start_driver_jvm(options)
+    builder = SparkSession.builder
+    for key, value in options.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def start_driver_jvm(options: dict[str, str]) -> None:
+    """Start the driver's JVM (pyspark's py4j gateway) with ``options`` in a session and process
+    group of its own, and its SparkContext on it; nothing when a JVM is already up.
+
+    A supervisor stops a service by signalling its process group (``kill -TERM -PGID``): the JVM,
+    a child of this process, would get the signal too and run its shutdown hooks (stopping the
+    SparkContext under the micro-batch in progress), and so would the Python workers it starts, in
+    its group. Out of the group, the signal reaches this process only, which stops the job
+    gracefully and then the JVM. The JVM still ends with this process, however that ends: pyspark's
+    gateway server exits when its stdin, a pipe from this process, reaches EOF (``kill -9`` of this
+    process included), and its Python workers end with it."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "SPARK_REMOTE" in os.environ:
+        return
+    conf = SparkConf().setAll(list(options.items()))
+    # pyspark adds its own preexec_fn (ignoring SIGINT) and stdin pipe to these
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext(conf=conf, gateway=gateway)

@@ -59,6 +59,17 @@ def test_service_commands_are_real_cdc_verbs() -> None:
         parser.parse_args(cmd[1:])  # raises SystemExit on an unknown verb
 
 
+def test_cdc_services_get_time_to_finish_their_batch_when_stopped() -> None:
+    """`docker stop` sends SIGTERM to the container's first process, then SIGKILL after the grace
+    period (10 s by default): `cdc run` and `cdc apply` finish their batch first, which takes longer
+    (docs/apply.md, "Stopping and restarting")."""
+    services = load()["services"]
+    for name in ("capture", "apply"):
+        assert services[name]["stop_signal"] == "SIGTERM"
+        grace = re.fullmatch(r"(\d+)s", services[name]["stop_grace_period"])
+        assert grace and int(grace.group(1)) >= 60, services[name]["stop_grace_period"]
+
+
 def test_image_copies_packages_that_exist() -> None:
     dockerfile = (ROOT / "compose" / "Dockerfile").read_text()
     for src in re.findall(r"^COPY (\S+) ", dockerfile, re.M):

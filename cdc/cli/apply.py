@@ -5,6 +5,12 @@
 ``--trigger-interval`` seconds. Progress goes to stdout (stderr with ``--json``, whose summary --
 batches, records, events applied, dead letters -- is the only thing on stdout).
 
+Stopping: SIGTERM or SIGINT (Ctrl-C), to this process or to its whole process group (as supervisors
+send it), lets the micro-batch in progress complete -- its sinks and its checkpoint -- then the job
+stops and exits 0; a second SIGINT aborts (exit 130; the batch is replayed from the checkpoint). The
+Spark driver JVM runs in a process group of its own (:func:`spark_jobs.session.start_driver_jvm`),
+so a signal to this group does not reach it.
+
 Exit codes: 0 done; 1 a micro-batch failed or made no progress for ``--stall-timeout`` seconds (the
 job stopped; the batch is retried from the checkpoint on the next run, nothing is skipped).
 
@@ -31,6 +37,10 @@ from cdc.errors import CdcError, ConfigError
 from cdc.faults import ENV as FAULTS_ENV
 from cdc.faults import Faults
 from cdc.locks import ProcessLock
+from cdc.signals import StopSignals
+
+#: what a stop signal does (told on stderr when it arrives)
+STOPPING = "finishing the micro-batch in progress, then stopping"
 
 #: a micro-batch is collected on the driver: bound it (about 0.5-1 KB of driver memory per record)
 DEFAULT_MAX_RECORDS = 250_000
@@ -91,6 +101,7 @@ def _exit_hard(exc: BaseException, *, as_json: bool) -> NoReturn:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     from spark_jobs.apply import ApplyOptions, BatchReport, run_apply
+    from spark_jobs.session import get_session
 
     if args.trigger_interval <= 0:
         raise ConfigError(
@@ -122,7 +133,10 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         )
         out.flush()
         try:
-            summary = run_apply(settings, options, on_batch=progress, master=args.master)
+            with StopSignals("cdc apply", STOPPING) as stop:  # before Spark starts: no signal is lost
+                spark = get_session(master=args.master)
+                stop.install()  # the SparkContext installed its own SIGINT handler
+                summary = run_apply(settings, options, spark=spark, on_batch=progress, stop_signals=stop)
         except BaseException as exc:  # reported, then the process ends (see the module docstring)
             _exit_hard(exc, as_json=bool(args.json))
     body: dict[str, Any] = summary.to_dict()

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from cdc.logstore.factory import open_log_store
-from tests.plugins.apply import reader_env
+from tests.plugins.apply import descendants, reader_env
 from tests.plugins.capture import CDC
 from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster, wait_for
@@ -86,11 +86,12 @@ def _jvm_dump(pid: int) -> str:
     """Thread dumps of a hung job (the JVM's via jstack)."""
     out = []
     with contextlib.suppress(Exception):
-        kids = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
-        for kid in kids:
+        for kid in descendants(pid):  # the JVM runs in a process group of its own
             cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
             if b"java" in cmd:
-                out.append(subprocess.run(["jstack", kid], capture_output=True, text=True, timeout=60).stdout)
+                out.append(
+                    subprocess.run(["jstack", str(kid)], capture_output=True, text=True, timeout=60).stdout
+                )
     return "\n".join(out)[-20000:]
 
 

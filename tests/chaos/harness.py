@@ -44,6 +44,7 @@ import psycopg
 
 from cdc.devcluster import PgCluster
 from tests.chaos.ledger import Count, Ledger, Recording, committed, count
+from tests.plugins.apply import descendants
 from tests.plugins.capture import CDC
 
 DDL = """
@@ -186,7 +187,10 @@ class Report:
 
 
 class Proc:
-    """One supervised `cdc` process (its own process group, so a kill reaches the Spark JVM too)."""
+    """One supervised `cdc` process in a process group of its own, signalled as a supervisor does: to
+    the whole group. `cdc apply`'s Spark JVM runs in a group of its own (a group SIGTERM must not
+    reach it); a SIGKILL also goes to every descendant, as systemd's SIGKILL of the unit's cgroup
+    does."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
         self.name, self.args, self.env, self.log = name, args, env, log
@@ -216,8 +220,12 @@ class Proc:
     def signal(self, sig: int) -> None:
         if self.alive():
             assert self.popen is not None
+            kids = descendants(self.popen.pid) if sig == signal.SIGKILL else []
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
+            for kid in kids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(kid, sig)
 
     def wait(self, timeout: float) -> int | None:
         if self.popen is None:

@@ -31,6 +31,7 @@ import psycopg
 
 from cdc.devcluster import start_cluster
 from tests.chaos.harness import DDL, TABLES, Proc
+from tests.plugins.apply import descendants
 from tests.plugins.capture import CDC
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -41,17 +42,6 @@ def parse_duration(text: str) -> float:
     if not m:
         raise SystemExit(f"--duration {text!r}: use e.g. 90s, 10m or 1h")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out.extend(int(c) for c in f.read().split())
-    except OSError:
-        pass
-    return out
 
 
 def _rss_mb(pid: int) -> float:
@@ -83,10 +73,7 @@ def memory(reader: Proc, apply: Proc) -> dict[str, float]:
     if apply.popen:
         root = apply.popen.pid
         out["spark driver (python)"] = _rss_mb(root)
-        todo = _children(root)
-        while todo:
-            pid = todo.pop()
-            todo.extend(_children(pid))
+        for pid in descendants(root):
             cmd = _comm(pid)
             if "java" in cmd.split(" ")[0]:
                 out["spark driver (jvm)"] += _rss_mb(pid)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,3 +122,37 @@ def warehouse_ids(env: Env, reg: Any) -> set[int]:
         return set(warehouse_rows(env, reg))
     except ApplyError:  # not created yet
         return set()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first): `cdc apply`'s Spark JVM, in a process group
+    of its own, and the Python workers the JVM starts."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+                out.extend(kids)
+                todo.extend(kids)
+    return out
+
+
+def processes_with_env(marker: str) -> dict[int, str]:
+    """The live processes whose environment holds ``marker`` (``NAME=VALUE``), pid -> command line:
+    a process started with it and all it started that inherited it (the Spark JVM, its Python
+    workers), even once they were orphaned. Zombies have no environment: they are not listed."""
+    want = marker.encode()
+    out: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if want not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                out[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+    return out
