@@ -9,14 +9,17 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import tantivy
 
 from cdc.errors import ApplyError
+from cdc.registry import TableReg
 from sinks import ChangeBatch
 from sinks import search as S
 from sinks.parse import parse_batch
 from sinks.search import SearchSink
+from sinks.search.index import Shard, find_layout
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import Feed, columns_of, table
 
@@ -34,15 +37,28 @@ def sink(tmp_path: Path) -> Iterator[SearchSink]:
     s.close()
 
 
-def docs(tmp_path: Path, reg: object) -> dict[int, dict[str, object]]:
-    index = tantivy.Index.open(str(S.index_path(tmp_path, reg)))  # type: ignore[arg-type]
-    searcher = index.searcher()
+def docs(tmp_path: Path, reg: TableReg) -> dict[int, dict[str, object]]:
+    """Every document of every shard, by id (each in the shard of its key, one per key)."""
+    layout = find_layout(tmp_path, reg)
+    assert layout is not None
     out = {}
-    for _score, addr in searcher.search(tantivy.Query.all_query(), 1000).hits:
-        d = searcher.doc(addr)
-        out[json.loads(d.get_first(S.KEY))["id"]] = d.to_dict()
-    assert len(out) == searcher.num_docs, "one document per key"
+    for n, (path, _db) in enumerate(layout.shards):
+        searcher = tantivy.Index.open(str(path)).searcher()
+        for _score, addr in searcher.search(tantivy.Query.all_query(), 1000).hits:
+            d = searcher.doc(addr)
+            key = d.get_first(S.KEY)
+            assert layout.shard_of(key) == n and json.loads(key)["id"] not in out, (key, n)
+            out[json.loads(key)["id"]] = d.to_dict()
+    assert len(out) == sum(tantivy.Index.open(str(p)).searcher().num_docs for p, _ in layout.shards), (
+        "one document per key"
+    )
     return out
+
+
+def shard(sink: SearchSink, reg: TableReg, key: dict[str, object]) -> Shard:
+    """The shard holding ``key``, as ``sink`` opened it."""
+    table = sink._table(reg)
+    return table.shard(table.layout.shard_of(orjson.dumps(key).decode()))
 
 
 def row(i: int, title: str, body: str = "", price: str | None = None) -> dict[str, object]:
@@ -154,7 +170,7 @@ def test_idempotent_replay(tmp_path: Path, sink: SearchSink, feed: FeedMaker) ->
     sink.apply(b, 1, APP)
     # crash between the index commit and the side table: the batch stays pending, its batch id and
     # versions are not recorded; the replay must not add a second document (docs() checks one per key)
-    idx = sink._index(reg)
+    idx = shard(sink, reg, {"id": 1})
     idx.db.execute("DELETE FROM applied")
     idx.db.execute("DELETE FROM versions")
     idx.set_pending(APP, 1)
@@ -164,6 +180,7 @@ def test_idempotent_replay(tmp_path: Path, sink: SearchSink, feed: FeedMaker) ->
     # a pending batch that is never replayed keeps every later batch in always-delete mode
     b2 = f.batch(f.change("c", row(2, "two"), 200))
     sink.apply(b2, 2, APP)
+    idx = shard(sink, reg, {"id": 2})
     idx.db.execute("DELETE FROM applied")
     idx.db.execute("DELETE FROM versions WHERE key = ?", ('{"id":2}',))
     idx.set_pending(APP, 2)
@@ -221,14 +238,23 @@ def _both(f: Feed, records: list) -> tuple[ChangeBatch, ChangeBatch]:
     return batch, ChangeBatch(f.reg, columns=cols)
 
 
-def _side_table(tmp_path: Path, reg: object) -> dict[str, list[tuple[object, ...]]]:
-    db = sqlite3.connect(S.versions_path(tmp_path, reg))  # type: ignore[arg-type]
-    try:
-        return {
-            t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("versions", "applied", "meta")
-        }
-    finally:
-        db.close()
+def _side_table(tmp_path: Path, reg: TableReg) -> list[dict[str, list[tuple[object, ...]]]]:
+    """Every shard's side table."""
+    layout = find_layout(tmp_path, reg)
+    assert layout is not None
+    out = []
+    for _path, db_path in layout.shards:
+        db = sqlite3.connect(db_path)
+        try:
+            out.append(
+                {
+                    t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
+                    for t in ("versions", "applied", "meta")
+                }
+            )
+        finally:
+            db.close()
+    return out
 
 
 def test_columnar_path_gives_the_per_event_result(tmp_path: Path) -> None:
@@ -287,10 +313,11 @@ def test_columnar_batch_while_a_batch_is_pending_deletes_before_adding(
     sink.apply(b, 1, APP)
     # crash between the index commit and the side table: the index holds documents for keys the side
     # table does not know
-    idx = sink._index(reg)
-    idx.db.execute("DELETE FROM applied")
-    idx.db.execute("DELETE FROM versions")
-    idx.set_pending(APP, 1)
+    for i in range(3):  # every shard holding a key
+        idx = shard(sink, reg, {"id": i})
+        idx.db.execute("DELETE FROM applied")
+        idx.db.execute("DELETE FROM versions")
+        idx.set_pending(APP, 1)
     b2 = f.batch(*(f.change("u", row(i, f"new {i}"), 200 + i) for i in range(3)))
     assert (b2.columns is not None) == (columnar == "columns")
     sink.apply(b2, 2, APP)
