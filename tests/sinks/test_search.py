@@ -5,29 +5,24 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
-import tantivy
 
 from cdc.errors import ApplyError
-from cdc.registry import TableReg
 from sinks import ChangeBatch
 from sinks import search as S
 from sinks.parse import parse_batch
 from sinks.search import SearchSink
-from sinks.search.index import Shard, find_layout
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import Feed, columns_of, table
+from tests.sinks.search_state import COLS, docs, row, shard, side_tables
 
 # every test runs on both batch forms (per-event and columnar)
 pytestmark = pytest.mark.usefixtures("columnar")
 
 APP = "cdc-apply-test"
-COLS = (("id", "bigint"), ("title", "text"), ("body", "text"), ("price", "numeric(10,2)"))
 
 
 @pytest.fixture
@@ -35,34 +30,6 @@ def sink(tmp_path: Path) -> Iterator[SearchSink]:
     s = SearchSink(tmp_path)
     yield s
     s.close()
-
-
-def docs(tmp_path: Path, reg: TableReg) -> dict[int, dict[str, object]]:
-    """Every document of every shard, by id (each in the shard of its key, one per key)."""
-    layout = find_layout(tmp_path, reg)
-    assert layout is not None
-    out = {}
-    for n, (path, _db) in enumerate(layout.shards):
-        searcher = tantivy.Index.open(str(path)).searcher()
-        for _score, addr in searcher.search(tantivy.Query.all_query(), 1000).hits:
-            d = searcher.doc(addr)
-            key = d.get_first(S.KEY)
-            assert layout.shard_of(key) == n and json.loads(key)["id"] not in out, (key, n)
-            out[json.loads(key)["id"]] = d.to_dict()
-    assert len(out) == sum(tantivy.Index.open(str(p)).searcher().num_docs for p, _ in layout.shards), (
-        "one document per key"
-    )
-    return out
-
-
-def shard(sink: SearchSink, reg: TableReg, key: dict[str, object]) -> Shard:
-    """The shard holding ``key``, as ``sink`` opened it."""
-    table = sink._table(reg)
-    return table.shard(table.layout.shard_of(orjson.dumps(key).decode()))
-
-
-def row(i: int, title: str, body: str = "", price: str | None = None) -> dict[str, object]:
-    return {"id": i, "title": title, "body": body, "price": price}
 
 
 def test_upsert_delete_and_version_guard(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
@@ -238,25 +205,6 @@ def _both(f: Feed, records: list) -> tuple[ChangeBatch, ChangeBatch]:
     return batch, ChangeBatch(f.reg, columns=cols)
 
 
-def _side_table(tmp_path: Path, reg: TableReg) -> list[dict[str, list[tuple[object, ...]]]]:
-    """Every shard's side table."""
-    layout = find_layout(tmp_path, reg)
-    assert layout is not None
-    out = []
-    for _path, db_path in layout.shards:
-        db = sqlite3.connect(db_path)
-        try:
-            out.append(
-                {
-                    t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
-                    for t in ("versions", "applied", "meta")
-                }
-            )
-        finally:
-            db.close()
-    return out
-
-
 def test_columnar_path_gives_the_per_event_result(tmp_path: Path) -> None:
     cols = (*COLS, ("rank", "integer"))
     reg = table("docs", columns=cols, search=("title", "body", "rank"))
@@ -294,7 +242,7 @@ def test_columnar_path_gives_the_per_event_result(tmp_path: Path) -> None:
                 sink.apply(per_event if form == "events" else columnar, batch_id, APP)
         finally:
             sink.close()
-    got = {form: (docs(state, reg), _side_table(state, reg)) for form, state in dirs.items()}
+    got = {form: (docs(state, reg), side_tables(state, reg)) for form, state in dirs.items()}
     assert got["columns"] == got["events"]
     d = got["events"][0]
     assert set(d) == (set(range(80)) - set(range(7, 15))) | {30 + i for i in range(50, 60)}
