@@ -133,7 +133,7 @@ def test_a_whole_batch_replayed_after_some_shards_committed_it(tmp_path: Path, f
     lack it and changes nothing in the others (idempotency per shard)."""
     reg = table("items", search=("name", "note"))
     f = _Feed(reg, feed(reg).form)
-    batches = [f.batch(recs) for recs in mixed_batches(f, 13)[:3]]
+    batches = [f.batch(recs) for recs in mixed_batches(f, 13)[:2]]
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
     apply_whole(clean, reg, batches)
     sink = SearchSink(crashed, shards=SHARDS)
@@ -143,7 +143,7 @@ def test_a_whole_batch_replayed_after_some_shards_committed_it(tmp_path: Path, f
             sink.apply(slice_of(batches[1], p), 2, APP)
         assert sink.applied_batch(reg, APP) == 1
         sink.apply(batches[1], 2, APP)  # the replay
-        sink.apply(batches[2], 3, APP)
+        assert sink.applied_batch(reg, APP) == 2
     finally:
         sink.close()
     assert docs(crashed, reg) == docs(clean, reg)
