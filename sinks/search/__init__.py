@@ -62,7 +62,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """From ``[search]`` in cdc.toml. ``heap_size``: the index writer's memory budget (bytes)."""
+    """From ``[search]`` in cdc.toml. ``heap_size``: the memory budget (bytes) of a shard's index writer
+    (a whole batch opens every shard of its table)."""
 
     tombstone_retention_hours: float = 7 * 24
     heap_size: int = 64_000_000
