@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,8 +235,12 @@ class SearchSink(Sink):
                 if shard.has_writer:
                     shard.writer.rollback()
             raise
-        for p in prepared:
-            self._commit(p, app_id, batch_id)
+        if len(prepared) > 1:  # the shards' commits wait on fsync mostly: at once
+            with ThreadPoolExecutor(len(prepared)) as pool:
+                list(pool.map(lambda p: self._commit(p, app_id, batch_id), prepared))
+        else:
+            for p in prepared:
+                self._commit(p, app_id, batch_id)
         if batch_id % 100 == 0:
             for p in prepared:
                 self._purge(p.shard)
