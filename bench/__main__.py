@@ -23,6 +23,7 @@ BENCHMARKS = [
     "apply",
     "freshness",
     "decoders",
+    "search_shards",
 ]
 
 

@@ -5,7 +5,8 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/registry.db                      the registry (cdc.registry)
     <state>/log/                             the embedded log store
     <state>/warehouse/<schema>/<table>       Delta current state; ``<table>__history``, ``<table>__tombstones``
-    <state>/search/<topic>                   tantivy index; ``<topic>.versions.sqlite``
+    <state>/search/<topic>                   search index: ``shard-<i>/`` (tantivy) and ``shard-<i>.versions.sqlite``
+                                             per shard; ``<topic>.versions.sqlite`` the index's metadata
     <state>/spark/checkpoint/apply           Spark checkpoint of the apply job; ``apply.id`` its app id
     <state>/spark/apply-ledger.json          the apply job's ledger (``apply-metrics.json`` before 2026-11)
     <state>/spark/scratch/                   Spark's local dir (private to the state's owner)
@@ -69,6 +70,12 @@ def search_index(state_dir: Path, topic: str) -> Path:
 
 def search_versions(state_dir: Path, topic: str) -> Path:
     return search_dir(state_dir) / f"{component(topic)}.versions.sqlite"
+
+
+def search_shard(state_dir: Path, topic: str, shard: int) -> tuple[Path, Path]:
+    """``(tantivy index, side table)`` of shard ``shard`` of a topic's search index."""
+    base = search_index(state_dir, topic)
+    return base / f"shard-{shard}", base / f"shard-{shard}.versions.sqlite"
 
 
 def spark_dir(state_dir: Path) -> Path:

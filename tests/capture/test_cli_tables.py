@@ -66,9 +66,11 @@ def test_add_list_remove_round_trip_with_quoted_names(
             "history": str(state / "warehouse" / "Mixed_Case" / "tab_le__history"),
         },
         "search_index": str(state / "search" / "cdc.Mixed_Case.tab_le"),
+        "search_shards": None,  # the index is created (with its shards) by its first apply
         "decoder": "wal2json",  # the configured one until a slot records its own
     }
-    assert listed[1]["search_index"] is None and listed[1]["key"] == ["id"]
+    assert listed[1]["search_index"] is None and listed[1]["search_shards"] is None
+    assert listed[1]["key"] == ["id"]
 
     with Registry(state) as r:  # the snapshot side records its alignment; list shows it
         r.set_snapshot_state("public", "orders", "done", Alignment(0x1_0000_00A0, {0: 3, 1: 0}))

@@ -15,6 +15,8 @@ import pytest
 from deltalake import DeltaTable
 
 from cdc.errors import ApplyError
+from cdc.events import encode_key
+from sinks import shard_of
 from sinks.search import SearchSink, search
 from sinks.warehouse import WarehouseSink
 from sinks.warehouse.layout import CURRENT_META, Layout
@@ -109,8 +111,10 @@ def test_a_search_index_held_by_another_writer(tmp_path: Path) -> None:
     first = SearchSink(tmp_path)
     first.apply(f.batch(f.change("c", {"id": 1, "name": "widget one", "note": "x"}, 100)), 1, APP)
     first.close()
-    index = tmp_path / "search" / reg.topic
-    assert index.is_dir()
+    # the shard of the next batch's key (id 2)
+    two = shard_of(encode_key({"id": 2}).decode(), first.shards)
+    index = tmp_path / "search" / reg.topic / f"shard-{two}"
+    assert (index / "meta.json").is_file()
     other = subprocess.Popen(
         [sys.executable, "-c", HOLD_WRITER, str(index)],
         stdin=subprocess.PIPE,

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tantivy
 
 from cdc.errors import ApplyError
 from sinks import ChangeBatch
@@ -19,12 +17,12 @@ from sinks.parse import parse_batch
 from sinks.search import SearchSink
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import Feed, columns_of, table
+from tests.sinks.search_state import COLS, docs, row, shard, side_tables
 
 # every test runs on both batch forms (per-event and columnar)
 pytestmark = pytest.mark.usefixtures("columnar")
 
 APP = "cdc-apply-test"
-COLS = (("id", "bigint"), ("title", "text"), ("body", "text"), ("price", "numeric(10,2)"))
 
 
 @pytest.fixture
@@ -32,21 +30,6 @@ def sink(tmp_path: Path) -> Iterator[SearchSink]:
     s = SearchSink(tmp_path)
     yield s
     s.close()
-
-
-def docs(tmp_path: Path, reg: object) -> dict[int, dict[str, object]]:
-    index = tantivy.Index.open(str(S.index_path(tmp_path, reg)))  # type: ignore[arg-type]
-    searcher = index.searcher()
-    out = {}
-    for _score, addr in searcher.search(tantivy.Query.all_query(), 1000).hits:
-        d = searcher.doc(addr)
-        out[json.loads(d.get_first(S.KEY))["id"]] = d.to_dict()
-    assert len(out) == searcher.num_docs, "one document per key"
-    return out
-
-
-def row(i: int, title: str, body: str = "", price: str | None = None) -> dict[str, object]:
-    return {"id": i, "title": title, "body": body, "price": price}
 
 
 def test_upsert_delete_and_version_guard(tmp_path: Path, sink: SearchSink, feed: FeedMaker) -> None:
@@ -154,7 +137,7 @@ def test_idempotent_replay(tmp_path: Path, sink: SearchSink, feed: FeedMaker) ->
     sink.apply(b, 1, APP)
     # crash between the index commit and the side table: the batch stays pending, its batch id and
     # versions are not recorded; the replay must not add a second document (docs() checks one per key)
-    idx = sink._index(reg)
+    idx = shard(sink, reg, {"id": 1})
     idx.db.execute("DELETE FROM applied")
     idx.db.execute("DELETE FROM versions")
     idx.set_pending(APP, 1)
@@ -164,6 +147,7 @@ def test_idempotent_replay(tmp_path: Path, sink: SearchSink, feed: FeedMaker) ->
     # a pending batch that is never replayed keeps every later batch in always-delete mode
     b2 = f.batch(f.change("c", row(2, "two"), 200))
     sink.apply(b2, 2, APP)
+    idx = shard(sink, reg, {"id": 2})
     idx.db.execute("DELETE FROM applied")
     idx.db.execute("DELETE FROM versions WHERE key = ?", ('{"id":2}',))
     idx.set_pending(APP, 2)
@@ -221,16 +205,6 @@ def _both(f: Feed, records: list) -> tuple[ChangeBatch, ChangeBatch]:
     return batch, ChangeBatch(f.reg, columns=cols)
 
 
-def _side_table(tmp_path: Path, reg: object) -> dict[str, list[tuple[object, ...]]]:
-    db = sqlite3.connect(S.versions_path(tmp_path, reg))  # type: ignore[arg-type]
-    try:
-        return {
-            t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("versions", "applied", "meta")
-        }
-    finally:
-        db.close()
-
-
 def test_columnar_path_gives_the_per_event_result(tmp_path: Path) -> None:
     cols = (*COLS, ("rank", "integer"))
     reg = table("docs", columns=cols, search=("title", "body", "rank"))
@@ -268,7 +242,7 @@ def test_columnar_path_gives_the_per_event_result(tmp_path: Path) -> None:
                 sink.apply(per_event if form == "events" else columnar, batch_id, APP)
         finally:
             sink.close()
-    got = {form: (docs(state, reg), _side_table(state, reg)) for form, state in dirs.items()}
+    got = {form: (docs(state, reg), side_tables(state, reg)) for form, state in dirs.items()}
     assert got["columns"] == got["events"]
     d = got["events"][0]
     assert set(d) == (set(range(80)) - set(range(7, 15))) | {30 + i for i in range(50, 60)}
@@ -287,10 +261,11 @@ def test_columnar_batch_while_a_batch_is_pending_deletes_before_adding(
     sink.apply(b, 1, APP)
     # crash between the index commit and the side table: the index holds documents for keys the side
     # table does not know
-    idx = sink._index(reg)
-    idx.db.execute("DELETE FROM applied")
-    idx.db.execute("DELETE FROM versions")
-    idx.set_pending(APP, 1)
+    for i in range(3):  # every shard holding a key
+        idx = shard(sink, reg, {"id": i})
+        idx.db.execute("DELETE FROM applied")
+        idx.db.execute("DELETE FROM versions")
+        idx.set_pending(APP, 1)
     b2 = f.batch(*(f.change("u", row(i, f"new {i}"), 200 + i) for i in range(3)))
     assert (b2.columns is not None) == (columnar == "columns")
     sink.apply(b2, 2, APP)

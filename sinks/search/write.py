@@ -1,0 +1,307 @@
+"""Writing one shard of a table's index: the index operations of a batch's events (uncommitted, on
+the shard's writer) and the side table's commit. Guarantees and layout: ``docs/search.md``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import tantivy
+
+from cdc.errors import ApplyError
+from cdc.events import Version
+from sinks import ChangeBatch, ChangeEvent
+from sinks.columnar import Columns
+from sinks.search.index import DOCUMENT, KEY, LSN, SEQ, Layout, Shard, TableIndex, field_names
+from sinks.toast import Chains
+
+_Row = tuple[str, int, int, int, int | None]  # a side-table row: key, commit_lsn, seq, deleted, deleted_at_ms
+
+
+def _older_than(schema: tantivy.Schema, v: Version) -> tantivy.Query:
+    """Documents whose version is older than ``v``: lsn < L OR (lsn = L AND seq < S)."""
+    u64 = tantivy.FieldType.Unsigned
+
+    def below(field: str, bound: int) -> tantivy.Query:
+        return tantivy.Query.range_query(
+            schema, field, u64, 0, bound, include_lower=True, include_upper=False
+        )
+
+    same_lsn = tantivy.Query.range_query(schema, LSN, u64, v.commit_lsn, v.commit_lsn)
+    return tantivy.Query.boolean_query(
+        [
+            (tantivy.Occur.Should, below(LSN, v.commit_lsn)),
+            (
+                tantivy.Occur.Should,
+                tantivy.Query.boolean_query(
+                    [(tantivy.Occur.Must, same_lsn), (tantivy.Occur.Must, below(SEQ, v.seq))]
+                ),
+            ),
+        ]
+    )
+
+
+def upserts(
+    table: TableIndex,
+    shard: Shard,
+    batch: ChangeBatch,
+    whole: ChangeBatch,
+    marker: Version,
+    always_delete: bool,
+) -> tuple[list[_Row], ChangeEvent | None]:
+    """The index operations (uncommitted) of ``batch``, the events of ``shard`` of the micro-batch
+    ``whole`` (whose other events complete a key change's unchanged TOAST values), per event;
+    returns the side-table rows and the applied TRUNCATE."""
+    reg = table.reg
+    writer = shard.writer
+    fields = field_names(reg)
+    latest = batch.latest()
+    by_key: dict[str, list[ChangeEvent]] = {}
+    for e in batch.events:
+        if e.op != "t":
+            by_key.setdefault(e.key_json, []).append(e)
+    stored = shard.stored(sorted({ev.key_json for ev in latest if ev.op != "t"}))
+    toast_keys = {e.key_json for e in batch.events if e.unavailable}
+    chains = Chains(whole.events, reg.key) if toast_keys else None
+    overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
+    truncate: ChangeEvent | None = None
+    for ev in latest:
+        if ev.op == "t":
+            if ev.version <= marker:
+                continue
+            # one delete-by-query (also hits documents added earlier in this batch)
+            writer.delete_documents_by_query(_older_than(shard.schema, ev.version))
+            for k, (v, dead, _) in list(overlay.items()):
+                if not dead and v < ev.version:
+                    overlay[k] = (ev.version, True, ev.ts_ms)
+            marker = ev.version
+            truncate = ev
+            continue
+        prev = overlay.get(ev.key_json)
+        guard = marker
+        live = always_delete
+        if prev is not None:
+            guard = max(guard, prev[0])
+            live = True
+        else:
+            st = stored.get(ev.key_json)
+            if st is not None:
+                guard = max(guard, Version(*st[0]))
+                live = live or not st[1]
+        if ev.version <= guard:
+            continue
+        if live:  # a key without a live stored version has no document
+            writer.delete_documents_by_term(KEY, ev.key_json)
+        if ev.op == "d":
+            overlay[ev.key_json] = (ev.version, True, ev.ts_ms)
+            continue
+        values = ev.after or {}
+        if ev.key_json in toast_keys:
+            chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
+            if any(e.unavailable for e in chain):
+                values = _resolve(table, chain, chains)
+        writer.add_document(_document(ev.key_json, ev.version.commit_lsn, ev.version.seq, values, fields))
+        overlay[ev.key_json] = (ev.version, False, None)
+    rows = [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()]
+    rows.sort(key=lambda r: r[0])
+    return rows, truncate
+
+
+def record(
+    shard: Shard,
+    app_id: str,
+    batch_id: int,
+    rows: Iterable[_Row],
+    truncate: ChangeEvent | None,
+    *,
+    clear_pending: bool,
+) -> None:
+    """The side table's commit: ``rows`` = (key, commit_lsn, seq, deleted, deleted_at_ms) in key
+    order (B-tree pages are then visited once, in order), the truncate marker, the batch id."""
+    db = shard.db
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if clear_pending:
+            db.execute("DELETE FROM meta WHERE name = 'pending'")
+        if truncate is not None:  # the truncate marker guards the keys it removed
+            tv = truncate.version
+            db.execute(
+                "DELETE FROM versions WHERE deleted = 0 AND (commit_lsn < ? OR (commit_lsn = ? AND seq < ?))",
+                (tv.commit_lsn, tv.commit_lsn, tv.seq),
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('truncate', ?)",
+                (orjson.dumps([truncate.version.commit_lsn, truncate.version.seq]).decode(),),
+            )
+        db.executemany(
+            "INSERT INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET commit_lsn = excluded.commit_lsn, seq = excluded.seq, "
+            "deleted = excluded.deleted, deleted_at_ms = excluded.deleted_at_ms",
+            rows,
+        )
+        db.execute("INSERT OR REPLACE INTO applied VALUES (?, ?)", (app_id, batch_id))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _resolve(table: TableIndex, chain: list[ChangeEvent], chains: Chains | None) -> dict[str, Any]:
+    """The full values of the last event of ``chain`` (a key's applied events of this batch, in
+    version order): unavailable (unchanged TOAST) columns come from the previous event of the chain,
+    else from the stored document; for a primary-key change's ``c``, from the old key's row
+    (:mod:`sinks.toast`: its events of the batch, else its stored document), else from the key's own
+    document (a replay after this batch's index commit); ApplyError when there is none (or the key
+    was deleted before). :meth:`SearchSink.reject` dead-letters such events first."""
+    base: dict[str, Any] | None = None
+    deleted = False
+    for e in chain:
+        if e.op == "d":
+            base, deleted = None, True
+            continue
+        values = dict(e.after or {})
+        if chains is not None and Chains.is_moved(e):
+            moved = chains.values(e, lambda k, _v: table.document(k))
+            base = moved if moved is not None else table.document(e.key_json)
+        if e.unavailable:
+            if base is None and not deleted:
+                base = table.document(e.key_json)
+            if base is None:
+                reg = table.reg
+                raise ApplyError(
+                    f"{reg.qualified}: key {e.key_json} at version {e.version} lacks the unchanged TOAST "
+                    f"columns {list(e.unavailable)} and the search index has no document to take them from",
+                    fix=f"re-snapshot the table (`cdc snapshot {reg.qualified}`)",
+                    key=e.key_json,
+                )
+            for c in e.unavailable:
+                values[c] = base.get(c)
+        base = values
+    assert base is not None
+    return base
+
+
+_CHUNK = 8192  # rows per step of the columnar path: its Python objects stay few (fresh memory is slow)
+
+
+def columnar_upserts(shard: Shard, cols: Columns, marker: Version, always_delete: bool) -> list[_Row]:
+    """The index operations (uncommitted) of a columnar batch; returns the side-table rows in key order.
+
+    Same result as the per-event path: a columnar batch has no TRUNCATE and no unavailable column, so
+    only each key's newest row (:meth:`Columns.latest`) matters, applied when newer than the truncate
+    marker and the key's stored version. Per chunk of rows, one delete-by-query of the keys with a live
+    stored version (every key while a batch is pending) comes before the chunk's adds: each key occurs
+    once, so it removes exactly what the per-key delete by term would."""
+    writer = shard.writer
+    schema = shard.schema
+    fields = field_names(shard.reg)
+    mark = (marker.commit_lsn, marker.seq)
+    latest = cols.latest()
+    applied: list[pa.Table] = []
+    for start in range(0, latest.num_rows, _CHUNK):
+        chunk = latest.slice(start, _CHUNK)
+        keys, lsns, seqs = (chunk.column(c).to_pylist() for c in ("key_json", "commit_lsn", "seq"))
+        stored = shard.stored(keys)
+        keep: list[int] = []
+        live: list[str] = []
+        for i, (key, lsn, seq) in enumerate(zip(keys, lsns, seqs, strict=True)):
+            v = (lsn, seq)
+            st = stored.get(key)
+            if v <= mark or (st is not None and v <= st[0]):
+                continue
+            keep.append(i)
+            if always_delete or (st is not None and not st[1]):
+                live.append(key)
+        if not keep:
+            continue
+        if live:  # a key without a live stored version has no document
+            writer.delete_documents_by_query(tantivy.Query.term_set_query(schema, KEY, live))
+        chunk = chunk.take(keep)
+        applied.append(chunk.select(["key_json", "commit_lsn", "seq", "op", "ts_ms"]))
+        names = ("key_json", "commit_lsn", "seq", "op", "after")
+        for key, lsn, seq, op, after in zip(*(chunk.column(c).to_pylist() for c in names), strict=True):
+            if op != "d":
+                writer.add_document(_document(key, lsn, seq, after, fields))
+    if not applied:
+        return []
+    rows = pa.concat_tables(applied)
+    rows = rows.take(pc.sort_indices(rows, [("key_json", "ascending")]))
+    deleted = pc.equal(rows.column("op"), "d")
+    return list(
+        zip(
+            *(rows.column(c).to_pylist() for c in ("key_json", "commit_lsn", "seq")),
+            deleted.cast(pa.int64()).to_pylist(),
+            pc.if_else(deleted, rows.column("ts_ms"), None).to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _document(
+    key_json: str, commit_lsn: int, seq: int, values: dict[str, Any], fields: dict[str, str]
+) -> tantivy.Document:
+    doc = tantivy.Document()
+    doc.add_text(KEY, key_json)
+    doc.add_unsigned(LSN, commit_lsn)
+    doc.add_unsigned(SEQ, seq)
+    for col, field in fields.items():
+        v = values.get(col)
+        if v is None:
+            continue
+        doc.add_text(field, v if isinstance(v, str) else orjson.dumps(v).decode())
+    doc.add_bytes(DOCUMENT, orjson.dumps(values))
+    return doc
+
+
+# --- reading (cdc search) ---------------------------------------------------------------------------
+
+
+def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
+    """``batch`` per shard of the index: with ``batch.shard`` None, every shard with its keys' events
+    (possibly none) and every TRUNCATE; with ``batch.shard = p``, shard p with the whole batch, after
+    checking that every key is in shard p -- ApplyError naming the keys that are not (a bug of the
+    caller: nothing is written)."""
+    reg = batch.table
+    cols = batch.columns
+    keys = cols.table.column("key_json").to_pylist() if cols is not None else None
+    if keys is None:
+        keys = [e.key_json for e in batch.events if e.op != "t"]
+    shards = layout.shards_of(keys)
+    if batch.shard is not None:
+        p = batch.shard
+        wrong = [(k, s) for k, s in zip(keys, shards, strict=True) if s != p]
+        if not 0 <= p < layout.count or wrong:
+            raise ApplyError(
+                f"a slice of {reg.qualified} for shard {p} holds events of other shards: the search "
+                f"index has {layout.count} shard(s), keys {[k for k, _ in wrong[:5]]} belong to "
+                f"shards {[s for _, s in wrong[:5]]} ({len(wrong)} in all)",
+                fix="give a task only the events of its shard (sinks.shard_of(key_json, shards)), or "
+                "apply the whole batch (ChangeBatch.shard None) for an index with another shard count",
+                table=reg.qualified,
+                shard=p,
+                shards=layout.count,
+                keys=[k for k, _ in wrong[:5]],
+                key_shards=[s for _, s in wrong[:5]],
+            )
+        return [(p, batch)]
+    if layout.count == 1:
+        return [(0, batch)]
+    if cols is not None:
+        of = np.asarray(shards)
+        return [
+            (i, ChangeBatch(reg, columns=Columns(cols.table.filter(pa.array(of == i))), shard=i))
+            for i in range(layout.count)
+        ]
+    per: list[list[ChangeEvent]] = [[] for _ in range(layout.count)]
+    it = iter(shards)
+    for ev in batch.events:
+        if ev.op == "t":
+            for events in per:
+                events.append(ev)
+        else:
+            per[next(it)].append(ev)
+    return [(i, ChangeBatch(reg, events, shard=i)) for i, events in enumerate(per)]
