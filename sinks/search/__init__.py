@@ -94,7 +94,7 @@ class SearchSink(Sink):
     """tantivy index per table with search columns (see the module docstring). One writer per shard:
     the apply job, or the task that owns the shard; ``cdc search`` only reads. Not thread-safe: call
     it from one thread at a time (any thread: the SQLite side tables are opened with
-    ``check_same_thread=False``). ``shards``: the shard count of an index created from now on (the
+    ``check_same_thread=False``). ``shards`` (:attr:`new_shards`): the shard count of an index created from now on (the
     log store's partition count, :attr:`cdc.config.Settings.partitions`); an existing index keeps its
     own."""
 
@@ -108,7 +108,7 @@ class SearchSink(Sink):
             raise ValueError(f"shards must be at least 1, got {shards}")
         self.state_dir = Path(state_dir)
         self.options = options or SearchOptions()
-        self.shards = shards
+        self.new_shards = shards
         self._open: dict[str, TableIndex] = {}
 
     @classmethod
@@ -168,17 +168,22 @@ class SearchSink(Sink):
                 done.append(int(row[0]))
         return min(done) if done else None
 
+    def shards(self, reg: TableReg) -> int | None:
+        """See :meth:`sinks.Sink.shards`: the index's shard count (a new index's too: tasks may create
+        their shards at once, the first count recorded holds); None without search columns."""
+        return self.shard_count(reg) if reg.search else None
+
     def shard_count(self, reg: TableReg) -> int:
         """The shards of ``reg``'s index: those it was created with, or that a new one gets."""
         layout = find_layout(self.state_dir, reg)
-        return self.shards if layout is None else layout.count
+        return self.new_shards if layout is None else layout.count
 
     def _table(self, reg: TableReg) -> TableIndex:
         idx = self._open.get(reg.topic)
         if idx is None or idx.reg.search != reg.search:
             if idx is not None:
                 idx.close()
-            idx = TableIndex(self.state_dir, reg, self.shards)
+            idx = TableIndex(self.state_dir, reg, self.new_shards)
             self._open[reg.topic] = idx
         return idx
 
