@@ -73,6 +73,9 @@ class WarehouseConfig(_Section):
     vacuum_every: int = Field(default=10, ge=0)
     vacuum_retention_hours: int = Field(default=1, ge=0)
     target_file_size: int | None = Field(default=8 << 20, ge=1)
+    write: Literal["merge", "files"] = "merge"
+    #: unset: the log store's ``partitions`` (WarehouseOptions.from_settings)
+    shards: int = Field(default=1, ge=1)
 
 
 class SearchConfig(_Section):

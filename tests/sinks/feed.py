@@ -156,7 +156,7 @@ class Feed:
         return parsed.batch
 
 
-def mixed_batches(f: Feed, seed: int, partitions: int = 2) -> list[list[Any]]:
+def mixed_batches(f: Feed, seed: int, partitions: int | None = None) -> list[list[Any]]:
     """Batches of a random workload over 40 keys: inserts, updates, deletes, re-inserts and snapshot
     reads (most equal to the stored row, some not), each batch's records shuffled, some events
     delivered again in a later batch, older versions late, and a TRUNCATE in batch 3 (that batch takes
@@ -190,7 +190,7 @@ def mixed_batches(f: Feed, seed: int, partitions: int = 2) -> list[list[Any]]:
         sent.extend(r for r in recs if r.value is not None)
         if len(batches) == 3:
             lsn += 1
-            recs.extend(f.truncate(lsn, partitions=partitions))
+            recs.extend(f.truncate(lsn) if partitions is None else f.truncate(lsn, partitions=partitions))
             live.clear()
         rng.shuffle(recs)
         batches.append(recs)

@@ -112,7 +112,7 @@ def test_a_search_index_held_by_another_writer(tmp_path: Path) -> None:
     first.apply(f.batch(f.change("c", {"id": 1, "name": "widget one", "note": "x"}, 100)), 1, APP)
     first.close()
     # the shard of the next batch's key (id 2)
-    two = shard_of(encode_key({"id": 2}).decode(), first.shards)
+    two = shard_of(encode_key({"id": 2}).decode(), first.new_shards)
     index = tmp_path / "search" / reg.topic / f"shard-{two}"
     assert (index / "meta.json").is_file()
     other = subprocess.Popen(
