@@ -305,3 +305,35 @@ def test_an_index_created_before_shards_goes_on_as_one_shard(tmp_path: Path, fee
         )
     finally:
         db.close()
+
+
+def test_a_task_takes_a_moved_keys_toast_values_from_the_old_keys_shard(tmp_path: Path) -> None:
+    """A primary-key change 3 -> 30 lacking its unchanged TOAST value, the keys in different shards,
+    applied as slices: the task of the new key's shard reads the old key's document in the other
+    shard (committed, read only). If that shard's task committed the old key's delete first, the
+    value is gone: the ``c`` is rejected (the gap in docs/search.md), never applied without it."""
+    reg = table("docs", columns=COLS, search=("title", "body"))
+    old, new = key_of(3), key_of(30)
+    assert shard_of(old, SHARDS) != shard_of(new, SHARDS)
+    for order, state in (("new first", tmp_path / "a"), ("old first", tmp_path / "b")):
+        f = Feed(reg)
+        apply_whole(state, reg, [f.batch(f.change("c", row(3, "t", "the long body"), 100))])
+        moved = f.change(
+            "c", {"id": 30, "title": "moved", "price": None}, 200, unavailable=["body"], before={"id": 3}
+        )
+        b = f.batch(*f.delete({"id": 3}, 200), moved)
+        parts = [slice_of(b, shard_of(new, SHARDS)), slice_of(b, shard_of(old, SHARDS))]
+        for part in parts if order == "new first" else parts[::-1]:
+            task = SearchSink(state, shards=SHARDS)  # each slice in a task of its own
+            try:
+                rejected = task.reject(part)
+                task.apply(part.without({(r.partition, r.offset) for r in rejected}), 2, APP)
+            finally:
+                task.close()
+        back = SearchSink(state).read_back(reg)
+        assert back is not None
+        if order == "new first":
+            assert rejected == [] and back.docs == {new: {"title": "moved", "body": "the long body"}}
+        else:
+            assert [r.offset for r in rejected] == [e.offset for e in b.events if e.op == "c"]
+            assert back.docs == {}
