@@ -241,8 +241,14 @@ def test_two_shards_written_at_once_from_two_processes(tmp_path: Path) -> None:
     ]
     for proc in procs:
         proc.start()
-    for proc in procs:
-        proc.join(120)
+    try:
+        for proc in procs:
+            proc.join(120)
+    finally:
+        for proc in procs:  # (a hung one is not left behind)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
     assert [proc.exitcode for proc in procs] == [0, 0]
     sink = SearchSink(tmp_path, shards=SHARDS)
     try:
