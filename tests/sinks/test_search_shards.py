@@ -343,3 +343,33 @@ def test_a_task_takes_a_moved_keys_toast_values_from_the_old_keys_shard(tmp_path
         else:
             assert [r.offset for r in rejected] == [e.offset for e in b.events if e.op == "c"]
             assert back.docs == {}
+
+
+def test_a_task_sees_another_shard_created_after_it_first_looked(tmp_path: Path) -> None:
+    """A task's read-only look at another shard that does not exist yet finds nothing; once that
+    shard's task has created and written it, the same task (a reused worker) finds its documents."""
+    reg = table("docs", columns=COLS, search=("title", "body"))
+    old, new = key_of(3), key_of(30)
+    f = Feed(reg)
+    moved = f.change(
+        "c", {"id": 30, "title": "moved", "price": None}, 200, unavailable=["body"], before={"id": 3}
+    )
+    part = slice_of(f.batch(moved), shard_of(new, SHARDS))
+    task = SearchSink(tmp_path, shards=SHARDS)
+    try:
+        assert [r.offset for r in task.reject(part)] == [moved.offset]  # no shard of the old key yet
+        other = SearchSink(tmp_path, shards=SHARDS)
+        try:
+            other.apply(
+                slice_of(f.batch(f.change("c", row(3, "t", "the long body"), 100)), shard_of(old, SHARDS)),
+                1,
+                APP,
+            )
+        finally:
+            other.close()
+        assert task.reject(part) == []
+        task.apply(part, 2, APP)
+    finally:
+        task.close()
+    back = SearchSink(tmp_path).read_back(reg)
+    assert back is not None and back.docs[new] == {"title": "moved", "body": "the long body"}
