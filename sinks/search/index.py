@@ -304,44 +304,51 @@ def _document_of(index: tantivy.Index, schema: tantivy.Schema, key: str) -> dict
 
 class _View:
     """Another process's shard, read only (the committed index and side table; nothing while it does
-    not exist): where a key change's old key lives when a task owns another shard."""
+    not exist, each opened once it does): where a key change's old key lives when a task owns
+    another shard."""
 
     def __init__(self, where: tuple[Path, Path], schema: tantivy.Schema) -> None:
-        path, db_path = where
+        self.path, self.db_path = where
         self.schema = schema
-        self.index = tantivy.Index.open(str(path)) if _has_index(path) else None
-        self.db = (
-            sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-            if db_path.exists()
-            else None
-        )
+        self._index: tantivy.Index | None = None
+        self._db: sqlite3.Connection | None = None
+
+    def _side_table(self) -> sqlite3.Connection | None:
+        if self._db is None and self.db_path.exists():
+            uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        return self._db
 
     def marker(self) -> Version:
-        if self.db is None:
-            return Version(-1, -1)
+        db = self._side_table()
         try:
-            row = self.db.execute("SELECT value FROM meta WHERE name = 'truncate'").fetchone()
+            row = (
+                None
+                if db is None
+                else db.execute("SELECT value FROM meta WHERE name = 'truncate'").fetchone()
+            )
         except sqlite3.OperationalError:  # created, its tables not yet
             row = None
         return Version(-1, -1) if row is None else Version(*orjson.loads(row[0]))
 
     def stored(self, keys: Iterable[str]) -> dict[str, tuple[tuple[int, int], bool]]:
-        if self.db is None:
-            return {}
+        db = self._side_table()
         try:
-            return _stored(self.db, keys)
+            return {} if db is None else _stored(db, keys)
         except sqlite3.OperationalError:  # created, its tables not yet
             return {}
 
     def document(self, key: str) -> dict[str, Any] | None:
-        if self.index is None:
+        if self._index is None and _has_index(self.path):
+            self._index = tantivy.Index.open(str(self.path))
+        if self._index is None:
             return None
-        self.index.reload()
-        return _document_of(self.index, self.schema, key)
+        self._index.reload()
+        return _document_of(self._index, self.schema, key)
 
     def close(self) -> None:
-        if self.db is not None:
-            self.db.close()
+        if self._db is not None:
+            self._db.close()
 
 
 class TableIndex:

@@ -275,12 +275,16 @@ def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
         p = batch.shard
         wrong = [(k, s) for k, s in zip(keys, shards, strict=True) if s != p]
         if not 0 <= p < layout.count or wrong:
+            what = (
+                f"the search index has {layout.count} shard(s), none numbered {p}"
+                if not 0 <= p < layout.count
+                else f"keys {[k for k, _ in wrong[:5]]} belong to shards {[s for _, s in wrong[:5]]} "
+                f"({len(wrong)} of {len(keys)} keys) of its {layout.count}"
+            )
             raise ApplyError(
-                f"a slice of {reg.qualified} for shard {p} holds events of other shards: the search "
-                f"index has {layout.count} shard(s), keys {[k for k, _ in wrong[:5]]} belong to "
-                f"shards {[s for _, s in wrong[:5]]} ({len(wrong)} in all)",
-                fix="give a task only the events of its shard (sinks.shard_of(key_json, shards)), or "
-                "apply the whole batch (ChangeBatch.shard None) for an index with another shard count",
+                f"a slice of {reg.qualified} for shard {p} cannot be applied: {what}",
+                fix="give a task only the events of its shard (sinks.shard_of(key_json, shards), shards: "
+                "SearchSink.shard_count), or apply whole batches (ChangeBatch.shard None) to this table",
                 table=reg.qualified,
                 shard=p,
                 shards=layout.count,
