@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from cdc.logstore.records import RECORDS, RECORDS_DDL
+from cdc.logstore.records import RECORDS_DDL, read_records
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -44,7 +44,6 @@ RANGES_DDL = "topic string, partition int, start long, end long"
 RANGES = pa.schema(
     [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
 )
-READ_CHUNK = 10_000
 DEFAULT_SPLIT = 500_000
 
 
@@ -209,34 +208,13 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = None
 
 
-def _batch(cols: tuple[list[Any], ...]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(cols, RECORDS, strict=True)], schema=RECORDS
-    )
-
-
-def read_range(state: str, log: str, rng: LogRange, store: Any = None) -> Iterator[pa.RecordBatch]:
-    """Every record of ``rng`` as Arrow batches of at most :data:`READ_CHUNK` rows (from ``store``
-    when given, else a store opened and closed here)."""
-    own = store is None
-    store = open_store(state, log) if own else store
+def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
+    """Every record of ``rng`` as Arrow batches (:func:`cdc.logstore.records.read_records`)."""
+    store = open_store(state, log)
     try:
-        cols: tuple[list[Any], ...] = ([], [], [], [], [], [])
-        for rec in store.iter_partition(rng.topic, rng.partition, rng.start, rng.end, batch=READ_CHUNK):
-            cols[0].append(rec.topic)
-            cols[1].append(rec.partition)
-            cols[2].append(rec.offset)
-            cols[3].append(rec.key)
-            cols[4].append(rec.value)
-            cols[5].append(rec.timestamp_ms)
-            if len(cols[0]) >= READ_CHUNK:
-                yield _batch(cols)
-                cols = ([], [], [], [], [], [])
-        if cols[0]:
-            yield _batch(cols)
+        yield from read_records(store, rng.topic, rng.partition, rng.start, rng.end)
     finally:
-        if own:
-            store.close()
+        store.close()
 
 
 class CdcLogDataSource(DataSource):

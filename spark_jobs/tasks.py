@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from cdc.logstore.records import RECORDS
+from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
 from sinks import DeadLetter, Sink
 from sinks.warehouse import WarehouseSink
@@ -121,7 +121,6 @@ def run_slices(
     registration, as the driver saw the registry) and yield its :class:`SliceResult`. The warehouse
     writes are left for the driver to commit; the search index's shard is committed here."""
     from cdc.logstore.factory import open_log_store
-    from spark_jobs.source import LogRange, read_range
 
     sinks = open_sinks(settings)
     store = open_log_store(settings, writer=False)  # with the [kafka] section's TLS and SASL
@@ -133,11 +132,7 @@ def run_slices(
                 if isinstance(sink, WarehouseSink):
                     sink.pending = pending
             t0 = time.monotonic()
-            batches = [
-                b
-                for p, start, end in sl.ranges
-                for b in read_range("", "", LogRange(sl.topic, p, start, end), store)
-            ]
+            batches = [b for p, start, end in sl.ranges for b in read_records(store, sl.topic, p, start, end)]
             records = pa.Table.from_batches(batches, schema=RECORDS)
             t1 = time.monotonic()
             prepared = applier.prepare(records)

@@ -79,6 +79,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the Spark master: spark://HOST:PORT (standalone), yarn, k8s://https://HOST:PORT or local[N] "
         "(default $CDC_SPARK_MASTER, else local[2]; see docs/apply.md, Running on a cluster)",
     )
+    p.add_argument(
+        "--work",
+        choices=("tasks", "driver"),
+        default="tasks",
+        help="where a micro-batch is read, parsed and written: in Spark tasks on the executors, the "
+        "driver only committing (default), or all in the driver (docs/apply.md)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(handler=handle)
 
@@ -115,6 +122,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         faults=Faults.parse(os.environ.get(FAULTS_ENV, "")),
         stall_timeout_s=max(float(args.stall_timeout), 0.0),
         hard_exit_on_stall=True,
+        work=str(args.work),
     )
     out = sys.stderr if args.json else sys.stdout
 

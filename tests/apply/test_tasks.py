@@ -15,12 +15,11 @@ import pytest
 from cdc.config import Settings
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.factory import open_log_store
-from cdc.logstore.records import RECORDS
+from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
 from sinks import RawRecord, StoredTexts
 from sinks.warehouse import WarehouseSink
 from spark_jobs.applier import BatchApplier, open_sinks
-from spark_jobs.source import LogRange, read_range
 from spark_jobs.tasks import (
     Slice,
     SliceResult,
@@ -116,9 +115,7 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
                     for r in regs
                     for p, end in store.end_offsets(r.topic).items()
                 ]
-                records = [
-                    b for t, p, s, e in ranges for b in read_range("", "", LogRange(t, p, s, e), store)
-                ]
+                records = [b for t, p, s, e in ranges for b in read_records(store, t, p, s, e)]
                 driver.run(pa.Table.from_batches(records, schema=RECORDS), batch_id)
                 slices = plan_slices(
                     ranges, lambda t: table_shards(task_sinks, by_topic[t]), lambda t: PARTITIONS
