@@ -44,6 +44,7 @@ from spark_jobs.ledger import (
     write_ledger,
 )
 from spark_jobs.lifecycle import STOP_REQUESTED, BatchGate, QueryLoop, jvm_gone_is_an_error, jvm_pid
+from spark_jobs.tasks import Planner
 from spark_jobs.watchdog import StalledError, Watchdog
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ class ApplyJob:
         self.metrics = Publisher(self.state_dir, "apply")  # on-call counters (cdc.metrics)
         self.ledger = Ledger(self.state_dir, self.app_id)
         self.keep_event_ts = keep_event_ts
+        self.planner = Planner(self.sinks)  # the work in tasks: their slices (spark_jobs.tasks)
         self.applier = BatchApplier(
             self.sinks,
             self._table_for,
@@ -256,14 +258,7 @@ class ApplyJob:
         started = time.monotonic()
         ranges = [(r.topic, r.partition, r.start, r.end) for r in df.collect()]
         regs = {t: reg for t in {r[0] for r in ranges} if (reg := self._table_for(t)) is not None}
-        slices = tasks.plan_slices(
-            ranges,
-            lambda t: tasks.table_shards(self.sinks, regs[t]) if t in regs else 1,
-            lambda t: len(self.store().end_offsets(t)),
-        )
-        for reg in regs.values():
-            for sink in self.sinks:
-                sink.prepare(reg)
+        slices = self.planner.plan(ranges, regs, lambda t: len(self.store().end_offsets(t)))
         results: list[tasks.SliceResult] = []
         if slices:
             settings, app_id, keep_ts = tasks.task_settings(self.settings), self.app_id, self.keep_event_ts

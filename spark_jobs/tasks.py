@@ -103,6 +103,44 @@ def plan_slices(
     return out
 
 
+class Planner:
+    """The driver's side of a micro-batch in tasks, before the tasks run: each table's metadata
+    brought in line with its registration (:meth:`sinks.Sink.prepare`, once per registration) and
+    the slices (:func:`plan_slices`). A table's shard count, once more than one, is kept: a table's
+    layout never changes while its registration does not."""
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.sinks = list(sinks)
+        self._prepared: dict[str, TableReg] = {}
+        self._shards: dict[str, tuple[TableReg, int]] = {}
+
+    def plan(
+        self,
+        ranges: Sequence[tuple[str, int, int, int]],
+        regs: Mapping[str, TableReg],
+        partitions: Callable[[str], int],
+    ) -> list[Slice]:
+        """The slices of a micro-batch of ``ranges``; ``regs``: topic -> registration (a topic
+        without one is applied whole, its records become dead letters)."""
+        for topic, reg in regs.items():
+            if self._prepared.get(topic) != reg:
+                for sink in self.sinks:
+                    sink.prepare(reg)
+                self._prepared[topic] = reg
+        return plan_slices(ranges, lambda t: self._shards_of(t, regs.get(t)), partitions)
+
+    def _shards_of(self, topic: str, reg: TableReg | None) -> int:
+        if reg is None:
+            return 1
+        known = self._shards.get(topic)
+        if known is not None and known[0] == reg:
+            return known[1]
+        n = table_shards(self.sinks, reg)
+        if n > 1:
+            self._shards[topic] = (reg, n)
+        return n
+
+
 def task_settings(settings: Settings) -> Settings:
     """``settings`` without its secrets (the source DSN, the serve token): what a task is sent."""
     return dataclasses.replace(settings, source=None, serve_token=None)

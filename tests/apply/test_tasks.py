@@ -21,13 +21,13 @@ from sinks import RawRecord, StoredTexts
 from sinks.warehouse import WarehouseSink
 from spark_jobs.applier import BatchApplier, open_sinks
 from spark_jobs.tasks import (
+    Planner,
     Slice,
     SliceResult,
     commit_slices,
     outcome_of,
     plan_slices,
     run_slices,
-    table_shards,
 )
 from tests.sinks.feed import Feed, mixed_batches, table
 
@@ -103,6 +103,7 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
     driver_sinks = open_sinks(driver_settings)
     driver = BatchApplier(driver_sinks, by_topic.get, APP)
     task_sinks = open_sinks(tasks_settings)  # the driver's: shards, prepare and committed only
+    planner = Planner(task_sinks)
     ctx = multiprocessing.get_context("spawn")
     sliced = 0
     try:
@@ -117,13 +118,8 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
                 ]
                 records = [b for t, p, s, e in ranges for b in read_records(store, t, p, s, e)]
                 driver.run(pa.Table.from_batches(records, schema=RECORDS), batch_id)
-                slices = plan_slices(
-                    ranges, lambda t: table_shards(task_sinks, by_topic[t]), lambda t: PARTITIONS
-                )
+                slices = planner.plan(ranges, by_topic, lambda t: PARTITIONS)
                 sliced += sum(sl.shard is not None for sl in slices)
-                for reg in regs:
-                    for sink in task_sinks:
-                        sink.prepare(reg)
                 results = [
                     r
                     for rs in pool.map(_run, [(tasks_settings, batch_id, by_topic, sl) for sl in slices])
