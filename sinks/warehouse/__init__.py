@@ -218,7 +218,8 @@ class WarehouseSink(Sink):
         ]
         if not todo:
             return
-        files = self.options.write == "files" or batch.shard is not None
+        # deferred writes (a task's) and a shard's slice are file writes whatever the option says
+        files = self.options.write == "files" or self.pending is not None or batch.shard is not None
         commit = Commit(
             CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]),
             files=files,

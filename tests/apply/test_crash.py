@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
@@ -21,9 +22,13 @@ from tests.plugins.items import capture, item_row, items_table, source, verify_j
 from tests.plugins.postgres import PgCluster
 
 
+@pytest.mark.parametrize("work", ["tasks", "driver"])
 def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
-    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None
+    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None, work: str
 ) -> None:
+    """``work = tasks``: the driver dies after its tasks applied the batch (the search shards
+    committed it) and before its Delta commit; ``driver``: after the first sink (the warehouse)
+    committed it and before the others."""
     state = tmp_path / "state"
     dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
@@ -47,6 +52,8 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
             "--once",
             "--max-records-per-batch",
             "20",
+            "--work",
+            work,
         ],
         env={**os.environ, "CDC_FAULTS": f"apply.after_sink:{crash_batch}"},
         capture_output=True,
@@ -56,10 +63,12 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert "cdc-fault: apply.after_sink" in proc.stderr
-    # the warehouse (first sink) committed batch 1, the checkpoint did not
+    # tasks: the search index's shards committed batch 1, the driver died before its Delta commit of
+    # the tasks' warehouse writes; driver: the warehouse committed it; neither checkpointed it
     app_id = app_id_for(env.state)
     current_path = WarehouseSink(env.state).paths(reg)[0]
-    assert DeltaTable(str(current_path)).transaction_version(app_id) == crash_batch
+    committed = crash_batch - 1 if work == "tasks" else crash_batch
+    assert DeltaTable(str(current_path)).transaction_version(app_id) == committed
     ckpt = checkpoint_dir(env.state)
     assert (ckpt / "offsets" / str(crash_batch)).exists()
     assert not (ckpt / "commits" / str(crash_batch)).exists()
@@ -74,6 +83,8 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
             "--once",
             "--max-records-per-batch",
             "20",
+            "--work",
+            work,
             "--json",
         ],
         capture_output=True,

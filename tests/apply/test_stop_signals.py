@@ -109,8 +109,13 @@ def test_a_signal_to_the_process_group_stops_the_job_gracefully(
     # every micro-batch the job planned was applied and checkpointed: none was cut short
     ckpt = checkpoint_dir(state)
     planned, committed = _batch_ids(ckpt / "offsets"), _batch_ids(ckpt / "commits")
-    assert planned and planned == committed, (sorted(planned), sorted(committed))
+    # every micro-batch that ran was checkpointed: none was cut short. Spark may have planned one
+    # more as the stop landed; that one never started (the gate refused it: it reports nothing) and
+    # the restart below replays it
+    assert committed and committed <= planned, (sorted(planned), sorted(committed))
+    assert planned - committed <= {max(planned)}, (sorted(planned), sorted(committed))
     assert f"batch {max(committed)}:" in text
+    assert all(f"batch {n}:" not in text for n in planned - committed), text[-5000:]
     # the JVM and its Python workers ended with the job
     wait_for(lambda: not processes_with_env(marker), timeout=60, what="the run's JVM and workers to exit")
 

@@ -1,8 +1,9 @@
 """The pipeline on a real Spark standalone cluster (a master and two 1-core workers started from the
 pyspark package, tests/plugins/spark_cluster.py): the real reader (`cdc run`) captures a table, `cdc
 apply --master spark://...` applies it with its tasks in the cluster's executors, the state directory
-shared by the driver and the executors (as object storage would be), and `cdc verify` is clean; then
-an executor is killed with kill -9 while batches flow, and the run still ends clean."""
+shared by the driver and the executors (as object storage would be), and `cdc verify` is clean, also
+after the driver was killed with kill -9 between its tasks and its commit; then an executor is killed
+with kill -9 while batches flow, and the run still ends clean."""
 
 from __future__ import annotations
 
@@ -70,19 +71,23 @@ def test_apply_once_on_the_cluster_runs_its_tasks_in_executors_and_verifies_clea
     conf = env.state.parent / "spark-conf"
     conf.mkdir()
     (conf / "spark-defaults.conf").write_text("spark.executor.memory 640m\n")
-    res = env.cdc(
-        "apply",
-        *("--once", "--json", "--master", spark_cluster.url, "--max-records-per-batch", "40"),
-        extra_env={"SPARK_CONF_DIR": str(conf)},
-    )
+    args = ("apply", "--once", "--json", "--master", spark_cluster.url, "--max-records-per-batch", "40")
+    # the driver killed (kill -9, with its JVM) after the tasks applied micro-batch 1, before its
+    # Delta commits: the search shards hold the batch, the warehouse does not
+    crashed = env.cdc(*args, extra_env={"SPARK_CONF_DIR": str(conf), "CDC_FAULTS": "apply.after_sink:1"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-5000:]
+    assert "cdc-fault: apply.after_sink" in crashed.stderr
+    # the restart replays batch 1 from the checkpoint and goes on: nothing lost, nothing twice
+    res = env.cdc(*args, extra_env={"SPARK_CONF_DIR": str(conf)})
     assert res.returncode == 0, res.stderr[-5000:]
     summary = orjson.loads(res.stdout)
     assert summary["batches"] >= 3 and summary["dead_letters"] == 0
     _assert_clean(env)
 
     # not local mode: the master ran the application, and its executors ran the tasks
-    (app,) = spark_cluster.applications(APP)
-    assert app["state"] == "FINISHED"
+    # the one killed with its driver, then the restart
+    killed, app = sorted(spark_cluster.applications(APP), key=lambda a: a["starttime"])
+    assert app["state"] == "FINISHED", (killed, app)
     assert app["memoryperexecutor"] == 640, app
     tasks = _tasks_by_executor(spark_cluster, app["id"])
     assert len(tasks) == 2, f"one executor per worker expected, got {tasks}"

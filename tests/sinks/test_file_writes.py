@@ -116,10 +116,10 @@ def test_a_slice_holding_another_shards_key_is_refused(tmp_path: Path, feed: Fee
     assert pending == []
 
 
-def _deferred(tmp_path: Path, shards: int = 1) -> tuple[WarehouseSink, list[TableWrite]]:
-    sink = WarehouseSink(
-        tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files", shards=shards)
-    )
+def _deferred(
+    tmp_path: Path, shards: int = 1, write: str = "files"
+) -> tuple[WarehouseSink, list[TableWrite]]:
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write=write, shards=shards))
     pending: list[TableWrite] = []
     sink.pending = pending
     return sink, pending
@@ -129,18 +129,20 @@ def _props(batch_id: int) -> CommitProperties:
     return CommitProperties(app_transactions=[Transaction(APP, version=batch_id)])
 
 
+@pytest.mark.parametrize("write", ["merge", "files"])
 def test_deferred_writes_are_invisible_until_committed_once_per_table(
-    tmp_path: Path, feed: FeedMaker
+    tmp_path: Path, feed: FeedMaker, write: str
 ) -> None:
-    """With the writes deferred, a batch changes no table; the committer then commits each table's
-    writes in one transaction carrying the batch's application transaction."""
+    """With the writes deferred (a Spark task's sink, whatever its ``write`` option says), a batch
+    changes no table; the committer then commits each table's writes in one transaction carrying the
+    batch's application transaction."""
     reg = table()
     f = feed(reg)
     direct = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files"))
     direct.apply(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100 + i) for i in range(50))), 0, APP
     )
-    sink, pending = _deferred(tmp_path)
+    sink, pending = _deferred(tmp_path, write=write)
     paths = sink.paths(reg)
     versions = [DeltaTable(str(p)).version() for p in paths]
     batch = f.batch(
