@@ -62,8 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=DEFAULT_MAX_RECORDS,
         metavar="N",
-        help=f"at most N log records per micro-batch, bounding the driver's memory "
-        f"(default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
+        help=f"at most N log records per micro-batch, bounding the memory of its tasks (of the driver "
+        f"with --work driver) (default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
     )
     p.add_argument(
         "--stall-timeout",

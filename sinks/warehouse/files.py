@@ -96,13 +96,6 @@ class TableWrite:
         for name, n in other.counts.items():
             self.counts[name] = self.counts.get(name, 0) + n
 
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, raw: str) -> TableWrite:
-        return cls(**json.loads(raw))
-
     def metrics(self) -> dict[str, Any]:
         """The keys delta-rs' MERGE reports that the batch metrics use."""
         return {
@@ -120,8 +113,9 @@ def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -
     """Commit ``write`` to ``table`` in one transaction (with ``properties``' application transaction).
 
     Refuses with :class:`WriteConflict`, committing nothing, when a file to remove is no longer in
-    the table's latest version. An empty write commits only the application transaction, so that a
-    replay of the batch is recognised as applied."""
+    the table's latest version: the micro-batch fails, and its replay (the job restarted from its
+    checkpoint) computes it again from the new version. The callers skip an empty write: a replay
+    of that batch computes the same nothing."""
     table.update_incremental()
     if write.removes and table.version() != write.read_version:
         live = {a for a in pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()}
@@ -130,7 +124,7 @@ def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -
             raise WriteConflict(
                 f"{len(gone)} file(s) of {write.uri} read at version {write.read_version} were replaced "
                 f"before the commit (now version {table.version()}), e.g. {gone[0]}",
-                fix="nothing to do: the batch is applied again from the new version",
+                fix="nothing to do: restarted, the job applies the batch again from the new version",
                 table=write.uri,
             )
     now = int(time.time() * 1000)
