@@ -172,7 +172,7 @@ def _child(argv: list[str]) -> None:
         batches: list[str] = []
 
         def progress(r: Any) -> None:
-            batches.append(f"{r.records}/{r.seconds:.1f}s")
+            batches.append([r.records, r.seconds])
             print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s", flush=True)
 
         opts = ApplyOptions(once=True, max_records_per_batch=a.per_batch, work=a.work)
@@ -261,6 +261,12 @@ def _round(base: Path, template: Path, r: int, per_batch: int, inserts: int) -> 
     return out
 
 
+def _later_rate(res: dict[str, Any]) -> float:
+    """Changes/s over the micro-batches after the first (their own seconds)."""
+    rest = res["batches"][1:]
+    return float(sum(n for n, _ in rest) / sum(t for _, t in rest)) if rest else float("nan")
+
+
 def capture_rate() -> float | None:
     """``cdc run --once`` (wal2json) changes/s on the same workload, from docs/benchmarks/capture.md."""
     try:
@@ -326,16 +332,22 @@ def _report(
         )
     peer, drv, loc, one, two = CONFIGS
     scale = [rate(r[two]) / rate(r[one]) for r in results]
+    later = [_later_rate(r[two]) / _later_rate(r[one]) for r in results]
     driver_us = us(two, "driver Python", "driver JVM")
+    driver_all = us(two, "driver Python", "driver JVM", "driver's Python workers")
     cap = capture_rate()
     executors_us = us(two, "executor JVMs", "executors' Python workers")
     lines += [
         "",
         f"- **2 workers / 1 worker: {statistics.median(scale):.2f}×** ({', '.join(f'{s:.2f}' for s in scale)});"
-        f" bar ≥ 1.6×: {'met' if statistics.median(scale) >= 1.6 else 'not met'}.",
+        f" bar ≥ 1.6×: {'met' if statistics.median(scale) >= 1.6 else 'not met'}. Without the first batch"
+        f" (applied in one task: the table does not exist yet, so it has no shards):"
+        f" {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
         f"- **Driver CPU per change on the 2-worker cluster (Python + JVM): {driver_us:.2f} µs**"
         f" (Python {us(two, 'driver Python'):.2f}, JVM {us(two, 'driver JVM'):.2f}); bar ≤ 5 µs:"
-        f" {'met' if driver_us <= 5 else 'not met'}. Executors (JVM + Python):"
+        f" {'met' if driver_us <= 5 else 'not met'}. With the driver's own Python workers (the"
+        f" `cdclog` source's planning and offsets, run by the driver JVM): {driver_all:.2f} µs."
+        " Executors (JVM + Python):"
         f" {executors_us:.2f} µs per change.",
         f"- work=tasks / work=driver on local[2]: {med(loc, rate) / med(drv, rate):.2f}×;"
         f" work=tasks on local[2] / the Parquet peer: {med(loc, rate) / med(peer, rate):.2f}×.",
