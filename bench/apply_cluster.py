@@ -234,6 +234,8 @@ def _one(
         f"  {cfg.label}: {result['records']:,} changes in {result['seconds']:.1f} s = {rate:,.0f}/s",
         flush=True,
     )
+    cpu = ", ".join(f"{k} {v / result['records'] * 1e6:.2f}" for k, v in result["cpu"].items())
+    print(f"    CPU µs per change: {cpu}; result {json.dumps(result)}", flush=True)
     return result
 
 
