@@ -31,7 +31,8 @@ forked). The processes, found by pid tree and command line (:func:`cpu_by_role`)
 The master and worker daemons are not counted (they schedule; they do no work per change).
 
 Sizes: ``--quick`` 50k changes (batches of 25k), 1 round; else ``$BENCH_APPLY_INSERTS`` inserts
-(default 1,000,000) and half as many updates, ``$BENCH_APPLY_ROUNDS`` rounds (default 1); medians
+(default 1,000,000) and half as many updates, ``$BENCH_APPLY_ROUNDS`` rounds (default 3, ~8 min each
+on 2 cores); medians
 over the rounds. Capture's rate for the same workload is quoted from ``docs/benchmarks/capture.md``.
 """
 
@@ -283,7 +284,7 @@ def run(quick: bool) -> str:
     inserts = 33_334 if quick else int(os.environ.get("BENCH_APPLY_INSERTS", "1000000"))
     updates = 16_666 if quick else inserts // 2
     per_batch = 25_000 if quick else max(25_000, (inserts + updates) // 6)
-    rounds = 1 if quick else int(os.environ.get("BENCH_APPLY_ROUNDS", "1"))
+    rounds = 1 if quick else int(os.environ.get("BENCH_APPLY_ROUNDS", "3"))
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-cluster-"))
     try:
         t0 = time.monotonic()
