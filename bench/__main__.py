@@ -2,7 +2,9 @@
 
 ``python -m bench [NAME ...] [--quick]``. Each module listed in BENCHMARKS has
 ``run(quick: bool) -> str``: it prints progress and figures as it goes and returns a Markdown
-section, which is written to ``docs/benchmarks/NAME.md`` (full runs only) so the figures are committed.
+section, which is written to ``docs/benchmarks/NAME.md`` (full runs only) so the figures are committed;
+a module with ``SECTION_OF = "OTHER"`` has its section put in ``docs/benchmarks/OTHER.md`` instead,
+between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` (replaced, or appended the first time).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -21,6 +24,7 @@ BENCHMARKS = [
     "snapshot",
     "chunked",
     "apply",
+    "apply_cluster",
     "freshness",
     "decoders",
     "search_shards",
@@ -44,8 +48,32 @@ def main() -> None:
             f"<!-- written by `python -m bench {name}` on {time.strftime('%Y-%m-%d')}, "
             f"{platform.machine()}, {__import__('os').cpu_count()} cores, {time.time() - started:.0f} s -->\n"
         )
-        if not args.quick:
-            (out / f"{name}.md").write_text(header + section)
+        if args.quick:
+            continue
+        into = getattr(module, "SECTION_OF", None)
+        if into is None:
+            (out / f"{name}.md").write_text(header + section + _kept_sections(out / f"{name}.md"))
+            continue
+        _put_section(out / f"{into}.md", name, header + section)
+
+
+def _kept_sections(path: Path) -> str:
+    """The other benchmarks' sections in ``path`` (``SECTION_OF``), kept when it is rewritten."""
+    old = path.read_text() if path.exists() else ""
+    found = re.finditer(r"<!-- begin (\S+) -->\n.*?<!-- end \1 -->\n", old, flags=re.S)
+    return "".join("\n" + m.group(0) for m in found)
+
+
+def _put_section(path: Path, name: str, text: str) -> None:
+    """``text`` between ``name``'s markers in ``path``: replacing the block there, or appended."""
+    begin, end = f"<!-- begin {name} -->\n", f"<!-- end {name} -->\n"
+    old = path.read_text() if path.exists() else ""
+    block = begin + text.rstrip("\n") + "\n" + end
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        path.write_text(head + block + rest.split(end, 1)[1])
+    else:
+        path.write_text(old.rstrip("\n") + "\n\n" + block)
 
 
 if __name__ == "__main__":

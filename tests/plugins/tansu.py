@@ -10,11 +10,9 @@ session-scoped, ``tansu_factory`` starts private brokers a test may kill.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.devcluster import free_port
+from cdc.devcluster import die_with_parent, free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -72,14 +70,6 @@ def _metadata_answers(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: have Linux kill the broker when the process that started it dies,
-    so a crashed or killed test run leaves no broker behind."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class TansuBroker:
     """One running Tansu process on a free loopback port. ``bootstrap`` is ``"127.0.0.1:PORT"``."""
 
@@ -116,7 +106,7 @@ class TansuBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         os.close(log_fd)
         broker = cls(proc, port, log_path)
@@ -240,7 +230,7 @@ class Stunnel:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and self.proc.poll() is None:
