@@ -277,15 +277,11 @@ def _lookup(
 
 
 def _gather(values: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``values[pos]``; -1 everywhere when ``values`` is empty (nothing to find there)."""
+    """``values[pos]``; when ``values`` is empty (nothing to find there), -1 everywhere for versions
+    and False for flags."""
     if not len(values):
-        return np.full(len(pos), -1, dtype=np.int64)
+        return np.full(len(pos), False if values.dtype == bool else -1, dtype=values.dtype)
     out: np.ndarray = values[pos]
-    return out
-
-
-def _gather_bool(values: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    out: np.ndarray = values[pos] if len(values) else np.zeros(len(pos), dtype=bool)
     return out
 
 
@@ -324,9 +320,10 @@ def write_current(
     s_found, s_at = _lookup(s_key, t_key)  # each source row's stored row
     s_wins = ~s_found | _newer(s_lsn, s_seq, _gather(t_lsn, s_at), _gather(t_seq, s_at))
     insert = s_wins & ~s_del
+    updated = int((t_replaced & ~_gather(s_del, t_at)).sum())
     out.counts = {
-        "updated": int((t_replaced & ~_gather_bool(s_del, t_at)).sum()),
-        "deleted": int((~keep).sum() - (t_replaced & ~_gather_bool(s_del, t_at)).sum()),
+        "updated": updated,
+        "deleted": int((~keep).sum()) - updated,
         "inserted": int((insert & ~s_found).sum()),
     }
     rows = pa.concat_tables(
