@@ -69,10 +69,18 @@ def _running(proc: subprocess.Popen[bytes], log: Path, batch: int, marker: str) 
         what=f"batch {batch}",
     )
     assert proc.poll() is None, log.read_text()[-5000:]
-    jvms = [pid for pid, cmd in processes_with_env(marker).items() if Path(cmd.split(" ")[0]).name == "java"]
-    assert len(jvms) == 1, processes_with_env(marker)
+    procs = processes_with_env(marker)
+    jvms = [pid for pid, cmd in procs.items() if Path(cmd.split(" ")[0]).name == "java"]
+    assert len(jvms) == 1, "\n".join(f"{pid} (parent {_parent(pid)}): {procs[pid]}" for pid in jvms)
     assert os.getpgid(jvms[0]) != proc.pid, "the Spark JVM is in the job's process group"
     return jvms[0]
+
+
+def _parent(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        return "gone"
 
 
 def _end(proc: subprocess.Popen[bytes], marker: str) -> None:

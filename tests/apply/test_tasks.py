@@ -91,8 +91,10 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
     """Two tables (one indexed), a random workload per table (inserts, updates, deletes, snapshot
     reads, late and redelivered events, a TRUNCATE), six micro-batches: after each, the tables
     applied by concurrent task processes and committed by the driver equal the driver path's."""
-    tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS)
-    driver_settings = Settings(state_dir=tmp_path / "driver", partitions=PARTITIONS)
+    # the warehouse in as many shards as the topics have partitions: one task per partition
+    sharded = {"warehouse": {"shards": PARTITIONS}}
+    tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS, extra=sharded)
+    driver_settings = Settings(state_dir=tmp_path / "driver", partitions=PARTITIONS, extra=sharded)
     regs = [ITEMS, PLAIN]
     by_topic = {r.topic: r for r in regs}
     feeds = [Feed(r) for r in regs]
