@@ -195,7 +195,7 @@ class ApplyJob:
             watchdog=self.watchdog,
             summary=self.summary,
         )
-        register(spark)
+        self.source_format = register(spark, settings)  # the [kafka] section reaches the reads
 
     # -- tables --------------------------------------------------------------------------------------
     def registry(self) -> Registry:
@@ -338,7 +338,7 @@ class ApplyJob:
         self._by_topic = {t.topic: t for t in tables}
         hold_positions(self.store(), tables)
         reader = (
-            self.spark.readStream.format("cdclog")
+            self.spark.readStream.format(self.source_format)
             .option("state", str(self.state_dir))
             .option("log", self.settings.log_url or "")
             .option("topics", ",".join(sorted(self._by_topic)))

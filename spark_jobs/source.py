@@ -14,13 +14,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from cdc.logstore.records import RECORDS_DDL, read_records
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -56,12 +59,20 @@ def parse_offset_key(key: str) -> tuple[str, int]:
     return topic, int(part)
 
 
-def open_store(state: str, log: str | None) -> Any:
-    """A read-only log store (embedded, or Kafka for ``kafka://``), as :func:`cdc.logstore.open_log_store`."""
+def store_settings(options: Mapping[str, str], settings: Settings | None = None) -> Settings:
+    """The settings the log store is opened with: ``settings`` (:func:`register`: with the
+    ``[kafka]`` section's TLS and SASL), else the ``state`` and ``log`` options alone."""
     from cdc.config import Settings
+
+    if settings is not None:
+        return settings
+    return Settings(state_dir=Path(options.get("state") or ".cdc"), log_url=options.get("log") or None)
+
+
+def open_store(settings: Settings) -> Any:
+    """A read-only log store (embedded, or Kafka for ``kafka://``), as :func:`cdc.logstore.open_log_store`."""
     from cdc.logstore.factory import open_log_store
 
-    settings = Settings(state_dir=Path(state), log_url=log or None)
     return open_log_store(settings, writer=False)
 
 
@@ -95,9 +106,8 @@ def split_budget(pending: Mapping[str, int], budget: int) -> dict[str, int]:
 class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader (lives in Spark's planner worker for the life of the query)."""
 
-    def __init__(self, options: Mapping[str, str]) -> None:
-        self.state = options.get("state") or ".cdc"
-        self.log = options.get("log") or ""
+    def __init__(self, options: Mapping[str, str], settings: Settings | None = None) -> None:
+        self.settings = store_settings(options, settings)
         self.topics = [t.strip() for t in (options.get("topics") or "").split(",") if t.strip()]
         raw_max = options.get("maxRecordsPerBatch") or options.get("maxrecordsperbatch") or ""
         self.max_records = int(raw_max) if raw_max else 0
@@ -112,7 +122,7 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- plumbing ------------------------------------------------------------------------------------
     def _log_store(self) -> Any:
         if self._store is None:
-            self._store = open_store(self.state, self.log)
+            self._store = open_store(self.settings)
         return self._store
 
     def _bounds(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -195,7 +205,7 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 schema=RANGES,
             )
             return
-        yield from read_range(self.state, self.log, partition)
+        yield from read_range(self.settings, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: positions live in Spark's checkpoint; the apply job commits the "apply"
@@ -208,9 +218,9 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = None
 
 
-def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
+def read_range(settings: Settings, rng: LogRange) -> Iterator[pa.RecordBatch]:
     """Every record of ``rng`` as Arrow batches (:func:`cdc.logstore.records.read_records`)."""
-    store = open_store(state, log)
+    store = open_store(settings)
     try:
         yield from read_records(store, rng.topic, rng.partition, rng.start, rng.end)
     finally:
@@ -220,6 +230,10 @@ def read_range(state: str, log: str, rng: LogRange) -> Iterator[pa.RecordBatch]:
 class CdcLogDataSource(DataSource):
     """The ``cdclog`` data source (streaming read only)."""
 
+    #: what the log store is opened with, when :func:`register` was given settings (else the
+    #: ``state`` and ``log`` options)
+    settings: ClassVar[Settings | None] = None
+
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
@@ -228,9 +242,32 @@ class CdcLogDataSource(DataSource):
         return RANGES_DDL if (self.options.get("emit") or "records") == "ranges" else RECORDS_DDL
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
-        return CdcLogStreamReader(self.options)
+        return CdcLogStreamReader(self.options, self.settings)
 
 
-def register(spark: Any) -> None:
-    """Register ``cdclog`` with the session (idempotent)."""
-    spark.dataSource.register(CdcLogDataSource)
+def register(spark: Any, settings: Settings | None = None) -> str:
+    """Register the data source with the session and return its format name (idempotent).
+
+    Without ``settings``: ``cdclog``, which opens the log store its ``state`` and ``log`` options
+    name (no ``[kafka]`` section: a plaintext Kafka). With ``settings``: a ``cdclog_<hash>`` source
+    of its own that opens the store with them, the ``[kafka]`` section's TLS and SASL included (the
+    SASL password too: it travels pickled with the class, to the planner and the executors, never
+    in the options that Spark prints in its plans and UI); several jobs in one session each keep
+    their own."""
+    if settings is None:
+        spark.dataSource.register(CdcLogDataSource)
+        return SOURCE_NAME
+    import hashlib
+
+    from spark_jobs.tasks import task_settings
+
+    kept = task_settings(settings)  # the source DSN and the serve token are no business of a reader
+    digest = hashlib.sha256(repr((str(kept.state_dir), kept.log_url)).encode()).hexdigest()[:12]
+    fmt = f"{SOURCE_NAME}_{digest}"
+    cls = type(
+        f"CdcLogDataSource_{digest}",
+        (CdcLogDataSource,),
+        {"settings": kept, "name": classmethod(lambda c: fmt), "__module__": __name__},
+    )
+    spark.dataSource.register(cls)
+    return fmt
