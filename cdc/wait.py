@@ -33,7 +33,7 @@ sinks. An application takes ``L`` with ``SELECT pg_current_wal_lsn()`` after its
    in the dead-letter topic, not in the tables).
 
 Idle sources do not make a wait hang: with no change after ``L``, the slot's position still passes
-``L`` -- at the reader's heartbeat (``[reader] heartbeat_interval_s``, 10 s), or sooner when the
+``L`` -- at the reader's heartbeat (``heartbeat_interval_s``, 10 s), or sooner when the
 server's keepalive carries a newer ``wal_end``. To make that prompt, a wait still short of ``L``
 after :data:`NUDGE_AFTER_S` emits a heartbeat message itself (``pg_logical_emit_message``, the
 reader's prefix, at most every :data:`NUDGE_EVERY_S`; skipped without the privilege): the reader
