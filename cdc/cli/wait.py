@@ -4,7 +4,8 @@ Returns (exit 0) as soon as every named table (default: every registered table) 
 change up to commit LSN ``LSN`` in the warehouse and, where the table has one, the search index:
 take ``SELECT pg_current_wal_lsn()`` after the commit, then ``cdc wait --lsn`` it, then read.
 Exit 3 when ``--timeout`` (default 30 s) passes first, saying how far behind each table is; 2 for
-a bad LSN, timeout or table name. How it knows, exactly: :mod:`cdc.wait`.
+a bad LSN or timeout; 1 for a table that is not registered or a source that cannot be reached. How
+it knows, exactly: :mod:`cdc.wait`; the pattern and the JSON: ``docs/wait.md``.
 """
 
 from __future__ import annotations
@@ -56,19 +57,23 @@ def render(result: dict[str, Any]) -> str:
         elif t["lag_offsets"] is None:
             lines.append(f"  {t['table']}: waiting for capture")
         else:
-            where = ", ".join(
-                f"p{p} {v['applied']}/{v['target']}"
-                for p, v in t["partitions"].items()
-                if v["applied"] < v["target"]
-            )
-            lines.append(
-                f"  {t['table']} ({' + '.join(t['sinks'])}): {t['lag_offsets']} change(s) to apply, oldest at "
-                f"{t.get('pending_lsn', '?')} ({t.get('behind_bytes', '?'):,} bytes before the target); "
-                f"applied/target offsets {where}"
-            )
+            lines.append(f"  {t['table']} ({' + '.join(t['sinks'])}): {_behind(t)}")
     if cap["passed"] and any(not t["caught_up"] for t in result["tables"]):
         lines.append("  is `cdc apply` running? `cdc status` shows each stage")
     return "\n".join(lines) + "\n"
+
+
+def _behind(table: dict[str, Any]) -> str:
+    """How far behind a table is, in words: the changes to apply, the oldest, the partitions."""
+    text = f"{table['lag_offsets']} change(s) to apply"
+    if table.get("pending_lsn"):
+        text += f", the oldest at {table['pending_lsn']} ({table['behind_bytes']:,} bytes before the target)"
+    where = ", ".join(
+        f"p{p} {v['applied']}/{v['target']}"
+        for p, v in table["partitions"].items()
+        if v["applied"] < v["target"]
+    )
+    return f"{text}; applied/target offsets {where}"
 
 
 def run_wait(args: argparse.Namespace, settings: Settings) -> int:

@@ -10,7 +10,7 @@ as ``cdc status --json``, at most ``sample_interval_s`` old); ``/metrics`` Prome
 ``/history`` the samples of the last ``history_s`` (for the chart); ``/static/...``;
 ``/wait?lsn=LSN[&table=T ...][&timeout=S]`` read-your-writes (:func:`wait_response`, as ``cdc wait``:
 200 with the result once caught up, 504 with how far behind each table is on timeout, 400 for a bad
-LSN, timeout or table, 503 when the source cannot be reached). Each wait holds one request thread and
+LSN, timeout or table, 503 when the source or the log store cannot be reached). Each wait holds one request thread and
 opens its own source connection and read-only log store.
 
 Guarantees
@@ -242,7 +242,7 @@ def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[i
     """``GET /wait``: (HTTP status, JSON body) of :func:`cdc.wait.wait_for_lsn` for the query's
     ``lsn``, ``table`` (repeated; default every registered table) and ``timeout`` (seconds, default
     30)."""
-    from cdc.errors import RegistryError, SourceError
+    from cdc.errors import LogStoreError, RegistryError, SourceError
     from cdc.wait import parse_lsn, parse_timeout, resolve_tables, wait_for_lsn
 
     try:
@@ -260,8 +260,10 @@ def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[i
         return 400, orjson.dumps(exc.to_dict())
     try:
         result = wait_for_lsn(settings, lsn, regs, timeout)
-    except SourceError as exc:
+    except (SourceError, LogStoreError) as exc:  # the source or the log store cannot be reached
         return 503, orjson.dumps(exc.to_dict())
+    except CdcError as exc:  # e.g. no source configured
+        return 500, orjson.dumps(exc.to_dict())
     return (200 if result.caught_up else 504), orjson.dumps(result.to_dict())
 
 

@@ -135,3 +135,36 @@ def test_a_missing_topic_is_not_caught_up(tmp_path: Path) -> None:
     assert not tw.caught_up and "does not exist" in (tw.error or "")
     assert _describe(store, tw, 100)["error"] == tw.error
     store.close()
+
+
+def test_render_says_how_far_behind() -> None:
+    from cdc.cli.wait import render
+
+    table = {"table": "public.t", "sinks": ["warehouse", "search"], "caught_up": False, "lag_offsets": 3}
+    behind = {
+        **table,
+        "partitions": {"0": {"applied": 4, "target": 7}, "1": {"applied": 2, "target": 2}},
+        "pending_lsn": "0/100",
+        "behind_bytes": 4096,
+    }
+    capture = {"passed": True, "slot": "s", "active": True, "confirmed_lsn": "0/200", "behind_bytes": 0}
+    text = render(
+        {"lsn": "0/180", "caught_up": False, "elapsed_s": 2.0, "capture": capture, "tables": [behind]}
+    )
+    assert "NOT caught up to 0/180" in text and "public.t (warehouse + search): 3 change(s)" in text
+    assert "oldest at 0/100 (4,096 bytes" in text and "p0 4/7" in text and "p1" not in text
+    assert "cdc apply" in text
+    no_pending = {k: v for k, v in behind.items() if k not in ("pending_lsn", "behind_bytes")}
+    assert "oldest" not in render(
+        {"lsn": "0/180", "caught_up": False, "elapsed_s": 2.0, "capture": capture, "tables": [no_pending]}
+    )
+    stopped = {**capture, "passed": False, "active": False, "confirmed_lsn": "0/80", "behind_bytes": 256}
+    waiting = {**table, "lag_offsets": None, "partitions": {}}
+    text = render(
+        {"lsn": "0/180", "caught_up": False, "elapsed_s": 2.0, "capture": stopped, "tables": [waiting]}
+    )
+    assert "confirmed 0/80, 256 bytes behind (reader not running" in text and "waiting for capture" in text
+    done = {**table, "caught_up": True}
+    assert render(
+        {"lsn": "0/180", "caught_up": True, "elapsed_s": 0.1, "capture": capture, "tables": [done]}
+    ) == ("caught up to 0/180 in 0.100 s: public.t\n")
