@@ -320,6 +320,16 @@ def _describe(store: LogStore, tw: TableWait, lsn: int) -> dict[str, Any]:
     return out
 
 
+#: the source refusing a heartbeat message: no EXECUTE on it, a read-only or recovering server ("cannot
+#: make new WAL entries during recovery" is an internal error)
+_NO_NUDGE = (
+    psycopg.errors.InsufficientPrivilege,
+    psycopg.errors.ReadOnlySqlTransaction,
+    psycopg.errors.ObjectNotInPrerequisiteState,
+    psycopg.errors.InternalError_,
+)
+
+
 class _Nudger:
     """Emits a heartbeat message when a wait is still short of L after NUDGE_AFTER_S, then at most
     every NUDGE_EVERY_S; stops for good when the source refuses it (no privilege, a standby)."""
@@ -335,7 +345,7 @@ class _Nudger:
             return
         try:
             self.conn.execute("SELECT pg_logical_emit_message(false, %s, '')", [HEARTBEAT_PREFIX])
-        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction):
+        except _NO_NUDGE:
             self.enabled = False
             return
         self.count += 1
