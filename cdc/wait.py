@@ -33,12 +33,14 @@ sinks. An application takes ``L`` with ``SELECT pg_current_wal_lsn()`` after its
    in the dead-letter topic, not in the tables).
 
 Idle sources do not make a wait hang: with no change after ``L``, the slot's position still passes
-``L`` -- at the reader's heartbeat (``heartbeat_interval_s``, 10 s), or sooner when the
-server's keepalive carries a newer ``wal_end``. To make that prompt, a wait still short of ``L``
-after :data:`NUDGE_AFTER_S` emits a heartbeat message itself (``pg_logical_emit_message``, the
-reader's prefix, at most every :data:`NUDGE_EVERY_S`; skipped without the privilege): the reader
-confirms its position, which is past ``L``. A table with nothing written since (2) then has its
-target at or below its applied position: caught up at once.
+``L``. The reader confirms a keepalive's ``wal_end`` when nothing is in flight, and its heartbeat
+message (``heartbeat_interval_s``, 10 s) moves it too. Measured with the heartbeat set to an hour,
+after an idle stretch, WAL of another database, a change to an unregistered table or a checkpoint,
+the slot passed ``L`` in 0.02-0.6 s on its own. As a fallback, a wait still short of ``L`` after
+:data:`NUDGE_AFTER_S` emits a heartbeat message itself (``pg_logical_emit_message``, the reader's
+prefix, at most every :data:`NUDGE_EVERY_S`; skipped when the source refuses it): the reader confirms
+its position, which is past ``L``. A table with nothing written since (2) then has its target at or
+below its applied position: caught up at once.
 
 On timeout the result says for each table how far behind it is: its target and applied offsets per
 partition, the offsets still to apply, the commit LSN of its oldest change still to apply and the
