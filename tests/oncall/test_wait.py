@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any
 
 import orjson
+import pytest
 from pydantic import SecretStr
 
 from cdc.serve import ServeOptions, Server
@@ -53,8 +54,9 @@ def _table(result: dict[str, Any], name: str) -> dict[str, Any]:
     return next(t for t in result["tables"] if t["table"] == name)
 
 
+@pytest.mark.parametrize("env", ["embedded", "kafka"], indirect=True)
 def test_wait_without_apply_idle_table_timeout_and_bad_input(env: CaptureEnv) -> None:
-    """No JVM: the capture side of the wait. A table with nothing in its topic is caught up once the
+    """No JVM, on both log stores: the capture side of the wait. A table with nothing in its topic is caught up once the
     slot passed L, even on an idle source; with the apply never started the wait times out (exit 3)
     saying how far behind; with the reader stopped it says capture is behind."""
     env.sql("CREATE TABLE empty (id int PRIMARY KEY, v text)")
