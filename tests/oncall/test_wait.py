@@ -15,11 +15,12 @@ import urllib.request
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 from pydantic import SecretStr
 
 from cdc.serve import ServeOptions, Server
-from tests.plugins.capture import CDC, CaptureEnv, wait_streaming
+from tests.plugins.capture import CDC, CaptureEnv, SourceLoad, wait_streaming
 
 #: a value with what breaks naive handling: quotes, a backslash, a newline, the field's own name
 UGLY = 'ryw "commit_lsn":1 \\ it\'s\nnew'
@@ -126,9 +127,31 @@ def _visible(env: CaptureEnv, key: int, name: str) -> None:
     assert [h["document"]["name"] for h in orjson.loads(found.stdout) if h["key"] == {"id": key}] == [name]
 
 
+class _Churn(SourceLoad):
+    """Updates of items 10-20, one transaction each, as fast as they go."""
+
+    def loop(self, conn: psycopg.Connection[Any]) -> None:
+        n = 0
+        while not self.stop.is_set():
+            conn.execute("UPDATE items SET name = %s WHERE id = %s", (f"churn {n}", 10 + n % 11))
+            n += 1
+
+
+def _write_wait_read(env: CaptureEnv, key: int) -> None:
+    """Commit a change of row ``key``, take the LSN, `cdc wait` for it, then read it back."""
+    name = f"{UGLY} tag{key}"
+    env.sql(
+        "INSERT INTO items VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name", (key, name)
+    )
+    code, result = _wait(env, _lsn(env), "--table", "public.items", "--timeout", "120")
+    assert code == 0 and _table(result, "public.items")["caught_up"], result
+    _visible(env, key, name)
+
+
 def test_read_your_writes_end_to_end(env: CaptureEnv, jvm: None) -> None:
     """Commit, take pg_current_wal_lsn(), `cdc wait` (exit 0), then the change is visible in the
-    warehouse and the index; a wait on a table with no change returns; the HTTP endpoint likewise
+    warehouse and the index, also while other changes of the table stream in; a wait on a table
+    with no change returns; the HTTP endpoint likewise
     with its token; with the apply stopped both time out saying how far behind."""
     _tables(env)
     reader = env.spawn("run")
@@ -138,14 +161,10 @@ def test_read_your_writes_end_to_end(env: CaptureEnv, jvm: None) -> None:
         code, result = _wait(env, _lsn(env), "--timeout", "600")  # Spark's start and the snapshots
         assert code == 0, (result, (env.state.parent / "apply.log").read_text(errors="replace")[-3000:])
         for key in (101, 102, 7):
-            name = f"{UGLY} tag{key}"
-            env.sql(
-                "INSERT INTO items VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name",
-                (key, name),
-            )
-            code, result = _wait(env, _lsn(env), "--table", "public.items", "--timeout", "120")
-            assert code == 0 and _table(result, "public.items")["caught_up"], result
-            _visible(env, key, name)
+            _write_wait_read(env, key)
+        with _Churn(env):  # later changes of the same table land in the same partitions meanwhile
+            for key in (103, 8):
+                _write_wait_read(env, key)
         code, result = _wait(env, _lsn(env), "--table", "public.quiet", "--timeout", "60")
         assert code == 0 and _table(result, "public.quiet")["lag_offsets"] == 0, result
         _http(env, apply)
