@@ -63,8 +63,8 @@ from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
-from cdc.names import quote_ident
 from cdc.registry import Registry, TableReg
+from cdc.wait import slot_passed
 from sinks import StoredRows, StoredTexts
 
 DEFAULT_RANGE_ROWS = 1024
@@ -316,50 +316,18 @@ class Verifier:
     def _slot_caught_up(
         self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
     ) -> tuple[bool, dict[str, Any]]:
-        """Is every change of ``tables`` committed before ``lsn`` durable in the log store?
-
-        Yes when the slot's ``confirmed_flush_lsn`` >= ``lsn``, or when no slot exists (nothing to
-        wait for). When the reader is not running (slot inactive, so it will not advance), the slot is
-        peeked (``pg_logical_slot_peek_changes`` up to ``lsn``, filtered to these tables; nothing is
-        consumed): no pending change of these tables also means caught up."""
-        row = conn.execute(
-            "SELECT active, confirmed_flush_lsn::text, plugin::text FROM pg_replication_slots "
-            "WHERE slot_name = %s",
-            (self.settings.slot_name,),
-        ).fetchone()
-        if row is None or row[1] is None:
+        """Is every change of ``tables`` committed before ``lsn`` durable in the log store
+        (:func:`cdc.wait.slot_passed`)? The slot's facts when not."""
+        ok, facts = slot_passed(conn, self.settings, lsn, tables)
+        if ok:
             return True, {}
-        active, flushed_text, plugin = bool(row[0]), str(row[1]), str(row[2])
-        if lsn_to_int(flushed_text) >= lsn:
-            return True, {}
-        info: dict[str, Any] = {"slot": self.settings.slot_name, "confirmed_flush_lsn": flushed_text}
-        if active:
-            return False, info
-        try:
-            pending = self._pending_changes(conn, plugin, lsn, tables)
-        except psycopg.errors.ObjectInUse:  # the reader just started: wait for it instead
-            return False, info
-        info["pending_changes"] = pending
-        return pending == 0, info
-
-    def _pending_changes(
-        self, conn: psycopg.Connection[Any], plugin: str, lsn: int, tables: Sequence[TableReg]
-    ) -> int:
-        """The changes of ``tables`` (pgoutput: of every published table) the inactive slot holds
-        before ``lsn`` (peeked: nothing is consumed)."""
-        if plugin == "pgoutput":
-            rows = conn.execute(
-                "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
-                "NULL, 'proto_version', '1', 'publication_names', %s)",
-                (self.settings.slot_name, int_to_lsn(lsn), quote_ident(self.settings.publication)),
-            ).fetchall()
-            return sum(1 for (kind,) in rows if bytes(kind) in (b"I", b"U", b"D", b"T"))
-        rows = conn.execute(
-            "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
-            "'include-transaction', 'false', 'add-tables', %s)",
-            (self.settings.slot_name, int_to_lsn(lsn), ",".join(_wal2json_name(t) for t in tables)),
-        ).fetchall()
-        return sum(1 for (data,) in rows if orjson.loads(data).get("action") in ("I", "U", "D", "T"))
+        info: dict[str, Any] = {
+            "slot": facts["slot"],
+            "confirmed_flush_lsn": int_to_lsn(facts["confirmed_flush_lsn"]),
+        }
+        if "pending_changes" in facts:
+            info["pending_changes"] = facts["pending_changes"]
+        return False, info
 
     def _apply_lag(self, store: Any, topic: str, ends: dict[int, int]) -> dict[int, int]:
         try:
@@ -709,15 +677,6 @@ def _lag_of(lag: dict[str, Any], reg: TableReg) -> dict[str, Any]:
         return {"slot": lag["slot"]}
     apply = lag.get("apply", {})
     return {"apply": {reg.topic: apply[reg.topic]}} if reg.topic in apply else {}
-
-
-def _wal2json_name(reg: TableReg) -> str:
-    """``schema.table`` for wal2json's ``add-tables`` (special characters backslash-escaped)."""
-
-    def esc(part: str) -> str:
-        return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
-
-    return f"{esc(reg.schema)}.{esc(reg.table)}"
 
 
 def _array_base(pg_type: str) -> str:

@@ -34,6 +34,7 @@ VERB_MODULES: dict[str, tuple[str, ...]] = {
     "deadletters": ("deadletters",),
     "query": ("sql", "search"),
     "verify": ("verify",),
+    "wait": ("wait",),
     "demo": ("demo",),
     "status": ("status",),
     "serve": ("serve",),

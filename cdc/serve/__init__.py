@@ -7,7 +7,11 @@ chart library, MIT, from npm ``uplot`` 1.6.32: nothing is loaded from the intern
 
 Endpoints: ``/`` the dashboard; ``/status`` the report of :func:`cdc.status.gather.collect` (the same JSON
 as ``cdc status --json``, at most ``sample_interval_s`` old); ``/metrics`` Prometheus text format;
-``/history`` the samples of the last ``history_s`` (for the chart); ``/static/...``.
+``/history`` the samples of the last ``history_s`` (for the chart); ``/static/...``;
+``/wait?lsn=LSN[&table=T ...][&timeout=S]`` read-your-writes (:func:`wait_response`, as ``cdc wait``:
+200 with the result once caught up, 504 with how far behind each table is on timeout, 400 for a bad
+LSN, timeout or table, 503 when the source or the log store cannot be reached). Each wait holds one request thread and
+opens its own source connection and read-only log store.
 
 Guarantees
 ----------
@@ -234,6 +238,35 @@ class Server:
         self.httpd.shutdown()
 
 
+def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[int, bytes]:
+    """``GET /wait``: (HTTP status, JSON body) of :func:`cdc.wait.wait_for_lsn` for the query's
+    ``lsn``, ``table`` (repeated; default every registered table) and ``timeout`` (seconds, default
+    30)."""
+    from cdc.errors import LogStoreError, RegistryError, SourceError
+    from cdc.wait import parse_lsn, parse_timeout, resolve_tables, wait_for_lsn
+
+    try:
+        lsn = parse_lsn((query.get("lsn") or [""])[0])
+        raw_timeout = (query.get("timeout") or ["30"])[0]
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise ConfigError(
+                f"timeout is not a number: {raw_timeout!r}", fix="pass e.g. timeout=30"
+            ) from None
+        timeout = parse_timeout(timeout)
+        regs = resolve_tables(settings.state_dir, query.get("table") or [])
+    except (ConfigError, RegistryError) as exc:
+        return 400, orjson.dumps(exc.to_dict())
+    try:
+        result = wait_for_lsn(settings, lsn, regs, timeout)
+    except (SourceError, LogStoreError) as exc:  # the source or the log store cannot be reached
+        return 503, orjson.dumps(exc.to_dict())
+    except CdcError as exc:  # e.g. no source configured
+        return 500, orjson.dumps(exc.to_dict())
+    return (200 if result.caught_up else 504), orjson.dumps(result.to_dict())
+
+
 def _static(name: str) -> bytes:
     return resources.files("cdc.serve").joinpath("static", name).read_bytes()
 
@@ -279,6 +312,9 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
                     self._send(503, orjson.dumps({"error": error or "no sample yet"}), "application/json")
                 else:
                     self._send(200, orjson.dumps(latest), "application/json")
+            elif path == "/wait":
+                code, body = wait_response(server.sampler.settings, query)
+                self._send(code, body, "application/json")
             elif path == "/history":
                 self._send(200, orjson.dumps({"samples": samples, "error": error}), "application/json")
             elif path in ("/", "/index.html"):
