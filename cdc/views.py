@@ -144,7 +144,7 @@ def _statement(sql: str) -> exp.Select:
             f"a {stmt.key.upper()} statement (UNION and the like included); give one SELECT", sql=sql
         )
     for arg, clause in _REFUSED_CLAUSES.items():
-        if stmt.args.get(arg):
+        if stmt.args.get(arg) or stmt.args.get(f"{arg}_"):  # sqlglot names some with a trailing _
             raise refuse(clause, sql=sql)
     if any(s is not stmt for s in stmt.find_all(exp.Select)) or stmt.find(exp.Subquery):
         raise refuse("a subquery", sql=sql)

@@ -70,7 +70,8 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
 
     with Registry(settings.state_dir) as registry:
         tables = registry.list_tables()
-    with Warehouse(settings.state_dir, tables) as wh:
+        views = registry.list_views()
+    with Warehouse(settings.state_dir, tables, views) as wh:
         result = wh.query(args.query)
     if args.json:
         print_json(rows_of(result))

@@ -210,3 +210,34 @@ def test_truncate_of_a_joined_table_recomputes_the_view(tmp_path: Path) -> None:
         assert stored(tmp_path) and all(r["region"] is None for r in stored(tmp_path))
     finally:
         app.close(close_sinks=True, timeout=60)
+
+
+def test_cdc_sql_reads_the_view_by_its_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``cdc sql "SELECT * FROM NAME"`` sees the view (without its ``_cdc_`` columns), with the
+    apply's registry as the maintainer's source of views and tables."""
+    import json
+
+    from cdc.cli import main
+    from cdc.registry import Registry
+
+    with Registry(tmp_path) as registry:
+        for t in TABLES:
+            registry.add(t)
+        registry.add_view(VIEW)
+        maintainer = ViewMaintainer(tmp_path, lambda: (registry.list_views(), registry.list_tables()), APP)
+        by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+        app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+        work = Workload(11)
+        try:
+            for batch_id in range(3):
+                app.run(records_table(work.batch(60)), batch_id)
+        finally:
+            app.close(close_sinks=True, timeout=60)
+    assert main(["--state", str(tmp_path), "sql", f"SELECT * FROM {VIEW.name} ORDER BY id", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == expected(work.model) and got
+    where = f"SELECT id FROM {VIEW.name} WHERE customer = 'ann' ORDER BY id"
+    assert main(["--state", str(tmp_path), "sql", where, "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [
+        r["id"] for r in expected(work.model) if r["customer"] == "ann"
+    ]
