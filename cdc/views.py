@@ -93,6 +93,8 @@ class ViewSpec:
     #: per join (same order): DuckDB SQL of the driving keys whose row refers (along the joins, all
     #: taken as LEFT, no filter) to a key of the table ``__cdc_changed_<i>`` (columns ``k0``...)
     refs_sql: tuple[str, ...]
+    #: per table (qualified name) the columns the view reads of it (besides ``_cdc_key``)
+    used: dict[str, tuple[str, ...]]
 
     @property
     def tables(self) -> tuple[TableReg, ...]:
@@ -159,6 +161,7 @@ class _Scope:
     def __init__(self, tables: list[TableReg]) -> None:
         self.registered = tables
         self.aliases: dict[str, TableReg] = {}
+        self.used: dict[str, list[str]] = {}  # qualified table -> the columns the view reads of it
 
     def add(self, node: exp.Expression) -> str:
         if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
@@ -192,6 +195,13 @@ class _Scope:
 
     def column(self, col: exp.Column) -> tuple[str, str]:
         """``(alias, column)`` of a column reference, or the error saying why it is not one."""
+        alias, name = self._column(col)
+        used = self.used.setdefault(self.aliases[alias].qualified, [])
+        if name not in used:
+            used.append(name)
+        return alias, name
+
+    def _column(self, col: exp.Column) -> tuple[str, str]:
         name = _ident(col.this)
         if col.args.get("db") or col.args.get("catalog"):
             raise refuse(f"column {col.sql(dialect='postgres')}: qualify columns by table alias only")
@@ -391,6 +401,7 @@ def parse_view(name: str, sql: str, tables: list[TableReg]) -> ViewSpec:
         columns=columns,
         select_sql=_qualified(scope, stmt, driving_alias),
         refs_sql=tuple(_refs_sql(driving, driving_alias, joins, i) for i in range(len(joins))),
+        used={t: tuple(cols) for t, cols in scope.used.items()},
     )
 
 

@@ -145,8 +145,9 @@ def _q(name: str) -> str:
 
 
 def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
-    """DuckDB with each of the view's tables as ``"schema"."table"``: ``_cdc_key`` and the captured
-    columns of its current Delta table as of now, or an empty table of its registered columns.
+    """DuckDB with each of the view's tables as ``"schema"."table"``: ``_cdc_key`` and the columns
+    the view reads (:attr:`ViewSpec.used`) of its current Delta table as of now (empty before its
+    first batch).
 
     The tables are read into Arrow (string views as strings), not scanned as datasets: DuckDB pushes
     its filters into a dataset scan, where pyarrow fails to compare a string literal with the string
@@ -154,17 +155,18 @@ def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     for i, reg in enumerate(spec.tables):
         current = table_paths(state_dir, reg)[0]
-        names = [KEY, *(c.name for c in reg.columns if c.name not in reg.exclude)]
+        used = spec.used.get(reg.qualified, ())
+        types = {c.name: c.type for c in reg.columns}
+        empty = pa.schema([(KEY, pa.string()), *((n, T.arrow_type(types.get(n, "text"))) for n in used)])
+        data = empty.empty_table()
         if DeltaTable.is_deltatable(str(current)):
             dataset = DeltaTable(str(current)).to_pyarrow_dataset()
-            data = dataset.to_table(columns=[n for n in names if n in dataset.schema.names])
+            stored = [n for n in (KEY, *used) if n in dataset.schema.names]
+            data = dataset.to_table(columns=stored)
             data = data.cast(_plain_strings(data.schema))
-        else:
-            fields = [pa.field(KEY, pa.string())]
-            fields += [
-                pa.field(c.name, T.arrow_type(c.type)) for c in reg.columns if c.name not in reg.exclude
-            ]
-            data = pa.schema(fields).empty_table()
+            for f in empty:  # a column the table does not hold yet (added at the source): null
+                if f.name not in stored:
+                    data = data.append_column(f, pa.nulls(data.num_rows, f.type))
         con.register(f"__cdc_t{i}", data)
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(reg.schema)}")
         con.execute(f"CREATE VIEW {_q(reg.schema)}.{_q(reg.table)} AS SELECT * FROM __cdc_t{i}")
