@@ -570,3 +570,18 @@ class Registry:
             db.execute("DELETE FROM views WHERE name = ?", (name,))
             self._bump(db)
         return ViewReg.from_json(row[0])
+
+    def set_view_refused(self, name: str, refused: dict[str, Any] | None) -> None:
+        """Record (or with None clear) why the apply cannot maintain the view ``name`` now (JSON
+        ``{"reason", "fix"}`` in its ``extra["refused"]``); nothing if the view is gone."""
+        with self._write() as db:
+            row = db.execute("SELECT body FROM views WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return
+            view = ViewReg.from_json(row[0])
+            extra = {k: v for k, v in view.extra.items() if k != "refused"}
+            if refused is not None:
+                extra["refused"] = refused
+            db.execute(
+                "UPDATE views SET body = ? WHERE name = ?", (replace(view, extra=extra).to_json(), name)
+            )

@@ -174,7 +174,16 @@ class ApplyJob:
         self.keep_event_ts = keep_event_ts
         self.planner = Planner(self.sinks)  # the work in tasks: their slices (spark_jobs.tasks)
         # the views (cdc.views), recomputed after each batch's commits; none with a fixed table list
-        self.views = None if tables is not None else ViewMaintainer(self.state_dir, self._views, self.app_id)
+        self.views = (
+            None
+            if tables is not None
+            else ViewMaintainer(
+                self.state_dir,
+                self._views,
+                self.app_id,
+                lambda name, why: self.registry().set_view_refused(name, why),
+            )
+        )
         self.applier = BatchApplier(
             self.sinks,
             self._table_for,

@@ -57,6 +57,8 @@ def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = 
         "tables": list(view.tables),
         "search": list(view.search),
         "warehouse": {"current": str(current), "built": (current / "_delta_log").is_dir()},
+        #: why the apply cannot maintain it now ({"reason", "fix"}), else None
+        "refused": view.extra.get("refused"),
     }
     if columns is not None:
         out["columns"] = list(columns)
@@ -114,7 +116,17 @@ def list_views(args: argparse.Namespace, settings: Settings) -> int:
         None,
         ["view", "tables", "built", "sql"],
         [
-            (v.name, ", ".join(v.tables), "yes" if row["warehouse"]["built"] else "at the next batch", v.sql)
+            (
+                v.name,
+                ", ".join(v.tables),
+                ("yes" if row["warehouse"]["built"] else "at the next batch")
+                + (
+                    f" (REFUSED: {row['refused']['reason']}; fix: {row['refused']['fix']})"
+                    if row["refused"]
+                    else ""
+                ),
+                v.sql,
+            )
             for v, row in zip(views, rows, strict=True)
         ],
     )

@@ -35,13 +35,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from cdc import paths
-from cdc.errors import ApplyError
+from cdc.errors import ApplyError, ConfigError
 from cdc.registry import TableReg, ViewReg
 from cdc.views import CHANGED, VIEW_KEY, ViewSpec, spec_of
 from sinks import ChangeBatch
@@ -61,6 +62,7 @@ class ViewOutcome:
     rows: int = 0
     seconds: float = 0.0
     skipped: bool = False
+    refused: bool = False  # the view no longer parses against the registered tables
 
 
 class ViewMaintainer:
@@ -76,28 +78,48 @@ class ViewMaintainer:
         state_dir: Path,
         registry: Callable[[], tuple[list[ViewReg], list[TableReg]]],
         app_id: str,
+        refused: Callable[[str, dict[str, Any] | None], None] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.registry = registry
         self.app_id = app_id
+        #: records (``{"reason", "fix"}``) or clears (None) why a view cannot be maintained now
+        self.refused = refused
 
     def maintain(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, ViewOutcome]:
-        """Every registered view brought up to date with the committed state of batch ``batch_id``."""
-        views, tables = self.registry()
-        return {
-            view.name: maintain_view(self.state_dir, spec_of(view, tables), batches, batch_id, self.app_id)
-            for view in views
-        }
+        """Every registered view brought up to date with the committed state of batch ``batch_id``.
+
+        A view that no longer parses against the registered tables (a column it reads dropped at the
+        source) is refused -- recorded with the reason and the fix for ``cdc views list``, left at
+        its last state -- and the other views and tables go on; once it parses again it is computed
+        whole (the changes it missed are in the tables' current state)."""
+        return self._each(batches, batch_id)
 
     def rebuild(self, batch_id: int) -> dict[str, ViewOutcome]:
         """Every registered view computed whole from the committed state of batch ``batch_id``
         (the work in Spark tasks, whose changed keys never reach the driver: costs a full read of
         each view's tables per batch)."""
+        return self._each(None, batch_id)
+
+    def _each(self, batches: Sequence[ChangeBatch] | None, batch_id: int) -> dict[str, ViewOutcome]:
         views, tables = self.registry()
-        return {
-            view.name: maintain_view(self.state_dir, spec_of(view, tables), None, batch_id, self.app_id)
-            for view in views
-        }
+        out: dict[str, ViewOutcome] = {}
+        for view in views:
+            was_refused = "refused" in view.extra
+            try:
+                spec = spec_of(view, tables)
+            except ConfigError as exc:
+                if not was_refused and self.refused is not None:
+                    self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
+                out[view.name] = ViewOutcome(refused=True)
+                continue
+            whole = batches is None or was_refused
+            out[view.name] = maintain_view(
+                self.state_dir, spec, None if whole else batches, batch_id, self.app_id
+            )
+            if was_refused and self.refused is not None:
+                self.refused(view.name, None)
+        return out
 
 
 def maintain_view(

@@ -241,3 +241,52 @@ def test_cdc_sql_reads_the_view_by_its_name(tmp_path: Path, capsys: pytest.Captu
     assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [
         r["id"] for r in expected(work.model) if r["customer"] == "ann"
     ]
+
+
+def _orders_only(work: Workload, n: int) -> list[RawRecord]:
+    """``n`` inserts or updates of orders (no event of the other tables)."""
+    out = []
+    for _ in range(n):
+        key = work.rng.choice(KEYS["orders"])
+        work.lsn += 10
+        op = "u" if key in work.model["orders"] else "c"
+        work.model["orders"][key] = work.row("orders", key)
+        out.append(work.feeds["orders"].change(op, work.model["orders"][key], work.lsn))
+    return out
+
+
+def test_a_view_that_no_longer_parses_is_refused_then_computed_whole(tmp_path: Path) -> None:
+    """A column the view reads is dropped from the registration: the view is refused (recorded,
+    left as it was) while its tables go on; once it parses again it is computed whole."""
+    from cdc.registry import Registry
+
+    with Registry(tmp_path) as registry:
+        for t in TABLES:
+            registry.add(t)
+        registry.add_view(VIEW)
+        maintainer = ViewMaintainer(
+            tmp_path, lambda: (registry.list_views(), registry.list_tables()), APP, registry.set_view_refused
+        )
+        by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+        app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+        work = Workload(11)
+        try:
+            app.run(records_table(work.batch(180)), 0)
+            built = stored(tmp_path)
+            assert built == expected(work.model) and built
+            registry.set_columns(
+                "public", "customers", tuple(c for c in CUSTOMERS.columns if c.name != "name")
+            )
+            out = app.run(records_table(_orders_only(work, 15)), 1)
+            assert out.views[VIEW.name] == (0, 0, 0.0)  # refused: nothing written
+            assert stored(tmp_path) == built
+            (view,) = registry.list_views()
+            assert "no captured column 'name'" in view.extra["refused"]["reason"]
+            assert [t.events for t in out.tables] == [15]  # the table went on
+            registry.set_columns("public", "customers", CUSTOMERS.columns)
+            out = app.run(records_table(_orders_only(work, 5)), 2)
+            assert out.views[VIEW.name][0] == -1  # computed whole: it missed batch 1
+            assert stored(tmp_path) == expected(work.model)
+            assert "refused" not in registry.list_views()[0].extra
+        finally:
+            app.close(close_sinks=True, timeout=60)
