@@ -290,3 +290,22 @@ def test_a_view_that_no_longer_parses_is_refused_then_computed_whole(tmp_path: P
             assert "refused" not in registry.list_views()[0].extra
         finally:
             app.close(close_sinks=True, timeout=60)
+
+
+def test_rebuild_after_committed_slices_computes_the_view_whole_once(tmp_path: Path) -> None:
+    """The work in Spark tasks (``--work tasks``): the driver has no changed keys, so after
+    ``commit_slices`` it calls :meth:`ViewMaintainer.rebuild`: the whole view, once per batch id."""
+    maintainer = ViewMaintainer(tmp_path, lambda: ([VIEW], TABLES), APP)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP)  # the tasks' commits, no views
+    work = Workload(13)
+    try:
+        for batch_id in range(4):
+            app.run(records_table(work.batch(70 if batch_id == 0 else 15)), batch_id)
+            out = maintainer.rebuild(batch_id)
+            assert out[VIEW.name].keys == -1
+            assert stored(tmp_path) == expected(work.model), f"batch {batch_id}"
+            assert maintainer.rebuild(batch_id)[VIEW.name].skipped  # a replay of the batch
+        assert stored(tmp_path)
+    finally:
+        app.close(close_sinks=True, timeout=60)
