@@ -309,3 +309,28 @@ def test_rebuild_after_committed_slices_computes_the_view_whole_once(tmp_path: P
         assert stored(tmp_path)
     finally:
         app.close(close_sinks=True, timeout=60)
+
+
+def test_view_equals_its_sql_with_batches_parsed_in_columns(tmp_path: Path) -> None:
+    """Large batches (parsed in columns, :mod:`sinks.columnar`): the changed keys come from the
+    columnar form's events; key changes and deletes among them."""
+    maintainer = ViewMaintainer(tmp_path, lambda: ([VIEW], TABLES), APP)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    work = Workload(17)
+    try:
+        for batch_id in range(6):
+            records: list[RawRecord] = []
+            for _ in range(300):  # upserts of every table
+                name = work.rng.choice(list(work.model))
+                key = work.rng.choice(KEYS[name])
+                work.lsn += 10
+                op = "u" if key in work.model[name] else "c"
+                work.model[name][key] = work.row(name, key)
+                records.append(work.feeds[name].change(op, work.model[name][key], work.lsn))
+            records += work.batch(8)  # deletes and key changes among them
+            out = app.run(records_table(records), batch_id)
+            assert out.columnar == len(out.tables) == 3
+            assert stored(tmp_path) == expected(work.model), f"batch {batch_id}"
+    finally:
+        app.close(close_sinks=True, timeout=60)
