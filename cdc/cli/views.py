@@ -20,8 +20,8 @@ from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError, RegistryError
 from cdc.names import parse_column_list
-from cdc.registry import Registry, ViewReg
-from cdc.views import check_name, parse_view
+from cdc.registry import Registry, TableReg, ViewReg
+from cdc.views import check_name, parse_view, spec_of
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The ``--json`` shape of one view; ``warehouse.current``: its Delta table (``built``: whether
-    the apply has written it yet)."""
+    the apply has written it yet); ``columns`` (when given): its columns, null if it no longer parses."""
     current = paths.view_table(state_dir, view.name)
     out: dict[str, Any] = {
         "name": view.name,
@@ -60,8 +60,7 @@ def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = 
         #: why the apply cannot maintain it now ({"reason", "fix"}), else None
         "refused": view.extra.get("refused"),
     }
-    if columns is not None:
-        out["columns"] = list(columns)
+    out["columns"] = None if columns is None else list(columns)
     return out
 
 
@@ -100,10 +99,11 @@ def add_view(args: argparse.Namespace, settings: Settings) -> int:
 
 def list_views(args: argparse.Namespace, settings: Settings) -> int:
     views: list[ViewReg] = []
+    tables: list[TableReg] = []
     if paths.registry_path(settings.state_dir).exists():
         with Registry(settings.state_dir) as registry:
-            views = registry.list_views()
-    rows = [view_json(v, settings.state_dir) for v in views]
+            views, tables = registry.list_views(), registry.list_tables()
+    rows = [view_json(v, settings.state_dir, _columns(v, tables)) for v in views]
     if args.json:
         print_json(rows)
         return 0
@@ -131,6 +131,15 @@ def list_views(args: argparse.Namespace, settings: Settings) -> int:
         ],
     )
     return 0
+
+
+def _columns(view: ViewReg, tables: list[TableReg]) -> tuple[str, ...] | None:
+    """The view's columns as it parses today; None when it does not (``refused`` says why once the
+    apply tried)."""
+    try:
+        return spec_of(view, tables).columns
+    except ConfigError:
+        return None
 
 
 def remove_view(args: argparse.Namespace, settings: Settings) -> int:

@@ -154,7 +154,8 @@ def test_views_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
     assert "view not supported" in capsys.readouterr().err
     assert main(["--state", str(tmp_path), "views", "list", "--json"]) == 0
-    assert [v["name"] for v in json.loads(capsys.readouterr().out)] == ["ov"]
+    listed = json.loads(capsys.readouterr().out)
+    assert [(v["name"], v["columns"], v["refused"]) for v in listed] == [("ov", ["id", "name"], None)]
     assert main(["--state", str(tmp_path), "tables", "remove", "public.customers"]) != 0
     assert "read by view(s) ov" in capsys.readouterr().err
     assert main(["--state", str(tmp_path), "views", "remove", "ov"]) == 0
