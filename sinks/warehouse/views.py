@@ -90,7 +90,7 @@ class ViewMaintainer:
         """Every registered view brought up to date with the committed state of batch ``batch_id``.
 
         A view that no longer parses against the registered tables (a column it reads dropped at the
-        source) is refused -- recorded with the reason and the fix for ``cdc views list``, left at
+        source), or whose rows no longer fit its table (a type changed at the source), is refused -- recorded with the reason and the fix for ``cdc views list``, left at
         its last state -- and the other views and tables go on; once it parses again it is computed
         whole (the changes it missed are in the tables' current state)."""
         return self._each(batches, batch_id)
@@ -114,9 +114,15 @@ class ViewMaintainer:
                 out[view.name] = ViewOutcome(refused=True)
                 continue
             whole = batches is None or was_refused
-            out[view.name] = maintain_view(
-                self.state_dir, spec, None if whole else batches, batch_id, self.app_id
-            )
+            try:
+                out[view.name] = maintain_view(
+                    self.state_dir, spec, None if whole else batches, batch_id, self.app_id
+                )
+            except ApplyError as exc:  # its rows do not fit its table (a type changed at the source)
+                if not was_refused and self.refused is not None:
+                    self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
+                out[view.name] = ViewOutcome(refused=True)
+                continue
             if was_refused and self.refused is not None:
                 self.refused(view.name, None)
         return out

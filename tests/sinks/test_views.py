@@ -334,3 +334,33 @@ def test_view_equals_its_sql_with_batches_parsed_in_columns(tmp_path: Path) -> N
             assert stored(tmp_path) == expected(work.model), f"batch {batch_id}"
     finally:
         app.close(close_sinks=True, timeout=60)
+
+
+def test_a_view_whose_rows_no_longer_fit_its_table_is_refused(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from cdc.registry import Registry
+
+    with Registry(tmp_path) as registry:
+        for t in TABLES:
+            registry.add(t)
+        registry.add_view(VIEW)
+        maintainer = ViewMaintainer(
+            tmp_path, lambda: (registry.list_views(), registry.list_tables()), APP, registry.set_view_refused
+        )
+        by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+        app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+        work = Workload(11)
+        try:
+            app.run(records_table(work.batch(180)), 0)
+            path = str(paths.view_table(tmp_path, VIEW.name))
+            odd = pa.table({"_cdc_key": ["x"], "other": [1]})
+            write_deltalake(path, odd, mode="overwrite", schema_mode="overwrite")
+            out = app.run(records_table(_orders_only(work, 10)), 1)
+            assert out.views[VIEW.name] == (0, 0, 0.0) and [t.events for t in out.tables] == [10]
+            (view,) = registry.list_views()
+            assert "its table holds" in view.extra["refused"]["reason"]
+            assert "cdc views remove" in view.extra["refused"]["fix"]
+        finally:
+            app.close(close_sinks=True, timeout=60)
