@@ -89,8 +89,8 @@ class TableReg:
 @dataclass(frozen=True, slots=True)
 class ViewReg:
     """One registered view (``cdc views add``, :mod:`cdc.views`): its ``name``, its ``sql`` (parsed
-    again against the registered tables whenever it is used), its ``search`` columns (kept for the
-    search index of views, not built yet) and ``tables`` (qualified names it reads, for listings and
+    again against the registered tables whenever it is used), its ``search`` columns (the view's
+    search index, :mod:`sinks.view_search`) and ``tables`` (qualified names it reads, for listings and
     for refusing the removal of a table a view reads)."""
 
     name: str

@@ -32,6 +32,7 @@ from cdc.logstore.factory import open_log_store
 from cdc.metrics import Publisher
 from cdc.registry import Registry, TableReg, ViewReg
 from sinks import DeadLetter, Sink
+from sinks.search import SearchSink
 from sinks.warehouse.views import ViewMaintainer
 from spark_jobs.applier import AFTER_SINK, BatchApplier, BatchOutcome, open_sinks
 from spark_jobs.checkpoint import checkpoint_dir
@@ -182,6 +183,7 @@ class ApplyJob:
                 self._views,
                 self.app_id,
                 lambda name, why: self.registry().set_view_refused(name, why),
+                SearchSink.from_settings(settings),
             )
         )
         self.applier = BatchApplier(
@@ -419,6 +421,8 @@ class ApplyJob:
                 fix="restart `cdc apply`: it resumes from the checkpoint, nothing is skipped",
                 checkpoint=str(self.ckpt),
             ) from exc
+        if self.views is not None:
+            self.views.close()
         if self._store is not None:
             self._store.close()
             self._store = None

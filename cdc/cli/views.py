@@ -2,10 +2,12 @@
 
 * ``add NAME --sql "SELECT ... FROM a JOIN b ON a.fk = b.pk ..." [--search COLS]`` parses the SQL
   (:func:`cdc.views.parse_view`) against the registered tables and registers the view; anything the
-  apply cannot maintain is refused with what is supported. The apply builds the view's Delta table
+  apply cannot maintain is refused with what is supported. ``--search``: view columns the apply
+  indexes (tantivy, :mod:`sinks.view_search`) for ``cdc search NAME``. The apply builds the view's Delta table
   from the tables' current state at its next micro-batch, then keeps it up to date.
 * ``list`` shows the views (``--json``: one object per view, with its Delta table's path).
-* ``remove NAME`` deletes the registration and the view's Delta table (a view is derived data only).
+* ``remove NAME`` deletes the registration, the view's Delta table and its search index (a view is
+  derived data only).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add = verbs.add_parser("add", help="register a view (built by the apply's next micro-batch)")
     add.add_argument("name", metavar="NAME", help="lower case letters, digits and _")
     add.add_argument("--sql", required=True, help='"SELECT ... FROM a JOIN b ON a.fk = b.pk ... [WHERE ...]"')
-    add.add_argument("--search", help="view columns for a search index (recorded; not indexed yet)")
+    add.add_argument(
+        "--search", help="view columns for its search index (`cdc search NAME`), comma-separated"
+    )
     add.add_argument("--json", action="store_true", help="print the registration as JSON")
     add.set_defaults(handler=add_view)
 
@@ -57,6 +61,7 @@ def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = 
         "tables": list(view.tables),
         "search": list(view.search),
         "warehouse": {"current": str(current), "built": (current / "_delta_log").is_dir()},
+        "search_index": str(paths.search_index(state_dir, f"_views.{view.name}")) if view.search else None,
         #: why the apply cannot maintain it now ({"reason", "fix"}), else None
         "refused": view.extra.get("refused"),
     }
@@ -152,6 +157,9 @@ def remove_view(args: argparse.Namespace, settings: Settings) -> int:
         view = registry.remove_view(args.name)
     current = paths.view_table(settings.state_dir, view.name)
     shutil.rmtree(current, ignore_errors=True)
+    topic = f"_views.{view.name}"  # its search index (sinks.view_search.view_search_reg)
+    shutil.rmtree(paths.search_index(settings.state_dir, topic), ignore_errors=True)
+    paths.search_versions(settings.state_dir, topic).unlink(missing_ok=True)
     if args.json:
         print_json({"removed": view_json(view, settings.state_dir)})
     else:

@@ -47,6 +47,8 @@ from cdc.registry import TableReg, ViewReg
 from cdc.views import CHANGED, VIEW_KEY, ViewSpec, spec_of
 from sinks import ChangeBatch
 from sinks import types as T
+from sinks.search import SearchSink
+from sinks.view_search import index_view
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, table_paths
 
@@ -63,6 +65,9 @@ class ViewOutcome:
     seconds: float = 0.0
     skipped: bool = False
     refused: bool = False  # the view no longer parses against the registered tables
+    #: the keys recomputed (empty: none); None when the whole view was, or the batch was skipped
+    affected: set[str] | None = None
+    indexed: int = 0  # events handed to the view's search index
 
 
 class ViewMaintainer:
@@ -79,12 +84,19 @@ class ViewMaintainer:
         registry: Callable[[], tuple[list[ViewReg], list[TableReg]]],
         app_id: str,
         refused: Callable[[str, dict[str, Any] | None], None] | None = None,
+        search: SearchSink | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.registry = registry
         self.app_id = app_id
         #: records (``{"reason", "fix"}``) or clears (None) why a view cannot be maintained now
         self.refused = refused
+        #: the views' search indexes (``--search``, :mod:`sinks.view_search`); None: not indexed
+        self.search = search
+
+    def close(self) -> None:
+        if self.search is not None:
+            self.search.close()
 
     def maintain(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, ViewOutcome]:
         """Every registered view brought up to date with the committed state of batch ``batch_id``.
@@ -123,6 +135,11 @@ class ViewMaintainer:
                     self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
                 out[view.name] = ViewOutcome(refused=True)
                 continue
+            if view.search and self.search is not None:
+                done = out[view.name]
+                done.indexed = index_view(
+                    self.search, self.state_dir, view, done.affected, batch_id, self.app_id
+                )
             if was_refused and self.refused is not None:
                 self.refused(view.name, None)
         return out
@@ -143,7 +160,7 @@ def maintain_view(
         table is None or batches is None or any(b.truncate_version() is not None for b in touched.values())
     )
     if not whole and not touched:
-        return ViewOutcome()
+        return ViewOutcome(affected=set())
     props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
     con = _connect(state_dir, spec)
     try:
@@ -157,13 +174,13 @@ def maintain_view(
         assert table is not None
         keys = _affected(con, spec, touched)
         if not keys:
-            return ViewOutcome(seconds=time.monotonic() - started)
+            return ViewOutcome(seconds=time.monotonic() - started, affected=set())
         con.register("__cdc_affected", pa.table({"k": pa.array(sorted(keys), pa.string())}))
         rows = con.sql(
             f"SELECT * FROM ({spec.select_sql}) AS __v WHERE __v.{_q(VIEW_KEY)} IN (SELECT k FROM __cdc_affected)"
         ).to_arrow_table()
         _merge(table, _conform(rows, table, spec), keys, props)
-        return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started)
+        return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
     finally:
         con.close()
 
