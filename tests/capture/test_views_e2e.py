@@ -1,7 +1,8 @@
 """A view from joins end to end: real Postgres -> ``cdc run --once`` -> ``cdc apply --once`` (Spark)
 -> ``cdc sql "SELECT * FROM NAME"``, equal after every round to the view's SQL run on the source.
 The rounds interleave inserts, updates, deletes and key changes on the driving table and on both
-joined tables; the view is registered after the tables hold data."""
+joined tables; the view is registered after the tables hold data. Its search index (``--search``)
+finds the rows of the view."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> 
     env.run_once()
     res = env.cdc("apply", "--once", "--json", timeout=900)  # the tables hold data, no view yet
     assert res.returncode == 0, res.stderr[-3000:]
-    added = env.cdc("views", "add", "order_view", "--sql", SQL, "--json")
+    added = env.cdc("views", "add", "order_view", "--sql", SQL, "--search", "customer", "--json")
     assert added.returncode == 0, added.stderr
     assert orjson.loads(added.stdout)["warehouse"]["built"] is False
 
@@ -85,3 +86,7 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> 
     )
     _round(env, jvm)
     assert len(_source(env)) > 50
+    found = env.cdc("search", "order_view", "customer:dee", "--limit", "1000", "--json")
+    assert found.returncode == 0, found.stderr
+    hits = sorted(orjson.loads(h["key"]["_cdc_key"])["id"] for h in orjson.loads(found.stdout))
+    assert hits == [r["id"] for r in _source(env) if r["customer"] == "dee"] and hits
