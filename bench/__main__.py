@@ -29,6 +29,7 @@ BENCHMARKS = [
     "decoders",
     "search_shards",
     "wait",
+    "views",
 ]
 
 

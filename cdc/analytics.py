@@ -1,6 +1,7 @@
 """Analyst access to the warehouse: DuckDB over the Delta tables' Arrow datasets (``cdc sql``).
 
-Each registered table ``schema.table`` that the apply job has written is a view ``schema.table``
+Each registered view from joins (:mod:`cdc.views`) the apply has built is a view by its name (in
+DuckDB's ``main`` schema: ``SELECT * FROM NAME``). Each registered table ``schema.table`` that the apply job has written is a view ``schema.table``
 (current state) and ``schema.table__history`` (history) in a DuckDB schema named like the source
 schema, so joins across tables work as they would at the source. The views show the source columns
 and the ``_cdc_*`` meta columns documented in :mod:`sinks.warehouse` (``docs/warehouse.md``) (the internal ``_cdc_bucket``
@@ -22,9 +23,10 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from cdc import paths
 from cdc.errors import CdcError
-from cdc.registry import TableReg
-from sinks.warehouse.layout import BUCKET, table_paths
+from cdc.registry import TableReg, ViewReg
+from sinks.warehouse.layout import BUCKET, META_PREFIX, table_paths
 
 
 class QueryError(CdcError):
@@ -47,7 +49,7 @@ def _quote(name: str) -> str:
 class Warehouse:
     """A DuckDB connection with every applied table registered as views (see the module docstring)."""
 
-    def __init__(self, state_dir: Path, tables: Sequence[TableReg]) -> None:
+    def __init__(self, state_dir: Path, tables: Sequence[TableReg], views: Sequence[ViewReg] = ()) -> None:
 
         self.con = duckdb.connect(":memory:")
         self.catalog = Catalog()
@@ -70,6 +72,25 @@ class Warehouse:
                     f"SELECT * EXCLUDE ({_quote(BUCKET)}) FROM {_quote(source)}"
                 )
                 self.catalog.views[f"{reg.schema}.{view}"] = f"{kind} of {reg.qualified}"
+        for view_reg in views:
+            self._add_view(Path(state_dir), view_reg)
+
+    def _add_view(self, state_dir: Path, view: ViewReg) -> None:
+        """A view from joins (:mod:`cdc.views`) by its name, without its ``_cdc_`` columns. Read
+        into Arrow with plain strings, not scanned: pyarrow fails DuckDB's filters pushed into a
+        scan of the string views delta-rs writes."""
+        path = paths.view_table(state_dir, view.name)
+        if not DeltaTable.is_deltatable(str(path)):
+            self.catalog.not_applied.append(view.name)
+            return
+        data = DeltaTable(str(path)).to_pyarrow_table()
+        plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+        data = data.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in data.schema]))
+        data = data.select([n for n in data.column_names if not n.startswith(META_PREFIX)])
+        source = f"__cdc_view_{view.name}"
+        self.con.register(source, data)
+        self.con.execute(f"CREATE VIEW main.{_quote(view.name)} AS SELECT * FROM {_quote(source)}")
+        self.catalog.views[view.name] = f"view of {', '.join(view.tables)}"
 
     def query(self, sql: str) -> pa.Table:
         """Run one SQL statement; the result as an Arrow table (empty for statements without rows).

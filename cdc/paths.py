@@ -5,6 +5,7 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/registry.db                      the registry (cdc.registry)
     <state>/log/                             the embedded log store
     <state>/warehouse/<schema>/<table>       Delta current state; ``<table>__history``, ``<table>__tombstones``
+    <state>/warehouse/_views/<view>          Delta current table of a view (cdc.views)
     <state>/search/<topic>                   search index: ``shard-<i>/`` (tantivy) and ``shard-<i>.versions.sqlite``
                                              per shard; ``<topic>.versions.sqlite`` the index's metadata
     <state>/spark/checkpoint/apply           Spark checkpoint of the apply job; ``apply.id`` its app id
@@ -58,6 +59,11 @@ def warehouse_tables(state_dir: Path, schema: str, table: str) -> tuple[Path, Pa
     base = warehouse_dir(state_dir) / component(schema)
     name = component(table)
     return base / name, base / f"{name}__history", base / f"{name}__tombstones"
+
+
+def view_table(state_dir: Path, name: str) -> Path:
+    """The Delta current table of the view ``name`` (:mod:`cdc.views`), beside the tables'."""
+    return warehouse_dir(state_dir) / "_views" / component(name)
 
 
 def search_dir(state_dir: Path) -> Path:

@@ -86,6 +86,35 @@ class TableReg:
         return f"{self.schema}.{self.table}"
 
 
+@dataclass(frozen=True, slots=True)
+class ViewReg:
+    """One registered view (``cdc views add``, :mod:`cdc.views`): its ``name``, its ``sql`` (parsed
+    again against the registered tables whenever it is used), its ``search`` columns (the view's
+    search index, :mod:`sinks.view_search`) and ``tables`` (qualified names it reads, for listings and
+    for refusing the removal of a table a view reads)."""
+
+    name: str
+    sql: str
+    tables: tuple[str, ...]
+    search: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        body = {"name": self.name, "sql": self.sql, "tables": list(self.tables), "search": list(self.search)}
+        return json.dumps({**body, "extra": self.extra}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ViewReg:
+        body = json.loads(text)
+        return cls(
+            body["name"],
+            body["sql"],
+            tuple(body.get("tables", ())),
+            tuple(body.get("search", ())),
+            dict(body.get("extra") or {}),
+        )
+
+
 # --- the state store's keys -------------------------------------------------------------------------
 class State(StrEnum):
     """The pipeline-wide entries of the registry's key/value state (:meth:`Registry.get_state`).
@@ -242,6 +271,7 @@ class Registry:
                     " body TEXT NOT NULL, PRIMARY KEY (schema_name, table_name))"
                 )
                 db.execute("CREATE TABLE IF NOT EXISTS state (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                db.execute("CREATE TABLE IF NOT EXISTS views (name TEXT PRIMARY KEY, body TEXT NOT NULL)")
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('generation', 0)")
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (_SCHEMA_VERSION,))
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -501,3 +531,57 @@ class Registry:
     def set_table_state(self, entry: TableState, schema: str, table: str, value: str | None) -> None:
         """Set (or with None delete) the table's value of ``entry``; durable on return."""
         self.set_state(entry.key(schema, table), value)
+
+    # -- views (cdc.views) -------------------------------------------------------------------------
+    def list_views(self) -> list[ViewReg]:
+        """Every registered view, sorted by name."""
+        return [ViewReg.from_json(body) for (body,) in self._read("SELECT body FROM views ORDER BY name")]
+
+    def get_view(self, name: str) -> ViewReg:
+        """The view ``name``; RegistryError if there is none."""
+        rows = self._read("SELECT body FROM views WHERE name = ?", (name,))
+        if not rows:
+            raise RegistryError(
+                f"view {name} is not registered", fix="see the views with `cdc views list`", view=name
+            )
+        return ViewReg.from_json(rows[0][0])
+
+    def add_view(self, view: ViewReg) -> ViewReg:
+        """Register a view; RegistryError if one has that name. Bumps the generation."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM views WHERE name = ?", (view.name,)).fetchone():
+                raise RegistryError(
+                    f"view {view.name} is already registered",
+                    fix=f"remove it first (`cdc views remove {view.name}`), or choose another name",
+                    view=view.name,
+                )
+            db.execute("INSERT INTO views (name, body) VALUES (?, ?)", (view.name, view.to_json()))
+            self._bump(db)
+        return view
+
+    def remove_view(self, name: str) -> ViewReg:
+        """Delete a view's registration; RegistryError if there is none. Bumps the generation."""
+        with self._write() as db:
+            row = db.execute("SELECT body FROM views WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise RegistryError(
+                    f"view {name} is not registered", fix="see the views with `cdc views list`", view=name
+                )
+            db.execute("DELETE FROM views WHERE name = ?", (name,))
+            self._bump(db)
+        return ViewReg.from_json(row[0])
+
+    def set_view_refused(self, name: str, refused: dict[str, Any] | None) -> None:
+        """Record (or with None clear) why the apply cannot maintain the view ``name`` now (JSON
+        ``{"reason", "fix"}`` in its ``extra["refused"]``); nothing if the view is gone."""
+        with self._write() as db:
+            row = db.execute("SELECT body FROM views WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return
+            view = ViewReg.from_json(row[0])
+            extra = {k: v for k, v in view.extra.items() if k != "refused"}
+            if refused is not None:
+                extra["refused"] = refused
+            db.execute(
+                "UPDATE views SET body = ? WHERE name = ?", (replace(view, extra=extra).to_json(), name)
+            )

@@ -27,6 +27,7 @@ from sinks.parse import Parsed, parse
 
 if TYPE_CHECKING:
     from cdc.config import Settings
+    from sinks.warehouse.views import ViewOutcome
 
 __all__ = ["AFTER_SINK", "BatchApplier", "BatchOutcome", "Prepared", "TableOutcome", "open_sinks", "reject"]
 
@@ -76,6 +77,8 @@ class BatchOutcome:
     prepare_seconds: float  # parse + reject + the dead-letter hand-over, before any sink ran
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink name (they run concurrently)
     event_ts_ms: list[int] = field(default_factory=list)  # every applied event's ts (keep_event_ts)
+    #: per view (``after``): keys recomputed (-1: the whole view), rows found, seconds
+    views: dict[str, tuple[int, int, float]] = field(default_factory=dict)
 
     @property
     def events(self) -> int:
@@ -97,6 +100,9 @@ class BatchApplier:
     then dead letters). ``app_id``: the job's identity, handed to every :meth:`sinks.Sink.apply`.
     ``faults``/``crash``: the :data:`AFTER_SINK` fault point, ``crash`` being how the caller dies.
     ``keep_event_ts``: the outcome lists every applied event's source commit time (freshness).
+    ``after``: called with the batches and the batch id once every sink committed them, e.g.
+    :meth:`sinks.warehouse.views.ViewMaintainer.maintain`, which recomputes the views from the
+    committed tables (its failure fails the call like a sink's: the batch is replayed).
 
     Guarantees:
 
@@ -129,8 +135,10 @@ class BatchApplier:
         faults: Faults | None = None,
         crash: Callable[[], None] | None = None,
         keep_event_ts: bool = False,
+        after: Callable[[Sequence[ChangeBatch], int], dict[str, ViewOutcome]] | None = None,
     ) -> None:
         self.sinks = list(sinks)
+        self.after = after
         self.tables = tables
         self.app_id = app_id
         self.faults = faults or Faults()
@@ -178,6 +186,8 @@ class BatchApplier:
     ) -> BatchOutcome:
         """Every sink applies every table's batch of ``prepared`` under ``(app_id, batch_id)``."""
         batches = prepared.batches
+        sink_seconds = self._apply_sinks(batches, batch_id)
+        views = self.after(batches, batch_id) if self.after is not None else {}
         return BatchOutcome(
             batch_id=batch_id,
             records=prepared.records,
@@ -187,8 +197,9 @@ class BatchApplier:
             ],
             dead=prepared.dead,
             prepare_seconds=prepared.seconds if prepare_seconds is None else prepare_seconds,
-            sink_seconds=self._apply_sinks(batches, batch_id),
+            sink_seconds=sink_seconds,
             event_ts_ms=[t for b in batches for t in b.ts_ms()] if self.keep_event_ts else [],
+            views={name: (v.keys, v.rows, v.seconds) for name, v in views.items()},
         )
 
     def _apply_sinks(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, float]:

@@ -30,8 +30,10 @@ from cdc.faults import Faults
 from cdc.logstore import LogStore
 from cdc.logstore.factory import open_log_store
 from cdc.metrics import Publisher
-from cdc.registry import Registry, TableReg
+from cdc.registry import Registry, TableReg, ViewReg
 from sinks import DeadLetter, Sink
+from sinks.search import SearchSink
+from sinks.warehouse.views import ViewMaintainer
 from spark_jobs.applier import AFTER_SINK, BatchApplier, BatchOutcome, open_sinks
 from spark_jobs.checkpoint import checkpoint_dir
 from spark_jobs.ledger import (
@@ -172,6 +174,18 @@ class ApplyJob:
         self.ledger = Ledger(self.state_dir, self.app_id)
         self.keep_event_ts = keep_event_ts
         self.planner = Planner(self.sinks)  # the work in tasks: their slices (spark_jobs.tasks)
+        # the views (cdc.views), recomputed after each batch's commits; none with a fixed table list
+        self.views = (
+            None
+            if tables is not None
+            else ViewMaintainer(
+                self.state_dir,
+                self._views,
+                self.app_id,
+                lambda name, why: self.registry().set_view_refused(name, why),
+                SearchSink.from_settings(settings),
+            )
+        )
         self.applier = BatchApplier(
             self.sinks,
             self._table_for,
@@ -179,6 +193,7 @@ class ApplyJob:
             faults=options.faults,
             crash=self._crash,
             keep_event_ts=keep_event_ts,
+            after=None if self.views is None else self.views.maintain,
         )
         self.watchdog = Watchdog(options.stall_timeout_s, self.ckpt)
         # a stop waits for the micro-batch in progress (a query stopped mid-batch is interrupted
@@ -210,6 +225,10 @@ class ApplyJob:
         reg = self.registry()
         gen = reg.generation()
         return gen, reg.list_tables()
+
+    def _views(self) -> tuple[list[ViewReg], list[TableReg]]:
+        reg = self.registry()
+        return reg.list_views(), reg.list_tables()
 
     def _table_for(self, topic: str) -> TableReg | None:
         reg = self._by_topic.get(topic)
@@ -278,6 +297,8 @@ class ApplyJob:
         if results:
             self.options.faults.point(AFTER_SINK, batch_id, self._crash)
         tasks.commit_slices(self.sinks, regs.values(), results, self.app_id, batch_id)
+        if self.views is not None:  # the changed keys stayed in the tasks: each view computed whole
+            self.views.rebuild(batch_id)
         commit_positions(self.store, self.ckpt, batch_id)
         self._record(outcome, started, outcome.prepare_seconds)
 
@@ -400,6 +421,8 @@ class ApplyJob:
                 fix="restart `cdc apply`: it resumes from the checkpoint, nothing is skipped",
                 checkpoint=str(self.ckpt),
             ) from exc
+        if self.views is not None:
+            self.views.close()
         if self._store is not None:
             self._store.close()
             self._store = None

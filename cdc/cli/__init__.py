@@ -27,6 +27,7 @@ from cdc.paths import PRIVATE_UMASK, tighten
 VERB_MODULES: dict[str, tuple[str, ...]] = {
     "check": ("check",),
     "tables": ("tables",),
+    "views": ("views",),
     "capture": ("run",),
     "snapshot": ("snapshot",),
     "topic": ("topic",),

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sql.set_defaults(handler=run_sql)
 
     search = sub.add_parser("search", help="full-text search a table's search columns")
-    search.add_argument("table", metavar="SCHEMA.TABLE")
+    search.add_argument("table", metavar="SCHEMA.TABLE|VIEW")
     search.add_argument(
         "query", metavar="QUERY", help='tantivy syntax: words, "a phrase", col:word, +must -not'
     )
@@ -70,7 +70,8 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
 
     with Registry(settings.state_dir) as registry:
         tables = registry.list_tables()
-    with Warehouse(settings.state_dir, tables) as wh:
+        views = registry.list_views()
+    with Warehouse(settings.state_dir, tables, views) as wh:
         result = wh.query(args.query)
     if args.json:
         print_json(rows_of(result))
@@ -95,7 +96,13 @@ def run_search(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {args.limit}", fix="pass --limit 10")
     with Registry(settings.state_dir) as registry:
-        reg = registry.find(args.table)
+        views = {v.name: v for v in registry.list_views()}
+        if args.table in views:  # a view from joins (cdc views add NAME --search COLS)
+            from sinks.view_search import view_search_reg
+
+            reg = view_search_reg(views[args.table])
+        else:
+            reg = registry.find(args.table)
     hits = search(settings.state_dir, reg, args.query, limit=args.limit)
     if args.json:
         print_json(

@@ -414,6 +414,13 @@ def remove_table(args: argparse.Namespace, settings: Settings) -> int:
         )
     with registry:
         found = registry.find(args.table)
+        readers = [v.name for v in registry.list_views() if found.qualified in v.tables]
+        if readers:
+            raise RegistryError(
+                f"table {found.qualified} is read by view(s) {', '.join(readers)}",
+                fix=f"remove them first (`cdc views remove {readers[0]}`)",
+                views=readers,
+            )
         reg = registry.remove(found.schema, found.table)
         if decoder_in_use(registry, settings) == "pgoutput":
             with connect(settings.require_source()) as conn:

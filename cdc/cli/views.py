@@ -1,0 +1,167 @@
+"""``cdc views add|list|remove``: views from joins of registered tables (``docs/views.md``).
+
+* ``add NAME --sql "SELECT ... FROM a JOIN b ON a.fk = b.pk ..." [--search COLS]`` parses the SQL
+  (:func:`cdc.views.parse_view`) against the registered tables and registers the view; anything the
+  apply cannot maintain is refused with what is supported. ``--search``: view columns the apply
+  indexes (tantivy, :mod:`sinks.view_search`) for ``cdc search NAME``. The apply builds the view's Delta table
+  from the tables' current state at its next micro-batch, then keeps it up to date.
+* ``list`` shows the views (``--json``: one object per view, with its Delta table's path).
+* ``remove NAME`` deletes the registration, the view's Delta table and its search index (a view is
+  derived data only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cdc import paths
+from cdc.cli.output import print_json, print_table
+from cdc.config import Settings
+from cdc.errors import ConfigError, RegistryError
+from cdc.names import parse_column_list
+from cdc.registry import Registry, TableReg, ViewReg
+from cdc.views import check_name, parse_view, spec_of
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``cdc views add|list|remove`` to the ``cdc`` parser."""
+    views = sub.add_parser("views", help="register, list and remove views from joins of tables")
+    verbs = views.add_subparsers(dest="views_verb", metavar="add|list|remove")
+    verbs.required = True
+
+    add = verbs.add_parser("add", help="register a view (built by the apply's next micro-batch)")
+    add.add_argument("name", metavar="NAME", help="lower case letters, digits and _")
+    add.add_argument("--sql", required=True, help='"SELECT ... FROM a JOIN b ON a.fk = b.pk ... [WHERE ...]"')
+    add.add_argument(
+        "--search", help="view columns for its search index (`cdc search NAME`), comma-separated"
+    )
+    add.add_argument("--json", action="store_true", help="print the registration as JSON")
+    add.set_defaults(handler=add_view)
+
+    lst = verbs.add_parser("list", help="list registered views")
+    lst.add_argument("--json", action="store_true", help="a JSON list of view objects")
+    lst.set_defaults(handler=list_views)
+
+    rm = verbs.add_parser("remove", help="remove a view and its Delta table")
+    rm.add_argument("name", metavar="NAME")
+    rm.add_argument("--json", action="store_true")
+    rm.set_defaults(handler=remove_view)
+
+
+def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The ``--json`` shape of one view; ``warehouse.current``: its Delta table (``built``: whether
+    the apply has written it yet); ``columns`` (when given): its columns, null if it no longer parses."""
+    current = paths.view_table(state_dir, view.name)
+    out: dict[str, Any] = {
+        "name": view.name,
+        "sql": view.sql,
+        "tables": list(view.tables),
+        "search": list(view.search),
+        "warehouse": {"current": str(current), "built": (current / "_delta_log").is_dir()},
+        "search_index": str(paths.search_index(state_dir, f"_views.{view.name}")) if view.search else None,
+        #: why the apply cannot maintain it now ({"reason", "fix"}), else None
+        "refused": view.extra.get("refused"),
+    }
+    out["columns"] = None if columns is None else list(columns)
+    return out
+
+
+def add_view(args: argparse.Namespace, settings: Settings) -> int:
+    check_name(args.name)
+    with Registry(settings.state_dir) as registry:
+        spec = parse_view(args.name, args.sql, registry.list_tables())
+        search = parse_column_list(args.search) if args.search else ()
+        unknown = [c for c in search if c not in spec.columns]
+        if unknown:
+            raise ConfigError(
+                f"--search names {', '.join(unknown)}, which the view does not have",
+                fix=f"the view's columns: {', '.join(spec.columns)}",
+                columns=unknown,
+            )
+        current = paths.view_table(settings.state_dir, args.name)
+        if current.exists():
+            raise RegistryError(
+                f"{current} exists (a view of that name was removed without its table, or a copy)",
+                fix=f"move it aside (mv {current} {current}.old) or choose another name",
+                path=str(current),
+            )
+        view = registry.add_view(
+            ViewReg(args.name, args.sql, tuple(t.qualified for t in spec.tables), search)
+        )
+    if args.json:
+        print_json(view_json(view, settings.state_dir, spec.columns))
+    else:
+        print(
+            f"registered view {view.name} ({', '.join(spec.columns)}) over {', '.join(view.tables)}; "
+            "the apply builds it at its next micro-batch; query it with "
+            f'`cdc sql "SELECT * FROM {view.name}"`'
+        )
+    return 0
+
+
+def list_views(args: argparse.Namespace, settings: Settings) -> int:
+    views: list[ViewReg] = []
+    tables: list[TableReg] = []
+    if paths.registry_path(settings.state_dir).exists():
+        with Registry(settings.state_dir) as registry:
+            views, tables = registry.list_views(), registry.list_tables()
+    rows = [view_json(v, settings.state_dir, _columns(v, tables)) for v in views]
+    if args.json:
+        print_json(rows)
+        return 0
+    if not views:
+        print(
+            f'no views registered (state: {settings.state_dir}); add one with `cdc views add NAME --sql "..."`'
+        )
+        return 0
+    print_table(
+        None,
+        ["view", "tables", "built", "sql"],
+        [
+            (
+                v.name,
+                ", ".join(v.tables),
+                ("yes" if row["warehouse"]["built"] else "at the next batch")
+                + (
+                    f" (REFUSED: {row['refused']['reason']}; fix: {row['refused']['fix']})"
+                    if row["refused"]
+                    else ""
+                ),
+                v.sql,
+            )
+            for v, row in zip(views, rows, strict=True)
+        ],
+    )
+    return 0
+
+
+def _columns(view: ViewReg, tables: list[TableReg]) -> tuple[str, ...] | None:
+    """The view's columns as it parses today; None when it does not (``refused`` says why once the
+    apply tried)."""
+    try:
+        return spec_of(view, tables).columns
+    except ConfigError:
+        return None
+
+
+def remove_view(args: argparse.Namespace, settings: Settings) -> int:
+    if not paths.registry_path(settings.state_dir).exists():
+        raise RegistryError(
+            f"view {args.name} is not registered (no registry in {settings.state_dir})",
+            fix="check --state / CDC_STATE; `cdc views list` shows what is registered",
+        )
+    with Registry(settings.state_dir) as registry:
+        view = registry.remove_view(args.name)
+    current = paths.view_table(settings.state_dir, view.name)
+    shutil.rmtree(current, ignore_errors=True)
+    topic = f"_views.{view.name}"  # its search index (sinks.view_search.view_search_reg)
+    shutil.rmtree(paths.search_index(settings.state_dir, topic), ignore_errors=True)
+    paths.search_versions(settings.state_dir, topic).unlink(missing_ok=True)
+    if args.json:
+        print_json({"removed": view_json(view, settings.state_dir)})
+    else:
+        print(f"removed view {view.name} and its Delta table {current}")
+    return 0

@@ -1,0 +1,107 @@
+"""The search index of a view from joins (``cdc views add NAME --sql ... --search COLS``).
+
+The index is derived from the view's Delta table, not from the recompute: after the view's commit
+of a batch, the view rows of the batch's affected keys are read from that table and handed to a
+:class:`~sinks.search.SearchSink` of their own as the events of a table keyed by ``_cdc_key``
+(:func:`view_search_reg`): an upsert per row found, a delete per affected key without a row. Their
+version is the view table's Delta version (``seq``: the row's position), which only grows, so the
+search sink's version guard orders them; its ``(app_id, batch_id)`` record makes a replay a no-op.
+A whole build (the view's first, a TRUNCATE, the tasks path, or a replay whose keys are unknown) is
+a TRUNCATE event followed by every row of the view table.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from cdc import paths
+from cdc.events import Version
+from cdc.registry import Column, TableReg, ViewReg
+from sinks import ChangeBatch, ChangeEvent
+from sinks.search import SearchSink
+
+VIEW_KEY = "_cdc_key"
+
+
+def view_search_reg(view: ViewReg) -> TableReg:
+    """The table registration the search sink keeps a view's index under: schema ``_views``, the
+    view's name, topic ``_views.<name>`` (its index: ``<state>/search/_views.<name>``), key
+    ``_cdc_key``, the view's search columns (text)."""
+    return TableReg(
+        schema="_views",
+        table=view.name,
+        topic=f"_views.{view.name}",
+        key=(VIEW_KEY,),
+        search=view.search,
+        columns=(Column(VIEW_KEY, "text"), *(Column(c, "text") for c in view.search)),
+        snapshot_state="done",
+    )
+
+
+def _text(value: Any) -> Any:
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
+
+
+def _event(op: str, key: str, after: dict[str, Any] | None, version: Version, i: int, ts: int) -> ChangeEvent:
+    key_dict = {VIEW_KEY: key}
+    return ChangeEvent(
+        key=key_dict,
+        key_json=orjson.dumps(key_dict).decode(),
+        op=op,
+        version=version,
+        ts_ms=ts,
+        after=after,
+        before=key_dict if op == "d" else None,
+        unavailable=(),
+        partition=0,
+        offset=i,
+        snapshot=False,
+    )
+
+
+def index_view(
+    sink: SearchSink, state_dir: Path, view: ViewReg, keys: set[str] | None, batch_id: int, app_id: str
+) -> int:
+    """Index the view rows of ``keys`` (None: every row, after a TRUNCATE of the index) as they
+    are in the view's table now; a replay of ``batch_id`` the index applied does nothing. Returns
+    the events handed to the sink."""
+    reg = view_search_reg(view)
+    done = sink.applied_batch(reg, app_id)
+    if not view.search or (done is not None and done >= batch_id):
+        return 0
+    path = paths.view_table(state_dir, view.name)
+    if not DeltaTable.is_deltatable(str(path)):
+        return 0
+    table = DeltaTable(str(path))
+    columns = [VIEW_KEY, *view.search]
+    rows = table.to_pyarrow_dataset().to_table(columns=columns)
+    rows = rows.cast(pa.schema([f.with_type(pa.string()) if f.name == VIEW_KEY else f for f in rows.schema]))
+    if keys is not None:
+        rows = rows.filter(pc.is_in(rows.column(VIEW_KEY), value_set=pa.array(sorted(keys), pa.string())))
+    lsn, ts = table.version() + 1, int(time.time() * 1000)
+    events: list[ChangeEvent] = []
+    if keys is None:
+        truncate = ChangeEvent(
+            {}, '{"__truncate__":0}', "t", Version(lsn, 0), ts, None, None, (), 0, 0, False
+        )
+        events.append(truncate)
+    found = rows.to_pylist()
+    for row in found:
+        key = str(row[VIEW_KEY])
+        events.append(
+            _event(
+                "u", key, {c: _text(row[c]) for c in columns}, Version(lsn, len(events) + 1), len(events), ts
+            )
+        )
+    for key in sorted((keys or set()) - {str(r[VIEW_KEY]) for r in found}):
+        events.append(_event("d", key, None, Version(lsn, len(events) + 1), len(events), ts))
+    if events:
+        sink.apply(ChangeBatch(reg, events), batch_id, app_id)
+    return len(events)

@@ -1,0 +1,304 @@
+"""Views from joins, maintained by recomputing the rows a micro-batch affects (``docs/views.md``).
+
+After a micro-batch's base-table writes are committed, :class:`ViewMaintainer` brings every
+registered view (:mod:`cdc.views`) up to date in one Delta commit per view:
+
+1. **Affected keys.** The view has at most one row per row of its driving (``FROM``) table, keyed
+   by that row's ``_cdc_key``. A view row can change only if its driving row changed, or if the row
+   it meets in a joined table (found along the joins, from the driving row) was inserted, updated or
+   deleted. So the affected keys are the batch's keys of the driving table, plus, per joined table
+   with changes, the driving rows whose join columns (along the chain of joins, each taken as LEFT,
+   without the WHERE: a row that did not match before may match now) equal a changed key of it. A
+   key change is a delete of the old key and an insert of the new one: both are changed keys.
+2. **Recompute.** The view's query runs (DuckDB, over the base tables' current Delta tables, which
+   already hold this batch) for the affected keys only.
+3. **Write.** One MERGE on ``_cdc_key``: recomputed rows replace or insert; an affected key whose
+   recompute found no row (deleted, or filtered out, or an inner join that no longer meets) deletes
+   the view's row. The commit carries the batch's application transaction ``(app_id, batch_id)``.
+
+Why this is exactly once, and safe out of order: a view row is a function of the committed base
+state only, never of the events themselves. A replay of a batch the view already committed is
+skipped by its application transaction; a replay after the base tables committed but before the
+view did recomputes the same keys from the same committed state; and events that reached the base
+tables out of order were version-guarded there, so the view sees only what the base tables hold. A
+view whose table does not exist yet (just registered, over tables that may hold data) or one of
+whose tables was truncated in the batch is computed whole from the current state.
+
+The reference lookup reads the driving table's key and join columns (a scan, pruned to those
+columns) whenever a joined table changed: the view's own table cannot serve as the foreign-key index,
+since an inner join or a filter leaves out driving rows that a later change of a joined row brings in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from cdc import paths
+from cdc.errors import ApplyError, ConfigError
+from cdc.registry import TableReg, ViewReg
+from cdc.views import CHANGED, VIEW_KEY, ViewSpec, spec_of
+from sinks import ChangeBatch
+from sinks import types as T
+from sinks.search import SearchSink
+from sinks.view_search import index_view
+from sinks.warehouse.delta import arrow_schema, not_applied
+from sinks.warehouse.layout import KEY, table_paths
+
+_DELETE = "__cdc_delete"  # merge-source-only column: the affected key has no row any more
+
+
+@dataclass
+class ViewOutcome:
+    """What one view's maintenance did in a batch: ``keys`` recomputed (-1: the whole view),
+    ``rows`` found for them, ``seconds`` spent; ``skipped``: the batch was already committed."""
+
+    keys: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    skipped: bool = False
+    refused: bool = False  # the view no longer parses against the registered tables
+    #: the keys recomputed (empty: none); None when the whole view was, or the batch was skipped
+    affected: set[str] | None = None
+    indexed: int = 0  # events handed to the view's search index
+
+
+class ViewMaintainer:
+    """Keeps the registered views in step with the base tables (see the module docstring).
+
+    ``registry()``: the registered views and tables, asked once per batch. Call :meth:`maintain`
+    after every sink committed the batch (:class:`spark_jobs.applier.BatchApplier` does), with the
+    batch's :class:`~sinks.ChangeBatch` per table, under the batch's id.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        registry: Callable[[], tuple[list[ViewReg], list[TableReg]]],
+        app_id: str,
+        refused: Callable[[str, dict[str, Any] | None], None] | None = None,
+        search: SearchSink | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.registry = registry
+        self.app_id = app_id
+        #: records (``{"reason", "fix"}``) or clears (None) why a view cannot be maintained now
+        self.refused = refused
+        #: the views' search indexes (``--search``, :mod:`sinks.view_search`); None: not indexed
+        self.search = search
+
+    def close(self) -> None:
+        if self.search is not None:
+            self.search.close()
+
+    def maintain(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, ViewOutcome]:
+        """Every registered view brought up to date with the committed state of batch ``batch_id``.
+
+        A view that no longer parses against the registered tables (a column it reads dropped at the
+        source), or whose rows no longer fit its table (a type changed at the source), is refused -- recorded with the reason and the fix for ``cdc views list``, left at
+        its last state -- and the other views and tables go on; once it parses again it is computed
+        whole (the changes it missed are in the tables' current state)."""
+        return self._each(batches, batch_id)
+
+    def rebuild(self, batch_id: int) -> dict[str, ViewOutcome]:
+        """Every registered view computed whole from the committed state of batch ``batch_id``
+        (the work in Spark tasks, whose changed keys never reach the driver: costs a full read of
+        each view's tables per batch)."""
+        return self._each(None, batch_id)
+
+    def _each(self, batches: Sequence[ChangeBatch] | None, batch_id: int) -> dict[str, ViewOutcome]:
+        views, tables = self.registry()
+        out: dict[str, ViewOutcome] = {}
+        for view in views:
+            was_refused = "refused" in view.extra
+            try:
+                spec = spec_of(view, tables)
+            except ConfigError as exc:
+                if not was_refused and self.refused is not None:
+                    self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
+                out[view.name] = ViewOutcome(refused=True)
+                continue
+            whole = batches is None or was_refused
+            try:
+                out[view.name] = maintain_view(
+                    self.state_dir, spec, None if whole else batches, batch_id, self.app_id
+                )
+            except ApplyError as exc:  # its rows do not fit its table (a type changed at the source)
+                if not was_refused and self.refused is not None:
+                    self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
+                out[view.name] = ViewOutcome(refused=True)
+                continue
+            if view.search and self.search is not None:
+                done = out[view.name]
+                done.indexed = index_view(
+                    self.search, self.state_dir, view, done.affected, batch_id, self.app_id
+                )
+            if was_refused and self.refused is not None:
+                self.refused(view.name, None)
+        return out
+
+
+def maintain_view(
+    state_dir: Path, spec: ViewSpec, batches: Sequence[ChangeBatch] | None, batch_id: int, app_id: str
+) -> ViewOutcome:
+    """One view after batch ``batch_id`` (see the module docstring); ``batches`` None: computed whole."""
+    started = time.monotonic()
+    path = paths.view_table(state_dir, spec.name)
+    table = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+    if table is not None and not not_applied(table, app_id, batch_id):
+        return ViewOutcome(skipped=True)
+    names = {t.qualified for t in spec.tables}
+    touched = {b.table.qualified: b for b in batches or () if b.table.qualified in names and len(b)}
+    whole = (
+        table is None or batches is None or any(b.truncate_version() is not None for b in touched.values())
+    )
+    if not whole and not touched:
+        return ViewOutcome(affected=set())
+    props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
+    con = _connect(state_dir, spec)
+    try:
+        if whole:
+            rows = con.sql(spec.select_sql).to_arrow_table()
+            if table is not None:
+                rows = _conform(rows, table, spec)
+            paths.ensure_private_dir(path.parent)
+            write_deltalake(str(path), rows, mode="overwrite", commit_properties=props)
+            return ViewOutcome(-1, rows.num_rows, time.monotonic() - started)
+        assert table is not None
+        keys = _affected(con, spec, touched)
+        if not keys:
+            return ViewOutcome(seconds=time.monotonic() - started, affected=set())
+        con.register("__cdc_affected", pa.table({"k": pa.array(sorted(keys), pa.string())}))
+        rows = con.sql(
+            f"SELECT * FROM ({spec.select_sql}) AS __v WHERE __v.{_q(VIEW_KEY)} IN (SELECT k FROM __cdc_affected)"
+        ).to_arrow_table()
+        _merge(table, _conform(rows, table, spec), keys, props)
+        return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
+    finally:
+        con.close()
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
+    """DuckDB with each of the view's tables as ``"schema"."table"``: ``_cdc_key`` and the columns
+    the view reads (:attr:`ViewSpec.used`) of its current Delta table as of now (empty before its
+    first batch).
+
+    The tables are read into Arrow (string views as strings), not scanned as datasets: DuckDB pushes
+    its filters into a dataset scan, where pyarrow fails to compare a string literal with the string
+    views delta-rs writes ("no kernel matching input types (string, string_view)")."""
+    con = duckdb.connect(":memory:")
+    for i, reg in enumerate(spec.tables):
+        current = table_paths(state_dir, reg)[0]
+        used = spec.used.get(reg.qualified, ())
+        types = {c.name: c.type for c in reg.columns}
+        empty = pa.schema([(KEY, pa.string()), *((n, T.arrow_type(types.get(n, "text"))) for n in used)])
+        data = empty.empty_table()
+        if DeltaTable.is_deltatable(str(current)):
+            dataset = DeltaTable(str(current)).to_pyarrow_dataset()
+            stored = [n for n in (KEY, *used) if n in dataset.schema.names]
+            data = dataset.to_table(columns=stored)
+            data = data.cast(_plain_strings(data.schema))
+            for f in empty:  # a column the table does not hold yet (added at the source): null
+                if f.name not in stored:
+                    data = data.append_column(f, pa.nulls(data.num_rows, f.type))
+        con.register(f"__cdc_t{i}", data)
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(reg.schema)}")
+        con.execute(f"CREATE VIEW {_q(reg.schema)}.{_q(reg.table)} AS SELECT * FROM __cdc_t{i}")
+    return con
+
+
+def _plain_strings(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with string views as strings (see :func:`_connect`)."""
+    views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return pa.schema([f.with_type(views.get(f.type, f.type)) for f in schema])
+
+
+def _affected(con: duckdb.DuckDBPyConnection, spec: ViewSpec, touched: dict[str, ChangeBatch]) -> set[str]:
+    """The driving keys whose view row may have changed (see the module docstring, 1.)."""
+    keys: set[str] = set()
+    driving = touched.get(spec.driving.qualified)
+    if driving is not None:
+        keys.update(ev.key_json for ev in driving.events if ev.op != "t")
+    for i, j in enumerate(spec.joins):
+        batch = touched.get(j.reg.qualified)
+        if batch is None:
+            continue
+        events = [ev for ev in batch.events if ev.op != "t"]
+        types = {c.name: c.type for c in j.reg.columns}
+        changed = pa.table(
+            {
+                f"k{n}": T.to_array([ev.key[k] for ev in events], types.get(k))
+                for n, (_, k) in enumerate(j.pairs)
+            }
+        )
+        con.register(f"{CHANGED}_{i}", changed)
+        found = con.sql(spec.refs_sql[i]).to_arrow_table().column("k").to_pylist()
+        keys.update(str(k) for k in found)
+    return keys
+
+
+def _conform(rows: pa.Table, table: DeltaTable, spec: ViewSpec) -> pa.Table:
+    """``rows`` in the view table's stored schema (a type changed at the source: ApplyError)."""
+    schema = arrow_schema(table)
+    if rows.schema.names != schema.names:
+        raise ApplyError(
+            f"view {spec.name} computes columns {rows.schema.names}, its table holds {schema.names}",
+            fix=f"remove the view (`cdc views remove {spec.name}`) and add it again",
+            view=spec.name,
+        )
+    try:
+        return rows.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ApplyError(
+            f"view {spec.name}: the computed rows ({rows.schema}) do not fit its table ({schema}): {exc}",
+            fix=f"a column's type changed at the source: `cdc views remove {spec.name}` and add it again",
+            view=spec.name,
+        ) from exc
+
+
+def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitProperties) -> None:
+    """One MERGE on ``_cdc_key``: ``rows`` replace or insert; the other ``keys`` delete their row."""
+    found = set(rows.column(VIEW_KEY).to_pylist())
+    gone = sorted(keys - found)
+    source = rows.append_column(_DELETE, pa.array([False] * rows.num_rows, pa.bool_()))
+    if gone:
+        markers = {
+            f.name: pa.array(gone, f.type) if f.name == VIEW_KEY else pa.nulls(len(gone), f.type)
+            for f in rows.schema
+        }
+        markers[_DELETE] = pa.array([True] * len(gone), pa.bool_())
+        source = pa.concat_tables([source, pa.table(markers, schema=source.schema)])
+    cols = {c: f"s.{_q(c)}" for c in rows.column_names}
+    (
+        table.merge(
+            source,
+            f"t.{_q(VIEW_KEY)} = s.{_q(VIEW_KEY)}",
+            source_alias="s",
+            target_alias="t",
+            streamed_exec=False,
+            commit_properties=props,
+        )
+        .when_matched_delete(predicate=f"s.{_q(_DELETE)}")
+        .when_matched_update(cols, predicate=f"NOT s.{_q(_DELETE)}")
+        .when_not_matched_insert(cols, predicate=f"NOT s.{_q(_DELETE)}")
+        .execute()
+    )
+
+
+def view_rows(state_dir: Path, name: str) -> pa.Table | None:
+    """The view's current table (its ``_cdc_`` columns included), None before its first build."""
+    path = paths.view_table(state_dir, name)
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    return DeltaTable(str(path)).to_pyarrow_table()
