@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import duckdb
 import pyarrow as pa
@@ -26,7 +27,12 @@ from deltalake import DeltaTable
 from cdc import paths
 from cdc.errors import CdcError
 from cdc.registry import TableReg, ViewReg
+from sinks.types import plain_types
+from sinks.warehouse.delta import arrow_schema
 from sinks.warehouse.layout import BUCKET, META_PREFIX, table_paths
+
+#: the column of a Parquet file's name in :meth:`Warehouse._scan` (never a source column: ``_cdc_``)
+FILE = "_cdc_file"
 
 
 class QueryError(CdcError):
@@ -65,32 +71,63 @@ class Warehouse:
             ):
                 if not DeltaTable.is_deltatable(str(path)):
                     continue
-                source = f"__cdc_{kind}_{i}"
-                self.con.register(source, DeltaTable(str(path)).to_pyarrow_dataset())
+                scan = self._scan(f"__cdc_{kind}_{i}", DeltaTable(str(path)))
                 self.con.execute(
                     f"CREATE VIEW {_quote(reg.schema)}.{_quote(view)} AS "
-                    f"SELECT * EXCLUDE ({_quote(BUCKET)}) FROM {_quote(source)}"
+                    f"SELECT * EXCLUDE ({_quote(BUCKET)}) FROM {scan}"
                 )
                 self.catalog.views[f"{reg.schema}.{view}"] = f"{kind} of {reg.qualified}"
         for view_reg in views:
             self._add_view(Path(state_dir), view_reg)
 
     def _add_view(self, state_dir: Path, view: ViewReg) -> None:
-        """A view from joins (:mod:`cdc.views`) by its name, without its ``_cdc_`` columns. Read
-        into Arrow with plain strings, not scanned: pyarrow fails DuckDB's filters pushed into a
-        scan of the string views delta-rs writes."""
+        """A view from joins (:mod:`cdc.views`) by its name, without its ``_cdc_`` columns."""
         path = paths.view_table(state_dir, view.name)
         if not DeltaTable.is_deltatable(str(path)):
             self.catalog.not_applied.append(view.name)
             return
-        data = DeltaTable(str(path)).to_pyarrow_table()
-        plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-        data = data.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in data.schema]))
-        data = data.select([n for n in data.column_names if not n.startswith(META_PREFIX)])
-        source = f"__cdc_view_{view.name}"
-        self.con.register(source, data)
-        self.con.execute(f"CREATE VIEW main.{_quote(view.name)} AS SELECT * FROM {_quote(source)}")
+        table = DeltaTable(str(path))
+        columns = [n for n in arrow_schema(table).names if not n.startswith(META_PREFIX)]
+        scan = self._scan(f"__cdc_view_{view.name}", table)
+        self.con.execute(
+            f"CREATE VIEW main.{_quote(view.name)} AS "
+            f"SELECT {', '.join(_quote(c) for c in columns)} FROM {scan}"
+        )
         self.catalog.views[view.name] = f"view of {', '.join(view.tables)}"
+
+    def _scan(self, source: str, table: DeltaTable) -> str:
+        """A FROM item that reads ``table``'s current version with DuckDB's own Parquet reader:
+
+        * the version's data files (delta-rs writes no deletion vectors: its files are its rows),
+          with each file's partition values from the Delta log (``source``_parts, joined by file;
+          a partition column is not in the files);
+        * unioned by name with an empty Arrow table of the Delta schema (``source``), which gives
+          the columns their order and types, and a null for a column added after a file was written.
+
+        Not a pyarrow dataset: DuckDB pushes its filters into a dataset scan, and pyarrow cannot
+        compare a string literal with the string views delta-rs writes ("no kernel matching input
+        types (string, string_view)"), so a plain ``WHERE name = 'x'`` failed."""
+        self.con.register(source, plain_types(arrow_schema(table)).empty_table())
+        files = pa.table(table.get_add_actions(flatten=True))
+        if files.num_rows == 0:
+            return _quote(source)
+        root = table.table_uri.removeprefix("file://").rstrip("/")
+        names = [f"{root}/{unquote(p)}" for p in files.column("path").to_pylist()]
+        listed = ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+        data = (
+            f"read_parquet([{listed}], filename = '{FILE}', union_by_name = true, hive_partitioning = false)"
+        )
+        parts = table.metadata().partition_columns
+        if parts:
+            values = pa.table({FILE: names, **{c: files.column(f"partition.{c}") for c in parts}})
+            self.con.register(f"{source}_parts", values)
+            data = (
+                f"(SELECT d.* EXCLUDE ({_quote(FILE)}), {', '.join('p.' + _quote(c) for c in parts)} "
+                f"FROM {data} d JOIN {_quote(source + '_parts')} p USING ({_quote(FILE)}))"
+            )
+        else:
+            data = f"(SELECT * EXCLUDE ({_quote(FILE)}) FROM {data})"
+        return f"(SELECT * FROM {_quote(source)} UNION ALL BY NAME SELECT * FROM {data})"
 
     def query(self, sql: str) -> pa.Table:
         """Run one SQL statement; the result as an Arrow table (empty for statements without rows).

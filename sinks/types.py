@@ -41,6 +41,25 @@ Converter = Callable[[Any], Any]
 _DEC = Context(prec=200)  # exact for any decimal128 (38 digits); the default 28 would round
 
 
+def plain_types(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the view types delta-rs reads and writes (string and binary views, at any
+    depth of a list or a struct) as plain strings and binaries, which every Arrow kernel and reader
+    takes."""
+    return pa.schema([f.with_type(_plain(f.type)) for f in schema])
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_plain(t.field(i).type)) for i in range(t.num_fields)])
+    return t
+
+
 def base_type(pg_type: str) -> str:
     """The type without the typmod of timestamp/time/varchar etc.: ``timestamp(3) with time zone`` ->
     ``timestamp with time zone``; ``character varying(20)`` -> ``character varying``."""

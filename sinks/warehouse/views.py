@@ -208,7 +208,7 @@ def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
             dataset = DeltaTable(str(current)).to_pyarrow_dataset()
             stored = [n for n in (KEY, *used) if n in dataset.schema.names]
             data = dataset.to_table(columns=stored)
-            data = data.cast(_plain_strings(data.schema))
+            data = data.cast(T.plain_types(data.schema))
             for f in empty:  # a column the table does not hold yet (added at the source): null
                 if f.name not in stored:
                     data = data.append_column(f, pa.nulls(data.num_rows, f.type))
@@ -216,12 +216,6 @@ def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(reg.schema)}")
         con.execute(f"CREATE VIEW {_q(reg.schema)}.{_q(reg.table)} AS SELECT * FROM __cdc_t{i}")
     return con
-
-
-def _plain_strings(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with string views as strings (see :func:`_connect`)."""
-    views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-    return pa.schema([f.with_type(views.get(f.type, f.type)) for f in schema])
 
 
 def _affected(con: duckdb.DuckDBPyConnection, spec: ViewSpec, touched: dict[str, ChangeBatch]) -> set[str]:
