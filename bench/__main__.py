@@ -28,6 +28,7 @@ BENCHMARKS = [
     "freshness",
     "decoders",
     "search_shards",
+    "write_amp",
 ]
 
 
