@@ -44,6 +44,8 @@ STOPPING = "finishing the micro-batch in progress, then stopping"
 
 #: a micro-batch is collected on the driver: bound it (about 0.5-1 KB of driver memory per record)
 DEFAULT_MAX_RECORDS = 250_000
+#: ... and what it may grow to when the apply is behind (a 1M-record batch peaks near 3 GB of RSS)
+DEFAULT_MAX_RECORDS_BEHIND = 500_000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +66,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help=f"at most N log records per micro-batch, bounding the memory of its tasks (of the driver "
         f"with --work driver) (default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-records-per-batch-behind",
+        type=int,
+        default=DEFAULT_MAX_RECORDS_BEHIND,
+        metavar="N",
+        help="when the apply is behind, a micro-batch takes a quarter of the backlog, up to N records, so "
+        "each rewrite of a table's files carries more changes; back to --max-records-per-batch when "
+        f"caught up (default {DEFAULT_MAX_RECORDS_BEHIND:,}; 0: never more than --max-records-per-batch)",
     )
     p.add_argument(
         "--stall-timeout",
@@ -119,6 +130,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         once=bool(args.once),
         trigger_interval_s=float(args.trigger_interval),
         max_records_per_batch=max(int(args.max_records_per_batch), 0),
+        max_records_per_batch_behind=max(int(args.max_records_per_batch_behind), 0),
         faults=Faults.parse(os.environ.get(FAULTS_ENV, "")),
         stall_timeout_s=max(float(args.stall_timeout), 0.0),
         hard_exit_on_stall=True,
