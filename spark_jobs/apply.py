@@ -78,7 +78,7 @@ class ApplyOptions:
     trigger_interval_s: float = 1.0
     max_records_per_batch: int = 0
     #: when the apply is behind (a large backlog), a micro-batch may take up to this many records: a
-    #: quarter of the backlog, never less than ``max_records_per_batch`` (0, or not above it: no
+    #: half of the backlog, never less than ``max_records_per_batch`` (0, or not above it: no
     #: growth); ``docs/apply.md``, Batch size
     max_records_per_batch_behind: int = 0
     registry_poll_s: float = 2.0

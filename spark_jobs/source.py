@@ -45,9 +45,9 @@ RANGES = pa.schema(
     [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
 )
 DEFAULT_SPLIT = 500_000
-#: when behind, a micro-batch takes about this fraction of the backlog (up to the cap): the apply
-#: catches up in about this many batches, each rewrite of a table carrying that many more changes
-CATCH_UP_BATCHES = 4
+#: when behind, a micro-batch takes 1/CATCH_UP_BATCHES of the backlog (up to the cap): the apply
+#: catches up in a few batches, each rewrite of a table's files carrying many more changes
+CATCH_UP_BATCHES = 2
 
 
 def offset_key(topic: str, partition: int) -> str:

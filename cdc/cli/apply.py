@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="when the apply is behind, a micro-batch takes a quarter of the backlog, up to N records, so "
+        help="when the apply is behind, a micro-batch takes half the backlog, up to N records, so "
         "each rewrite of a table's files carries more changes; back to --max-records-per-batch when "
         f"caught up (default {DEFAULT_MAX_RECORDS_BEHIND:,} with the default --max-records-per-batch, "
         "else 0; 0: never more than --max-records-per-batch)",

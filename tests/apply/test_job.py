@@ -81,8 +81,8 @@ def test_redelivered_out_of_order_events_leave_the_same_tables(spark_clean: Any,
 
 
 def test_a_lagging_apply_takes_larger_batches_then_the_usual_ones(spark_clean: Any, env: Env) -> None:
-    """``max_records_per_batch_behind``: behind by 30x the bound, the first batches take a quarter of
-    the backlog (fewer rewrites of the tables), the last ones the usual bound; nothing is lost."""
+    """``max_records_per_batch_behind``: behind by 30x the bound, the first batches take half the
+    backlog (fewer rewrites of the tables), the last ones the usual bound; nothing is lost."""
     reg = env.register(_reg())
     w = ChangeWriter(env.store, reg)
     state = _workload(w)
@@ -97,7 +97,7 @@ def test_a_lagging_apply_takes_larger_batches_then_the_usual_ones(spark_clean: A
         on_batch=lambda r: sizes.append(r.records),
     )
     assert sum(sizes) == summary.records == total > 150
-    assert sizes[0] == 30 and max(sizes) == 30, sizes  # the cap, while a quarter of the backlog is more
+    assert sizes[0] == 30 and max(sizes) == 30, sizes  # the cap, while half the backlog is more
     assert sizes[-1] <= 5 and len(sizes) < total // 5, sizes  # caught up: the usual bound
     assert _current(env, reg) == _expected(state)
 

@@ -123,7 +123,7 @@ def test_stream_reader_offsets_limits_and_a_recreated_topic(tmp_path: Path) -> N
 
 
 def test_stream_reader_grows_the_batch_when_behind_and_replans_alike(tmp_path: Path) -> None:
-    """With ``maxRecordsPerBatchBehind`` a large backlog gets a larger batch (a quarter of it, up to
+    """With ``maxRecordsPerBatchBehind`` a large backlog gets a larger batch (half of it, up to
     the cap), a small one the usual ``maxRecordsPerBatch``; the batch's ranges come from the planned
     offsets only, so a replay reads the same records however the log grew since."""
     from cdc.logstore import Record, TopicConfig
@@ -143,8 +143,8 @@ def test_stream_reader_grows_the_batch_when_behind_and_replans_alike(tmp_path: P
     planned = [(r.partition, r.start, r.end) for r in reader.partitions(start, end)]
     store.append("cdc.s.t", [Record(b"k", b"v", partition=i % 2) for i in range(400)])
     assert [(r.partition, r.start, r.end) for r in reader.partitions(start, end)] == planned  # a replay
-    mid = {"cdc.s.t|0": 280, "cdc.s.t|1": 280}  # 40 behind: a quarter of it, 10
-    assert reader.latestOffset(mid, limit) == {"cdc.s.t|0": 285, "cdc.s.t|1": 285}
+    mid = {"cdc.s.t|0": 290, "cdc.s.t|1": 290}  # 20 behind: half of it, 10
+    assert reader.latestOffset(mid, limit) == {"cdc.s.t|0": 295, "cdc.s.t|1": 295}
     near = {"cdc.s.t|0": 297, "cdc.s.t|1": 297}  # 6 behind: the usual 4
     assert reader.latestOffset(near, limit) == {"cdc.s.t|0": 299, "cdc.s.t|1": 299}
     plain = CdcLogStreamReader(opts)  # without the option: never more than maxRecordsPerBatch
