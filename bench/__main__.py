@@ -29,6 +29,7 @@ BENCHMARKS = [
     "decoders",
     "search_shards",
     "write_amp",
+    "write_amp_catchup",
 ]
 
 
