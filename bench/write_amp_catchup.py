@@ -75,7 +75,9 @@ def run(quick: bool) -> str:
         for n in _chunks(rows, GROW_CHUNK):
             grow.apply(wl.inserts(n), wl.feed)
         grow.tidy()
+        grown_n = wl.n
         for pattern in ("random", "recent"):
+            wl.n = grown_n  # the keys the table holds (the other pattern's inserts are not in it)
             recs = wl.changes(BACKLOG_BATCHES * bound, pattern)
             for name, factor in CAPS:
                 got = catch_up(grown, config, recs, wl, bound, factor * bound)
