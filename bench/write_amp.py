@@ -244,7 +244,8 @@ def report(rows: list[dict]) -> str:
         f"median of {REPEAT} batches per cell). `batch` {BATCH:,}: what a caught-up apply takes; "
         f"{BATCH * BEHIND:,}: what the adaptive bound lets a batch take when the apply is behind. "
         "Bytes do not depend on the machine's load; the CPU column does (shared machine, load "
-        f"{loadavg()} at the end).\n",
+        f"{loadavg()} at the end). What the figures mean, and what would bound them: `docs/warehouse.md`, "
+        "Write amplification.\n",
         "| write | layout | rows | keys | batch | B / changed row | MB / batch | files rewritten (current) "
         "| current files | live MB | CPU s / 1k rows |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
