@@ -89,8 +89,8 @@ class WarehouseOptions:
     ``clustering`` (``auto``, ``range``, ``hash``), ``range_width`` and ``buckets`` choose the
     :class:`Layout` of tables created afterwards (an existing table keeps the layout it was created
     with, stored in its configuration ``cdc.layout``); ``range_width`` is the widest range bucket, a
-    table of wide rows gets a narrower one (:func:`range_width_for`). ``maintain_every``: run :meth:`WarehouseSink.maintain`
-    on a table after every K-th batch id (0: never). ``vacuum_every``: delete a table's unreferenced files
+    table of wide rows gets a narrower one (:func:`range_width_for`). ``maintain_every``: run
+    :meth:`WarehouseSink.maintain` on a table after every K-th batch id (0: never). ``vacuum_every``: delete a table's unreferenced files
     after every K-th batch id (0: only in ``maintain``). ``vacuum_retention_hours``: files unreferenced
     for longer are deleted by vacuum (keep it above the longest read of the warehouse: a `cdc sql` query,
     a `cdc verify`; the history table, not Delta time travel, keeps the past). Every batch's merge
