@@ -12,8 +12,9 @@ are applied to a copy of it and measured, for two key patterns:
 
 each with 10 % inserts of new keys at the end, and for both writes (``[warehouse] write = "merge"``
 and ``"files"``). Each size is measured with the batch a caught-up apply takes (:data:`BATCH`
-changes) and with the one the adaptive bound takes when the apply is behind (:data:`BEHIND` times as
-many: ``cdc apply --max-records-per-batch-behind``, ``docs/apply.md``).
+changes) and with :data:`BEHIND` times as many, what a lagging apply takes with a cap that high
+(``cdc apply --max-records-per-batch-behind``, whose default is twice the bound; ``docs/apply.md``).
+The same table also with the hash layout (16 buckets, merge).
 
 Figures per batch (all from the tables' Delta logs, so they do not depend on the machine's load):
 **bytes written per changed row** (the sizes of the ``add`` actions of the batch's commits -- current,
@@ -242,7 +243,7 @@ def report(rows: list[dict]) -> str:
         "live size, as one table grows (`python -m bench write_amp`; the range layout is what `auto` picks for this "
         "bigint key, hash is 16 buckets; "
         f"median of {REPEAT} batches per cell). `batch` {BATCH:,}: what a caught-up apply takes; "
-        f"{BATCH * BEHIND:,}: what the adaptive bound lets a batch take when the apply is behind. "
+        f"{BATCH * BEHIND:,}: a batch of a lagging apply with a cap of {BEHIND}x the bound (the default cap is 2x). "
         "Bytes do not depend on the machine's load; the CPU column does (shared machine, load "
         f"{loadavg()} at the end). What the figures mean, and what would bound them: `docs/warehouse.md`, "
         "Write amplification.\n",
