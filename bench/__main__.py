@@ -30,6 +30,9 @@ BENCHMARKS = [
     "search_shards",
     "wait",
     "views",
+    "write_amp",
+    "write_amp_catchup",
+    "write_amp_wide",
 ]
 
 

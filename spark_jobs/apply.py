@@ -79,6 +79,10 @@ class ApplyOptions:
     once: bool = False
     trigger_interval_s: float = 1.0
     max_records_per_batch: int = 0
+    #: when the apply is behind (a large backlog), a micro-batch may take up to this many records:
+    #: half the backlog, never less than ``max_records_per_batch`` (0, or not above it: no growth);
+    #: ``docs/apply.md``, Batch size
+    max_records_per_batch_behind: int = 0
     registry_poll_s: float = 2.0
     faults: Faults = field(default_factory=Faults)
     query_name: str = "cdc-apply"
@@ -367,6 +371,7 @@ class ApplyJob:
         )
         if self.options.max_records_per_batch > 0:
             reader = reader.option("maxRecordsPerBatch", str(self.options.max_records_per_batch))
+            reader = reader.option("maxRecordsPerBatchBehind", str(self.options.max_records_per_batch_behind))
         writer = (
             reader.load()
             .writeStream.foreachBatch(self.process_batch)

@@ -48,6 +48,9 @@ RANGES = pa.schema(
     [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
 )
 DEFAULT_SPLIT = 500_000
+#: when behind, a micro-batch takes 1/CATCH_UP_BATCHES of the backlog (up to the cap): the apply
+#: catches up in a few batches, each rewrite of a table's files carrying many more changes
+CATCH_UP_BATCHES = 2
 
 
 def offset_key(topic: str, partition: int) -> str:
@@ -103,6 +106,17 @@ def split_budget(pending: Mapping[str, int], budget: int) -> dict[str, int]:
     return grant
 
 
+def batch_budget(backlog: int, base: int, behind: int) -> int:
+    """The records the next micro-batch may take with ``backlog`` records pending: ``base`` (the
+    ``maxRecordsPerBatch``) while the backlog is small; when it is large, a
+    :data:`CATCH_UP_BATCHES`-th of it, up to ``behind`` (``maxRecordsPerBatchBehind``; at most
+    ``base`` switches the growth off). So a caught-up apply keeps its usual batches and a lagging one
+    carries many more changes per rewrite of a table's files (``docs/apply.md``, Batch size)."""
+    if behind <= base:
+        return base
+    return min(behind, max(base, backlog // CATCH_UP_BATCHES))
+
+
 class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader (lives in Spark's planner worker for the life of the query)."""
 
@@ -111,6 +125,8 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics = [t.strip() for t in (options.get("topics") or "").split(",") if t.strip()]
         raw_max = options.get("maxRecordsPerBatch") or options.get("maxrecordsperbatch") or ""
         self.max_records = int(raw_max) if raw_max else 0
+        raw_behind = options.get("maxRecordsPerBatchBehind") or options.get("maxrecordsperbatchbehind") or ""
+        self.max_behind = int(raw_behind) if raw_behind else 0
         raw_split = options.get("splitRecords") or options.get("splitrecords") or ""
         self.split = int(raw_split) if raw_split else DEFAULT_SPLIT
         self.ranges = (options.get("emit") or "records") == "ranges"
@@ -165,7 +181,11 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if v < begin[k]:  # the log ends before our position: the topic was recreated, read it again
                 begin[k] = starts.get(k, 0)
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            grant = split_budget({k: ends[k] - begin[k] for k in ends}, int(limit.max_rows))
+            # decided here, at planning: Spark logs these end offsets before the batch runs, so a
+            # replayed batch reads the same ranges whatever the backlog is by then
+            pending = {k: ends[k] - begin[k] for k in ends}
+            budget = batch_budget(sum(pending.values()), int(limit.max_rows), self.max_behind)
+            grant = split_budget(pending, budget)
             ends = {k: begin[k] + grant.get(k, 0) for k in ends}
         # keep offsets of partitions this query no longer reads out of the result (topic removed)
         return ends

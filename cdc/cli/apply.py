@@ -44,6 +44,8 @@ STOPPING = "finishing the micro-batch in progress, then stopping"
 
 #: a micro-batch is collected on the driver: bound it (about 0.5-1 KB of driver memory per record)
 DEFAULT_MAX_RECORDS = 250_000
+#: ... and what it may grow to when the apply is behind (a 1M-record batch peaks near 3 GB of RSS)
+DEFAULT_MAX_RECORDS_BEHIND = 500_000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +66,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help=f"at most N log records per micro-batch, bounding the memory of its tasks (of the driver "
         f"with --work driver) (default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-records-per-batch-behind",
+        type=int,
+        default=None,
+        metavar="N",
+        help="when the apply is behind, a micro-batch takes half the backlog, up to N records, so "
+        "each rewrite of a table's files carries more changes; back to --max-records-per-batch when "
+        f"caught up (default {DEFAULT_MAX_RECORDS_BEHIND:,} with the default --max-records-per-batch, "
+        "else 0; 0: never more than --max-records-per-batch)",
     )
     p.add_argument(
         "--stall-timeout",
@@ -106,6 +118,14 @@ def _exit_hard(exc: BaseException, *, as_json: bool) -> NoReturn:
     os._exit(code)
 
 
+def _behind(args: argparse.Namespace) -> int:
+    """``--max-records-per-batch-behind``; unset: the default cap, unless ``--max-records-per-batch``
+    was changed (a chosen bound is kept as given: no growth)."""
+    if args.max_records_per_batch_behind is not None:
+        return max(int(args.max_records_per_batch_behind), 0)
+    return DEFAULT_MAX_RECORDS_BEHIND if args.max_records_per_batch == DEFAULT_MAX_RECORDS else 0
+
+
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     from spark_jobs.apply import ApplyOptions, BatchReport, run_apply
     from spark_jobs.session import get_session
@@ -119,6 +139,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         once=bool(args.once),
         trigger_interval_s=float(args.trigger_interval),
         max_records_per_batch=max(int(args.max_records_per_batch), 0),
+        max_records_per_batch_behind=_behind(args),
         faults=Faults.parse(os.environ.get(FAULTS_ENV, "")),
         stall_timeout_s=max(float(args.stall_timeout), 0.0),
         hard_exit_on_stall=True,

@@ -208,7 +208,9 @@ class WarehouseSink(Sink):
         cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
         columns = _columns(reg, batch.events if cols is None else ())
         current, history, tombs = self._open_tables(
-            reg, columns, lambda: Layout.choose(reg, self.options, lambda: _key_values(batch))
+            reg,
+            columns,
+            lambda: Layout.choose(reg, self.options, lambda: _key_values(batch), lambda: _row_bytes(batch)),
         )
         layout = layout_of(current)
         todo = [
@@ -496,6 +498,16 @@ def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
         return table
     table.alter.set_table_properties({DROPPED_CONF: want}, raise_if_not_exists=False)
     return DeltaTable(table.table_uri)
+
+
+def _row_bytes(batch: ChangeBatch) -> float:
+    """The mean size of a batch's new rows as the events carry them (for :meth:`Layout.choose`; an
+    upper bound of their Parquet size, which is compressed)."""
+    if batch.columns is not None:
+        t = batch.columns.table
+        return float(t.column("after").nbytes / max(t.num_rows, 1))
+    rows = [ev.after for ev in batch.events if ev.after]
+    return sum(len(str(v)) for row in rows for v in row.values()) / max(len(rows), 1)
 
 
 def _key_values(batch: ChangeBatch) -> list[Any]:

@@ -46,6 +46,9 @@ SRC_KIND = "__cdc_src_kind"  # merge-source-only column of the history merge
 #: current and tombstone tables are partitioned by ``_cdc_bucket`` alone
 HISTORY_PARTITIONS = (BUCKET, IS_CURRENT)
 
+#: a range bucket is never narrower than this many key values (:func:`range_width_for`)
+MIN_RANGE_WIDTH = 1_024
+
 TS_TYPE = pa.timestamp("us", tz="UTC")
 CURRENT_META = pa.schema(
     [
@@ -85,8 +88,9 @@ class WarehouseOptions:
 
     ``clustering`` (``auto``, ``range``, ``hash``), ``range_width`` and ``buckets`` choose the
     :class:`Layout` of tables created afterwards (an existing table keeps the layout it was created
-    with, stored in its configuration ``cdc.layout``). ``maintain_every``: run :meth:`WarehouseSink.maintain`
-    on a table after every K-th batch id (0: never). ``vacuum_every``: delete a table's unreferenced files
+    with, stored in its configuration ``cdc.layout``); ``range_width`` is the widest range bucket, a
+    table of wide rows gets a narrower one (:func:`range_width_for`). ``maintain_every``: run
+    :meth:`WarehouseSink.maintain` on a table after every K-th batch id (0: never). ``vacuum_every``: delete a table's unreferenced files
     after every K-th batch id (0: only in ``maintain``). ``vacuum_retention_hours``: files unreferenced
     for longer are deleted by vacuum (keep it above the longest read of the warehouse: a `cdc sql` query,
     a `cdc verify`; the history table, not Delta time travel, keeps the past). Every batch's merge
@@ -146,6 +150,19 @@ class WarehouseOptions:
                 'tombstone_retention_hours >= 0, write "merge" or "files", shards >= 1',
             )
         return opts
+
+
+def range_width_for(options: WarehouseOptions, row_bytes: float) -> int:
+    """The range width of a new table whose rows take ``row_bytes`` each (0: unknown):
+    ``range_width``, narrowed for wide rows so that a bucket of dense keys holds about
+    ``target_file_size`` -- the largest power of two of rows that fits, at least
+    :data:`MIN_RANGE_WIDTH`, at most ``range_width``. A bucket is what a batch changing one of its
+    keys rewrites (``docs/warehouse.md``, Write amplification)."""
+    target = options.target_file_size or 100 << 20  # None: delta-rs's default
+    fit = int(target // row_bytes) if row_bytes > 0 else options.range_width
+    if fit >= options.range_width:
+        return options.range_width
+    return min(options.range_width, max(MIN_RANGE_WIDTH, 1 << (max(fit, 1).bit_length() - 1)))
 
 
 def table_paths(state_dir: Path, reg: TableReg) -> tuple[Path, Path, Path]:
@@ -208,12 +225,17 @@ class Layout:
 
     @classmethod
     def choose(
-        cls, reg: TableReg, options: WarehouseOptions, key_values: Callable[[], Sequence[Any]]
+        cls,
+        reg: TableReg,
+        options: WarehouseOptions,
+        key_values: Callable[[], Sequence[Any]],
+        row_bytes: Callable[[], float] = lambda: 0.0,
     ) -> Layout:
         """The layout of a new table. ``auto``: range for a single integer key column unless the first
         batch's keys are sparse (fewer than 1 key per 64 key values, e.g. snowflake ids: range buckets
         would hold a row or two each), else hash. ``key_values()``: the first batch's values of the key
-        column."""
+        column; ``row_bytes()``: the size of its rows, which narrows the range width for wide rows
+        (:func:`range_width_for`)."""
         hashed = cls("hash", options.buckets, options.shards)
         types = {c.name: T.base_type(c.type) for c in reg.columns}
         int_key = len(reg.key) == 1 and types.get(reg.key[0]) in INT_KEY_TYPES
@@ -226,7 +248,7 @@ class Layout:
                     table=reg.qualified,
                 )
             return hashed
-        ranged = cls("range", options.range_width, options.shards)
+        ranged = cls("range", range_width_for(options, row_bytes()), options.shards)
         if options.clustering == "range":
             return ranged
         values = [v for v in key_values() if type(v) is int]

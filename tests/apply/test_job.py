@@ -80,6 +80,28 @@ def test_redelivered_out_of_order_events_leave_the_same_tables(spark_clean: Any,
     assert env.store.committed(APPLY_CONSUMER, reg.topic) == env.store.end_offsets(reg.topic)
 
 
+def test_a_lagging_apply_takes_larger_batches_then_the_usual_ones(spark_clean: Any, env: Env) -> None:
+    """``max_records_per_batch_behind``: behind by 30x the bound, the first batches take half the
+    backlog (fewer rewrites of the tables), the last ones the usual bound; nothing is lost."""
+    reg = env.register(_reg())
+    w = ChangeWriter(env.store, reg)
+    state = _workload(w)
+    env.store.append(reg.topic, list(reversed(w.written)))  # delivered again: twice the records
+    total = sum(env.store.end_offsets(reg.topic).values())
+    sizes: list[int] = []
+    summary = run_job(
+        spark_clean,
+        env,
+        max_records=5,
+        max_records_per_batch_behind=30,
+        on_batch=lambda r: sizes.append(r.records),
+    )
+    assert sum(sizes) == summary.records == total > 150
+    assert sizes[0] == 30 and max(sizes) == 30, sizes  # the cap, while half the backlog is more
+    assert sizes[-1] <= 5 and len(sizes) < total // 5, sizes  # caught up: the usual bound
+    assert _current(env, reg) == _expected(state)
+
+
 def test_plain_batches_are_parsed_in_columns_and_unusual_ones_per_record(spark_clean: Any, env: Env) -> None:
     reg = env.register(_reg(search=("name",)))
     w = ChangeWriter(env.store, reg)

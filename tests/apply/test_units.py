@@ -122,6 +122,38 @@ def test_stream_reader_offsets_limits_and_a_recreated_topic(tmp_path: Path) -> N
     store.close()
 
 
+def test_stream_reader_grows_the_batch_when_behind_and_replans_alike(tmp_path: Path) -> None:
+    """With ``maxRecordsPerBatchBehind`` a large backlog gets a larger batch (half of it, up to
+    the cap), a small one the usual ``maxRecordsPerBatch``; the batch's ranges come from the planned
+    offsets only, so a replay reads the same records however the log grew since."""
+    from cdc.logstore import Record, TopicConfig
+    from cdc.logstore.embedded import EmbeddedLogStore
+    from spark_jobs.source import CdcLogStreamReader, ReadMaxRows
+
+    store = EmbeddedLogStore(tmp_path / "log", writer=True, compaction_interval_s=None)
+    store.create_topic("cdc.s.t", TopicConfig(partitions=2))
+    store.append("cdc.s.t", [Record(b"k", b"v", partition=i % 2) for i in range(200)])
+    opts = {"state": str(tmp_path), "topics": "cdc.s.t", "maxRecordsPerBatch": "4"}
+    reader = CdcLogStreamReader({**opts, "maxRecordsPerBatchBehind": "30"})
+    limit = reader.getDefaultReadLimit()
+    assert limit == ReadMaxRows(4)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, limit)
+    assert end == {"cdc.s.t|0": 15, "cdc.s.t|1": 15}  # 200 behind: the cap, 30
+    planned = [(r.partition, r.start, r.end) for r in reader.partitions(start, end)]
+    store.append("cdc.s.t", [Record(b"k", b"v", partition=i % 2) for i in range(400)])
+    assert [(r.partition, r.start, r.end) for r in reader.partitions(start, end)] == planned  # a replay
+    mid = {"cdc.s.t|0": 290, "cdc.s.t|1": 290}  # 20 behind: half of it, 10
+    assert reader.latestOffset(mid, limit) == {"cdc.s.t|0": 295, "cdc.s.t|1": 295}
+    near = {"cdc.s.t|0": 297, "cdc.s.t|1": 297}  # 6 behind: the usual 4
+    assert reader.latestOffset(near, limit) == {"cdc.s.t|0": 299, "cdc.s.t|1": 299}
+    plain = CdcLogStreamReader(opts)  # without the option: never more than maxRecordsPerBatch
+    assert plain.latestOffset(start, limit) == {"cdc.s.t|0": 2, "cdc.s.t|1": 2}
+    reader.stop()
+    plain.stop()
+    store.close()
+
+
 def test_faults_parse_names_points_and_arguments() -> None:
     from cdc.errors import ConfigError
     from cdc.faults import POINTS, Faults

@@ -54,13 +54,15 @@ def reader_env(state: Path) -> Env:
     return Env(Settings(state_dir=state), None, None)  # type: ignore[arg-type]
 
 
-def run_job(spark: Any, env: Env, *, sinks: Any = None, max_records: int = 0, **kw: Any) -> Any:
-    """Run the apply job once (availableNow) in this process; return its summary."""
+def run_job(
+    spark: Any, env: Env, *, sinks: Any = None, max_records: int = 0, on_batch: Any = None, **kw: Any
+) -> Any:
+    """Run the apply job once (availableNow) in this process; return its summary. ``on_batch``: called
+    with each batch's :class:`spark_jobs.apply.BatchReport`."""
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
-    job = ApplyJob(
-        spark, env.settings, ApplyOptions(once=True, max_records_per_batch=max_records, **kw), sinks=sinks
-    )
+    options = ApplyOptions(once=True, max_records_per_batch=max_records, **kw)
+    job = ApplyJob(spark, env.settings, options, sinks=sinks, on_batch=on_batch)
     try:
         return job.run()
     finally:

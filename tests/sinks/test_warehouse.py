@@ -588,6 +588,31 @@ def test_layout_choice(tmp_path: Path, feed: FeedMaker) -> None:
     assert "clustering" in (bad.value.fix or "")
 
 
+def test_wide_rows_get_narrower_range_buckets(tmp_path: Path, feed: FeedMaker) -> None:
+    """A new range-clustered table's width is sized from its first batch's rows so that a bucket of
+    dense keys holds about ``target_file_size``: a power of two of rows, at least 1,024 keys, at most
+    ``range_width`` (what a batch changing one key of a bucket rewrites)."""
+
+    def layout(name: str, note: str, options: WarehouseOptions, rows: int = 20) -> str:
+        reg = table(name)
+        f = feed(reg)
+        sink = WarehouseSink(tmp_path / name, options)
+        sink.apply(
+            f.batch(*(f.change("c", {"id": i, "name": "a", "note": note}, 100) for i in range(rows))), 1, APP
+        )
+        return str(DeltaTable(str(sink.paths(reg)[0])).metadata().configuration["cdc.layout"])
+
+    small_target = WarehouseOptions(maintain_every=0, target_file_size=1 << 20)
+    ugly = 'q"\\\n,' * 60  # 300 characters of quotes, backslashes, newlines
+    assert layout("medium", ugly, small_target) == "range:2048"  # 1 MiB / ~310 B: 3,3xx rows fit
+    narrow = layout("narrow", "n", WarehouseOptions(maintain_every=0))
+    assert narrow == "range:65536"  # 8 MiB holds more than range_width of them
+    huge = "x" * (2 << 20)  # multi-MB values: never narrower than 1,024 keys
+    assert layout("huge", huge, WarehouseOptions(maintain_every=0), rows=3) == "range:1024"
+    capped = WarehouseOptions(maintain_every=0, target_file_size=1 << 20, range_width=500)
+    assert layout("capped", ugly, capped) == "range:500"  # a smaller range_width is kept
+
+
 def test_columns_clashing_with_meta_columns_are_refused(sink: WarehouseSink, feed: FeedMaker) -> None:
     for bad in ("_cdc_key", "valid_from"):
         reg = table(f"clash_{bad}", columns=(("id", "bigint"), (bad, "text")))
