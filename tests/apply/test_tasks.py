@@ -42,9 +42,10 @@ def test_plan_slices() -> None:
     empty ranges left out."""
     ranges = [("a", 1, 5, 9), ("a", 0, 0, 3), ("a", 2, 4, 4), ("b", 0, 0, 2), ("b", 1, 3, 7)]
     got = plan_slices(ranges, {"a": 4, "b": 1}.__getitem__, lambda t: 4)
+    # each shard's slice knows the topic's other ranges of the batch (read for key changes only)
     assert got == [
-        Slice("a", ((0, 0, 3),), 0),
-        Slice("a", ((1, 5, 9),), 1),
+        Slice("a", ((0, 0, 3),), 0, ((1, 5, 9),)),
+        Slice("a", ((1, 5, 9),), 1, ((0, 0, 3),)),
         Slice("b", ((0, 0, 2), (1, 3, 7))),
     ]
     # shards that differ from the topic's partitions: one task
