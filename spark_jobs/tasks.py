@@ -9,7 +9,9 @@ data is then written by the task of partition ``p`` alone -- or every partition 
 that is not sharded, or not created yet: one task creates its tables). Each task:
 
 1. reads its ranges from the log store (the records never cross into the JVM or to the driver);
-2. parses them, asks every sink what it cannot hold, and applies the rest with a
+2. parses them (a primary-key change lacking unchanged TOAST values whose old key is in another
+   shard is first completed from the whole micro-batch and the warehouse's committed history:
+   :func:`complete_moves`), asks every sink what it cannot hold, and applies the rest with a
    :class:`~spark_jobs.applier.BatchApplier` whose warehouse only *writes* its files
    (:mod:`sinks.warehouse.files`: :class:`~sinks.warehouse.files.TableWrite`, committed by the
    driver) and whose search index writes its own shard;
