@@ -165,9 +165,13 @@ class BatchApplier:
             dead_letters(prepared.dead)
         return self.apply(prepared, batch_id, prepare_seconds=time.monotonic() - started)
 
-    def prepare(self, records: pa.Table) -> Prepared:
+    def prepare(
+        self, records: pa.Table, *, complete: Callable[[ChangeBatch], ChangeBatch] | None = None
+    ) -> Prepared:
         """Group ``records`` (:data:`~cdc.logstore.records.RECORDS`) by topic, parse each table's
-        (:func:`sinks.parse.parse`) and remove what a sink rejects; writes nothing."""
+        (:func:`sinks.parse.parse`) and remove what a sink rejects; writes nothing. ``complete``:
+        given each per-event batch before the sinks' reject, returns it with values filled in (a
+        Spark task's slice: :func:`spark_jobs.tasks.complete_moves`)."""
         started = time.monotonic()
         batches: list[ChangeBatch] = []
         dead: list[DeadLetter] = []
@@ -176,6 +180,8 @@ class BatchApplier:
             parsed = parse(self.tables(name), records.filter(pc.equal(topic, name)))
             dead.extend(parsed.dead)
             if parsed.batch is not None:
+                if complete is not None and parsed.batch.columns is None:
+                    parsed.batch = complete(parsed.batch)
                 batch, rejected = reject(self.sinks, parsed)
                 dead.extend(rejected)
                 batches.append(batch)

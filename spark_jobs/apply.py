@@ -93,10 +93,10 @@ class ApplyOptions:
     #: threads and ends the process with ``os._exit(1)`` -- for the CLI process only, never in-process
     hard_exit_on_stall: bool = False
     #: where a micro-batch's work runs: ``tasks`` (Spark tasks on the executors read, parse and write
-    #: their slices; the driver commits, :mod:`spark_jobs.tasks`) or ``driver`` (the default for now:
-    #: the records are collected to the driver, which applies them; the job's sinks given to
-    #: :class:`ApplyJob` are always used so)
-    work: str = "driver"
+    #: their slices; the driver commits, :mod:`spark_jobs.tasks`) or ``driver`` (the records are
+    #: collected to the driver, which applies them: the job's sinks given to :class:`ApplyJob` are
+    #: then used as they are)
+    work: str = "tasks"
 
 
 @dataclass

@@ -9,7 +9,9 @@ data is then written by the task of partition ``p`` alone -- or every partition 
 that is not sharded, or not created yet: one task creates its tables). Each task:
 
 1. reads its ranges from the log store (the records never cross into the JVM or to the driver);
-2. parses them, asks every sink what it cannot hold, and applies the rest with a
+2. parses them (a primary-key change lacking unchanged TOAST values whose old key is in another
+   shard is first completed from the whole micro-batch and the warehouse's committed history:
+   :func:`complete_moves`), asks every sink what it cannot hold, and applies the rest with a
    :class:`~spark_jobs.applier.BatchApplier` whose warehouse only *writes* its files
    (:mod:`sinks.warehouse.files`: :class:`~sinks.warehouse.files.TableWrite`, committed by the
    driver) and whose search index writes its own shard;
@@ -37,13 +39,16 @@ import pyarrow as pa
 
 from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
-from sinks import DeadLetter, Sink
+from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink
+from sinks.parse import parse
+from sinks.toast import Chains, Stored
 from sinks.warehouse import WarehouseSink
 from sinks.warehouse.files import TableWrite
-from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks
+from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks, reject
 
 if TYPE_CHECKING:
     from cdc.config import Settings
+    from cdc.logstore import LogStore
 
 #: one partition's records of a micro-batch: (partition, start offset, end offset)
 Range = tuple[int, int, int]
@@ -52,11 +57,14 @@ Range = tuple[int, int, int]
 @dataclass(frozen=True)
 class Slice:
     """One task's share of a micro-batch: records of ``topic`` in ``ranges``, applied as shard
-    ``shard`` of every sink's data (None: the whole table)."""
+    ``shard`` of every sink's data (None: the whole table). ``context``: the topic's other
+    partitions' ranges of the micro-batch (a shard's slice only), read only to complete a primary-key
+    change whose old key lives in another shard (:func:`complete_moves`)."""
 
     topic: str
     ranges: tuple[Range, ...]
     shard: int | None = None
+    context: tuple[Range, ...] = ()
 
 
 @dataclass
@@ -97,7 +105,7 @@ def plan_slices(
         rs.sort()
         n = shards(topic)
         if n > 1 and n == partitions(topic):
-            out.extend(Slice(topic, (r,), r[0]) for r in rs)
+            out.extend(Slice(topic, (r,), r[0], tuple(o for o in rs if o != r)) for r in rs)
         else:
             out.append(Slice(topic, tuple(rs)))
     return out
@@ -141,6 +149,53 @@ class Planner:
         return n
 
 
+def complete_moves(batch: ChangeBatch, whole: ChangeBatch, stored: Stored) -> ChangeBatch:
+    """``batch`` (one shard's slice of a table) with the unchanged TOAST columns of its primary-key
+    changes filled in, each then a plain insert of its new key: from ``whole`` (the table's events
+    of every partition of the micro-batch that the warehouse accepts) and ``stored`` (the
+    warehouse's committed rows, :meth:`sinks.warehouse.WarehouseSink.stored_before`).
+
+    The old key of a key change lives in another shard when the keys hash apart: its events of the
+    batch are in another task's slice, and its stored row in a shard another task is writing at the
+    same time (the search index commits its shard in the task), so no sink of this slice can read
+    it as it was before the batch. The warehouse's committed tables are that state: the driver
+    commits only after every task. A change whose old row no event or stored row holds (or whose
+    old key's events the warehouse rejects) stays as it is: the sinks' reject makes it a dead
+    letter with their reason, as on the driver path."""
+    accepted = {(e.partition, e.offset) for e in whole.events}
+    chains = Chains(whole.events, batch.table.key)
+    events: list[ChangeEvent] = []
+    for ev in batch.events:
+        if Chains.is_moved(ev) and (ev.partition, ev.offset) in accepted:
+            values = chains.values(ev, stored)
+            if values is not None:
+                ev = dataclasses.replace(ev, after=values, unavailable=())
+        events.append(ev)
+    return ChangeBatch(batch.table, events, shard=batch.shard)
+
+
+def _completer(
+    sl: Slice, records: pa.Table, store: LogStore, reg: TableReg | None, sinks: Sequence[Sink]
+) -> Callable[[ChangeBatch], ChangeBatch] | None:
+    """:func:`complete_moves` for a shard's slice (None for a whole table's: its sinks see every
+    event); the other partitions are read only when the slice holds a key change lacking columns."""
+    warehouse = next((s for s in sinks if isinstance(s, WarehouseSink)), None)
+    if sl.shard is None or not sl.context or reg is None or warehouse is None:
+        return None
+
+    def complete(batch: ChangeBatch) -> ChangeBatch:
+        if not any(Chains.is_moved(e) for e in batch.events):
+            return batch
+        others = [b for p, start, end in sl.context for b in read_records(store, sl.topic, p, start, end)]
+        whole = parse(reg, pa.concat_tables([records, pa.Table.from_batches(others, schema=RECORDS)]))
+        if whole.batch is None:
+            return batch
+        kept, _dead = reject([warehouse], whole)  # the other tasks dead-letter their own records
+        return complete_moves(batch, kept, warehouse.stored_before(reg))
+
+    return complete
+
+
 def task_settings(settings: Settings) -> Settings:
     """``settings`` without its secrets (the source DSN, the serve token): what a task is sent."""
     return dataclasses.replace(settings, source=None, serve_token=None)
@@ -173,7 +228,9 @@ def run_slices(
             batches = [b for p, start, end in sl.ranges for b in read_records(store, sl.topic, p, start, end)]
             records = pa.Table.from_batches(batches, schema=RECORDS)
             t1 = time.monotonic()
-            prepared = applier.prepare(records)
+            prepared = applier.prepare(
+                records, complete=_completer(sl, records, store, tables.get(sl.topic), sinks)
+            )
             for b in prepared.batches:
                 b.shard = sl.shard
             outcome = applier.apply(prepared, batch_id)

@@ -94,9 +94,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--work",
         choices=("tasks", "driver"),
-        default="driver",
+        default="tasks",
         help="where a micro-batch is read, parsed and written: in Spark tasks on the executors, the "
-        "driver only committing, or all in the driver (default for now; docs/apply.md)",
+        "driver only committing (default), or all in the driver (docs/apply.md)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(handler=handle)

@@ -23,6 +23,7 @@ from cdc.errors import ApplyError
 from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredRows
 from sinks import types as T
+from sinks.toast import Stored
 from sinks.warehouse import evolve, per_event
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import Commit, arrow_schema, layout_of, not_applied, read_all, ts_literal
@@ -388,6 +389,12 @@ class WarehouseSink(Sink):
     def history_rows(self, reg: TableReg, *, meta: bool = True) -> pa.Table:
         """Every history row of ``reg`` (see the module docstring for the meta columns)."""
         return read_all(self.paths(reg)[1], reg, meta)
+
+    def stored_before(self, reg: TableReg) -> Stored:
+        """What the committed history holds for a key of ``reg`` just before a version, in event
+        encoding (:data:`sinks.toast.Stored`): a primary-key change's old row, as this sink would
+        complete the change's unchanged TOAST columns from it."""
+        return per_event.stored_before(reg, str(self.paths(reg)[1]), _columns(reg, ()))
 
     def tombstone_rows(self, reg: TableReg) -> pa.Table:
         """The internal tombstones (key_json, version, deleted_at); for tests and debugging."""

@@ -103,9 +103,8 @@ class WarehouseOptions:
     100 MiB). ``write``: how a batch's rows reach a table: ``merge`` (delta-rs' MERGE, one commit per
     write) or ``files`` (:mod:`sinks.warehouse.files`: whole buckets rewritten in Arrow, then committed
     as add/remove actions -- what a Spark task can do for its buckets, with the driver committing).
-    ``shards``: the :class:`Layout` shards of tables created afterwards: set it to the log store's
-    ``partitions`` for the work in Spark tasks, so that one task per topic partition owns one shard
-    (default 1: one task per table)."""
+    ``shards``: the :class:`Layout` shards of tables created afterwards (default: the log store's
+    ``partitions``, so that one Spark task per topic partition owns one shard)."""
 
     buckets: int = 16
     clustering: str = "auto"
@@ -131,7 +130,7 @@ class WarehouseOptions:
             raise ConfigError(
                 f"unknown [warehouse] settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
             )
-        opts = cls(**raw)
+        opts = cls(**{"shards": settings.partitions, **raw})
         if (
             opts.buckets < 1
             or opts.range_width < 1

@@ -22,6 +22,7 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent
 from sinks import types as T
 from sinks.toast import Chains
+from sinks.toast import Stored as StoredRow
 from sinks.warehouse.delta import (
     Commit,
     arrow_schema,
@@ -174,10 +175,7 @@ class BatchContext:
         if rows is None:
             self._read_history(history, key_json)
             rows = self._history_of[key_json]
-        before = [r for r in rows if (r[LSN], r[SEQ]) < (v.commit_lsn, v.seq)]
-        if not before:
-            return None
-        return _row_to_event_values(max(before, key=lambda r: (r[LSN], r[SEQ])), self.types)
+        return newest_before(rows, v, self.types)
 
     def _read_history(self, history: DeltaTable, key_json: str) -> None:
         """The history rows of ``key_json`` and of every old key of the batch's primary-key changes
@@ -293,6 +291,35 @@ def unresolved(reg: TableReg, events: Sequence[ChangeEvent], paths: Sequence[str
         stored.update(got.column(KEY).cast(pa.string()).to_pylist())
         todo = [k for k in todo if k not in stored]
     return chains.unresolved(lambda k, _v: {} if k in stored else None)
+
+
+def newest_before(
+    rows: Iterable[dict[str, Any]], v: Version, types: dict[str, str | None]
+) -> dict[str, Any] | None:
+    """The newest of a key's history ``rows`` older than ``v``, in event encoding (None: none)."""
+    before = [r for r in rows if (r[LSN], r[SEQ]) < (v.commit_lsn, v.seq)]
+    if not before:
+        return None
+    return _row_to_event_values(max(before, key=lambda r: (r[LSN], r[SEQ])), types)
+
+
+def stored_before(reg: TableReg, history_path: str, types: dict[str, str | None]) -> StoredRow:
+    """What the history at ``history_path`` holds for a key just before a version, in event encoding
+    (:data:`sinks.toast.Stored`; None: nothing, or no history yet): the table as committed, whatever
+    a batch being written beside it does. Reads each key's bucket once."""
+    if not DeltaTable.is_deltatable(history_path):
+        return lambda _k, _v: None
+    history = DeltaTable(history_path)
+    layout = layout_of(history)
+    rows: dict[str, list[dict[str, Any]]] = {}
+
+    def before(key_json: str, v: Version) -> dict[str, Any] | None:
+        if key_json not in rows:
+            bucket = layout.buckets(reg, [key_json], [orjson.loads(key_json).get(reg.key[0])])
+            rows[key_json] = read_rows(history, [key_json], set(bucket.tolist())).to_pylist()
+        return newest_before(rows[key_json], v, types)
+
+    return before
 
 
 def _row_to_event_values(row: dict[str, Any], types: dict[str, str | None]) -> dict[str, Any]:

@@ -42,9 +42,10 @@ def test_plan_slices() -> None:
     empty ranges left out."""
     ranges = [("a", 1, 5, 9), ("a", 0, 0, 3), ("a", 2, 4, 4), ("b", 0, 0, 2), ("b", 1, 3, 7)]
     got = plan_slices(ranges, {"a": 4, "b": 1}.__getitem__, lambda t: 4)
+    # each shard's slice knows the topic's other ranges of the batch (read for key changes only)
     assert got == [
-        Slice("a", ((0, 0, 3),), 0),
-        Slice("a", ((1, 5, 9),), 1),
+        Slice("a", ((0, 0, 3),), 0, ((1, 5, 9),)),
+        Slice("a", ((1, 5, 9),), 1, ((0, 0, 3),)),
         Slice("b", ((0, 0, 2), (1, 3, 7))),
     ]
     # shards that differ from the topic's partitions: one task
@@ -138,3 +139,57 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
             s.close()
         store.close()
     assert sliced >= 5 * 2 * PARTITIONS - 8, "the batches after the first ran one task per partition"
+
+
+def test_a_key_change_across_shards_keeps_its_unchanged_toast_value(tmp_path: Path) -> None:
+    """Primary-key changes whose new key hashes to another partition than the old one, lacking an
+    unchanged TOAST column (``name``, indexed): 2 -> 8, the old row applied by an earlier batch, and
+    5 -> 9, the old key inserted in the same micro-batch. The old keys' slices run (and commit their
+    search shards) first, as a busy executor may run them; the new keys' slices must still take the
+    old rows' values, with no dead letter, and every table equal the driver path's."""
+    sharded = {"warehouse": {"shards": PARTITIONS}}
+    tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS, extra=sharded)
+    driver_settings = Settings(state_dir=tmp_path / "driver", partitions=PARTITIONS, extra=sharded)
+    by_topic = {ITEMS.topic: ITEMS}
+    f = Feed(ITEMS)
+    long = "x" * 300_000 + " 'q' \"dq\" back\\slash\nline"
+    batches: list[list[RawRecord]] = [
+        [f.change("r", {"id": i, "name": f"{long} {i}", "note": "n"}, 100) for i in (1, 2, 3)],
+        [
+            f.change("c", {"id": 5, "name": f"{long} 5", "note": "n"}, 200),
+            *f.delete({"id": 2}, 300),
+            f.change("c", {"id": 8, "note": "moved"}, 300, unavailable=["name"], before={"id": 2}),
+            *f.delete({"id": 5}, 400),
+            f.change("c", {"id": 9, "note": "moved"}, 400, unavailable=["name"], before={"id": 5}),
+        ],
+    ]
+    store = open_log_store(tasks_settings, writer=True)
+    store.create_topic(ITEMS.topic, TopicConfig(partitions=PARTITIONS))
+    driver = BatchApplier(open_sinks(driver_settings), by_topic.get, APP)
+    task_sinks = open_sinks(tasks_settings)
+    planner = Planner(task_sinks)
+    try:
+        for batch_id, recs in enumerate(batches):
+            before = store.end_offsets(ITEMS.topic) if batch_id else {}
+            _append(store, recs)
+            ranges = [
+                (ITEMS.topic, p, before.get(p, 0), e) for p, e in store.end_offsets(ITEMS.topic).items()
+            ]
+            records = [b for t, p, s, e in ranges for b in read_records(store, t, p, s, e)]
+            assert driver.run(pa.Table.from_batches(records, schema=RECORDS), batch_id).dead == []
+            slices = planner.plan(ranges, by_topic, lambda t: PARTITIONS)
+            # the old keys' shards (2, 5: partitions 0, 1) before the new keys' (8, 9: 2, 3)
+            results = [r for sl in slices for r in _run((tasks_settings, batch_id, by_topic, sl))]
+            assert outcome_of(batch_id, results).dead == [], f"batch {batch_id}"
+            commit_slices(task_sinks, [ITEMS], results, APP, batch_id)
+        assert [sl.shard for sl in slices] == [0, 1, 2, 3]
+        state = _state(tasks_settings, [ITEMS])
+        assert state == _state(driver_settings, [ITEMS])
+        current = {r["id"]: r for r in state[0]}
+        assert sorted(current) == [1, 3, 8, 9]
+        assert current[8]["name"] == f"{long} 2" and current[9]["name"] == f"{long} 5"
+    finally:
+        driver.close(close_sinks=True, timeout=None)
+        for s in task_sinks:
+            s.close()
+        store.close()
