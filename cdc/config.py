@@ -74,7 +74,8 @@ class WarehouseConfig(_Section):
     vacuum_retention_hours: int = Field(default=1, ge=0)
     target_file_size: int | None = Field(default=8 << 20, ge=1)
     write: Literal["merge", "files"] = "merge"
-    #: the number of shards of a new table (one Spark task each with ``cdc apply --work tasks``)
+    #: the number of shards of a new table, one Spark task each (unset: the log store's
+    #: ``partitions``: WarehouseOptions.from_settings)
     shards: int = Field(default=1, ge=1)
 
 
