@@ -68,6 +68,17 @@ class _Pipeline:
     reader: subprocess.Popen[bytes]
 
 
+def _stop_pipeline(pipe: _Pipeline | None, cluster: Any, *dirs: Path) -> None:
+    """The reader stopped (it may not have started), the Postgres cluster stopped, ``dirs`` removed."""
+    if pipe is not None and pipe.reader.poll() is None:
+        pipe.reader.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            pipe.reader.wait(60)
+    cluster.stop("immediate")
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _start_pipeline(base: Path, dsn: str) -> _Pipeline:
     """``items`` (1,000 rows) registered with a search column, and ``cdc run`` started on it."""
     state = base / "state"
@@ -306,13 +317,7 @@ def run(quick: bool) -> str:
         lines += _sampling_cost(pipe.settings, n_tables)
         spark.stop()
     finally:
-        if pipe is not None and pipe.reader.poll() is None:
-            pipe.reader.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                pipe.reader.wait(60)
-        cluster.stop("immediate")
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(pg_base, ignore_errors=True)
+        _stop_pipeline(pipe, cluster, base, pg_base)
     text = "\n".join(lines)
     print(text)
     return text

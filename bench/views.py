@@ -30,13 +30,9 @@ from sinks.parse import records_table
 from sinks.warehouse import WarehouseSink
 from sinks.warehouse.views import ViewMaintainer, ViewOutcome
 from spark_jobs.applier import BatchApplier
-from tests.sinks.feed import Feed, table
+from tests.sinks.feed import Feed, join_tables
 
-ORDERS = table(
-    "orders", columns=(("id", "bigint"), ("customer_id", "bigint"), ("total", "bigint"), ("note", "text"))
-)
-CUSTOMERS = table("customers", columns=(("id", "bigint"), ("name", "text"), ("region", "text")))
-REGIONS = table("regions", columns=(("code", "text"), ("label", "text")), key=("code",))
+ORDERS, CUSTOMERS, REGIONS = join_tables()
 TABLES = [ORDERS, CUSTOMERS, REGIONS]
 SQL = (
     "SELECT o.id, o.total, c.name, r.label FROM orders o JOIN customers c ON o.customer_id = c.id "

@@ -17,8 +17,6 @@ time ``cdc wait`` as a new process (Python start and imports included).
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -30,7 +28,7 @@ from typing import Any
 import psycopg
 
 from bench._common import CDC, loadavg, say
-from bench.freshness import _cdc, _Pipeline, _start_pipeline, _write_items
+from bench.freshness import _cdc, _Pipeline, _start_pipeline, _stop_pipeline, _write_items
 
 LOAD_RATE = 1_000  # changes/s to items while the "under load" probes run
 
@@ -211,13 +209,7 @@ def run(quick: bool) -> str:
         lines += _measure(spark, pipe, quick)
         spark.stop()
     finally:
-        if pipe is not None and pipe.reader.poll() is None:
-            pipe.reader.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                pipe.reader.wait(60)
-        cluster.stop("immediate")
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(pg_base, ignore_errors=True)
+        _stop_pipeline(pipe, cluster, base, pg_base)
     lines += [
         f"_Load average at the end: {loadavg()} (1/5/15 min) on 2 cores shared with other processes; "
         f"{time.monotonic() - started:.0f} s in all._",

@@ -195,3 +195,14 @@ def mixed_batches(f: Feed, seed: int, partitions: int | None = None) -> list[lis
         rng.shuffle(recs)
         batches.append(recs)
     return batches
+
+
+def join_tables() -> tuple[TableReg, TableReg, TableReg]:
+    """``(orders, customers, regions)``: three tables joined many-to-one (an order's customer, a
+    customer's region: a text key), for the views' tests and benchmark."""
+    orders = table(
+        "orders", columns=(("id", "bigint"), ("customer_id", "bigint"), ("total", "bigint"), ("note", "text"))
+    )
+    customers = table("customers", columns=(("id", "bigint"), ("name", "text"), ("region", "text")))
+    regions = table("regions", columns=(("code", "text"), ("label", "text")), key=("code",))
+    return orders, customers, regions

@@ -5,7 +5,9 @@ equal the view's SQL evaluated over an in-memory model of the source. Replays ch
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,10 @@ from sinks.parse import records_table
 from sinks.warehouse import WarehouseSink
 from sinks.warehouse.views import ViewMaintainer, view_rows
 from spark_jobs.applier import BatchApplier
-from tests.sinks.feed import Feed, table
+from tests.sinks.feed import Feed, join_tables
 
 APP = "cdc-apply-views-test"
-ORDERS = table(
-    "orders", columns=(("id", "bigint"), ("customer_id", "bigint"), ("total", "bigint"), ("note", "text"))
-)
-CUSTOMERS = table("customers", columns=(("id", "bigint"), ("name", "text"), ("region", "text")))
-REGIONS = table("regions", columns=(("code", "text"), ("label", "text")), key=("code",))
+ORDERS, CUSTOMERS, REGIONS = join_tables()
 TABLES = [ORDERS, CUSTOMERS, REGIONS]
 SQL = (
     "SELECT o.id, o.total, c.name AS customer, r.label AS region FROM orders o "
@@ -255,20 +253,28 @@ def _orders_only(work: Workload, n: int) -> list[RawRecord]:
     return out
 
 
-def test_a_view_that_no_longer_parses_is_refused_then_computed_whole(tmp_path: Path) -> None:
-    """A column the view reads is dropped from the registration: the view is refused (recorded,
-    left as it was) while its tables go on; once it parses again it is computed whole."""
+@contextlib.contextmanager
+def _registered_view(state: Path) -> Iterator[tuple[Any, BatchApplier]]:
+    """The tables and :data:`VIEW` registered in ``state``'s registry, and an applier that maintains
+    the view after each batch, recording a refusal in the registry."""
     from cdc.registry import Registry
 
-    with Registry(tmp_path) as registry:
+    with Registry(state) as registry:
         for t in TABLES:
             registry.add(t)
         registry.add_view(VIEW)
         maintainer = ViewMaintainer(
-            tmp_path, lambda: (registry.list_views(), registry.list_tables()), APP, registry.set_view_refused
+            state, lambda: (registry.list_views(), registry.list_tables()), APP, registry.set_view_refused
         )
         by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
-        app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+        yield registry, BatchApplier([WarehouseSink(state)], by_topic.get, APP, after=maintainer.maintain)
+
+
+def test_a_view_that_no_longer_parses_is_refused_then_computed_whole(tmp_path: Path) -> None:
+    """A column the view reads is dropped from the registration: the view is refused (recorded,
+    left as it was) while its tables go on; once it parses again it is computed whole."""
+
+    with _registered_view(tmp_path) as (registry, app):
         work = Workload(11)
         try:
             app.run(records_table(work.batch(180)), 0)
@@ -340,17 +346,7 @@ def test_a_view_whose_rows_no_longer_fit_its_table_is_refused(tmp_path: Path) ->
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from cdc.registry import Registry
-
-    with Registry(tmp_path) as registry:
-        for t in TABLES:
-            registry.add(t)
-        registry.add_view(VIEW)
-        maintainer = ViewMaintainer(
-            tmp_path, lambda: (registry.list_views(), registry.list_tables()), APP, registry.set_view_refused
-        )
-        by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
-        app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    with _registered_view(tmp_path) as (registry, app):
         work = Workload(11)
         try:
             app.run(records_table(work.batch(180)), 0)
