@@ -15,7 +15,8 @@ records) are written on :class:`Sink`; ``docs/apply.md`` tells the whole story.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,8 @@ __all__ = [
     "Sink",
     "StoredRows",
     "StoredTexts",
+    "Touched",
+    "touched_of",
 ]
 
 OPS = frozenset("rcudt")
@@ -214,6 +217,33 @@ class ChangeBatch:
             return ChangeBatch(self.table, columns=self.columns.without(positions), shard=self.shard)
         kept = [e for e in self.events if (e.partition, e.offset) not in positions]
         return ChangeBatch(self.table, kept, shard=self.shard)
+
+
+@dataclass
+class Touched:
+    """What a micro-batch changed of one table, as a view from joins needs it
+    (:mod:`sinks.warehouse.views`): the canonical key JSON of each of its events but TRUNCATE (a key
+    change: both keys), and whether it truncated the table. Small and picklable: what a Spark task
+    hands the driver instead of the events."""
+
+    key_jsons: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+
+def touched_of(batches: Iterable[ChangeBatch], into: dict[str, Touched] | None = None) -> dict[str, Touched]:
+    """Per table (qualified name) what ``batches`` changed, added to ``into`` when given (the
+    slices of one micro-batch)."""
+    out = {} if into is None else into
+    for b in batches:
+        if not len(b):
+            continue
+        t = out.setdefault(b.table.qualified, Touched())
+        if b.columns is not None:  # a plain batch: no TRUNCATE
+            t.key_jsons.extend(b.columns.table.column("key_json").to_pylist())
+            continue
+        t.key_jsons.extend(ev.key_json for ev in b.events if ev.op != "t")
+        t.truncated = t.truncated or b.truncate_version() is not None
+    return out
 
 
 def shard_of(key_json: str, shards: int) -> int:

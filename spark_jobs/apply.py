@@ -283,6 +283,7 @@ class ApplyJob:
         regs = {t: reg for t in {r[0] for r in ranges} if (reg := self._table_for(t)) is not None}
         slices = self.planner.plan(ranges, regs, lambda t: len(self.store().end_offsets(t)))
         results: list[tasks.SliceResult] = []
+        views = self.views is not None and bool(self._views()[0])
         if slices:
             settings, app_id, keep_ts = tasks.task_settings(self.settings), self.app_id, self.keep_event_ts
             by_topic = dict(regs)
@@ -290,7 +291,7 @@ class ApplyJob:
                 self.spark.sparkContext.parallelize(slices, len(slices))
                 .mapPartitions(
                     lambda it: tasks.run_slices(
-                        settings, app_id, batch_id, by_topic, it, keep_event_ts=keep_ts
+                        settings, app_id, batch_id, by_topic, it, keep_event_ts=keep_ts, views=views
                     )
                 )
                 .collect()
@@ -301,8 +302,9 @@ class ApplyJob:
         if results:
             self.options.faults.point(AFTER_SINK, batch_id, self._crash)
         tasks.commit_slices(self.sinks, regs.values(), results, self.app_id, batch_id)
-        if self.views is not None:  # the changed keys stayed in the tasks: each view computed whole
-            self.views.rebuild(batch_id)
+        if views:  # the tasks said which keys they changed: the views recompute those
+            assert self.views is not None
+            self.views.maintain_touched(tasks.touched_by(results), batch_id)
         commit_positions(self.store, self.ckpt, batch_id)
         self._record(outcome, started, outcome.prepare_seconds)
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink
+from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink, Touched, touched_of
 from sinks.parse import parse
 from sinks.toast import Chains, Stored
 from sinks.warehouse import WarehouseSink
@@ -79,6 +79,8 @@ class SliceResult:
     prepare_seconds: float = 0.0
     sink_seconds: dict[str, float] = field(default_factory=dict)
     event_ts_ms: list[int] = field(default_factory=list)
+    #: per table, what the slice changed (``run_slices(views=True)``: for the views from joins)
+    touched: dict[str, Touched] = field(default_factory=dict)
 
 
 def table_shards(sinks: Sequence[Sink], reg: TableReg) -> int:
@@ -209,10 +211,13 @@ def run_slices(
     slices: Iterable[Slice],
     *,
     keep_event_ts: bool = False,
+    views: bool = False,
 ) -> Iterator[SliceResult]:
     """A task's body: apply each of ``slices`` of micro-batch ``batch_id`` (``tables``: topic ->
     registration, as the driver saw the registry) and yield its :class:`SliceResult`. The warehouse
-    writes are left for the driver to commit; the search index's shard is committed here."""
+    writes are left for the driver to commit; the search index's shard is committed here.
+    ``views``: views from joins are registered: the result says which keys the slice changed (also
+    when the batch is a replay its sinks skip: the views may still lack it)."""
     from cdc.logstore.factory import open_log_store
 
     sinks = open_sinks(settings)
@@ -243,6 +248,7 @@ def run_slices(
                 prepare_seconds=outcome.prepare_seconds,
                 sink_seconds=outcome.sink_seconds,
                 event_ts_ms=outcome.event_ts_ms,
+                touched=touched_of(prepared.batches) if views else {},
             )
     finally:
         try:
@@ -267,6 +273,17 @@ def outcome_of(batch_id: int, results: Sequence[SliceResult]) -> BatchOutcome:
         sink_seconds=seconds,
         event_ts_ms=[t for r in results for t in r.event_ts_ms],
     )
+
+
+def touched_by(results: Sequence[SliceResult]) -> dict[str, Touched]:
+    """Per table, what the tasks' slices of a micro-batch changed (:attr:`SliceResult.touched`)."""
+    out: dict[str, Touched] = {}
+    for r in results:
+        for name, t in r.touched.items():
+            have = out.setdefault(name, Touched())
+            have.key_jsons.extend(t.key_jsons)
+            have.truncated = have.truncated or t.truncated
+    return out
 
 
 def _merged_tables(parts: Sequence[TableOutcome]) -> list[TableOutcome]:

@@ -32,12 +32,13 @@ since an inner join or a filter leaves out driving rows that a later change of a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
@@ -45,7 +46,7 @@ from cdc import paths
 from cdc.errors import ApplyError, ConfigError
 from cdc.registry import TableReg, ViewReg
 from cdc.views import CHANGED, VIEW_KEY, ViewSpec, spec_of
-from sinks import ChangeBatch
+from sinks import ChangeBatch, Touched, touched_of
 from sinks import types as T
 from sinks.search import SearchSink
 from sinks.view_search import index_view
@@ -105,15 +106,19 @@ class ViewMaintainer:
         source), or whose rows no longer fit its table (a type changed at the source), is refused -- recorded with the reason and the fix for ``cdc views list``, left at
         its last state -- and the other views and tables go on; once it parses again it is computed
         whole (the changes it missed are in the tables' current state)."""
-        return self._each(batches, batch_id)
+        return self._each(touched_of(batches), batch_id)
+
+    def maintain_touched(self, touched: Mapping[str, Touched], batch_id: int) -> dict[str, ViewOutcome]:
+        """:meth:`maintain` from what the batch changed (the work in Spark tasks: the tasks hand the
+        driver their slices' :class:`~sinks.Touched`, never the events)."""
+        return self._each(touched, batch_id)
 
     def rebuild(self, batch_id: int) -> dict[str, ViewOutcome]:
         """Every registered view computed whole from the committed state of batch ``batch_id``
-        (the work in Spark tasks, whose changed keys never reach the driver: costs a full read of
-        each view's tables per batch)."""
+        (costs a full read of each view's tables)."""
         return self._each(None, batch_id)
 
-    def _each(self, batches: Sequence[ChangeBatch] | None, batch_id: int) -> dict[str, ViewOutcome]:
+    def _each(self, touched: Mapping[str, Touched] | None, batch_id: int) -> dict[str, ViewOutcome]:
         views, tables = self.registry()
         out: dict[str, ViewOutcome] = {}
         for view in views:
@@ -125,10 +130,10 @@ class ViewMaintainer:
                     self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
                 out[view.name] = ViewOutcome(refused=True)
                 continue
-            whole = batches is None or was_refused
+            whole = touched is None or was_refused
             try:
                 out[view.name] = maintain_view(
-                    self.state_dir, spec, None if whole else batches, batch_id, self.app_id
+                    self.state_dir, spec, None if whole else touched, batch_id, self.app_id
                 )
             except ApplyError as exc:  # its rows do not fit its table (a type changed at the source)
                 if not was_refused and self.refused is not None:
@@ -146,19 +151,18 @@ class ViewMaintainer:
 
 
 def maintain_view(
-    state_dir: Path, spec: ViewSpec, batches: Sequence[ChangeBatch] | None, batch_id: int, app_id: str
+    state_dir: Path, spec: ViewSpec, changed: Mapping[str, Touched] | None, batch_id: int, app_id: str
 ) -> ViewOutcome:
-    """One view after batch ``batch_id`` (see the module docstring); ``batches`` None: computed whole."""
+    """One view after batch ``batch_id`` (see the module docstring); ``changed`` (per table, what
+    the batch changed) None: computed whole."""
     started = time.monotonic()
     path = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
     if table is not None and not not_applied(table, app_id, batch_id):
         return ViewOutcome(skipped=True)
     names = {t.qualified for t in spec.tables}
-    touched = {b.table.qualified: b for b in batches or () if b.table.qualified in names and len(b)}
-    whole = (
-        table is None or batches is None or any(b.truncate_version() is not None for b in touched.values())
-    )
+    touched = {n: t for n, t in (changed or {}).items() if n in names and (t.key_jsons or t.truncated)}
+    whole = table is None or changed is None or any(t.truncated for t in touched.values())
     if not whole and not touched:
         return ViewOutcome(affected=set())
     props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
@@ -218,21 +222,21 @@ def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _affected(con: duckdb.DuckDBPyConnection, spec: ViewSpec, touched: dict[str, ChangeBatch]) -> set[str]:
+def _affected(con: duckdb.DuckDBPyConnection, spec: ViewSpec, touched: Mapping[str, Touched]) -> set[str]:
     """The driving keys whose view row may have changed (see the module docstring, 1.)."""
     keys: set[str] = set()
     driving = touched.get(spec.driving.qualified)
     if driving is not None:
-        keys.update(ev.key_json for ev in driving.events if ev.op != "t")
+        keys.update(driving.key_jsons)
     for i, j in enumerate(spec.joins):
-        batch = touched.get(j.reg.qualified)
-        if batch is None:
+        changed_keys = touched.get(j.reg.qualified)
+        if changed_keys is None:
             continue
-        events = [ev for ev in batch.events if ev.op != "t"]
+        parsed = [orjson.loads(k) for k in set(changed_keys.key_jsons)]
         types = {c.name: c.type for c in j.reg.columns}
         changed = pa.table(
             {
-                f"k{n}": T.to_array([ev.key[k] for ev in events], types.get(k))
+                f"k{n}": T.to_array([key[k] for key in parsed], types.get(k))
                 for n, (_, k) in enumerate(j.pairs)
             }
         )

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from cdc import paths
 from cdc.registry import TableReg, ViewReg
-from sinks import RawRecord
+from sinks import RawRecord, touched_of
 from sinks.parse import records_table
 from sinks.warehouse import WarehouseSink
 from sinks.warehouse.views import ViewMaintainer, view_rows
@@ -298,21 +298,29 @@ def test_a_view_that_no_longer_parses_is_refused_then_computed_whole(tmp_path: P
             app.close(close_sinks=True, timeout=60)
 
 
-def test_rebuild_after_committed_slices_computes_the_view_whole_once(tmp_path: Path) -> None:
-    """The work in Spark tasks (``--work tasks``): the driver has no changed keys, so after
-    ``commit_slices`` it calls :meth:`ViewMaintainer.rebuild`: the whole view, once per batch id."""
+def test_after_committed_slices_the_view_recomputes_the_keys_they_changed(tmp_path: Path) -> None:
+    """The work in Spark tasks (``--work tasks``): each slice hands the driver what it changed
+    (:attr:`SliceResult.touched`), and after ``commit_slices`` the driver recomputes those keys
+    (:meth:`ViewMaintainer.maintain_touched`), once per batch id; :meth:`ViewMaintainer.rebuild`
+    computes the view whole to the same rows."""
+    from spark_jobs.tasks import SliceResult, touched_by
+
     maintainer = ViewMaintainer(tmp_path, lambda: ([VIEW], TABLES), APP)
     by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
     app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP)  # the tasks' commits, no views
     work = Workload(13)
     try:
-        for batch_id in range(4):
-            app.run(records_table(work.batch(70 if batch_id == 0 else 15)), batch_id)
-            out = maintainer.rebuild(batch_id)
-            assert out[VIEW.name].keys == -1
+        for batch_id in range(6):
+            prepared = app.prepare(records_table(work.batch(70 if batch_id == 0 else 15)))
+            app.apply(prepared, batch_id)
+            slices = [SliceResult(touched=touched_of([b])) for b in prepared.batches]  # one per table
+            out = maintainer.maintain_touched(touched_by(slices), batch_id)
+            assert (out[VIEW.name].keys == -1) == (batch_id == 0), out  # built whole, then by keys
             assert stored(tmp_path) == expected(work.model), f"batch {batch_id}"
-            assert maintainer.rebuild(batch_id)[VIEW.name].skipped  # a replay of the batch
+            assert maintainer.maintain_touched(touched_by(slices), batch_id)[VIEW.name].skipped  # a replay
         assert stored(tmp_path)
+        assert maintainer.rebuild(99)[VIEW.name].keys == -1
+        assert stored(tmp_path) == expected(work.model)
     finally:
         app.close(close_sinks=True, timeout=60)
 
