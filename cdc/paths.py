@@ -13,6 +13,8 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/spark/scratch/                   Spark's local dir (private to the state's owner)
     <state>/metrics/<role>.json              counters a process publishes (cdc.metrics)
     <state>/locks/<role>.lock                one process per role (cdc.locks)
+    <state>/rebuild/<name>/stage             ``cdc rebuild``'s staged copy (a state root of its own);
+                                             ``replaced/`` the derived data it swapped out (cdc.rebuild)
 
 Names taken from the source (schema, table, topic) become one path component each: characters
 outside ``[A-Za-z0-9._-]`` are replaced by ``_`` (as in topic names), and a component made only of
@@ -115,6 +117,11 @@ def metrics_dir(state_dir: Path) -> Path:
 
 def metrics_file(state_dir: Path, role: str) -> Path:
     return metrics_dir(state_dir) / f"{component(role)}.json"
+
+
+def rebuild_dir(state_dir: Path, name: str) -> Path:
+    """``cdc rebuild``'s work directory for the table or view ``name`` (:mod:`cdc.rebuild`)."""
+    return Path(state_dir) / "rebuild" / component(name)
 
 
 def lock_path(state_dir: Path, role: str) -> Path:

@@ -35,6 +35,7 @@ VERB_MODULES: dict[str, tuple[str, ...]] = {
     "deadletters": ("deadletters",),
     "query": ("sql", "search"),
     "verify": ("verify",),
+    "rebuild": ("rebuild",),
     "wait": ("wait",),
     "demo": ("demo",),
     "status": ("status",),

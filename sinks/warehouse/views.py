@@ -300,3 +300,21 @@ def view_rows(state_dir: Path, name: str) -> pa.Table | None:
     if not DeltaTable.is_deltatable(str(path)):
         return None
     return DeltaTable(str(path)).to_pyarrow_table()
+
+
+def view_copy(state_dir: Path, spec: ViewSpec, dest: Path) -> int:
+    """The view computed whole from ``state_dir``'s current tables into a new Delta table at ``dest``
+    (in the stored schema of the view's live table, when it has one), the live one untouched: what
+    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.rebuild`). Returns its rows."""
+    live = paths.view_table(state_dir, spec.name)
+    table = DeltaTable(str(live)) if DeltaTable.is_deltatable(str(live)) else None
+    con = _connect(state_dir, spec)
+    try:
+        rows = con.sql(spec.select_sql).to_arrow_table()
+    finally:
+        con.close()
+    if table is not None:
+        rows = _conform(rows, table, spec)
+    paths.ensure_private_dir(dest.parent)
+    write_deltalake(str(dest), rows, mode="overwrite")
+    return int(rows.num_rows)

@@ -158,3 +158,38 @@ def processes_with_env(marker: str) -> dict[int, str]:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 out[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
     return out
+
+
+def apply_without_spark(state: Path, app_id: str = "cdc-apply-test") -> int:
+    """Every registered table's topic, from its first offset, applied to the sinks of ``state`` by
+    the apply's Spark-free micro-batch (:class:`spark_jobs.applier.BatchApplier`), the views
+    maintained after each batch as the apply job does; one batch per partition chunk; the apply
+    consumer's positions committed at the end (``cdc verify`` waits for them). Returns the records
+    applied. Version guards make a second call (new batch ids, same records) change nothing."""
+    import pyarrow as pa
+
+    from cdc.logstore import APPLY_CONSUMER
+    from cdc.logstore.factory import open_log_store
+    from cdc.logstore.records import read_records
+    from sinks.warehouse.views import ViewMaintainer
+    from spark_jobs.applier import BatchApplier, open_sinks
+
+    settings = Settings(state_dir=state)
+    with Registry(state) as registry:
+        tables = registry.list_tables()
+        by_topic = {t.topic: t for t in tables}
+        views = ViewMaintainer(state, lambda: (registry.list_views(), registry.list_tables()), app_id)
+        applier = BatchApplier(open_sinks(settings), by_topic.get, app_id, after=views.maintain)
+        batch_id, done = 0, 0
+        try:
+            with open_log_store(settings) as store:
+                for topic in sorted(by_topic):
+                    ends = store.end_offsets(topic)
+                    for p, end in sorted(ends.items()):
+                        for chunk in read_records(store, topic, p, 0, end):
+                            applier.run(pa.Table.from_batches([chunk]), batch_id)
+                            batch_id, done = batch_id + 1, done + chunk.num_rows
+                    store.commit(APPLY_CONSUMER, topic, ends)
+        finally:
+            applier.close(close_sinks=True, timeout=60)
+    return done

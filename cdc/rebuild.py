@@ -1,0 +1,392 @@
+"""``cdc rebuild``: a derived table (or view) built again into a staged copy, verified, swapped in.
+
+A **table** (``SCHEMA.TABLE``):
+
+1. **Replay.** Its compacted topic is read from the first offset of every partition
+   (:func:`cdc.logstore.records.read_records`) and applied by the apply's own Spark-free code
+   (:class:`spark_jobs.applier.BatchApplier`) to the sinks of a *staging* state root,
+   ``<state>/rebuild/<name>/stage`` (:func:`cdc.paths.rebuild_dir`): a new current table (and
+   tombstones) and, for a table with search columns, a new search index with the live index's shard
+   count. The live derived data is not touched and keeps serving readers. Records a sink rejects
+   are counted (the apply dead-lettered them when it met them; they are not written again).
+2. **Verify.** The copy is compared with the source by :class:`cdc.verify.Verifier`, its sinks
+   pointed at the staging root: one consistent point, per-key-range hashes, the search documents.
+   When the copy differs, the slot must have passed the point (every change up to it is in the
+   topic: as ``cdc verify`` waits, at most ``wait_s``), then the copy replays what the topic gained
+   since and is compared again; rows newer than the point retry at a fresh point.
+3. **Swap.** Only a copy equal to the source replaces the live data: each staged location
+   (:meth:`sinks.Sink.locations`, the history table excepted) takes the live one's place by one
+   ``renameat2(RENAME_EXCHANGE)`` (a reader sees the old directory or the new, never none or half
+   of one; where the filesystem cannot exchange, two renames), and the old one is kept under
+   ``<state>/rebuild/<name>/replaced`` until the next rebuild of the same name. A copy that differs
+   (or could not be compared: not caught up) is left in ``stage`` for inspection; the live data
+   stays as it was.
+
+**The history table** (SCD2) cannot come back from a compacted topic (compaction kept only each
+key's newest record): it is never replaced, and the report says so.
+
+A **view** (``cdc views``): computed whole from the live current tables of the tables it reads
+(:func:`sinks.warehouse.views.view_copy`) into the staging root, compared as a multiset of rows
+with the view's SQL run on the source (its SQL is Postgres SQL), then swapped the same way. The
+base tables must hold the source's state for that comparison to be clean (run the apply until it
+caught up, or rebuild them first). A view's search index is not rebuilt.
+
+**The apply.** A rebuild holds the ``apply`` lock (:mod:`cdc.locks`) from start to end: the swap
+must not happen under a running apply's writes, and nothing else may write the live tables while
+the copy is compared. A rebuild asked for while ``cdc apply`` runs is refused before it does
+anything (stop the apply; it resumes from its checkpoint afterwards, its replayed records
+version-guarded against the rebuilt tables).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdc import paths
+from cdc.config import Settings
+from cdc.connect import connect
+from cdc.errors import LockedError, UnknownTopicError
+from cdc.locks import ProcessLock
+from cdc.registry import Registry, TableReg, ViewReg
+from cdc.verify import Verifier
+
+#: the application id of the replay's sink commits (never the apply job's own)
+REBUILD_APP = "cdc-rebuild"
+HISTORY_NOTE = (
+    "the history table cannot be rebuilt from a compacted topic (compaction keeps only the newest "
+    "record of each key): it was left untouched"
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class RebuildReport:
+    """What ``cdc rebuild`` did (``to_dict`` is the ``--json`` shape). ``status``: ``rebuilt`` (the
+    copy verified and was swapped in), ``different`` or ``not_caught_up`` (the live data stays)."""
+
+    name: str
+    kind: str  # "table" or "view"
+    status: str = "different"
+    stage: str = ""
+    replaced: str | None = None
+    swapped: list[str] = field(default_factory=list)
+    records: int = 0
+    rejected: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    verify: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def exit_code(self) -> int:
+        return {"rebuilt": 0, "not_caught_up": 3}.get(self.status, 1)
+
+
+# --- the replay ------------------------------------------------------------------------------------
+class Replay:
+    """A table's topic applied to the sinks of the staging root ``stage``, from the first offset of
+    each partition; :meth:`catch_up` applies what the topic holds beyond what it applied so far."""
+
+    def __init__(self, settings: Settings, reg: TableReg, stage: Path, progress: Progress) -> None:
+        from sinks.search.index import find_layout
+        from spark_jobs.applier import BatchApplier, open_sinks
+
+        self.settings = settings
+        self.reg = reg
+        layout = find_layout(settings.state_dir, reg) if reg.search else None
+        self.staged = dataclasses.replace(
+            settings, state_dir=stage, partitions=layout.count if layout else settings.partitions
+        )
+        self.sinks = open_sinks(self.staged)
+        self.applier = BatchApplier(self.sinks, {reg.topic: reg}.get, REBUILD_APP)
+        self.progress = progress
+        self.positions: dict[int, int] = {}
+        self.batch_id = 0
+        self.records = 0
+        self.rejected = 0
+
+    def catch_up(self) -> int:
+        """Apply the records up to the topic's end offsets now; returns how many."""
+        import pyarrow as pa
+
+        from cdc.logstore.factory import open_log_store
+        from cdc.logstore.records import read_records
+
+        done = 0
+        with open_log_store(self.settings) as store:
+            try:
+                starts, ends = store.start_offsets(self.reg.topic), store.end_offsets(self.reg.topic)
+            except UnknownTopicError:
+                return 0
+            todo = {p: (self.positions.get(p, max(starts.get(p, 0), 0)), e) for p, e in ends.items()}
+            total = sum(max(e - s, 0) for s, e in todo.values())
+            shown = time.monotonic()
+            for p, (start, end) in sorted(todo.items()):
+                for chunk in read_records(store, self.reg.topic, p, start, end):
+                    out = self.applier.run(pa.Table.from_batches([chunk]), self.batch_id)
+                    self.batch_id += 1
+                    self.rejected += len(out.dead)
+                    done += chunk.num_rows
+                    if time.monotonic() - shown >= 1.0 or done == total:
+                        self.progress(f"{self.reg.qualified}: replayed {done}/{total} records")
+                        shown = time.monotonic()
+                self.positions[p] = end
+        self.records += done
+        return done
+
+    def close(self) -> None:
+        self.applier.close(close_sinks=True, timeout=120)
+
+
+class StagedVerifier(Verifier):
+    """:class:`~cdc.verify.Verifier` of the staged copy: its sinks read the staging root, and its
+    wait for the pipeline is a wait for the slot followed by a :meth:`Replay.catch_up`."""
+
+    def __init__(self, settings: Settings, replay: Replay, *, wait_s: float, limit: int) -> None:
+        from spark_jobs.applier import open_sinks
+
+        super().__init__(settings, wait_s=wait_s, limit=limit)
+        self.sinks = open_sinks(replay.staged)
+        self.replay = replay
+
+    def wait_caught_up(
+        self,
+        conn: psycopg.Connection[Any],
+        lsn: int,
+        tables: Sequence[TableReg],
+        settled: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            ok, info = self._slot_caught_up(conn, lsn, tables)
+            if ok or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if not ok:
+            return {"slot": info}
+        self.replay.catch_up()
+        return {}
+
+
+# --- the swap --------------------------------------------------------------------------------------
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (Linux ``renameat2``); False where it is not supported."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def swap_in(staged: Path, live: Path, aside: Path) -> None:
+    """``staged`` takes ``live``'s place; the old ``live`` (if any) moves to ``aside``."""
+    paths.ensure_private_dir(aside.parent)
+    paths.ensure_private_dir(live.parent)
+    if live.exists():
+        if _exchange(staged, live):
+            os.rename(staged, aside)  # the staged path now holds the old one
+            return
+        os.rename(live, aside)
+    os.rename(staged, live)
+
+
+def _swap_locations(pairs: Sequence[tuple[Path, Path]], work: Path) -> list[str]:
+    """Every ``(staged, live)`` of ``pairs`` that exists staged swapped in; the old ones kept under
+    ``work/replaced`` (emptied first). Returns the live paths replaced."""
+    replaced = work / "replaced"
+    shutil.rmtree(replaced, ignore_errors=True)
+    done = []
+    for i, (staged, live) in enumerate(pairs):
+        if staged.exists():
+            swap_in(staged, live, replaced / f"{i}-{live.name}")
+            done.append(str(live))
+    return done
+
+
+# --- a table ---------------------------------------------------------------------------------------
+def _fresh_stage(state_dir: Path, name: str) -> tuple[Path, Path]:
+    work = paths.rebuild_dir(state_dir, name)
+    stage = work / "stage"
+    shutil.rmtree(stage, ignore_errors=True)
+    paths.ensure_private_dir(stage)
+    return work, stage
+
+
+def rebuild_table(
+    settings: Settings, reg: TableReg, *, wait_s: float, limit: int, progress: Progress
+) -> RebuildReport:
+    """See the module docstring (a table)."""
+    from sinks.all import SINKS
+
+    started = time.monotonic()
+    work, stage = _fresh_stage(settings.state_dir, reg.qualified)
+    report = RebuildReport(reg.qualified, "table", stage=str(stage), notes=[HISTORY_NOTE])
+    replay = Replay(settings, reg, stage, progress)
+    try:
+        replay.catch_up()
+        progress(f"{reg.qualified}: verifying the copy against the source")
+        (verified,) = StagedVerifier(settings, replay, wait_s=wait_s, limit=limit).verify([reg])
+    finally:
+        replay.close()
+    report.records, report.rejected = replay.records, replay.rejected
+    report.verify = verified.to_dict()
+    report.rows = int(verified.primary[1].stored or 0)
+    report.status = "rebuilt" if verified.equal and verified.caught_up else verified.status
+    if report.rejected:
+        report.notes.append(
+            f"{report.rejected} records were rejected by a sink (as the apply dead-lettered them)"
+        )
+    if report.status == "rebuilt":
+        pairs = [
+            (cls.locations(stage, reg)[k], where)
+            for cls in SINKS
+            for k, where in cls.locations(settings.state_dir, reg).items()
+            if k != "history"
+        ]
+        report.swapped = _swap_locations(pairs, work)
+        report.replaced = str(work / "replaced")
+        shutil.rmtree(stage, ignore_errors=True)
+        report.stage = ""
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+# --- a view ----------------------------------------------------------------------------------------
+def _source_view_rows(
+    settings: Settings, view: ViewReg, target: Any
+) -> tuple[list[tuple[str, str]], list[list[Any]]]:
+    """The view's SQL run on the source (one read-only snapshot): its columns (name, type) and rows
+    normalised as ``cdc verify`` normalises a table's (:func:`cdc.verify._normalise`)."""
+    from psycopg import sql
+
+    from cdc.verify import _normalise, _select_expr
+
+    with connect(settings.require_source(), application_name="cdc rebuild") as conn:
+        for stmt in ("SET TimeZone = 'UTC'", "SET DateStyle = 'ISO, YMD'", "SET extra_float_digits = 1"):
+            conn.execute(stmt)
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            inner = sql.SQL(view.sql.strip().rstrip(";"))  # the registered, parsed and checked view SQL
+            cur = conn.execute(sql.SQL("SELECT * FROM ({}) AS __v LIMIT 0").format(inner))
+            desc = cur.description or []
+            columns = []
+            for d in desc:
+                row = conn.execute("SELECT format_type(%s, NULL)", (d.type_code,)).fetchone()
+                columns.append((d.name, str(row[0]) if row else "text"))
+            q = sql.SQL("SELECT {} FROM ({}) AS __v").format(
+                sql.SQL(", ").join(_select_expr(n, t) for n, t in columns), inner
+            )
+            rows = conn.execute(q).fetchall()
+    return columns, _normalise(columns, rows, target)
+
+
+def _compare_view(settings: Settings, view: ViewReg, copy: Path, limit: int) -> dict[str, Any]:
+    """The staged view ``copy`` against the view's SQL on the source, as multisets of rows."""
+    from collections import Counter
+
+    from deltalake import DeltaTable
+
+    from cdc.verify import canonical, row_hash
+
+    table = DeltaTable(str(copy)).to_pyarrow_table()
+    columns, src = _source_view_rows(settings, view, table.schema)
+    names = [n for n, _ in columns]
+    data = {n: table.column(n).to_pylist() for n in names if n in table.column_names}
+    mine = [[data[n][i] if n in data else None for n in names] for i in range(table.num_rows)]
+    want, have = Counter(row_hash(r) for r in src), Counter(row_hash(r) for r in mine)
+    show = {row_hash(r): {n: canonical(v) for n, v in zip(names, r, strict=True)} for r in [*src, *mine]}
+    missing, extra = list((want - have).elements()), list((have - want).elements())
+    return {
+        "status": "ok" if not missing and not extra else "different",
+        "source_rows": len(src),
+        "warehouse_rows": len(mine),
+        "missing_count": len(missing),
+        "extra_count": len(extra),
+        "missing": [show[h] for h in missing[:limit]],
+        "extra": [show[h] for h in extra[:limit]],
+    }
+
+
+def rebuild_view(settings: Settings, view: ViewReg, *, limit: int, progress: Progress) -> RebuildReport:
+    """See the module docstring (a view)."""
+    from cdc.views import spec_of
+    from sinks.warehouse.views import view_copy
+
+    started = time.monotonic()
+    work, stage = _fresh_stage(settings.state_dir, f"_views.{view.name}")
+    report = RebuildReport(view.name, "view", stage=str(stage))
+    with Registry(settings.state_dir) as registry:
+        spec = spec_of(view, registry.list_tables())
+    copy = paths.view_table(stage, view.name)
+    progress(f"view {view.name}: computing it whole from the current tables")
+    report.rows = view_copy(settings.state_dir, spec, copy)
+    progress(f"view {view.name}: comparing the copy with the view's SQL on the source")
+    report.verify = _compare_view(settings, view, copy, limit)
+    report.status = "rebuilt" if report.verify["status"] == "ok" else "different"
+    if view.search:
+        report.notes.append("the view's search index is not rebuilt")
+    if report.status == "different":
+        report.notes.append(
+            "the view is computed from the warehouse's current tables: if they have not caught up "
+            "with the source, run the apply until they have (or rebuild them), then rebuild the view"
+        )
+    else:
+        report.swapped = _swap_locations([(copy, paths.view_table(settings.state_dir, view.name))], work)
+        report.replaced = str(work / "replaced")
+        shutil.rmtree(stage, ignore_errors=True)
+        report.stage = ""
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+# --- the verb --------------------------------------------------------------------------------------
+def rebuild(settings: Settings, name: str, *, wait_s: float, limit: int, progress: Progress) -> RebuildReport:
+    """Rebuild the registered view or table ``name`` (a view's name is tried first), holding the
+    ``apply`` lock throughout (see the module docstring)."""
+    settings.require_source()
+    with Registry(settings.state_dir) as registry:
+        view = next((v for v in registry.list_views() if v.name == name), None)
+        reg = None if view is not None else registry.find(name)
+    lock = ProcessLock(settings.state_dir, "apply", command="cdc rebuild")
+    try:
+        lock.acquire()
+    except LockedError as exc:
+        exc.fix = (
+            f"stop `cdc apply` first (it resumes from its checkpoint), then run `cdc rebuild {name}` "
+            "again; the live tables keep serving readers during a rebuild"
+        )
+        raise
+    try:
+        if view is not None:
+            return rebuild_view(settings, view, limit=limit, progress=progress)
+        assert reg is not None  # registry.find raised otherwise
+        return rebuild_table(settings, reg, wait_s=wait_s, limit=limit, progress=progress)
+    finally:
+        lock.release()
+
+
+__all__ = ["REBUILD_APP", "RebuildReport", "Replay", "StagedVerifier", "rebuild", "swap_in"]
