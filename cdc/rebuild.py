@@ -69,12 +69,15 @@ HISTORY_NOTE = (
 )
 
 Progress = Callable[[str], None]
+#: asked once the copy verified, before the swap (``--yes`` answers yes): False keeps the live data
+Confirm = Callable[["RebuildReport"], bool]
 
 
 @dataclass
 class RebuildReport:
     """What ``cdc rebuild`` did (``to_dict`` is the ``--json`` shape). ``status``: ``rebuilt`` (the
-    copy verified and was swapped in), ``different`` or ``not_caught_up`` (the live data stays)."""
+    copy verified and was swapped in); ``different``, ``not_caught_up`` or ``declined`` (verified,
+    but the swap was not confirmed): the live data stays."""
 
     name: str
     kind: str  # "table" or "view"
@@ -237,7 +240,7 @@ def _fresh_stage(state_dir: Path, name: str) -> tuple[Path, Path]:
 
 
 def rebuild_table(
-    settings: Settings, reg: TableReg, *, wait_s: float, limit: int, progress: Progress
+    settings: Settings, reg: TableReg, *, wait_s: float, limit: int, progress: Progress, confirm: Confirm
 ) -> RebuildReport:
     """See the module docstring (a table)."""
     from sinks.all import SINKS
@@ -260,6 +263,8 @@ def rebuild_table(
         report.notes.append(
             f"{report.rejected} records were rejected by a sink (as the apply dead-lettered them)"
         )
+    if report.status == "rebuilt" and not confirm(report):
+        report.status = "declined"
     if report.status == "rebuilt":
         pairs = [
             (cls.locations(stage, reg)[k], where)
@@ -331,7 +336,9 @@ def _compare_view(settings: Settings, view: ViewReg, copy: Path, limit: int) -> 
     }
 
 
-def rebuild_view(settings: Settings, view: ViewReg, *, limit: int, progress: Progress) -> RebuildReport:
+def rebuild_view(
+    settings: Settings, view: ViewReg, *, limit: int, progress: Progress, confirm: Confirm
+) -> RebuildReport:
     """See the module docstring (a view)."""
     from cdc.views import spec_of
     from sinks.warehouse.views import view_copy
@@ -347,13 +354,16 @@ def rebuild_view(settings: Settings, view: ViewReg, *, limit: int, progress: Pro
     progress(f"view {view.name}: comparing the copy with the view's SQL on the source")
     report.verify = _compare_view(settings, view, copy, limit)
     report.status = "rebuilt" if report.verify["status"] == "ok" else "different"
+    if report.status == "rebuilt" and not confirm(report):
+        report.status = "declined"
     if view.search:
         report.notes.append("the view's search index is not rebuilt")
-    if report.status == "different":
-        report.notes.append(
-            "the view is computed from the warehouse's current tables: if they have not caught up "
-            "with the source, run the apply until they have (or rebuild them), then rebuild the view"
-        )
+    if report.status != "rebuilt":
+        if report.status == "different":
+            report.notes.append(
+                "the view is computed from the warehouse's current tables: if they have not caught up "
+                "with the source, run the apply until they have (or rebuild them), then rebuild the view"
+            )
     else:
         report.swapped = _swap_locations([(copy, paths.view_table(settings.state_dir, view.name))], work)
         report.replaced = str(work / "replaced")
@@ -364,7 +374,9 @@ def rebuild_view(settings: Settings, view: ViewReg, *, limit: int, progress: Pro
 
 
 # --- the verb --------------------------------------------------------------------------------------
-def rebuild(settings: Settings, name: str, *, wait_s: float, limit: int, progress: Progress) -> RebuildReport:
+def rebuild(
+    settings: Settings, name: str, *, wait_s: float, limit: int, progress: Progress, confirm: Confirm
+) -> RebuildReport:
     """Rebuild the registered view or table ``name`` (a view's name is tried first), holding the
     ``apply`` lock throughout (see the module docstring)."""
     settings.require_source()
@@ -382,9 +394,9 @@ def rebuild(settings: Settings, name: str, *, wait_s: float, limit: int, progres
         raise
     try:
         if view is not None:
-            return rebuild_view(settings, view, limit=limit, progress=progress)
+            return rebuild_view(settings, view, limit=limit, progress=progress, confirm=confirm)
         assert reg is not None  # registry.find raised otherwise
-        return rebuild_table(settings, reg, wait_s=wait_s, limit=limit, progress=progress)
+        return rebuild_table(settings, reg, wait_s=wait_s, limit=limit, progress=progress, confirm=confirm)
     finally:
         lock.release()
 

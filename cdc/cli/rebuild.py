@@ -1,19 +1,25 @@
-"""``cdc rebuild SCHEMA.TABLE|VIEW [--json] [--wait SECONDS]``: build a derived table (or view) again
-into a staged copy, verify it against the source, and swap it in only if it is equal.
+"""``cdc rebuild SCHEMA.TABLE|VIEW [--yes] [--json] [--wait SECONDS]``: build a derived table (or
+view) again into a staged copy, verify it against the source, and swap it in only if it is equal.
 
-Exit codes: 0 rebuilt (swapped in); 1 the copy differs from the source (the live data stays, the
-copy is kept for inspection); 2 refused (e.g. ``cdc apply`` is running); 3 the pipeline had not
-caught up with the source within ``--wait`` (nothing swapped). See :mod:`cdc.rebuild`.
+The swap replaces live data: it is asked for on the terminal once the copy verified, unless
+``--yes`` (without a terminal, ``--yes`` is required). Exit codes: 0 rebuilt (swapped in); 1 the
+copy differs from the source, or the swap was declined (the live data stays, the copy is kept for
+inspection); 2 refused (``cdc apply`` is running, no ``--yes`` without a terminal); 3 the pipeline
+had not caught up with the source within ``--wait`` (nothing swapped). See :mod:`cdc.rebuild`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cdc.rebuild import RebuildReport
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="list at most N differing keys per kind (default 20)",
     )
+    p.add_argument("--yes", action="store_true", help="swap the verified copy in without asking")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(handler=handle)
 
@@ -45,12 +52,34 @@ def _progress(line: str) -> None:
     sys.stderr.flush()
 
 
+def _ask(report: RebuildReport) -> bool:
+    """On the terminal: swap the verified copy in?"""
+    sys.stderr.write(
+        f"cdc rebuild: the copy of {report.name} ({report.rows} rows) equals the source. "
+        "Swap it in for the live one? [y/N] "
+    )
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.rebuild import rebuild
 
     if args.wait < 0 or args.limit < 0:
         raise ConfigError("--wait and --limit must not be negative", fix="e.g. --wait 60 --limit 20")
-    report = rebuild(settings, args.name, wait_s=float(args.wait), limit=int(args.limit), progress=_progress)
+    if not args.yes and not sys.stdin.isatty():
+        raise ConfigError(
+            "cdc rebuild replaces live derived data and there is no terminal to ask before the swap",
+            fix=f"run it on a terminal, or pass --yes (`cdc rebuild {args.name} --yes`)",
+        )
+    report = rebuild(
+        settings,
+        args.name,
+        wait_s=float(args.wait),
+        limit=int(args.limit),
+        progress=_progress,
+        confirm=(lambda _report: True) if args.yes else _ask,
+    )
     if args.json:
         print_json(report.to_dict())
         return report.exit_code

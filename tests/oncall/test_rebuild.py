@@ -24,11 +24,12 @@ from tests.plugins.items import PRICES, capture, item_row, items_table, source, 
 from tests.plugins.postgres import PgCluster
 
 
-def _rebuild(dsn: str, state: Path, *args: str) -> tuple[int, dict[str, Any], str]:
-    """``cdc rebuild --json ARGS`` in this process: (exit code, the report, stderr)."""
+def _rebuild(dsn: str, state: Path, *args: str, yes: bool = True) -> tuple[int, dict[str, Any], str]:
+    """``cdc rebuild --json ARGS [--yes]`` in this process: (exit code, the report, stderr)."""
     out, err = io.StringIO(), io.StringIO()
+    argv = ["--source", dsn, "--state", str(state), "rebuild", "--json", *args, *(["--yes"] if yes else [])]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cdc_main(["--source", dsn, "--state", str(state), "rebuild", "--json", *args])
+        code = cdc_main(argv)
     return code, (orjson.loads(out.getvalue()) if out.getvalue() else {}), err.getvalue()
 
 
@@ -45,12 +46,13 @@ def _workload(dsn: str, state: Path) -> None:
     with source(dsn) as src:
         src.insert(*(item_row(i) for i in range(1, 41)))
         for i in range(1, 41, 3):
-            src.update(i, {"name": f"it's \"{i}\"\nline \\ two", "price": PRICES[i % 4]})
+            src.update(i, {"name": f'it\'s "{i}"\nline \\ two', "price": PRICES[i % 4]})
         for i in range(2, 41, 9):
             src.update(i, {"qty": 1000 + i})  # the TOASTed blob unchanged: not sent
         for i in (4, 14, 24):
             src.delete(i)
         src.change_key(5, 505)
+        src.update(11, {"blob": "a 'quoted' \"multi-MB\" value\nwith \\ backslashes " * 60_000})
     capture(dsn, state)
     assert apply_without_spark(state) > 0
 
@@ -128,6 +130,10 @@ def test_rebuild_is_refused_while_the_apply_runs(pg: PgCluster, pg_db: str, tmp_
         code, out, err = _rebuild(dsn, state, "public.items")
     assert code == 2 and not out
     assert "stop `cdc apply` first" in err and "nothing was changed" in err
+    # no terminal to ask before the swap, and no --yes: refused before anything is done
+    code, out, err = _rebuild(dsn, state, "public.items", yes=False)
+    assert code == 2 and "--yes" in err
+    assert not paths.rebuild_dir(state, "public.items").exists()
 
 
 def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
@@ -162,7 +168,9 @@ def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     code, out, _ = _rebuild(dsn, state, "order_view")
 
     assert code == 0, out
-    assert out["kind"] == "view" and out["verify"]["missing_count"] == 0 and out["verify"]["source_rows"] == 52
+    assert (
+        out["kind"] == "view" and out["verify"]["missing_count"] == 0 and out["verify"]["source_rows"] == 52
+    )
     after = sorted(DeltaTable(str(view)).to_pyarrow_table().to_pylist(), key=repr)
     assert after == before
 
@@ -172,4 +180,7 @@ def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     code, out, _ = _rebuild(dsn, state, "order_view")
     assert code == 1 and out["status"] == "different"
     assert out["verify"]["missing_count"] == 1 and out["verify"]["missing"][0]["id"] == 2
+    assert DeltaTable(str(view)).version() == version
+    code, text = cdc_cli(dsn, state, "rebuild", "order_view", "--yes")  # the text form says the same
+    assert code == 1 and "NOT swapped: the live data is unchanged" in text and "missing" in text
     assert DeltaTable(str(view)).version() == version
