@@ -31,11 +31,17 @@ with the view's SQL run on the source (its SQL is Postgres SQL), then swapped th
 base tables must hold the source's state for that comparison to be clean (run the apply until it
 caught up, or rebuild them first). A view's search index is not rebuilt.
 
-**The apply.** A rebuild holds the ``apply`` lock (:mod:`cdc.locks`) from start to end: the swap
-must not happen under a running apply's writes, and nothing else may write the live tables while
-the copy is compared. A rebuild asked for while ``cdc apply`` runs is refused before it does
-anything (stop the apply; it resumes from its checkpoint afterwards, its replayed records
-version-guarded against the rebuilt tables).
+**The apply.** The swap happens under the ``apply`` lock (:mod:`cdc.locks`): never under a batch a
+running apply is writing (its commit to a table just moved aside would be lost). A table's copy is
+replayed and verified whether or not ``cdc apply`` runs (the live tables keep serving readers and
+the apply keeps applying); the lock is then taken, the copy caught up and verified once more under
+it, and swapped. When the apply still holds the lock, nothing is swapped (``apply_running``, exit 2)
+and the verified copy is kept with its replay positions (``stage/replay.json``): the next rebuild,
+once the apply is stopped, resumes it and replays only what the topic gained since. A view is
+computed from the current tables the apply writes, so its rebuild takes the lock at the start and is
+refused while the apply runs. After the swap the apply resumes from its checkpoint: the records it
+applies again are at or below what the copy holds, and the version guards make them change nothing
+(the copy's commits carry :data:`REBUILD_APP`, never the apply's application id).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 
 from cdc import paths
@@ -97,7 +104,7 @@ class RebuildReport:
 
     @property
     def exit_code(self) -> int:
-        return {"rebuilt": 0, "not_caught_up": 3}.get(self.status, 1)
+        return {"rebuilt": 0, "apply_running": 2, "not_caught_up": 3}.get(self.status, 1)
 
 
 # --- the replay ------------------------------------------------------------------------------------
@@ -105,7 +112,14 @@ class Replay:
     """A table's topic applied to the sinks of the staging root ``stage``, from the first offset of
     each partition; :meth:`catch_up` applies what the topic holds beyond what it applied so far."""
 
-    def __init__(self, settings: Settings, reg: TableReg, stage: Path, progress: Progress) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        reg: TableReg,
+        stage: Path,
+        progress: Progress,
+        resume: dict[str, Any] | None = None,
+    ) -> None:
         from sinks.search.index import find_layout
         from spark_jobs.applier import BatchApplier, open_sinks
 
@@ -118,10 +132,29 @@ class Replay:
         self.sinks = open_sinks(self.staged)
         self.applier = BatchApplier(self.sinks, {reg.topic: reg}.get, REBUILD_APP)
         self.progress = progress
-        self.positions: dict[int, int] = {}
-        self.batch_id = 0
+        self.stage = stage
+        resume = resume or {}
+        #: per partition the next offset to replay, and the next batch id: the staged sinks skip a
+        #: batch id at or below the last one they committed, so a resumed replay goes on from it
+        self.positions: dict[int, int] = {int(p): int(o) for p, o in resume.get("positions", {}).items()}
+        self.batch_id = int(resume.get("batch_id", 0))
+        self.resumed = int(resume.get("records", 0))
         self.records = 0
         self.rejected = 0
+
+    def save(self, *, verified: bool) -> None:
+        """Record the replay's positions in the stage (``replay.json``): a later rebuild resumes a
+        copy that verified (:func:`_stage`)."""
+        body = {
+            "topic": self.reg.topic,
+            "positions": {str(p): o for p, o in self.positions.items()},
+            "batch_id": self.batch_id,
+            "records": self.resumed + self.records,
+            "verified": verified,
+        }
+        tmp = self.stage / "replay.json.tmp"
+        tmp.write_bytes(orjson.dumps(body))
+        os.replace(tmp, self.stage / "replay.json")
 
     def catch_up(self) -> int:
         """Apply the records up to the topic's end offsets now; returns how many."""
@@ -231,53 +264,117 @@ def _swap_locations(pairs: Sequence[tuple[Path, Path]], work: Path) -> list[str]
 
 
 # --- a table ---------------------------------------------------------------------------------------
-def _fresh_stage(state_dir: Path, name: str) -> tuple[Path, Path]:
+def _stage(state_dir: Path, name: str, topic: str | None = None) -> tuple[Path, Path, dict[str, Any] | None]:
+    """``(work dir, stage, what to resume)``: a stage left by a rebuild of ``topic`` whose copy
+    verified but could not be swapped (the apply was running) is resumed; any other is removed."""
     work = paths.rebuild_dir(state_dir, name)
     stage = work / "stage"
+    try:
+        kept = orjson.loads((stage / "replay.json").read_bytes()) if topic else None
+    except (OSError, orjson.JSONDecodeError):
+        kept = None
+    if isinstance(kept, dict) and kept.get("verified") is True and kept.get("topic") == topic:
+        return work, stage, kept
     shutil.rmtree(stage, ignore_errors=True)
     paths.ensure_private_dir(stage)
-    return work, stage
+    return work, stage, None
+
+
+class ApplyLock:
+    """The ``apply`` lock (:mod:`cdc.locks`) as the rebuild takes it: :meth:`take` answers whether it
+    is held now (``refused``: the error that says who holds it)."""
+
+    def __init__(self, state_dir: Path, name: str) -> None:
+        self.lock = ProcessLock(state_dir, "apply", command="cdc rebuild")
+        self.name = name
+        self.held = False
+        self.refused: LockedError | None = None
+
+    def take(self) -> bool:
+        if not self.held:
+            try:
+                self.lock.acquire()
+                self.held = True
+            except LockedError as exc:
+                exc.fix = (
+                    f"stop `cdc apply` (it resumes from its checkpoint), then run `cdc rebuild "
+                    f"{self.name}` again; the live tables keep serving readers during a rebuild"
+                )
+                self.refused = exc
+        return self.held
+
+    def release(self) -> None:
+        if self.held:
+            self.lock.release()
+            self.held = False
 
 
 def rebuild_table(
-    settings: Settings, reg: TableReg, *, wait_s: float, limit: int, progress: Progress, confirm: Confirm
+    settings: Settings,
+    reg: TableReg,
+    *,
+    wait_s: float,
+    limit: int,
+    progress: Progress,
+    confirm: Confirm,
+    lock: ApplyLock,
 ) -> RebuildReport:
-    """See the module docstring (a table)."""
-    from sinks.all import SINKS
-
+    """See the module docstring (a table). Without ``lock`` held the copy is built and verified, and
+    swapped only if the lock can be taken then (after a last catch-up and verify under it)."""
     started = time.monotonic()
-    work, stage = _fresh_stage(settings.state_dir, reg.qualified)
+    work, stage, resume = _stage(settings.state_dir, reg.qualified, reg.topic)
     report = RebuildReport(reg.qualified, "table", stage=str(stage), notes=[HISTORY_NOTE])
-    replay = Replay(settings, reg, stage, progress)
+    replay = Replay(settings, reg, stage, progress, resume)
+    if resume:
+        report.notes.append(f"resumed the verified copy of an earlier rebuild ({replay.resumed} records)")
+    if not lock.held:
+        progress(
+            f"{reg.qualified}: `cdc apply` is running: the copy is built and verified, the swap waits for it"
+        )
+    verifier = StagedVerifier(settings, replay, wait_s=wait_s, limit=limit)
     try:
         replay.catch_up()
         progress(f"{reg.qualified}: verifying the copy against the source")
-        (verified,) = StagedVerifier(settings, replay, wait_s=wait_s, limit=limit).verify([reg])
+        (verified,) = verifier.verify([reg])
+        if verified.equal and verified.caught_up and not lock.held and lock.take():
+            progress(f"{reg.qualified}: the apply stopped: verifying the copy again under its lock")
+            (verified,) = verifier.verify([reg])
+        ok = verified.equal and verified.caught_up
+        replay.save(verified=ok)
     finally:
         replay.close()
     report.records, report.rejected = replay.records, replay.rejected
     report.verify = verified.to_dict()
     report.rows = int(verified.primary[1].stored or 0)
-    report.status = "rebuilt" if verified.equal and verified.caught_up else verified.status
+    report.status = ("rebuilt" if lock.held else "apply_running") if ok else verified.status
     if report.rejected:
         report.notes.append(
             f"{report.rejected} records were rejected by a sink (as the apply dead-lettered them)"
         )
+    if report.status == "apply_running" and lock.refused is not None:
+        report.notes.append(f"{lock.refused.message}; the verified copy is kept: {lock.refused.fix}")
     if report.status == "rebuilt" and not confirm(report):
         report.status = "declined"
     if report.status == "rebuilt":
-        pairs = [
-            (cls.locations(stage, reg)[k], where)
-            for cls in SINKS
-            for k, where in cls.locations(settings.state_dir, reg).items()
-            if k != "history"
-        ]
-        report.swapped = _swap_locations(pairs, work)
-        report.replaced = str(work / "replaced")
-        shutil.rmtree(stage, ignore_errors=True)
-        report.stage = ""
+        _swap_table(settings, reg, stage, work, report)
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _swap_table(settings: Settings, reg: TableReg, stage: Path, work: Path, report: RebuildReport) -> None:
+    """Every staged location of every sink but the history swapped in (see :func:`_swap_locations`)."""
+    from sinks.all import SINKS
+
+    pairs = [
+        (cls.locations(stage, reg)[k], where)
+        for cls in SINKS
+        for k, where in cls.locations(settings.state_dir, reg).items()
+        if k != "history"
+    ]
+    report.swapped = _swap_locations(pairs, work)
+    report.replaced = str(work / "replaced")
+    shutil.rmtree(stage, ignore_errors=True)
+    report.stage = ""
 
 
 # --- a view ----------------------------------------------------------------------------------------
@@ -344,7 +441,7 @@ def rebuild_view(
     from sinks.warehouse.views import view_copy
 
     started = time.monotonic()
-    work, stage = _fresh_stage(settings.state_dir, f"_views.{view.name}")
+    work, stage, _ = _stage(settings.state_dir, f"_views.{view.name}")
     report = RebuildReport(view.name, "view", stage=str(stage))
     with Registry(settings.state_dir) as registry:
         spec = spec_of(view, registry.list_tables())
@@ -377,28 +474,26 @@ def rebuild_view(
 def rebuild(
     settings: Settings, name: str, *, wait_s: float, limit: int, progress: Progress, confirm: Confirm
 ) -> RebuildReport:
-    """Rebuild the registered view or table ``name`` (a view's name is tried first), holding the
-    ``apply`` lock throughout (see the module docstring)."""
+    """Rebuild the registered view or table ``name`` (a view's name is tried first) under the
+    ``apply`` lock: a view's from start to end (refused while the apply runs), a table's for its
+    swap (see the module docstring)."""
     settings.require_source()
     with Registry(settings.state_dir) as registry:
         view = next((v for v in registry.list_views() if v.name == name), None)
         reg = None if view is not None else registry.find(name)
-    lock = ProcessLock(settings.state_dir, "apply", command="cdc rebuild")
-    try:
-        lock.acquire()
-    except LockedError as exc:
-        exc.fix = (
-            f"stop `cdc apply` first (it resumes from its checkpoint), then run `cdc rebuild {name}` "
-            "again; the live tables keep serving readers during a rebuild"
-        )
-        raise
+    lock = ApplyLock(settings.state_dir, name)
+    lock.take()
     try:
         if view is not None:
+            if lock.refused is not None:
+                raise lock.refused
             return rebuild_view(settings, view, limit=limit, progress=progress, confirm=confirm)
         assert reg is not None  # registry.find raised otherwise
-        return rebuild_table(settings, reg, wait_s=wait_s, limit=limit, progress=progress, confirm=confirm)
+        return rebuild_table(
+            settings, reg, wait_s=wait_s, limit=limit, progress=progress, confirm=confirm, lock=lock
+        )
     finally:
         lock.release()
 
 
-__all__ = ["REBUILD_APP", "RebuildReport", "Replay", "StagedVerifier", "rebuild", "swap_in"]
+__all__ = ["REBUILD_APP", "ApplyLock", "RebuildReport", "Replay", "StagedVerifier", "rebuild", "swap_in"]

@@ -122,18 +122,41 @@ def test_a_copy_that_does_not_verify_leaves_the_live_table(pg: PgCluster, pg_db:
     assert out["swapped"] == []
 
 
-def test_rebuild_is_refused_while_the_apply_runs(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+def test_while_the_apply_runs_the_copy_is_verified_and_kept_then_resumed(
+    pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
+    """The apply holds its lock: the copy is replayed and verified, not swapped (exit 2, the fix
+    says to stop the apply); the next rebuild resumes that copy, replays only what came since."""
     state = tmp_path / "state"
     dsn, _reg = items_table(pg, pg_db, state)
-    capture(dsn, state)
+    _workload(dsn, state)
+    live = paths.warehouse_tables(state, "public", "items")[0]
+    DeltaTable(str(live)).delete("id = 7")
+    version = DeltaTable(str(live)).version()
     with ProcessLock(state, "apply"):
         code, out, err = _rebuild(dsn, state, "public.items")
-    assert code == 2 and not out
-    assert "stop `cdc apply` first" in err and "nothing was changed" in err
+        assert code == 2 and out["status"] == "apply_running", out
+        assert out["verify"]["status"] == "ok" and out["records"] > 0
+        assert any("stop `cdc apply`" in n for n in out["notes"]) and "the swap waits" in err
+        assert DeltaTable(str(live)).version() == version
+        assert orjson.loads(Path(out["stage"], "replay.json").read_bytes())["verified"] is True
+    first = out["records"]
+    with source(dsn) as src:
+        src.update(9, {"name": "while the copy waited"})
+    capture(dsn, state)
+    apply_without_spark(state)  # the apply ran again meanwhile
+
+    code, out, _ = _rebuild(dsn, state, "public.items")
+
+    assert code == 0 and out["status"] == "rebuilt", out
+    assert any(
+        f"resumed the verified copy of an earlier rebuild ({first} records)" in n for n in out["notes"]
+    )
+    assert 0 < out["records"] < first  # only what the topic gained since
+    assert verify_json(Settings(state_dir=state), dsn)[0] == 0
     # no terminal to ask before the swap, and no --yes: refused before anything is done
     code, out, err = _rebuild(dsn, state, "public.items", yes=False)
-    assert code == 2 and "--yes" in err
-    assert not paths.rebuild_dir(state, "public.items").exists()
+    assert code == 2 and "--yes" in err and not out
 
 
 def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
@@ -181,6 +204,9 @@ def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     assert code == 1 and out["status"] == "different"
     assert out["verify"]["missing_count"] == 1 and out["verify"]["missing"][0]["id"] == 2
     assert DeltaTable(str(view)).version() == version
+    with ProcessLock(state, "apply"):  # a view: refused outright while the apply runs
+        code, out, err = _rebuild(dsn, state, "order_view")
+        assert code == 2 and not out and "stop `cdc apply`" in err
     code, text = cdc_cli(dsn, state, "rebuild", "order_view", "--yes")  # the text form says the same
     assert code == 1 and "NOT swapped: the live data is unchanged" in text and "missing" in text
     assert DeltaTable(str(view)).version() == version
