@@ -130,6 +130,7 @@ class Replay:
             settings, state_dir=stage, partitions=layout.count if layout else settings.partitions
         )
         self.sinks = open_sinks(self.staged)
+        _keep_layout(settings, reg, self.sinks)
         self.applier = BatchApplier(self.sinks, {reg.topic: reg}.get, REBUILD_APP)
         self.progress = progress
         self.stage = stage
@@ -187,6 +188,24 @@ class Replay:
 
     def close(self) -> None:
         self.applier.close(close_sinks=True, timeout=120)
+
+
+def _keep_layout(settings: Settings, reg: TableReg, sinks: Sequence[Any]) -> None:
+    """The staged warehouse tables get the live current table's layout (its clustering, buckets and
+    shards), whatever :meth:`~sinks.warehouse.layout.Layout.choose` would pick now: the live history
+    table, which stays, has it, and the apply refuses tables that disagree on it."""
+    from deltalake import DeltaTable
+
+    from sinks.warehouse import WarehouseSink
+    from sinks.warehouse.delta import layout_of
+
+    current = WarehouseSink.locations(settings.state_dir, reg)["current"]
+    if not DeltaTable.is_deltatable(str(current)):
+        return
+    layout = layout_of(DeltaTable(str(current)))
+    for sink in sinks:
+        if isinstance(sink, WarehouseSink):
+            sink.layouts[reg.qualified] = layout
 
 
 class StagedVerifier(Verifier):

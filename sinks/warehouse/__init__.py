@@ -102,6 +102,10 @@ class WarehouseSink(Sink):
         #: with ``write = "files"``: None commits each write at once; a list collects the writes
         #: instead (:class:`sinks.warehouse.files.TableWrite`), for a committer elsewhere
         self.pending: list[TableWrite] | None = None
+        #: per table (qualified name), the layout its tables get when created, instead of
+        #: :meth:`Layout.choose`'s: ``cdc rebuild`` gives a staged copy the live table's, which the
+        #: kept history table has (the three tables of a table must agree on it)
+        self.layouts: dict[str, Layout] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -211,7 +215,10 @@ class WarehouseSink(Sink):
         current, history, tombs = self._open_tables(
             reg,
             columns,
-            lambda: Layout.choose(reg, self.options, lambda: _key_values(batch), lambda: _row_bytes(batch)),
+            lambda: (
+                self.layouts.get(reg.qualified)
+                or Layout.choose(reg, self.options, lambda: _key_values(batch), lambda: _row_bytes(batch))
+            ),
         )
         layout = layout_of(current)
         todo = [

@@ -160,12 +160,15 @@ def processes_with_env(marker: str) -> dict[int, str]:
     return out
 
 
-def apply_without_spark(state: Path, app_id: str = "cdc-apply-test") -> int:
+def apply_without_spark(
+    state: Path, app_id: str = "cdc-apply-test", *, settings: Settings | None = None
+) -> int:
     """Every registered table's topic, from its first offset, applied to the sinks of ``state`` by
     the apply's Spark-free micro-batch (:class:`spark_jobs.applier.BatchApplier`), the views
     maintained after each batch as the apply job does; one batch per partition chunk; the apply
     consumer's positions committed at the end (``cdc verify`` waits for them). Returns the records
-    applied. Version guards make a second call (new batch ids, same records) change nothing."""
+    applied. Version guards make a second call (new batch ids, same records) change nothing.
+    ``settings``: the sinks' (default: ``state``'s with no cdc.toml)."""
     import pyarrow as pa
 
     from cdc.logstore import APPLY_CONSUMER
@@ -174,7 +177,7 @@ def apply_without_spark(state: Path, app_id: str = "cdc-apply-test") -> int:
     from sinks.warehouse.views import ViewMaintainer
     from spark_jobs.applier import BatchApplier, open_sinks
 
-    settings = Settings(state_dir=state)
+    settings = settings or Settings(state_dir=state)
     with Registry(state) as registry:
         tables = registry.list_tables()
         by_topic = {t.topic: t for t in tables}
