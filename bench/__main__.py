@@ -30,6 +30,7 @@ BENCHMARKS = [
     "search_shards",
     "wait",
     "views",
+    "rebuild",
     "write_amp",
     "write_amp_catchup",
     "write_amp_wide",
