@@ -29,7 +29,9 @@ A **view** (``cdc views``): computed whole from the live current tables of the t
 (:func:`sinks.warehouse.views.view_copy`) into the staging root, compared as a multiset of rows
 with the view's SQL run on the source (its SQL is Postgres SQL), then swapped the same way. The
 base tables must hold the source's state for that comparison to be clean (run the apply until it
-caught up, or rebuild them first). A view's search index is not rebuilt.
+caught up, or rebuild them first). A view with search columns gets its index built again from the
+copy and swapped with it: its documents are versioned by the view table's Delta version, which
+starts again with the copy, so the old index would refuse the apply's later changes.
 
 **The apply.** The swap happens under the ``apply`` lock (:mod:`cdc.locks`): never under a batch a
 running apply is writing (its commit to a table just moved aside would be lost). A table's copy is
@@ -452,6 +454,42 @@ def _compare_view(settings: Settings, view: ViewReg, copy: Path, limit: int) -> 
     }
 
 
+def _view_index(
+    settings: Settings, view: ViewReg, stage: Path, report: RebuildReport, limit: int
+) -> list[tuple[Path, Path]]:
+    """The view's search index built from the staged copy (:func:`sinks.view_search.index_view`) and
+    checked against it (a document for every row of the copy, no other); its ``(staged, live)`` locations. It must be swapped
+    with the copy: its documents are versioned by the view table's Delta version, which starts again
+    at the copy's, so the live index's newer versions would refuse every later change. A mismatch
+    makes the report ``different``."""
+    from sinks.search import SearchSink
+    from sinks.search.query import live_texts
+    from sinks.view_search import index_view, view_search_reg
+    from sinks.warehouse.views import view_rows
+
+    reg = view_search_reg(view)
+    staged = dataclasses.replace(settings, state_dir=stage)
+    sink = SearchSink.from_settings(staged)
+    try:
+        index_view(sink, stage, view, None, 0, REBUILD_APP)
+    finally:
+        sink.close()
+    rows = view_rows(stage, view.name)
+    want = set(rows.column("_cdc_key").to_pylist()) if rows is not None else set()
+    have = {orjson.loads(k)["_cdc_key"] for k in live_texts(stage, reg)}
+    report.verify["search_docs"] = len(have)
+    if have != want:
+        report.status = "different"
+        report.verify["search"] = {
+            "missing": sorted(want - have)[:limit],
+            "extra": sorted(have - want)[:limit],
+        }
+    return [
+        (SearchSink.locations(stage, reg)[k], p)
+        for k, p in SearchSink.locations(settings.state_dir, reg).items()
+    ]
+
+
 def rebuild_view(
     settings: Settings, view: ViewReg, *, limit: int, progress: Progress, confirm: Confirm
 ) -> RebuildReport:
@@ -470,18 +508,18 @@ def rebuild_view(
     progress(f"view {view.name}: comparing the copy with the view's SQL on the source")
     report.verify = _compare_view(settings, view, copy, limit)
     report.status = "rebuilt" if report.verify["status"] == "ok" else "different"
+    pairs = [(copy, paths.view_table(settings.state_dir, view.name))]
+    if view.search and report.status == "rebuilt":
+        pairs += _view_index(settings, view, stage, report, limit)
     if report.status == "rebuilt" and not confirm(report):
         report.status = "declined"
-    if view.search:
-        report.notes.append("the view's search index is not rebuilt")
-    if report.status != "rebuilt":
-        if report.status == "different":
-            report.notes.append(
-                "the view is computed from the warehouse's current tables: if they have not caught up "
-                "with the source, run the apply until they have (or rebuild them), then rebuild the view"
-            )
-    else:
-        report.swapped = _swap_locations([(copy, paths.view_table(settings.state_dir, view.name))], work)
+    if report.status == "different":
+        report.notes.append(
+            "the view is computed from the warehouse's current tables: if they have not caught up "
+            "with the source, run the apply until they have (or rebuild them), then rebuild the view"
+        )
+    if report.status == "rebuilt":
+        report.swapped = _swap_locations(pairs, work)
         report.replaced = str(work / "replaced")
         shutil.rmtree(stage, ignore_errors=True)
         report.stage = ""

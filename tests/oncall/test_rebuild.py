@@ -165,6 +165,18 @@ def test_while_the_apply_runs_the_copy_is_verified_and_kept_then_resumed(
     assert code == 2 and "--yes" in err and not out
 
 
+def _view_docs(state: Path) -> dict[str, str]:
+    """The view's search documents: ``_cdc_key`` -> the indexed customer."""
+    from cdc.registry import Registry
+    from sinks.search.query import live_texts
+    from sinks.view_search import view_search_reg
+
+    with Registry(state) as registry:
+        (view,) = registry.list_views()
+    docs = live_texts(state, view_search_reg(view)).items()
+    return {orjson.loads(k)["_cdc_key"]: v["customer"] for k, v in docs}
+
+
 def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     state = tmp_path / "state"
     pg.execute(
@@ -179,7 +191,7 @@ def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
         "SELECT o.id, o.total, o.note, c.name AS customer FROM orders o "
         "JOIN customers c ON o.customer_id = c.id WHERE o.total > 10"
     )
-    assert cdc_cli(dsn, state, "views", "add", "order_view", "--sql", sql)[0] == 0
+    assert cdc_cli(dsn, state, "views", "add", "order_view", "--sql", sql, "--search", "customer")[0] == 0
     capture(dsn, state)
     pg.execute(
         "INSERT INTO customers SELECT g, 'cust ' || g || E' it''s \\\\ \\n', 'r' || (g % 3) FROM generate_series(1, 8) g;"
@@ -189,7 +201,12 @@ def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     )
     capture(dsn, state)
     apply_without_spark(state)
+    for i in range(6):  # the live view table at a later Delta version than a fresh copy's
+        pg.execute(f"UPDATE orders SET note = 'round {i}' WHERE id = 11", pg_db)
+        capture(dsn, state)
+        apply_without_spark(state, app_id=f"cdc-apply-round-{i}")
     view = paths.view_table(state, "order_view")
+    assert DeltaTable(str(view)).version() > 5
     before = sorted(DeltaTable(str(view)).to_pyarrow_table().to_pylist(), key=repr)
     assert len(before) == 60 - 2 - 6  # totals <= 10: ids 1..6
     DeltaTable(str(view)).delete("id = 30")  # corrupted behind the apply's back
@@ -200,8 +217,20 @@ def test_rebuild_a_view(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
     assert (
         out["kind"] == "view" and out["verify"]["missing_count"] == 0 and out["verify"]["source_rows"] == 52
     )
+    assert (
+        out["verify"]["search_docs"] == 52 and len(out["swapped"]) == 3
+    )  # the table, the index, its metadata
     after = sorted(DeltaTable(str(view)).to_pyarrow_table().to_pylist(), key=repr)
     assert after == before
+    assert _view_docs(state) == {r["_cdc_key"]: r["customer"] for r in after}  # its index, rebuilt
+    # the apply goes on over the rebuilt view and its index
+    pg.execute("UPDATE customers SET name = 'after the rebuild' WHERE id = 4", pg_db)
+    capture(dsn, state)
+    apply_without_spark(state, app_id="cdc-apply-test-2")
+    docs = _view_docs(state)
+    assert docs[orjson.dumps({"id": 11}).decode()] == "after the rebuild"  # order 11: customer 1 + 11 % 8
+    stored = DeltaTable(str(view)).to_pyarrow_table().to_pylist()
+    assert docs == {r["_cdc_key"]: r["customer"] for r in stored}
 
     # the base tables lag the source (a change not applied): the copy differs, the view stays
     pg.execute("UPDATE orders SET total = 99.5 WHERE id = 2", pg_db)

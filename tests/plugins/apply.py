@@ -174,6 +174,7 @@ def apply_without_spark(
     from cdc.logstore import APPLY_CONSUMER
     from cdc.logstore.factory import open_log_store
     from cdc.logstore.records import read_records
+    from sinks.search import SearchSink
     from sinks.warehouse.views import ViewMaintainer
     from spark_jobs.applier import BatchApplier, open_sinks
 
@@ -181,7 +182,12 @@ def apply_without_spark(
     with Registry(state) as registry:
         tables = registry.list_tables()
         by_topic = {t.topic: t for t in tables}
-        views = ViewMaintainer(state, lambda: (registry.list_views(), registry.list_tables()), app_id)
+        views = ViewMaintainer(
+            state,
+            lambda: (registry.list_views(), registry.list_tables()),
+            app_id,
+            search=SearchSink.from_settings(settings),
+        )
         applier = BatchApplier(open_sinks(settings), by_topic.get, app_id, after=views.maintain)
         batch_id, done = 0, 0
         try:
@@ -195,4 +201,5 @@ def apply_without_spark(
                     store.commit(APPLY_CONSUMER, topic, ends)
         finally:
             applier.close(close_sinks=True, timeout=60)
+            views.close()
     return done
