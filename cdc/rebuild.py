@@ -533,11 +533,29 @@ def rebuild(
 ) -> RebuildReport:
     """Rebuild the registered view or table ``name`` (a view's name is tried first) under the
     ``apply`` lock: a view's from start to end (refused while the apply runs), a table's for its
-    swap (see the module docstring)."""
+    swap (see the module docstring). One rebuild of a name at a time (the lock ``rebuild.<name>``:
+    a second one would remove the first one's stage)."""
     settings.require_source()
     with Registry(settings.state_dir) as registry:
         view = next((v for v in registry.list_views() if v.name == name), None)
         reg = None if view is not None else registry.find(name)
+    target = view.name if view is not None else reg.qualified if reg is not None else name
+    with ProcessLock(settings.state_dir, f"rebuild.{target}", command=f"cdc rebuild {target}"):
+        return _locked(settings, view, reg, wait_s=wait_s, limit=limit, progress=progress, confirm=confirm)
+
+
+def _locked(
+    settings: Settings,
+    view: ViewReg | None,
+    reg: TableReg | None,
+    *,
+    wait_s: float,
+    limit: int,
+    progress: Progress,
+    confirm: Confirm,
+) -> RebuildReport:
+    """:func:`rebuild` under its own lock: the apply lock taken (see there)."""
+    name = view.name if view is not None else reg.qualified if reg is not None else ""
     lock = ApplyLock(settings.state_dir, name)
     lock.take()
     try:

@@ -147,6 +147,10 @@ def test_while_the_apply_runs_the_copy_is_verified_and_kept_then_resumed(
         assert DeltaTable(str(live)).version() == version
         assert orjson.loads(Path(out["stage"], "replay.json").read_bytes())["verified"] is True
     first = out["records"]
+    with ProcessLock(state, "rebuild.public.items"):  # another rebuild of the same table runs
+        code, out2, err = _rebuild(dsn, state, "public.items")
+        assert code == 2 and not out2 and "another `cdc rebuild" in err
+    assert Path(out["stage"], "replay.json").exists()  # its stage untouched
     with source(dsn) as src:
         src.update(9, {"name": "while the copy waited"})
     capture(dsn, state)
