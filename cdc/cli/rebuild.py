@@ -4,8 +4,10 @@ view) again into a staged copy, verify it against the source, and swap it in onl
 The swap replaces live data: it is asked for on the terminal once the copy verified, unless
 ``--yes`` (without a terminal, ``--yes`` is required). Exit codes: 0 rebuilt (swapped in); 1 the
 copy differs from the source, or the swap was declined (the live data stays, the copy is kept for
-inspection); 2 refused (``cdc apply`` is running, no ``--yes`` without a terminal); 3 the pipeline
-had not caught up with the source within ``--wait`` (nothing swapped). See :mod:`cdc.rebuild`.
+inspection); 2 a table's copy verified but ``cdc apply`` held its lock at the swap (the copy is
+kept and the next rebuild resumes it), or refused before any work (a view while ``cdc apply``
+runs, another rebuild of the same name, no ``--yes`` without a terminal); 3 the pipeline had not
+caught up with the source within ``--wait`` (nothing swapped). See :mod:`cdc.rebuild`.
 """
 
 from __future__ import annotations
