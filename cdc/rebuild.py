@@ -273,7 +273,10 @@ def swap_in(staged: Path, live: Path, aside: Path) -> None:
 
 def _swap_locations(pairs: Sequence[tuple[Path, Path]], work: Path) -> list[str]:
     """Every ``(staged, live)`` of ``pairs`` that exists staged swapped in; the old ones kept under
-    ``work/replaced`` (emptied first). Returns the live paths replaced."""
+    ``work/replaced`` (emptied first). Returns the live paths replaced. Each swap is atomic, the set
+    is not: the stage's ``replay.json`` goes first, so that after a crash in the middle the next
+    rebuild starts over instead of resuming a stage that lost some of its tables."""
+    (work / "stage" / "replay.json").unlink(missing_ok=True)
     replaced = work / "replaced"
     shutil.rmtree(replaced, ignore_errors=True)
     done = []
