@@ -13,6 +13,7 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/spark/scratch/                   Spark's local dir (private to the state's owner)
     <state>/metrics/<role>.json              counters a process publishes (cdc.metrics)
     <state>/locks/<role>.lock                one process per role (cdc.locks)
+    <state>/verify/<schema>/<table>.json     key ranges and hashes of the last clean verify (cdc.verify_ranges)
 
 Names taken from the source (schema, table, topic) become one path component each: characters
 outside ``[A-Za-z0-9._-]`` are replaced by ``_`` (as in topic names), and a component made only of
@@ -119,6 +120,11 @@ def metrics_file(state_dir: Path, role: str) -> Path:
 
 def lock_path(state_dir: Path, role: str) -> Path:
     return Path(state_dir) / "locks" / f"{component(role)}.lock"
+
+
+def verify_ranges(state_dir: Path, schema: str, table: str) -> Path:
+    """The key ranges (bounds, hashes, topic offsets) of the table's last clean ``cdc verify``."""
+    return Path(state_dir) / "verify" / component(schema) / f"{component(table)}.json"
 
 
 def ensure_private_dir(path: Path) -> Path:
