@@ -182,14 +182,14 @@ def apply_without_spark(state: Path) -> int:
         with open_log_store(settings) as store:
             batches: list[pa.RecordBatch] = []
             ends = {reg.topic: store.end_offsets(reg.topic) for reg in regs}
+            batch_id = 0  # the committed positions summed: they grow with every call that applies records
             for reg in regs:
                 done, starts = store.committed(APPLY_CONSUMER, reg.topic), store.start_offsets(reg.topic)
+                batch_id += sum(done.values())
                 for p, end in ends[reg.topic].items():
                     since = max(done.get(p, 0), starts.get(p, 0))
                     batches.extend(read_records(store, reg.topic, p, since, end))
             if batches:
-                done_ids = [s.applied_batch(reg, SPARKLESS_APP) for s in sinks for reg in regs]
-                batch_id = max((d for d in done_ids if d is not None), default=-1) + 1
                 applier = BatchApplier(sinks, {reg.topic: reg for reg in regs}.get, SPARKLESS_APP)
                 out = applier.run(pa.Table.from_batches(batches, schema=RECORDS), batch_id)
                 assert not out.dead, out.dead
