@@ -35,6 +35,19 @@ How (for each registered table, or the one named):
    and each document's indexed search-column texts must equal the source's values (missing / extra /
    different documents are reported under ``search``).
 
+5. **Incremental** (:mod:`cdc.verify_ranges`; ``Verifier(full=False)``, the CLI's default). A clean
+   run records each table's range bounds and hashes and the topic's end offsets noted before L. The
+   next run reads the keys of the topic's records since, maps them to ranges, and compares only
+   those ranges plus a rotating scrub sample of unchanged ones (1% by default): at the source by
+   key-range queries, in the warehouse and the index the rows and documents of those ranges. The
+   report's ``source_rows``, ``warehouse_rows`` and ``search_docs`` then count the checked ranges
+   only. It finds what the pipeline got wrong in the ranges it changed; a row changed in the
+   warehouse or the index behind the pipeline's back, in a range with no change, is found only
+   when the scrub reaches its range (every range within ``ranges / scrub`` runs) or by ``--full``.
+   A change committed before L but captured after it is past the recorded offsets: the next run
+   checks its range. Without a record, after a TRUNCATE, when records past the recorded offsets
+   were removed, or for key types other than integers and text, the run is full (``fallback``).
+
 A difference caused by a change newer than L that was already applied (the warehouse row's version
 is past L) is not a difference of the pipeline: verify retries with a fresh consistent point while
 time remains, and reports what remains.

@@ -124,6 +124,8 @@ def test_scrub_finds_an_unchanged_range_in_turn_and_status_shows_the_last_clean_
     (table,) = orjson.loads(out)["tables"]
     assert table["last_verified_clean"]["mode"] == "incremental"  # the first scrub; not the failed one
     assert table["last_verified_clean"]["at"] >= clean["at"]
+    code, out = cdc_cli(dsn, state, "status")
+    assert "verified clean public.t: " in out and "(incremental, at 0/" in out, out
 
 
 def test_text_and_composite_keys_are_ranged_in_the_same_order_at_the_source(
