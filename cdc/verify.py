@@ -146,6 +146,7 @@ class TableReport:
     #: an incremental run: the ranges it checked (index, first key, why, equal), records read
     checked: list[dict[str, Any]] = field(default_factory=list)
     changes_read: int = 0
+    rows_checked: int = 0
     #: the source's range hashes (index -> hash) and bounds (full run), for the record
     range_hashes: dict[int, bytes] = field(default_factory=dict, repr=False)
     bounds: list[Key] | None = field(default=None, repr=False)
@@ -189,6 +190,7 @@ class TableReport:
             "mode": self.mode,
             "fallback": self.fallback,
             "changes_read": self.changes_read,
+            "rows_checked": self.rows_checked,
             "ranges_checked": self.checked,
         }
 
@@ -450,7 +452,8 @@ class Verifier:
                 reports[i] = report
         for reg, report in zip(tables, reports, strict=True):
             if report.status == "ok":
-                self._record(reg, report, plans.get(reg.qualified), noted.get(reg.qualified, {}))
+                plan = plans.get(reg.qualified) if report.mode == "incremental" else None
+                self._record(reg, report, plan, noted.get(reg.qualified, {}))
         return reports
 
     def _topic_ends(self, tables: Sequence[TableReg]) -> dict[str, dict[int, int]]:
@@ -459,17 +462,23 @@ class Verifier:
         with open_log_store(self.settings) as store:
             return {reg.qualified: verify_ranges.topic_ends(store, reg) for reg in tables}
 
-    def _plan(self, tables: Sequence[TableReg]) -> None:
-        """Which ranges to check per table (after the point was taken: every change before it that
-        is in the topic is read); a table without a usable record is verified in full."""
+    def _plan(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> None:
+        """Which ranges to check per table, read from the topics once capture has passed the point
+        ``lsn`` (then every change before it is there); a table without a usable record, or all of
+        them when capture does not reach the point within the wait, is verified in full."""
         from cdc.logstore.factory import open_log_store
 
         self._plans, self._fallback = {}, {}
         if self.full:
             return
+        records = {reg.qualified: verify_ranges.load(self.state_dir, reg) for reg in tables}
+        if any(records.values()) and not self._capture_passed(dsn, lsn, tables):
+            behind = f"capture had not reached the consistent point {int_to_lsn(lsn)} within the wait"
+            self._fallback = {reg.qualified: behind for reg in tables}
+            return
         with open_log_store(self.settings) as store:
             for reg in tables:
-                record = verify_ranges.load(self.state_dir, reg)
+                record = records[reg.qualified]
                 why = verify_ranges.unsupported(reg)
                 if record is None or why:
                     self._fallback[reg.qualified] = why or "no clean verify recorded yet"
@@ -483,6 +492,17 @@ class Verifier:
                 )
                 scrub = verify_ranges.scrub_sample(record, changes.ranges, max(count, 0))
                 self._plans[reg.qualified] = _Plan(record, changes.ranges, scrub, changes.records)
+
+    def _capture_passed(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> bool:
+        """Has the slot passed ``lsn`` (:meth:`_slot_caught_up`), waiting at most ``wait_s``? (An
+        active reader confirms its position every status interval, 10 s: so long at most.)"""
+        deadline = time.monotonic() + self.wait_s
+        with connect(dsn, application_name="cdc verify") as side:
+            while True:
+                ok, _info = self._slot_caught_up(side, lsn, tables)
+                if ok or time.monotonic() > deadline:
+                    return ok
+                time.sleep(0.2)
 
     def _record(
         self, reg: TableReg, report: TableReport, plan: _Plan | None, offsets: dict[int, int]
@@ -520,7 +540,7 @@ class Verifier:
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
                 assert row is not None
                 lsn, point = lsn_to_int(str(row[0])), str(row[0])
-                self._plan(tables)
+                self._plan(dsn, lsn, tables)
                 reports = [self._compare_at(conn, reg, lsn, point) for reg in tables]
                 pending = [i for i, r in enumerate(reports) if not r.equal]
                 if not pending:
@@ -551,7 +571,7 @@ class Verifier:
         if plan is not None:
             report.mode, report.changes_read = "incremental", plan.records
         self._compare(conn, reg, lsn, report, plan)
-        if plan is not None:
+        if plan is not None and report.mode == "incremental":
             report.checked = [
                 {
                     "range": i,
@@ -617,7 +637,16 @@ class Verifier:
         once per rows sink, normalised to that sink's types), the text sinks by document. With a
         ``plan``, only its ranges: on each side, the rows and documents of those ranges."""
         columns = self._columns(reg)
-        backs = [(sink, _only(sink.read_back(reg), reg, plan)) for sink in self.sinks]
+        raw = [(sink, sink.read_back(reg)) for sink in self.sinks]
+        totals = self._totals(conn, reg, raw) if plan is not None else None
+        if totals is not None and len(set(totals.values())) > 1:
+            shown = ", ".join(f"{k} {v}" for k, v in totals.items())
+            report.mode, report.fallback, plan = (
+                "full",
+                f"row counts differ ({shown}): every row checked",
+                None,
+            )
+        backs = [(sink, _only(back, reg, plan)) for sink, back in raw]
         where: tuple[sql.Composable | None, Sequence[Any]] = (None, ())
         if plan is not None:
             where = verify_ranges.where(reg, verify_ranges.intervals(plan.record, plan.checked))
@@ -645,6 +674,27 @@ class Verifier:
         for sink, texts in backs:
             if isinstance(texts, StoredTexts):
                 self._compare_texts(reg, src, src_search, texts, report.sinks[sink.name])
+        report.rows_checked = len(src.hashes)
+        if plan is not None and totals is not None:  # the counts are the whole table's, as in a full run
+            report.source_rows = totals["source"]
+            for name, d in report.sinks.items():
+                d.stored = totals.get(name, d.stored)
+
+    def _totals(
+        self, conn: psycopg.Connection[Any], reg: TableReg, backs: Sequence[tuple[Any, Any]]
+    ) -> dict[str, int]:
+        """The whole table's row count at the source (same transaction) and in each sink: an
+        incremental run that finds them different checks every row (a lost insert or delete)."""
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(reg.schema, reg.table))
+        ).fetchone()
+        out = {"source": int(row[0]) if row is not None else 0}
+        for sink, back in backs:
+            if isinstance(back, StoredRows):
+                out[sink.name] = back.table.num_rows if back.table is not None else 0
+            elif isinstance(back, StoredTexts):
+                out[sink.name] = len(back.docs)
+        return out
 
     def _compare_rows(
         self,

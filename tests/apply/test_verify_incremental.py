@@ -77,8 +77,9 @@ def test_incremental_verify_checks_the_changed_ranges_only(pg: PgCluster, pg_db:
     assert checked(inc, "changed") == changed
     assert len(checked(inc, "scrub")) == 2 and not checked(inc, "scrub") & changed
     assert all(c["equal"] for c in inc["ranges_checked"])
-    # only the checked ranges were read, on both sides
-    assert inc["source_rows"] == inc["warehouse_rows"] == inc["search_docs"] < 6 * RANGE_ROWS
+    # only the checked ranges were compared; the counts are the whole table's, equal on every side
+    assert 3 * RANGE_ROWS < inc["rows_checked"] < 6 * RANGE_ROWS
+    assert inc["source_rows"] == inc["warehouse_rows"] == inc["search_docs"] == ROWS
 
     # a corruption in a changed range is found; one in a range without changes is not (until --full)
     pg.execute("UPDATE public.t SET n = -2 WHERE id = 2500", pg_db)
@@ -159,4 +160,36 @@ def test_text_and_composite_keys_are_ranged_in_the_same_order_at_the_source(
     assert code == 0 and inc["mode"] == "incremental", orjson.dumps(inc).decode()
     assert 1 <= len(checked(inc, "changed")) <= 2 and len(checked(inc, "scrub")) == 3
     # every checked range held its rows on both sides (full ranges of 32, but the last may be short)
-    assert inc["source_rows"] == inc["warehouse_rows"] > 3 * RANGE_ROWS
+    assert inc["rows_checked"] > 3 * RANGE_ROWS and inc["source_rows"] == inc["warehouse_rows"] == len(rows)
+
+
+def test_an_uncaptured_change_and_a_lost_row_make_the_run_full(
+    pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
+    """The topics say which ranges changed only once capture has passed the consistent point: before
+    that the run is full (and a change not captured is "not caught up", exit 3, as before). A row
+    missing from one side (its count differs from the source's) makes the run full too."""
+    state = tmp_path / "state"
+    dsn = setup(pg, pg_db, state)
+    settings = Settings(state_dir=state)
+    assert verify_json(settings, dsn, "--wait", "30")[0] == 0
+    pg.execute("UPDATE public.t SET n = 0 WHERE id = 10", pg_db)  # not captured
+    code, (behind,) = verify_json(settings, dsn, "--wait", "1")
+    assert code == 3 and behind["status"] == "not_caught_up", behind
+    assert behind["mode"] == "full" and behind["fallback"].startswith("capture had not reached"), behind
+    assert behind["lag"]["slot"]["pending_changes"] == 1
+    capture(dsn, state)
+    apply_without_spark(state)
+    code, (caught,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "0")
+    assert code == 0 and caught["mode"] == "incremental" and checked(caught, "changed") == {range_of(10)}
+
+    with Registry(state) as r:
+        path = WarehouseSink(state).paths(r.find("public.t"))[0]
+    DeltaTable(str(path)).delete("id = 2900")  # behind the pipeline's back, in a range without changes
+    code, (lost,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "0")
+    assert code == 1 and lost["mode"] == "full", lost
+    assert (
+        lost["fallback"]
+        == f"row counts differ (source {ROWS}, warehouse {ROWS - 1}, search {ROWS}): every row checked"
+    )
+    assert lost["missing"] == [{"id": 2900}]
