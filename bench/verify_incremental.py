@@ -65,7 +65,7 @@ def _verify(pg: PgCluster, dsn: str, env: dict[str, str], *extra: str) -> dict[s
         "source": source.parts()["total"],
         "checked": len(report["ranges_checked"]) if report["mode"] == "incremental" else report["ranges"],
         "ranges": report["ranges"],
-        "rows": report["source_rows"],
+        "rows": report["rows_checked"],
         "mode": report["mode"],
     }
 

@@ -591,13 +591,15 @@ class Verifier:
         reg: TableReg,
         columns: list[tuple[str, str]],
         target: Any,
-        where: sql.Composable | None = None,
-        params: Sequence[Any] = (),
+        read: verify_ranges.Read = verify_ranges.WHOLE,
     ) -> Iterator[tuple[Key, list[Any]]]:
+        """The source rows ``read`` selects (the whole table by default), normalised."""
         names = [c for c, _ in columns]
         key_idx = [names.index(k) for k in reg.key]
+        from_, where, params = read
         q = sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns), sql.Identifier(reg.schema, reg.table)
+            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns),
+            from_ if from_ is not None else sql.Identifier(reg.schema, reg.table),
         )
         if where is not None:
             q = q + sql.SQL(" WHERE ") + where
@@ -647,9 +649,9 @@ class Verifier:
                 None,
             )
         backs = [(sink, _only(back, reg, plan)) for sink, back in raw]
-        where: tuple[sql.Composable | None, Sequence[Any]] = (None, ())
+        reads = [verify_ranges.WHOLE]
         if plan is not None:
-            where = verify_ranges.where(reg, verify_ranges.intervals(plan.record, plan.checked))
+            reads = verify_ranges.reads(reg, verify_ranges.intervals(plan.record, plan.checked))
         report.sinks = {sink.name: SinkDiff(sink.name, sink.unit) for sink in self.sinks}
         names = [c for c, _ in columns]
         has_texts = any(isinstance(b, StoredTexts) for _, b in backs)
@@ -663,10 +665,13 @@ class Verifier:
         for i, (name, back) in enumerate(rows_backs):
             target = back.table.schema if back.table is not None else None
             src = _Side()
-            for key, row in self._source_rows(conn, reg, columns, target, *where):
-                src.hashes[key] = row_hash(row)
-                if search_idx and i == 0:
-                    src_search[key] = {c: _indexed_text(row[j]) for c, j in search_idx if row[j] is not None}
+            for read in reads:
+                for key, row in self._source_rows(conn, reg, columns, target, read):
+                    src.hashes[key] = row_hash(row)
+                    if search_idx and i == 0:
+                        src_search[key] = {
+                            c: _indexed_text(row[j]) for c, j in search_idx if row[j] is not None
+                        }
             report.source_rows = len(src.hashes)
             if name:
                 shape = (columns, target, plan.record if plan is not None else None)
@@ -812,7 +817,7 @@ class Verifier:
                     sql.SQL("%s::text[]::{}[]").format(sql.SQL(_array_base(types[k]))) for k in reg.key
                 ),
             )
-            for key, row in self._source_rows(conn, reg, columns, target, where, arrays):
+            for key, row in self._source_rows(conn, reg, columns, target, (None, where, arrays)):
                 out[key] = row
         return out
 

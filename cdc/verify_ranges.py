@@ -226,6 +226,37 @@ def intervals(record: RangeRecord, ranges: Iterable[int]) -> list[tuple[Key | No
     return out
 
 
+#: one read of source rows: (FROM clause or None for the table, WHERE clause or None, parameters)
+Read = tuple[sql.Composable | None, sql.Composable | None, Sequence[Any]]
+WHOLE: Read = (None, None, ())
+
+
+def reads(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> list[Read]:
+    """The reads of the source rows of ``spans``. An integer key's bounded spans are one lateral join
+    over the arrays of their bounds (an index range scan each: a WHERE of hundreds of ORs is a scan
+    of the whole table testing each row against every one); the rest (the first and last spans,
+    text and composite keys) one WHERE of key comparisons (text ``COLLATE "C"``: no index of the
+    column's own collation serves it, so that is a scan of the table at the source)."""
+    types = {c.name: c.type.strip().lower() for c in reg.columns}
+    single = len(reg.key) == 1 and types.get(reg.key[0]) in _INT_TYPES
+    bounded = [(lo, hi) for lo, hi in spans if lo is not None and hi is not None] if single else []
+    rest = [sp for sp in spans if sp not in bounded]
+    out: list[Read] = []
+    if bounded:
+        k, t = sql.Identifier(reg.key[0]), sql.SQL(types[reg.key[0]])
+        from_ = sql.SQL(
+            "unnest({lo}::{t}[], {hi}::{t}[]) AS _cdc_r(_cdc_lo, _cdc_hi) CROSS JOIN LATERAL "
+            "(SELECT * FROM {table} WHERE {k} >= _cdc_r._cdc_lo AND {k} < _cdc_r._cdc_hi) AS _cdc_t"
+        ).format(
+            lo=sql.Placeholder(), hi=sql.Placeholder(), t=t, table=sql.Identifier(reg.schema, reg.table), k=k
+        )
+        out.append((from_, None, [[lo[0] for lo, _ in bounded], [hi[0] for _, hi in bounded]]))
+    if rest:
+        clause, params = where(reg, rest)
+        out.append((None, clause, params))
+    return out
+
+
 def where(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> tuple[sql.Composable, list[Any]]:
     """A WHERE clause selecting the rows of ``spans`` (key-range comparisons; text ``COLLATE "C"``)."""
     types = {c.name: c.type.strip().lower() for c in reg.columns}
