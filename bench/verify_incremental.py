@@ -86,7 +86,8 @@ def run(quick: bool) -> str:
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-verify-"))
     pg = start_cluster(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
     load_start = loadavg()
-    got: dict[str, list[dict[str, Any]]] = {"full": [], f"{sparse} changes": [], "1000 changes": []}
+    counts = sorted({sparse, 1000})  # one count at 1M rows, where the bar's density is 1,000
+    got: dict[str, list[dict[str, Any]]] = {"full": [], **{f"{c} changes": [] for c in counts}}
     try:
         db = pg.create_database("bench")
         pg.execute(DDL, db)
@@ -101,7 +102,7 @@ def run(quick: bool) -> str:
         rnd = random.Random(20)
         for r in range(rounds):
             got["full"].append(_verify(pg, dsn, env, "--full"))
-            for count in (sparse, 1000):
+            for count in counts:
                 _change(dsn, rows, count, rnd, state, env)
                 got[f"{count} changes"].append(_verify(pg, dsn, env))
             say(f"round {r + 1}: " + "; ".join(f"{k} {v[-1]['wall']:.2f} s" for k, v in got.items()))
@@ -125,8 +126,9 @@ def _report(got: dict[str, list[dict[str, Any]]], rows: int, rounds: int, load_s
         f"ranges of 32 keys ({got['full'][0]['ranges']:,}). Medians of {rounds} rounds; load average at "
         f"the start {load_start}, at the end {loadavg()} (the machine is shared: the CPU columns are "
         "the steadier figures). `verify CPU` is the `cdc verify` process, `source CPU` the whole "
-        "Postgres cluster while it ran. Scaled down from the issue's 1M rows: the change counts "
-        "keep the bar's density (1,000 per 1M rows) and add 1,000 changes (5x that density).",
+        "Postgres cluster while it ran; `CPU vs full` is the two together. Changes: random single-row "
+        "updates, at the bar's density (1,000 per 1M rows) and 1,000 of them; the ranges checked "
+        "include the scrub's 1% of the table's ranges.",
         "",
         "| run | ranges checked | rows read | wall s | verify CPU s | source CPU s | wall vs full | CPU vs full |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -140,8 +142,8 @@ def _report(got: dict[str, list[dict[str, Any]]], rows: int, rounds: int, load_s
     lines += [
         "",
         "An incremental run still reads the warehouse's current table whole into Arrow (then hashes only "
-        "the checked ranges' rows) and starts a Python process that imports the sinks: those are most "
-        "of its remaining cost. A table with search columns also reads every document of its index.",
+        "the checked ranges' rows) and starts a Python process that imports the sinks: about 1.8 s of "
+        "CPU whatever the changes. A table with search columns also reads every document of its index.",
         "",
     ]
     return "\n".join(lines)
