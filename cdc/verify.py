@@ -40,13 +40,17 @@ How (for each registered table, or the one named):
    next run reads the keys of the topic's records since, maps them to ranges, and compares only
    those ranges plus a rotating scrub sample of unchanged ones (1% by default): at the source by
    key-range queries, in the warehouse and the index the rows and documents of those ranges. The
-   report's ``source_rows``, ``warehouse_rows`` and ``search_docs`` then count the checked ranges
-   only. It finds what the pipeline got wrong in the ranges it changed; a row changed in the
-   warehouse or the index behind the pipeline's back, in a range with no change, is found only
-   when the scrub reaches its range (every range within ``ranges / scrub`` runs) or by ``--full``.
-   A change committed before L but captured after it is past the recorded offsets: the next run
-   checks its range. Without a record, after a TRUNCATE, when records past the recorded offsets
-   were removed, or for key types other than integers and text, the run is full (``fallback``).
+   topics name every change before L only once capture has passed L: the run first waits for the
+   slot (at most ``wait_s``), else it is full. The whole table's row counts (source ``count(*)``,
+   the warehouse's rows, the index's documents) are compared too, and when they differ the run is
+   full: a lost insert or delete anywhere is found. ``source_rows``, ``warehouse_rows`` and
+   ``search_docs`` stay those whole-table counts; ``rows_checked`` is what was compared. It finds
+   what the pipeline got wrong in the ranges it changed; a value changed behind the pipeline's
+   back (in the warehouse, the index, or at the source with the change lost before the topic), in
+   a range with no change and with the counts equal, is found only when the scrub reaches its
+   range (every range within ``ranges / scrub`` runs) or by ``--full``. Without a record, after a
+   TRUNCATE, when records past the recorded offsets were removed, or for key types other than
+   integers and text, the run is full (``fallback`` says why).
 
 A difference caused by a change newer than L that was already applied (the warehouse row's version
 is past L) is not a difference of the pipeline: verify retries with a fresh consistent point while
