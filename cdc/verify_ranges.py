@@ -16,6 +16,14 @@ the next run checks its range.
 Ranges are read at the source by key-range queries, so the key order must be the same in Postgres
 and here: keys of integer and text columns (text compared ``COLLATE "C"``, code point order).
 Other key types are verified in full every time (``fallback`` says why).
+
+Costs and limits (figures: ``docs/benchmarks/verify_incremental.md``): the source reads only the
+checked ranges (an integer key's by index range scans; text keys by a scan, as no index of another
+collation serves ``COLLATE "C"``) plus a ``count(*)``; the warehouse's current table is read whole
+into Arrow and only the checked ranges' rows are hashed; the search index's documents are all read
+and only the checked ranges' compared. What the topics do not name -- a change lost before them, a
+value edited in a derived table -- is found in a range without changes only by the scrub or
+``--full`` (or, for a row missing or extra, by the row counts).
 """
 
 from __future__ import annotations
