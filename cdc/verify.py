@@ -86,7 +86,7 @@ from cdc.verify_ranges import RangeRecord
 from cdc.wait import slot_passed
 from sinks import StoredRows, StoredTexts
 
-DEFAULT_RANGE_ROWS = 16
+DEFAULT_RANGE_ROWS = 32
 #: an incremental run also re-checks this share of the unchanged ranges (at least one): the scrub
 DEFAULT_SCRUB_SHARE = 0.01
 FETCH_CHUNK = 20_000

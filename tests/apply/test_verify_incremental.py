@@ -23,7 +23,7 @@ from tests.plugins.items import capture, verify_json
 from tests.plugins.postgres import PgCluster
 
 ROWS = 3000
-RANGE_ROWS = 16  # cdc.verify.DEFAULT_RANGE_ROWS: ids 1..3000, so the range of id x is (x - 1) // 16
+RANGE_ROWS = 32  # cdc.verify.DEFAULT_RANGE_ROWS: ids 1..3000, so the range of id x is (x - 1) // 32
 
 
 def range_of(i: int) -> int:
@@ -115,12 +115,12 @@ def test_scrub_finds_an_unchanged_range_in_turn_and_status_shows_the_last_clean_
     assert clean["mode"] == "full" and clean["at"] >= started and clean["ranges"] == range_of(ROWS) + 1
 
     # no changes: each run scrubs the next 10 ranges, so a planted row is found within a lap
-    plant(state, 10 * RANGE_ROWS + 10, "planted where nothing changes")  # range 10: the second run's
+    plant(state, 350, "planted where nothing changes")  # range 10: the second run's
     code, (one,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "10")
     assert code == 0 and checked(one, "scrub") == set(range(10)) and checked(one, "changed") == set()
     code, (two,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "10")
     assert code == 1 and checked(two, "scrub") == set(range(10, 20)), two
-    assert [d["key"] for d in two["different"]] == [{"id": 10 * RANGE_ROWS + 10}]
+    assert [d["key"] for d in two["different"]] == [{"id": 350}]
     code, out = cdc_cli(dsn, state, "status", "--json")
     (table,) = orjson.loads(out)["tables"]
     assert table["last_verified_clean"]["mode"] == "incremental"  # the first scrub; not the failed one
