@@ -34,6 +34,7 @@ BENCHMARKS = [
     "write_amp",
     "write_amp_catchup",
     "write_amp_wide",
+    "verify_incremental",
 ]
 
 

@@ -15,6 +15,7 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/locks/<role>.lock                one process per role (cdc.locks)
     <state>/rebuild/<name>/stage             ``cdc rebuild``'s staged copy (a state root of its own);
                                              ``replaced/`` the derived data it swapped out (cdc.rebuild)
+    <state>/verify/<schema>/<table>.json     key ranges and hashes of the last clean verify (cdc.verify_ranges)
 
 Names taken from the source (schema, table, topic) become one path component each: characters
 outside ``[A-Za-z0-9._-]`` are replaced by ``_`` (as in topic names), and a component made only of
@@ -126,6 +127,11 @@ def rebuild_dir(state_dir: Path, name: str) -> Path:
 
 def lock_path(state_dir: Path, role: str) -> Path:
     return Path(state_dir) / "locks" / f"{component(role)}.lock"
+
+
+def verify_ranges(state_dir: Path, schema: str, table: str) -> Path:
+    """The key ranges (bounds, hashes, topic offsets) of the table's last clean ``cdc verify``."""
+    return Path(state_dir) / "verify" / component(schema) / f"{component(table)}.json"
 
 
 def ensure_private_dir(path: Path) -> Path:

@@ -162,6 +162,9 @@ class TableState(StrEnum):
     #: the non-finite recorder does not carry the table's NaN/Infinity (JSON,
     #: :meth:`cdc.recorders.nonfinite.Outcome.to_json`); absent when it does
     NONFINITE_RECORDER = "nonfinite_recorder"
+    #: the last clean ``cdc verify`` of the table (JSON ``{"at": epoch s, "lsn", "mode", "ranges"}``,
+    #: :mod:`cdc.verify_ranges`); its range hashes live in :func:`cdc.paths.verify_ranges`
+    VERIFIED_CLEAN = "verified_clean"
 
     def key(self, schema: str, table: str) -> str:
         """The stored key of this entry for ``schema.table``."""

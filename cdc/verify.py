@@ -35,6 +35,23 @@ How (for each registered table, or the one named):
    and each document's indexed search-column texts must equal the source's values (missing / extra /
    different documents are reported under ``search``).
 
+5. **Incremental** (:mod:`cdc.verify_ranges`; ``Verifier(full=False)``, the CLI's default). A clean
+   run records each table's range bounds and hashes and the topic's end offsets noted before L. The
+   next run reads the keys of the topic's records since, maps them to ranges, and compares only
+   those ranges plus a rotating scrub sample of unchanged ones (1% by default): at the source by
+   key-range queries, in the warehouse and the index the rows and documents of those ranges. The
+   topics name every change before L only once capture has passed L: the run first waits for the
+   slot (at most ``wait_s``), else it is full. The whole table's row counts (source ``count(*)``,
+   the warehouse's rows, the index's documents) are compared too, and when they differ the run is
+   full: a lost insert or delete anywhere is found. ``source_rows``, ``warehouse_rows`` and
+   ``search_docs`` stay those whole-table counts; ``rows_checked`` is what was compared. It finds
+   what the pipeline got wrong in the ranges it changed; a value changed behind the pipeline's
+   back (in the warehouse, the index, or at the source with the change lost before the topic), in
+   a range with no change and with the counts equal, is found only when the scrub reaches its
+   range (every range within ``ranges / scrub`` runs) or by ``--full``. Without a record, after a
+   TRUNCATE, when records past the recorded offsets were removed, or for key types other than
+   integers and text, the run is full (``fallback`` says why).
+
 A difference caused by a change newer than L that was already applied (the warehouse row's version
 is past L) is not a difference of the pipeline: verify retries with a fresh consistent point while
 time remains, and reports what remains.
@@ -58,16 +75,20 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cdc import verify_ranges
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
 from cdc.registry import Registry, TableReg
+from cdc.verify_ranges import RangeRecord
 from cdc.wait import slot_passed
 from sinks import StoredRows, StoredTexts
 
-DEFAULT_RANGE_ROWS = 1024
+DEFAULT_RANGE_ROWS = 32
+#: an incremental run also re-checks this share of the unchanged ranges (at least one): the scrub
+DEFAULT_SCRUB_SHARE = 0.01
 FETCH_CHUNK = 20_000
 #: while waiting for the pipeline, the differing tables are compared again at most this often
 RECHECK_S = 1.0
@@ -123,6 +144,17 @@ class TableReport:
     consistent_lsn: str = ""
     caught_up: bool = True
     lag: dict[str, Any] = field(default_factory=dict)
+    #: ``full`` or ``incremental`` (:mod:`cdc.verify_ranges`), and why full when it could not be
+    mode: str = "full"
+    fallback: str = ""
+    #: an incremental run: the ranges it checked (index, first key, why, equal), records read
+    checked: list[dict[str, Any]] = field(default_factory=list)
+    changes_read: int = 0
+    rows_checked: int = 0
+    #: the source's range hashes (index -> hash) and bounds (full run), for the record
+    range_hashes: dict[int, bytes] = field(default_factory=dict, repr=False)
+    bounds: list[Key] | None = field(default=None, repr=False)
+    bad_ranges: set[int] = field(default_factory=set, repr=False)
 
     @property
     def primary(self) -> tuple[str, SinkDiff]:
@@ -159,6 +191,11 @@ class TableReport:
             "consistent_lsn": self.consistent_lsn,
             "caught_up": self.caught_up,
             "lag": self.lag,
+            "mode": self.mode,
+            "fallback": self.fallback,
+            "changes_read": self.changes_read,
+            "rows_checked": self.rows_checked,
+            "ranges_checked": self.checked,
         }
 
 
@@ -301,6 +338,8 @@ class Verifier:
         limit: int = 20,
         range_rows: int = DEFAULT_RANGE_ROWS,
         retries: int = 3,
+        full: bool = True,
+        scrub: int | None = None,
     ) -> None:
         self.settings = settings
         self.state_dir = Path(settings.state_dir)
@@ -308,6 +347,11 @@ class Verifier:
         self.limit = limit
         self.range_rows = max(range_rows, 1)
         self.retries = max(retries, 1)
+        #: False: check only the ranges changed since the last clean run where one is recorded
+        self.full = full
+        self.scrub = scrub
+        self._plans: dict[str, _Plan] = {}
+        self._fallback: dict[str, str] = {}
         from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
         self.sinks = [cls.from_settings(settings) for cls in SINKS]
@@ -396,16 +440,93 @@ class Verifier:
 
     # -- the comparison -------------------------------------------------------------------------------
     def verify(self, tables: Sequence[TableReg]) -> list[TableReport]:
+        """Compare ``tables``; record the key ranges of each clean one (:mod:`cdc.verify_ranges`)."""
         dsn = self.settings.require_source()
+        noted = self._topic_ends(tables)  # before the point: see cdc.verify_ranges
         reports = self._verify_at_point(dsn, tables)
+        plans = dict(self._plans)
         for _ in range(self.retries - 1):
             again = [i for i, r in enumerate(reports) if not r.equal and r.caught_up and r.newer_than_point]
             if not again:
                 break
+            noted |= self._topic_ends([tables[i] for i in again])
             fresh = self._verify_at_point(dsn, [tables[i] for i in again])
+            plans |= self._plans
             for i, report in zip(again, fresh, strict=True):
                 reports[i] = report
+        for reg, report in zip(tables, reports, strict=True):
+            if report.status == "ok":
+                plan = plans.get(reg.qualified) if report.mode == "incremental" else None
+                self._record(reg, report, plan, noted.get(reg.qualified, {}))
         return reports
+
+    def _topic_ends(self, tables: Sequence[TableReg]) -> dict[str, dict[int, int]]:
+        from cdc.logstore.factory import open_log_store
+
+        with open_log_store(self.settings) as store:
+            return {reg.qualified: verify_ranges.topic_ends(store, reg) for reg in tables}
+
+    def _plan(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> None:
+        """Which ranges to check per table, read from the topics once capture has passed the point
+        ``lsn`` (then every change before it is there); a table without a usable record, or all of
+        them when capture does not reach the point within the wait, is verified in full."""
+        from cdc.logstore.factory import open_log_store
+
+        self._plans, self._fallback = {}, {}
+        if self.full:
+            return
+        records = {reg.qualified: verify_ranges.load(self.state_dir, reg) for reg in tables}
+        if any(records.values()) and not self._capture_passed(dsn, lsn, tables):
+            behind = f"capture had not reached the consistent point {int_to_lsn(lsn)} within the wait"
+            self._fallback = {reg.qualified: behind for reg in tables}
+            return
+        with open_log_store(self.settings) as store:
+            for reg in tables:
+                record = records[reg.qualified]
+                why = verify_ranges.unsupported(reg)
+                if record is None or why:
+                    self._fallback[reg.qualified] = why or "no clean verify recorded yet"
+                    continue
+                changes = verify_ranges.changed_ranges(store, reg, record)
+                if changes.all_ranges:
+                    self._fallback[reg.qualified] = changes.reason
+                    continue
+                count = (
+                    self.scrub if self.scrub is not None else math.ceil(record.ranges * DEFAULT_SCRUB_SHARE)
+                )
+                scrub = verify_ranges.scrub_sample(record, changes.ranges, max(count, 0))
+                self._plans[reg.qualified] = _Plan(record, changes.ranges, scrub, changes.records)
+
+    def _capture_passed(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> bool:
+        """Has the slot passed ``lsn`` (:meth:`_slot_caught_up`), waiting at most ``wait_s``? (An
+        active reader confirms its position every status interval, 10 s: so long at most.)"""
+        deadline = time.monotonic() + self.wait_s
+        with connect(dsn, application_name="cdc verify") as side:
+            while True:
+                ok, _info = self._slot_caught_up(side, lsn, tables)
+                if ok or time.monotonic() > deadline:
+                    return ok
+                time.sleep(0.2)
+
+    def _record(
+        self, reg: TableReg, report: TableReport, plan: _Plan | None, offsets: dict[int, int]
+    ) -> None:
+        """Record a clean table's ranges: all of them after a full run; the checked ones' new hashes
+        (and the scrub cursor) after an incremental one."""
+        now = verify_ranges.now()
+        if plan is None:
+            bounds = report.bounds if report.bounds is not None and not verify_ranges.unsupported(reg) else []
+            hashes = [report.range_hashes.get(i, b"").hex() for i in range(max(len(bounds), 1))]
+            record = RangeRecord(now, report.consistent_lsn, "full", offsets, bounds, hashes)
+        else:
+            record = plan.record
+            for i in plan.checked:
+                record.hashes[i] = report.range_hashes.get(i, b"").hex()
+            if plan.scrub:
+                record.scrub_next = (plan.scrub[-1] + 1) % record.ranges
+            record.at, record.lsn, record.offsets = now, report.consistent_lsn, offsets
+            record.mode = "incremental"
+        verify_ranges.save(self.state_dir, reg, record)
 
     def _columns(self, reg: TableReg) -> list[tuple[str, str]]:
         return [(c.name, c.type) for c in reg.columns if c.name not in reg.exclude]
@@ -423,6 +544,7 @@ class Verifier:
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
                 assert row is not None
                 lsn, point = lsn_to_int(str(row[0])), str(row[0])
+                self._plan(dsn, lsn, tables)
                 reports = [self._compare_at(conn, reg, lsn, point) for reg in tables]
                 pending = [i for i, r in enumerate(reports) if not r.equal]
                 if not pending:
@@ -448,7 +570,23 @@ class Verifier:
 
     def _compare_at(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, point: str) -> TableReport:
         report = TableReport(table=reg.qualified, consistent_lsn=point)
-        self._compare(conn, reg, lsn, report)
+        plan = self._plans.get(reg.qualified)
+        report.fallback = self._fallback.get(reg.qualified, "")
+        if plan is not None:
+            report.mode, report.changes_read = "incremental", plan.records
+        self._compare(conn, reg, lsn, report, plan)
+        if plan is not None and report.mode == "incremental":
+            report.checked = [
+                {
+                    "range": i,
+                    "from": _key_json(reg.key, plan.record.bounds[i])
+                    if 0 < i < len(plan.record.bounds)
+                    else None,
+                    "why": "changed" if i in plan.changed else "scrub",
+                    "equal": i not in report.bad_ranges,
+                }
+                for i in sorted(plan.checked)
+            ]
         return report
 
     def _source_rows(
@@ -457,13 +595,15 @@ class Verifier:
         reg: TableReg,
         columns: list[tuple[str, str]],
         target: Any,
-        where: sql.Composable | None = None,
-        params: Sequence[Any] = (),
+        read: verify_ranges.Read = verify_ranges.WHOLE,
     ) -> Iterator[tuple[Key, list[Any]]]:
+        """The source rows ``read`` selects (the whole table by default), normalised."""
         names = [c for c, _ in columns]
         key_idx = [names.index(k) for k in reg.key]
+        from_, where, params = read
         q = sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns), sql.Identifier(reg.schema, reg.table)
+            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns),
+            from_ if from_ is not None else sql.Identifier(reg.schema, reg.table),
         )
         if where is not None:
             q = q + sql.SQL(" WHERE ") + where
@@ -496,11 +636,26 @@ class Verifier:
             side.versions[key] = int(versions[i])
         return side
 
-    def _compare(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport) -> None:
+    def _compare(
+        self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, report: TableReport, plan: _Plan | None
+    ) -> None:
         """Every sink's read-back against the source: the rows sinks by key ranges (the source read
-        once per rows sink, normalised to that sink's types), the text sinks by document."""
+        once per rows sink, normalised to that sink's types), the text sinks by document. With a
+        ``plan``, only its ranges: on each side, the rows and documents of those ranges."""
         columns = self._columns(reg)
-        backs = [(sink, sink.read_back(reg)) for sink in self.sinks]
+        raw = [(sink, sink.read_back(reg)) for sink in self.sinks]
+        totals = self._totals(conn, reg, raw) if plan is not None else None
+        if totals is not None and len(set(totals.values())) > 1:
+            shown = ", ".join(f"{k} {v}" for k, v in totals.items())
+            report.mode, report.fallback, plan = (
+                "full",
+                f"row counts differ ({shown}): every row checked",
+                None,
+            )
+        backs = [(sink, _only(back, reg, plan)) for sink, back in raw]
+        reads = [verify_ranges.WHOLE]
+        if plan is not None:
+            reads = verify_ranges.reads(reg, verify_ranges.intervals(plan.record, plan.checked))
         report.sinks = {sink.name: SinkDiff(sink.name, sink.unit) for sink in self.sinks}
         names = [c for c, _ in columns]
         has_texts = any(isinstance(b, StoredTexts) for _, b in backs)
@@ -514,35 +669,64 @@ class Verifier:
         for i, (name, back) in enumerate(rows_backs):
             target = back.table.schema if back.table is not None else None
             src = _Side()
-            for key, row in self._source_rows(conn, reg, columns, target):
-                src.hashes[key] = row_hash(row)
-                if search_idx and i == 0:
-                    src_search[key] = {c: _indexed_text(row[j]) for c, j in search_idx if row[j] is not None}
+            for read in reads:
+                for key, row in self._source_rows(conn, reg, columns, target, read):
+                    src.hashes[key] = row_hash(row)
+                    if search_idx and i == 0:
+                        src_search[key] = {
+                            c: _indexed_text(row[j]) for c, j in search_idx if row[j] is not None
+                        }
             report.source_rows = len(src.hashes)
             if name:
-                self._compare_rows(conn, reg, lsn, (columns, target), src, back, report, report.sinks[name])
+                shape = (columns, target, plan.record if plan is not None else None)
+                self._compare_rows(conn, reg, lsn, shape, src, back, report, report.sinks[name])
         for sink, texts in backs:
             if isinstance(texts, StoredTexts):
                 self._compare_texts(reg, src, src_search, texts, report.sinks[sink.name])
+        report.rows_checked = len(src.hashes)
+        if plan is not None and totals is not None:  # the counts are the whole table's, as in a full run
+            report.source_rows = totals["source"]
+            for name, d in report.sinks.items():
+                d.stored = totals.get(name, d.stored)
+
+    def _totals(
+        self, conn: psycopg.Connection[Any], reg: TableReg, backs: Sequence[tuple[Any, Any]]
+    ) -> dict[str, int]:
+        """The whole table's row count at the source (same transaction) and in each sink: an
+        incremental run that finds them different checks every row (a lost insert or delete)."""
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(reg.schema, reg.table))
+        ).fetchone()
+        out = {"source": int(row[0]) if row is not None else 0}
+        for sink, back in backs:
+            if isinstance(back, StoredRows):
+                out[sink.name] = back.table.num_rows if back.table is not None else 0
+            elif isinstance(back, StoredTexts):
+                out[sink.name] = len(back.docs)
+        return out
 
     def _compare_rows(
         self,
         conn: psycopg.Connection[Any],
         reg: TableReg,
         lsn: int,
-        shape: tuple[list[tuple[str, str]], Any],
+        shape: tuple[list[tuple[str, str]], Any, RangeRecord | None],
         src: _Side,
         back: StoredRows,
         report: TableReport,
         diff: SinkDiff,
     ) -> None:
         """Per-key-range hashes, then row by row in the ranges that differ (module docstring, 3)."""
-        columns, target = shape
+        columns, target, record = shape
         names = [c for c, _ in columns]
         wh = self._rows_side(reg, columns, back)
         diff.stored = len(wh.hashes)
         src_sorted = sorted(src.hashes, key=_sort_key)
-        bounds = [_sort_key(k) for k in src_sorted[:: self.range_rows]] or [()]
+        if record is None:
+            bound_keys: list[Key] | None = src_sorted[:: self.range_rows]
+            bounds = [_sort_key(k) for k in bound_keys or []] or [()]
+        else:
+            bound_keys, bounds = None, [_sort_key(k) for k in record.bounds] or [()]
         wh_sorted = sorted(wh.hashes, key=_sort_key)
         src_ranges = _range_hashes(src_sorted, bounds, src)
         wh_ranges = _range_hashes(wh_sorted, bounds, wh)
@@ -550,6 +734,7 @@ class Verifier:
         if diff is report.primary[1]:
             report.ranges = max(len(bounds), 1)
             report.ranges_differing = len(bad)
+            report.bad_ranges, report.range_hashes, report.bounds = set(bad), src_ranges, bound_keys
         missing: list[Key] = []
         extra: list[Key] = []
         different: list[tuple[Key, dict[str, Any]]] = []
@@ -636,9 +821,63 @@ class Verifier:
                     sql.SQL("%s::text[]::{}[]").format(sql.SQL(_array_base(types[k]))) for k in reg.key
                 ),
             )
-            for key, row in self._source_rows(conn, reg, columns, target, where, arrays):
+            for key, row in self._source_rows(conn, reg, columns, target, (None, where, arrays)):
                 out[key] = row
         return out
+
+
+@dataclass
+class _Plan:
+    """An incremental run's ranges of one table: those with changes, the scrub's, records read."""
+
+    record: RangeRecord
+    changed: set[int]
+    scrub: list[int]
+    records: int
+
+    @property
+    def checked(self) -> set[int]:
+        return self.changed | set(self.scrub)
+
+
+def _only(back: Any, reg: TableReg, plan: _Plan | None) -> Any:
+    """A sink's read-back restricted to the plan's ranges (all of it without a plan)."""
+    if plan is None or back is None:
+        return back
+    checked = plan.checked
+    if isinstance(back, StoredTexts):
+        docs = {}
+        for k, texts in back.docs.items():
+            key = orjson.loads(k)
+            if plan.record.range_of(tuple(key.get(c) for c in reg.key)) in checked:
+                docs[k] = texts
+        return StoredTexts(docs)
+    if back.table is None:
+        return back
+    return StoredRows(
+        back.table.filter(_range_mask(back.table, reg, plan.record, checked)), back.version_column
+    )
+
+
+def _range_mask(table: Any, reg: TableReg, record: RangeRecord, checked: set[int]) -> Any:
+    """Per row of ``table``: is its key in one of the ranges ``checked`` (vectorised for one-column
+    keys: numpy's searchsorted over the bounds, as :meth:`RangeRecord.range_of` does)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(reg.key) == 1 and table.num_rows:
+        values = table.column(reg.key[0]).to_numpy(zero_copy_only=False)
+        firsts = [b[0] for b in record.bounds]
+        if values.dtype.kind in "iu":
+            bounds = np.array(firsts, dtype=values.dtype)
+        else:
+            bounds = np.empty(len(firsts), dtype=object)
+            bounds[:] = firsts
+        idx = np.maximum(np.searchsorted(bounds, values, side="right") - 1, 0)
+    else:
+        cols = [table.column(k).to_pylist() for k in reg.key]
+        idx = np.array([record.range_of(k) for k in zip(*cols, strict=True)], dtype=np.int64)
+    return pa.array(np.isin(idx, np.fromiter(checked, dtype=np.int64, count=len(checked))))
 
 
 class _Paced:

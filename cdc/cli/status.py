@@ -77,6 +77,11 @@ def render(report: dict[str, Any]) -> str:
             )
     dead = report["dead_letters"]
     lines.append(f"dead letters: {dead['total']} total, {dead['recent']} in the last {dead['window_s']:g} s")
+    for table in report["tables"]:
+        clean = table.get("last_verified_clean")
+        when = _age(int(clean["at"] * 1000), now) if clean else "never"
+        how = f" ({clean['mode']}, at {clean['lsn']})" if clean else ""
+        lines.append(f"verified clean {table['table']}: {when}{how}")
     for snap in report["snapshots"]:
         lines.append(
             f"snapshot {snap['table']}: {snap['state']} ({snap['topic_records'] or 0} records in its topic)"

@@ -37,6 +37,7 @@ from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
 from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
 from cdc.status.slot import drop_slot, judge_slot, should_drop
+from cdc.verify_ranges import last_clean
 
 CATCH_UP_WAIT_S = 1.5
 #: Postgres' epoch (2000-01-01 UTC) in Unix epoch milliseconds: pgoutput's timestamps count from it
@@ -348,7 +349,9 @@ class Collector:
         stages.append(_dead_letter_stage(dead, self.options.window_s))
         report["stages"] = stages
         report["tables"] = [
-            {k: v for k, v in f.items() if k not in ("sinks",)} | {"sinks": f["sinks"]} for f in facts
+            {k: v for k, v in f.items() if k not in ("sinks",)}
+            | {"sinks": f["sinks"], "last_verified_clean": kept["verified"].get(f["table"])}
+            for f in facts
         ]
         report["snapshots"] = [
             {"table": f["table"], "state": f["snapshot_state"], "topic_records": f["end_total"]}
@@ -385,6 +388,7 @@ class Collector:
                 "drop_raw": registry.get_state(State.SLOT_DROPPED) if registry else None,
                 "source_tables": _source_table_stages(registry, tables) if registry else [],
                 "initial": registry.get_state(State.INITIAL_SNAPSHOT) if registry else None,
+                "verified": {r.qualified: last_clean(registry, r) for r in tables} if registry else {},
             }
         finally:
             if registry is not None:

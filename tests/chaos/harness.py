@@ -785,8 +785,12 @@ class Chaos:
         t0 = time.monotonic()
         # verify answers as soon as the tables are equal; a longer wait only spares process starts.
         # It reads every row of both sides: at full size (~1 million rows and ~1 GB of TOAST text
-        # after 30 faults) one clean verify takes 70-220 s on 2 cores, so it gets the recovery's budget
-        proc = self._cdc("verify", "--json", "--wait", "60", "--limit", "5", timeout=self.size.verify_wait_s)
+        # after 30 faults) one clean verify takes 70-220 s on 2 cores, so it gets the recovery's budget.
+        # --full: the suite hunts changes lost before the topics, which an incremental verify (the
+        # ranges the topics say changed) cannot see
+        proc = self._cdc(
+            "verify", "--json", "--full", "--wait", "60", "--limit", "5", timeout=self.size.verify_wait_s
+        )
         took = time.monotonic() - t0
         try:
             reports = orjson.loads(proc.stdout)

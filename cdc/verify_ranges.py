@@ -1,0 +1,298 @@
+"""The key ranges of ``cdc verify``'s last clean run, and which of them changed since.
+
+A clean verify records per table (:func:`cdc.paths.verify_ranges`): the bounds of its key ranges
+(the first key of each range, in key order, ``range_rows`` keys each at the time of the last full
+verify), each range's hash (of its (key, row hash) pairs, equal on the source and the warehouse),
+the topic's end offsets noted *before* the consistent point was taken, and a scrub cursor. The
+registry's ``TableState.VERIFIED_CLEAN`` holds a summary (when, at which LSN, how) for
+``cdc status``.
+
+An incremental verify reads the keys of the topic's records from those offsets on (a compacted topic
+keeps each key's newest record, so every key changed since is there), maps them to ranges, and
+checks those ranges in full, plus a rotating sample of unchanged ranges (the scrub). Why the offsets
+are noted before the point: a change committed before it but captured after it lands past them, and
+the next run checks its range.
+
+Ranges are read at the source by key-range queries, so the key order must be the same in Postgres
+and here: keys of integer and text columns (text compared ``COLLATE "C"``, code point order).
+Other key types are verified in full every time (``fallback`` says why).
+
+Costs and limits (figures: ``docs/benchmarks/verify_incremental.md``): the source reads only the
+checked ranges (an integer key's by index range scans; text keys by a scan, as no index of another
+collation serves ``COLLATE "C"``) plus a ``count(*)``; the warehouse's current table is read whole
+into Arrow and only the checked ranges' rows are hashed; the search index's documents are all read
+and only the checked ranges' compared. What the topics do not name -- a change lost before them, a
+value edited in a derived table -- is found in a range without changes only by the scrub or
+``--full`` (or, for a row missing or extra, by the row counts).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from psycopg import sql
+
+from cdc.errors import UnknownTopicError
+from cdc.paths import ensure_private_dir, verify_ranges
+from cdc.registry import Registry, TableReg, TableState
+
+Key = tuple[Any, ...]
+
+_INT_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8"})
+_TEXT_TYPES = frozenset({"text", "character varying", "varchar"})
+
+
+def sort_key(key: Key) -> tuple[Any, ...]:
+    """The order of keys here and at the source (``COLLATE "C"`` for text); same as
+    :func:`cdc.verify._sort_key` for the supported key types."""
+    return tuple((0, v) if isinstance(v, int) else (1, str(v)) for v in key)
+
+
+def unsupported(reg: TableReg) -> str | None:
+    """Why the table's ranges cannot be read by key-range queries (None: they can)."""
+    types = {c.name: c.type.strip().lower() for c in reg.columns}
+    for k in reg.key:
+        t = types.get(k, "")
+        base = t.split("(")[0].strip()
+        if t not in _INT_TYPES and base not in _TEXT_TYPES:
+            return f"key column {k} is {t or 'unknown'}: only integer and text keys have ranges"
+    return None
+
+
+@dataclass
+class RangeRecord:
+    """What a clean verify recorded for one table (the file's JSON, see the module docstring)."""
+
+    at: float
+    lsn: str
+    mode: str
+    offsets: dict[int, int]
+    bounds: list[Key]
+    hashes: list[str]
+    scrub_next: int = 0
+    sort_bounds: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sort_bounds = [sort_key(b) for b in self.bounds]
+
+    @property
+    def ranges(self) -> int:
+        return max(len(self.bounds), 1)
+
+    def range_of(self, key: Key) -> int:
+        return max(bisect.bisect_right(self.sort_bounds, sort_key(key)) - 1, 0)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "at": self.at,
+                "lsn": self.lsn,
+                "mode": self.mode,
+                "offsets": {str(p): o for p, o in self.offsets.items()},
+                "bounds": [list(b) for b in self.bounds],
+                "hashes": self.hashes,
+                "scrub_next": self.scrub_next,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, body: bytes) -> RangeRecord:
+        d = orjson.loads(body)
+        return cls(
+            at=float(d["at"]),
+            lsn=str(d["lsn"]),
+            mode=str(d["mode"]),
+            offsets={int(p): int(o) for p, o in d["offsets"].items()},
+            bounds=[tuple(b) for b in d["bounds"]],
+            hashes=list(d["hashes"]),
+            scrub_next=int(d.get("scrub_next", 0)),
+        )
+
+    def summary(self) -> str:
+        return json.dumps({"at": self.at, "lsn": self.lsn, "mode": self.mode, "ranges": self.ranges})
+
+
+def load(state_dir: Path, reg: TableReg) -> RangeRecord | None:
+    """The table's record, None when there is none (or it cannot be read: verify in full)."""
+    path = verify_ranges(state_dir, reg.schema, reg.table)
+    try:
+        return RangeRecord.from_json(path.read_bytes())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(state_dir: Path, reg: TableReg, record: RangeRecord) -> None:
+    """Write the record (atomically: a temporary file renamed), then the registry's summary."""
+    path = verify_ranges(state_dir, reg.schema, reg.table)
+    ensure_private_dir(path.parent)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(record.to_json())
+    os.replace(tmp, path)
+    with Registry(state_dir) as registry:
+        registry.set_table_state(TableState.VERIFIED_CLEAN, reg.schema, reg.table, record.summary())
+
+
+def last_clean(registry: Registry, reg: TableReg) -> dict[str, Any] | None:
+    """The summary of the table's last clean verify (``cdc status``), None when never."""
+    raw = registry.get_table_state(TableState.VERIFIED_CLEAN, reg.schema, reg.table)
+    if raw is None:
+        return None
+    with contextlib.suppress(ValueError):
+        out = json.loads(raw)
+        if isinstance(out, dict):
+            return out
+    return None
+
+
+def topic_ends(store: Any, reg: TableReg) -> dict[int, int]:
+    try:
+        return dict(store.end_offsets(reg.topic))
+    except UnknownTopicError:
+        return {}
+
+
+@dataclass
+class Changes:
+    """The ranges with changes since the record (``all_ranges``: a TRUNCATE, or keys that cannot be
+    placed), and how many records were read."""
+
+    ranges: set[int]
+    records: int
+    all_ranges: bool = False
+    reason: str = ""
+
+
+def changed_ranges(store: Any, reg: TableReg, record: RangeRecord) -> Changes:
+    """Read the keys of the topic's records after the record's offsets (module docstring)."""
+    try:
+        starts, ends = store.start_offsets(reg.topic), store.end_offsets(reg.topic)
+    except UnknownTopicError:
+        return Changes(set(), 0)
+    out = Changes(set(), 0)
+    for p, end in sorted(ends.items()):
+        since = record.offsets.get(p, 0)
+        if starts.get(p, 0) > since:
+            return Changes(
+                set(), out.records, True, f"partition {p}: records after offset {since} were removed"
+            )
+        for rec in store.iter_partition(reg.topic, p, since, end):
+            out.records += 1
+            key = _key_of(reg, rec.key)
+            if key is None:
+                out.all_ranges, out.reason = True, f"a record at {p}:{rec.offset} changes the whole table"
+                return out
+            out.ranges.add(record.range_of(key))
+    return out
+
+
+def _key_of(reg: TableReg, raw: bytes | None) -> Key | None:
+    if raw is None:
+        return None
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(d, dict) or any(k not in d for k in reg.key):
+        return None  # a TRUNCATE's key ({"__truncate__": p})
+    return tuple(d[k] for k in reg.key)
+
+
+def scrub_sample(record: RangeRecord, changed: set[int], count: int) -> list[int]:
+    """``count`` unchanged ranges from the record's scrub cursor on (wrapping around)."""
+    out: list[int] = []
+    n = record.ranges
+    i = record.scrub_next % n
+    for _ in range(n):
+        if len(out) >= count:
+            break
+        if i not in changed:
+            out.append(i)
+        i = (i + 1) % n
+    return out
+
+
+def intervals(record: RangeRecord, ranges: Iterable[int]) -> list[tuple[Key | None, Key | None]]:
+    """The ranges as merged ``[lo, hi)`` key intervals (None: unbounded)."""
+    out: list[tuple[Key | None, Key | None]] = []
+    b = record.bounds
+    for i in sorted(set(ranges)):
+        lo = b[i] if 0 < i < len(b) else None
+        hi = b[i + 1] if i + 1 < len(b) else None
+        if out and out[-1][1] is not None and lo is not None and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+#: one read of source rows: (FROM clause or None for the table, WHERE clause or None, parameters)
+Read = tuple[sql.Composable | None, sql.Composable | None, Sequence[Any]]
+WHOLE: Read = (None, None, ())
+
+
+def reads(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> list[Read]:
+    """The reads of the source rows of ``spans``. An integer key's bounded spans are one lateral join
+    over the arrays of their bounds (an index range scan each: a WHERE of hundreds of ORs is a scan
+    of the whole table testing each row against every one); the rest (the first and last spans,
+    text and composite keys) one WHERE of key comparisons (text ``COLLATE "C"``: no index of the
+    column's own collation serves it, so that is a scan of the table at the source)."""
+    types = {c.name: c.type.strip().lower() for c in reg.columns}
+    single = len(reg.key) == 1 and types.get(reg.key[0]) in _INT_TYPES
+    bounded = [(lo, hi) for lo, hi in spans if lo is not None and hi is not None] if single else []
+    rest = [sp for sp in spans if sp not in bounded]
+    out: list[Read] = []
+    if bounded:
+        k, t = sql.Identifier(reg.key[0]), sql.SQL(types[reg.key[0]])
+        from_ = sql.SQL(
+            "unnest({lo}::{t}[], {hi}::{t}[]) AS _cdc_r(_cdc_lo, _cdc_hi) CROSS JOIN LATERAL "
+            "(SELECT * FROM {table} WHERE {k} >= _cdc_r._cdc_lo AND {k} < _cdc_r._cdc_hi) AS _cdc_t"
+        ).format(
+            lo=sql.Placeholder(), hi=sql.Placeholder(), t=t, table=sql.Identifier(reg.schema, reg.table), k=k
+        )
+        out.append((from_, None, [[lo[0] for lo, _ in bounded], [hi[0] for _, hi in bounded]]))
+    if rest:
+        clause, params = where(reg, rest)
+        out.append((None, clause, params))
+    return out
+
+
+def where(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> tuple[sql.Composable, list[Any]]:
+    """A WHERE clause selecting the rows of ``spans`` (key-range comparisons; text ``COLLATE "C"``)."""
+    types = {c.name: c.type.strip().lower() for c in reg.columns}
+    cols = sql.SQL(", ").join(
+        sql.SQL("{}").format(sql.Identifier(k))
+        if types.get(k) in _INT_TYPES
+        else sql.SQL('{} COLLATE "C"').format(sql.Identifier(k))
+        for k in reg.key
+    )
+    row = sql.SQL("({})").format(cols)
+    one = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() for _ in reg.key))
+    parts: list[sql.Composable] = []
+    params: list[Any] = []
+    for lo, hi in spans:
+        conds: list[sql.Composable] = []
+        if lo is not None:
+            conds.append(sql.SQL("{} >= {}").format(row, one))
+            params.extend(lo)
+        if hi is not None:
+            conds.append(sql.SQL("{} < {}").format(row, one))
+            params.extend(hi)
+        if not conds:
+            return sql.SQL("TRUE"), []
+        parts.append(sql.SQL("(") + sql.SQL(" AND ").join(conds) + sql.SQL(")"))
+    if not parts:
+        return sql.SQL("FALSE"), []
+    return sql.SQL(" OR ").join(parts), params
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,49 @@
+"""The pure parts of an incremental verify's ranges (:mod:`cdc.verify_ranges`): placing keys,
+merging ranges into key intervals, the scrub's rotation, which key types have ranges."""
+
+from __future__ import annotations
+
+from cdc.registry import Column, TableReg
+from cdc.verify_ranges import RangeRecord, intervals, scrub_sample, unsupported
+
+
+def record(bounds: list[tuple[object, ...]]) -> RangeRecord:
+    return RangeRecord(0.0, "0/0", "full", {0: 0}, bounds, [""] * max(len(bounds), 1))
+
+
+def test_keys_fall_in_the_range_of_the_last_bound_at_or_below_them() -> None:
+    rec = record([(1,), (33,), (65,)])
+    assert [rec.range_of((k,)) for k in (-5, 1, 32, 33, 64, 65, 10**12)] == [0, 0, 0, 1, 1, 2, 2]
+    text = record([("A",), ("a",), ("é",)])  # code point order: "B" < "a", "z" < "é"
+    assert [text.range_of((k,)) for k in ("", "B", "a", "z", "é", "日")] == [0, 0, 1, 1, 2, 2]
+    composite = record([("a", 1), ("a", 5), ("b", 0)])
+    assert [composite.range_of(k) for k in (("a", 4), ("a", 5), ("a", 99), ("b", -1))] == [0, 1, 1, 1]
+    assert record([]).range_of((7,)) == 0 and record([]).ranges == 1
+
+
+def test_adjacent_ranges_merge_into_one_interval_and_the_ends_are_open() -> None:
+    rec = record([(1,), (33,), (65,), (97,)])
+    assert intervals(rec, [1, 2]) == [((33,), (97,))]
+    assert intervals(rec, [0, 2, 3]) == [(None, (33,)), ((65,), None)]
+    assert intervals(rec, [0, 1, 2, 3]) == [(None, None)]
+    assert intervals(rec, []) == []
+
+
+def test_the_scrub_rotates_over_the_unchanged_ranges_and_wraps() -> None:
+    rec = record([(i,) for i in range(10)])
+    rec.scrub_next = 8
+    assert scrub_sample(rec, {9, 0}, 3) == [8, 1, 2]
+    assert scrub_sample(rec, set(range(10)), 3) == []
+    assert scrub_sample(rec, set(), 0) == []
+    assert sorted(scrub_sample(rec, set(), 50)) == list(range(10))  # at most every range once
+
+
+def test_only_integer_and_text_keys_have_ranges() -> None:
+    def reg(*types: str) -> TableReg:
+        cols = tuple(Column(f"k{i}", t) for i, t in enumerate(types))
+        return TableReg("public", "t", "cdc.public.t", tuple(c.name for c in cols), columns=cols)
+
+    assert unsupported(reg("bigint")) is None and unsupported(reg("text", "integer")) is None
+    assert unsupported(reg("character varying(20)")) is None
+    assert unsupported(reg("uuid")) == "key column k0 is uuid: only integer and text keys have ranges"
+    assert unsupported(reg("integer", "numeric(10,2)")) is not None
