@@ -124,6 +124,7 @@ OLD_TABLE_PREFIXES = {
     TableState.PARTITIONS_DETACHED: "partitions_detached",
     TableState.DROP_BEFORE: "drop_before",
     TableState.NONFINITE_RECORDER: "nonfinite_recorder",
+    TableState.VERIFIED_CLEAN: "verified_clean",
 }
 
 
