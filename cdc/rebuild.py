@@ -228,12 +228,7 @@ class StagedVerifier(Verifier):
         tables: Sequence[TableReg],
         settled: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            ok, info = self._slot_caught_up(conn, lsn, tables)
-            if ok or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        ok, info = self._wait_for_slot(conn, lsn, tables, time.monotonic() + self.wait_s)
         if not ok:
             return {"slot": info}
         self.replay.catch_up()

@@ -357,6 +357,24 @@ class Verifier:
         self.sinks = [cls.from_settings(settings) for cls in SINKS]
 
     # -- catch-up -------------------------------------------------------------------------------------
+    def _wait_for_slot(
+        self,
+        conn: psycopg.Connection[Any],
+        lsn: int,
+        tables: Sequence[TableReg],
+        deadline: float,
+        recheck: Callable[[], bool] | None = None,
+    ) -> tuple[bool | None, dict[str, Any]]:
+        """Poll :meth:`_slot_caught_up` until it answers yes or ``deadline`` (monotonic) passes:
+        ``(ok, the slot's facts when not)``; ``(None, {})`` when ``recheck`` answered True first."""
+        while True:
+            ok, info = self._slot_caught_up(conn, lsn, tables)
+            if ok or time.monotonic() > deadline:
+                return ok, info
+            if recheck is not None and recheck():
+                return None, {}
+            time.sleep(0.2)
+
     def _slot_caught_up(
         self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
     ) -> tuple[bool, dict[str, Any]]:
@@ -411,13 +429,9 @@ class Verifier:
                 return out
 
             recheck = _Paced(settled, progress)
-            while True:
-                ok, info = self._slot_caught_up(conn, lsn, tables)
-                if ok or time.monotonic() > deadline:
-                    break
-                if recheck():
-                    return {}
-                time.sleep(0.2)
+            ok, info = self._wait_for_slot(conn, lsn, tables, deadline, recheck)
+            if ok is None:
+                return {}
             if not ok:
                 return {"slot": info}
             ends: dict[str, dict[int, int]] = {}
@@ -500,13 +514,9 @@ class Verifier:
     def _capture_passed(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> bool:
         """Has the slot passed ``lsn`` (:meth:`_slot_caught_up`), waiting at most ``wait_s``? (An
         active reader confirms its position every status interval, 10 s: so long at most.)"""
-        deadline = time.monotonic() + self.wait_s
         with connect(dsn, application_name="cdc verify") as side:
-            while True:
-                ok, _info = self._slot_caught_up(side, lsn, tables)
-                if ok or time.monotonic() > deadline:
-                    return ok
-                time.sleep(0.2)
+            ok, _info = self._wait_for_slot(side, lsn, tables, time.monotonic() + self.wait_s)
+            return bool(ok)
 
     def _record(
         self, reg: TableReg, report: TableReport, plan: _Plan | None, offsets: dict[int, int]
