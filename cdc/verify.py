@@ -84,7 +84,7 @@ from cdc.logstore import APPLY_CONSUMER
 from cdc.registry import Registry, TableReg
 from cdc.verify_ranges import RangeRecord
 from cdc.wait import slot_passed
-from sinks import StoredRows, StoredTexts
+from sinks import KeyRanges, StoredRows, StoredTexts
 
 DEFAULT_RANGE_ROWS = 32
 #: an incremental run also re-checks this share of the unchanged ranges (at least one): the scrub
@@ -651,27 +651,54 @@ class Verifier:
     ) -> None:
         """Every sink's read-back against the source: the rows sinks by key ranges (the source read
         once per rows sink, normalised to that sink's types), the text sinks by document. With a
-        ``plan``, only its ranges: on each side, the rows and documents of those ranges."""
-        columns = self._columns(reg)
-        raw = [(sink, sink.read_back(reg)) for sink in self.sinks]
-        totals = self._totals(conn, reg, raw) if plan is not None else None
-        if totals is not None and len(set(totals.values())) > 1:
-            shown = ", ".join(f"{k} {v}" for k, v in totals.items())
-            report.mode, report.fallback, plan = (
-                "full",
-                f"row counts differ ({shown}): every row checked",
-                None,
-            )
-        backs = [(sink, _only(back, reg, plan)) for sink, back in raw]
-        reads = [verify_ranges.WHOLE]
-        if plan is not None:
-            reads = verify_ranges.reads(reg, verify_ranges.intervals(plan.record, plan.checked))
+        ``plan``, only its ranges: each sink reads the rows and documents of those ranges
+        (:class:`sinks.KeyRanges`; the text sinks those of the keys the source and the rows sinks
+        hold there), and the whole table's counts are compared: when they differ, every row is."""
+        only = None if plan is None else KeyRanges(tuple(verify_ranges.intervals(plan.record, plan.checked)))
         report.sinks = {sink.name: SinkDiff(sink.name, sink.unit) for sink in self.sinks}
+        rows_backs = [(s, s.read_back(reg, only)) for s in self.sinks if s.unit != "docs"]
+        reads = [verify_ranges.WHOLE] if only is None else verify_ranges.reads(reg, only.spans)
+        src, src_search = self._compare_rows_sinks(conn, reg, lsn, report, plan, rows_backs, reads)
+        if only is not None:
+            wh_keys = [k for _, b in rows_backs if isinstance(b, StoredRows) for k in _keys_of(b, reg)]
+            candidates = [*src.hashes, *wh_keys, *verify_ranges.spanned_keys(reg, only.spans)]
+            only = KeyRanges(
+                only.spans, frozenset(orjson.dumps(_key_json(reg.key, k)).decode() for k in candidates)
+            )
+        texts = [(s, s.read_back(reg, only)) for s in self.sinks if s.unit == "docs"]
+        for sink, back in texts:
+            if isinstance(back, StoredTexts):
+                self._compare_texts(reg, src, src_search, _only(back, reg, plan), report.sinks[sink.name])
+        report.rows_checked = len(src.hashes)
+        if plan is None:
+            return
+        totals = self._totals(conn, reg, [*rows_backs, *texts])
+        if len(set(totals.values())) > 1:
+            shown = ", ".join(f"{k} {v}" for k, v in totals.items())
+            report.mode, report.fallback = "full", f"row counts differ ({shown}): every row checked"
+            self._compare(conn, reg, lsn, report, None)
+            return
+        report.source_rows = totals["source"]  # the counts are the whole table's, as in a full run
+        for name, d in report.sinks.items():
+            d.stored = totals.get(name, d.stored)
+
+    def _compare_rows_sinks(
+        self,
+        conn: psycopg.Connection[Any],
+        reg: TableReg,
+        lsn: int,
+        report: TableReport,
+        plan: _Plan | None,
+        backs: Sequence[tuple[Any, Any]],
+        reads: Sequence[verify_ranges.Read],
+    ) -> tuple[_Side, dict[Key, dict[str, str]]]:
+        """The source's rows of ``reads`` against each rows sink's; the source's hashes and search
+        texts (read with the first rows sink's types)."""
+        columns = self._columns(reg)
         names = [c for c, _ in columns]
-        has_texts = any(isinstance(b, StoredTexts) for _, b in backs)
-        search_cols = [c for c in reg.search if has_texts]  # registration order: the report shows them
-        search_idx = [(c, names.index(c)) for c in search_cols if c in names]
-        rows_backs = [(s.name, b) for s, b in backs if isinstance(b, StoredRows)] or [
+        has_texts = any(s.unit == "docs" for s in self.sinks)
+        search_idx = [(c, names.index(c)) for c in reg.search if c in names and has_texts]
+        rows_backs = [(s.name, _only(b, reg, plan)) for s, b in backs if isinstance(b, StoredRows)] or [
             ("", StoredRows(None, ""))
         ]
         src_search: dict[Key, dict[str, str]] = {}
@@ -690,29 +717,21 @@ class Verifier:
             if name:
                 shape = (columns, target, plan.record if plan is not None else None)
                 self._compare_rows(conn, reg, lsn, shape, src, back, report, report.sinks[name])
-        for sink, texts in backs:
-            if isinstance(texts, StoredTexts):
-                self._compare_texts(reg, src, src_search, texts, report.sinks[sink.name])
-        report.rows_checked = len(src.hashes)
-        if plan is not None and totals is not None:  # the counts are the whole table's, as in a full run
-            report.source_rows = totals["source"]
-            for name, d in report.sinks.items():
-                d.stored = totals.get(name, d.stored)
+        return src, src_search
 
     def _totals(
         self, conn: psycopg.Connection[Any], reg: TableReg, backs: Sequence[tuple[Any, Any]]
     ) -> dict[str, int]:
-        """The whole table's row count at the source (same transaction) and in each sink: an
-        incremental run that finds them different checks every row (a lost insert or delete)."""
+        """The whole table's row count at the source (same transaction) and in each sink (what its
+        read-back of some ranges counted): an incremental run that finds them different checks every
+        row (a lost insert or delete)."""
         row = conn.execute(
             sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(reg.schema, reg.table))
         ).fetchone()
         out = {"source": int(row[0]) if row is not None else 0}
         for sink, back in backs:
-            if isinstance(back, StoredRows):
-                out[sink.name] = back.table.num_rows if back.table is not None else 0
-            elif isinstance(back, StoredTexts):
-                out[sink.name] = len(back.docs)
+            if isinstance(back, StoredRows | StoredTexts):
+                out[sink.name] = back.total if back.total is not None else _count(back)
         return out
 
     def _compare_rows(
@@ -851,7 +870,8 @@ class _Plan:
 
 
 def _only(back: Any, reg: TableReg, plan: _Plan | None) -> Any:
-    """A sink's read-back restricted to the plan's ranges (all of it without a plan)."""
+    """A sink's read-back restricted to the plan's ranges (all of it without a plan): a sink may
+    return more than the ranges it was asked for (:class:`sinks.KeyRanges`)."""
     if plan is None or back is None:
         return back
     checked = plan.checked
@@ -861,12 +881,27 @@ def _only(back: Any, reg: TableReg, plan: _Plan | None) -> Any:
             key = orjson.loads(k)
             if plan.record.range_of(tuple(key.get(c) for c in reg.key)) in checked:
                 docs[k] = texts
-        return StoredTexts(docs)
+        return StoredTexts(docs, back.total)
     if back.table is None:
         return back
     return StoredRows(
-        back.table.filter(_range_mask(back.table, reg, plan.record, checked)), back.version_column
+        back.table.filter(_range_mask(back.table, reg, plan.record, checked)), back.version_column, back.total
     )
+
+
+def _count(back: StoredRows | StoredTexts) -> int:
+    """A whole read-back's rows or documents."""
+    if isinstance(back, StoredTexts):
+        return len(back.docs)
+    return back.table.num_rows if back.table is not None else 0
+
+
+def _keys_of(back: StoredRows, reg: TableReg) -> list[Key]:
+    """The keys of a rows read-back (its key columns' values)."""
+    if back.table is None or not all(k in back.table.column_names for k in reg.key):
+        return []
+    cols = [back.table.column(k).to_pylist() for k in reg.key]
+    return list(zip(*cols, strict=True))
 
 
 def _range_mask(table: Any, reg: TableReg, record: RangeRecord, checked: set[int]) -> Any:

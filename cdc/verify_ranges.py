@@ -296,3 +296,22 @@ def where(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> tupl
 
 def now() -> float:
     return time.time()
+
+
+#: an integer key's span of at most this many values has its keys listed (:func:`spanned_keys`)
+SPANNED_MAX = 1024
+
+
+def spanned_keys(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> list[Key]:
+    """Every key a one-column integer key's bounded spans of at most :data:`SPANNED_MAX` values can
+    hold: a sink that can only look keys up (the search index) is then asked for the keys of the
+    whole span, so a document the source and the warehouse lack there is found too. Other spans and
+    keys: none (such a document is found by the counts, or by ``--full``)."""
+    types = {c.name: c.type.strip().lower() for c in reg.columns}
+    if len(reg.key) != 1 or types.get(reg.key[0]) not in _INT_TYPES:
+        return []
+    out: list[Key] = []
+    for lo, hi in spans:
+        if lo is not None and hi is not None and 0 < hi[0] - lo[0] <= SPANNED_MAX:
+            out.extend((v,) for v in range(lo[0], hi[0]))
+    return out

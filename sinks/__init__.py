@@ -112,24 +112,47 @@ class Rejection:
     reason: str
 
 
+#: a key range's bound: the key's values in key order (None: unbounded)
+Bound = tuple[Any, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRanges:
+    """The part of a table a read-back is asked for (an incremental ``cdc verify``'s checked key
+    ranges): ``spans``, merged ``[lo, hi)`` intervals of key tuples (integers compared by value, text
+    by code point; None: unbounded), and ``keys``, canonical key JSONs known to lie in them (the keys
+    the source and the rows sinks hold there: a sink that can only look keys up reads those).
+
+    A sink may return more than was asked (verify keeps only the spans' rows); it must return every
+    row of the spans, and give the whole table's count in ``total``."""
+
+    spans: tuple[tuple[Bound, Bound], ...]
+    keys: frozenset[str] = frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class StoredRows:
     """A sink's live rows of one table, as it stores them (:meth:`Sink.read_back`): one row per key,
     the registered columns (less the excluded ones) in the sink's Arrow types, and ``version_column``
     holding each row's ``commit_lsn``. ``table`` None: the sink has stored nothing for it yet.
-    ``cdc verify`` converts the source's values to ``table``'s types and compares row by row."""
+    ``cdc verify`` converts the source's values to ``table``'s types and compares row by row.
+    ``total``: the whole table's row count when only some :class:`KeyRanges` were read (None: ``table``
+    is the whole table)."""
 
     table: pa.Table | None
     version_column: str
+    total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StoredTexts:
     """A sink's live documents of one table (:meth:`Sink.read_back`): canonical key JSON
     (``ChangeEvent.key_json``) -> {search column: the text it indexed}. ``cdc verify`` compares them
-    with the source's values of the table's search columns."""
+    with the source's values of the table's search columns. ``total``: the whole index's document
+    count when only some :class:`KeyRanges` were read (None: ``docs`` are all of them)."""
 
     docs: dict[str, dict[str, str]]
+    total: int | None = None
 
 
 #: what :meth:`Sink.read_back` returns: the values it holds, or the texts it indexed
@@ -318,10 +341,11 @@ class Sink(abc.ABC):
         where = cls.locations(state_dir, reg)
         return {cls.name: {role: str(p) for role, p in where.items()} if where else None}
 
-    def read_back(self, reg: TableReg) -> ReadBack | None:
+    def read_back(self, reg: TableReg, only: KeyRanges | None = None) -> ReadBack | None:
         """What the sink holds of ``reg`` now, for ``cdc verify``: its live rows
         (:class:`StoredRows`) or the texts it indexed (:class:`StoredTexts`), deleted keys left
-        out; None when it keeps nothing for the table (empty :meth:`locations`). Reads the last
+        out; None when it keeps nothing for the table (empty :meth:`locations`). With ``only``, at
+        least the rows or documents of those key ranges, and the whole table's count. Reads the last
         committed state; raises (:class:`cdc.errors.ApplyError` for a known cause) when the stored
         data cannot be read -- verify then fails, it never reports a partial comparison."""
         return None

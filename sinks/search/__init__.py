@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.config import DEFAULT_PARTITIONS
 from cdc.errors import ConfigError
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredTexts
+from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredTexts
 from sinks.search.index import (
     DOCUMENT,
     KEY,
@@ -36,7 +36,7 @@ from sinks.search.index import (
     index_path,
     versions_path,
 )
-from sinks.search.query import HIGHLIGHT_END, HIGHLIGHT_START, Hit, live_texts, search
+from sinks.search.query import HIGHLIGHT_END, HIGHLIGHT_START, Hit, live_texts, search, texts_of
 from sinks.search.write import columnar_upserts, record, slices, upserts
 from sinks.toast import Chains
 
@@ -137,12 +137,17 @@ class SearchSink(Sink):
             "search_shards": layout.count if layout is not None else None,
         }
 
-    def read_back(self, reg: TableReg) -> StoredTexts | None:
+    def read_back(self, reg: TableReg, only: KeyRanges | None = None) -> StoredTexts | None:
         """Every live document of every shard: ``_cdc_key`` -> {search column: indexed text} (none
-        before the index exists); None for a table without search columns."""
+        before the index exists); None for a table without search columns. With ``only``: the
+        documents of ``only.keys`` (each looked up in its shard by a term set query on the key:
+        the index keeps no key order to read a range by) and the index's document count."""
         if not reg.search:
             return None
-        return StoredTexts(live_texts(self.state_dir, reg))
+        if only is None:
+            return StoredTexts(live_texts(self.state_dir, reg))
+        docs, total = texts_of(self.state_dir, reg, only.keys)
+        return StoredTexts(docs, total)
 
     def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
         """The newest batch of ``app_id`` every shard has committed: the minimum over the shards that

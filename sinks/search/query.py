@@ -3,6 +3,7 @@ merged by score) and ``cdc verify``'s read-back of every live document (:func:`l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,16 +43,52 @@ def live_texts(state_dir: Path, reg: TableReg) -> dict[str, dict[str, str]]:
         index.reload()
         searcher = index.searcher()
         total = int(searcher.num_docs)
-        if total == 0:
-            continue
-        for _score, addr in searcher.search(tantivy.Query.all_query(), limit=total).hits:
-            body = searcher.doc(addr).to_dict()
-            keys = body.get(KEY) or []
-            if keys:
-                docs[str(keys[0])] = {
-                    c: str(body[f][0]) for c in reg.search if body.get(f := reg.search_field(c))
-                }
+        if total:
+            _collect(reg, searcher, tantivy.Query.all_query(), total, docs)
     return docs
+
+
+def texts_of(state_dir: Path, reg: TableReg, keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], int]:
+    """The live documents of ``keys`` (canonical key JSON; those that have one), each looked up in its
+    shard by a term set query on ``_cdc_key``, and the number of live documents of every shard."""
+    layout = find_layout(state_dir, reg)
+    docs: dict[str, dict[str, str]] = {}
+    if layout is None:
+        return docs, 0
+    wanted = sorted(set(keys))
+    per_shard: dict[int, list[str]] = {}
+    for key, shard in zip(wanted, layout.shards_of(wanted), strict=True):
+        per_shard.setdefault(shard, []).append(key)
+    total = 0
+    for n, (path, _db) in enumerate(layout.shards):
+        if not (path / "meta.json").exists():
+            continue
+        index = tantivy.Index.open(str(path))
+        index.reload()
+        searcher = index.searcher()
+        total += int(searcher.num_docs)
+        mine = per_shard.get(n)
+        if mine and searcher.num_docs:
+            query = tantivy.Query.term_set_query(index.schema, KEY, mine)
+            _collect(reg, searcher, query, len(mine), docs)
+    return docs, total
+
+
+def _collect(
+    reg: TableReg,
+    searcher: tantivy.Searcher,
+    query: tantivy.Query,
+    limit: int,
+    docs: dict[str, dict[str, str]],
+) -> None:
+    """The documents ``query`` matches (at most ``limit``) into ``docs``: key -> {column: text}."""
+    for _score, addr in searcher.search(query, limit=limit).hits:
+        body = searcher.doc(addr).to_dict()
+        keys = body.get(KEY) or []
+        if keys:
+            docs[str(keys[0])] = {
+                c: str(body[f][0]) for c in reg.search if body.get(f := reg.search_field(c))
+            }
 
 
 def search(state_dir: Path, reg: TableReg, query: str, *, limit: int = 10) -> list[Hit]:

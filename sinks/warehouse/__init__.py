@@ -21,12 +21,20 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 
 from cdc.errors import ApplyError
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredRows
+from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
 from sinks.warehouse import evolve, per_event
 from sinks.warehouse.columnar import ColumnarApply
-from sinks.warehouse.delta import Commit, arrow_schema, layout_of, not_applied, read_all, ts_literal
+from sinks.warehouse.delta import (
+    Commit,
+    arrow_schema,
+    layout_of,
+    not_applied,
+    read_all,
+    read_spans,
+    ts_literal,
+)
 from sinks.warehouse.files import TableWrite
 from sinks.warehouse.layout import (
     BUCKET,
@@ -127,11 +135,19 @@ class WarehouseSink(Sink):
         where = cls.locations(state_dir, reg)
         return {cls.name: {"current": str(where["current"]), "history": str(where["history"])}}
 
-    def read_back(self, reg: TableReg) -> StoredRows:
-        """The current-state table with its meta columns (``table`` None before the first apply)."""
-        if not DeltaTable.is_deltatable(str(self.paths(reg)[0])):
-            return StoredRows(None, LSN)
-        return StoredRows(self.current_rows(reg, meta=True), LSN)
+    def read_back(self, reg: TableReg, only: KeyRanges | None = None) -> StoredRows:
+        """The current-state table with its meta columns (``table`` None before the first apply).
+        With ``only``: the rows of those key ranges, only the data columns and the version
+        (:func:`.delta.read_spans`: a range layout reads only the buckets they reach), and the
+        table's row count."""
+        path = str(self.paths(reg)[0])
+        if not DeltaTable.is_deltatable(path):
+            return StoredRows(None, LSN, 0 if only is not None else None)
+        if only is None:
+            return StoredRows(self.current_rows(reg, meta=True), LSN)
+        columns = [*_columns(reg, ()), LSN]
+        rows, total = read_spans(DeltaTable(path), reg, only.spans, columns)
+        return StoredRows(rows, LSN, total)
 
     def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
         """The batch of ``app_id`` all three tables committed (each commit carries it as its Delta

@@ -296,6 +296,83 @@ def read_rows(
     return pa.Table.from_batches(kept, schema=schema)
 
 
+def read_spans(
+    table: DeltaTable, reg: TableReg, spans: Sequence[tuple[Any, Any]], columns: Sequence[str]
+) -> tuple[pa.Table, int]:
+    """The rows of the current table ``table`` whose keys lie in ``spans`` (``[lo, hi)`` key tuples,
+    None unbounded: :class:`sinks.KeyRanges`), only ``columns`` (those the table has), and the
+    whole table's row count (from the files' footers). A range layout reads only the buckets the
+    spans reach; each record batch read is filtered to the spans in memory (a single-column key;
+    a composite key's rows are all kept: the caller filters them). Memory: the rows kept plus one
+    record batch."""
+    ds = table.to_pyarrow_dataset()
+    total = int(ds.count_rows())
+    cols = [c for c in columns if c in ds.schema.names]
+    schema = pa.schema([ds.schema.field(c) for c in cols])
+    flt = _bucket_filter(table, reg, spans)
+    kept: list[pa.RecordBatch] = []
+    read = 0
+    single = len(reg.key) == 1 and reg.key[0] in cols
+    for rb in ds.to_batches(filter=flt, columns=cols):
+        read += rb.num_rows
+        got = rb.filter(pa.array(span_mask(rb.column(reg.key[0]), spans))) if single else rb
+        if got.num_rows:
+            kept.append(got)
+    ROWS_READ[table_kind(table)] += read
+    return pa.Table.from_batches(kept, schema=schema), total
+
+
+def _bucket_filter(
+    table: DeltaTable, reg: TableReg, spans: Sequence[tuple[Any, Any]]
+) -> pc.Expression | None:
+    """Partition pruning for ``spans``: with a range layout (a bucket holds the keys ``[base * W,
+    (base + 1) * W)``, ``bucket = base * shards + shard``), the buckets whose keys meet a span; None
+    (every bucket) with a hash layout."""
+    layout = layout_of(table)
+    if layout.mode != "range" or len(reg.key) != 1:
+        return None
+    files = pa.table(table.get_add_actions(flatten=True))
+    if not files.num_rows:
+        return None
+    existing = {int(b) for b in files.column(f"partition.{BUCKET}").to_pylist() if b is not None}
+    width = layout.size
+    wanted = [
+        b
+        for b in sorted(existing)
+        if _meets(spans, (b // layout.shards) * width, (b // layout.shards + 1) * width)
+    ]
+    return pc.field(BUCKET).isin(wanted)
+
+
+def _meets(spans: Sequence[tuple[Any, Any]], lo: int, hi: int) -> bool:
+    """Does an integer interval ``[lo, hi)`` meet one of ``spans`` (one-column integer keys)?"""
+    return any((s_lo is None or s_lo[0] < hi) and (s_hi is None or s_hi[0] > lo) for s_lo, s_hi in spans)
+
+
+def span_mask(column: Any, spans: Sequence[tuple[Any, Any]]) -> np.ndarray:
+    """Per value of a one-column key (an Arrow array): does it lie in one of ``spans`` (sorted,
+    disjoint ``[lo, hi)`` key tuples, None unbounded)? Integers compared by value, text by code
+    point (Python's order of ``str``)."""
+    values = column.to_numpy(zero_copy_only=False)
+    if not len(spans) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    los = [s[0][0] if s[0] is not None else None for s in spans]
+    his = [s[1][0] if s[1] is not None else None for s in spans]
+    hi_open = np.array([v is None for v in his], dtype=bool)
+    if values.dtype.kind in "iu":
+        lo_arr = np.array([np.iinfo(np.int64).min if v is None else v for v in los], dtype=np.int64)
+        hi_arr = np.array([0 if v is None else v for v in his], dtype=np.int64)
+    else:  # only the first span's lo can be open: "" is at or below every text
+        lo_arr, hi_arr = np.empty(len(los), dtype=object), np.empty(len(his), dtype=object)
+        lo_arr[:] = ["" if v is None else v for v in los]
+        hi_arr[:] = ["" if v is None else v for v in his]
+    idx = np.searchsorted(lo_arr, values, side="right") - 1
+    at = np.maximum(idx, 0)
+    below = np.less(values, hi_arr[at]).astype(bool)
+    out: np.ndarray = (idx >= 0) & (hi_open[at] | below)
+    return out
+
+
 def table_kind(table: DeltaTable) -> str:
     """``current``, ``history`` or ``tombstones``: which of a registered table's Delta tables it is
     (from its name, :func:`sinks.warehouse.layout.table_paths`)."""

@@ -13,11 +13,17 @@ from typing import Any
 
 import orjson
 import psycopg
+import tantivy
 from deltalake import DeltaTable
 
 from cdc.config import Settings
 from cdc.registry import Registry
+from sinks import KeyRanges
+from sinks.search import SearchSink
+from sinks.search.index import KEY, find_layout
+from sinks.search.write import _document
 from sinks.warehouse import WarehouseSink
+from sinks.warehouse.delta import ROWS_READ
 from tests.plugins.apply import apply_pending_without_spark, cdc_cli
 from tests.plugins.items import capture, verify_json
 from tests.plugins.postgres import PgCluster
@@ -48,6 +54,23 @@ def plant(state: Path, ident: int, name: str) -> None:
         reg = r.find("public.t")
     path = WarehouseSink(state).paths(reg)[0]
     DeltaTable(str(path)).update(updates={"name": f"'{name}'"}, predicate=f"id = {ident}")
+
+
+def plant_document(state: Path, ident: int, name: str | None) -> None:
+    """Replace (``name``) or delete (None) the search document of ``id = ident`` behind the
+    pipeline's back: in its shard's tantivy index, with no topic record."""
+    with Registry(state) as r:
+        reg = r.find("public.t")
+    layout = find_layout(state, reg)
+    assert layout is not None
+    key = orjson.dumps({"id": ident}).decode()
+    index = tantivy.Index.open(str(layout.shards[layout.shard_of(key)][0]))
+    writer = index.writer()
+    writer.delete_documents_by_term(KEY, key)
+    if name is not None:
+        writer.add_document(_document(key, 1, 0, {"id": ident, "name": name}, {"name": "name"}))
+    writer.commit()
+    writer.wait_merging_threads()
 
 
 def checked(report: dict[str, Any], why: str) -> set[int]:
@@ -193,3 +216,61 @@ def test_an_uncaptured_change_and_a_lost_row_make_the_run_full(
         == f"row counts differ (source {ROWS}, warehouse {ROWS - 1}, search {ROWS}): every row checked"
     )
     assert lost["missing"] == [{"id": 2900}]
+
+
+def test_incremental_verify_reads_the_checked_ranges_documents_and_finds_a_planted_one(
+    pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
+    """The index is read by key (a term set query per shard), not whole: a wrong document and one
+    the source and the warehouse lack, both in a changed range, are found; documents elsewhere are
+    not read, so one missing there (with the counts kept equal) is found only by ``--full``."""
+    state = tmp_path / "state"
+    dsn = setup(pg, pg_db, state)
+    settings = Settings(state_dir=state)
+    assert verify_json(settings, dsn, "--wait", "30")[0] == 0
+    pg.execute("UPDATE public.t SET n = -1 WHERE id = 100", pg_db)
+    pg.execute("DELETE FROM public.t WHERE id = 105", pg_db)
+    capture(dsn, state)
+    apply_pending_without_spark(state)
+    plant_document(state, 101, "planted 'wrong'\ndocument")  # the changed range of 100 and 105
+    plant_document(state, 105, "a deleted row's document")  # extra: neither the source nor the warehouse
+    plant_document(state, 2900, None)  # missing, in a range without changes: the counts stay equal
+    code, (inc,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "0")
+    assert code == 1 and inc["mode"] == "incremental", inc
+    assert checked(inc, "changed") == {range_of(100)}
+    assert inc["different_count"] == inc["missing_count"] == inc["extra_count"] == 0
+    assert [d["key"] for d in inc["search"]["different"]] == [{"id": 101}]
+    assert inc["search"]["different"][0]["search"] == {"name": "planted 'wrong'\ndocument"}
+    assert inc["search"]["extra"] == [{"id": 105}] and inc["search"]["missing"] == []
+    assert inc["search_docs"] == inc["source_rows"] == ROWS - 1
+
+    code, (full,) = verify_json(settings, dsn, "--wait", "30", "--full")
+    assert code == 1 and full["mode"] == "full"
+    assert full["search"]["missing"] == [{"id": 2900}] and full["search"]["extra"] == [{"id": 105}]
+
+
+def test_sinks_read_back_only_the_ranges_asked_for(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    """``read_back(reg, KeyRanges)``: the warehouse reads only the range buckets the spans reach
+    and keeps the spans' rows; the index returns the documents of the keys given; both count the
+    whole table."""
+    state = tmp_path / "state"
+    dsn = setup(pg, pg_db, state)
+    pg.execute("INSERT INTO public.t VALUES (100000, 'far', 1), (100001, 'far too', 2)", pg_db)
+    capture(dsn, state)
+    assert apply_pending_without_spark(state) == 2
+    with Registry(state) as r:
+        reg = r.find("public.t")
+    warehouse, search = WarehouseSink(state), SearchSink(state)
+    before = ROWS_READ["current"]
+    back = warehouse.read_back(reg, KeyRanges((((100001,), None),)))
+    assert back.table is not None and back.table.column("id").to_pylist() == [100001]
+    assert back.total == ROWS + 2
+    assert ROWS_READ["current"] - before == 2, "only the bucket of ids 65536.. was read"
+    back = warehouse.read_back(reg, KeyRanges((((10,), (12,)), ((2999,), (100000,)))))
+    assert back.table is not None and sorted(back.table.column("id").to_pylist()) == [10, 11, 2999, 3000]
+    assert back.table.column_names == ["id", "name", "n", "_cdc_commit_lsn"]
+
+    keys = frozenset(orjson.dumps({"id": i}).decode() for i in (7, 100001, 123456))
+    texts = search.read_back(reg, KeyRanges((((7,), (8,)),), keys))
+    assert texts is not None and texts.total == ROWS + 2
+    assert texts.docs == {'{"id":7}': {"name": "row 7"}, '{"id":100001}': {"name": "far too"}}
