@@ -41,9 +41,11 @@ How (for each registered table, or the one named):
    those ranges plus a rotating scrub sample of unchanged ones (1% by default): at the source by
    key-range queries, in the warehouse and the index the rows and documents of those ranges. The
    topics name every change before L only once capture has passed L: the run first waits for the
-   slot (at most ``wait_s``), else it is full. The whole table's row counts (source ``count(*)``,
-   the warehouse's rows, the index's documents) are compared too, and when they differ the run is
-   full: a lost insert or delete anywhere is found. ``source_rows``, ``warehouse_rows`` and
+   slot (at most ``wait_s``), else it is full. Each sink reads only those ranges
+   (:class:`sinks.KeyRanges`; the index the documents of the keys found there) and counts the whole
+   table. The whole table's row counts (source ``count(*)``, the warehouse's rows, the index's
+   documents) are compared too, and when they differ the run is full: a lost insert or delete
+   anywhere is found. ``source_rows``, ``warehouse_rows`` and
    ``search_docs`` stay those whole-table counts; ``rows_checked`` is what was compared. It finds
    what the pipeline got wrong in the ranges it changed; a value changed behind the pipeline's
    back (in the warehouse, the index, or at the source with the change lost before the topic), in

@@ -19,11 +19,22 @@ Other key types are verified in full every time (``fallback`` says why).
 
 Costs and limits (figures: ``docs/benchmarks/verify_incremental.md``): the source reads only the
 checked ranges (an integer key's by index range scans; text keys by a scan, as no index of another
-collation serves ``COLLATE "C"``) plus a ``count(*)``; the warehouse's current table is read whole
-into Arrow and only the checked ranges' rows are hashed; the search index's documents are all read
-and only the checked ranges' compared. What the topics do not name -- a change lost before them, a
-value edited in a derived table -- is found in a range without changes only by the scrub or
-``--full`` (or, for a row missing or extra, by the row counts).
+collation serves ``COLLATE "C"``) plus a ``count(*)``; the sinks are asked for the checked ranges
+only (:class:`sinks.KeyRanges`): the warehouse reads the data columns of the range buckets the
+ranges reach (with changes spread over the table, that is every bucket: the rows are read, only the
+checked ranges' kept and hashed), the search index looks up the documents of the keys the source
+and the warehouse hold in those ranges, and of every key of an integer range of at most
+:data:`SPANNED_MAX` values (:func:`spanned_keys`). What the topics do not name -- a change lost
+before them, a value edited in a derived table -- is found in a range without changes only by the
+scrub or ``--full`` (or, for a row missing or extra, by the row counts; so is a document the source
+and the warehouse lack in a wide or text-keyed range).
+
+Why text keys stay a scan at the source: the ranges are cut in code point order because the
+warehouse's rows and the topic's keys are placed in them here, in Python, which knows no other
+collation; a range read in the column's own collation (what its index serves) would hold other
+keys than the range placed here. Reading the source by the keys the warehouse and the topic name
+(equality, which the index serves) would miss a row the source holds that neither names, unless
+the counts differ.
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """The pure parts of an incremental verify's ranges (:mod:`cdc.verify_ranges`): placing keys,
-merging ranges into key intervals, the scrub's rotation, which key types have ranges."""
+merging ranges into key intervals, the scrub's rotation, which key types have ranges; which keys of
+a span the index is asked for, and the warehouse's filter of a record batch to the spans."""
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from cdc.registry import Column, TableReg
-from cdc.verify_ranges import RangeRecord, intervals, scrub_sample, unsupported
+from cdc.verify_ranges import SPANNED_MAX, RangeRecord, intervals, scrub_sample, spanned_keys, unsupported
+from sinks.warehouse.delta import span_mask
 
 
 def record(bounds: list[tuple[object, ...]]) -> RangeRecord:
@@ -47,3 +51,34 @@ def test_only_integer_and_text_keys_have_ranges() -> None:
     assert unsupported(reg("character varying(20)")) is None
     assert unsupported(reg("uuid")) == "key column k0 is uuid: only integer and text keys have ranges"
     assert unsupported(reg("integer", "numeric(10,2)")) is not None
+
+
+def test_the_keys_of_narrow_integer_spans_are_listed_for_the_index() -> None:
+    def reg(*types: str) -> TableReg:
+        cols = tuple(Column(f"k{i}", t) for i, t in enumerate(types))
+        return TableReg("public", "t", "cdc.public.t", tuple(c.name for c in cols), columns=cols)
+
+    spans = [(None, (3,)), ((10,), (13,)), ((100,), (100 + SPANNED_MAX + 1,)), ((5000,), None)]
+    assert spanned_keys(reg("bigint"), spans) == [(10,), (11,), (12,)]  # the open and wide ones: none
+    assert spanned_keys(reg("text"), [(("a",), ("b",))]) == []
+    assert spanned_keys(reg("integer", "integer"), [((1, 1), (2, 1))]) == []
+
+
+def test_a_record_batch_is_filtered_to_the_spans_in_the_keys_order() -> None:
+    ints = pa.array([-(2**63), 1, 5, 10, 33, 34, 64, 100, 2**63 - 1], pa.int64())
+    spans = [(None, (5,)), ((10,), (34,)), ((100,), None)]
+    assert span_mask(ints, spans).tolist() == [True, True, False, True, True, False, False, True, True]
+    assert span_mask(ints, [((5,), (6,))]).tolist() == [False, False, True] + [False] * 6
+    assert span_mask(ints, []).tolist() == [False] * 9
+    # text in code point order (COLLATE "C"): "B" < "a" < "z" < "é"
+    texts = pa.array(["", "B", "a", "it's", "z", "é", "日本"])
+    assert span_mask(texts, [(("a",), ("z",)), (("é",), None)]).tolist() == [
+        False,
+        False,
+        True,
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert span_mask(texts, [(None, ("a",))]).tolist() == [True, True] + [False] * 5
