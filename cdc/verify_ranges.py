@@ -259,7 +259,7 @@ def reads(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> list
     types = {c.name: c.type.strip().lower() for c in reg.columns}
     single = len(reg.key) == 1 and types.get(reg.key[0]) in _INT_TYPES
     bounded = [(lo, hi) for lo, hi in spans if lo is not None and hi is not None] if single else []
-    rest = [sp for sp in spans if sp not in bounded]
+    rest = [(lo, hi) for lo, hi in spans if not single or lo is None or hi is None]
     out: list[Read] = []
     if bounded:
         k, t = sql.Identifier(reg.key[0]), sql.SQL(types[reg.key[0]])
