@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument(
         "--search", help="view columns for its search index (`cdc search NAME`), comma-separated"
     )
+    add.add_argument(
+        "--history",
+        action="store_true",
+        help="also keep its history (SCD2): a Delta table of every version of each view row",
+    )
     add.add_argument("--json", action="store_true", help="print the registration as JSON")
     add.set_defaults(handler=add_view)
 
@@ -55,12 +60,17 @@ def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = 
     """The ``--json`` shape of one view; ``warehouse.current``: its Delta table (``built``: whether
     the apply has written it yet); ``columns`` (when given): its columns, null if it no longer parses."""
     current = paths.view_table(state_dir, view.name)
+    history = str(paths.view_history(state_dir, view.name)) if view.extra.get("history") else None
     out: dict[str, Any] = {
         "name": view.name,
         "sql": view.sql,
         "tables": list(view.tables),
         "search": list(view.search),
-        "warehouse": {"current": str(current), "built": (current / "_delta_log").is_dir()},
+        "warehouse": {
+            "current": str(current),
+            "history": history,
+            "built": (current / "_delta_log").is_dir(),
+        },
         "search_index": str(paths.search_index(state_dir, f"_views.{view.name}")) if view.search else None,
         #: why the apply cannot maintain it now ({"reason", "fix"}), else None
         "refused": view.extra.get("refused"),
@@ -81,15 +91,19 @@ def add_view(args: argparse.Namespace, settings: Settings) -> int:
                 fix=f"the view's columns: {', '.join(spec.columns)}",
                 columns=unknown,
             )
-        current = paths.view_table(settings.state_dir, args.name)
-        if current.exists():
-            raise RegistryError(
-                f"{current} exists (a view of that name was removed without its table, or a copy)",
-                fix=f"move it aside (mv {current} {current}.old) or choose another name",
-                path=str(current),
-            )
+        wanted = [paths.view_table(settings.state_dir, args.name)]
+        if args.history:
+            wanted.append(paths.view_history(settings.state_dir, args.name))
+        for path in wanted:
+            if path.exists():
+                raise RegistryError(
+                    f"{path} exists (a view of that name was removed without it, or a copy)",
+                    fix=f"move it aside (mv {path} {path}.old) or choose another name",
+                    path=str(path),
+                )
+        extra = {"history": True} if args.history else {}
         view = registry.add_view(
-            ViewReg(args.name, args.sql, tuple(t.qualified for t in spec.tables), search)
+            ViewReg(args.name, args.sql, tuple(t.qualified for t in spec.tables), search, extra)
         )
     if args.json:
         print_json(view_json(view, settings.state_dir, spec.columns))
@@ -160,8 +174,10 @@ def remove_view(args: argparse.Namespace, settings: Settings) -> int:
     topic = f"_views.{view.name}"  # its search index (sinks.view_search.view_search_reg)
     shutil.rmtree(paths.search_index(settings.state_dir, topic), ignore_errors=True)
     paths.search_versions(settings.state_dir, topic).unlink(missing_ok=True)
+    history = paths.view_history(settings.state_dir, view.name)
+    kept = f"; its history is kept at {history} (delete it yourself)" if history.exists() else ""
     if args.json:
         print_json({"removed": view_json(view, settings.state_dir)})
     else:
-        print(f"removed view {view.name} and its Delta table {current}")
+        print(f"removed view {view.name} and its Delta table {current}{kept}")
     return 0

@@ -40,6 +40,7 @@ from typing import Any
 import duckdb
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from cdc import paths
@@ -52,6 +53,7 @@ from sinks.search import SearchSink
 from sinks.view_search import index_view
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, table_paths
+from sinks.warehouse.view_history import write_history
 
 _DELETE = "__cdc_delete"  # merge-source-only column: the affected key has no row any more
 
@@ -133,7 +135,12 @@ class ViewMaintainer:
             whole = touched is None or was_refused
             try:
                 out[view.name] = maintain_view(
-                    self.state_dir, spec, None if whole else touched, batch_id, self.app_id
+                    self.state_dir,
+                    spec,
+                    None if whole else touched,
+                    batch_id,
+                    self.app_id,
+                    history=bool(view.extra.get("history")),
                 )
             except ApplyError as exc:  # its rows do not fit its table (a type changed at the source)
                 if not was_refused and self.refused is not None:
@@ -151,10 +158,17 @@ class ViewMaintainer:
 
 
 def maintain_view(
-    state_dir: Path, spec: ViewSpec, changed: Mapping[str, Touched] | None, batch_id: int, app_id: str
+    state_dir: Path,
+    spec: ViewSpec,
+    changed: Mapping[str, Touched] | None,
+    batch_id: int,
+    app_id: str,
+    *,
+    history: bool = False,
 ) -> ViewOutcome:
     """One view after batch ``batch_id`` (see the module docstring); ``changed`` (per table, what
-    the batch changed) None: computed whole."""
+    the batch changed) None: computed whole. ``history``: its history table too, written first
+    (:mod:`sinks.warehouse.view_history`)."""
     started = time.monotonic()
     path = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
@@ -172,6 +186,9 @@ def maintain_view(
             rows = con.sql(spec.select_sql).to_arrow_table()
             if table is not None:
                 rows = _conform(rows, table, spec)
+            if history:
+                before = table.to_pyarrow_table() if table is not None else None
+                write_history(state_dir, spec.name, before, rows, None, props, (app_id, batch_id))
             paths.ensure_private_dir(path.parent)
             write_deltalake(str(path), rows, mode="overwrite", commit_properties=props)
             return ViewOutcome(-1, rows.num_rows, time.monotonic() - started)
@@ -183,7 +200,11 @@ def maintain_view(
         rows = con.sql(
             f"SELECT * FROM ({spec.select_sql}) AS __v WHERE __v.{_q(VIEW_KEY)} IN (SELECT k FROM __cdc_affected)"
         ).to_arrow_table()
-        _merge(table, _conform(rows, table, spec), keys, props)
+        rows = _conform(rows, table, spec)
+        if history:
+            before = _rows_of(table, keys)
+            write_history(state_dir, spec.name, before, rows, keys, props, (app_id, batch_id))
+        _merge(table, rows, keys, props)
         return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
     finally:
         con.close()
@@ -263,6 +284,13 @@ def _conform(rows: pa.Table, table: DeltaTable, spec: ViewSpec) -> pa.Table:
             fix=f"a column's type changed at the source: `cdc views remove {spec.name}` and add it again",
             view=spec.name,
         ) from exc
+
+
+def _rows_of(table: DeltaTable, keys: set[str]) -> pa.Table:
+    """The view table's rows of ``keys``."""
+    rows = table.to_pyarrow_table()
+    column = rows.column(VIEW_KEY).cast(pa.string())
+    return rows.filter(pc.is_in(column, value_set=pa.array(sorted(keys), pa.string())))
 
 
 def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitProperties) -> None:

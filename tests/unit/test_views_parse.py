@@ -168,7 +168,8 @@ def test_views_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["--state", str(tmp_path), "views", "add", "ov", "--sql", sql, "--json"]) == 0
     added = json.loads(capsys.readouterr().out)
     assert added["columns"] == ["id", "name"] and added["tables"] == ["public.orders", "public.customers"]
-    assert added["warehouse"] == {"current": str(tmp_path / "warehouse" / "_views" / "ov"), "built": False}
+    views_dir = tmp_path / "warehouse" / "_views"
+    assert added["warehouse"] == {"current": str(views_dir / "ov"), "history": None, "built": False}
     assert main(["--state", str(tmp_path), "views", "add", "ov", "--sql", sql]) != 0  # a second time
     assert "already registered" in capsys.readouterr().err
     assert (
@@ -184,3 +185,13 @@ def test_views_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str
     capsys.readouterr()
     assert main(["--state", str(tmp_path), "views", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+    # --history: its table is named; a removal keeps it (it cannot be derived again), so adding the
+    # view again with --history is refused until it is moved aside
+    assert main(["--state", str(tmp_path), "views", "add", "oh", "--sql", sql, "--history", "--json"]) == 0
+    history = views_dir / "oh__history"
+    assert json.loads(capsys.readouterr().out)["warehouse"]["history"] == str(history)
+    (history / "_delta_log").mkdir(parents=True)  # as the apply's first batch leaves it
+    assert main(["--state", str(tmp_path), "views", "remove", "oh"]) == 0
+    assert f"its history is kept at {history}" in capsys.readouterr().out and history.is_dir()
+    assert main(["--state", str(tmp_path), "views", "add", "oh", "--sql", sql, "--history"]) != 0
+    assert f"{history} exists" in capsys.readouterr().err
