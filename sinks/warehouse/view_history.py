@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,16 +67,24 @@ def write_history(
     after: pa.Table,
     keys: set[str] | None,
     props: CommitProperties,
-    app: tuple[str, int],
+    app: tuple[str, int] | None,
+    *,
+    mode: Literal["overwrite", "error"] = "overwrite",
 ) -> int:
     """The history's versions for one batch of the view ``name``: ``before`` the current view rows
-    of the keys considered (None: the view has no table yet), ``after`` their recomputed rows (the
-    view table's schema), ``keys`` the affected keys (None: every key, a whole recompute). Skipped
-    when the history committed ``app`` = ``(app_id, batch_id)`` already. Returns the versions opened."""
+    of the keys considered (None: the view has no current table yet: the history's open versions,
+    if it has any -- a build at ``cdc views add`` that stopped between its two commits), ``after``
+    their recomputed rows (the view table's schema), ``keys`` the affected keys (None: every key, a
+    whole recompute). Skipped when the history committed ``app`` = ``(app_id, batch_id)`` already
+    (None: no application transaction, the build at add). ``mode``: how a history that does not
+    exist is created (``error``: never over one created meanwhile). Returns the versions opened."""
     path = paths.view_history(state_dir, name)
     table = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
-    if table is not None and not not_applied(table, *app):
+    if table is not None and app is not None and not not_applied(table, *app):
         return 0
+    if before is None and table is not None:
+        stored = table.to_pyarrow_table(filters=[("is_current", "=", True)])
+        before = stored.select(after.column_names)
     old = _by_key(before) if before is not None else {}
     new = _by_key(after)
     gone = sorted(k for k in old if k not in new and (keys is None or k in keys))
@@ -98,9 +107,7 @@ def write_history(
         source = source.append_column(f, values)
     if table is None:
         paths.ensure_private_dir(path.parent)
-        write_deltalake(
-            str(path), source, mode="overwrite", partition_by=["is_current"], commit_properties=props
-        )
+        write_deltalake(str(path), source, mode=mode, partition_by=["is_current"], commit_properties=props)
         return n
     if not closes and not n:
         return 0

@@ -322,6 +322,44 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitPrope
     )
 
 
+def build_view(state_dir: Path, spec: ViewSpec, *, history: bool = False) -> int | None:
+    """The view computed whole from its tables' committed current state and created, at ``cdc
+    views add`` (``docs/views.md``, "Built at add"): its history first (``history``), then its
+    current table, each created only if absent, with no application transaction (the apply's next
+    batch maintains it). Never over what a running apply created meanwhile: the apply builds a view
+    it finds without a table from a state at least as new, so its build wins. Returns the rows,
+    or None when the view had a table (the apply built it first)."""
+    from deltalake.exceptions import DeltaError
+
+    path = paths.view_table(state_dir, spec.name)
+    if DeltaTable.is_deltatable(str(path)):
+        return None
+    con = _connect(state_dir, spec)
+    try:
+        rows = con.sql(spec.select_sql).to_arrow_table()
+    finally:
+        con.close()
+    paths.ensure_private_dir(path.parent)
+    steps: list[tuple[Path, Callable[[], object]]] = [
+        (path, lambda: write_deltalake(str(path), rows, mode="error")),
+    ]
+    if history:
+        hist = paths.view_history(state_dir, spec.name)
+        build = CommitProperties()
+        steps.insert(
+            0,
+            (hist, lambda: write_history(state_dir, spec.name, None, rows, None, build, None, mode="error")),
+        )
+    for target, write in steps:
+        try:
+            write()
+        except DeltaError:  # created meanwhile (it exists, or a concurrent commit of its version 0)
+            if DeltaTable.is_deltatable(str(target)):
+                return None
+            raise
+    return int(rows.num_rows)
+
+
 def view_rows(state_dir: Path, name: str) -> pa.Table | None:
     """The view's current table (its ``_cdc_`` columns included), None before its first build."""
     path = paths.view_table(state_dir, name)

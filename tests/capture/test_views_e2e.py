@@ -19,6 +19,7 @@ import orjson
 from deltalake import DeltaTable
 
 from cdc import paths
+from cdc.locks import ProcessLock
 from tests.plugins.apply import apply_pending_without_spark
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.views import ROUNDS, SQL, VIEW, order_tables, source_view
@@ -44,12 +45,11 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> 
     assert res.returncode == 0, res.stderr[-3000:]
     added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer", "--json")
     assert added.returncode == 0, added.stderr
-    assert orjson.loads(added.stdout)["warehouse"]["built"] is False
+    assert orjson.loads(added.stdout)["warehouse"]["built"] is True  # from the tables' current state
+    assert _view(env) == source_view(env)
 
-    env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")  # a change: the next batch builds it
+    env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")
     _round(env, jvm)
-    listed = env.cdc("views", "list", "--json")
-    assert [v["warehouse"]["built"] for v in orjson.loads(listed.stdout)] == [True]
     for changes in ROUNDS:
         env.sql(changes)
         _round(env, jvm)
@@ -82,14 +82,25 @@ def _verify_views(env: CaptureEnv) -> dict[str, dict[str, Any]]:
 def test_verify_compares_views_with_their_sql_on_the_source(env: CaptureEnv) -> None:
     order_tables(env)
     _apply(env)
-    added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer")
+    # built at add from the tables' current state: while an apply runs (it holds the apply lock),
+    # its Delta tables only (the apply holds the index's writer); with none running, its index too
+    with ProcessLock(env.state, "apply"):
+        added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer", "--history", "--json")
     assert added.returncode == 0, added.stderr
-    assert env.cdc("views", "add", "totals", "--sql", TOTALS).returncode == 0
+    build = orjson.loads(added.stdout)["build"]
+    assert build["rows"] == len(source_view(env)) > 50 and build["index"] is False
+    added = env.cdc("views", "add", "totals", "--sql", TOTALS, "--search", "who", "--json")
+    assert orjson.loads(added.stdout)["build"]["index"] is True
+    code, report = env.verify("--wait", "0")  # no apply since: the views are there
+    assert code == 1 and [r["status"] for r in report] == ["ok"] * 3 + ["different", "ok"], report
+    assert report[3]["table"] == VIEW and report[3]["search"]["missing_count"] == build["rows"]
+    assert report[3]["missing_count"] == report[3]["different_count"] == 0
     env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")
-    _apply(env)
+    _apply(env)  # maintains both views, and builds the first one's index whole
     for changes in ROUNDS:
         reports = _verify_views(env)
         assert {r["kind"] for r in reports.values()} == {"table", "view"} and len(reports) == 5
+        assert reports["totals"]["search_docs"] == reports["totals"]["source_rows"]
         assert reports[VIEW]["source_rows"] == len(source_view(env)) == reports[VIEW]["warehouse_rows"]
         assert reports[VIEW]["search_docs"] == len(source_view(env))
         env.sql(changes)

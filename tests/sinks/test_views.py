@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -520,5 +521,59 @@ def test_a_crash_between_the_history_and_the_view_commits_replays_exactly_once(
             assert live == sorted(r["_cdc_key"] for r in view_rows(tmp_path, VIEW.name).to_pylist())  # type: ignore[union-attr]
             assert stored(tmp_path) == expected(work.model)
         assert crashed_with_versions >= 3  # the history had committed new versions when it crashed
+    finally:
+        app.close(close_sinks=True, timeout=60)
+
+
+def _history_open(state: Path) -> list[dict[str, Any]]:
+    return sorted(
+        ({"id": r["id"], "customer": r["customer"]} for r in _history(state) if r["is_current"]),
+        key=lambda r: r["id"],
+    )
+
+
+def test_built_at_add_from_the_tables_current_state_then_maintained(tmp_path: Path) -> None:
+    """``cdc views add`` builds the view (and its history) from the committed tables
+    (:func:`sinks.warehouse.views.build_view`); the apply's next batch maintains it incrementally.
+    A view the apply created first is left to it; a build that stopped between its history and its
+    current table is completed by the apply's whole build without a second open version."""
+    from cdc.views import parse_view
+    from sinks.warehouse.views import build_view
+
+    spec = parse_view(VIEW.name, SQL, TABLES)
+    view = ViewReg(VIEW.name, SQL, VIEW.tables, extra={"history": True})
+    registered: list[ViewReg] = []
+    maintainer = ViewMaintainer(tmp_path, lambda: (list(registered), TABLES), APP)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    work = Workload(7)
+    try:
+        app.run(records_table(work.batch(80)), 0)
+        registered.append(view)
+        assert build_view(tmp_path, spec, history=True) == len(expected(work.model)) > 3
+        assert stored(tmp_path) == expected(work.model)
+        assert {r["_cdc_op"] for r in _history(tmp_path)} == {"c"} and all(
+            r["is_current"] for r in _history(tmp_path)
+        )
+        version = DeltaTable(str(paths.view_table(tmp_path, VIEW.name))).version()
+        assert build_view(tmp_path, spec, history=True) is None  # it exists: never rebuilt over
+        assert DeltaTable(str(paths.view_table(tmp_path, VIEW.name))).version() == version
+        out = app.run(records_table(work.batch(6)), 1)
+        assert out.views[VIEW.name][0] >= 0  # maintained, not built again
+        assert stored(tmp_path) == expected(work.model)
+        open_rows = _history_open(tmp_path)
+        assert open_rows == [{"id": r["id"], "customer": r["customer"]} for r in expected(work.model)]
+
+        # stopped between the history's commit and the current table's: the apply completes it
+        shutil.rmtree(paths.view_table(tmp_path, VIEW.name))
+        shutil.rmtree(paths.view_history(tmp_path, VIEW.name))
+        app.run(records_table(work.batch(6)), 2)  # the view rebuilt whole by the apply
+        shutil.rmtree(paths.view_table(tmp_path, VIEW.name))
+        before = len(_history(tmp_path))
+        app.run(records_table(work.batch(6)), 3)
+        assert stored(tmp_path) == expected(work.model)
+        open_rows = _history_open(tmp_path)
+        assert open_rows == [{"id": r["id"], "customer": r["customer"]} for r in expected(work.model)]
+        assert len(_history(tmp_path)) - before < len(expected(work.model))  # only what changed
     finally:
         app.close(close_sinks=True, timeout=60)
