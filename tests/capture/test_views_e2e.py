@@ -1,7 +1,8 @@
 """A view from joins end to end: real Postgres -> ``cdc run --once`` -> the apply -> the view's
 Delta table, equal after every round to the view's SQL run on the source
 (:mod:`tests.plugins.views`: inserts, updates, deletes and key changes on the driving table and on
-both joined tables; the view is registered after the tables hold data).
+both joined tables; the view is registered after the tables hold data and built by ``cdc views
+add`` from their current state).
 
 * Through Spark (``cdc apply --once``): ``cdc sql "SELECT * FROM NAME"`` and ``cdc search``, and
   ``cdc verify NAME`` clean at the end.
