@@ -69,6 +69,12 @@ def view_table(state_dir: Path, name: str) -> Path:
     return warehouse_dir(state_dir) / "_views" / component(name)
 
 
+def view_history(state_dir: Path, name: str) -> Path:
+    """The Delta history (SCD2) table of the view ``name`` (``cdc views add --history``), beside
+    its current table as a table's is (``<name>__history``)."""
+    return warehouse_dir(state_dir) / "_views" / f"{component(name)}__history"
+
+
 def search_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "search"
 

@@ -54,6 +54,11 @@ How (for each registered table, or the one named):
    TRUNCATE, when records past the recorded offsets were removed, or for key types other than
    integers and text, the run is full (``fallback`` says why).
 
+6. **Views from joins** (:mod:`cdc.verify_views`): compared like a table whose rows are the view's
+   SQL run on the source (at the same point L) and whose key is the driving table's; always whole,
+   waiting for the pipeline of the tables the view reads. A differing view is compared again at a
+   fresh point while retries remain (its rows carry no source version to tell a newer change).
+
 A difference caused by a change newer than L that was already applied (the warehouse row's version
 is past L) is not a difference of the pipeline: verify retries with a fresh consistent point while
 time remains, and reports what remains.
@@ -83,8 +88,9 @@ from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
-from cdc.registry import Registry, TableReg
+from cdc.registry import TableReg
 from cdc.verify_ranges import RangeRecord
+from cdc.verify_views import ViewSubject, source_from, stored_docs, stored_rows
 from cdc.wait import slot_passed
 from sinks import KeyRanges, StoredRows, StoredTexts
 
@@ -138,6 +144,8 @@ class TableReport:
     :class:`SinkDiff` per sink of :data:`sinks.all.SINKS`, in its order; the first is the primary."""
 
     table: str
+    #: ``table`` or ``view`` (a view from joins, :mod:`cdc.verify_views`)
+    kind: str = "table"
     source_rows: int = 0
     sinks: dict[str, SinkDiff] = field(default_factory=dict)
     ranges: int = 0
@@ -180,7 +188,8 @@ class TableReport:
         """``table``, ``status``, ``source_rows``, ``<sink>_<unit>`` per sink (``warehouse_rows``,
         ``search_docs``), the primary sink's differences at the top level (``missing``, ``extra``,
         ``different`` and their counts), one object per other sink (``search``), then the ranges,
-        the consistent point and the catch-up state."""
+        the consistent point and the catch-up state, and ``kind``: ``table`` or ``view`` (a view's
+        ``table`` is its name, its keys the driving table's: :mod:`cdc.verify_views`)."""
         out: dict[str, Any] = {"table": self.table, "status": self.status, "source_rows": self.source_rows}
         out |= {f"{name}_{d.unit}": d.stored for name, d in self.sinks.items()}
         primary = self.primary[1].lists()
@@ -198,6 +207,7 @@ class TableReport:
             "changes_read": self.changes_read,
             "rows_checked": self.rows_checked,
             "ranges_checked": self.checked,
+            "kind": self.kind,
         }
 
 
@@ -354,6 +364,8 @@ class Verifier:
         self.scrub = scrub
         self._plans: dict[str, _Plan] = {}
         self._fallback: dict[str, str] = {}
+        #: the views being verified, by their registration's qualified name (:mod:`cdc.verify_views`)
+        self._views: dict[str, ViewSubject] = {}
         from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
         self.sinks = [cls.from_settings(settings) for cls in SINKS]
@@ -455,14 +467,23 @@ class Verifier:
                 time.sleep(0.2)
 
     # -- the comparison -------------------------------------------------------------------------------
-    def verify(self, tables: Sequence[TableReg]) -> list[TableReport]:
-        """Compare ``tables``; record the key ranges of each clean one (:mod:`cdc.verify_ranges`)."""
+    def verify(self, tables: Sequence[TableReg], views: Sequence[ViewSubject] = ()) -> list[TableReport]:
+        """Compare ``tables``, then ``views`` (each with its SQL run on the source); record the key
+        ranges of each clean table (:mod:`cdc.verify_ranges`)."""
         dsn = self.settings.require_source()
+        self._views = {v.reg.qualified: v for v in views}
+        tables = [*tables, *(v.reg for v in views)]
         noted = self._topic_ends(tables)  # before the point: see cdc.verify_ranges
         reports = self._verify_at_point(dsn, tables)
         plans = dict(self._plans)
         for _ in range(self.retries - 1):
-            again = [i for i, r in enumerate(reports) if not r.equal and r.caught_up and r.newer_than_point]
+            # a view row has no version to tell a change newer than the point: a differing view is
+            # compared again at a fresh point while retries remain
+            again = [
+                i
+                for i, r in enumerate(reports)
+                if not r.equal and r.caught_up and (r.newer_than_point or r.kind == "view")
+            ]
             if not again:
                 break
             noted |= self._topic_ends([tables[i] for i in again])
@@ -471,7 +492,7 @@ class Verifier:
             for i, report in zip(again, fresh, strict=True):
                 reports[i] = report
         for reg, report in zip(tables, reports, strict=True):
-            if report.status == "ok":
+            if report.status == "ok" and report.kind == "table":
                 plan = plans.get(reg.qualified) if report.mode == "incremental" else None
                 self._record(reg, report, plan, noted.get(reg.qualified, {}))
         return reports
@@ -480,7 +501,11 @@ class Verifier:
         from cdc.logstore.factory import open_log_store
 
         with open_log_store(self.settings) as store:
-            return {reg.qualified: verify_ranges.topic_ends(store, reg) for reg in tables}
+            return {
+                reg.qualified: verify_ranges.topic_ends(store, reg)
+                for reg in tables
+                if reg.qualified not in self._views  # a view has no topic (nor a range record)
+            }
 
     def _plan(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> None:
         """Which ranges to check per table, read from the topics once capture has passed the point
@@ -491,10 +516,14 @@ class Verifier:
         self._plans, self._fallback = {}, {}
         if self.full:
             return
+        for reg in tables:
+            if reg.qualified in self._views:
+                self._fallback[reg.qualified] = "a view is compared whole"
+        tables = [t for t in tables if t.qualified not in self._views]
         records = {reg.qualified: verify_ranges.load(self.state_dir, reg) for reg in tables}
         if any(records.values()) and not self._capture_passed(dsn, lsn, tables):
             behind = f"capture had not reached the consistent point {int_to_lsn(lsn)} within the wait"
-            self._fallback = {reg.qualified: behind for reg in tables}
+            self._fallback |= {reg.qualified: behind for reg in tables}
             return
         with open_log_store(self.settings) as store:
             for reg in tables:
@@ -570,18 +599,48 @@ class Verifier:
                     return not pending
 
                 with connect(dsn, application_name="cdc verify") as side:
-                    lag = self.wait_caught_up(side, lsn, [tables[i] for i in pending], settled)
+                    waits = self._base([tables[i] for i in pending])
+                    lag = self.wait_caught_up(side, lsn, waits, settled)
                 for i in pending:  # caught up (or out of time): the answer is this comparison
                     reg = tables[i]
                     report = reports[i] = self._compare_at(conn, reg, lsn, point)
-                    mine = _lag_of(lag, reg)
+                    mine: dict[str, Any] = {}
+                    for base in self._base([reg]):
+                        mine |= _lag_of(lag, base)
                     if mine and not report.equal:
                         report.caught_up = False
                         report.lag = mine
         return reports
 
+    def _base(self, tables: Sequence[TableReg]) -> list[TableReg]:
+        """``tables`` with each view replaced by the tables it reads (their pipeline is the one a
+        view waits for), each once."""
+        out: dict[str, TableReg] = {}
+        for reg in tables:
+            view = self._views.get(reg.qualified)
+            for t in view.base if view is not None else (reg,):
+                out.setdefault(t.qualified, t)
+        return list(out.values())
+
+    def _read_back(self, sink: Any, reg: TableReg, only: KeyRanges | None) -> Any:
+        """``sink``'s read-back of ``reg`` (of ``only``'s ranges); of a view, always whole: its Delta
+        table (the warehouse's), its search documents (the search sink's, keyed like a table's),
+        nothing of another sink."""
+        view = self._views.get(reg.qualified)
+        if view is None:
+            return sink.read_back(reg, only)
+        if sink.name == "warehouse":
+            return stored_rows(self.state_dir, view)
+        if sink.name == "search" and view.view.search:
+            docs = stored_docs(self.state_dir, view)
+            return StoredTexts({orjson.dumps(_key_json(reg.key, k)).decode(): t for k, t in docs})
+        return None
+
     def _compare_at(self, conn: psycopg.Connection[Any], reg: TableReg, lsn: int, point: str) -> TableReport:
+        view = self._views.get(reg.qualified)
         report = TableReport(table=reg.qualified, consistent_lsn=point)
+        if view is not None:
+            report.table, report.kind = view.view.name, "view"
         plan = self._plans.get(reg.qualified)
         report.fallback = self._fallback.get(reg.qualified, "")
         if plan is not None:
@@ -613,9 +672,11 @@ class Verifier:
         names = [c for c, _ in columns]
         key_idx = [names.index(k) for k in reg.key]
         from_, where, params = read
+        view = self._views.get(reg.qualified)
+        if from_ is None:
+            from_ = source_from(view) if view is not None else sql.Identifier(reg.schema, reg.table)
         q = sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns),
-            from_ if from_ is not None else sql.Identifier(reg.schema, reg.table),
+            sql.SQL(", ").join(_select_expr(n, t) for n, t in columns), from_
         )
         if where is not None:
             q = q + sql.SQL(" WHERE ") + where
@@ -658,7 +719,7 @@ class Verifier:
         hold there), and the whole table's counts are compared: when they differ, every row is."""
         only = None if plan is None else KeyRanges(tuple(verify_ranges.intervals(plan.record, plan.checked)))
         report.sinks = {sink.name: SinkDiff(sink.name, sink.unit) for sink in self.sinks}
-        rows_backs = [(s, s.read_back(reg, only)) for s in self.sinks if s.unit != "docs"]
+        rows_backs = [(s, self._read_back(s, reg, only)) for s in self.sinks if s.unit != "docs"]
         reads = [verify_ranges.WHOLE] if only is None else verify_ranges.reads(reg, only.spans)
         src, src_search = self._compare_rows_sinks(conn, reg, lsn, report, plan, rows_backs, reads)
         texts_sinks = [s for s in self.sinks if s.unit == "docs"] if reg.search else []
@@ -668,7 +729,7 @@ class Verifier:
             only = KeyRanges(
                 only.spans, frozenset(orjson.dumps(_key_json(reg.key, k)).decode() for k in candidates)
             )
-        texts = [(s, s.read_back(reg, only)) for s in texts_sinks]
+        texts = [(s, self._read_back(s, reg, only)) for s in texts_sinks]
         for sink, back in texts:
             if isinstance(back, StoredTexts):
                 self._compare_texts(reg, src, src_search, _only(back, reg, plan), report.sinks[sink.name])
@@ -997,10 +1058,3 @@ def _show(value: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
-
-
-def select_tables(settings: Settings, name: str | None) -> list[TableReg]:
-    with Registry(Path(settings.state_dir)) as reg:
-        if name:
-            return [reg.find(name)]
-        return reg.list_tables()

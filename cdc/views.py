@@ -95,6 +95,8 @@ class ViewSpec:
     refs_sql: tuple[str, ...]
     #: per table (qualified name) the columns the view reads of it (besides ``_cdc_key``)
     used: dict[str, tuple[str, ...]]
+    #: per column of :attr:`columns` (same order): the ``(alias, column)`` it is read from
+    sources: tuple[tuple[str, str], ...] = ()
 
     @property
     def tables(self) -> tuple[TableReg, ...]:
@@ -286,8 +288,10 @@ def _join(scope: _Scope, node: exp.Join, earlier: list[str]) -> Join:
     return Join(alias, reg, "left" if side == "LEFT" else "inner", parents.pop(), tuple(pairs))
 
 
-def _projection(scope: _Scope, stmt: exp.Select) -> tuple[str, ...]:
+def _projection(scope: _Scope, stmt: exp.Select) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The view's column names and, per column, the ``(alias, column)`` it reads."""
     names: list[str] = []
+    sources: list[tuple[str, str]] = []
     for item in stmt.expressions:
         col = item.this if isinstance(item, exp.Alias) else item
         if isinstance(col, exp.Star) or (isinstance(col, exp.Column) and isinstance(col.this, exp.Star)):
@@ -296,7 +300,7 @@ def _projection(scope: _Scope, stmt: exp.Select) -> tuple[str, ...]:
             raise refuse(
                 f"the select item {item.sql(dialect='postgres')}: only columns, renamed with AS or not"
             )
-        _, name = scope.column(col)
+        alias, name = scope.column(col)
         out = _ident(item.args["alias"]) if isinstance(item, exp.Alias) else name
         if out.startswith("_cdc_"):
             raise refuse(
@@ -305,7 +309,8 @@ def _projection(scope: _Scope, stmt: exp.Select) -> tuple[str, ...]:
         if out in names:
             raise refuse(f"two columns are named {out!r}: rename one with AS", column=out)
         names.append(out)
-    return tuple(names)
+        sources.append((alias, name))
+    return tuple(names), tuple(sources)
 
 
 def _filters(scope: _Scope, where: exp.Expression | None) -> None:
@@ -389,7 +394,7 @@ def parse_view(name: str, sql: str, tables: list[TableReg]) -> ViewSpec:
     joins: list[Join] = []
     for node in stmt.args.get("joins") or []:
         joins.append(_join(scope, node, [driving_alias, *(j.alias for j in joins)]))
-    columns = _projection(scope, stmt)
+    columns, sources = _projection(scope, stmt)
     _filters(scope, stmt.args.get("where"))
     driving = scope.aliases[driving_alias]
     return ViewSpec(
@@ -402,7 +407,21 @@ def parse_view(name: str, sql: str, tables: list[TableReg]) -> ViewSpec:
         select_sql=_qualified(scope, stmt, driving_alias),
         refs_sql=tuple(_refs_sql(driving, driving_alias, joins, i) for i in range(len(joins))),
         used={t: tuple(cols) for t, cols in scope.used.items()},
+        sources=sources,
     )
+
+
+def source_sql(spec: ViewSpec, extra: tuple[tuple[str, str], ...] = ()) -> str:
+    """The view's query in Postgres SQL, to run on the source (``cdc verify``): the registered SQL
+    (parsed and accepted by :func:`parse_view`) with ``extra`` columns appended, each
+    ``(column of the driving table, output name)``, quoted by sqlglot's Postgres dialect."""
+    stmt = _statement(spec.sql)
+    for column, name in extra:
+        col = exp.column(
+            exp.to_identifier(column, quoted=True), table=exp.to_identifier(spec.driving_alias, quoted=True)
+        )
+        stmt = stmt.select(exp.alias_(col, exp.to_identifier(name, quoted=True)), copy=False)
+    return stmt.sql(dialect="postgres")
 
 
 def spec_of(view: ViewReg, tables: list[TableReg]) -> ViewSpec:

@@ -6,8 +6,9 @@ of a batch, the view rows of the batch's affected keys are read from that table 
 (:func:`view_search_reg`): an upsert per row found, a delete per affected key without a row. Their
 version is the view table's Delta version (``seq``: the row's position), which only grows, so the
 search sink's version guard orders them; its ``(app_id, batch_id)`` record makes a replay a no-op.
-A whole build (the view's first, a TRUNCATE, the tasks path, or a replay whose keys are unknown) is
-a TRUNCATE event followed by every row of the view table.
+A whole build (the view's first, a TRUNCATE, the tasks path, a replay whose keys are unknown, or
+the first batch after a view built at ``cdc views add`` while the apply ran) is a TRUNCATE event
+followed by every row of the view table.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def index_view(
     path = paths.view_table(state_dir, view.name)
     if not DeltaTable.is_deltatable(str(path)):
         return 0
+    if keys is not None and not paths.search_index(state_dir, reg.topic).exists():
+        keys = None  # no index yet (the view was built at `cdc views add`): every row
     table = DeltaTable(str(path))
     columns = [VIEW_KEY, *view.search]
     rows = table.to_pyarrow_dataset().to_table(columns=columns)

@@ -1,5 +1,6 @@
-"""``cdc verify [SCHEMA.TABLE] [--full] [--scrub N] [--json] [--wait SECONDS]``: are the derived
-tables equal to the source?
+"""``cdc verify [SCHEMA.TABLE|VIEW] [--full] [--scrub N] [--json] [--wait SECONDS]``: are the
+derived tables (and the views from joins, each against its SQL run on the source,
+:mod:`cdc.verify_views`) equal to the source?
 
 After a clean run has recorded a table's key ranges, a run checks only the ranges with changes in
 the topic since, plus a rotating sample of the others (``--scrub``); ``--full`` reads everything
@@ -13,6 +14,7 @@ documents); 3 the pipeline had not caught up with the source's consistent point 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this module's verbs to the `cdc` parser."""
     p = sub.add_parser("verify", help="compare source tables with the warehouse and the search index")
-    p.add_argument("table", nargs="?", help="SCHEMA.TABLE (default: every registered table)")
+    p.add_argument("table", nargs="?", help="SCHEMA.TABLE or VIEW (default: every registered table and view)")
     p.add_argument(
         "--wait",
         type=float,
@@ -55,19 +57,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.verify import Verifier, select_tables
+    from cdc.verify import Verifier
+    from cdc.verify_views import subjects
 
     if args.wait < 0 or args.limit < 0 or (args.scrub is not None and args.scrub < 0):
         raise ConfigError(
             "--wait, --limit and --scrub must not be negative", fix="e.g. --wait 60 --limit 20 --scrub 10"
         )
-    tables = select_tables(settings, args.table)
-    if not tables:
+    tables, views, skipped = subjects(settings.state_dir, args.table)
+    if not tables and not views:
         raise ConfigError("no table is registered", fix="register one with `cdc tables add SCHEMA.TABLE`")
+    for note in skipped:
+        print(note, file=sys.stderr)
     verifier = Verifier(
         settings, wait_s=float(args.wait), limit=int(args.limit), full=bool(args.full), scrub=args.scrub
     )
-    reports = verifier.verify(tables)
+    reports = verifier.verify(tables, views)
     if args.json:
         print_json([r.to_dict() for r in reports])
     else:

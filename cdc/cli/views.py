@@ -3,11 +3,12 @@
 * ``add NAME --sql "SELECT ... FROM a JOIN b ON a.fk = b.pk ..." [--search COLS]`` parses the SQL
   (:func:`cdc.views.parse_view`) against the registered tables and registers the view; anything the
   apply cannot maintain is refused with what is supported. ``--search``: view columns the apply
-  indexes (tantivy, :mod:`sinks.view_search`) for ``cdc search NAME``. The apply builds the view's Delta table
-  from the tables' current state at its next micro-batch, then keeps it up to date.
+  indexes (tantivy, :mod:`sinks.view_search`) for ``cdc search NAME``; ``--history``: its history
+  (SCD2) too. The view is built at once from the tables' committed current state, without pausing a
+  running apply (:func:`build_at_add`), which then keeps it up to date.
 * ``list`` shows the views (``--json``: one object per view, with its Delta table's path).
-* ``remove NAME`` deletes the registration, the view's Delta table and its search index (a view is
-  derived data only).
+* ``remove NAME`` deletes the registration, the view's Delta table and its search index (derived
+  data); its history, which cannot be derived again, is kept.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 from cdc import paths
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
-from cdc.errors import ConfigError, RegistryError
+from cdc.errors import ConfigError, LockedError, RegistryError
+from cdc.locks import ProcessLock
 from cdc.names import parse_column_list
 from cdc.registry import Registry, TableReg, ViewReg
-from cdc.views import check_name, parse_view, spec_of
+from cdc.views import ViewSpec, check_name, parse_view, spec_of
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,11 +34,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verbs = views.add_subparsers(dest="views_verb", metavar="add|list|remove")
     verbs.required = True
 
-    add = verbs.add_parser("add", help="register a view (built by the apply's next micro-batch)")
+    add = verbs.add_parser("add", help="register a view and build it from its tables' current state")
     add.add_argument("name", metavar="NAME", help="lower case letters, digits and _")
     add.add_argument("--sql", required=True, help='"SELECT ... FROM a JOIN b ON a.fk = b.pk ... [WHERE ...]"')
     add.add_argument(
         "--search", help="view columns for its search index (`cdc search NAME`), comma-separated"
+    )
+    add.add_argument(
+        "--history",
+        action="store_true",
+        help="also keep its history (SCD2): a Delta table of every version of each view row",
     )
     add.add_argument("--json", action="store_true", help="print the registration as JSON")
     add.set_defaults(handler=add_view)
@@ -55,12 +62,17 @@ def view_json(view: ViewReg, state_dir: Path, columns: tuple[str, ...] | None = 
     """The ``--json`` shape of one view; ``warehouse.current``: its Delta table (``built``: whether
     the apply has written it yet); ``columns`` (when given): its columns, null if it no longer parses."""
     current = paths.view_table(state_dir, view.name)
+    history = str(paths.view_history(state_dir, view.name)) if view.extra.get("history") else None
     out: dict[str, Any] = {
         "name": view.name,
         "sql": view.sql,
         "tables": list(view.tables),
         "search": list(view.search),
-        "warehouse": {"current": str(current), "built": (current / "_delta_log").is_dir()},
+        "warehouse": {
+            "current": str(current),
+            "history": history,
+            "built": (current / "_delta_log").is_dir(),
+        },
         "search_index": str(paths.search_index(state_dir, f"_views.{view.name}")) if view.search else None,
         #: why the apply cannot maintain it now ({"reason", "fix"}), else None
         "refused": view.extra.get("refused"),
@@ -81,25 +93,73 @@ def add_view(args: argparse.Namespace, settings: Settings) -> int:
                 fix=f"the view's columns: {', '.join(spec.columns)}",
                 columns=unknown,
             )
-        current = paths.view_table(settings.state_dir, args.name)
-        if current.exists():
+        if any(v.name == args.name for v in registry.list_views()):  # before its tables' paths: they exist
             raise RegistryError(
-                f"{current} exists (a view of that name was removed without its table, or a copy)",
-                fix=f"move it aside (mv {current} {current}.old) or choose another name",
-                path=str(current),
+                f"view {args.name} is already registered",
+                fix=f"remove it first (`cdc views remove {args.name}`), or choose another name",
+                view=args.name,
             )
+        wanted = [paths.view_table(settings.state_dir, args.name)]
+        if args.history:
+            wanted.append(paths.view_history(settings.state_dir, args.name))
+        for path in wanted:
+            if path.exists():
+                raise RegistryError(
+                    f"{path} exists (a view of that name was removed without it, or a copy)",
+                    fix=f"move it aside (mv {path} {path}.old) or choose another name",
+                    path=str(path),
+                )
+        extra = {"history": True} if args.history else {}
         view = registry.add_view(
-            ViewReg(args.name, args.sql, tuple(t.qualified for t in spec.tables), search)
+            ViewReg(args.name, args.sql, tuple(t.qualified for t in spec.tables), search, extra)
         )
+    built = build_at_add(settings, view, spec)
     if args.json:
-        print_json(view_json(view, settings.state_dir, spec.columns))
+        print_json(view_json(view, settings.state_dir, spec.columns) | {"build": built})
     else:
         print(
             f"registered view {view.name} ({', '.join(spec.columns)}) over {', '.join(view.tables)}; "
-            "the apply builds it at its next micro-batch; query it with "
+            f"{built['note']}; query it with "
             f'`cdc sql "SELECT * FROM {view.name}"`'
         )
     return 0
+
+
+BUILD_APP = "cdc-views-add"  # the search index's record of the build at add (never the apply's)
+
+
+def build_at_add(settings: Settings, view: ViewReg, spec: ViewSpec) -> dict[str, Any]:
+    """The view built from its tables' committed current state right after its registration
+    (``docs/views.md``, "Built at add"), the running apply not paused: its Delta tables (current, and
+    history with ``--history``) are created only if the apply has not created them meanwhile
+    (:func:`sinks.warehouse.views.build_view`). The search index is built here only when no apply
+    runs (its ``apply`` lock is free, and held meanwhile): a running apply holds the index's writer,
+    and builds the index whole at its next micro-batch. Returns ``rows`` (None: the apply built it
+    first), ``index`` (built here or not) and a ``note`` for people."""
+    from sinks.warehouse.views import build_view
+
+    lock = ProcessLock(settings.state_dir, "apply", command="cdc views add")
+    try:
+        lock.acquire()
+    except LockedError:
+        rows = build_view(settings.state_dir, spec, history=bool(view.extra.get("history")))
+        later = "; its search index at the apply's next micro-batch" if view.search else ""
+        note = "the running apply built it first" if rows is None else f"built ({rows} rows){later}"
+        return {"rows": rows, "index": False, "note": note}
+    try:
+        rows = build_view(settings.state_dir, spec, history=bool(view.extra.get("history")))
+        if view.search:
+            from sinks.search import SearchSink
+            from sinks.view_search import index_view
+
+            sink = SearchSink.from_settings(settings)
+            try:
+                index_view(sink, settings.state_dir, view, None, 0, BUILD_APP)
+            finally:
+                sink.close()
+    finally:
+        lock.release()
+    return {"rows": rows, "index": bool(view.search), "note": f"built ({rows} rows)"}
 
 
 def list_views(args: argparse.Namespace, settings: Settings) -> int:
@@ -160,8 +220,10 @@ def remove_view(args: argparse.Namespace, settings: Settings) -> int:
     topic = f"_views.{view.name}"  # its search index (sinks.view_search.view_search_reg)
     shutil.rmtree(paths.search_index(settings.state_dir, topic), ignore_errors=True)
     paths.search_versions(settings.state_dir, topic).unlink(missing_ok=True)
+    history = paths.view_history(settings.state_dir, view.name)
+    kept = f"; its history is kept at {history} (delete it yourself)" if history.exists() else ""
     if args.json:
         print_json({"removed": view_json(view, settings.state_dir)})
     else:
-        print(f"removed view {view.name} and its Delta table {current}")
+        print(f"removed view {view.name} and its Delta table {current}{kept}")
     return 0

@@ -40,6 +40,7 @@ from typing import Any
 import duckdb
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from cdc import paths
@@ -52,6 +53,7 @@ from sinks.search import SearchSink
 from sinks.view_search import index_view
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, table_paths
+from sinks.warehouse.view_history import write_history
 
 _DELETE = "__cdc_delete"  # merge-source-only column: the affected key has no row any more
 
@@ -133,7 +135,12 @@ class ViewMaintainer:
             whole = touched is None or was_refused
             try:
                 out[view.name] = maintain_view(
-                    self.state_dir, spec, None if whole else touched, batch_id, self.app_id
+                    self.state_dir,
+                    spec,
+                    None if whole else touched,
+                    batch_id,
+                    self.app_id,
+                    history=bool(view.extra.get("history")),
                 )
             except ApplyError as exc:  # its rows do not fit its table (a type changed at the source)
                 if not was_refused and self.refused is not None:
@@ -151,10 +158,17 @@ class ViewMaintainer:
 
 
 def maintain_view(
-    state_dir: Path, spec: ViewSpec, changed: Mapping[str, Touched] | None, batch_id: int, app_id: str
+    state_dir: Path,
+    spec: ViewSpec,
+    changed: Mapping[str, Touched] | None,
+    batch_id: int,
+    app_id: str,
+    *,
+    history: bool = False,
 ) -> ViewOutcome:
     """One view after batch ``batch_id`` (see the module docstring); ``changed`` (per table, what
-    the batch changed) None: computed whole."""
+    the batch changed) None: computed whole. ``history``: its history table too, written first
+    (:mod:`sinks.warehouse.view_history`)."""
     started = time.monotonic()
     path = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
@@ -172,6 +186,9 @@ def maintain_view(
             rows = con.sql(spec.select_sql).to_arrow_table()
             if table is not None:
                 rows = _conform(rows, table, spec)
+            if history:
+                before = table.to_pyarrow_table() if table is not None else None
+                write_history(state_dir, spec.name, before, rows, None, props, (app_id, batch_id))
             paths.ensure_private_dir(path.parent)
             write_deltalake(str(path), rows, mode="overwrite", commit_properties=props)
             return ViewOutcome(-1, rows.num_rows, time.monotonic() - started)
@@ -183,7 +200,11 @@ def maintain_view(
         rows = con.sql(
             f"SELECT * FROM ({spec.select_sql}) AS __v WHERE __v.{_q(VIEW_KEY)} IN (SELECT k FROM __cdc_affected)"
         ).to_arrow_table()
-        _merge(table, _conform(rows, table, spec), keys, props)
+        rows = _conform(rows, table, spec)
+        if history:
+            before = _rows_of(table, keys)
+            write_history(state_dir, spec.name, before, rows, keys, props, (app_id, batch_id))
+        _merge(table, rows, keys, props)
         return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
     finally:
         con.close()
@@ -265,6 +286,13 @@ def _conform(rows: pa.Table, table: DeltaTable, spec: ViewSpec) -> pa.Table:
         ) from exc
 
 
+def _rows_of(table: DeltaTable, keys: set[str]) -> pa.Table:
+    """The view table's rows of ``keys``."""
+    rows = table.to_pyarrow_table()
+    column = rows.column(VIEW_KEY).cast(pa.string())
+    return rows.filter(pc.is_in(column, value_set=pa.array(sorted(keys), pa.string())))
+
+
 def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitProperties) -> None:
     """One MERGE on ``_cdc_key``: ``rows`` replace or insert; the other ``keys`` delete their row."""
     found = set(rows.column(VIEW_KEY).to_pylist())
@@ -292,6 +320,44 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitPrope
         .when_not_matched_insert(cols, predicate=f"NOT s.{_q(_DELETE)}")
         .execute()
     )
+
+
+def build_view(state_dir: Path, spec: ViewSpec, *, history: bool = False) -> int | None:
+    """The view computed whole from its tables' committed current state and created, at ``cdc
+    views add`` (``docs/views.md``, "Built at add"): its history first (``history``), then its
+    current table, each created only if absent, with no application transaction (the apply's next
+    batch maintains it). Never over what a running apply created meanwhile: the apply builds a view
+    it finds without a table from a state at least as new, so its build wins. Returns the rows,
+    or None when the view had a table (the apply built it first)."""
+    from deltalake.exceptions import DeltaError
+
+    path = paths.view_table(state_dir, spec.name)
+    if DeltaTable.is_deltatable(str(path)):
+        return None
+    con = _connect(state_dir, spec)
+    try:
+        rows = con.sql(spec.select_sql).to_arrow_table()
+    finally:
+        con.close()
+    paths.ensure_private_dir(path.parent)
+    steps: list[tuple[Path, Callable[[], object]]] = [
+        (path, lambda: write_deltalake(str(path), rows, mode="error")),
+    ]
+    if history:
+        hist = paths.view_history(state_dir, spec.name)
+        build = CommitProperties()
+        steps.insert(
+            0,
+            (hist, lambda: write_history(state_dir, spec.name, None, rows, None, build, None, mode="error")),
+        )
+    for target, write in steps:
+        try:
+            write()
+        except DeltaError:  # created meanwhile (it exists, or a concurrent commit of its version 0)
+            if DeltaTable.is_deltatable(str(target)):
+                return None
+            raise
+    return int(rows.num_rows)
 
 
 def view_rows(state_dir: Path, name: str) -> pa.Table | None:

@@ -199,7 +199,7 @@ def test_verify_report_keeps_its_json_shape_with_a_diff_per_sink() -> None:
         "table", "status", "source_rows", "warehouse_rows", "search_docs", "missing", "extra", "different",
         "missing_count", "extra_count", "different_count", "search", "ranges", "ranges_differing",
         "consistent_lsn", "caught_up", "lag", "mode", "fallback", "changes_read", "rows_checked",
-        "ranges_checked",
+        "ranges_checked", "kind",
     ]  # fmt: skip
     assert body["status"] == "different" and body["missing"] == [{"id": 3}] and body["search_docs"] is None
     assert list(body["search"]) == [

@@ -1,31 +1,33 @@
-"""A view from joins end to end: real Postgres -> ``cdc run --once`` -> ``cdc apply --once`` (Spark)
--> ``cdc sql "SELECT * FROM NAME"``, equal after every round to the view's SQL run on the source.
-The rounds interleave inserts, updates, deletes and key changes on the driving table and on both
-joined tables; the view is registered after the tables hold data. Its search index (``--search``)
-finds the rows of the view."""
+"""A view from joins end to end: real Postgres -> ``cdc run --once`` -> the apply -> the view's
+Delta table, equal after every round to the view's SQL run on the source
+(:mod:`tests.plugins.views`: inserts, updates, deletes and key changes on the driving table and on
+both joined tables; the view is registered after the tables hold data and built by ``cdc views
+add`` from their current state).
+
+* Through Spark (``cdc apply --once``): ``cdc sql "SELECT * FROM NAME"`` and ``cdc search``, and
+  ``cdc verify NAME`` clean at the end.
+* Without a JVM (the apply's Spark-free micro-batch, :func:`tests.plugins.apply.apply_pending_without_spark`):
+  ``cdc verify`` compares each view (its Delta table and its search index) with its SQL run on the
+  source: clean after every round, and it finds a row planted in the view's table, a row removed
+  from it and a lost search index, with their keys."""
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 import orjson
+from deltalake import DeltaTable
 
+from cdc import paths
+from cdc.locks import ProcessLock
+from tests.plugins.apply import apply_pending_without_spark
 from tests.plugins.capture import CaptureEnv
-
-SQL = (
-    "SELECT o.id, o.total, c.name AS customer, r.label AS region FROM orders o "
-    "JOIN customers c ON o.customer_id = c.id LEFT JOIN regions r ON c.region = r.code "
-    "WHERE o.total > 10 AND c.name <> 'hidden'"
-)
-COLUMNS = ("id", "total", "customer", "region")
-
-
-def _source(env: CaptureEnv) -> list[dict[str, Any]]:
-    return [dict(zip(COLUMNS, row, strict=True)) for row in env.fetch(SQL + " ORDER BY 1")]
+from tests.plugins.views import ROUNDS, SQL, VIEW, order_tables, source_view
 
 
 def _view(env: CaptureEnv) -> list[dict[str, Any]]:
-    res = env.cdc("sql", "SELECT * FROM order_view ORDER BY id", "--json")
+    res = env.cdc("sql", f"SELECT * FROM {VIEW} ORDER BY id", "--json")
     assert res.returncode == 0, res.stderr
     return list(orjson.loads(res.stdout))
 
@@ -34,59 +36,95 @@ def _round(env: CaptureEnv, jvm: None) -> None:
     env.run_once()
     res = env.cdc("apply", "--once", "--json", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert _view(env) == _source(env)
+    assert _view(env) == source_view(env)
 
 
 def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> None:
-    env.sql(
-        "CREATE TABLE regions (code text PRIMARY KEY, label text);"
-        "CREATE TABLE customers (id int PRIMARY KEY, name text, region text);"
-        "CREATE TABLE orders (id int PRIMARY KEY, customer_id int, total int, note text);"
-        "INSERT INTO regions VALUES ('n', 'north'), ('s', 'south'), ('e', 'east');"
-        "INSERT INTO customers SELECT g, (ARRAY['ann', 'bob', 'hidden', 'cy'])[g % 4 + 1],"
-        " (ARRAY['n', 's', 'e', 'zz'])[g % 4 + 1] FROM generate_series(1, 20) g;"
-        "INSERT INTO orders SELECT g, g % 23, g % 40, 'it''s \"quoted\"\\' || g FROM generate_series(1, 300) g"
-    )
-    for table in ("regions", "customers", "orders"):
-        env.add_table(f"public.{table}")
+    order_tables(env)
     env.run_once()
     res = env.cdc("apply", "--once", "--json", timeout=900)  # the tables hold data, no view yet
     assert res.returncode == 0, res.stderr[-3000:]
-    added = env.cdc("views", "add", "order_view", "--sql", SQL, "--search", "customer", "--json")
+    added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer", "--json")
     assert added.returncode == 0, added.stderr
-    assert orjson.loads(added.stdout)["warehouse"]["built"] is False
+    assert orjson.loads(added.stdout)["warehouse"]["built"] is True  # from the tables' current state
+    assert _view(env) == source_view(env)
 
-    env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")  # a change: the next batch builds it
+    env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")
     _round(env, jvm)
-    listed = env.cdc("views", "list", "--json")
-    assert [v["warehouse"]["built"] for v in orjson.loads(listed.stdout)] == [True]
-
-    env.sql(
-        "UPDATE customers SET name = 'hidden' WHERE id = 2;"  # leaves the view (filter on the one side)
-        "UPDATE customers SET name = 'dee' WHERE id = 3;"  # enters it
-        "UPDATE regions SET label = 'NORTH' WHERE code = 'n';"  # every order of a northern customer
-        "DELETE FROM regions WHERE code = 's';"  # left join: region null
-        "INSERT INTO regions VALUES ('zz', 'far away');"  # left join: a dangling reference now matches
-        "INSERT INTO customers VALUES (21, 'new', 'e'), (22, 'newer', 'n');"  # orders 21, 22 join now
-        "DELETE FROM customers WHERE id = 5;"  # inner join: its orders leave
-        "UPDATE customers SET id = 105 WHERE id = 6;"  # key change on the one side
-        "UPDATE orders SET id = 1000 WHERE id = 30;"  # key change on the many side
-        "UPDATE orders SET customer_id = 1 WHERE id BETWEEN 40 AND 45;"  # the foreign key moves
-        "DELETE FROM orders WHERE id BETWEEN 50 AND 60;"
-        "INSERT INTO orders SELECT g, g % 23, 99, NULL FROM generate_series(301, 320) g"
-    )
-    _round(env, jvm)
-
-    env.sql(
-        "UPDATE regions SET code = 'w' WHERE code = 'e';"  # key change of the second join's table
-        "UPDATE customers SET region = 'w' WHERE id = 21;"
-        "TRUNCATE regions;"
-        "INSERT INTO regions VALUES ('n', 'north again');"
-        "UPDATE orders SET total = 0 WHERE id = 1000"
-    )
-    _round(env, jvm)
-    assert len(_source(env)) > 50
-    found = env.cdc("search", "order_view", "customer:dee", "--limit", "1000", "--json")
+    for changes in ROUNDS:
+        env.sql(changes)
+        _round(env, jvm)
+    assert len(source_view(env)) > 50
+    found = env.cdc("search", VIEW, "customer:dee", "--limit", "1000", "--json")
     assert found.returncode == 0, found.stderr
     hits = sorted(orjson.loads(h["key"]["_cdc_key"])["id"] for h in orjson.loads(found.stdout))
-    assert hits == [r["id"] for r in _source(env) if r["customer"] == "dee"] and hits
+    assert hits == [r["id"] for r in source_view(env) if r["customer"] == "dee"] and hits
+    code, report = env.verify(VIEW, "--wait", "10")
+    assert code == 0 and [(r["table"], r["kind"], r["status"]) for r in report] == [(VIEW, "view", "ok")]
+
+
+#: a second view that does not select the driving table's key: verify carries it as _cdc_key.id
+TOTALS = "SELECT o.total, c.name AS who FROM orders o JOIN customers c ON o.customer_id = c.id"
+
+
+def _apply(env: CaptureEnv) -> None:
+    """What the reader wrote since the last call, through the apply's Spark-free micro-batch."""
+    env.run_once()
+    apply_pending_without_spark(env.state, settings=env.settings())
+
+
+def _verify_views(env: CaptureEnv) -> dict[str, dict[str, Any]]:
+    """``cdc verify --json`` (every table and view) by name, asserting its exit code is 0."""
+    code, report = env.verify("--wait", "10")
+    assert code == 0, report
+    return {r["table"]: r for r in report}
+
+
+def test_verify_compares_views_with_their_sql_on_the_source(env: CaptureEnv) -> None:
+    order_tables(env)
+    _apply(env)
+    # built at add from the tables' current state: while an apply runs (it holds the apply lock),
+    # its Delta tables only (the apply holds the index's writer); with none running, its index too
+    with ProcessLock(env.state, "apply"):
+        added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer", "--history", "--json")
+    assert added.returncode == 0, added.stderr
+    build = orjson.loads(added.stdout)["build"]
+    assert build["rows"] == len(source_view(env)) > 50 and build["index"] is False
+    added = env.cdc("views", "add", "totals", "--sql", TOTALS, "--search", "who", "--json")
+    assert orjson.loads(added.stdout)["build"]["index"] is True
+    code, report = env.verify("--wait", "0")  # no apply since: the views are there
+    assert code == 1 and [r["status"] for r in report] == ["ok"] * 3 + ["different", "ok"], report
+    assert report[3]["table"] == VIEW and report[3]["search"]["missing_count"] == build["rows"]
+    assert report[3]["missing_count"] == report[3]["different_count"] == 0
+    env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")
+    _apply(env)  # maintains both views, and builds the first one's index whole
+    for changes in ROUNDS:
+        reports = _verify_views(env)
+        assert {r["kind"] for r in reports.values()} == {"table", "view"} and len(reports) == 5
+        assert reports["totals"]["search_docs"] == reports["totals"]["source_rows"]
+        assert reports[VIEW]["source_rows"] == len(source_view(env)) == reports[VIEW]["warehouse_rows"]
+        assert reports[VIEW]["search_docs"] == len(source_view(env))
+        env.sql(changes)
+        _apply(env)
+    assert _verify_views(env)[VIEW]["source_rows"] > 50
+
+    view = DeltaTable(str(paths.view_table(env.state, VIEW)))
+    row = min(view.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    view.update({"customer": "'planted'"}, predicate=f"id = {row['id']}")  # behind the apply's back
+    totals = DeltaTable(str(paths.view_table(env.state, "totals")))
+    gone = orjson.loads(totals.to_pyarrow_table().column("_cdc_key")[0].as_py())["id"]
+    totals.delete(f"_cdc_key = '{orjson.dumps({'id': gone}).decode()}'")
+    shutil.rmtree(paths.search_index(env.state, f"_views.{VIEW}"))
+    paths.search_versions(env.state, f"_views.{VIEW}").unlink()
+
+    code, report = env.verify(VIEW, "--wait", "5")
+    assert code == 1 and len(report) == 1 and report[0]["status"] == "different", report
+    (wrong,) = report[0]["different"]
+    assert wrong["key"] == {"id": row["id"]}
+    assert wrong["columns"] == {"customer": {"source": row["customer"], "warehouse": "planted"}}
+    assert report[0]["search"]["missing_count"] == report[0]["source_rows"]
+    code, report = env.verify("totals", "--wait", "5")
+    assert code == 1 and report[0]["missing"] == [{"_cdc_key.id": gone}], report
+    assert report[0]["missing_count"] == 1 and report[0]["different_count"] == 0
+    text = env.cdc("verify", "--wait", "5")  # every table and view, the text form
+    assert text.returncode == 1 and "totals: missing: [{'_cdc_key.id'" in text.stdout, text.stdout

@@ -208,20 +208,37 @@ def apply_without_spark(
 SPARKLESS_APP = "cdc-apply-sparkless-test"
 
 
-def apply_pending_without_spark(state: Path) -> int:
+def _registered(state: Path) -> Any:
+    """The registered views and tables of ``state``, read afresh at each call (as the job does)."""
+
+    def read() -> tuple[list[Any], list[TableReg]]:
+        with Registry(state) as registry:
+            return registry.list_views(), registry.list_tables()
+
+    return read
+
+
+def apply_pending_without_spark(state: Path, *, settings: Settings | None = None) -> int:
     """Apply every record the real reader wrote to ``state`` past the apply consumer's committed
     positions through :class:`spark_jobs.applier.BatchApplier` (the Spark-free micro-batch, no JVM),
-    then commit those positions as the job does; asserts no dead letter. Returns the records applied."""
+    the views maintained after it as the apply job does, then commit those positions as the job
+    does; asserts no dead letter. Returns the records applied. ``settings``: the sinks' (default:
+    ``state``'s with no cdc.toml)."""
     import pyarrow as pa
 
     from cdc.logstore import APPLY_CONSUMER
     from cdc.logstore.factory import open_log_store
     from cdc.logstore.records import RECORDS, read_records
+    from sinks.search import SearchSink
+    from sinks.warehouse.views import ViewMaintainer
     from spark_jobs.applier import BatchApplier, open_sinks
 
-    settings = Settings(state_dir=state)
+    settings = settings or Settings(state_dir=state)
     with Registry(state) as registry:
         regs = registry.list_tables()
+    views = ViewMaintainer(
+        state, _registered(state), SPARKLESS_APP, search=SearchSink.from_settings(settings)
+    )
     sinks = open_sinks(settings)
     try:
         with open_log_store(settings) as store:
@@ -235,7 +252,9 @@ def apply_pending_without_spark(state: Path) -> int:
                     since = max(done.get(p, 0), starts.get(p, 0))
                     batches.extend(read_records(store, reg.topic, p, since, end))
             if batches:
-                applier = BatchApplier(sinks, {reg.topic: reg for reg in regs}.get, SPARKLESS_APP)
+                applier = BatchApplier(
+                    sinks, {reg.topic: reg for reg in regs}.get, SPARKLESS_APP, after=views.maintain
+                )
                 out = applier.run(pa.Table.from_batches(batches, schema=RECORDS), batch_id)
                 assert not out.dead, out.dead
             for topic, end in ends.items():
@@ -243,4 +262,5 @@ def apply_pending_without_spark(state: Path) -> int:
     finally:
         for s in sinks:
             s.close()
+        views.close()
     return sum(b.num_rows for b in batches)

@@ -6,7 +6,9 @@ equal the view's SQL evaluated over an in-memory model of the source. Replays ch
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -418,3 +420,160 @@ def test_a_views_search_index_follows_it(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["--state", str(tmp_path), *query]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert len(hits) == sum(r["customer"] == name for r in expected(work.model)) > 0
+
+
+def _history(state: Path) -> list[dict[str, Any]]:
+    path = paths.view_history(state, VIEW.name)
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+def test_a_views_history_keeps_every_version_of_its_rows(tmp_path: Path) -> None:
+    """``--history``: after every batch (random changes on all three tables, the view registered
+    over tables that hold data) the history holds one version per change of each view row, its open
+    rows are exactly the view's rows, a version is closed by the next (``u``, same time) or by the
+    row leaving the view (``d``); a replay of a batch adds nothing, nor does a batch that leaves the
+    view's rows as they were."""
+    view = ViewReg(VIEW.name, SQL, VIEW.tables, extra={"history": True})
+    registered: list[ViewReg] = []
+    maintainer = ViewMaintainer(tmp_path, lambda: (list(registered), TABLES), APP)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    work = Workload(11)
+    versions: dict[Any, int] = {}  # per id: the versions the history must hold
+    closed: dict[Any, list[str]] = {}  # per id: how its versions were closed, in order
+    try:
+        app.run(records_table(work.batch(60)), 0)
+        registered.append(view)
+        before: dict[Any, dict[str, Any]] = {}
+        for batch_id in range(1, 16):
+            records = work.batch(work.rng.randint(1, 10))
+            app.run(records_table(records), batch_id)
+            after = {r["id"]: r for r in expected(work.model)}
+            for k, row in after.items():
+                if before.get(k) != row:
+                    versions[k] = versions.get(k, 0) + 1
+                    if k in before:
+                        closed.setdefault(k, []).append("u")
+            for k in before.keys() - after.keys():
+                closed.setdefault(k, []).append("d")
+            before = after
+            count = len(_history(tmp_path))
+            app.run(records_table(records), batch_id)  # a replay: skipped by the app transaction
+            assert len(_history(tmp_path)) == count
+            rows = _history(tmp_path)
+            assert len(rows) == sum(versions.values()), f"batch {batch_id}"
+            live = [
+                {k: v for k, v in r.items() if not k.startswith("_cdc_") and k not in HISTORY_ONLY}
+                for r in sorted(rows, key=lambda r: r["id"])
+                if r["is_current"]
+            ]
+            assert live == sorted(stored(tmp_path), key=lambda r: r["id"]) == expected(work.model)
+        rows = sorted(_history(tmp_path), key=lambda r: (r["id"], r["valid_from"]))
+        for k, ends in closed.items():
+            mine = [r for r in rows if r["id"] == k]
+            assert [r["_cdc_end_op"] for r in mine if not r["is_current"]] == ends
+            for old, new in itertools.pairwise(mine):
+                assert old["valid_to"] is not None and old["valid_to"] <= new["valid_from"]
+                if old["_cdc_end_op"] == "u":
+                    assert old["valid_to"] == new["valid_from"] and new["_cdc_op"] == "u"
+        assert "d" in {e for ends in closed.values() for e in ends}
+        assert any(len(e) >= 2 for e in closed.values())
+    finally:
+        app.close(close_sinks=True, timeout=60)
+
+
+HISTORY_ONLY = {"valid_from", "valid_to", "is_current"}
+
+
+def test_a_crash_between_the_history_and_the_view_commits_replays_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history is committed, the view's MERGE fails (a crash between the two commits): the
+    batch's replay skips the history (its app transaction) and brings the view to the state the
+    history says; no version is written twice."""
+    import sinks.warehouse.views as views_mod
+
+    view = ViewReg(VIEW.name, SQL, VIEW.tables, extra={"history": True})
+    maintainer = ViewMaintainer(tmp_path, lambda: ([view], TABLES), APP)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    work = Workload(5)
+    merge = views_mod._merge
+    crashed_with_versions = 0
+
+    def crash(*args: Any, **kw: Any) -> None:
+        raise OSError("killed between the history's commit and the view's")
+
+    try:
+        app.run(records_table(work.batch(60)), 0)
+        for batch_id in range(1, 7):
+            records = work.batch(20)
+            count = len(_history(tmp_path))
+            monkeypatch.setattr(views_mod, "_merge", crash)
+            with pytest.raises(Exception, match="killed between"):
+                app.run(records_table(records), batch_id)
+            opened = len(_history(tmp_path)) - count
+            crashed_with_versions += opened > 0
+            monkeypatch.setattr(views_mod, "_merge", merge)
+            app.run(records_table(records), batch_id)
+            assert len(_history(tmp_path)) == count + opened, f"batch {batch_id}"
+            live = sorted(r["_cdc_key"] for r in _history(tmp_path) if r["is_current"])
+            assert live == sorted(r["_cdc_key"] for r in view_rows(tmp_path, VIEW.name).to_pylist())  # type: ignore[union-attr]
+            assert stored(tmp_path) == expected(work.model)
+        assert crashed_with_versions >= 3  # the history had committed new versions when it crashed
+    finally:
+        app.close(close_sinks=True, timeout=60)
+
+
+def _history_open(state: Path) -> list[dict[str, Any]]:
+    return sorted(
+        ({"id": r["id"], "customer": r["customer"]} for r in _history(state) if r["is_current"]),
+        key=lambda r: r["id"],
+    )
+
+
+def test_built_at_add_from_the_tables_current_state_then_maintained(tmp_path: Path) -> None:
+    """``cdc views add`` builds the view (and its history) from the committed tables
+    (:func:`sinks.warehouse.views.build_view`); the apply's next batch maintains it incrementally.
+    A view the apply created first is left to it; a build that stopped between its history and its
+    current table is completed by the apply's whole build without a second open version."""
+    from cdc.views import parse_view
+    from sinks.warehouse.views import build_view
+
+    spec = parse_view(VIEW.name, SQL, TABLES)
+    view = ViewReg(VIEW.name, SQL, VIEW.tables, extra={"history": True})
+    registered: list[ViewReg] = []
+    maintainer = ViewMaintainer(tmp_path, lambda: (list(registered), TABLES), APP)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    work = Workload(7)
+    try:
+        app.run(records_table(work.batch(80)), 0)
+        registered.append(view)
+        assert build_view(tmp_path, spec, history=True) == len(expected(work.model)) > 3
+        assert stored(tmp_path) == expected(work.model)
+        assert {r["_cdc_op"] for r in _history(tmp_path)} == {"c"} and all(
+            r["is_current"] for r in _history(tmp_path)
+        )
+        version = DeltaTable(str(paths.view_table(tmp_path, VIEW.name))).version()
+        assert build_view(tmp_path, spec, history=True) is None  # it exists: never rebuilt over
+        assert DeltaTable(str(paths.view_table(tmp_path, VIEW.name))).version() == version
+        out = app.run(records_table(work.batch(6)), 1)
+        assert out.views[VIEW.name][0] >= 0  # maintained, not built again
+        assert stored(tmp_path) == expected(work.model)
+        open_rows = _history_open(tmp_path)
+        assert open_rows == [{"id": r["id"], "customer": r["customer"]} for r in expected(work.model)]
+
+        # stopped between the history's commit and the current table's: the apply completes it
+        shutil.rmtree(paths.view_table(tmp_path, VIEW.name))
+        shutil.rmtree(paths.view_history(tmp_path, VIEW.name))
+        app.run(records_table(work.batch(6)), 2)  # the view rebuilt whole by the apply
+        shutil.rmtree(paths.view_table(tmp_path, VIEW.name))
+        before = len(_history(tmp_path))
+        app.run(records_table(work.batch(6)), 3)
+        assert stored(tmp_path) == expected(work.model)
+        open_rows = _history_open(tmp_path)
+        assert open_rows == [{"id": r["id"], "customer": r["customer"]} for r in expected(work.model)]
+        assert len(_history(tmp_path)) - before < len(expected(work.model))  # only what changed
+    finally:
+        app.close(close_sinks=True, timeout=60)

@@ -11,7 +11,7 @@ import pytest
 from cdc.cli import main
 from cdc.errors import ConfigError
 from cdc.registry import Column, Registry, TableReg
-from cdc.views import SUPPORTED, parse_view
+from cdc.views import SUPPORTED, parse_view, source_sql
 
 
 def _table(
@@ -61,6 +61,28 @@ def test_accepts_a_composite_key_and_unqualified_unambiguous_columns() -> None:
         [*TABLES, comp],
     )
     assert spec.joins[0].pairs == (("order_id", "order_id"), ("line_no", "line_no"))
+
+
+def test_source_sql_appends_the_driving_key_it_does_not_select() -> None:
+    """The view's SQL as ``cdc verify`` runs it on the source: the registered SQL (filters, joins,
+    renames as written) with the driving table's key columns appended, quoted; the verifier's view
+    registration keys rows by them (a selected key column by its output name)."""
+    from cdc.registry import ViewReg
+    from cdc.verify_views import subject_of
+
+    sql = 'SELECT l.qty AS "Q", o.total FROM lines l JOIN orders o ON o.id = l.order_id WHERE l.qty > 1'
+    spec = parse_view("v", sql, TABLES)
+    assert spec.sources == (("l", "qty"), ("o", "total"))
+    out = source_sql(spec, (("order_id", "_cdc_key.order_id"), ("line_no", "_cdc_key.line_no")))
+    assert out == (
+        'SELECT l.qty AS "Q", o.total, "l"."order_id" AS "_cdc_key.order_id", "l"."line_no" AS '
+        '"_cdc_key.line_no" FROM lines AS l JOIN orders AS o ON o.id = l.order_id WHERE l.qty > 1'
+    )
+    subject = subject_of(ViewReg("v", sql, ("public.lines", "public.orders")), TABLES)
+    assert subject.reg.key == ("_cdc_key.order_id", "_cdc_key.line_no")
+    assert [c.name for c in subject.reg.columns] == ["Q", "total", "_cdc_key.order_id", "_cdc_key.line_no"]
+    renamed = subject_of(ViewReg("w", "SELECT o.id AS order_no FROM orders o", ("public.orders",)), TABLES)
+    assert renamed.reg.key == ("order_no",) and not renamed.hidden
 
 
 REFUSED = {
@@ -146,7 +168,9 @@ def test_views_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["--state", str(tmp_path), "views", "add", "ov", "--sql", sql, "--json"]) == 0
     added = json.loads(capsys.readouterr().out)
     assert added["columns"] == ["id", "name"] and added["tables"] == ["public.orders", "public.customers"]
-    assert added["warehouse"] == {"current": str(tmp_path / "warehouse" / "_views" / "ov"), "built": False}
+    views_dir = tmp_path / "warehouse" / "_views"
+    assert added["warehouse"] == {"current": str(views_dir / "ov"), "history": None, "built": True}
+    assert added["build"] == {"rows": 0, "index": False, "note": "built (0 rows)"}  # no data yet
     assert main(["--state", str(tmp_path), "views", "add", "ov", "--sql", sql]) != 0  # a second time
     assert "already registered" in capsys.readouterr().err
     assert (
@@ -162,3 +186,12 @@ def test_views_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str
     capsys.readouterr()
     assert main(["--state", str(tmp_path), "views", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+    # --history: its table is named; a removal keeps it (it cannot be derived again), so adding the
+    # view again with --history is refused until it is moved aside
+    assert main(["--state", str(tmp_path), "views", "add", "oh", "--sql", sql, "--history", "--json"]) == 0
+    history = views_dir / "oh__history"
+    assert json.loads(capsys.readouterr().out)["warehouse"]["history"] == str(history)
+    assert main(["--state", str(tmp_path), "views", "remove", "oh"]) == 0
+    assert f"its history is kept at {history}" in capsys.readouterr().out and history.is_dir()
+    assert main(["--state", str(tmp_path), "views", "add", "oh", "--sql", sql, "--history"]) != 0
+    assert f"{history} exists" in capsys.readouterr().err
