@@ -106,6 +106,8 @@ class _Applied:
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
+        #: (seconds, records) of each micro-batch with records applied while measuring
+        self.batches: list[tuple[float, int]] = []
         self.measuring = threading.Event()
         self.warm = threading.Event()
 
@@ -113,6 +115,8 @@ class _Applied:
         if r.records:
             self.warm.set()
         if self.measuring.is_set():
+            if r.records:
+                self.batches.append((r.seconds, r.records))
             self.latencies.extend((r.applied_at_ms - ts) / 1000 for ts in r.event_ts_ms if ts)
 
 
@@ -136,8 +140,9 @@ def _write_items(dsn: str, rate: int, stop: threading.Event, commits: list[int],
             commits.append(PER_TXN)
 
 
-#: one rate's figures: (target rate, achieved rate, events, p50, p99, max) and the capture shares
-_Round = tuple[tuple[int, float, int, float, float, float], list[float]]
+#: one rate's figures: (target rate, achieved rate, events, p50, p99, max), the capture shares and
+#: the micro-batches' (seconds, records)
+_Round = tuple[tuple[int, float, int, float, float, float], list[float], list[tuple[float, int]]]
 
 
 def _freshness_at(
@@ -145,6 +150,7 @@ def _freshness_at(
 ) -> _Round:
     """Write at ``rate`` for ``seconds``, wait (up to 60 s) for the tail to be applied; the figures."""
     applied.latencies.clear()
+    applied.batches.clear()
     stop = threading.Event()
     commits: list[int] = []
     applied.measuring.set()
@@ -173,10 +179,19 @@ def _freshness_at(
     )
     print(
         f"  {rate:,}/s (achieved {achieved:,.0f}/s): {len(lat):,} events, p50 {row[3]:.2f} s, "
-        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s",
+        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s; {_batches_text(applied.batches)}",
         flush=True,
     )
-    return row, sorted(cap)
+    return row, sorted(cap), list(applied.batches)
+
+
+def _batches_text(batches: list[tuple[float, int]]) -> str:
+    """The micro-batches' count, median seconds and median records (what the apply spent)."""
+    if not batches:
+        return "-"
+    secs = statistics.median(b[0] for b in batches)
+    recs = statistics.median(b[1] for b in batches)
+    return f"{len(batches)} batches, median {secs:.2f} s / {recs:,.0f} records"
 
 
 def _freshness(spark: Any, pipe: _Pipeline, quick: bool, where: str = "`local[2]`") -> list[str]:
@@ -206,13 +221,15 @@ def _freshness(spark: Any, pipe: _Pipeline, quick: bool, where: str = "`local[2]
         f"{ApplyOptions().trigger_interval_s:g} s (`cdc apply --trigger-interval`), {where}; load average "
         "before / after: " + f"{load0} / " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + "):",
         "",
-        "| target rate | achieved | events | p50 | p99 | max | capture share p50 / p99 (commit -> log store) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| target rate | achieved | events | p50 | p99 | max | capture share p50 / p99 (commit -> log store) "
+        "| micro-batches |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for (rate, achieved, n, p50, p99, mx), cap in rows:
+    for (rate, achieved, n, p50, p99, mx), cap, batches in rows:
         cap_txt = f"{statistics.median(cap):.2f} s / {_pct(cap, 0.99):.2f} s" if cap else "-"
         lines.append(
-            f"| {rate:,}/s | {achieved:,.0f}/s | {n:,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {cap_txt} |"
+            f"| {rate:,}/s | {achieved:,.0f}/s | {n:,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {cap_txt} "
+            f"| {_batches_text(batches)} |"
         )
     lines += [
         "",
