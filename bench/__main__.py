@@ -26,6 +26,7 @@ BENCHMARKS = [
     "apply",
     "apply_cluster",
     "freshness",
+    "freshness_cluster",
     "decoders",
     "search_shards",
     "wait",

@@ -16,6 +16,11 @@
   ``sample_interval_s`` (5 s), as a share of one core. Bar: < 1 %.
 
 ``--quick``: 8 s per rate, 10 tables for status.
+
+On a Spark standalone cluster: ``python -m bench freshness_cluster`` (:func:`run_on_cluster`) measures
+the freshness alone with the apply job's driver pointed at a cluster of ``$BENCH_FRESHNESS_WORKERS``
+(default 2) one-core workers started on this machine (:mod:`spark_jobs.devcluster`, the state
+directory shared as object storage would be); its section goes in the same file.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class _Applied:
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
+        #: (seconds, records) of each micro-batch with records applied while measuring
+        self.batches: list[tuple[float, int]] = []
         self.measuring = threading.Event()
         self.warm = threading.Event()
 
@@ -108,6 +115,8 @@ class _Applied:
         if r.records:
             self.warm.set()
         if self.measuring.is_set():
+            if r.records:
+                self.batches.append((r.seconds, r.records))
             self.latencies.extend((r.applied_at_ms - ts) / 1000 for ts in r.event_ts_ms if ts)
 
 
@@ -131,8 +140,9 @@ def _write_items(dsn: str, rate: int, stop: threading.Event, commits: list[int],
             commits.append(PER_TXN)
 
 
-#: one rate's figures: (target rate, achieved rate, events, p50, p99, max) and the capture shares
-_Round = tuple[tuple[int, float, int, float, float, float], list[float]]
+#: one rate's figures: (target rate, achieved rate, events, p50, p99, max), the capture shares and
+#: the micro-batches' (seconds, records)
+_Round = tuple[tuple[int, float, int, float, float, float], list[float], list[tuple[float, int]]]
 
 
 def _freshness_at(
@@ -140,6 +150,7 @@ def _freshness_at(
 ) -> _Round:
     """Write at ``rate`` for ``seconds``, wait (up to 60 s) for the tail to be applied; the figures."""
     applied.latencies.clear()
+    applied.batches.clear()
     stop = threading.Event()
     commits: list[int] = []
     applied.measuring.set()
@@ -168,15 +179,25 @@ def _freshness_at(
     )
     print(
         f"  {rate:,}/s (achieved {achieved:,.0f}/s): {len(lat):,} events, p50 {row[3]:.2f} s, "
-        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s",
+        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s; {_batches_text(applied.batches)}",
         flush=True,
     )
-    return row, sorted(cap)
+    return row, sorted(cap), list(applied.batches)
 
 
-def _freshness(spark: Any, pipe: _Pipeline, quick: bool) -> list[str]:
+def _batches_text(batches: list[tuple[float, int]]) -> str:
+    """The micro-batches' count, median seconds and median records (what the apply spent)."""
+    if not batches:
+        return "-"
+    secs = statistics.median(b[0] for b in batches)
+    recs = statistics.median(b[1] for b in batches)
+    return f"{len(batches)} batches, median {secs:.2f} s / {recs:,.0f} records"
+
+
+def _freshness(spark: Any, pipe: _Pipeline, quick: bool, where: str = "`local[2]`") -> list[str]:
     """The continuous apply job at its default trigger, writes at 1,000 and 5,000 changes/s; the
-    report's freshness table. The job is stopped before returning."""
+    report's freshness table (``where``: the Spark master, in words). The job is stopped before
+    returning."""
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
     applied = _Applied()
@@ -187,6 +208,7 @@ def _freshness(spark: Any, pipe: _Pipeline, quick: bool) -> list[str]:
         on_batch=applied,
         keep_event_ts=True,
     )
+    load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     runner = threading.Thread(target=job.run, daemon=True)
     runner.start()
     applied.warm.wait(180)
@@ -196,15 +218,18 @@ def _freshness(spark: Any, pipe: _Pipeline, quick: bool) -> list[str]:
     lines = [
         "Commit time at the source to visible in both the Delta current table and the tantivy index "
         "(`cdc run` process + continuous apply job at the default trigger, "
-        f"{ApplyOptions().trigger_interval_s:g} s (`cdc apply --trigger-interval`), `local[2]`):",
+        f"{ApplyOptions().trigger_interval_s:g} s (`cdc apply --trigger-interval`), {where}; load average "
+        "before / after: " + f"{load0} / " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + "):",
         "",
-        "| target rate | achieved | events | p50 | p99 | max | capture share p50 / p99 (commit -> log store) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| target rate | achieved | events | p50 | p99 | max | capture share p50 / p99 (commit -> log store) "
+        "| micro-batches |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for (rate, achieved, n, p50, p99, mx), cap in rows:
+    for (rate, achieved, n, p50, p99, mx), cap, batches in rows:
         cap_txt = f"{statistics.median(cap):.2f} s / {_pct(cap, 0.99):.2f} s" if cap else "-"
         lines.append(
-            f"| {rate:,}/s | {achieved:,.0f}/s | {n:,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {cap_txt} |"
+            f"| {rate:,}/s | {achieved:,.0f}/s | {n:,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {cap_txt} "
+            f"| {_batches_text(batches)} |"
         )
     lines += [
         "",
@@ -317,6 +342,37 @@ def run(quick: bool) -> str:
         lines += _sampling_cost(pipe.settings, n_tables)
         spark.stop()
     finally:
+        _stop_pipeline(pipe, cluster, base, pg_base)
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def run_on_cluster(quick: bool) -> str:
+    """The freshness alone, the apply job's driver here and its tasks on a standalone cluster of
+    ``$BENCH_FRESHNESS_WORKERS`` (default 2) one-core workers; the section of
+    ``docs/benchmarks/freshness.md`` between its markers."""
+    from cdc.devcluster import start_cluster
+    from spark_jobs import devcluster
+    from spark_jobs.session import get_session
+
+    workers = int(os.environ.get("BENCH_FRESHNESS_WORKERS", "2"))
+    base = Path(tempfile.mkdtemp(prefix="cdc-bench-fresh-cluster-"))
+    pg_base = Path(tempfile.mkdtemp(prefix="cdc-bench-fresh-cluster-pg-"))
+    where = f"a Spark standalone cluster of {workers} one-core worker{'s' * (workers > 1)} on this machine"
+    lines = [f"### Freshness with the apply's tasks on {where}", ""]
+    cluster = start_cluster(pg_base)
+    spark_cluster = devcluster.start_cluster(base / "spark-cluster", workers=workers)
+    pipe: _Pipeline | None = None
+    try:
+        pipe = _start_pipeline(base, cluster.dsn("postgres"))
+        spark = get_session("cdc-bench-freshness-cluster", master=spark_cluster.url, local_dir=base / "spark")
+        try:
+            lines += _freshness(spark, pipe, quick, where=f"driver here, tasks on {where}")
+        finally:
+            spark.stop()
+    finally:
+        spark_cluster.stop()
         _stop_pipeline(pipe, cluster, base, pg_base)
     text = "\n".join(lines)
     print(text)

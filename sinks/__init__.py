@@ -15,10 +15,10 @@ records) are written on :class:`Sink`; ``docs/apply.md`` tells the whole story.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cdc.events import Version
 from cdc.logstore.partitioner import partition_for
@@ -299,6 +299,16 @@ class Sink(abc.ABC):
     * **A poison record never stops the others.** A value the sink cannot hold is reported by
       :meth:`reject` before any sink applies the batch; the job dead-letters that record and applies
       the rest.
+    * **Written in the task, committed in the driver** -- a sink declaring :attr:`commits_in_driver`.
+      In a Spark task of the apply (``spark_jobs/tasks.py``), after :meth:`defer_commits`, its
+      :meth:`apply` writes data no reader sees yet and hands back what would make it visible; the
+      driver, once every task of the micro-batch is done, passes all of them to
+      :meth:`commit_deferred`: each table's writes of every task in one atomic commit carrying the
+      batch's ``(app_id, batch_id)``. So a micro-batch is visible in such a sink whole or not at
+      all; a task that dies leaves only unreferenced data (removed by the sink's own cleanup); a
+      driver that dies before its commit replays the batch, and a replayed batch commits nothing
+      twice. An empty write commits nothing. A sink not declaring it commits in :meth:`apply`, in a
+      task only the shard the task owns (``ChangeBatch.shard``; the search index).
     * **It describes itself.** Its paths (:meth:`locations`, built by :mod:`cdc.paths` only), its
       rows for ``cdc verify`` (:meth:`read_back`) and its progress (:meth:`applied_batch`) come from
       the sink, so no other module knows where or how it stores a table. The describing methods
@@ -314,6 +324,10 @@ class Sink(abc.ABC):
     #: the sink's name: in ``cdc status`` (one apply stage per table and sink), ``cdc verify``
     #: and the job's per-sink timings; also its section of ``cdc.toml`` when it has options
     name: str
+    #: the sink writes in the task and commits in the driver (the guarantee above): it implements
+    #: :meth:`defer_commits` and :meth:`commit_deferred`, which the apply calls instead of asking
+    #: the sink's class
+    commits_in_driver: ClassVar[bool] = False
     #: what :meth:`read_back` holds per key: ``rows`` or ``docs`` (``cdc verify --json`` reports
     #: their number as ``<name>_<unit>``: ``warehouse_rows``, ``search_docs``)
     unit: str = "rows"
@@ -375,6 +389,21 @@ class Sink(abc.ABC):
     def committed(self, reg: TableReg, batch_id: int) -> None:  # noqa: B027 - optional hook
         """Called by the apply's driver once the writes of micro-batch ``batch_id`` of ``reg`` that
         the tasks left to it are committed: periodic maintenance belongs here, never in a task."""
+
+    def defer_commits(self, into: list[Any] | None) -> None:
+        """Only for a sink with :attr:`commits_in_driver`, called in a Spark task before it applies
+        a slice: with a list, :meth:`apply` from now on commits nothing and appends to ``into``
+        what :meth:`commit_deferred` commits (picklable: it travels to the driver); with None, it
+        commits its own writes again. Maintenance then waits for :meth:`committed`."""
+        raise NotImplementedError(f"{type(self).__name__} commits its own writes (commits_in_driver)")
+
+    def commit_deferred(self, writes: Sequence[Any], app_id: str, batch_id: int) -> None:
+        """Only for a sink with :attr:`commits_in_driver`, called by the apply's driver once every
+        task of micro-batch ``batch_id`` is done: commit ``writes`` (what :meth:`apply` appended
+        in every task, in any order) as described on the class -- one commit per table, carrying
+        ``(app_id, batch_id)``. Raises, committing nothing more, when a table refuses (another
+        writer replaced what a task read): the job fails the batch and Spark replays it."""
+        raise NotImplementedError(f"{type(self).__name__} commits its own writes (commits_in_driver)")
 
     def reject(self, batch: ChangeBatch) -> list[Rejection]:
         """The events of ``batch`` this sink cannot hold (a value outside what its storage represents),

@@ -83,6 +83,9 @@ class ApplyOptions:
     #: half the backlog, never less than ``max_records_per_batch`` (0, or not above it: no growth);
     #: ``docs/apply.md``, Batch size
     max_records_per_batch_behind: int = 0
+    #: with ``max_records_per_batch``: a micro-batch's records are also bounded by their estimated
+    #: bytes (key + value; 0: no byte bound); ``docs/apply.md``, Batch size
+    max_bytes_per_batch: int = 0
     registry_poll_s: float = 2.0
     faults: Faults = field(default_factory=Faults)
     query_name: str = "cdc-apply"
@@ -374,6 +377,7 @@ class ApplyJob:
         if self.options.max_records_per_batch > 0:
             reader = reader.option("maxRecordsPerBatch", str(self.options.max_records_per_batch))
             reader = reader.option("maxRecordsPerBatchBehind", str(self.options.max_records_per_batch_behind))
+            reader = reader.option("maxBytesPerBatch", str(self.options.max_bytes_per_batch))
         writer = (
             reader.load()
             .writeStream.foreachBatch(self.process_batch)

@@ -51,6 +51,10 @@ DEFAULT_SPLIT = 500_000
 #: when behind, a micro-batch takes 1/CATCH_UP_BATCHES of the backlog (up to the cap): the apply
 #: catches up in a few batches, each rewrite of a table's files carrying many more changes
 CATCH_UP_BATCHES = 2
+#: a partition's record size is estimated from this many of its next records (key + value bytes) ...
+SIZE_SAMPLE = 64
+#: ... and estimated again once its position moved this many records past the sample
+RESAMPLE_AFTER = 50_000
 
 
 def offset_key(topic: str, partition: int) -> str:
@@ -117,6 +121,29 @@ def batch_budget(backlog: int, base: int, behind: int) -> int:
     return min(behind, max(base, backlog // CATCH_UP_BATCHES))
 
 
+def byte_bounded(
+    grant: Mapping[str, int], record_bytes: Mapping[str, float], max_bytes: int
+) -> dict[str, int]:
+    """``grant`` (records per partition, :func:`split_budget`) cut so that its estimated bytes --
+    records times the partition's mean record size (``record_bytes``: key + value bytes; a partition
+    without an estimate counts nothing) -- stay within ``max_bytes`` (``maxBytesPerBatch``; 0: no
+    byte bound). The bytes are shared over the sized partitions as :func:`split_budget` shares
+    records (small ones whole, the rest evenly), each partition at most its record grant. At least
+    one record is granted while any was: a record larger than the bound still goes, alone."""
+    if max_bytes <= 0 or sum(n * record_bytes.get(k, 0.0) for k, n in grant.items()) <= max_bytes:
+        return dict(grant)
+    sized = {k: int(n * record_bytes[k]) for k, n in grant.items() if record_bytes.get(k, 0.0) > 0}
+    out = {k: n for k, n in grant.items() if k not in sized}
+    for k, b in split_budget(sized, max_bytes).items():
+        n = min(grant[k], int(b // record_bytes[k]))
+        if n > 0:
+            out[k] = n
+    if not out and grant:
+        first = min(k for k, n in grant.items() if n > 0)
+        out[first] = 1
+    return out
+
+
 class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader (lives in Spark's planner worker for the life of the query)."""
 
@@ -127,6 +154,11 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_records = int(raw_max) if raw_max else 0
         raw_behind = options.get("maxRecordsPerBatchBehind") or options.get("maxrecordsperbatchbehind") or ""
         self.max_behind = int(raw_behind) if raw_behind else 0
+        raw_bytes = options.get("maxBytesPerBatch") or options.get("maxbytesperbatch") or ""
+        self.max_bytes = int(raw_bytes) if raw_bytes else 0
+        #: per partition (offset key): (the offset sampled at, mean record bytes there); the source's
+        #: state for the life of the query (:meth:`_record_bytes`)
+        self._sizes: dict[str, tuple[int, float]] = {}
         raw_split = options.get("splitRecords") or options.get("splitrecords") or ""
         self.split = int(raw_split) if raw_split else DEFAULT_SPLIT
         self.ranges = (options.get("emit") or "records") == "ranges"
@@ -186,9 +218,36 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pending = {k: ends[k] - begin[k] for k in ends}
             budget = batch_budget(sum(pending.values()), int(limit.max_rows), self.max_behind)
             grant = split_budget(pending, budget)
+            grant = byte_bounded(grant, self._record_bytes(begin, grant), self.max_bytes)
             ends = {k: begin[k] + grant.get(k, 0) for k in ends}
         # keep offsets of partitions this query no longer reads out of the result (topic removed)
         return ends
+
+    def _record_bytes(self, begin: Mapping[str, int], grant: Mapping[str, int]) -> dict[str, float]:
+        """The mean size (key + value bytes) of the next records of each partition in ``grant``,
+        for :func:`byte_bounded` (empty without ``maxBytesPerBatch``). Neither log store knows its
+        records' sizes cheaply (the embedded store counts its compressed batch bytes per partition,
+        Kafka nothing per offset range), so :data:`SIZE_SAMPLE` records at the partition's position
+        are read and their mean kept until the position moved :data:`RESAMPLE_AFTER` records past:
+        one small read per partition per large batch, or every 50,000 records when caught up."""
+        from cdc.errors import LogStoreError
+
+        if self.max_bytes <= 0:
+            return {}
+        store = self._log_store()
+        for k in grant:
+            at, known = begin[k], self._sizes.get(k)
+            if known is not None and known[0] <= at < known[0] + RESAMPLE_AFTER:
+                continue
+            topic, part = parse_offset_key(k)
+            try:
+                recs = store.read(topic, part, at, max_records=SIZE_SAMPLE)
+            except LogStoreError:  # moved by retention meanwhile: the batch's read tells
+                continue
+            if recs:
+                mean = sum(len(r.key) + len(r.value or b"") for r in recs) / len(recs)
+                self._sizes[k] = (at, mean)
+        return {k: v[1] for k, v in self._sizes.items()}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         _, ends = self._bounds()

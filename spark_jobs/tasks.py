@@ -12,14 +12,15 @@ that is not sharded, or not created yet: one task creates its tables). Each task
 2. parses them (a primary-key change lacking unchanged TOAST values whose old key is in another
    shard is first completed from the whole micro-batch and the warehouse's committed history:
    :func:`complete_moves`), asks every sink what it cannot hold, and applies the rest with a
-   :class:`~spark_jobs.applier.BatchApplier` whose warehouse only *writes* its files
-   (:mod:`sinks.warehouse.files`: :class:`~sinks.warehouse.files.TableWrite`, committed by the
-   driver) and whose search index writes its own shard;
+   :class:`~spark_jobs.applier.BatchApplier` in which every sink declaring
+   :attr:`~sinks.Sink.commits_in_driver` (the warehouse) only *writes* (:meth:`~sinks.Sink.defer_commits`:
+   the warehouse's files, :class:`~sinks.warehouse.files.TableWrite`) and the others commit their
+   own shard (the search index);
 3. returns a :class:`SliceResult`: the writes to commit, its dead letters and its counts.
 
-The driver then commits each table's writes of all tasks in one Delta transaction with the batch's
-application transaction (:func:`sinks.warehouse.files.commit_all`), writes the dead letters, and
-commits the consumer positions. Guarantees (``docs/apply.md``): a task that dies leaves files no
+The driver then hands each such sink every task's writes (:meth:`~sinks.Sink.commit_deferred`: the
+warehouse commits each table's in one Delta transaction with the batch's application transaction),
+writes the dead letters, and commits the consumer positions. Guarantees (``docs/apply.md``): a task that dies leaves files no
 commit references (vacuum removes them) and Spark retries it; a driver that dies before its commit
 replays the batch from the checkpoint, and every sink recognises what it already applied.
 
@@ -33,7 +34,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -43,7 +44,6 @@ from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink, Touched, touched_o
 from sinks.parse import parse
 from sinks.toast import Chains, Stored
 from sinks.warehouse import WarehouseSink
-from sinks.warehouse.files import TableWrite
 from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks, reject
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ class Slice:
 class SliceResult:
     """What a task hands the driver: never a row of data, only what to commit and count."""
 
-    writes: list[TableWrite] = field(default_factory=list)
+    #: per sink (name) that commits in the driver, what its :meth:`~sinks.Sink.apply` deferred
+    writes: dict[str, list[Any]] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)
     tables: list[TableOutcome] = field(default_factory=list)
     records: int = 0
@@ -214,8 +215,9 @@ def run_slices(
     views: bool = False,
 ) -> Iterator[SliceResult]:
     """A task's body: apply each of ``slices`` of micro-batch ``batch_id`` (``tables``: topic ->
-    registration, as the driver saw the registry) and yield its :class:`SliceResult`. The warehouse
-    writes are left for the driver to commit; the search index's shard is committed here.
+    registration, as the driver saw the registry) and yield its :class:`SliceResult`. The writes
+    of a sink that commits in the driver (:attr:`sinks.Sink.commits_in_driver`: the warehouse) are
+    left for the driver to commit; the other sinks commit here (the search index, its shard).
     ``views``: views from joins are registered: the result says which keys the slice changed (also
     when the batch is a replay its sinks skip: the views may still lack it)."""
     from cdc.logstore.factory import open_log_store
@@ -223,12 +225,12 @@ def run_slices(
     sinks = open_sinks(settings)
     store = open_log_store(settings, writer=False)  # with the [kafka] section's TLS and SASL
     applier = BatchApplier(sinks, tables.get, app_id, keep_event_ts=keep_event_ts)
+    deferring = [s for s in sinks if s.commits_in_driver]
     try:
         for sl in slices:
-            pending: list[TableWrite] = []
-            for sink in sinks:
-                if isinstance(sink, WarehouseSink):
-                    sink.pending = pending
+            pending: dict[str, list[Any]] = {s.name: [] for s in deferring}
+            for sink in deferring:
+                sink.defer_commits(pending[sink.name])
             t0 = time.monotonic()
             batches = [b for p, start, end in sl.ranges for b in read_records(store, sl.topic, p, start, end)]
             records = pa.Table.from_batches(batches, schema=RECORDS)
@@ -309,16 +311,14 @@ def commit_slices(
     app_id: str,
     batch_id: int,
 ) -> None:
-    """The driver's commit of a micro-batch the tasks applied: every table's deferred writes in one
-    Delta transaction each, with the batch's application transaction (a replayed batch commits
-    nothing twice: the tasks find it applied and write nothing), then each sink's
-    :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables."""
-    from deltalake import CommitProperties, Transaction
-
-    from sinks.warehouse.files import commit_all
-
-    props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
-    commit_all([w for r in results for w in r.writes], props)
+    """The driver's commit of a micro-batch the tasks applied: each sink that commits in the driver
+    (:attr:`sinks.Sink.commits_in_driver`) commits every task's deferred writes
+    (:meth:`~sinks.Sink.commit_deferred`: one transaction per table, with the batch's identity; a
+    replayed batch commits nothing twice: the tasks find it applied and write nothing), then each
+    sink's :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables."""
+    for sink in sinks:
+        if sink.commits_in_driver:
+            sink.commit_deferred([w for r in results for w in r.writes.get(sink.name, ())], app_id, batch_id)
     for reg in regs:
         for sink in sinks:
             sink.committed(reg, batch_id)

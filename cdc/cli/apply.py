@@ -46,6 +46,9 @@ STOPPING = "finishing the micro-batch in progress, then stopping"
 DEFAULT_MAX_RECORDS = 250_000
 #: ... and what it may grow to when the apply is behind (a 1M-record batch peaks near 3 GB of RSS)
 DEFAULT_MAX_RECORDS_BEHIND = 500_000
+#: ... and at most this many bytes of records (key + value, estimated from a sample of each
+#: partition's next records): 500,000 records of 9 KB rows would be 4.5 GB in flight
+DEFAULT_MAX_BYTES = 256 << 20
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,6 +79,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "each rewrite of a table's files carries more changes; back to --max-records-per-batch when "
         f"caught up (default {DEFAULT_MAX_RECORDS_BEHIND:,} with the default --max-records-per-batch, "
         "else 0; 0: never more than --max-records-per-batch)",
+    )
+    p.add_argument(
+        "--max-bytes-per-batch",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help="at most this many bytes of log records (key + value, estimated from each partition's next "
+        "records) per micro-batch, whatever the record bounds allow: wide rows make smaller batches "
+        f"(default {DEFAULT_MAX_BYTES:,} = 256 MiB; 0: no byte bound; applies with --max-records-per-batch)",
     )
     p.add_argument(
         "--stall-timeout",
@@ -140,6 +152,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         trigger_interval_s=float(args.trigger_interval),
         max_records_per_batch=max(int(args.max_records_per_batch), 0),
         max_records_per_batch_behind=_behind(args),
+        max_bytes_per_batch=max(int(args.max_bytes_per_batch), 0),
         faults=Faults.parse(os.environ.get(FAULTS_ENV, "")),
         stall_timeout_s=max(float(args.stall_timeout), 0.0),
         hard_exit_on_stall=True,

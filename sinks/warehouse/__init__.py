@@ -35,7 +35,7 @@ from sinks.warehouse.delta import (
     read_spans,
     ts_literal,
 )
-from sinks.warehouse.files import TableWrite
+from sinks.warehouse.files import TableWrite, commit_all
 from sinks.warehouse.layout import (
     BUCKET,
     CURRENT_META,
@@ -102,13 +102,14 @@ class WarehouseSink(Sink):
     """
 
     name = "warehouse"
+    commits_in_driver = True
 
     def __init__(self, state_dir: Path, options: WarehouseOptions | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.options = options or WarehouseOptions()
         self.last_metrics: dict[str, dict[str, Any]] = {}
-        #: with ``write = "files"``: None commits each write at once; a list collects the writes
-        #: instead (:class:`sinks.warehouse.files.TableWrite`), for a committer elsewhere
+        #: None commits each write at once; a list (:meth:`defer_commits`) collects the writes
+        #: instead (:class:`sinks.warehouse.files.TableWrite`), for :meth:`commit_deferred`
         self.pending: list[TableWrite] | None = None
         #: per table (qualified name), the layout its tables get when created, instead of
         #: :meth:`Layout.choose`'s: ``cdc rebuild`` gives a staged copy the live table's, which the
@@ -321,6 +322,16 @@ class WarehouseSink(Sink):
                 fix=f"delete {cur_path.parent}/{cur_path.name}* and re-snapshot the table",
             )
         return current, history, tombs
+
+    def defer_commits(self, into: list[Any] | None) -> None:
+        """See :meth:`sinks.Sink.defer_commits`: with a list, every write is a file write (whatever
+        ``write`` says), its :class:`~sinks.warehouse.files.TableWrite` appended there."""
+        self.pending = into
+
+    def commit_deferred(self, writes: Sequence[Any], app_id: str, batch_id: int) -> None:
+        """See :meth:`sinks.Sink.commit_deferred`: :func:`sinks.warehouse.files.commit_all` with
+        the batch's Delta application transaction."""
+        commit_all(writes, CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]))
 
     def committed(self, reg: TableReg, batch_id: int) -> None:
         """See :meth:`sinks.Sink.committed`: the periodic compaction and vacuum."""

@@ -61,8 +61,8 @@ class Commit:
     shard: tuple[int, int] | None = None
 
     def finish(self, table: DeltaTable, write: file_writes.TableWrite) -> dict[str, Any]:
-        if not write.adds and not write.removes:
-            return {}
+        """Commit ``write`` now, or defer it; an empty one commits nothing
+        (:func:`.files.commit`)."""
         if self.pending is None:
             file_writes.commit(table, write, self.properties)
         else:

@@ -96,6 +96,11 @@ class TableWrite:
         for name, n in other.counts.items():
             self.counts[name] = self.counts.get(name, 0) + n
 
+    @property
+    def empty(self) -> bool:
+        """Nothing written and nothing replaced: a write that commits nothing (:func:`commit`)."""
+        return not self.adds and not self.removes
+
     def metrics(self) -> dict[str, Any]:
         """The keys delta-rs' MERGE reports that the batch metrics use."""
         return {
@@ -109,13 +114,18 @@ class TableWrite:
         }
 
 
-def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -> None:
-    """Commit ``write`` to ``table`` in one transaction (with ``properties``' application transaction).
+def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -> bool:
+    """Commit ``write`` to ``table`` in one transaction (with ``properties``' application transaction);
+    whether it committed.
 
-    Refuses with :class:`WriteConflict`, committing nothing, when a file to remove is no longer in
-    the table's latest version: the micro-batch fails, and its replay (the job restarted from its
-    checkpoint) computes it again from the new version. The callers skip an empty write: a replay
-    of that batch computes the same nothing."""
+    An empty write (:attr:`TableWrite.empty`) commits nothing, not even its application
+    transaction: the one rule for every caller (a write committed at once, or deferred and
+    committed by :func:`commit_all`); a replay of that batch computes the same nothing. Refuses with
+    :class:`WriteConflict`, committing nothing, when a file to remove is no longer in the table's
+    latest version: the micro-batch fails, and its replay (the job restarted from its checkpoint)
+    computes it again from the new version."""
+    if write.empty:
+        return False
     table.update_incremental()
     if write.removes and table.version() != write.read_version:
         live = {a for a in pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()}
@@ -137,6 +147,7 @@ def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -
         partition_by=write.partition_by,
         commit_properties=properties,
     )
+    return True
 
 
 # -- reading and writing partitions -----------------------------------------------------------------
@@ -463,5 +474,4 @@ def commit_all(writes: Sequence[TableWrite], properties: CommitProperties) -> No
             by_uri[w.uri] = TableWrite(w.uri, w.read_version, list(w.partition_by))
             by_uri[w.uri].merge(w)
     for uri, write in sorted(by_uri.items()):
-        if write.adds or write.removes:
-            commit(DeltaTable(uri), write, properties)
+        commit(DeltaTable(uri), write, properties)

@@ -17,7 +17,7 @@ from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
 from spark_jobs.apply import app_id_for, read_ledger, write_ledger
 from spark_jobs.checkpoint import batch_end_offsets, checkpoint_dir
-from spark_jobs.source import offset_key, parse_offset_key, split_budget
+from spark_jobs.source import byte_bounded, offset_key, parse_offset_key, split_budget
 
 
 def test_split_budget_fills_small_backlogs_and_splits_the_rest() -> None:
@@ -30,6 +30,29 @@ def test_split_budget_always_makes_progress() -> None:
     grant = split_budget({"a|0": 10, "a|1": 10, "a|2": 10}, 1)
     assert sum(grant.values()) >= 1
     assert split_budget({"a|0": 0}, 10) == {}
+
+
+def test_byte_bound_cuts_wide_partitions_and_leaves_narrow_ones() -> None:
+    """A grant within the byte bound (or without one) is kept; over it, the bytes are shared like
+    records: a small partition whole, the wide ones evenly, each at most its record grant; a
+    partition without a size estimate keeps its grant."""
+    grant = {"wide|0": 100, "wide|1": 100, "narrow|0": 100, "new|0": 7}
+    sizes = {"wide|0": 9_000.0, "wide|1": 9_000.0, "narrow|0": 2.0}
+    assert byte_bounded(grant, sizes, 0) == grant
+    assert byte_bounded(grant, sizes, 10_000_000) == grant
+    cut = byte_bounded(grant, sizes, 200_000)
+    assert cut == {"wide|0": 11, "wide|1": 11, "narrow|0": 100, "new|0": 7}
+    assert sum(n * sizes.get(k, 0.0) for k, n in cut.items()) <= 200_000
+    # 500k records of 9 KB rows (the default cap behind) against the default 256 MiB
+    big = byte_bounded(
+        {f"t|{p}": 125_000 for p in range(4)}, dict.fromkeys((f"t|{p}" for p in range(4)), 9_000.0), 256 << 20
+    )
+    assert sum(big.values()) * 9_000 <= 256 << 20 and sum(big.values()) >= 29_000
+
+
+def test_byte_bound_still_makes_progress_with_a_record_larger_than_it() -> None:
+    assert byte_bounded({"a|0": 5, "a|1": 3}, {"a|0": 1e6, "a|1": 2e6}, 1_000) == {"a|0": 1}
+    assert byte_bounded({}, {}, 1_000) == {}
 
 
 def test_offset_keys_round_trip_topic_names_with_dots() -> None:
@@ -149,6 +172,42 @@ def test_stream_reader_grows_the_batch_when_behind_and_replans_alike(tmp_path: P
     assert reader.latestOffset(near, limit) == {"cdc.s.t|0": 299, "cdc.s.t|1": 299}
     plain = CdcLogStreamReader(opts)  # without the option: never more than maxRecordsPerBatch
     assert plain.latestOffset(start, limit) == {"cdc.s.t|0": 2, "cdc.s.t|1": 2}
+    reader.stop()
+    plain.stop()
+    store.close()
+
+
+def test_stream_reader_bounds_a_batch_of_wide_records_by_bytes(tmp_path: Path) -> None:
+    """``maxBytesPerBatch``: against the embedded log store, 9 KB records (with quotes, newlines and
+    backslashes) next to 2-byte ones: the wide partitions get what fits in the bytes, the narrow one
+    its records; the sizes come from the log store's next records, and the planned ranges are what a
+    replay reads."""
+    from cdc.logstore import Record, TopicConfig
+    from cdc.logstore.embedded import EmbeddedLogStore
+    from spark_jobs.source import CdcLogStreamReader, ReadMaxRows
+
+    store = EmbeddedLogStore(tmp_path / "log", writer=True, compaction_interval_s=None)
+    wide = ('{"v": "a \\"quoted\\" \\\\ back\nslash"}' * 300)[:8_999].encode()
+    store.create_topic("cdc.s.wide", TopicConfig(partitions=2))
+    store.append("cdc.s.wide", [Record(b"k", wide, partition=i % 2) for i in range(400)])
+    store.create_topic("cdc.s.narrow", TopicConfig(partitions=1))
+    store.append("cdc.s.narrow", [Record(b"k", b"v", partition=0) for i in range(200)])
+    opts = {"state": str(tmp_path), "topics": "cdc.s.wide,cdc.s.narrow", "maxRecordsPerBatch": "100"}
+    reader = CdcLogStreamReader({**opts, "maxRecordsPerBatchBehind": "300", "maxBytesPerBatch": "200000"})
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(100))
+    # 600 behind: 300 records, 100 a partition by records; 200 kB: the narrow 100 (200 bytes) whole,
+    # then 99,900 bytes per wide partition = 11 records of 9,000 bytes
+    assert end == {"cdc.s.wide|0": 11, "cdc.s.wide|1": 11, "cdc.s.narrow|0": 100}
+    planned = [(r.topic, r.partition, r.start, r.end) for r in reader.partitions(start, end)]
+    store.append("cdc.s.wide", [Record(b"k", b"v", partition=i % 2) for i in range(400)])
+    assert [(r.topic, r.partition, r.start, r.end) for r in reader.partitions(start, end)] == planned
+    plain = CdcLogStreamReader({**opts, "maxRecordsPerBatchBehind": "300"})  # records only, as before
+    assert plain.latestOffset(start, ReadMaxRows(100)) == {
+        "cdc.s.wide|0": 100,
+        "cdc.s.wide|1": 100,
+        "cdc.s.narrow|0": 100,
+    }
     reader.stop()
     plain.stop()
     store.close()

@@ -4,7 +4,9 @@ Delta tables and tantivy index; a new sink in the list is covered by these tests
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -31,6 +33,48 @@ def _live_keys(back: ReadBack) -> set[int]:
 def test_a_listed_sink_implements_every_describing_method(cls: type[Sink]) -> None:
     for method in ("from_settings", "locations", "read_back", "applied_batch"):
         assert getattr(cls, method).__qualname__.startswith(cls.__name__ + "."), (cls.name, method)
+
+
+@pytest.mark.parametrize("cls", SINKS, ids=lambda c: c.name)
+def test_a_sink_implements_the_deferred_commit_exactly_when_it_declares_it(cls: type[Sink]) -> None:
+    """The apply asks :attr:`Sink.commits_in_driver`, never the sink's class: the declaration and
+    the two hooks go together."""
+    for method in ("defer_commits", "commit_deferred"):
+        own = getattr(cls, method).__qualname__.startswith(cls.__name__ + ".")
+        assert own == cls.commits_in_driver, (cls.name, method)
+
+
+@pytest.mark.parametrize("cls", [c for c in SINKS if c.commits_in_driver], ids=lambda c: c.name)
+def test_deferred_writes_are_visible_only_once_the_driver_commits_them_once(
+    tmp_path: Path, feed: FeedMaker, cls: type[Sink]
+) -> None:
+    """A task's sink (deferring) applies a batch: no reader sees it, nor its batch id; the driver's
+    sink commits what the task handed over (pickled, as it travels): all of it is visible with the
+    batch id. The replayed batch defers nothing."""
+    reg = table("docs", columns=COLS, search=("title",))
+    settings = Settings(state_dir=tmp_path)
+    driver, task = cls.from_settings(settings), cls.from_settings(settings)
+    try:
+        f = feed(reg)
+        first = [f.change("c", {"id": i, "title": "a", "note": "n"}, 100 + i) for i in (1, 2, 3, 4)]
+        driver.apply(f.batch(*first, f.delete({"id": 4}, 150)), 0, APP)
+        batch = f.batch(f.change("u", {"id": 1, "title": "b", "note": "n"}, 200), f.delete({"id": 2}, 201))
+        pending: list[Any] = []
+        task.defer_commits(pending)
+        task.apply(batch, 1, APP)
+        assert pending, "the task's apply deferred its writes"
+        seen = driver.read_back(reg)
+        assert seen is not None and _live_keys(seen) == {1, 2, 3} and driver.applied_batch(reg, APP) == 0
+        driver.commit_deferred(pickle.loads(pickle.dumps(pending)), APP, 1)
+        seen = driver.read_back(reg)
+        assert seen is not None and _live_keys(seen) == {1, 3} and driver.applied_batch(reg, APP) == 1
+        replayed: list[Any] = []
+        task.defer_commits(replayed)
+        task.apply(batch, 1, APP)
+        assert replayed == []
+    finally:
+        driver.close()
+        task.close()
 
 
 @pytest.mark.parametrize("cls", SINKS, ids=lambda c: c.name)

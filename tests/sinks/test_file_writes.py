@@ -121,7 +121,7 @@ def _deferred(
 ) -> tuple[WarehouseSink, list[TableWrite]]:
     sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write=write, shards=shards))
     pending: list[TableWrite] = []
-    sink.pending = pending
+    sink.defer_commits(pending)
     return sink, pending
 
 
@@ -173,7 +173,7 @@ def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
     f = feed(reg)
     sink, pending = _deferred(tmp_path)
     for b in range(3):  # several files per bucket, for the compaction to merge
-        sink.pending = None
+        sink.defer_commits(None)
         sink.apply(
             f.batch(
                 *(
@@ -185,7 +185,7 @@ def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
             APP,
         )
     cur = sink.paths(reg)[0]
-    sink.pending = pending
+    sink.defer_commits(pending)
     batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
     sink.apply(batch, 3, APP)
     write = next(w for w in pending if w.uri == DeltaTable(str(cur)).table_uri)
