@@ -21,6 +21,9 @@ A **table** (``SCHEMA.TABLE``):
    ``<state>/rebuild/<name>/replaced`` until the next rebuild of the same name. A copy that differs
    (or could not be compared: not caught up) is left in ``stage`` for inspection; the live data
    stays as it was.
+4. **Views.** After the swap (under the apply lock) every view reading the table is computed whole
+   from the live tables, its search index too (:func:`recompute_views`): the apply recomputes a view
+   row only when a batch touches its keys, so rows derived from the replaced copy would stay.
 
 **The history table** (SCD2) cannot come back from a compacted topic (compaction kept only each
 key's newest record): it is never replaced, and the report says so.
@@ -100,6 +103,8 @@ class RebuildReport:
     seconds: float = 0.0
     verify: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: the views reading a rebuilt table, computed again from the swapped-in tables
+    views: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -376,6 +381,7 @@ def rebuild_table(
         report.status = "declined"
     if report.status == "rebuilt":
         _swap_table(settings, reg, stage, work, report)
+        report.views = recompute_views(settings, reg, progress)
     report.seconds = round(time.monotonic() - started, 3)
     return report
 
@@ -394,6 +400,31 @@ def _swap_table(settings: Settings, reg: TableReg, stage: Path, work: Path, repo
     report.replaced = str(work / "replaced")
     shutil.rmtree(stage, ignore_errors=True)
     report.stage = ""
+
+
+def recompute_views(settings: Settings, reg: TableReg, progress: Progress) -> list[str]:
+    """Every view reading ``reg`` computed whole from the live tables, its search index too: their
+    rows were derived from the table's copy just replaced (a view row changes only when a batch
+    touches its keys, so without this a row derived from a corrupted table would stay wrong). Runs
+    under the apply lock, right after the swap; commits under :data:`REBUILD_APP` with a batch id
+    from the clock (each rebuild's above the last). Returns the views recomputed."""
+    from sinks.search import SearchSink
+    from sinks.warehouse.views import ViewMaintainer
+
+    with Registry(settings.state_dir) as registry:
+        tables = registry.list_tables()
+        views = [v for v in registry.list_views() if reg.qualified in v.tables]
+    if not views:
+        return []
+    progress(f"{reg.qualified}: computing the views that read it again: {', '.join(v.name for v in views)}")
+    maintainer = ViewMaintainer(
+        settings.state_dir, lambda: (views, tables), REBUILD_APP, search=SearchSink.from_settings(settings)
+    )
+    try:
+        done = maintainer.rebuild(time.time_ns() // 1_000_000)
+    finally:
+        maintainer.close()
+    return sorted(name for name, outcome in done.items() if not outcome.refused)
 
 
 # --- a view ----------------------------------------------------------------------------------------
@@ -569,4 +600,13 @@ def _locked(
         lock.release()
 
 
-__all__ = ["REBUILD_APP", "ApplyLock", "RebuildReport", "Replay", "StagedVerifier", "rebuild", "swap_in"]
+__all__ = [
+    "REBUILD_APP",
+    "ApplyLock",
+    "RebuildReport",
+    "Replay",
+    "StagedVerifier",
+    "rebuild",
+    "recompute_views",
+    "swap_in",
+]

@@ -96,6 +96,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     print_table(f"cdc rebuild {report.kind} {report.name}", ["", ""], rows)
     for live in report.swapped:
         print(f"swapped in: {live}")
+    for view in report.views:
+        print(f"view computed again from the rebuilt table: {view}")
     if report.replaced:
         print(f"the replaced data is kept in {report.replaced} until the next rebuild of {report.name}")
     if report.status != "rebuilt":

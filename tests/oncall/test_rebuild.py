@@ -171,14 +171,14 @@ def test_while_the_apply_runs_the_copy_is_verified_and_kept_then_resumed(
     assert code == 2 and "--yes" in err and not out
 
 
-def _view_docs(state: Path) -> dict[str, str]:
+def _view_docs(state: Path, name: str = "order_view") -> dict[str, str]:
     """The view's search documents: ``_cdc_key`` -> the indexed customer."""
     from cdc.registry import Registry
     from sinks.search.query import live_texts
     from sinks.view_search import view_search_reg
 
     with Registry(state) as registry:
-        (view,) = registry.list_views()
+        (view,) = [v for v in registry.list_views() if v.name == name]
     docs = live_texts(state, view_search_reg(view)).items()
     return {orjson.loads(k)["_cdc_key"]: v["customer"] for k, v in docs}
 
@@ -272,3 +272,58 @@ def test_a_lost_search_index_comes_back(pg: PgCluster, pg_db: str, tmp_path: Pat
     assert str(paths.search_index(state, reg.topic)) in out["swapped"]
     assert str(paths.search_versions(state, reg.topic)) in out["swapped"]
     assert verify_json(Settings(state_dir=state), dsn)[0] == 0
+
+
+def test_a_rebuilt_table_recomputes_the_views_that_read_it(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    """A customer's name corrupted in the warehouse, and the view computed from it (a replay of the
+    topics recomputes every row; the version guard keeps the corrupted name): the rebuild of the
+    customers' table computes the view reading it again, and its search index."""
+    state = tmp_path / "state"
+    pg.execute(
+        "CREATE TABLE customers (id int PRIMARY KEY, name text);"
+        "CREATE TABLE orders (id int PRIMARY KEY, customer_id int, note text);"
+        "CREATE TABLE other (id int PRIMARY KEY, name text)",
+        pg_db,
+    )
+    dsn = pg.dsn(pg_db)
+    for table in ("public.customers", "public.orders", "public.other"):
+        assert cdc_cli(dsn, state, "tables", "add", table)[0] == 0
+    sql = "SELECT o.id, o.note, c.name AS customer FROM orders o JOIN customers c ON o.customer_id = c.id"
+    assert cdc_cli(dsn, state, "views", "add", "order_view", "--sql", sql, "--search", "customer")[0] == 0
+    other = "SELECT t.id, t.name FROM other t"
+    assert cdc_cli(dsn, state, "views", "add", "other_view", "--sql", other)[0] == 0
+    capture(dsn, state)
+    pg.execute(
+        "INSERT INTO customers SELECT g, E'cust ''' || g || E'\\n' FROM generate_series(1, 6) g;"
+        "INSERT INTO orders SELECT g, 1 + g % 6, 'note ' || g FROM generate_series(1, 30) g;"
+        "INSERT INTO other VALUES (1, 'one')",
+        pg_db,
+    )
+    capture(dsn, state)
+    apply_without_spark(state)
+    view = paths.view_table(state, "order_view")
+    customers = paths.warehouse_tables(state, "public", "customers")[0]
+    DeltaTable(str(customers)).update(updates={"name": "'wrong'"}, predicate="id = 4")
+    apply_without_spark(state, app_id="cdc-apply-test-2")
+    other_version = DeltaTable(str(paths.view_table(state, "other_view"))).version()
+    stored = {r["id"]: r["customer"] for r in DeltaTable(str(view)).to_pyarrow_table().to_pylist()}
+    assert stored[3] == "wrong" and _view_docs(state)[orjson.dumps({"id": 3}).decode()] == "wrong"
+
+    code, out, err = _rebuild(dsn, state, "public.customers")
+
+    assert code == 0, out
+    source = dict(
+        pg.fetch("SELECT o.id, c.name FROM orders o JOIN customers c ON o.customer_id = c.id", pg_db)
+    )
+    rows = DeltaTable(str(view)).to_pyarrow_table().to_pylist()
+    assert {r["id"]: r["customer"] for r in rows} == source and source[3] == "cust '4\n"
+    assert out["views"] == ["order_view"] and "order_view" in err
+    assert _view_docs(state) == {r["_cdc_key"]: r["customer"] for r in rows}  # its index too
+    assert DeltaTable(str(paths.view_table(state, "other_view"))).version() == other_version
+    # the apply goes on over the recomputed view
+    pg.execute("UPDATE customers SET name = 'after' WHERE id = 4", pg_db)
+    capture(dsn, state)
+    apply_without_spark(state, app_id="cdc-apply-test-3")
+    rows = DeltaTable(str(view)).to_pyarrow_table().to_pylist()
+    assert {r["id"]: r["customer"] for r in rows}[3] == "after"
+    assert _view_docs(state)[orjson.dumps({"id": 3}).decode()] == "after"

@@ -102,10 +102,19 @@ class CaptureEnv:
         self.last_stderr = res.stderr
         return res
 
-    def spawn(self, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, *args: str, extra_env: Mapping[str, str] | None = None, group: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """``cdc ARGS...`` running in the background, its output in :meth:`proc_log`; ``group``: in a
+        process group of its own, as a supervisor starts it (``os.killpg`` then reaches it all)."""
         log = open(self.state.parent / f"run-{len(self.procs)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [*CDC, *args], env=self.environ(), stdout=log, stderr=subprocess.STDOUT, cwd=self.state.parent
+            [*CDC, *args],
+            env={**self.environ(), **(extra_env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.state.parent,
+            start_new_session=group,
         )
         self.procs.append(proc)
         return proc
@@ -167,7 +176,10 @@ class CaptureEnv:
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
+                if os.getpgid(proc.pid) == proc.pid:  # spawned with a group of its own: all of it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
 
 
