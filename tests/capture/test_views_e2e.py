@@ -1,5 +1,6 @@
-"""A view from joins end to end: real Postgres -> ``cdc run --once`` -> ``cdc apply --once`` (Spark)
--> ``cdc sql "SELECT * FROM NAME"``, equal after every round to the view's SQL run on the source.
+"""A view from joins end to end: real Postgres -> ``cdc run --once`` -> the apply job once (Spark,
+the session's: the job ``cdc apply --once`` runs, without a JVM start per round) -> ``cdc sql
+"SELECT * FROM NAME"``, equal after every round to the view's SQL run on the source.
 The rounds interleave inserts, updates, deletes and key changes on the driving table and on both
 joined tables; the view is registered after the tables hold data. Its search index (``--search``)
 finds the rows of the view."""
@@ -10,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from tests.plugins.apply import apply_once
 from tests.plugins.capture import CaptureEnv
 
 SQL = (
@@ -30,14 +32,13 @@ def _view(env: CaptureEnv) -> list[dict[str, Any]]:
     return list(orjson.loads(res.stdout))
 
 
-def _round(env: CaptureEnv, jvm: None) -> None:
+def _round(env: CaptureEnv, spark: Any) -> None:
     env.run_once()
-    res = env.cdc("apply", "--once", "--json", timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert apply_once(spark, env).dead_letters == 0
     assert _view(env) == _source(env)
 
 
-def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> None:
+def test_view_from_joins_equals_the_source_query(env: CaptureEnv, spark: Any) -> None:
     env.sql(
         "CREATE TABLE regions (code text PRIMARY KEY, label text);"
         "CREATE TABLE customers (id int PRIMARY KEY, name text, region text);"
@@ -50,14 +51,13 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> 
     for table in ("regions", "customers", "orders"):
         env.add_table(f"public.{table}")
     env.run_once()
-    res = env.cdc("apply", "--once", "--json", timeout=900)  # the tables hold data, no view yet
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert apply_once(spark, env).dead_letters == 0  # the tables hold data, no view yet
     added = env.cdc("views", "add", "order_view", "--sql", SQL, "--search", "customer", "--json")
     assert added.returncode == 0, added.stderr
     assert orjson.loads(added.stdout)["warehouse"]["built"] is False
 
     env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")  # a change: the next batch builds it
-    _round(env, jvm)
+    _round(env, spark)
     listed = env.cdc("views", "list", "--json")
     assert [v["warehouse"]["built"] for v in orjson.loads(listed.stdout)] == [True]
 
@@ -75,7 +75,7 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> 
         "DELETE FROM orders WHERE id BETWEEN 50 AND 60;"
         "INSERT INTO orders SELECT g, g % 23, 99, NULL FROM generate_series(301, 320) g"
     )
-    _round(env, jvm)
+    _round(env, spark)
 
     env.sql(
         "UPDATE regions SET code = 'w' WHERE code = 'e';"  # key change of the second join's table
@@ -84,7 +84,7 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> 
         "INSERT INTO regions VALUES ('n', 'north again');"
         "UPDATE orders SET total = 0 WHERE id = 1000"
     )
-    _round(env, jvm)
+    _round(env, spark)
     assert len(_source(env)) > 50
     found = env.cdc("search", "order_view", "customer:dee", "--limit", "1000", "--json")
     assert found.returncode == 0, found.stderr
