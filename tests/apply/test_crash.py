@@ -8,15 +8,15 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
-import orjson
 import pytest
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
 from spark_jobs.apply import app_id_for
 from spark_jobs.checkpoint import checkpoint_dir
-from tests.plugins.apply import reader_env
+from tests.plugins.apply import reader_env, run_job
 from tests.plugins.capture import CDC
 from tests.plugins.items import capture, item_row, items_table, source, verify_json
 from tests.plugins.postgres import PgCluster
@@ -24,7 +24,7 @@ from tests.plugins.postgres import PgCluster
 
 @pytest.mark.parametrize("work", ["tasks", "driver"])
 def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
-    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None, work: str
+    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None, spark: Any, work: str
 ) -> None:
     """``work = tasks``: the driver dies after its tasks applied the batch (the search shards
     committed it) and before its Delta commit; ``driver``: after the first sink (the warehouse)
@@ -73,29 +73,13 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     assert (ckpt / "offsets" / str(crash_batch)).exists()
     assert not (ckpt / "commits" / str(crash_batch)).exists()
 
-    # restart: a new `cdc apply --once --json` process, same checkpoint: batch 1 is replayed, then the rest
-    proc = subprocess.run(
-        [
-            *CDC,
-            "--state",
-            str(env.state),
-            "apply",
-            "--once",
-            "--max-records-per-batch",
-            "20",
-            "--work",
-            work,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = orjson.loads(proc.stdout)
-    assert summary["app_id"] == app_id
-    assert summary["batches"] >= 2 and summary["dead_letters"] == 0
-    assert "batch 1:" in proc.stderr, "progress for people goes to stderr with --json"
+    # restart: a new apply job over the same checkpoint, on the session's Spark (a JVM start less;
+    # `cdc apply --once --json` restarting in a process of its own: tests/cluster/test_standalone.py):
+    # batch 1 is replayed, then the rest
+    batches: list[int] = []
+    summary = run_job(spark, env, max_records=20, work=work, on_batch=lambda r: batches.append(r.batch_id))
+    assert summary.app_id == app_id
+    assert batches[0] == crash_batch and len(batches) >= 2 and summary.dead_letters == 0
 
     code, reports = verify_json(env.settings, dsn)
     assert code == 0, reports

@@ -4,8 +4,9 @@ Delta table, equal after every round to the view's SQL run on the source
 both joined tables; the view is registered after the tables hold data and built by ``cdc views
 add`` from their current state).
 
-* Through Spark (``cdc apply --once``): ``cdc sql "SELECT * FROM NAME"`` and ``cdc search``, and
-  ``cdc verify NAME`` clean at the end.
+* Through Spark (the apply job once on the session's Spark: the job ``cdc apply --once`` runs, without
+  a JVM start per round): ``cdc sql "SELECT * FROM NAME"`` and ``cdc search``, and ``cdc verify
+  NAME`` clean at the end.
 * Without a JVM (the apply's Spark-free micro-batch, :func:`tests.plugins.apply.apply_pending_without_spark`):
   ``cdc verify`` compares each view (its Delta table and its search index) with its SQL run on the
   source: clean after every round, and it finds a row planted in the view's table, a row removed
@@ -21,7 +22,7 @@ from deltalake import DeltaTable
 
 from cdc import paths
 from cdc.locks import ProcessLock
-from tests.plugins.apply import apply_pending_without_spark
+from tests.plugins.apply import apply_once, apply_pending_without_spark
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.views import ROUNDS, SQL, VIEW, order_tables, source_view
 
@@ -32,28 +33,26 @@ def _view(env: CaptureEnv) -> list[dict[str, Any]]:
     return list(orjson.loads(res.stdout))
 
 
-def _round(env: CaptureEnv, jvm: None) -> None:
+def _round(env: CaptureEnv, spark: Any) -> None:
     env.run_once()
-    res = env.cdc("apply", "--once", "--json", timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert apply_once(spark, env).dead_letters == 0
     assert _view(env) == source_view(env)
 
 
-def test_view_from_joins_equals_the_source_query(env: CaptureEnv, jvm: None) -> None:
+def test_view_from_joins_equals_the_source_query(env: CaptureEnv, spark: Any) -> None:
     order_tables(env)
     env.run_once()
-    res = env.cdc("apply", "--once", "--json", timeout=900)  # the tables hold data, no view yet
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert apply_once(spark, env).dead_letters == 0  # the tables hold data, no view yet
     added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer", "--json")
     assert added.returncode == 0, added.stderr
     assert orjson.loads(added.stdout)["warehouse"]["built"] is True  # from the tables' current state
     assert _view(env) == source_view(env)
 
     env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")
-    _round(env, jvm)
+    _round(env, spark)
     for changes in ROUNDS:
         env.sql(changes)
-        _round(env, jvm)
+        _round(env, spark)
     assert len(source_view(env)) > 50
     found = env.cdc("search", VIEW, "customer:dee", "--limit", "1000", "--json")
     assert found.returncode == 0, found.stderr
