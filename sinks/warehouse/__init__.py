@@ -24,7 +24,7 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import evolve, per_event
+from sinks.warehouse import evolve, per_event, reclaim
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import Commit, arrow_schema, layout_of, not_applied, read_all, ts_literal
 from sinks.warehouse.files import TableWrite
@@ -314,10 +314,25 @@ class WarehouseSink(Sink):
         every = self.options.maintain_every
         if every and batch_id > 0 and batch_id % every == 0:
             self.maintain(reg)
-            return
-        every = self.options.vacuum_every
-        if every and batch_id > 0 and batch_id % every == 0:
-            self.vacuum(reg)
+        else:
+            every = self.options.vacuum_every
+            if every and batch_id > 0 and batch_id % every == 0:
+                self.vacuum(reg)
+        if self.options.vacuum_garbage_ratio:
+            self.bound_disk(reg)
+
+    def bound_disk(self, reg: TableReg) -> dict[str, tuple[int, int]]:
+        """Each of ``reg``'s Delta tables whose superseded files exceed ``vacuum_garbage_ratio`` times
+        its live size has them deleted, but for those a version of the last ``vacuum_min_retention_s``
+        references (:mod:`.reclaim`); returns (files, bytes) deleted per table. Runs after every batch."""
+        names = ("current", "history", "tombstones")
+        return {
+            name: reclaim.within_ratio(
+                path, self.options.vacuum_garbage_ratio, self.options.vacuum_min_retention_s
+            )
+            for name, path in zip(names, self.paths(reg), strict=True)
+            if DeltaTable.is_deltatable(str(path))
+        }
 
     def _ensure(
         self,

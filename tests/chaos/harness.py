@@ -43,6 +43,8 @@ import orjson
 import psycopg
 
 from cdc.devcluster import PgCluster
+from tests.chaos.disk import Disk, Sampler
+from tests.chaos.disk import live as live_bytes
 from tests.chaos.ledger import Count, Ledger, Recording, committed, count
 from tests.plugins.apply import descendants
 from tests.plugins.capture import CDC
@@ -90,20 +92,28 @@ FAULT_KINDS = (
 @dataclass(frozen=True)
 class Size:
     """How much to run: cycles (one fault each), the longest transaction, seconds of writes a cycle,
-    how long a recovery may take, and the size of the embedded log store's filesystem (``disk_full``
-    fills it: the smaller, the sooner; a CI run's log store stays under 150 MB)."""
+    how long a recovery may take, the size of the embedded log store's filesystem (``disk_full``
+    fills it: the smaller, the sooner; a CI run's log store stays under 150 MB) and the warehouse's
+    ``vacuum_min_retention_s`` (None: the default; a CI run lasts less than the default's 5 minutes,
+    so it takes 30 s, above its longest read, to bound its disk as a longer run is bounded)."""
 
     cycles: int
     max_tx: int
     write_s: tuple[float, float]
     verify_wait_s: float
     log_fs_mb: int = 2048
+    vacuum_min_retention_s: float | None = None
 
     @staticmethod
     def named(name: str) -> Size:
         if name == "ci":
             return Size(
-                cycles=len(FAULT_KINDS) - 1, max_tx=500, write_s=(0.2, 0.6), verify_wait_s=240, log_fs_mb=512
+                cycles=len(FAULT_KINDS) - 1,
+                max_tx=500,
+                write_s=(0.2, 0.6),
+                verify_wait_s=240,
+                log_fs_mb=512,
+                vacuum_min_retention_s=30,
             )
         if name == "full":
             # every kind four times: disk_full and broker_freeze belong to one backend each
@@ -131,6 +141,8 @@ class Report:
     not_applicable: dict[str, str] = field(default_factory=dict)
     #: the ledger against the warehouse (None until counted)
     ledger: Count | None = None
+    #: the state dir's peak and live bytes (tests/chaos/disk.py)
+    disk: Disk = field(default_factory=Disk)
     failures: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -155,6 +167,7 @@ class Report:
             out.append(f"  duplicated in effect: {self.duplicated} (history versions beyond those written)")
             out.extend(f"    e.g. {e}" for e in self.ledger.examples)
         out.append(f"  dead letters: {self.dead_letters_seen} (expected {self.dead_letters_expected})")
+        out.extend(self.disk.lines())
         out.extend(f"  FAILURE: {f}" for f in self.failures)
         return out
 
@@ -181,6 +194,7 @@ class Report:
             "dead_letters": self.dead_letters_seen,
             "skipped": self.skipped,
             "not_applicable": self.not_applicable,
+            "disk": self.disk.to_dict(),
             "ledger": dataclasses.asdict(self.ledger) if self.ledger else None,
             "failures": self.failures,
         }
@@ -532,7 +546,10 @@ class Chaos:
         self.prefix = f"chaos{seed}"
         workdir.mkdir(parents=True, exist_ok=True)
         # heartbeats every second: an idle source's slot confirms quickly, so verify need not wait
-        (workdir / "cdc.toml").write_text(f'heartbeat_interval_s = 1\ndecoder = "{decoder}"\n')
+        toml = f'heartbeat_interval_s = 1\ndecoder = "{decoder}"\n'
+        if size.vacuum_min_retention_s is not None:
+            toml += f"[warehouse]\nvacuum_min_retention_s = {size.vacuum_min_retention_s:.1f}\n"
+        (workdir / "cdc.toml").write_text(toml)
         self.env = {
             "CDC_CONFIG": str(workdir / "cdc.toml"),
             **os.environ,
@@ -562,6 +579,7 @@ class Chaos:
         self._poison_rows = 0
         self._thaw: threading.Timer | None = None
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
+        self.sampler = Sampler(self.state, self.report.disk, skip=self.state / "log" / "filler")
 
     def note(self, line: str) -> None:
         """A line in logs/harness.log (faults, restarts and each verify, timestamped like the other logs)."""
@@ -625,6 +643,7 @@ class Chaos:
 
     def setup(self) -> None:
         self._mount_log()
+        self.sampler.start()
         self.pg.execute(DDL, self.db)
         # the workload's record of its own commits (tests/chaos/ledger.py), never registered
         self.pg.execute("CREATE TABLE chaos_ledger_tx (id bigint PRIMARY KEY)", self.db)
@@ -916,6 +935,7 @@ class Chaos:
             if final is None:
                 self.report.failures.append("the final verify is not clean")
             self.count()
+            self.measure_disk()
             self.report.dead_letters_seen = self.dead_letters()
             if self.report.dead_letters_seen != self.report.dead_letters_expected:
                 self.report.failures.append(
@@ -923,8 +943,16 @@ class Chaos:
                     f"{self.report.dead_letters_seen} in the dead-letter topic"
                 )
         finally:
+            self.sampler.stop()
             self.close()
         return self.report
+
+    def measure_disk(self) -> None:
+        """The last sample of the state dir, then its live size (after the final verify and count)."""
+        self.sampler.stop()
+        self.sampler.sample()
+        self.report.disk.live = live_bytes(self.state)
+        self.note(f"disk: peak {self.report.disk.peak}, live {self.report.disk.live}")
 
 
 @contextlib.contextmanager

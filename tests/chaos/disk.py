@@ -1,0 +1,132 @@
+"""The fault suite's disk: a sampler of the bytes under the run's state dir while it runs (the peak of
+each part and of the whole), and the live size at the end, what the warehouse's Delta tables'
+current versions reference (``docs/warehouse.md``, Disk)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdc import paths
+from sinks.warehouse import WarehouseOptions
+from sinks.warehouse.reclaim import LOG_DIR, tree_bytes, usage
+
+PARTS = ("warehouse", "search", "log", "other")
+GB = 1e9
+#: what the warehouse's disk may reach, in times its live size, with the default settings: after each
+#: batch a table's superseded files are at most ``vacuum_garbage_ratio`` times its live size (those of
+#: the last ``vacuum_min_retention_s`` aside), and a batch being written adds at most about one more
+#: live size (a batch of random keys rewrites the whole table)
+WAREHOUSE_BOUND = 2 + WarehouseOptions().vacuum_garbage_ratio
+
+
+def part_dirs(state: Path) -> dict[str, Path]:
+    return {
+        "warehouse": paths.warehouse_dir(state),
+        "search": paths.search_dir(state),
+        "log": paths.log_dir(state),
+    }
+
+
+def measure(state: Path, skip: Path | None = None) -> dict[str, int]:
+    """Bytes per part of the state dir now (``skip``: a file not counted, the harness's disk filler)."""
+    dirs = part_dirs(state)
+    out = {name: tree_bytes(path) for name, path in dirs.items()}
+    out["other"] = max(tree_bytes(state) - sum(out.values()), 0)
+    if skip is not None:
+        with contextlib.suppress(FileNotFoundError):
+            filler = skip.stat().st_size
+            for name, path in dirs.items():
+                if skip.is_relative_to(path):
+                    out[name] = max(out[name] - filler, 0)
+                    break
+            else:
+                out["other"] = max(out["other"] - filler, 0)
+    return out
+
+
+def live(state: Path) -> dict[str, int]:
+    """The live size: every Delta table's current files and its _delta_log; the rest as it is."""
+    now = measure(state)
+    warehouse = paths.warehouse_dir(state)
+    tables = [log.parent for log in warehouse.rglob(LOG_DIR)] if warehouse.exists() else []
+    now["warehouse"] = sum(usage(t).live for t in tables)
+    now["total"] = sum(now[p] for p in PARTS)
+    return now
+
+
+@dataclass
+class Disk:
+    """Peak and live bytes per part (``PARTS``) and of the whole (``total``)."""
+
+    peak: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*PARTS, "total"), 0))
+    peak_at_s: float = 0.0
+    live: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
+
+    def ratio(self, part: str) -> float | None:
+        return self.peak[part] / self.live[part] if self.live.get(part) else None
+
+    def lines(self) -> list[str]:
+        if not self.live:
+            return [f"  disk: peak {self.peak['total'] / GB:.2f} GB (live not measured: the run stopped)"]
+        out = [f"  disk high-water mark ({self.samples} samples; the whole at {self.peak_at_s:.0f} s):"]
+        for part in ("warehouse", "total"):
+            r = self.ratio(part)
+            out.append(
+                f"    {part:10} peak {self.peak[part] / GB:7.2f} GB, live {self.live[part] / GB:7.2f} GB"
+                + (f", peak/live {r:.2f}x" if r is not None else "")
+                + (f" (bound {WAREHOUSE_BOUND:.1f}x)" if part == "warehouse" else "")
+            )
+        out.append(
+            "    parts' peaks: "
+            + ", ".join(
+                f"{p} {self.peak[p] / GB:.2f} GB (live {self.live.get(p, 0) / GB:.2f})" for p in PARTS
+            )
+        )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak": dict(self.peak),
+            "peak_at_s": round(self.peak_at_s, 1),
+            "live": dict(self.live),
+            "peak_over_live": {p: self.ratio(p) for p in ("warehouse", "total")},
+            "samples": self.samples,
+        }
+
+
+class Sampler:
+    """A thread that measures the state dir every ``interval`` seconds and keeps the peaks."""
+
+    def __init__(self, state: Path, disk: Disk, interval: float = 3.0, skip: Path | None = None) -> None:
+        self.state, self.disk, self.interval, self.skip = state, disk, interval, skip
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="disk-sampler", daemon=True)
+        self._t0 = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def sample(self) -> None:
+        now = measure(self.state, self.skip)
+        peak = self.disk.peak
+        for part in PARTS:
+            peak[part] = max(peak[part], now[part])
+        total = sum(now.values())
+        if total > peak["total"]:
+            peak["total"], self.disk.peak_at_s = total, time.monotonic() - self._t0
+        self.disk.samples += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
