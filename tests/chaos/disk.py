@@ -5,6 +5,7 @@ current versions reference (``docs/warehouse.md``, Disk)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,25 +34,31 @@ def part_dirs(state: Path) -> dict[str, Path]:
 
 
 def measure(state: Path, skip: Path | None = None) -> dict[str, int]:
-    """Bytes per part of the state dir now (``skip``: a file not counted, the harness's disk filler)."""
-    dirs = part_dirs(state)
-    out = {name: tree_bytes(path) for name, path in dirs.items()}
-    out["other"] = max(tree_bytes(state) - sum(out.values()), 0)
+    """Bytes per part of the state dir now, in one walk (``skip``: a file not counted, the harness's
+    disk filler)."""
+    dirs = {path.name: name for name, path in part_dirs(state).items()}
+    out = dict.fromkeys(PARTS, 0)
+    try:
+        entries = list(os.scandir(state))
+    except FileNotFoundError:
+        return out
+    for entry in entries:
+        with contextlib.suppress(FileNotFoundError):
+            part = dirs.get(entry.name, "other")
+            if entry.is_dir(follow_symlinks=False):
+                out[part] += tree_bytes(Path(entry.path))
+            else:
+                out[part] += entry.stat(follow_symlinks=False).st_size
     if skip is not None:
         with contextlib.suppress(FileNotFoundError):
-            filler = skip.stat().st_size
-            for name, path in dirs.items():
-                if skip.is_relative_to(path):
-                    out[name] = max(out[name] - filler, 0)
-                    break
-            else:
-                out["other"] = max(out["other"] - filler, 0)
+            part = dirs.get(skip.relative_to(state).parts[0], "other")
+            out[part] = max(out[part] - skip.stat().st_size, 0)
     return out
 
 
-def live(state: Path) -> dict[str, int]:
+def live(state: Path, skip: Path | None = None) -> dict[str, int]:
     """The live size: every Delta table's current files and its _delta_log; the rest as it is."""
-    now = measure(state)
+    now = measure(state, skip)
     warehouse = paths.warehouse_dir(state)
     tables = [log.parent for log in warehouse.rglob(LOG_DIR)] if warehouse.exists() else []
     now["warehouse"] = sum(usage(t).live for t in tables)
@@ -67,25 +74,31 @@ class Disk:
     peak_at_s: float = 0.0
     live: dict[str, int] = field(default_factory=dict)
     samples: int = 0
+    #: a sample or the live size that could not be measured (why): the figures are then partial
+    errors: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def size(n: int) -> str:
+        return f"{n / GB:.2f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
 
     def ratio(self, part: str) -> float | None:
         return self.peak[part] / self.live[part] if self.live.get(part) else None
 
     def lines(self) -> list[str]:
         if not self.live:
-            return [f"  disk: peak {self.peak['total'] / GB:.2f} GB (live not measured: the run stopped)"]
+            return [f"  disk: peak {self.size(self.peak['total'])} (live not measured: the run stopped)"]
         out = [f"  disk high-water mark ({self.samples} samples; the whole at {self.peak_at_s:.0f} s):"]
         for part in ("warehouse", "total"):
             r = self.ratio(part)
             out.append(
-                f"    {part:10} peak {self.peak[part] / GB:7.2f} GB, live {self.live[part] / GB:7.2f} GB"
+                f"    {part:10} peak {self.size(self.peak[part])}, live {self.size(self.live[part])}"
                 + (f", peak/live {r:.2f}x" if r is not None else "")
                 + (f" (bound {WAREHOUSE_BOUND:.1f}x)" if part == "warehouse" else "")
             )
         out.append(
             "    parts' peaks: "
             + ", ".join(
-                f"{p} {self.peak[p] / GB:.2f} GB (live {self.live.get(p, 0) / GB:.2f})" for p in PARTS
+                f"{p} {self.size(self.peak[p])} (live {self.size(self.live.get(p, 0))})" for p in PARTS
             )
         )
         return out
@@ -97,6 +110,7 @@ class Disk:
             "live": dict(self.live),
             "peak_over_live": {p: self.ratio(p) for p in ("warehouse", "total")},
             "samples": self.samples,
+            "errors": self.errors[:5],
         }
 
 
@@ -129,4 +143,7 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self.sample()
+            try:
+                self.sample()
+            except Exception as exc:  # a sample lost is reported, the run goes on
+                self.disk.errors.append(f"a sample failed: {exc!r}")

@@ -950,8 +950,11 @@ class Chaos:
     def measure_disk(self) -> None:
         """The last sample of the state dir, then its live size (after the final verify and count)."""
         self.sampler.stop()
-        self.sampler.sample()
-        self.report.disk.live = live_bytes(self.state)
+        try:
+            self.sampler.sample()
+            self.report.disk.live = live_bytes(self.state, self.sampler.skip)
+        except Exception as exc:  # the run's other figures are still reported
+            self.report.disk.errors.append(f"the live size could not be measured: {exc!r}")
         self.note(f"disk: peak {self.report.disk.peak}, live {self.report.disk.live}")
 
 
