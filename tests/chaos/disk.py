@@ -74,6 +74,8 @@ class Disk:
     peak_at_s: float = 0.0
     live: dict[str, int] = field(default_factory=dict)
     samples: int = 0
+    #: a sample a minute: (seconds since the start, warehouse bytes, whole bytes)
+    series: list[tuple[float, int, int]] = field(default_factory=list)
     #: a sample or the live size that could not be measured (why): the figures are then partial
     errors: list[str] = field(default_factory=list)
 
@@ -110,6 +112,7 @@ class Disk:
             "live": dict(self.live),
             "peak_over_live": {p: self.ratio(p) for p in ("warehouse", "total")},
             "samples": self.samples,
+            "series": [[round(t), w, a] for t, w, a in self.series],
             "errors": self.errors[:5],
         }
 
@@ -136,10 +139,12 @@ class Sampler:
         peak = self.disk.peak
         for part in PARTS:
             peak[part] = max(peak[part], now[part])
-        total = sum(now.values())
+        total, at = sum(now.values()), time.monotonic() - self._t0
         if total > peak["total"]:
-            peak["total"], self.disk.peak_at_s = total, time.monotonic() - self._t0
+            peak["total"], self.disk.peak_at_s = total, at
         self.disk.samples += 1
+        if not self.disk.series or at - self.disk.series[-1][0] >= 60:
+            self.disk.series.append((at, now["warehouse"], total))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
