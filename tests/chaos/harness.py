@@ -95,7 +95,11 @@ class Size:
     how long a recovery may take, the size of the embedded log store's filesystem (``disk_full``
     fills it: the smaller, the sooner; a CI run's log store stays under 150 MB) and the warehouse's
     ``vacuum_min_retention_s`` (None: the default; a CI run lasts less than the default's 5 minutes,
-    so it takes 30 s, above its longest read, to bound its disk as a longer run is bounded)."""
+    so it takes 30 s, above its longest read, to bound its disk as a longer run is bounded), and the
+    apply's ``--stall-timeout``: 60 s restarts a batch that hangs (a frozen broker) soon;
+    the full size takes the default 300 s, since its batches (transactions of up to 100,000 rows,
+    rows of ~9 KB) run their Spark tasks longer than 60 s on a loaded machine, where 60 s killed
+    every attempt of the first batch (2026-11-26, load 20-25 on 2 cores)."""
 
     cycles: int
     max_tx: int
@@ -103,6 +107,7 @@ class Size:
     verify_wait_s: float
     log_fs_mb: int = 2048
     vacuum_min_retention_s: float | None = None
+    stall_timeout_s: int = 60
 
     @staticmethod
     def named(name: str) -> Size:
@@ -118,7 +123,11 @@ class Size:
         if name == "full":
             # every kind four times: disk_full and broker_freeze belong to one backend each
             return Size(
-                cycles=4 * (len(FAULT_KINDS) - 1), max_tx=100_000, write_s=(2.0, 8.0), verify_wait_s=900
+                cycles=4 * (len(FAULT_KINDS) - 1),
+                max_tx=100_000,
+                write_s=(2.0, 8.0),
+                verify_wait_s=900,
+                stall_timeout_s=300,
             )
         raise ValueError(f"unknown size {name!r}: ci or full")
 
@@ -572,7 +581,10 @@ class Chaos:
         if "apply_kill9_after_sink" in self.kinds:
             apply_env["CDC_FAULTS"] = f"apply.after_sink:@{self.arm_after_sink}"
         self.apply = Proc(
-            "cdc apply", [*CDC, "apply", "--stall-timeout", "60"], apply_env, logs / "apply.log"
+            "cdc apply",
+            [*CDC, "apply", "--stall-timeout", str(size.stall_timeout_s)],
+            apply_env,
+            logs / "apply.log",
         )
         self.supervisor = Supervisor([self.reader, self.apply])
         self._poisoned: int | None = None
