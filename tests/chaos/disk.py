@@ -8,6 +8,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,17 @@ class Disk:
 class Sampler:
     """A thread that measures the state dir every ``interval`` seconds and keeps the peaks."""
 
-    def __init__(self, state: Path, disk: Disk, interval: float = 3.0, skip: Path | None = None) -> None:
-        self.state, self.disk, self.interval, self.skip = state, disk, interval, skip
+    def __init__(
+        self,
+        state: Path,
+        disk: Disk,
+        interval: float = 3.0,
+        skip: Path | None = None,
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        """``note``: where the minute's sample is also written (the harness's log: kept if the run
+        is killed before its report)."""
+        self.state, self.disk, self.interval, self.skip, self.note = state, disk, interval, skip, note
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="disk-sampler", daemon=True)
         self._t0 = time.monotonic()
@@ -145,6 +155,8 @@ class Sampler:
         self.disk.samples += 1
         if not self.disk.series or at - self.disk.series[-1][0] >= 60:
             self.disk.series.append((at, now["warehouse"], total))
+            if self.note is not None:
+                self.note(f"disk at {at:.0f} s: {now}, peak {peak}")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

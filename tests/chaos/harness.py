@@ -108,6 +108,9 @@ class Size:
     log_fs_mb: int = 2048
     vacuum_min_retention_s: float | None = None
     stall_timeout_s: int = 60
+    #: no fault is injected after this many seconds from the baseline (None: no limit); the run then
+    #: ends as usual (final verify, ledger count, disk), with fewer faults than planned
+    budget_s: float | None = None
 
     @staticmethod
     def named(name: str) -> Size:
@@ -150,6 +153,8 @@ class Report:
     not_applicable: dict[str, str] = field(default_factory=dict)
     #: the ledger against the warehouse (None until counted)
     ledger: Count | None = None
+    #: faults planned (``Size.cycles``); fewer are injected when the time budget runs out
+    planned: int = 0
     #: the state dir's peak and live bytes (tests/chaos/disk.py)
     disk: Disk = field(default_factory=Disk)
     failures: list[str] = field(default_factory=list)
@@ -157,7 +162,9 @@ class Report:
     def lines(self) -> list[str]:
         out = [f"chaos on the {self.backend} log store, decoder {self.decoder}"]
         out.append(f"  changes made: {self.changes:,} in {self.transactions:,} transactions")
-        out.append(f"  faults injected: {sum(self.faults.values())}")
+        done = sum(self.faults.values())
+        short = f" of {self.planned} planned (the time budget ran out)" if done < self.planned else ""
+        out.append(f"  faults injected: {done}{short}")
         for kind in FAULT_KINDS:
             if kind in self.skipped:
                 out.append(f"    {kind:24} NOT INJECTED: {self.skipped[kind]}")
@@ -197,6 +204,7 @@ class Report:
             "changes": self.changes,
             "transactions": self.transactions,
             "faults": dict(self.faults),
+            "planned": self.planned,
             "recover_s": {k: sorted(v) for k, v in self.recover_s.items()},
             "lost": self.lost,
             "duplicated": self.duplicated,
@@ -591,7 +599,9 @@ class Chaos:
         self._poison_rows = 0
         self._thaw: threading.Timer | None = None
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
-        self.sampler = Sampler(self.state, self.report.disk, skip=self.state / "log" / "filler")
+        self.sampler = Sampler(
+            self.state, self.report.disk, skip=self.state / "log" / "filler", note=self.note
+        )
 
     def note(self, line: str) -> None:
         """A line in logs/harness.log (faults, restarts and each verify, timestamped like the other logs)."""
@@ -921,8 +931,15 @@ class Chaos:
         ]
         plan = [kinds[i % len(kinds)] for i in range(self.size.cycles)]
         self.rng.shuffle(plan)
+        self.report.planned = len(plan)
+        deadline = None if self.size.budget_s is None else time.monotonic() + self.size.budget_s
         try:
             for n, kind in enumerate(plan, 1):
+                if deadline is not None and time.monotonic() > deadline:
+                    self.say(
+                        f"  time budget of {self.size.budget_s:.0f} s spent: {n - 1} faults, then the end"
+                    )
+                    break
                 self.workload.start()
                 time.sleep(self.rng.uniform(*self.size.write_s))  # writes before the fault
                 t_fault = time.monotonic()
