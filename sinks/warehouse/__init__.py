@@ -457,8 +457,15 @@ def _unresolved_reason(ev: ChangeEvent) -> str:
 
 
 def _vacuum(path: Path, retention_hours: int) -> int:
+    """delta-rs's vacuum in its full mode: also the files no commit references that are older than
+    the retention (a Spark task's or a merge's, killed before its commit); the lite mode deletes only
+    the files the log says were removed, so those stayed forever."""
     table = DeltaTable(str(path))
-    return len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False))
+    return len(
+        table.vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
+        )
+    )
 
 
 def _refuse_lost_tables(reg: TableReg, trio: tuple[Path, Path, Path]) -> None:

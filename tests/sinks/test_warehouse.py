@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import random
 import time
 from dataclasses import replace
@@ -547,6 +548,25 @@ def test_disk_stays_within_the_garbage_ratio_of_the_live_size(
             )
     assert peak["current"] > 1.2  # superseded files did pile up between reclaims
     assert len(history(sink, reg)) == 400 + 30 * 40
+
+
+def test_vacuum_deletes_files_of_writes_killed_before_their_commit(tmp_path: Path, feed: FeedMaker) -> None:
+    """A task or merge killed before its commit leaves files no version references: the periodic
+    vacuum deletes them once older than ``vacuum_retention_hours`` (delta-rs's lite vacuum never did),
+    and spares a younger one (a write that may still commit)."""
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=2, maintain_every=0, vacuum_every=1))
+    reg = table()
+    f = feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
+    part = next(sink.paths(reg)[0].rglob("*.parquet")).parent
+    old, young = part / "part-killed-old.parquet", part / "part-killed-young.parquet"
+    for orphan in (old, young):
+        orphan.write_bytes(b"x" * 100)
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "b", "note": None}, 200)), 2, APP)
+    assert not old.exists() and young.exists()
+    assert {r["name"] for r in current(sink, reg).values()} == {"b"}
 
 
 def test_reclaim_spares_what_recent_readers_and_uncommitted_writes_use(
