@@ -72,6 +72,8 @@ class WarehouseConfig(_Section):
     maintain_every: int = Field(default=100, ge=0)
     vacuum_every: int = Field(default=10, ge=0)
     vacuum_retention_hours: int = Field(default=1, ge=0)
+    vacuum_garbage_ratio: float = Field(default=1.0, ge=0)
+    vacuum_min_retention_s: float = Field(default=300.0, ge=0)
     target_file_size: int | None = Field(default=8 << 20, ge=1)
     write: Literal["merge", "files"] = "merge"
     #: the number of shards of a new table, one Spark task each (unset: the log store's

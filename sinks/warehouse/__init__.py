@@ -24,7 +24,7 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import evolve, per_event
+from sinks.warehouse import evolve, per_event, reclaim
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import (
     Commit,
@@ -341,10 +341,25 @@ class WarehouseSink(Sink):
         every = self.options.maintain_every
         if every and batch_id > 0 and batch_id % every == 0:
             self.maintain(reg)
-            return
-        every = self.options.vacuum_every
-        if every and batch_id > 0 and batch_id % every == 0:
-            self.vacuum(reg)
+        else:
+            every = self.options.vacuum_every
+            if every and batch_id > 0 and batch_id % every == 0:
+                self.vacuum(reg)
+        if self.options.vacuum_garbage_ratio:
+            self.bound_disk(reg)
+
+    def bound_disk(self, reg: TableReg) -> dict[str, tuple[int, int]]:
+        """Each of ``reg``'s Delta tables whose superseded files exceed ``vacuum_garbage_ratio`` times
+        its live size has them deleted, but for those a version of the last ``vacuum_min_retention_s``
+        references (:mod:`.reclaim`); returns (files, bytes) deleted per table. Runs after every batch."""
+        names = ("current", "history", "tombstones")
+        return {
+            name: reclaim.within_ratio(
+                path, self.options.vacuum_garbage_ratio, self.options.vacuum_min_retention_s
+            )
+            for name, path in zip(names, self.paths(reg), strict=True)
+            if DeltaTable.is_deltatable(str(path))
+        }
 
     def _ensure(
         self,
@@ -469,8 +484,15 @@ def _unresolved_reason(ev: ChangeEvent) -> str:
 
 
 def _vacuum(path: Path, retention_hours: int) -> int:
+    """delta-rs's vacuum in its full mode: also the files no commit references that are older than
+    the retention (a Spark task's or a merge's, killed before its commit); the lite mode deletes only
+    the files the log says were removed, so those stayed forever."""
     table = DeltaTable(str(path))
-    return len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False))
+    return len(
+        table.vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
+        )
+    )
 
 
 def _refuse_lost_tables(reg: TableReg, trio: tuple[Path, Path, Path]) -> None:

@@ -1,7 +1,7 @@
 """`make chaos`: the fault suite at full size on both log-store backends (see harness.py).
 
 python -m tests.chaos [--size full|ci] [--backend embedded|kafka|both] [--decoder wal2json|pgoutput]
-                     [--seed N] [--json]
+                     [--seed N] [--json] [--cycles N] [--kinds K,...] [--budget-min M]
 """
 
 from __future__ import annotations
@@ -28,10 +28,17 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the reports as JSON on stdout")
     parser.add_argument("--cycles", type=int, help="how many faults (default: by --size)")
     parser.add_argument("--kinds", help="only these kinds of fault, comma-separated (default: all)")
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        help="inject no fault after this many minutes, then end as usual (final verify, count, disk)",
+    )
     args = parser.parse_args()
     size = Size.named(args.size)
     if args.cycles:
         size = dataclasses.replace(size, cycles=args.cycles)
+    if args.budget_min:
+        size = dataclasses.replace(size, budget_s=args.budget_min * 60)
     kinds = tuple(args.kinds.split(",")) if args.kinds else None
     backends = ["embedded", "kafka"] if args.backend == "both" else [args.backend]
     base = Path(tempfile.mkdtemp(prefix="cdc-chaos-"))

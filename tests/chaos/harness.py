@@ -43,6 +43,8 @@ import orjson
 import psycopg
 
 from cdc.devcluster import PgCluster
+from tests.chaos.disk import Disk, Sampler
+from tests.chaos.disk import live as live_bytes
 from tests.chaos.ledger import Count, Ledger, Recording, committed, count
 from tests.plugins.apply import descendants
 from tests.plugins.capture import CDC
@@ -90,25 +92,45 @@ FAULT_KINDS = (
 @dataclass(frozen=True)
 class Size:
     """How much to run: cycles (one fault each), the longest transaction, seconds of writes a cycle,
-    how long a recovery may take, and the size of the embedded log store's filesystem (``disk_full``
-    fills it: the smaller, the sooner; a CI run's log store stays under 150 MB)."""
+    how long a recovery may take, the size of the embedded log store's filesystem (``disk_full``
+    fills it: the smaller, the sooner; a CI run's log store stays under 150 MB) and the warehouse's
+    ``vacuum_min_retention_s`` (None: the default; a CI run lasts less than the default's 5 minutes,
+    so it takes 30 s, above its longest read, to bound its disk as a longer run is bounded), and the
+    apply's ``--stall-timeout``: 60 s restarts a batch that hangs (a frozen broker) soon;
+    the full size takes the default 300 s, since its batches (transactions of up to 100,000 rows,
+    rows of ~9 KB) run their Spark tasks longer than 60 s on a loaded machine, where 60 s killed
+    every attempt of the first batch (2026-11-26, load 20-25 on 2 cores)."""
 
     cycles: int
     max_tx: int
     write_s: tuple[float, float]
     verify_wait_s: float
     log_fs_mb: int = 2048
+    vacuum_min_retention_s: float | None = None
+    stall_timeout_s: int = 60
+    #: no fault is injected after this many seconds from the baseline (None: no limit); the run then
+    #: ends as usual (final verify, ledger count, disk), with fewer faults than planned
+    budget_s: float | None = None
 
     @staticmethod
     def named(name: str) -> Size:
         if name == "ci":
             return Size(
-                cycles=len(FAULT_KINDS) - 1, max_tx=500, write_s=(0.2, 0.6), verify_wait_s=240, log_fs_mb=512
+                cycles=len(FAULT_KINDS) - 1,
+                max_tx=500,
+                write_s=(0.2, 0.6),
+                verify_wait_s=240,
+                log_fs_mb=512,
+                vacuum_min_retention_s=30,
             )
         if name == "full":
             # every kind four times: disk_full and broker_freeze belong to one backend each
             return Size(
-                cycles=4 * (len(FAULT_KINDS) - 1), max_tx=100_000, write_s=(2.0, 8.0), verify_wait_s=900
+                cycles=4 * (len(FAULT_KINDS) - 1),
+                max_tx=100_000,
+                write_s=(2.0, 8.0),
+                verify_wait_s=900,
+                stall_timeout_s=300,
             )
         raise ValueError(f"unknown size {name!r}: ci or full")
 
@@ -131,12 +153,18 @@ class Report:
     not_applicable: dict[str, str] = field(default_factory=dict)
     #: the ledger against the warehouse (None until counted)
     ledger: Count | None = None
+    #: faults planned (``Size.cycles``); fewer are injected when the time budget runs out
+    planned: int = 0
+    #: the state dir's peak and live bytes (tests/chaos/disk.py)
+    disk: Disk = field(default_factory=Disk)
     failures: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"chaos on the {self.backend} log store, decoder {self.decoder}"]
         out.append(f"  changes made: {self.changes:,} in {self.transactions:,} transactions")
-        out.append(f"  faults injected: {sum(self.faults.values())}")
+        done = sum(self.faults.values())
+        short = f" of {self.planned} planned (the time budget ran out)" if done < self.planned else ""
+        out.append(f"  faults injected: {done}{short}")
         for kind in FAULT_KINDS:
             if kind in self.skipped:
                 out.append(f"    {kind:24} NOT INJECTED: {self.skipped[kind]}")
@@ -155,6 +183,7 @@ class Report:
             out.append(f"  duplicated in effect: {self.duplicated} (history versions beyond those written)")
             out.extend(f"    e.g. {e}" for e in self.ledger.examples)
         out.append(f"  dead letters: {self.dead_letters_seen} (expected {self.dead_letters_expected})")
+        out.extend(self.disk.lines())
         out.extend(f"  FAILURE: {f}" for f in self.failures)
         return out
 
@@ -175,12 +204,14 @@ class Report:
             "changes": self.changes,
             "transactions": self.transactions,
             "faults": dict(self.faults),
+            "planned": self.planned,
             "recover_s": {k: sorted(v) for k, v in self.recover_s.items()},
             "lost": self.lost,
             "duplicated": self.duplicated,
             "dead_letters": self.dead_letters_seen,
             "skipped": self.skipped,
             "not_applicable": self.not_applicable,
+            "disk": self.disk.to_dict(),
             "ledger": dataclasses.asdict(self.ledger) if self.ledger else None,
             "failures": self.failures,
         }
@@ -532,7 +563,10 @@ class Chaos:
         self.prefix = f"chaos{seed}"
         workdir.mkdir(parents=True, exist_ok=True)
         # heartbeats every second: an idle source's slot confirms quickly, so verify need not wait
-        (workdir / "cdc.toml").write_text(f'heartbeat_interval_s = 1\ndecoder = "{decoder}"\n')
+        toml = f'heartbeat_interval_s = 1\ndecoder = "{decoder}"\n'
+        if size.vacuum_min_retention_s is not None:
+            toml += f"[warehouse]\nvacuum_min_retention_s = {size.vacuum_min_retention_s:.1f}\n"
+        (workdir / "cdc.toml").write_text(toml)
         self.env = {
             "CDC_CONFIG": str(workdir / "cdc.toml"),
             **os.environ,
@@ -555,13 +589,19 @@ class Chaos:
         if "apply_kill9_after_sink" in self.kinds:
             apply_env["CDC_FAULTS"] = f"apply.after_sink:@{self.arm_after_sink}"
         self.apply = Proc(
-            "cdc apply", [*CDC, "apply", "--stall-timeout", "60"], apply_env, logs / "apply.log"
+            "cdc apply",
+            [*CDC, "apply", "--stall-timeout", str(size.stall_timeout_s)],
+            apply_env,
+            logs / "apply.log",
         )
         self.supervisor = Supervisor([self.reader, self.apply])
         self._poisoned: int | None = None
         self._poison_rows = 0
         self._thaw: threading.Timer | None = None
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
+        self.sampler = Sampler(
+            self.state, self.report.disk, skip=self.state / "log" / "filler", note=self.note
+        )
 
     def note(self, line: str) -> None:
         """A line in logs/harness.log (faults, restarts and each verify, timestamped like the other logs)."""
@@ -625,6 +665,7 @@ class Chaos:
 
     def setup(self) -> None:
         self._mount_log()
+        self.sampler.start()
         self.pg.execute(DDL, self.db)
         # the workload's record of its own commits (tests/chaos/ledger.py), never registered
         self.pg.execute("CREATE TABLE chaos_ledger_tx (id bigint PRIMARY KEY)", self.db)
@@ -890,8 +931,15 @@ class Chaos:
         ]
         plan = [kinds[i % len(kinds)] for i in range(self.size.cycles)]
         self.rng.shuffle(plan)
+        self.report.planned = len(plan)
+        deadline = None if self.size.budget_s is None else time.monotonic() + self.size.budget_s
         try:
             for n, kind in enumerate(plan, 1):
+                if deadline is not None and time.monotonic() > deadline:
+                    self.say(
+                        f"  time budget of {self.size.budget_s:.0f} s spent: {n - 1} faults, then the end"
+                    )
+                    break
                 self.workload.start()
                 time.sleep(self.rng.uniform(*self.size.write_s))  # writes before the fault
                 t_fault = time.monotonic()
@@ -916,6 +964,7 @@ class Chaos:
             if final is None:
                 self.report.failures.append("the final verify is not clean")
             self.count()
+            self.measure_disk()
             self.report.dead_letters_seen = self.dead_letters()
             if self.report.dead_letters_seen != self.report.dead_letters_expected:
                 self.report.failures.append(
@@ -923,8 +972,19 @@ class Chaos:
                     f"{self.report.dead_letters_seen} in the dead-letter topic"
                 )
         finally:
+            self.sampler.stop()
             self.close()
         return self.report
+
+    def measure_disk(self) -> None:
+        """The last sample of the state dir, then its live size (after the final verify and count)."""
+        self.sampler.stop()
+        try:
+            self.sampler.sample()
+            self.report.disk.live = live_bytes(self.state, self.sampler.skip)
+        except Exception as exc:  # the run's other figures are still reported
+            self.report.disk.errors.append(f"the live size could not be measured: {exc!r}")
+        self.note(f"disk: peak {self.report.disk.peak}, live {self.report.disk.live}")
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.disk import GB, WAREHOUSE_BOUND
 from tests.chaos.harness import FAULT_KINDS, Chaos, Size
 from tests.plugins.postgres import PgCluster
 
@@ -77,6 +78,15 @@ def test_every_fault_recovers_with_nothing_lost(
         report.faults.get(k, 0) for k in ("poison_value", "corrupt_record")
     )
     assert report.dead_letters_seen == report.dead_letters_expected, lines
+    # the warehouse's disk stays within a multiple of its live size (docs/warehouse.md, Disk): the
+    # superseded files of copy-on-write merges are deleted once over vacuum_garbage_ratio
+    disk = report.disk
+    if backend == "embedded":
+        ratio = disk.ratio("warehouse")
+        assert ratio is not None and ratio <= WAREHOUSE_BOUND, (
+            f"the warehouse's disk peaked at {disk.peak['warehouse'] / GB:.3f} GB for "
+            f"{disk.live.get('warehouse', 0) / GB:.3f} GB live ({ratio}x; bound {WAREHOUSE_BOUND}x)\n{lines}"
+        )
     # what `cdc run` and `cdc apply` wrote as processes (log store, Delta tables, index, Spark
     # checkpoints, metrics, locks) is open to no other user
     state = tmp_path / "state"

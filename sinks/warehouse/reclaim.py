@@ -1,0 +1,122 @@
+"""The warehouse's disk kept within a multiple of its live size (``docs/warehouse.md``, Disk).
+
+Every batch's copy-on-write merge supersedes the files it rewrites; they stay on disk until vacuumed.
+The periodic vacuum (``vacuum_every``, ``vacuum_retention_hours``) deletes those unreferenced for an
+hour, which at a high write rate is many times a table's live size (a batch of random keys rewrites
+about the whole table). So after every batch the sink also measures each Delta table: when its
+superseded bytes exceed ``vacuum_garbage_ratio`` times its live bytes (the files its current version
+references, and its ``_delta_log``), it deletes the superseded files at once, except those a
+version committed in the last ``vacuum_min_retention_s`` seconds references -- what a reader that
+opened the table since then (``cdc sql``, ``cdc verify``, a view) may still be reading.
+
+The files deleted are only those the Delta log says were removed (delta-rs's own list, a dry run of
+its vacuum with no retention); a file written but not yet committed (a Spark task's, before the
+driver's commit) is never one of them. delta-rs's vacuum takes a retention in whole hours; the
+minutes are kept here by protecting every file that a commit of the last ``vacuum_min_retention_s``
+removed (a reader pinned a version at most that old: what it reads is in that version, and what that
+version referenced and the current one does not was removed since).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+LOG_DIR = "_delta_log"
+_COMMIT = re.compile(r"^\d{20}\.json$")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A Delta table's bytes: ``disk`` (every file under it), ``live`` (its current version's files
+    and its ``_delta_log``); ``garbage`` is the rest (superseded files, and any not yet committed)."""
+
+    disk: int
+    live: int
+
+    @property
+    def garbage(self) -> int:
+        return max(self.disk - self.live, 0)
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of the files under ``path`` (``os.scandir``, symbolic links not followed)."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except FileNotFoundError:  # deleted meanwhile (a vacuum)
+            continue
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def usage(path: Path, table: DeltaTable | None = None) -> Usage:
+    """What the Delta table at ``path`` holds on disk against what its current version needs."""
+    table = table or DeltaTable(str(path))
+    sizes = pa.table(table.get_add_actions(flatten=False)).column("size_bytes")
+    referenced = int(pc.sum(sizes).as_py() or 0)
+    return Usage(disk=tree_bytes(path), live=referenced + tree_bytes(path / LOG_DIR))
+
+
+def recently_removed(path: Path, min_retention_s: float, now: float) -> set[str]:
+    """The files (relative paths, unquoted) that the commits of the last ``min_retention_s`` seconds
+    removed: a reader that opened the table since may still read them."""
+    removed: set[str] = set()
+    cutoff = now - min_retention_s
+    with os.scandir(path / LOG_DIR) as entries:
+        recent = [e.path for e in entries if _COMMIT.match(e.name) and e.stat().st_mtime >= cutoff]
+    for commit in recent:
+        with contextlib.suppress(FileNotFoundError), open(commit, "rb") as f:
+            for line in f:
+                if b'"remove"' in line:
+                    action = orjson.loads(line).get("remove")
+                    if action:
+                        removed.add(unquote(action["path"]))
+    return removed
+
+
+def reclaim(path: Path, min_retention_s: float, now: float | None = None) -> tuple[int, int]:
+    """Delete the files the table at ``path`` stopped referencing, except those removed in the last
+    ``min_retention_s`` seconds; returns (files, bytes) deleted."""
+    now = time.time() if now is None else now
+    table = DeltaTable(str(path))
+    # the log's removed files not referenced by the current version (delta-rs's vacuum, a dry run)
+    superseded = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+    keep = recently_removed(path, min_retention_s, now) if min_retention_s > 0 else set()
+    files = deleted = 0
+    for rel in superseded:
+        name = unquote(rel)
+        if name in keep:
+            continue
+        target = path / name
+        with contextlib.suppress(FileNotFoundError):
+            size = target.stat().st_size
+            target.unlink()
+            files, deleted = files + 1, deleted + size
+    return files, deleted
+
+
+def within_ratio(path: Path, ratio: float, min_retention_s: float) -> tuple[int, int]:
+    """:func:`reclaim` on the table at ``path`` if its garbage exceeds ``ratio`` times its live size;
+    returns (files, bytes) deleted."""
+    use = usage(path)
+    if use.garbage <= ratio * use.live:
+        return 0, 0
+    return reclaim(path, min_retention_s)
