@@ -8,7 +8,7 @@ APT_PACKAGES := $(PG_PACKAGES) openjdk-17-jre-headless stunnel4 openssl chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: help setup system venv check test demo bench chaos soak lint clean
+.PHONY: help setup system venv check test test-pgoutput demo bench chaos soak lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -47,6 +47,12 @@ check: venv ## the inner loop: unit tests, pure logic, the embedded log store, b
 
 test: setup ## set up, then run the whole test suite (real Postgres, Tansu, Spark)
 	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
+
+# the suites that read a source, with pgoutput wherever a test does not name its decoder (the
+# decoders marker; the wal2json-only ones: the non-finite recorder, the allow-list)
+PGOUTPUT_SUITES := tests/capture tests/snapshot tests/schema tests/oncall tests/apply/test_end_to_end.py
+test-pgoutput: setup ## the capture, snapshot, schema and on-call suites again with decoder = "pgoutput"
+	CDC_DECODER=pgoutput $(BIN)/pytest --durations=30 $(PGOUTPUT_SUITES) $(PYTEST_ARGS)
 
 demo: setup ## set up, then run the pipeline end to end on the embedded log store
 	$(BIN)/cdc demo

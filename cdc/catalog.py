@@ -476,7 +476,8 @@ def _key_problems(
                 "replica_identity",
                 "identity",
                 f"the key ({', '.join(key)}) is not carried by the replica identity of {where} ({why}): "
-                "its UPDATEs and DELETEs cannot be keyed and wal2json drops them",
+                "its UPDATEs and DELETEs cannot be keyed: wal2json drops them, and pgoutput's publication "
+                "makes the source refuse them",
                 f"{alter} (or make the key its primary key{pk})",
                 {**values, "replica_identity": ident, "key": list(key), "partition": leaf},
             )

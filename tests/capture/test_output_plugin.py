@@ -36,7 +36,8 @@ def stock_cluster() -> Iterator[PgCluster]:
 def env(stock_cluster: PgCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CaptureEnv]:
     db = stock_cluster.create_database()
     try:
-        yield from make_env(stock_cluster, db, tmp_path, "embedded", request)
+        # the refusal is wal2json's: a suite-wide CDC_DECODER (make test-pgoutput) must not change it
+        yield from make_env(stock_cluster, db, tmp_path, "embedded", request, decoder="wal2json")
     finally:
         stock_cluster.drop_database(db)
 
@@ -102,7 +103,7 @@ def test_stock_server_refuses_then_the_printed_fix_allows(env: CaptureEnv, stock
 
 def test_pgoutput_needs_no_allow_list(env: CaptureEnv, stock_cluster: PgCluster) -> None:
     """The same stock server, decoder pgoutput: nothing to allow, capture works as it is."""
-    env.config.write_text(env.config.read_text() + 'decoder = "pgoutput"\n')
+    env.decoder = "pgoutput"
     stock_cluster.execute("ALTER SYSTEM RESET output_plugin_libraries")  # as the DBA left it, or not
     stock_cluster.execute("SELECT pg_reload_conf()")
     wait_for(

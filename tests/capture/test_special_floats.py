@@ -12,6 +12,9 @@ import pytest
 
 from tests.plugins.capture import CaptureEnv
 
+#: the recorder exists for wal2json alone (pgoutput sends NaN and the infinities as they are)
+pytestmark = pytest.mark.decoders("wal2json")
+
 SPECIALS = ["NaN", "Infinity", "-Infinity"]
 
 

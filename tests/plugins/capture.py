@@ -57,6 +57,9 @@ class CaptureEnv:
     last_stderr: str = ""  # of the last `cdc` run by :meth:`cdc`
     #: the source DSN when it is not ``pg``'s alone (a primary and its standby: tests/plugins/failover.py)
     source: str | None = None
+    #: the output plugin the test asked for (the ``decoders`` marker): it wins over a suite-wide
+    #: ``CDC_DECODER`` (``make test-pgoutput``); None: the suite's (the environment's, or the default)
+    decoder: str | None = None
 
     @property
     def dsn(self) -> str:
@@ -72,6 +75,8 @@ class CaptureEnv:
             "CDC_CONFIG": str(self.config),
         }
         env.pop("CDC_LOG", None)
+        if self.decoder:
+            env["CDC_DECODER"] = self.decoder
         if self.log_url:
             env["CDC_LOG"] = self.log_url
         return env
@@ -236,7 +241,7 @@ def make_env(
         + (f'decoder = "{decoder}"\n' if decoder else "")
         + options
     )
-    env = CaptureEnv(pg, db, state, f"cdc_slot_{tag}", f"cdc{tag}", log_url, config)
+    env = CaptureEnv(pg, db, state, f"cdc_slot_{tag}", f"cdc{tag}", log_url, config, decoder=decoder)
     try:
         yield env
     finally:
