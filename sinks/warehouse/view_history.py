@@ -111,10 +111,7 @@ def write_history(
         return n
     if not closes and not n:
         return 0
-    markers = {
-        f.name: pa.array(closes, f.type) if f.name == VIEW_KEY else pa.nulls(len(closes), f.type)
-        for f in source.schema
-    }
+    markers = key_markers(closes, source.schema)
     markers["valid_from"] = pa.array([now] * len(closes), TS)
     markers["_cdc_end_op"] = pa.array(["u" if k in new else "d" for k in closes], pa.string())
     marked = pa.table(markers, schema=source.schema)
@@ -137,3 +134,11 @@ def write_history(
         .execute()
     )
     return n
+
+
+def key_markers(keys: list[str], schema: pa.Schema) -> dict[str, pa.Array]:
+    """The columns of one marker row per key of ``keys`` (a view row to close or delete): the view's
+    key set, every other column of ``schema`` null."""
+    return {
+        f.name: pa.array(keys, f.type) if f.name == VIEW_KEY else pa.nulls(len(keys), f.type) for f in schema
+    }

@@ -53,7 +53,7 @@ from sinks.search import SearchSink
 from sinks.view_search import index_view
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, table_paths
-from sinks.warehouse.view_history import write_history
+from sinks.warehouse.view_history import key_markers, write_history
 
 _DELETE = "__cdc_delete"  # merge-source-only column: the affected key has no row any more
 
@@ -299,10 +299,7 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitPrope
     gone = sorted(keys - found)
     source = rows.append_column(_DELETE, pa.array([False] * rows.num_rows, pa.bool_()))
     if gone:
-        markers = {
-            f.name: pa.array(gone, f.type) if f.name == VIEW_KEY else pa.nulls(len(gone), f.type)
-            for f in rows.schema
-        }
+        markers = key_markers(gone, rows.schema)
         markers[_DELETE] = pa.array([True] * len(gone), pa.bool_())
         source = pa.concat_tables([source, pa.table(markers, schema=source.schema)])
     cols = {c: f"s.{_q(c)}" for c in rows.column_names}
