@@ -96,10 +96,13 @@ class Size:
     fills it: the smaller, the sooner; a CI run's log store stays under 150 MB) and the warehouse's
     ``vacuum_min_retention_s`` (None: the default; a CI run lasts less than the default's 5 minutes,
     so it takes 30 s, above its longest read, to bound its disk as a longer run is bounded), and the
-    apply's ``--stall-timeout``: 60 s restarts a batch that hangs (a frozen broker) soon;
-    the full size takes the default 300 s, since its batches (transactions of up to 100,000 rows,
-    rows of ~9 KB) run their Spark tasks longer than 60 s on a loaded machine, where 60 s killed
-    every attempt of the first batch (2026-11-26, load 20-25 on 2 cores)."""
+    apply's ``--stall-timeout``: the CI size's 150 s restarts a batch that hangs (a frozen broker)
+    within its recovery budget, yet spares its catch-up batch after an apply fault (130,000 records
+    whose Spark tasks took 78-118 s at load 4: 60 s killed it three times running, 2026-11-26); the
+    full size takes the default 300 s, since its batches (transactions of up to 100,000 rows, rows
+    of ~9 KB) run their Spark tasks longer than that on a loaded machine, where 60 s killed every
+    attempt of the first batch (2026-11-26, load 20-25 on 2 cores). A watchdog that restarts a batch
+    that is slow but progressing, the same batch each time, is a livelock (``docs/robustness.md``)."""
 
     cycles: int
     max_tx: int
@@ -119,9 +122,10 @@ class Size:
                 cycles=len(FAULT_KINDS) - 1,
                 max_tx=500,
                 write_s=(0.2, 0.6),
-                verify_wait_s=240,
+                verify_wait_s=360,
                 log_fs_mb=512,
                 vacuum_min_retention_s=30,
+                stall_timeout_s=150,
             )
         if name == "full":
             # every kind four times: disk_full and broker_freeze belong to one backend each
