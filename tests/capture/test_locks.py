@@ -107,7 +107,9 @@ def test_reader_refuses_to_drop_an_active_slot(env: CaptureEnv) -> None:
         pytest.skip("backend-independent")
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
-    env.pg.execute(f"SELECT pg_create_logical_replication_slot('{env.slot}', '{env.settings().decoder}')", env.db)
+    env.pg.execute(
+        f"SELECT pg_create_logical_replication_slot('{env.slot}', '{env.settings().decoder}')", env.db
+    )
     with env.registry() as reg:
         reg.set_state("initial_snapshot", "running")
     # another process streams from the slot (pg_recvlogical stands in for a second reader)

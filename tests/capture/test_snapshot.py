@@ -152,7 +152,9 @@ def test_slot_left_by_an_unfinished_initial_snapshot_is_recreated(env: CaptureEn
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.sql("INSERT INTO t SELECT generate_series(1, 3)")
     env.add_table("public.t")
-    env.pg.execute(f"SELECT pg_create_logical_replication_slot('{env.slot}', '{env.settings().decoder}')", env.db)
+    env.pg.execute(
+        f"SELECT pg_create_logical_replication_slot('{env.slot}', '{env.settings().decoder}')", env.db
+    )
     with env.registry() as r:
         r.set_snapshot_state("public", "t", "running")
         r.set_state("initial_snapshot", "running")
@@ -186,7 +188,9 @@ def test_run_without_source_is_a_config_error(tmp_path: Path) -> None:
 def test_foreign_slot_of_the_same_name_is_not_dropped(env: CaptureEnv) -> None:
     env.sql("CREATE TABLE t (id int PRIMARY KEY)")
     env.add_table("public.t")
-    env.pg.execute(f"SELECT pg_create_logical_replication_slot('{env.slot}', '{env.settings().decoder}')", env.db)
+    env.pg.execute(
+        f"SELECT pg_create_logical_replication_slot('{env.slot}', '{env.settings().decoder}')", env.db
+    )
     res = env.cdc("run", "--once")
     assert res.returncode == 1 and "already exists" in res.stderr and "CDC_SLOT" in res.stderr
     assert env.pg.fetch(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{env.slot}'")
