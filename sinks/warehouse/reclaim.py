@@ -69,7 +69,7 @@ def tree_bytes(path: Path) -> int:
 
 def usage(path: Path, table: DeltaTable | None = None) -> Usage:
     """What the Delta table at ``path`` holds on disk against what its current version needs."""
-    table = table or DeltaTable(str(path))
+    table = DeltaTable(str(path)) if table is None else table
     sizes = pa.table(table.get_add_actions(flatten=False)).column("size_bytes")
     referenced = int(pc.sum(sizes).as_py() or 0)
     return Usage(disk=tree_bytes(path), live=referenced + tree_bytes(path / LOG_DIR))
@@ -92,11 +92,13 @@ def recently_removed(path: Path, min_retention_s: float, now: float) -> set[str]
     return removed
 
 
-def reclaim(path: Path, min_retention_s: float, now: float | None = None) -> tuple[int, int]:
+def reclaim(
+    path: Path, min_retention_s: float, now: float | None = None, table: DeltaTable | None = None
+) -> tuple[int, int]:
     """Delete the files the table at ``path`` stopped referencing, except those removed in the last
     ``min_retention_s`` seconds; returns (files, bytes) deleted."""
     now = time.time() if now is None else now
-    table = DeltaTable(str(path))
+    table = DeltaTable(str(path)) if table is None else table
     # the log's removed files not referenced by the current version (delta-rs's vacuum, a dry run)
     superseded = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
     keep = recently_removed(path, min_retention_s, now) if min_retention_s > 0 else set()
@@ -116,7 +118,8 @@ def reclaim(path: Path, min_retention_s: float, now: float | None = None) -> tup
 def within_ratio(path: Path, ratio: float, min_retention_s: float) -> tuple[int, int]:
     """:func:`reclaim` on the table at ``path`` if its garbage exceeds ``ratio`` times its live size;
     returns (files, bytes) deleted."""
-    use = usage(path)
+    table = DeltaTable(str(path))
+    use = usage(path, table)
     if use.garbage <= ratio * use.live:
         return 0, 0
-    return reclaim(path, min_retention_s)
+    return reclaim(path, min_retention_s, table=table)
