@@ -45,7 +45,14 @@ from spark_jobs.ledger import (
     read_ledger,
     write_ledger,
 )
-from spark_jobs.lifecycle import STOP_REQUESTED, BatchGate, QueryLoop, jvm_gone_is_an_error, jvm_pid
+from spark_jobs.lifecycle import (
+    STOP_REQUESTED,
+    BatchGate,
+    QueryLoop,
+    jvm_gone_is_an_error,
+    jvm_pid,
+    task_progress,
+)
 from spark_jobs.tasks import Planner
 from spark_jobs.watchdog import StalledError, Watchdog
 
@@ -205,7 +212,7 @@ class ApplyJob:
         self.watchdog = Watchdog(options.stall_timeout_s, self.ckpt)
         # a stop waits for the micro-batch in progress (a query stopped mid-batch is interrupted
         # inside the sinks, and Spark may die on the way, e.g. a StackOverflowError formatting it)
-        self.gate = BatchGate(self.watchdog.alive)
+        self.gate = BatchGate(self.watchdog.edge)
         self.loop = QueryLoop(
             once=options.once,
             registry_poll_s=options.registry_poll_s,
@@ -393,6 +400,8 @@ class ApplyJob:
         query = writer.start()
         if self.watchdog.jvm_pid is None:  # for the watchdog's thread dump (SIGQUIT)
             self.watchdog.jvm_pid = jvm_pid(self.spark)
+        if self.watchdog.tasks is None:  # a task finishing is a batch's sign of life
+            self.watchdog.tasks = task_progress(self.spark)
         return query
 
     def stop(self) -> None:
@@ -422,7 +431,7 @@ class ApplyJob:
         if self.watchdog.stalled:
             self.applier.abandon()
             return
-        timeout = self.watchdog.timeout_s if self.watchdog.timeout_s > 0 else None
+        timeout = self.watchdog.timeout_now() if self.watchdog.timeout_s > 0 else None
         try:
             self.applier.close(close_sinks=self._own_sinks, timeout=timeout)
         except FuturesTimeout as exc:

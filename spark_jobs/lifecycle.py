@@ -14,7 +14,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,10 +34,10 @@ STOP_REQUESTED = "cdc apply: stop requested before this micro-batch started"
 
 class BatchGate:
     """Where the micro-batch bodies pass: one at a time, none while the query is being stopped
-    (:meth:`halted`). ``on_edge`` is called as a body starts and finishes (the watchdog's sign of
-    life). ``last_batch``: the last batch id whose body finished."""
+    (:meth:`halted`). ``on_edge`` is called as a body starts (with its batch id) and finishes (with
+    None): the watchdog's sign of life. ``last_batch``: the last batch id whose body finished."""
 
-    def __init__(self, on_edge: Callable[[], None]) -> None:
+    def __init__(self, on_edge: Callable[[int | None], None]) -> None:
         self._cond = threading.Condition()
         self._in_batch = False
         self._halt = threading.Event()
@@ -52,7 +52,7 @@ class BatchGate:
             if self._halt.is_set():
                 raise ApplyError(STOP_REQUESTED, fix="run `cdc apply` again", batch_id=batch_id)
             self._in_batch = True
-            self._on_edge()
+            self._on_edge(batch_id)
         done = False
         try:
             yield
@@ -60,7 +60,7 @@ class BatchGate:
         finally:
             with self._cond:
                 self._in_batch = False
-                self._on_edge()
+                self._on_edge(None)
                 if done:
                     self.last_batch = batch_id
                 self._cond.notify_all()
@@ -196,7 +196,7 @@ class QueryLoop:
         (:data:`STOP_REQUESTED`), and is replayed by the next query on the same checkpoint. Bounded: a
         batch still running after the watchdog's timeout is a stall, and a query that does not stop
         is an error, never a hang."""
-        timeout = self.watchdog.timeout_s if self.watchdog.timeout_s > 0 else None
+        timeout = self.watchdog.timeout_now() if self.watchdog.timeout_s > 0 else None
         with self.gate.halted():
             idle, last = self.gate.wait_idle(timeout)
             if not idle:
@@ -268,6 +268,23 @@ def jvm_pid(spark: Any) -> int | None:
         return int(spark.sparkContext._jvm.ProcessHandle.current().pid())
     except Exception:
         return None
+
+
+def task_progress(spark: Any) -> Callable[[], Hashable]:
+    """A mark of the Spark tasks' progress for the watchdog: per active stage, its attempt and how many
+    of its tasks finished or failed. It changes whenever a task ends or a stage begins or ends, and
+    stays the same while every running task is stuck."""
+    tracker = spark.sparkContext.statusTracker()
+
+    def mark() -> Hashable:
+        stages = []
+        for stage_id in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage_id)
+            if info is not None:
+                stages.append((stage_id, info.currentAttemptId, info.numCompletedTasks, info.numFailedTasks))
+        return tuple(sorted(stages))
+
+    return mark
 
 
 def first_lines(text: str, limit: int = 1500) -> str:

@@ -94,7 +94,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="a micro-batch without any progress for this long is a stall: dump every thread and exit 1 "
+        help="a micro-batch without any progress (no Spark task finishing) for this long is a stall: dump "
+        "every thread and exit 1; the same batch's retry gets twice as long per earlier stall, up to 8x "
         "(default 300; 0: no watchdog)",
     )
     p.add_argument(
