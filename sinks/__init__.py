@@ -386,6 +386,14 @@ class Sink(abc.ABC):
         the table's metadata in line with the registration (new, dropped or widened columns), so
         that the tasks, which may run at once, only write data. Never creates the table."""
 
+    def recover(self, reg: TableReg) -> int:
+        """Called by ``cdc apply`` once as it starts, holding the apply lock, before its first
+        micro-batch: no write of this sink to ``reg`` is in flight anywhere (the job is the tables'
+        only writer, and a killed job's tasks died with it), so what killed writes left behind --
+        files no commit references -- may be deleted. Never changes what a reader sees. Returns
+        the bytes freed. The default: nothing to do."""
+        return 0
+
     def committed(self, reg: TableReg, batch_id: int) -> None:  # noqa: B027 - optional hook
         """Called by the apply's driver once the writes of micro-batch ``batch_id`` of ``reg`` that
         the tasks left to it are committed: periodic maintenance belongs here, never in a task."""

@@ -33,6 +33,7 @@ from cdc.metrics import Publisher
 from cdc.registry import Registry, TableReg, ViewReg
 from sinks import DeadLetter, Sink
 from sinks.search import SearchSink
+from sinks.warehouse.layout import WarehouseOptions
 from sinks.warehouse.views import ViewMaintainer
 from spark_jobs.applier import AFTER_SINK, BatchApplier, BatchOutcome, open_sinks
 from spark_jobs.checkpoint import checkpoint_dir
@@ -102,6 +103,9 @@ class ApplyOptions:
     #: if even the job's main loop stops checking in (blocked in py4j), a backstop thread dumps the
     #: threads and ends the process with ``os._exit(1)`` -- for the CLI process only, never in-process
     hard_exit_on_stall: bool = False
+    #: the job holds the apply lock (``cdc apply``): before its first micro-batch each of its sinks
+    #: removes what killed writes left of every registered table (:meth:`sinks.Sink.recover`)
+    sole_writer: bool = False
     #: where a micro-batch's work runs: ``tasks`` (Spark tasks on the executors read, parse and write
     #: their slices; the driver commits, :mod:`spark_jobs.tasks`) or ``driver`` (the records are
     #: collected to the driver, which applies them: the job's sinks given to :class:`ApplyJob` are
@@ -198,6 +202,7 @@ class ApplyJob:
                 self.app_id,
                 lambda name, why: self.registry().set_view_refused(name, why),
                 SearchSink.from_settings(settings),
+                WarehouseOptions.from_settings(settings),
             )
         )
         self.applier = BatchApplier(
@@ -419,11 +424,21 @@ class ApplyJob:
             jvm_gone_is_an_error(self.ckpt, self.watchdog),
         ):
             started = time.monotonic()
+            if self.options.sole_writer and self._own_sinks:
+                self._recover()
             try:
                 self.loop.run()
             finally:
                 self.summary.seconds = time.monotonic() - started
         return self.summary
+
+    def _recover(self) -> None:
+        """Each sink recovers each registered table (:meth:`sinks.Sink.recover`), said on stderr when
+        it freed anything."""
+        freed = sum(sink.recover(reg) for reg in self.current_tables()[1] for sink in self.sinks)
+        if freed:
+            sys.stderr.write(f"cdc apply: removed {freed / 1e6:,.1f} MB that killed writes left\n")
+            sys.stderr.flush()
 
     def close(self) -> None:
         """Close the sinks and the stores. After a stall nothing waits for the stuck threads (the

@@ -157,6 +157,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         faults=Faults.parse(os.environ.get(FAULTS_ENV, "")),
         stall_timeout_s=max(float(args.stall_timeout), 0.0),
         hard_exit_on_stall=True,
+        sole_writer=True,  # under the apply lock, below
         work=str(args.work),
     )
     out = sys.stderr if args.json else sys.stdout

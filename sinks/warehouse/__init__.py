@@ -348,6 +348,19 @@ class WarehouseSink(Sink):
         if self.options.vacuum_garbage_ratio:
             self.bound_disk(reg)
 
+    def recover(self, reg: TableReg) -> int:
+        """See :meth:`sinks.Sink.recover`: each of ``reg``'s Delta tables loses the files that killed
+        writes left (:func:`.reclaim.orphans`: no commit ever referenced them; the periodic full vacuum
+        would take them only after ``vacuum_retention_hours``), then is brought within its garbage
+        ratio (:meth:`bound_disk`), which until now ran only after a committed batch -- a job killed
+        before every commit freed nothing. Returns the bytes deleted."""
+        freed = sum(
+            reclaim.orphans(path)[1] for path in self.paths(reg) if DeltaTable.is_deltatable(str(path))
+        )
+        if self.options.vacuum_garbage_ratio:
+            freed += sum(size for _, size in self.bound_disk(reg).values())
+        return freed
+
     def bound_disk(self, reg: TableReg) -> dict[str, tuple[int, int]]:
         """Each of ``reg``'s Delta tables whose superseded files exceed ``vacuum_garbage_ratio`` times
         its live size has them deleted, but for those a version of the last ``vacuum_min_retention_s``
@@ -413,7 +426,7 @@ class WarehouseSink(Sink):
             entry: dict[str, Any] = {}
             if compact:
                 entry["compacted"] = table.optimize.compact(target_size=self.options.target_file_size)
-            entry["vacuumed"] = _vacuum(path, retention)
+            entry["vacuumed"] = reclaim.vacuum_full(path, retention)
             out[name] = entry
         return out
 
@@ -424,7 +437,7 @@ class WarehouseSink(Sink):
         than :meth:`maintain`: every ``vacuum_every`` batches."""
         names = ("current", "history", "tombstones")
         return {
-            name: _vacuum(path, self.options.vacuum_retention_hours)
+            name: reclaim.vacuum_full(path, self.options.vacuum_retention_hours)
             for name, path in zip(names, self.paths(reg), strict=True)
             if DeltaTable.is_deltatable(str(path))
         }
@@ -480,18 +493,6 @@ def _unresolved_reason(ev: ChangeEvent) -> str:
     return (
         f"the unchanged TOAST columns {list(ev.unavailable)} were not sent, and neither the batch nor the "
         f"warehouse holds a row of {what} to take them from (fix: re-snapshot the table, then replay)"
-    )
-
-
-def _vacuum(path: Path, retention_hours: int) -> int:
-    """delta-rs's vacuum in its full mode: also the files no commit references that are older than
-    the retention (a Spark task's or a merge's, killed before its commit); the lite mode deletes only
-    the files the log says were removed, so those stayed forever."""
-    table = DeltaTable(str(path))
-    return len(
-        table.vacuum(
-            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
-        )
     )
 
 

@@ -115,6 +115,40 @@ def reclaim(
     return files, deleted
 
 
+def orphans(path: Path, table: DeltaTable | None = None) -> tuple[int, int]:
+    """Delete the files under the table at ``path`` that no commit of its log ever added (what a
+    killed task or merge wrote and nobody committed: delta-rs's vacuum in full mode lists them with
+    the superseded ones, its lite mode only the superseded); returns (files, bytes) deleted. Only
+    for the table's one writer, before it writes (``cdc apply`` starting under the apply lock): a
+    write in flight elsewhere would lose its files. Superseded files are left to :func:`reclaim`,
+    which keeps those a reader may still hold."""
+    table = DeltaTable(str(path)) if table is None else table
+    unreferenced, superseded = (
+        set(table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=full))
+        for full in (True, False)
+    )
+    files = deleted = 0
+    for rel in sorted(unreferenced - superseded):
+        target = path / unquote(rel)
+        with contextlib.suppress(FileNotFoundError):
+            size = target.stat().st_size
+            target.unlink()
+            files, deleted = files + 1, deleted + size
+    return files, deleted
+
+
+def vacuum_full(path: Path, retention_hours: int) -> int:
+    """delta-rs's vacuum in its full mode: also the files no commit references that are older than
+    the retention (a Spark task's or a merge's, killed before its commit); the lite mode deletes only
+    the files the log says were removed, so those stayed forever. Returns the files deleted."""
+    table = DeltaTable(str(path))
+    return len(
+        table.vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
+        )
+    )
+
+
 def within_ratio(path: Path, ratio: float, min_retention_s: float) -> tuple[int, int]:
     """:func:`reclaim` on the table at ``path`` if its garbage exceeds ``ratio`` times its live size;
     returns (files, bytes) deleted."""

@@ -51,8 +51,9 @@ from sinks import ChangeBatch, Touched, touched_of
 from sinks import types as T
 from sinks.search import SearchSink
 from sinks.view_search import index_view
+from sinks.warehouse import reclaim
 from sinks.warehouse.delta import arrow_schema, not_applied
-from sinks.warehouse.layout import KEY, table_paths
+from sinks.warehouse.layout import KEY, WarehouseOptions, table_paths
 from sinks.warehouse.view_history import key_markers, write_history
 
 _DELETE = "__cdc_delete"  # merge-source-only column: the affected key has no row any more
@@ -78,7 +79,9 @@ class ViewMaintainer:
 
     ``registry()``: the registered views and tables, asked once per batch. Call :meth:`maintain`
     after every sink committed the batch (:class:`spark_jobs.applier.BatchApplier` does), with the
-    batch's :class:`~sinks.ChangeBatch` per table, under the batch's id.
+    batch's :class:`~sinks.ChangeBatch` per table, under the batch's id. ``disk``: the warehouse's
+    options, whose disk bound (``vacuum_garbage_ratio`` after every batch, the full vacuum every
+    ``vacuum_every`` batches) the views' Delta tables then keep too (:meth:`bound_disk`).
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class ViewMaintainer:
         app_id: str,
         refused: Callable[[str, dict[str, Any] | None], None] | None = None,
         search: SearchSink | None = None,
+        disk: WarehouseOptions | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.disk = disk
         self.registry = registry
         self.app_id = app_id
         #: records (``{"reason", "fix"}``) or clears (None) why a view cannot be maintained now
@@ -154,7 +159,28 @@ class ViewMaintainer:
                 )
             if was_refused and self.refused is not None:
                 self.refused(view.name, None)
+            if not out[view.name].skipped:
+                self.bound_disk(view.name, batch_id)
         return out
+
+    def bound_disk(self, name: str, batch_id: int) -> int:
+        """The view's Delta tables (current, history) kept as the warehouse's are (``disk``; nothing
+        without it): superseded files past ``vacuum_garbage_ratio`` times the live size deleted but
+        for those of the last ``vacuum_min_retention_s`` (:func:`.reclaim.within_ratio`), and every
+        ``vacuum_every`` batches the full vacuum (files of a killed merge, after
+        ``vacuum_retention_hours``). Never touches a file a reader may hold or a write in flight (a
+        ``cdc views add`` building the view). Returns the bytes deleted."""
+        opts, freed = self.disk, 0
+        if opts is None:
+            return 0
+        for path in (paths.view_table(self.state_dir, name), paths.view_history(self.state_dir, name)):
+            if not DeltaTable.is_deltatable(str(path)):
+                continue
+            if opts.vacuum_every and batch_id > 0 and batch_id % opts.vacuum_every == 0:
+                reclaim.vacuum_full(path, opts.vacuum_retention_hours)
+            if opts.vacuum_garbage_ratio:
+                freed += reclaim.within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)[1]
+        return freed
 
 
 def maintain_view(

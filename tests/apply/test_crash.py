@@ -4,11 +4,13 @@ holds no duplicate version."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from deltalake import DeltaTable
@@ -72,13 +74,23 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     ckpt = checkpoint_dir(env.state)
     assert (ckpt / "offsets" / str(crash_batch)).exists()
     assert not (ckpt / "commits" / str(crash_batch)).exists()
+    if work == "tasks":  # the tasks' files of batch 1, which no commit references
+        assert _never_committed(current_path)
 
     # restart: a new apply job over the same checkpoint, on the session's Spark (a JVM start less;
     # `cdc apply --once --json` restarting in a process of its own: tests/cluster/test_standalone.py):
     # batch 1 is replayed, then the rest
     batches: list[int] = []
-    summary = run_job(spark, env, max_records=20, work=work, on_batch=lambda r: batches.append(r.batch_id))
+    summary = run_job(
+        spark,
+        env,
+        max_records=20,
+        work=work,
+        sole_writer=True,  # what `cdc apply` sets, holding the apply lock
+        on_batch=lambda r: batches.append(r.batch_id),
+    )
     assert summary.app_id == app_id
+    assert not _never_committed(current_path), "the killed attempt's files were left on disk"
     assert batches[0] == crash_batch and len(batches) >= 2 and summary.dead_letters == 0
 
     code, reports = verify_json(env.settings, dsn)
@@ -87,3 +99,14 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     hist = WarehouseSink(env.state).history_rows(reg).to_pylist()
     versions = [(r["_cdc_key"], r[LSN], r[SEQ]) for r in hist]
     assert len(versions) == len(set(versions)), "the replayed batch duplicated history rows"
+
+
+def _never_committed(table: Path) -> set[str]:
+    """The data files under the Delta table at ``table`` that no commit of its log ever added."""
+    added: set[str] = set()
+    for commit in (table / "_delta_log").glob("*.json"):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line).get("add")
+            if action:
+                added.add(unquote(action["path"]))
+    return {p.relative_to(table).as_posix() for p in table.rglob("*.parquet")} - added

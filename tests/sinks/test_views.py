@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from deltalake import DeltaTable
@@ -575,5 +576,39 @@ def test_built_at_add_from_the_tables_current_state_then_maintained(tmp_path: Pa
         open_rows = _history_open(tmp_path)
         assert open_rows == [{"id": r["id"], "customer": r["customer"]} for r in expected(work.model)]
         assert len(_history(tmp_path)) - before < len(expected(work.model))  # only what changed
+    finally:
+        app.close(close_sinks=True, timeout=60)
+
+
+def test_the_views_delta_tables_are_reclaimed_like_the_tables(tmp_path: Path) -> None:
+    """A view's table and history are rewritten by every batch's merge like a table's, and kept as
+    the warehouse's are (they grew without bound): past ``vacuum_garbage_ratio`` (here 1%, so any
+    superseded file) the superseded files go after the batch, and the view still reads right."""
+    from sinks.warehouse.layout import WarehouseOptions
+
+    disk = WarehouseOptions(vacuum_every=0, vacuum_garbage_ratio=0.01, vacuum_min_retention_s=0)
+    view = ViewReg(VIEW.name, SQL, VIEW.tables, extra={"history": True})
+    maintainer = ViewMaintainer(tmp_path, lambda: ([view], TABLES), APP, disk=disk)
+    by_topic: dict[str, TableReg] = {t.topic: t for t in TABLES}
+    app = BatchApplier([WarehouseSink(tmp_path)], by_topic.get, APP, after=maintainer.maintain)
+    work = Workload(7)
+    where = (paths.view_table(tmp_path, VIEW.name), paths.view_history(tmp_path, VIEW.name))
+    merged = 0
+    try:
+        app.run(records_table(work.batch(80)), 0)
+        for batch_id in range(1, 16):
+            out = app.run(records_table(work.batch(12)), batch_id)
+            merged += out.views[VIEW.name][0] > 0
+            for path in where:
+                on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*.parquet")}
+                live = {
+                    unquote(a)
+                    for a in DeltaTable(str(path)).get_add_actions(flatten=True).column("path").to_pylist()
+                }
+                assert on_disk == live, (
+                    f"batch {batch_id}: {path.name} keeps {len(on_disk - live)} superseded files"
+                )
+        assert stored(tmp_path) == expected(work.model)
+        assert merged >= 10  # the view was rewritten batch after batch
     finally:
         app.close(close_sinks=True, timeout=60)

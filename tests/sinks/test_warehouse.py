@@ -13,6 +13,7 @@ from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
@@ -1169,3 +1170,39 @@ def test_a_read_after_a_change_lacking_toast_values_is_compared_with_the_whole_r
         ("b", 300, None, False),
     ]
     assert current(sink, reg)[1]["note"] is None
+
+
+def test_recover_deletes_what_killed_writes_left_and_spares_what_readers_hold(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """``cdc apply`` starting under the apply lock (:meth:`WarehouseSink.recover`): files no commit
+    ever referenced (a killed task's or merge's, however young) are deleted at once, where the
+    periodic vacuum waits an hour; the superseded files of a version a reader may hold stay, and the
+    table reads the same."""
+    sink = WarehouseSink(
+        tmp_path,
+        WarehouseOptions(buckets=2, maintain_every=0, vacuum_every=0, vacuum_min_retention_s=3600),
+    )
+    reg = table()
+    f = feed(reg)
+    sink.apply(f.batch(f.change("c", {"id": 1, "name": "a" * 500, "note": None}, 100)), 1, APP)
+    sink.apply(f.batch(f.change("u", {"id": 1, "name": "b" * 500, "note": None}, 200)), 2, APP)
+    cur, hist, _ = sink.paths(reg)
+    superseded = {p for p in cur.rglob("*.parquet")} - {
+        cur / unquote(a)
+        for a in DeltaTable(str(cur)).get_add_actions(flatten=True).column("path").to_pylist()
+    }
+    assert superseded, "the update superseded a file of the current table"
+    part = next(cur.rglob("*.parquet")).parent
+    orphans = [
+        part / "part-killed-task.parquet",
+        next(hist.rglob("*.parquet")).parent / "part-killed.parquet",
+    ]
+    for orphan in orphans:
+        orphan.write_bytes(b"x" * 1000)
+    assert sink.recover(reg) == 2000
+    assert not any(o.exists() for o in orphans)
+    assert all(p.exists() for p in superseded), "a reader of version 1 may still read these"
+    assert {r["name"] for r in current(sink, reg).values()} == {"b" * 500}
+    assert len(history(sink, reg)) == 2
+    assert sink.recover(reg) == 0
