@@ -44,8 +44,8 @@ CHANGED = "__cdc_changed"
 SUPPORTED = (
     "a view is SELECT col [AS name], ... FROM a [INNER|LEFT] JOIN b ON a.fk = b.pk [AND ...] ... "
     "[WHERE filters]: over registered tables, each JOIN on the whole key of the joined table "
-    "(many-to-one), filters comparing columns and literals (= <> < <= > >=, IS [NOT] NULL, "
-    "IN (literals)) joined by AND; no *, expressions, aggregates, GROUP BY, DISTINCT, ORDER BY, "
+    "(many-to-one), filters comparing columns and literals (= <> IS [NOT] NULL, IN (literals); "
+    "< <= > >= on numbers, dates and timestamps only) joined by AND; no *, expressions, aggregates, GROUP BY, DISTINCT, ORDER BY, "
     "LIMIT, subqueries, WITH, UNION or OR (docs/views.md)"
 )
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -64,6 +64,14 @@ _REFUSED_CLAUSES = {
     "sample": "TABLESAMPLE",
 }
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+_ORDERINGS = (exp.GT, exp.GTE, exp.LT, exp.LTE)
+#: the column types whose order in the warehouse (DuckDB over Delta) is the source's: an ordering
+#: filter on any other type would select other rows than the same SQL on the source (text by the
+#: column's collation there, by bytes here; an enum by its declared order there)
+_SAME_ORDER = re.compile(
+    r"(smallint|integer|bigint|numeric(\(\d+(,\d+)?\))?|real|double precision|date|"
+    r"timestamp(\(\d\))? with(out)? time zone)"
+)
 
 
 @dataclass(frozen=True)
@@ -329,9 +337,25 @@ def _filters(scope: _Scope, where: exp.Expression | None) -> None:
             raise refuse(f"the filter {cond.sql(dialect='postgres')}")
         for op in operands:
             if isinstance(op, exp.Column):
-                scope.column(op)
+                alias, name = scope.column(op)
+                if isinstance(inner, _ORDERINGS):
+                    _same_order(scope.aliases[alias], name, cond)
             elif not isinstance(op, exp.Literal | exp.Null | exp.Boolean):
                 raise refuse(f"the filter {cond.sql(dialect='postgres')}: compare columns and literals only")
+
+
+def _same_order(reg: TableReg, name: str, cond: exp.Expr) -> None:
+    """Refuse an ordering filter (< <= > >=) on a column whose order differs in the warehouse."""
+    typ = next(c.type for c in reg.columns if c.name == name)
+    if not _SAME_ORDER.fullmatch(typ):
+        raise refuse(
+            f"the filter {cond.sql(dialect='postgres')} orders {reg.qualified}.{name}, of type {typ}: the "
+            "source orders it by its own rules (text by the column's collation, an enum by its declared "
+            "order), the warehouse by its bytes, so the view would not equal its SQL on the source; "
+            "compare it with =, <>, IN or IS NULL",
+            column=name,
+            type=typ,
+        )
 
 
 def _q(name: str) -> str:

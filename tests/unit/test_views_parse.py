@@ -27,7 +27,26 @@ CUSTOMERS = _table("customers", ("id", "name", "region_id"))
 REGIONS = _table("regions", ("id", "label"))
 LINES = _table("lines", ("order_id", "line_no", "qty"), key=("order_id", "line_no"))
 OTHER_ORDERS = _table("orders", ("id",), schema="shop")
-TABLES = [ORDERS, CUSTOMERS, REGIONS, LINES]
+PARCELS = TableReg(
+    "public",
+    "parcels",
+    "cdc.public.parcels",
+    ("id",),
+    columns=tuple(
+        Column(n, t)
+        for n, t in (
+            ("id", "bigint"),
+            ("status", "text"),
+            ("code", "character varying(8)"),
+            ("mood", "mood"),  # an enum: ordered by its declared order at the source
+            ("placed", "date"),
+            ("at", "timestamp with time zone"),
+            ("amount", "numeric(10,2)"),
+            ("ratio", "double precision"),
+        )
+    ),
+)
+TABLES = [ORDERS, CUSTOMERS, REGIONS, LINES, PARCELS]
 
 
 def test_accepts_inner_and_left_joins_along_keys_with_renames_and_filters() -> None:
@@ -47,6 +66,18 @@ def test_accepts_inner_and_left_joins_along_keys_with_renames_and_filters() -> N
     assert spec.select_sql.endswith("\"o\".\"note\" IN ('a', 'b')")
     assert '"o"."_cdc_key" AS "_cdc_key"' in spec.select_sql
     assert [t.table for t in spec.tables] == ["orders", "customers", "regions"]
+
+
+def test_accepts_orderings_where_the_warehouse_orders_as_the_source() -> None:
+    """< <= > >= on numbers, dates and timestamps; text and enums only with = <> IN IS NULL."""
+    spec = parse_view(
+        "recent",
+        "SELECT s.id FROM parcels s WHERE s.placed >= '2026-01-01' AND s.at < '2026-11-01T00:00:00Z' "
+        "AND s.amount > 9.5 AND s.ratio <= 1 AND s.id > 3 AND s.status = 'open' AND s.code <> 'x' "
+        "AND s.mood IN ('ok', 'sad')",
+        TABLES,
+    )
+    assert set(spec.used["public.parcels"]) == {c.name for c in PARCELS.columns}
 
 
 def test_accepts_a_composite_key_and_unqualified_unambiguous_columns() -> None:
@@ -121,6 +152,9 @@ REFUSED = {
     "or": ("SELECT o.id FROM orders o WHERE o.total > 1 OR o.total < 0", "the filter"),
     "function filter": ("SELECT o.id FROM orders o WHERE abs(o.total) > 1", "compare columns and literals"),
     "unregistered": ("SELECT x.id FROM nowhere x", "not registered"),
+    "text ordered": ("SELECT s.id FROM parcels s WHERE s.status > 'm'", "collation"),
+    "varchar ordered, literal first": ("SELECT s.id FROM parcels s WHERE 'k' <= s.code", "collation"),
+    "enum ordered": ("SELECT s.id FROM parcels s WHERE s.mood < 'happy'", "declared order"),
     "ambiguous table": ("SELECT id FROM orders", "ambiguous"),
     "ambiguous column": (
         "SELECT id FROM public.orders o JOIN customers c ON o.customer_id = c.id",
