@@ -34,7 +34,11 @@ with the view's SQL run on the source (its SQL is Postgres SQL), then swapped th
 base tables must hold the source's state for that comparison to be clean (run the apply until it
 caught up, or rebuild them first). A view with search columns gets its index built again from the
 copy and swapped with it: its documents are versioned by the view table's Delta version, which
-starts again with the copy, so the old index would refuse the apply's later changes.
+starts again with the copy, so the old index would refuse the apply's later changes. A view with a
+history (``--history``) keeps it, and right before the swap its open versions are brought to the
+copy's rows (:func:`sinks.warehouse.view_history.write_history` against the history's own open
+rows): a row that differs is closed (``u``) and opened again, one the copy lacks is closed (``d``),
+so the history's open rows are the view's rows again; closed versions are never rewritten.
 
 **The apply.** The swap happens under the ``apply`` lock (:mod:`cdc.locks`): never under a batch a
 running apply is writing (its commit to a table just moved aside would be lost). A table's copy is
@@ -548,12 +552,32 @@ def rebuild_view(
             "with the source, run the apply until they have (or rebuild them), then rebuild the view"
         )
     if report.status == "rebuilt":
+        if view.extra.get("history"):
+            _reconcile_history(settings, view, copy, report)
         report.swapped = _swap_locations(pairs, work)
         report.replaced = str(work / "replaced")
         shutil.rmtree(stage, ignore_errors=True)
         report.stage = ""
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _reconcile_history(settings: Settings, view: ViewReg, copy: Path, report: RebuildReport) -> None:
+    """The view's history brought to the verified copy before it is swapped in (see the module
+    docstring), committed under :data:`REBUILD_APP` with a batch id from the clock."""
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    from sinks.warehouse.view_history import write_history
+
+    if not DeltaTable.is_deltatable(str(paths.view_history(settings.state_dir, view.name))):
+        return
+    batch = time.time_ns() // 1_000_000
+    props = CommitProperties(app_transactions=[Transaction(REBUILD_APP, version=batch)])
+    rows = DeltaTable(str(copy)).to_pyarrow_table()
+    opened = write_history(settings.state_dir, view.name, None, rows, None, props, (REBUILD_APP, batch))
+    report.notes.append(
+        f"the view's history was kept; {opened} of its rows differed from the copy and got a new version"
+    )
 
 
 # --- the verb --------------------------------------------------------------------------------------
