@@ -15,7 +15,7 @@ records) are written on :class:`Sink`; ``docs/apply.md`` tells the whole story.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -39,11 +39,15 @@ __all__ = [
     "ReadBack",
     "Rejection",
     "Sink",
+    "Stored",
     "StoredRows",
     "StoredTexts",
     "Touched",
     "touched_of",
 ]
+
+#: what a sink stored for a key as of just before a version (None: nothing; :meth:`Sink.stored_before`)
+Stored = Callable[[str, Version], dict[str, Any] | None]
 
 OPS = frozenset("rcudt")
 
@@ -393,6 +397,15 @@ class Sink(abc.ABC):
         files no commit references -- may be deleted. Never changes what a reader sees. Returns
         the bytes freed. The default: nothing to do."""
         return 0
+
+    def stored_before(self, reg: TableReg) -> Stored | None:
+        """The committed rows this sink keeps of ``reg``, as a lookup of a key's row just before a
+        version, in event encoding (:data:`sinks.toast.Stored`); None: it keeps no rows (the
+        default). Called in a Spark task: a primary-key change whose old key lives in another shard
+        takes its unchanged TOAST columns from the first sink that answers
+        (:func:`spark_jobs.tasks.complete_moves`), so the answer must be the state committed before
+        the micro-batch, whatever this batch's tasks write beside it."""
+        return None
 
     def committed(self, reg: TableReg, batch_id: int) -> None:  # noqa: B027 - optional hook
         """Called by the apply's driver once the writes of micro-batch ``batch_id`` of ``reg`` that

@@ -20,12 +20,9 @@ from typing import Any
 import orjson
 
 from cdc.events import Version
-from sinks import ChangeEvent
+from sinks import ChangeEvent, Stored
 
 __all__ = ["Chains", "Stored"]
-
-#: what a sink stored for a key as of just before a version (None: nothing)
-Stored = Callable[[str, Version], dict[str, Any] | None]
 
 
 class Chains:

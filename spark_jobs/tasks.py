@@ -43,7 +43,6 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink, Touched, touched_of
 from sinks.parse import parse
 from sinks.toast import Chains, Stored
-from sinks.warehouse import WarehouseSink
 from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks, reject
 
 if TYPE_CHECKING:
@@ -156,7 +155,7 @@ def complete_moves(batch: ChangeBatch, whole: ChangeBatch, stored: Stored) -> Ch
     """``batch`` (one shard's slice of a table) with the unchanged TOAST columns of its primary-key
     changes filled in, each then a plain insert of its new key: from ``whole`` (the table's events
     of every partition of the micro-batch that the warehouse accepts) and ``stored`` (the
-    warehouse's committed rows, :meth:`sinks.warehouse.WarehouseSink.stored_before`).
+    committed rows of the sink that keeps them, :meth:`sinks.Sink.stored_before`: the warehouse's).
 
     The old key of a key change lives in another shard when the keys hash apart: its events of the
     batch are in another task's slice, and its stored row in a shard another task is writing at the
@@ -181,20 +180,23 @@ def _completer(
     sl: Slice, records: pa.Table, store: LogStore, reg: TableReg | None, sinks: Sequence[Sink]
 ) -> Callable[[ChangeBatch], ChangeBatch] | None:
     """:func:`complete_moves` for a shard's slice (None for a whole table's: its sinks see every
-    event); the other partitions are read only when the slice holds a key change lacking columns."""
-    warehouse = next((s for s in sinks if isinstance(s, WarehouseSink)), None)
-    if sl.shard is None or not sl.context or reg is None or warehouse is None:
+    event), from the first sink that keeps committed rows (:meth:`sinks.Sink.stored_before`); the
+    other partitions are read only when the slice holds a key change lacking columns."""
+    if sl.shard is None or not sl.context or reg is None:
         return None
 
     def complete(batch: ChangeBatch) -> ChangeBatch:
         if not any(Chains.is_moved(e) for e in batch.events):
             return batch
+        keeper = next(((s, st) for s in sinks if (st := s.stored_before(reg)) is not None), None)
+        if keeper is None:
+            return batch
         others = [b for p, start, end in sl.context for b in read_records(store, sl.topic, p, start, end)]
         whole = parse(reg, pa.concat_tables([records, pa.Table.from_batches(others, schema=RECORDS)]))
         if whole.batch is None:
             return batch
-        kept, _dead = reject([warehouse], whole)  # the other tasks dead-letter their own records
-        return complete_moves(batch, kept, warehouse.stored_before(reg))
+        kept, _dead = reject([keeper[0]], whole)  # the other tasks dead-letter their own records
+        return complete_moves(batch, kept, keeper[1])
 
     return complete
 
