@@ -45,8 +45,8 @@ SUPPORTED = (
     "a view is SELECT col [AS name], ... FROM a [INNER|LEFT] JOIN b ON a.fk = b.pk [AND ...] ... "
     "[WHERE filters]: over registered tables, each JOIN on the whole key of the joined table "
     "(many-to-one), filters comparing columns and literals (= <> IS [NOT] NULL, IN (literals); "
-    "< <= > >= on numbers, dates and timestamps only) joined by AND; no *, expressions, aggregates, GROUP BY, DISTINCT, ORDER BY, "
-    "LIMIT, subqueries, WITH, UNION or OR (docs/views.md)"
+    "< <= > >= on numbers, dates and timestamps only) joined by AND; no *, expressions, aggregates, "
+    "GROUP BY, DISTINCT, ORDER BY, LIMIT, subqueries, WITH, UNION or OR (docs/views.md)"
 )
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _REFUSED_CLAUSES = {
