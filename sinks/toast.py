@@ -10,11 +10,19 @@ just before the change -- its previous event in the batch, else what the sink st
 warehouse: the old key's newest history row older than the change, also when its delete was applied
 by an earlier batch). The old key is the ``d`` of the same version in the batch, else the key in the
 ``c``'s ``before`` (the reader writes the old identity there). Pure: the sink hands in what it stored.
+
+Cost: linear in the batch. A hot key's updates that each lack the same unchanged value form a
+chain as long as the key's events; each event's values are resolved once per lookup and reused by
+the next event of the chain (:meth:`Chains.values` with a memo), and a key's previous event is found
+by bisection -- resolving each event by walking its whole chain back was quadratic in a key's events
+(minutes for a catch-up batch of a few hot keys).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import bisect
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -38,6 +46,13 @@ class Chains:
             self.by_key.setdefault(ev.key_json, []).append(ev)
             if ev.op == "d":
                 self.deletes.setdefault(ev.version, []).append(ev)
+        #: per key whose events are in version order (the usual case: one partition, in order), their
+        #: versions, for bisection; the other keys are searched linearly
+        self._versions: dict[str, list[Version]] = {}
+        for key, evs in self.by_key.items():
+            versions = [e.version for e in evs]
+            if all(a <= b for a, b in itertools.pairwise(versions)):
+                self._versions[key] = versions
 
     @staticmethod
     def is_moved(ev: ChangeEvent) -> bool:
@@ -63,15 +78,24 @@ class Chains:
 
     def _previous(self, key: str, v: Version) -> ChangeEvent | None:
         """The key's newest event of the batch older than ``v``."""
-        for e in reversed(self.by_key.get(key, ())):
+        evs = self.by_key.get(key, ())
+        versions = self._versions.get(key)
+        if versions is not None:
+            i = bisect.bisect_left(versions, v)
+            return evs[i - 1] if i > 0 else None
+        for e in reversed(evs):
             if e.version < v:
                 return e
         return None
 
-    def values(self, ev: ChangeEvent, stored: Stored) -> dict[str, Any] | None:
+    def values(
+        self, ev: ChangeEvent, stored: Stored, memo: dict[int, dict[str, Any] | None] | None = None
+    ) -> dict[str, Any] | None:
         """``ev``'s values with its unavailable columns filled (None: no row holds them). Follows
         the row back -- through the key's earlier events and the primary-key changes that moved it --
-        to the first event or stored row that holds every value; a loop, however long the chain."""
+        to the first event or stored row that holds every value; a loop, however long the chain.
+        ``memo``: the values of events resolved before with the same ``stored`` (by ``id``), read
+        and filled, so that resolving every event of a batch costs one step per event."""
         assert ev.after is not None
         chain: list[ChangeEvent] = []
         e: ChangeEvent | None = ev
@@ -80,6 +104,13 @@ class Chains:
         while True:
             if e is None:
                 base = stored(key, v)
+                break
+            if memo is not None and id(e) in memo:
+                base = memo[id(e)]
+                if base is None:
+                    break
+                if e is ev:
+                    return dict(base)
                 break
             if e.op == "d":
                 break
@@ -101,11 +132,28 @@ class Chains:
             v = e.version
             e = self._previous(key, v)
         if base is None:
+            if memo is not None:
+                memo.update((id(c), None) for c in chain)
             return None
         for e in reversed(chain):
             assert e.after is not None
             base = {**e.after, **{c: base.get(c) for c in e.unavailable}}
+            if memo is not None:
+                memo[id(e)] = base
         return base
+
+    def stored_keys(self, events: Iterable[ChangeEvent]) -> set[str]:
+        """The keys whose stored rows resolving ``events`` may ask for (to read them in one go)."""
+        asked: set[str] = set()
+
+        def note(key: str, _v: Version) -> None:
+            asked.add(key)
+
+        memo: dict[int, dict[str, Any] | None] = {}
+        for ev in events:
+            if ev.unavailable and ev.op != "d":
+                self.values(ev, note, memo)
+        return asked
 
     def unresolved(
         self, stored: Stored, applied: Callable[[ChangeEvent], bool] = lambda ev: False
@@ -113,9 +161,10 @@ class Chains:
         """The events lacking columns that no row holds (``stored`` may answer with any dict for
         "a row exists": only presence counts), except those the sink ``applied`` already (a replay:
         its version guard skips them)."""
+        memo: dict[int, dict[str, Any] | None] = {}
         return [
             ev
             for evs in self.by_key.values()
             for ev in evs
-            if ev.unavailable and ev.op != "d" and not applied(ev) and self.values(ev, stored) is None
+            if ev.unavailable and ev.op != "d" and not applied(ev) and self.values(ev, stored, memo) is None
         ]

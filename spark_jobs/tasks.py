@@ -166,10 +166,15 @@ def complete_moves(batch: ChangeBatch, whole: ChangeBatch, stored: Stored) -> Ch
     letter with their reason, as on the driver path."""
     accepted = {(e.partition, e.offset) for e in whole.events}
     chains = Chains(whole.events, batch.table.key)
+    moved = {id(ev) for ev in batch.events if Chains.is_moved(ev) and (ev.partition, ev.offset) in accepted}
+    prefetch = getattr(stored, "prefetch", None)  # a lookup that reads many keys in one go
+    if prefetch is not None:
+        prefetch(chains.stored_keys(ev for ev in batch.events if id(ev) in moved))
+    memo: dict[int, dict[str, Any] | None] = {}
     events: list[ChangeEvent] = []
     for ev in batch.events:
-        if Chains.is_moved(ev) and (ev.partition, ev.offset) in accepted:
-            values = chains.values(ev, stored)
+        if id(ev) in moved:
+            values = chains.values(ev, stored, memo)
             if values is not None:
                 ev = dataclasses.replace(ev, after=values, unavailable=())
         events.append(ev)

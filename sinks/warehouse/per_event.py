@@ -306,20 +306,37 @@ def newest_before(
 def stored_before(reg: TableReg, history_path: str, types: dict[str, str | None]) -> StoredRow:
     """What the history at ``history_path`` holds for a key just before a version, in event encoding
     (:data:`sinks.toast.Stored`; None: nothing, or no history yet): the table as committed, whatever
-    a batch being written beside it does. Reads each key's bucket once."""
+    a batch being written beside it does (:class:`HistoryLookup`)."""
     if not DeltaTable.is_deltatable(history_path):
         return lambda _k, _v: None
-    history = DeltaTable(history_path)
-    layout = layout_of(history)
-    rows: dict[str, list[dict[str, Any]]] = {}
+    return HistoryLookup(reg, DeltaTable(history_path), types)
 
-    def before(key_json: str, v: Version) -> dict[str, Any] | None:
-        if key_json not in rows:
-            bucket = layout.buckets(reg, [key_json], [orjson.loads(key_json).get(reg.key[0])])
-            rows[key_json] = read_rows(history, [key_json], set(bucket.tolist())).to_pylist()
-        return newest_before(rows[key_json], v, types)
 
-    return before
+class HistoryLookup:
+    """A key's newest history row older than a version, in event encoding. Reads each key's rows
+    once: :meth:`prefetch` reads many keys in one scan of their buckets (a key asked for alone is
+    read alone)."""
+
+    def __init__(self, reg: TableReg, history: DeltaTable, types: dict[str, str | None]) -> None:
+        self.reg, self.history, self.types = reg, history, types
+        self.layout = layout_of(history)
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        todo = sorted(set(keys) - self.rows.keys())
+        if not todo:
+            return
+        firsts = [orjson.loads(k).get(self.reg.key[0]) for k in todo]
+        buckets = self.layout.buckets(self.reg, todo, firsts)
+        for k in todo:
+            self.rows[k] = []
+        for row in read_rows(self.history, todo, set(buckets.tolist())).to_pylist():
+            self.rows[str(row[KEY])].append(row)
+
+    def __call__(self, key_json: str, v: Version) -> dict[str, Any] | None:
+        if key_json not in self.rows:
+            self.prefetch([key_json])
+        return newest_before(self.rows[key_json], v, self.types)
 
 
 def _row_to_event_values(row: dict[str, Any], types: dict[str, str | None]) -> dict[str, Any]:

@@ -85,3 +85,46 @@ def test_a_long_chain_of_key_changes_is_a_loop() -> None:
     for i in range(1, 3001):
         evs.extend(moved(i - 1, i, 1 + i))
     assert Chains(evs, ["id"]).values(evs[-1], nothing_stored) == {"id": 3000, "n": 3000, "body": "B"}
+
+
+def test_a_hot_keys_chain_is_resolved_once_per_event() -> None:
+    """A catch-up batch of one key updated 3,000 times, each update lacking the same unchanged
+    value, then moved to a new key: each event continues the previous one, so resolving them all asks
+    the stored row once and walks one step per event (walking each event's whole chain back was
+    quadratic: minutes for the fault suite's catch-up batches)."""
+    n = 3000
+    evs = [ev("u", 1, 10 + i, {"n": i}, unavailable=["body"]) for i in range(n)]
+    evs += moved(1, 2, 10 + n)
+    asked: list[str] = []
+    steps = 0
+    c = Chains(evs, ["id"])
+    previous = c._previous
+
+    def counted(key: str, v: Version) -> ChangeEvent | None:
+        nonlocal steps
+        steps += 1
+        return previous(key, v)
+
+    c._previous = counted  # type: ignore[method-assign]
+
+    def stored(key: str, v: Version) -> dict[str, Any]:
+        asked.append(key)
+        return {"id": 1, "n": -1, "body": "B"}
+
+    assert c.unresolved(stored) == []
+    assert asked == ['{"id":1}'] and steps <= 2 * (n + 1)
+    assert c.stored_keys(evs) == {'{"id":1}'}
+    memo: dict[int, dict[str, Any] | None] = {}
+    assert c.values(evs[-1], stored, memo) == {"id": 2, "n": 2, "body": "B"}
+    assert c.values(evs[n - 1], stored, memo) == {"id": 1, "n": n - 1, "body": "B"}
+
+
+def test_events_out_of_version_order_are_still_chained_right() -> None:
+    """A key whose events are not in version order (bisection would not hold): the linear search."""
+    evs = [
+        ev("u", 1, 30, {"n": 3}, unavailable=["body"]),
+        ev("c", 1, 10, {"n": 1, "body": "old"}),
+        ev("u", 1, 20, {"n": 2, "body": "new"}),
+    ]
+    c = Chains(evs, ["id"])
+    assert c.values(evs[0], nothing_stored) == {"id": 1, "n": 3, "body": "new"}
