@@ -277,12 +277,13 @@ def read_rows(
     if not keys:
         empty = arrow_schema(table).empty_table()
         return empty.select(columns) if columns else empty
-    ds = table.to_pyarrow_dataset()
-    # partition pruning by bucket (the Delta log's partition values); the key filter runs in memory on
-    # each record batch of the scan, never inside it: delta-rs writes some string columns as
-    # string_view, and with the key filter inside the scan pyarrow's statistics pruning skipped row
-    # groups that held the keys (rows lost; reverted in a62f9f4)
-    flt = pc.field(BUCKET).isin(sorted(set(buckets)))
+    in_buckets = sorted({int(b) for b in buckets})
+    # only the files of those buckets (the Delta log's partition values); the key filter runs in
+    # memory on each record batch of the scan, never inside it: delta-rs writes some string columns
+    # as string_view, and with the key filter inside the scan pyarrow's statistics pruning skipped
+    # row groups that held the keys (rows lost; reverted in a62f9f4)
+    ds = file_writes.bucket_dataset(table, in_buckets)
+    flt = pc.field(BUCKET).isin(in_buckets)
     wanted = pa.array(sorted(set(keys)), pa.string())
     schema = ds.schema if columns is None else pa.schema([ds.schema.field(c) for c in columns])
     kept: list[pa.RecordBatch] = []

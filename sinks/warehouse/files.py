@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
@@ -57,6 +58,17 @@ from sinks.warehouse.layout import (
 TruncateAt = tuple[tuple[int, int], int]
 #: (shard, shards): the write is one shard's (a TRUNCATE rewrites only its buckets)
 Shard = tuple[int, int]
+
+
+def bucket_dataset(table: DeltaTable, buckets: Iterable[int] | None) -> pds.Dataset:
+    """``table`` as a pyarrow dataset of only the files of the partitions ``_cdc_bucket`` in
+    ``buckets`` (None: every file). delta-rs builds one fragment per file it includes, at a cost per
+    file that a history table's thousands of files make the larger part of a small read."""
+    if buckets is None:
+        return table.to_pyarrow_dataset()
+    return table.to_pyarrow_dataset(
+        file_pruning_predicate=[(BUCKET, "in", sorted({int(b) for b in buckets}))]
+    )
 
 
 class WriteConflict(ApplyError):
@@ -208,7 +220,7 @@ class Partitions:
             write.removes.append({"path": row["path"], "size": row["size_bytes"], "partition_values": parts})
         if not chosen.num_rows:
             return self.schema.empty_table()
-        rows = self.table.to_pyarrow_dataset().to_table(filter=flt)
+        rows = bucket_dataset(self.table, buckets).to_table(filter=flt)
         write.rows_read += rows.num_rows
         return rows.cast(self.schema) if rows.schema != self.schema else rows
 
