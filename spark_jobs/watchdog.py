@@ -104,9 +104,11 @@ class Watchdog:
 
     def timeout_now(self) -> float:
         """The timeout for the batch in progress: ``timeout_s``, doubled per earlier stall of it."""
-        if self.batch is None or self._batch_stalls <= 0:
-            return self.timeout_s
-        return self.timeout_s * float(2 ** min(self._batch_stalls, MAX_DOUBLINGS))
+        return self.timeout_s if self.batch is None else self._after(self._batch_stalls)
+
+    def _after(self, stalls: int) -> float:
+        """The timeout of a batch that stalled ``stalls`` times before."""
+        return self.timeout_s * float(2 ** min(max(stalls, 0), MAX_DOUBLINGS))
 
     def check_in(self) -> None:
         """The job's main loop is not blocked (for the backstop)."""
@@ -145,10 +147,7 @@ class Watchdog:
         timeout, retry = self.timeout_now(), ""
         if self.batch is not None:
             n = self.record.add(self.batch)
-            retry = (
-                f"; batch {self.batch} has stalled {n} time(s): its retry waits "
-                f"{self.timeout_s * 2 ** min(n, MAX_DOUBLINGS):.0f} s"
-            )
+            retry = f"; batch {self.batch} has stalled {n} time(s): its retry waits {self._after(n):.0f} s"
         raise StalledError(
             f"the apply job is stuck: {what}",
             fix="restart `cdc apply` (a supervisor does): the batch is retried from the checkpoint "
