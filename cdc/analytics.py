@@ -28,6 +28,7 @@ from cdc import paths
 from cdc.errors import CdcError
 from cdc.registry import TableReg, ViewReg
 from sinks.types import plain_types
+from sinks.warehouse import duck
 from sinks.warehouse.delta import arrow_schema
 from sinks.warehouse.layout import BUCKET, META_PREFIX, table_paths
 
@@ -57,7 +58,7 @@ class Warehouse:
 
     def __init__(self, state_dir: Path, tables: Sequence[TableReg], views: Sequence[ViewReg] = ()) -> None:
 
-        self.con = duckdb.connect(":memory:")
+        self.con = duck.connect()
         self.catalog = Catalog()
         for i, reg in enumerate(tables):
             current, history, _ = table_paths(Path(state_dir), reg)

@@ -51,7 +51,7 @@ from sinks import ChangeBatch, Touched, touched_of
 from sinks import types as T
 from sinks.search import SearchSink
 from sinks.view_search import index_view
-from sinks.warehouse import reclaim
+from sinks.warehouse import duck, reclaim
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, WarehouseOptions, table_paths
 from sinks.warehouse.view_history import key_markers, write_history
@@ -248,7 +248,7 @@ def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
     The tables are read into Arrow (string views as strings), not scanned as datasets: DuckDB pushes
     its filters into a dataset scan, where pyarrow fails to compare a string literal with the string
     views delta-rs writes ("no kernel matching input types (string, string_view)")."""
-    con = duckdb.connect(":memory:")
+    con = duck.connect()
     for i, reg in enumerate(spec.tables):
         current = table_paths(state_dir, reg)[0]
         used = spec.used.get(reg.qualified, ())

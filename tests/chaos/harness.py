@@ -859,7 +859,12 @@ class Chaos:
             proc = self._cdc("sql", query, "--json", timeout=self.size.verify_wait_s)
             if proc.returncode != 0:
                 raise RuntimeError(f"`cdc sql {query}` failed: {proc.stderr[-500:]}")
-            return list(orjson.loads(proc.stdout))
+            try:
+                return list(orjson.loads(proc.stdout))
+            except orjson.JSONDecodeError as exc:
+                raise RuntimeError(
+                    f"`cdc sql {query}` printed no JSON ({exc}): {proc.stdout[-300:]!r}"
+                ) from exc
 
         try:
             counted = count(ledger, sql)
