@@ -338,15 +338,12 @@ class WarehouseSink(Sink):
         self._maintain_after(reg, batch_id)
 
     def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
-        every = self.options.maintain_every
-        if every and batch_id > 0 and batch_id % every == 0:
+        """Every ``maintain_every`` batches :meth:`maintain` (compaction and the full vacuum), then the
+        disk rule every Delta table of the project follows (:func:`.reclaim.after_batch`)."""
+        maintained = reclaim.due(self.options.maintain_every, batch_id)
+        if maintained:
             self.maintain(reg)
-        else:
-            every = self.options.vacuum_every
-            if every and batch_id > 0 and batch_id % every == 0:
-                self.vacuum(reg)
-        if self.options.vacuum_garbage_ratio:
-            self.bound_disk(reg)
+        reclaim.after_batch(self.paths(reg), self.options, batch_id, vacuumed=maintained)
 
     def recover(self, reg: TableReg) -> int:
         """See :meth:`sinks.Sink.recover`: each of ``reg``'s Delta tables loses the files that killed
@@ -429,18 +426,6 @@ class WarehouseSink(Sink):
             entry["vacuumed"] = reclaim.vacuum_full(path, retention)
             out[name] = entry
         return out
-
-    def vacuum(self, reg: TableReg) -> dict[str, int]:
-        """Delete the files that ``reg``'s Delta tables stopped referencing more than
-        ``vacuum_retention_hours`` ago (what every batch's copy-on-write merge leaves behind);
-        returns the files deleted per table. Cheap (it lists the table's files), so it runs more often
-        than :meth:`maintain`: every ``vacuum_every`` batches."""
-        names = ("current", "history", "tombstones")
-        return {
-            name: reclaim.vacuum_full(path, self.options.vacuum_retention_hours)
-            for name, path in zip(names, self.paths(reg), strict=True)
-            if DeltaTable.is_deltatable(str(path))
-        }
 
     # -- reading ---------------------------------------------------------------------------------------
     def current_rows(self, reg: TableReg, *, meta: bool = True) -> pa.Table:

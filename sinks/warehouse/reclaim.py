@@ -23,14 +23,19 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    from sinks.warehouse.layout import WarehouseOptions
 
 LOG_DIR = "_delta_log"
 _COMMIT = re.compile(r"^\d{20}\.json$")
@@ -157,3 +162,27 @@ def within_ratio(path: Path, ratio: float, min_retention_s: float) -> tuple[int,
     if use.garbage <= ratio * use.live:
         return 0, 0
     return reclaim(path, min_retention_s, table=table)
+
+
+def due(every: int, batch_id: int) -> bool:
+    """A task run every ``every`` batches (0: never) is due after batch ``batch_id``."""
+    return every > 0 and batch_id > 0 and batch_id % every == 0
+
+
+def after_batch(
+    paths: Iterable[Path], opts: WarehouseOptions, batch_id: int, *, vacuumed: bool = False
+) -> int:
+    """The disk rule of the Delta tables at ``paths`` (the ones that exist) after batch ``batch_id``,
+    the same for a table's and a view's: every ``vacuum_every`` batches the full vacuum (files of a
+    killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
+    then, after every batch, :func:`within_ratio`. Returns the bytes the ratio deleted."""
+    vacuum = not vacuumed and due(opts.vacuum_every, batch_id)
+    freed = 0
+    for path in paths:
+        if not DeltaTable.is_deltatable(str(path)):
+            continue
+        if vacuum:
+            vacuum_full(path, opts.vacuum_retention_hours)
+        if opts.vacuum_garbage_ratio:
+            freed += within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)[1]
+    return freed

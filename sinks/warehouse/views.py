@@ -170,17 +170,10 @@ class ViewMaintainer:
         ``vacuum_every`` batches the full vacuum (files of a killed merge, after
         ``vacuum_retention_hours``). Never touches a file a reader may hold or a write in flight (a
         ``cdc views add`` building the view). Returns the bytes deleted."""
-        opts, freed = self.disk, 0
-        if opts is None:
+        if self.disk is None:
             return 0
-        for path in (paths.view_table(self.state_dir, name), paths.view_history(self.state_dir, name)):
-            if not DeltaTable.is_deltatable(str(path)):
-                continue
-            if opts.vacuum_every and batch_id > 0 and batch_id % opts.vacuum_every == 0:
-                reclaim.vacuum_full(path, opts.vacuum_retention_hours)
-            if opts.vacuum_garbage_ratio:
-                freed += reclaim.within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)[1]
-        return freed
+        tables = (paths.view_table(self.state_dir, name), paths.view_history(self.state_dir, name))
+        return reclaim.after_batch(tables, self.disk, batch_id)
 
 
 def maintain_view(
