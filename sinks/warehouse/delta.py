@@ -283,12 +283,11 @@ def read_rows(
     # as string_view, and with the key filter inside the scan pyarrow's statistics pruning skipped
     # row groups that held the keys (rows lost; reverted in a62f9f4)
     ds = file_writes.bucket_dataset(table, in_buckets)
-    flt = pc.field(BUCKET).isin(in_buckets)
     wanted = pa.array(sorted(set(keys)), pa.string())
     schema = ds.schema if columns is None else pa.schema([ds.schema.field(c) for c in columns])
     kept: list[pa.RecordBatch] = []
     read = 0
-    for rb in ds.to_batches(filter=flt, columns=columns):
+    for rb in ds.to_batches(columns=columns):
         read += rb.num_rows
         got = rb.filter(pc.is_in(rb.column(key).cast(pa.string()), value_set=wanted))
         if got.num_rows:
