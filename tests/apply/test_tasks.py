@@ -5,7 +5,6 @@ the driver path (:class:`spark_jobs.applier.BatchApplier` over the whole micro-b
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from spark_jobs.tasks import (
     plan_slices,
     run_slices,
 )
+from tests.plugins.forks import workers
 from tests.sinks.feed import Feed, mixed_batches, table
 
 APP = "cdc-apply-tasks-test"
@@ -107,7 +107,7 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
     driver = BatchApplier(driver_sinks, by_topic.get, APP)
     task_sinks = open_sinks(tasks_settings)  # the driver's: shards, prepare and committed only
     planner = Planner(task_sinks)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = workers(__name__)
     sliced = 0
     try:
         with ctx.Pool(PARTITIONS) as pool:

@@ -1,4 +1,3 @@
-import multiprocessing
 import sqlite3
 from pathlib import Path
 
@@ -7,6 +6,7 @@ import pytest
 from cdc.cli.tables import table_json
 from cdc.errors import RegistryError
 from cdc.registry import Alignment, Column, Registry, State, TableReg, TableState
+from tests.plugins.forks import workers
 
 COLS = (Column("id", "integer", False), Column("body", "text"))
 
@@ -167,7 +167,7 @@ def _adder(state: str, start: int) -> None:
 
 
 def test_concurrent_writers_and_reader(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = workers(__name__)
     procs = [ctx.Process(target=_adder, args=(str(tmp_path), n * 25)) for n in range(3)]
     for p in procs:
         p.start()

@@ -6,7 +6,6 @@ two processes writing two shards at once, and an index created before shards."""
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from sinks.columnar import Columns
 from sinks.parse import Form, parse
 from sinks.search import SearchSink
 from sinks.search.index import find_layout
+from tests.plugins.forks import workers
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import Feed, mixed_batches, table
 from tests.sinks.search_state import COLS, docs, key_of, row, side_tables
@@ -234,7 +234,7 @@ def test_two_shards_written_at_once_from_two_processes(tmp_path: Path) -> None:
     records = [f.change("c", {"id": i, "name": f"first {i}", "note": "x"}, 100 + i) for i in keys]
     records += [f.change("u", {"id": i, "name": f"second {i}", "note": None}, 1000 + i) for i in keys]
     records += [r for i in keys[::4] for r in f.delete({"id": i}, 2000 + i)]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = workers(__name__)
     start = ctx.Barrier(len(writers))
     procs = [
         ctx.Process(target=_write_shard, args=(str(tmp_path), records, f.form, p, start)) for p in writers
