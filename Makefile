@@ -43,7 +43,7 @@ $(VENV)/.installed: pyproject.toml
 # the inner loop: no JVM (JAVA_HOME points nowhere, so a test that starts Spark unmarked fails), no
 # broker, no browser; the check marker comes from the fixtures a test uses (tests/plugins/markers.py)
 check: venv ## the inner loop: unit tests, pure logic, the embedded log store, bad input; no JVM
-	JAVA_HOME=/nonexistent/make-check-starts-no-jvm $(BIN)/pytest -q -m check -n 2 --durations=10 $(PYTEST_ARGS)
+	JAVA_HOME=/nonexistent/make-check-starts-no-jvm $(BIN)/pytest -q -m check -n 2 --dist worksteal --durations=10 $(PYTEST_ARGS)
 
 test: setup ## set up, then run the whole test suite (real Postgres, Tansu, Spark)
 	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
