@@ -108,6 +108,8 @@ class _Applied:
         self.latencies: list[float] = []
         #: (seconds, records) of each micro-batch with records applied while measuring
         self.batches: list[tuple[float, int]] = []
+        #: the driver's phases of those batches, in tasks (:attr:`spark_jobs.apply.BatchReport.phases`)
+        self.phases: list[dict[str, float]] = []
         self.measuring = threading.Event()
         self.warm = threading.Event()
 
@@ -117,6 +119,8 @@ class _Applied:
         if self.measuring.is_set():
             if r.records:
                 self.batches.append((r.seconds, r.records))
+                if r.phases:
+                    self.phases.append(r.phases)
             self.latencies.extend((r.applied_at_ms - ts) / 1000 for ts in r.event_ts_ms if ts)
 
 
@@ -151,6 +155,7 @@ def _freshness_at(
     """Write at ``rate`` for ``seconds``, wait (up to 60 s) for the tail to be applied; the figures."""
     applied.latencies.clear()
     applied.batches.clear()
+    applied.phases.clear()
     stop = threading.Event()
     commits: list[int] = []
     applied.measuring.set()
@@ -179,7 +184,7 @@ def _freshness_at(
     )
     print(
         f"  {rate:,}/s (achieved {achieved:,.0f}/s): {len(lat):,} events, p50 {row[3]:.2f} s, "
-        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s; {_batches_text(applied.batches)}",
+        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s; {_batches_text(applied.batches)}{_phases_text(applied.phases)}",
         flush=True,
     )
     return row, sorted(cap), list(applied.batches)
@@ -192,6 +197,18 @@ def _batches_text(batches: list[tuple[float, int]]) -> str:
     secs = statistics.median(b[0] for b in batches)
     recs = statistics.median(b[1] for b in batches)
     return f"{len(batches)} batches, median {secs:.2f} s / {recs:,.0f} records"
+
+
+def _phases_text(phases: list[dict[str, float]]) -> str:
+    """The driver's median seconds per phase of the batches applied in tasks (none: empty)."""
+    if not phases:
+        return ""
+    names = list(phases[0])
+    return (
+        " (driver: "
+        + ", ".join(f"{n} {statistics.median(p.get(n, 0.0) for p in phases):.2f} s" for n in names)
+        + ")"
+    )
 
 
 def _freshness(spark: Any, pipe: _Pipeline, quick: bool, where: str = "`local[2]`") -> list[str]:

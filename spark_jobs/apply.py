@@ -128,6 +128,9 @@ class BatchReport:
     event_ts_ms: list[int] = field(default_factory=list)  # filled when ApplyJob(keep_event_ts=True)
     read_parse_seconds: float = 0.0  # collecting the records and parsing them
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink name
+    #: in tasks: the driver's wall time per phase (``plan``: the offset ranges and slices; ``tasks``:
+    #: the Spark job of the slices; ``commit``: dead letters, the tables' commits, views, positions)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -297,6 +300,7 @@ class ApplyJob:
         ranges = [(r.topic, r.partition, r.start, r.end) for r in df.collect()]
         regs = {t: reg for t in {r[0] for r in ranges} if (reg := self._table_for(t)) is not None}
         slices = self.planner.plan(ranges, regs, lambda t: len(self.store().end_offsets(t)))
+        planned = time.monotonic()
         results: list[tasks.SliceResult] = []
         views = self.views is not None and bool(self._views()[0])
         if slices:
@@ -311,6 +315,7 @@ class ApplyJob:
                 )
                 .collect()
             )
+        ran = time.monotonic()
         outcome = tasks.outcome_of(batch_id, results)
         if outcome.dead:
             self._write_dead_letters(outcome.dead, batch_id)
@@ -321,14 +326,21 @@ class ApplyJob:
             assert self.views is not None
             self.views.maintain_touched(tasks.touched_by(results), batch_id)
         commit_positions(self.store, self.ckpt, batch_id)
-        self._record(outcome, started, outcome.prepare_seconds)
+        phases = {"plan": planned - started, "tasks": ran - planned, "commit": time.monotonic() - ran}
+        self._record(outcome, started, outcome.prepare_seconds, phases)
 
     def _write_dead_letters(self, dead: Sequence[DeadLetter], batch_id: int) -> None:
         topic = dead_letter_topic(self.settings.topic_prefix)
         self.ledger.write_dead_letters(self.store(), topic, dead, batch_id)
         self.summary.dead_letters_total = self.ledger.dead_letters_total
 
-    def _record(self, outcome: BatchOutcome, started: float, read_parse_s: float) -> None:
+    def _record(
+        self,
+        outcome: BatchOutcome,
+        started: float,
+        read_parse_s: float,
+        phases: dict[str, float] | None = None,
+    ) -> None:
         """The ledger's counters, the on-call metrics, the summary and the progress callback."""
         batch_id, n, events, dead = outcome.batch_id, outcome.records, outcome.events, len(outcome.dead)
         self.ledger.count_batch(batch_id, n, events, outcome.newest_ts_ms)
@@ -353,6 +365,7 @@ class ApplyJob:
             event_ts_ms=outcome.event_ts_ms,
             read_parse_seconds=read_parse_s,
             sink_seconds=outcome.sink_seconds,
+            phases=phases or {},
         )
         s = self.summary
         s.batches += 1
