@@ -349,27 +349,12 @@ class WarehouseSink(Sink):
         """See :meth:`sinks.Sink.recover`: each of ``reg``'s Delta tables loses the files that killed
         writes left (:func:`.reclaim.orphans`: no commit ever referenced them; the periodic full vacuum
         would take them only after ``vacuum_retention_hours``), then is brought within its garbage
-        ratio (:meth:`bound_disk`), which until now ran only after a committed batch -- a job killed
-        before every commit freed nothing. Returns the bytes deleted."""
+        ratio (:func:`.reclaim.bound`), which until now ran only after a committed batch -- a job
+        killed before every commit freed nothing. Returns the bytes deleted."""
         freed = sum(
             reclaim.orphans(path)[1] for path in self.paths(reg) if DeltaTable.is_deltatable(str(path))
         )
-        if self.options.vacuum_garbage_ratio:
-            freed += sum(size for _, size in self.bound_disk(reg).values())
-        return freed
-
-    def bound_disk(self, reg: TableReg) -> dict[str, tuple[int, int]]:
-        """Each of ``reg``'s Delta tables whose superseded files exceed ``vacuum_garbage_ratio`` times
-        its live size has them deleted, but for those a version of the last ``vacuum_min_retention_s``
-        references (:mod:`.reclaim`); returns (files, bytes) deleted per table. Runs after every batch."""
-        names = ("current", "history", "tombstones")
-        return {
-            name: reclaim.within_ratio(
-                path, self.options.vacuum_garbage_ratio, self.options.vacuum_min_retention_s
-            )
-            for name, path in zip(names, self.paths(reg), strict=True)
-            if DeltaTable.is_deltatable(str(path))
-        }
+        return freed + reclaim.bound(self.paths(reg), self.options)
 
     def _ensure(
         self,

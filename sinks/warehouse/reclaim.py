@@ -175,14 +175,21 @@ def after_batch(
     """The disk rule of the Delta tables at ``paths`` (the ones that exist) after batch ``batch_id``,
     the same for a table's and a view's: every ``vacuum_every`` batches the full vacuum (files of a
     killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
-    then, after every batch, :func:`within_ratio`. Returns the bytes the ratio deleted."""
-    vacuum = not vacuumed and due(opts.vacuum_every, batch_id)
-    freed = 0
-    for path in paths:
-        if not DeltaTable.is_deltatable(str(path)):
-            continue
-        if vacuum:
+    then, after every batch, :func:`bound`. Returns the bytes the ratio deleted."""
+    tables = [p for p in paths if DeltaTable.is_deltatable(str(p))]
+    if not vacuumed and due(opts.vacuum_every, batch_id):
+        for path in tables:
             vacuum_full(path, opts.vacuum_retention_hours)
-        if opts.vacuum_garbage_ratio:
-            freed += within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)[1]
-    return freed
+    return bound(tables, opts)
+
+
+def bound(paths: Iterable[Path], opts: WarehouseOptions) -> int:
+    """:func:`within_ratio` with ``opts``' ratio (0: never) on each Delta table at ``paths`` (the
+    ones that exist); returns the bytes deleted."""
+    if not opts.vacuum_garbage_ratio:
+        return 0
+    return sum(
+        within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)[1]
+        for path in paths
+        if DeltaTable.is_deltatable(str(path))
+    )
