@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import shutil
 import statistics
@@ -110,6 +111,9 @@ class _Applied:
         self.batches: list[tuple[float, int]] = []
         #: the driver's phases of those batches, in tasks (:attr:`spark_jobs.apply.BatchReport.phases`)
         self.phases: list[dict[str, float]] = []
+        #: (start, end) in seconds of every micro-batch while measuring: the gaps between them are
+        #: Spark's own work between batches (the source's offsets, the offset and commit logs)
+        self.spans: list[tuple[float, float]] = []
         self.measuring = threading.Event()
         self.warm = threading.Event()
 
@@ -117,10 +121,15 @@ class _Applied:
         if r.records:
             self.warm.set()
         if self.measuring.is_set():
+            self.spans.append((r.applied_at_ms / 1000 - r.seconds, r.applied_at_ms / 1000))
             if r.records:
                 self.batches.append((r.seconds, r.records))
-                if r.phases:
-                    self.phases.append(r.phases)
+                if r.phases:  # and what the tasks themselves spent, summed over the batch's tasks
+                    work = {
+                        "tasks' read+parse": r.read_parse_seconds,
+                        "tasks' sinks": sum(r.sink_seconds.values()),
+                    }
+                    self.phases.append({**r.phases, **work})
             self.latencies.extend((r.applied_at_ms - ts) / 1000 for ts in r.event_ts_ms if ts)
 
 
@@ -156,6 +165,7 @@ def _freshness_at(
     applied.latencies.clear()
     applied.batches.clear()
     applied.phases.clear()
+    applied.spans.clear()
     stop = threading.Event()
     commits: list[int] = []
     applied.measuring.set()
@@ -184,7 +194,8 @@ def _freshness_at(
     )
     print(
         f"  {rate:,}/s (achieved {achieved:,.0f}/s): {len(lat):,} events, p50 {row[3]:.2f} s, "
-        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s; {_batches_text(applied.batches)}{_phases_text(applied.phases)}",
+        f"p99 {row[4]:.2f} s, max {row[5]:.2f} s; {_batches_text(applied.batches)}{_phases_text(applied.phases)}"
+        f"{_gaps_text(applied.spans)}",
         flush=True,
     )
     return row, sorted(cap), list(applied.batches)
@@ -199,14 +210,24 @@ def _batches_text(batches: list[tuple[float, int]]) -> str:
     return f"{len(batches)} batches, median {secs:.2f} s / {recs:,.0f} records"
 
 
+def _gaps_text(spans: list[tuple[float, float]]) -> str:
+    """The median time between one micro-batch's end and the next one's start (Spark's own work:
+    the source's latest offsets, the offset log, the commit log, the trigger's wait)."""
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+    return f"; between batches median {statistics.median(gaps):.2f} s, max {max(gaps):.2f} s" if gaps else ""
+
+
 def _phases_text(phases: list[dict[str, float]]) -> str:
-    """The driver's median seconds per phase of the batches applied in tasks (none: empty)."""
+    """The driver's median / max seconds per phase of the batches applied in tasks (none: empty)."""
     if not phases:
         return ""
     names = list(phases[0])
     return (
         " (driver: "
-        + ", ".join(f"{n} {statistics.median(p.get(n, 0.0) for p in phases):.2f} s" for n in names)
+        + ", ".join(
+            f"{n} {statistics.median(p.get(n, 0.0) for p in phases):.2f} / {max(p.get(n, 0.0) for p in phases):.2f} s"
+            for n in names
+        )
         + ")"
     )
 

@@ -36,7 +36,7 @@ from sinks.search import SearchSink
 from sinks.warehouse.layout import WarehouseOptions
 from sinks.warehouse.views import ViewMaintainer
 from spark_jobs.applier import AFTER_SINK, BatchApplier, BatchOutcome, open_sinks
-from spark_jobs.checkpoint import checkpoint_dir
+from spark_jobs.checkpoint import batch_ranges, checkpoint_dir
 from spark_jobs.ledger import (
     Ledger,
     app_id_for,
@@ -291,13 +291,16 @@ class ApplyJob:
             self._record(outcome, started, collected + outcome.prepare_seconds)
 
     def _process_in_tasks(self, df: DataFrame, batch_id: int) -> None:
-        """The micro-batch's offset ranges (``emit = ranges``: no record reaches the driver) cut into
+        """The micro-batch's offset ranges (read from Spark's offset log, :func:`batch_ranges`; for a
+        query's first batch, from the source with ``emit = ranges``: no record reaches the driver) cut into
         slices, each applied by a Spark task (:func:`spark_jobs.tasks.run_slices`); then the dead
         letters, one Delta commit per table of every task's writes, the positions and the ledger."""
         from spark_jobs import tasks
 
         started = time.monotonic()
-        ranges = [(r.topic, r.partition, r.start, r.end) for r in df.collect()]
+        ranges = batch_ranges(self.ckpt, batch_id)  # no Spark job, but for a query's first batch
+        if ranges is None:
+            ranges = [(r.topic, r.partition, r.start, r.end) for r in df.collect()]
         regs = {t: reg for t in {r[0] for r in ranges} if (reg := self._table_for(t)) is not None}
         slices = self.planner.plan(ranges, regs, lambda t: len(self.store().end_offsets(t)))
         planned = time.monotonic()
@@ -306,11 +309,19 @@ class ApplyJob:
         if slices:
             settings, app_id, keep_ts = tasks.task_settings(self.settings), self.app_id, self.keep_event_ts
             by_topic = dict(regs)
+            sc = self.spark.sparkContext
+            groups = tasks.group_slices(slices, sc.defaultParallelism)  # one task per executor core
             results = (
-                self.spark.sparkContext.parallelize(slices, len(slices))
+                sc.parallelize(groups, len(groups))
                 .mapPartitions(
                     lambda it: tasks.run_slices(
-                        settings, app_id, batch_id, by_topic, it, keep_event_ts=keep_ts, views=views
+                        settings,
+                        app_id,
+                        batch_id,
+                        by_topic,
+                        (sl for group in it for sl in group),
+                        keep_event_ts=keep_ts,
+                        views=views,
                     )
                 )
                 .collect()

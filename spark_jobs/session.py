@@ -100,7 +100,6 @@ def get_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.default.parallelism": "2",
         "spark.local.dir": str(scratch),
         # Hadoop's local filesystem applies its own umask (022, key fs.permissions.umask-mode) to
         # checkpoint files and directories: keep them private

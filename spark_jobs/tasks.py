@@ -3,7 +3,8 @@ plans and writes one slice of a micro-batch, and hands the driver only what to c
 
 The driver (:mod:`spark_jobs.apply`) gets the micro-batch as offset ranges (the ``cdclog`` source with
 ``emit = ranges``: one row per (topic, partition), never a record), cuts them into :class:`Slice`\\ s
-(:func:`plan_slices`) and runs :func:`run_slices` on the executors, one slice per task. A slice is
+(:func:`plan_slices`) and runs :func:`run_slices` on the executors, the slices grouped into one task per
+executor core (:func:`group_slices`). A slice is
 either one partition of a topic whose sinks are sharded like the topic -- shard ``p`` of every sink's
 data is then written by the task of partition ``p`` alone -- or every partition of a topic (a table
 that is not sharded, or not created yet: one task creates its tables). Each task:
@@ -111,6 +112,20 @@ def plan_slices(
         else:
             out.append(Slice(topic, tuple(rs)))
     return out
+
+
+def group_slices(slices: Sequence[Slice], tasks: int) -> list[list[Slice]]:
+    """``slices`` in at most ``tasks`` groups, one Spark task each (the executors' cores: more tasks
+    than cores only queue, and each task pays its launch and its sinks' opening again), balanced by
+    records (the largest slice first, into the group with the fewest records); a slice keeps its
+    shard whichever task runs it."""
+    groups: list[list[Slice]] = [[] for _ in range(max(1, min(tasks, len(slices))))]
+    load = [0] * len(groups)
+    for sl in sorted(slices, key=lambda s: -sum(end - start for _, start, end in s.ranges)):
+        i = load.index(min(load))
+        groups[i].append(sl)
+        load[i] += sum(end - start for _, start, end in sl.ranges)
+    return [g for g in groups if g]
 
 
 class Planner:

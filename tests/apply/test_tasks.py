@@ -24,6 +24,7 @@ from spark_jobs.tasks import (
     Slice,
     SliceResult,
     commit_slices,
+    group_slices,
     outcome_of,
     plan_slices,
     run_slices,
@@ -35,6 +36,17 @@ APP = "cdc-apply-tasks-test"
 PARTITIONS = 4
 ITEMS = table("items", search=("name",))
 PLAIN = table("plain")
+
+
+def test_group_slices_balances_records_over_the_tasks() -> None:
+    """At most one group per task, the largest slice first into the least loaded group; every slice
+    once."""
+    sizes = {0: 50, 1: 40, 2: 30, 3: 20, 4: 10}
+    slices = [Slice("a", ((p, 100, 100 + n),), p) for p, n in sizes.items()]
+    groups = group_slices(slices, 2)
+    assert [[sl.shard for sl in g] for g in groups] == [[0, 3, 4], [1, 2]]  # 80 and 70 records
+    assert group_slices(slices, 9) == [[sl] for sl in slices]
+    assert group_slices(slices[:1], 0) == [slices[:1]] and group_slices([], 4) == []
 
 
 def test_plan_slices() -> None:
@@ -52,9 +64,10 @@ def test_plan_slices() -> None:
     assert plan_slices(ranges[:2], lambda t: 4, lambda t: 8) == [Slice("a", ((0, 0, 3), (1, 5, 9)))]
 
 
-def _run(args: tuple[Settings, int, dict[str, TableReg], Slice]) -> list[SliceResult]:
+def _run(args: tuple[Settings, int, dict[str, TableReg], Slice | list[Slice]]) -> list[SliceResult]:
+    """One task: a slice, or a group of them applied in turn with the same sinks and store."""
     settings, batch_id, tables, sl = args
-    return list(run_slices(settings, APP, batch_id, tables, [sl]))
+    return list(run_slices(settings, APP, batch_id, tables, sl if isinstance(sl, list) else [sl]))
 
 
 def _append(store: Any, recs: list[RawRecord]) -> None:
@@ -125,7 +138,14 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
                 sliced += sum(sl.shard is not None for sl in slices)
                 results = [
                     r
-                    for rs in pool.map(_run, [(tasks_settings, batch_id, by_topic, sl) for sl in slices])
+                    # odd batches: a task per slice; even ones: the slices in 3 tasks, as on 3 cores
+                    for rs in pool.map(
+                        _run,
+                        [
+                            (tasks_settings, batch_id, by_topic, sl)
+                            for sl in (slices if batch_id % 2 else group_slices(slices, 3))
+                        ],
+                    )
                     for r in rs
                 ]
                 commit_slices(task_sinks, regs, results, APP, batch_id)

@@ -16,7 +16,7 @@ from cdc.verify import SinkDiff, TableReport, canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
 from spark_jobs.apply import app_id_for, read_ledger, write_ledger
-from spark_jobs.checkpoint import batch_end_offsets, checkpoint_dir
+from spark_jobs.checkpoint import batch_end_offsets, batch_ranges, checkpoint_dir
 from spark_jobs.source import byte_bounded, offset_key, parse_offset_key, split_budget
 
 
@@ -274,3 +274,30 @@ def test_verify_report_keeps_its_json_shape_with_a_diff_per_sink() -> None:
     assert report.to_dict()["status"] == "different"
     report.sinks["search"].extra_count = 0
     assert report.equal and report.to_dict()["status"] == "ok"
+
+
+def _offset_log(ckpt: Path, batch_id: int, line: str) -> None:
+    (ckpt / "offsets").mkdir(parents=True, exist_ok=True)
+    (ckpt / "offsets" / str(batch_id)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{line}\n')
+
+
+def test_batch_ranges_run_from_the_batch_before_to_its_own_offsets(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _offset_log(ckpt, 3, '{"cdc.a.b|0": 10, "cdc.a.b|1": 3, "cdc.c|0": 7}')
+    _offset_log(ckpt, 4, '{"cdc.a.b|0": 12, "cdc.a.b|1": 3, "cdc.c|0": 9}')
+    assert batch_ranges(ckpt, 4) == [("cdc.a.b", 0, 10, 12), ("cdc.c", 0, 7, 9)]
+
+
+def test_batch_ranges_are_unknown_where_the_source_asks_the_log_store(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _offset_log(ckpt, 0, '{"cdc.a|0": 5}')
+    assert batch_ranges(ckpt, 0) is None  # a query's first batch starts at the store's start
+    _offset_log(ckpt, 1, '{"cdc.a|0": 6, "cdc.new|0": 2}')
+    assert batch_ranges(ckpt, 1) is None  # a new topic: its start is the store's
+    _offset_log(ckpt, 2, '{"cdc.a|0": 1, "cdc.new|0": 2}')
+    assert batch_ranges(ckpt, 2) is None  # recreated: read again from the store's start
+    _offset_log(ckpt, 3, "-")
+    assert batch_ranges(ckpt, 3) is None and batch_ranges(ckpt, 4) is None
+    _offset_log(ckpt, 5, '{"cdc.a|0": 1, "cdc.new|0": 2}')
+    _offset_log(ckpt, 6, '{"cdc.a|0": 1, "cdc.new|0": 2}')
+    assert batch_ranges(ckpt, 6) == []  # nothing new
