@@ -6,11 +6,13 @@ DuckDB's ``main`` schema: ``SELECT * FROM NAME``). Each registered table ``schem
 schema, so joins across tables work as they would at the source. The views show the source columns
 and the ``_cdc_*`` meta columns documented in :mod:`sinks.warehouse` (``docs/warehouse.md``) (the internal ``_cdc_bucket``
 partition column and the tombstones table are hidden). Reads see the tables' latest committed
-versions when the connection is opened; nothing is written.
+versions when the connection is opened, whose files stay on disk until it is closed (a read lease on
+each table: :mod:`sinks.warehouse.leases`); nothing is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 from collections.abc import Sequence
@@ -28,7 +30,7 @@ from cdc import paths
 from cdc.errors import CdcError
 from cdc.registry import TableReg, ViewReg
 from sinks.types import plain_types
-from sinks.warehouse import duck
+from sinks.warehouse import duck, leases
 from sinks.warehouse.delta import arrow_schema
 from sinks.warehouse.layout import BUCKET, META_PREFIX, table_paths
 
@@ -56,12 +58,31 @@ def _quote(name: str) -> str:
 class Warehouse:
     """A DuckDB connection with every applied table registered as views (see the module docstring)."""
 
-    def __init__(self, state_dir: Path, tables: Sequence[TableReg], views: Sequence[ViewReg] = ()) -> None:
-
+    def __init__(
+        self,
+        state_dir: Path,
+        tables: Sequence[TableReg],
+        views: Sequence[ViewReg] = (),
+        *,
+        lease_max_age_s: float = leases.MAX_AGE_S,
+    ) -> None:
+        """Holds a read lease (:mod:`sinks.warehouse.leases`) on every Delta table it registers,
+        taken before it opens the table and released by :meth:`close`: the apply's reclaim deletes
+        none of the files of the versions its views read until then (at most ``lease_max_age_s``)."""
         self.con = duck.connect()
         self.catalog = Catalog()
+        self._leases = contextlib.ExitStack()
+        self._lease_s = lease_max_age_s
+        try:
+            self._register(Path(state_dir), tables, views)
+        except BaseException:
+            self.close()
+            raise
+
+    def _register(self, state_dir: Path, tables: Sequence[TableReg], views: Sequence[ViewReg]) -> None:
         for i, reg in enumerate(tables):
-            current, history, _ = table_paths(Path(state_dir), reg)
+            current, history, _ = table_paths(state_dir, reg)
+            self._leases.enter_context(leases.lease(current, self._lease_s))
             if not DeltaTable.is_deltatable(str(current)):
                 self.catalog.not_applied.append(reg.qualified)
                 continue
@@ -70,6 +91,8 @@ class Warehouse:
                 ("current", current, reg.table),
                 ("history", history, f"{reg.table}__history"),
             ):
+                if kind == "history":
+                    self._leases.enter_context(leases.lease(path, self._lease_s))
                 if not DeltaTable.is_deltatable(str(path)):
                     continue
                 scan = self._scan(f"__cdc_{kind}_{i}", DeltaTable(str(path)))
@@ -79,11 +102,12 @@ class Warehouse:
                 )
                 self.catalog.views[f"{reg.schema}.{view}"] = f"{kind} of {reg.qualified}"
         for view_reg in views:
-            self._add_view(Path(state_dir), view_reg)
+            self._add_view(state_dir, view_reg)
 
     def _add_view(self, state_dir: Path, view: ViewReg) -> None:
         """A view from joins (:mod:`cdc.views`) by its name, without its ``_cdc_`` columns."""
         path = paths.view_table(state_dir, view.name)
+        self._leases.enter_context(leases.lease(path, self._lease_s))
         if not DeltaTable.is_deltatable(str(path)):
             self.catalog.not_applied.append(view.name)
             return
@@ -161,7 +185,11 @@ class Warehouse:
         return QueryError(f"the query failed: {message}", fix=fix, query=sql)
 
     def close(self) -> None:
-        self.con.close()
+        """Close the connection, then release the leases."""
+        try:
+            self.con.close()
+        finally:
+            self._leases.close()
 
     def __enter__(self) -> Warehouse:
         return self

@@ -74,6 +74,8 @@ class WarehouseConfig(_Section):
     vacuum_retention_hours: int = Field(default=1, ge=0)
     vacuum_garbage_ratio: float = Field(default=1.0, ge=0)
     vacuum_min_retention_s: float = Field(default=300.0, ge=0)
+    #: the longest a cdc reader's lease on a Delta table lasts (sinks.warehouse.leases)
+    lease_max_age_s: float = Field(default=3600.0, gt=0)
     target_file_size: int | None = Field(default=8 << 20, ge=1)
     write: Literal["merge", "files"] = "merge"
     #: the number of shards of a new table, one Spark task each (unset: the log store's

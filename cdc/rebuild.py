@@ -51,6 +51,11 @@ computed from the current tables the apply writes, so its rebuild takes the lock
 refused while the apply runs. After the swap the apply resumes from its checkpoint: the records it
 applies again are at or below what the copy holds, and the version guards make them change nothing
 (the copy's commits carry :data:`REBUILD_APP`, never the apply's application id).
+
+**Reads and the apply's reclaim.** The live tables a view's copy is computed from are read under
+reader leases (:mod:`sinks.warehouse.leases`; the apply lock is held then too), and the staged
+verifier's sinks take theirs as every read-back does. The staged copies themselves need none: no
+apply reclaims the staging root, and this process reads them only before the swap.
 """
 
 from __future__ import annotations
@@ -528,6 +533,7 @@ def rebuild_view(
 ) -> RebuildReport:
     """See the module docstring (a view)."""
     from cdc.views import spec_of
+    from sinks.warehouse import WarehouseOptions
     from sinks.warehouse.views import view_copy
 
     started = time.monotonic()
@@ -537,7 +543,8 @@ def rebuild_view(
         spec = spec_of(view, registry.list_tables())
     copy = paths.view_table(stage, view.name)
     progress(f"view {view.name}: computing it whole from the current tables")
-    report.rows = view_copy(settings.state_dir, spec, copy)
+    lease_s = WarehouseOptions.from_settings(settings).lease_max_age_s
+    report.rows = view_copy(settings.state_dir, spec, copy, lease_s)
     progress(f"view {view.name}: comparing the copy with the view's SQL on the source")
     report.verify = _compare_view(settings, view, copy, limit)
     report.status = "rebuilt" if report.verify["status"] == "ok" else "different"

@@ -630,7 +630,7 @@ class Verifier:
         if view is None:
             return sink.read_back(reg, only)
         if sink.name == "warehouse":
-            return stored_rows(self.state_dir, view)
+            return stored_rows(self.state_dir, view, sink.options.lease_max_age_s)
         if sink.name == "search" and view.view.search:
             docs = stored_docs(self.state_dir, view)
             return StoredTexts({orjson.dumps(_key_json(reg.key, k)).decode(): t for k, t in docs})

@@ -129,18 +129,21 @@ def _driving_keys(subject: ViewSubject, key_jsons: list[Any]) -> dict[str, Any]:
     return {k: to_array([key.get(k) for key in keys], types.get(k)) for k in subject.spec.driving.key}
 
 
-def stored_rows(state_dir: Path, subject: ViewSubject) -> Any:
+def stored_rows(state_dir: Path, subject: ViewSubject, lease_max_age_s: float | None = None) -> Any:
     """The view's current Delta table as the verifier reads a table's (:class:`sinks.StoredRows`):
-    the view's columns, the hidden key columns out of ``_cdc_key``, a version column of zeros."""
+    the view's columns, the hidden key columns out of ``_cdc_key``, a version column of zeros. Read
+    under a lease (:mod:`sinks.warehouse.leases`, at most ``lease_max_age_s``; None: its default)."""
     import pyarrow as pa
     from deltalake import DeltaTable
 
     from sinks import StoredRows
+    from sinks.warehouse import leases
 
     path = paths.view_table(state_dir, subject.view.name)
-    if not DeltaTable.is_deltatable(str(path)):
-        return StoredRows(None, VERSION_COLUMN)
-    table = DeltaTable(str(path)).to_pyarrow_table()
+    with leases.lease(path, leases.MAX_AGE_S if lease_max_age_s is None else lease_max_age_s):
+        if not DeltaTable.is_deltatable(str(path)):
+            return StoredRows(None, VERSION_COLUMN)
+        table = DeltaTable(str(path)).to_pyarrow_table()
     keys = _driving_keys(subject, table.column(VIEW_KEY).to_pylist())
     for column, name in subject.hidden:
         table = table.append_column(name, keys[column])

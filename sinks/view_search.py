@@ -13,6 +13,7 @@ followed by every row of the view table.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from cdc.events import Version
 from cdc.registry import Column, TableReg, ViewReg
 from sinks import ChangeBatch, ChangeEvent
 from sinks.search import SearchSink
+from sinks.warehouse import leases
 
 VIEW_KEY = "_cdc_key"
 
@@ -68,11 +70,19 @@ def _event(op: str, key: str, after: dict[str, Any] | None, version: Version, i:
 
 
 def index_view(
-    sink: SearchSink, state_dir: Path, view: ViewReg, keys: set[str] | None, batch_id: int, app_id: str
+    sink: SearchSink,
+    state_dir: Path,
+    view: ViewReg,
+    keys: set[str] | None,
+    batch_id: int,
+    app_id: str,
+    lease_s: float | None = None,
 ) -> int:
     """Index the view rows of ``keys`` (None: every row, after a TRUNCATE of the index) as they
     are in the view's table now; a replay of ``batch_id`` the index applied does nothing. Returns
-    the events handed to the sink."""
+    the events handed to the sink. The view's table is read under a lease of at most ``lease_s``
+    (:mod:`sinks.warehouse.leases`) -- a reader outside the apply (``cdc views add``); None: none,
+    the apply's own read within its batch (its reclaim runs after, in the same process)."""
     reg = view_search_reg(view)
     done = sink.applied_batch(reg, app_id)
     if not view.search or (done is not None and done >= batch_id):
@@ -82,9 +92,10 @@ def index_view(
         return 0
     if keys is not None and not paths.search_index(state_dir, reg.topic).exists():
         keys = None  # no index yet (the view was built at `cdc views add`): every row
-    table = DeltaTable(str(path))
-    columns = [VIEW_KEY, *view.search]
-    rows = table.to_pyarrow_dataset().to_table(columns=columns)
+    with leases.lease(path, lease_s) if lease_s is not None else contextlib.nullcontext():
+        table = DeltaTable(str(path))
+        columns = [VIEW_KEY, *view.search]
+        rows = table.to_pyarrow_dataset().to_table(columns=columns)
     rows = rows.cast(pa.schema([f.with_type(pa.string()) if f.name == VIEW_KEY else f for f in rows.schema]))
     if keys is not None:
         rows = rows.filter(pc.is_in(rows.column(VIEW_KEY), value_set=pa.array(sorted(keys), pa.string())))

@@ -67,11 +67,13 @@ def _tuples(result: pa.Table) -> list[tuple[Any, ...]]:
 
 def run_sql(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.analytics import Warehouse, rows_of
+    from sinks.warehouse import WarehouseOptions
 
     with Registry(settings.state_dir) as registry:
         tables = registry.list_tables()
         views = registry.list_views()
-    with Warehouse(settings.state_dir, tables, views) as wh:
+    lease_s = WarehouseOptions.from_settings(settings).lease_max_age_s
+    with Warehouse(settings.state_dir, tables, views, lease_max_age_s=lease_s) as wh:
         result = wh.query(args.query)
     if args.json:
         print_json(rows_of(result))

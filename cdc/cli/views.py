@@ -136,25 +136,28 @@ def build_at_add(settings: Settings, view: ViewReg, spec: ViewSpec) -> dict[str,
     runs (its ``apply`` lock is free, and held meanwhile): a running apply holds the index's writer,
     and builds the index whole at its next micro-batch. Returns ``rows`` (None: the apply built it
     first), ``index`` (built here or not) and a ``note`` for people."""
+    from sinks.warehouse import WarehouseOptions
     from sinks.warehouse.views import build_view
 
+    lease_s = WarehouseOptions.from_settings(settings).lease_max_age_s
+    history = bool(view.extra.get("history"))
     lock = ProcessLock(settings.state_dir, "apply", command="cdc views add")
     try:
         lock.acquire()
     except LockedError:
-        rows = build_view(settings.state_dir, spec, history=bool(view.extra.get("history")))
+        rows = build_view(settings.state_dir, spec, history=history, lease_s=lease_s)
         later = "; its search index at the apply's next micro-batch" if view.search else ""
         note = "the running apply built it first" if rows is None else f"built ({rows} rows){later}"
         return {"rows": rows, "index": False, "note": note}
     try:
-        rows = build_view(settings.state_dir, spec, history=bool(view.extra.get("history")))
+        rows = build_view(settings.state_dir, spec, history=history, lease_s=lease_s)
         if view.search:
             from sinks.search import SearchSink
             from sinks.view_search import index_view
 
             sink = SearchSink.from_settings(settings)
             try:
-                index_view(sink, settings.state_dir, view, None, 0, BUILD_APP)
+                index_view(sink, settings.state_dir, view, None, 0, BUILD_APP, lease_s)
             finally:
                 sink.close()
     finally:

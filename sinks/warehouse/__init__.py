@@ -24,7 +24,7 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import evolve, per_event, reclaim
+from sinks.warehouse import evolve, leases, per_event, reclaim
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import (
     Commit,
@@ -141,14 +141,15 @@ class WarehouseSink(Sink):
         With ``only``: the rows of those key ranges, only the data columns and the version
         (:func:`.delta.read_spans`: a range layout reads only the buckets they reach), and the
         table's row count."""
-        path = str(self.paths(reg)[0])
-        if not DeltaTable.is_deltatable(path):
-            return StoredRows(None, LSN, 0 if only is not None else None)
-        if only is None:
-            return StoredRows(self.current_rows(reg, meta=True), LSN)
-        columns = [*_columns(reg, ()), LSN]
-        rows, total = read_spans(DeltaTable(path), reg, only.spans, columns)
-        return StoredRows(rows, LSN, total)
+        path = self.paths(reg)[0]
+        with leases.lease(path, self.options.lease_max_age_s):
+            if not DeltaTable.is_deltatable(str(path)):
+                return StoredRows(None, LSN, 0 if only is not None else None)
+            if only is None:
+                return StoredRows(read_all(path, reg, True), LSN)
+            columns = [*_columns(reg, ()), LSN]
+            rows, total = read_spans(DeltaTable(str(path)), reg, only.spans, columns)
+            return StoredRows(rows, LSN, total)
 
     def applied_batch(self, reg: TableReg, app_id: str) -> int | None:
         """The batch of ``app_id`` all three tables committed (each commit carries it as its Delta
@@ -354,7 +355,7 @@ class WarehouseSink(Sink):
         freed = sum(
             reclaim.orphans(path)[1] for path in self.paths(reg) if DeltaTable.is_deltatable(str(path))
         )
-        return freed + reclaim.bound(self.paths(reg), self.options)
+        return freed + reclaim.bound(self.paths(reg), self.options).bytes
 
     def _ensure(
         self,
@@ -413,14 +414,18 @@ class WarehouseSink(Sink):
         return out
 
     # -- reading ---------------------------------------------------------------------------------------
+    # A read by another process than the apply's holds a lease on the table it reads (.leases): the
+    # apply's reclaim keeps every file of the version it opened until it is done.
     def current_rows(self, reg: TableReg, *, meta: bool = True) -> pa.Table:
         """The current state of ``reg`` (one row per live key). ``meta=False`` drops the ``_cdc_*``
         columns. ApplyError when the table was never applied."""
-        return read_all(self.paths(reg)[0], reg, meta)
+        with leases.lease(self.paths(reg)[0], self.options.lease_max_age_s):
+            return read_all(self.paths(reg)[0], reg, meta)
 
     def history_rows(self, reg: TableReg, *, meta: bool = True) -> pa.Table:
         """Every history row of ``reg`` (see the module docstring for the meta columns)."""
-        return read_all(self.paths(reg)[1], reg, meta)
+        with leases.lease(self.paths(reg)[1], self.options.lease_max_age_s):
+            return read_all(self.paths(reg)[1], reg, meta)
 
     def stored_before(self, reg: TableReg) -> Stored:
         """What the committed history holds for a key of ``reg`` just before a version, in event

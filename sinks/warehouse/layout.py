@@ -98,8 +98,11 @@ class WarehouseOptions:
     full-size workload left 67 GB of them beside 3.3 GB of live data in 80 minutes under Delta's
     7-day default. ``vacuum_garbage_ratio`` bounds them: after every batch, a table whose superseded
     bytes exceed this many times its live bytes has them deleted at once (0: never), except those a
-    version of the last ``vacuum_min_retention_s`` seconds references (keep it above the longest read
-    of the warehouse; :mod:`.reclaim`). ``tombstone_retention_hours``:
+    cdc reader's lease holds (:mod:`.leases`); those a commit of the last ``vacuum_min_retention_s``
+    seconds removed go last, only as far as the ratio needs (best-effort protection for readers
+    outside cdc; :mod:`.reclaim`). ``lease_max_age_s``: the longest a cdc reader's lease lasts (a
+    read that takes longer may lose files; a lease whose process died ends at once).
+    ``tombstone_retention_hours``:
     how long a delete's version guards against older late events. ``target_file_size``: the files
     ``maintain`` compacts small files into (bytes; a file already that large is never rewritten by it,
     so a compaction's cost stays bounded however large a table grows: default 8 MiB, None: delta-rs's
@@ -118,6 +121,7 @@ class WarehouseOptions:
     vacuum_retention_hours: int = 1
     vacuum_garbage_ratio: float = 1.0
     vacuum_min_retention_s: float = 300.0
+    lease_max_age_s: float = 3600.0
     target_file_size: int | None = 8 << 20
     write: str = "merge"
     shards: int = 1
@@ -145,6 +149,7 @@ class WarehouseOptions:
             or opts.vacuum_retention_hours < 0
             or opts.vacuum_garbage_ratio < 0
             or opts.vacuum_min_retention_s < 0
+            or opts.lease_max_age_s <= 0
             or opts.tombstone_retention_hours < 0
             or opts.write not in ("merge", "files")
             or opts.shards < 1
@@ -153,7 +158,7 @@ class WarehouseOptions:
                 f"invalid [warehouse] settings {raw}",
                 fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
                 "maintain_every >= 0, vacuum_every >= 0, vacuum_retention_hours >= 0, "
-                "vacuum_garbage_ratio >= 0, vacuum_min_retention_s >= 0, "
+                "vacuum_garbage_ratio >= 0, vacuum_min_retention_s >= 0, lease_max_age_s > 0, "
                 'tombstone_retention_hours >= 0, write "merge" or "files", shards >= 1',
             )
         return opts

@@ -5,16 +5,25 @@ The periodic vacuum (``vacuum_every``, ``vacuum_retention_hours``) deletes those
 hour, which at a high write rate is many times a table's live size (a batch of random keys rewrites
 about the whole table). So after every batch the sink also measures each Delta table: when its
 superseded bytes exceed ``vacuum_garbage_ratio`` times its live bytes (the files its current version
-references, and its ``_delta_log``), it deletes the superseded files at once, except those a
-version committed in the last ``vacuum_min_retention_s`` seconds references -- what a reader that
-opened the table since then (``cdc sql``, ``cdc verify``, a view) may still be reading.
+references, and its ``_delta_log``), it deletes superseded files at once (:func:`within_ratio`):
+
+* never one that a commit past the oldest live reader lease's version removed (:mod:`.leases`):
+  every cdc reader (``cdc sql``, ``cdc verify``, ``cdc rebuild``, a view built at ``cdc views add``)
+  holds a lease while it reads, so a file of the version it reads stays until its lease ends;
+* all the others that no commit of the last ``vacuum_min_retention_s`` seconds removed;
+* then those that such a recent commit removed (the window: best-effort protection for readers
+  outside cdc, an analyst's own DuckDB or Spark that opened the table lately), oldest commit first,
+  only as long as the garbage is still over the ratio.
+
+So after the reclaim a table's garbage is at most the ratio times its live size, plus what was
+removed while a cdc read was open (and files no commit references: a write in flight or killed,
+:func:`orphans`, :func:`vacuum_full`).
 
 The files deleted are only those the Delta log says were removed (delta-rs's own list, a dry run of
 its vacuum with no retention); a file written but not yet committed (a Spark task's, before the
 driver's commit) is never one of them. delta-rs's vacuum takes a retention in whole hours; the
-minutes are kept here by protecting every file that a commit of the last ``vacuum_min_retention_s``
-removed (a reader pinned a version at most that old: what it reads is in that version, and what that
-version referenced and the current one does not was removed since).
+window's minutes are kept here by the commit files' times: a commit of the last
+``vacuum_min_retention_s`` removed the files of a version a reader may have opened since.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -34,11 +43,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from sinks.warehouse import leases
+
 if TYPE_CHECKING:
     from sinks.warehouse.layout import WarehouseOptions
 
 LOG_DIR = "_delta_log"
-_COMMIT = re.compile(r"^\d{20}\.json$")
+_COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
 @dataclass(frozen=True)
@@ -80,44 +91,137 @@ def usage(path: Path, table: DeltaTable | None = None) -> Usage:
     return Usage(disk=tree_bytes(path), live=referenced + tree_bytes(path / LOG_DIR))
 
 
-def recently_removed(path: Path, min_retention_s: float, now: float) -> set[str]:
-    """The files (relative paths, unquoted) that the commits of the last ``min_retention_s`` seconds
-    removed: a reader that opened the table since may still read them."""
-    removed: set[str] = set()
-    cutoff = now - min_retention_s
+@dataclass(frozen=True)
+class Removal:
+    """The files (relative paths, unquoted) that the commit of ``version`` removed; ``recent``: it
+    was written within ``vacuum_min_retention_s`` (the window)."""
+
+    version: int
+    recent: bool
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """What :func:`reclaim` did (summed over tables by ``+``): ``files`` and ``bytes`` deleted, of
+    which ``window_files`` and ``window_bytes`` were removed by a commit of the last
+    ``vacuum_min_retention_s`` (deleted because the ratio needed them); superseded files kept:
+    ``leased_files`` for the live leases (``leases``), ``window_kept`` for the window; ``over``:
+    the tables found over their ratio."""
+
+    files: int = 0
+    bytes: int = 0
+    window_files: int = 0
+    window_bytes: int = 0
+    leased_files: int = 0
+    window_kept: int = 0
+    leases: int = 0
+    over: int = 0
+
+    def __add__(self, other: Reclaimed) -> Reclaimed:
+        return Reclaimed(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+def removals(path: Path, cutoff: float, after: int | None) -> list[Removal]:
+    """The removes of the commits of the table at ``path`` written at time ``cutoff`` or later (by
+    the commit file's time: ``recent``) or past version ``after`` (None: none by version), oldest
+    first."""
+    chosen: list[tuple[int, bool, str]] = []
+    if after is None and cutoff == float("inf"):
+        return []
     with os.scandir(path / LOG_DIR) as entries:
-        recent = [e.path for e in entries if _COMMIT.match(e.name) and e.stat().st_mtime >= cutoff]
-    for commit in recent:
+        for entry in entries:
+            match = _COMMIT.match(entry.name)
+            if not match:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                version, recent = int(match.group(1)), entry.stat().st_mtime >= cutoff
+                if recent or (after is not None and version > after):
+                    chosen.append((version, recent, entry.path))
+    out: list[Removal] = []
+    for version, recent, commit in sorted(chosen):
+        removed: list[str] = []
         with contextlib.suppress(FileNotFoundError), open(commit, "rb") as f:
             for line in f:
                 if b'"remove"' in line:
                     action = orjson.loads(line).get("remove")
                     if action:
-                        removed.add(unquote(action["path"]))
-    return removed
+                        removed.append(unquote(action["path"]))
+        out.append(Removal(version, recent, tuple(removed)))
+    return out
+
+
+def _unlink(target: Path) -> int:
+    """Delete ``target``; its bytes (0: gone already)."""
+    try:
+        size = target.stat().st_size
+        target.unlink()
+    except FileNotFoundError:
+        return 0
+    return size
 
 
 def reclaim(
-    path: Path, min_retention_s: float, now: float | None = None, table: DeltaTable | None = None
-) -> tuple[int, int]:
-    """Delete the files the table at ``path`` stopped referencing, except those removed in the last
-    ``min_retention_s`` seconds; returns (files, bytes) deleted."""
+    path: Path,
+    min_retention_s: float,
+    now: float | None = None,
+    table: DeltaTable | None = None,
+    *,
+    ratio: float | None = None,
+    use: Usage | None = None,
+) -> Reclaimed:
+    """Delete the files the table at ``path`` stopped referencing (the log's removed files that its
+    current version does not reference: delta-rs's vacuum, a dry run), but for:
+
+    * every file a commit past the oldest live lease's version removed (:mod:`.leases`): never
+      deleted while that lease lives;
+    * the files the commits of the last ``min_retention_s`` seconds removed (the window): kept with
+      ``ratio`` None; else deleted, oldest commit first, until the table's garbage is at most
+      ``ratio`` times its live size (by ``use``, measured before: :func:`usage`).
+
+    The table must not be committed to meanwhile (its one writer, the apply job, calls this between
+    its batches): a reader whose lease this did not see opens the version read here or a later one.
+    """
     now = time.time() if now is None else now
     table = DeltaTable(str(path)) if table is None else table
-    # the log's removed files not referenced by the current version (delta-rs's vacuum, a dry run)
-    superseded = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
-    keep = recently_removed(path, min_retention_s, now) if min_retention_s > 0 else set()
+    superseded = {
+        unquote(rel)
+        for rel in table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+    }
+    held = leases.live_leases(path, now)
+    after = min(h.version for h in held) if held else None
+    cutoff = now - min_retention_s if min_retention_s > 0 else float("inf")
+    leased: set[str] = set()
+    window: list[str] = []  # oldest commit first
+    for removal in removals(path, cutoff, after):
+        if after is not None and removal.version > after:
+            leased.update(removal.files)
+        elif removal.recent:
+            window.extend(removal.files)
+    window = [f for f in dict.fromkeys(window) if f in superseded and f not in leased]
     files = deleted = 0
-    for rel in superseded:
-        name = unquote(rel)
-        if name in keep:
-            continue
-        target = path / name
-        with contextlib.suppress(FileNotFoundError):
-            size = target.stat().st_size
-            target.unlink()
-            files, deleted = files + 1, deleted + size
-    return files, deleted
+    for name in sorted(superseded - leased - set(window)):
+        size = _unlink(path / name)
+        files, deleted = files + (size > 0), deleted + size
+    done = Reclaimed(files, deleted, leased_files=len(leased & superseded), leases=len(held))
+    if ratio is None:
+        return replace(done, window_kept=len(window))
+    use = usage(path, table) if use is None else use
+    excess = use.garbage - deleted - ratio * use.live
+    taken = taken_bytes = 0
+    for name in window:
+        if excess <= 0:
+            break
+        size = _unlink(path / name)
+        taken, taken_bytes, excess = taken + (size > 0), taken_bytes + size, excess - size
+    return replace(
+        done,
+        files=files + taken,
+        bytes=deleted + taken_bytes,
+        window_files=taken,
+        window_bytes=taken_bytes,
+        window_kept=len(window) - taken,
+    )
 
 
 def orphans(path: Path, table: DeltaTable | None = None) -> tuple[int, int]:
@@ -154,14 +258,17 @@ def vacuum_full(path: Path, retention_hours: int) -> int:
     )
 
 
-def within_ratio(path: Path, ratio: float, min_retention_s: float) -> tuple[int, int]:
-    """:func:`reclaim` on the table at ``path`` if its garbage exceeds ``ratio`` times its live size;
-    returns (files, bytes) deleted."""
+def within_ratio(path: Path, ratio: float, min_retention_s: float, now: float | None = None) -> Reclaimed:
+    """:func:`reclaim` with ``ratio`` on the table at ``path`` if its garbage exceeds ``ratio``
+    times its live size (else nothing). Afterwards its garbage is at most ``ratio`` times its live
+    size, plus the files a commit past a live lease's version removed, plus any file no commit
+    references (a write in flight, or one killed: :func:`orphans`, :func:`vacuum_full`)."""
     table = DeltaTable(str(path))
     use = usage(path, table)
     if use.garbage <= ratio * use.live:
-        return 0, 0
-    return reclaim(path, min_retention_s, table=table)
+        return Reclaimed()
+    done = reclaim(path, min_retention_s, now, table, ratio=ratio, use=use)
+    return replace(done, over=1)
 
 
 def due(every: int, batch_id: int) -> bool:
@@ -171,11 +278,11 @@ def due(every: int, batch_id: int) -> bool:
 
 def after_batch(
     paths: Iterable[Path], opts: WarehouseOptions, batch_id: int, *, vacuumed: bool = False
-) -> int:
+) -> Reclaimed:
     """The disk rule of the Delta tables at ``paths`` (the ones that exist) after batch ``batch_id``,
     the same for a table's and a view's: every ``vacuum_every`` batches the full vacuum (files of a
     killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
-    then, after every batch, :func:`bound`. Returns the bytes the ratio deleted."""
+    then, after every batch, :func:`bound`. Returns what the ratio did."""
     tables = [p for p in paths if DeltaTable.is_deltatable(str(p))]
     if not vacuumed and due(opts.vacuum_every, batch_id):
         for path in tables:
@@ -183,13 +290,13 @@ def after_batch(
     return bound(tables, opts)
 
 
-def bound(paths: Iterable[Path], opts: WarehouseOptions) -> int:
+def bound(paths: Iterable[Path], opts: WarehouseOptions) -> Reclaimed:
     """:func:`within_ratio` with ``opts``' ratio (0: never) on each Delta table at ``paths`` (the
-    ones that exist); returns the bytes deleted."""
+    ones that exist); returns what it did, summed."""
+    done = Reclaimed()
     if not opts.vacuum_garbage_ratio:
-        return 0
-    return sum(
-        within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)[1]
-        for path in paths
-        if DeltaTable.is_deltatable(str(path))
-    )
+        return done
+    for path in paths:
+        if DeltaTable.is_deltatable(str(path)):
+            done += within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)
+    return done

@@ -31,6 +31,7 @@ since an inner join or a filter leaves out driving rows that a later change of a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from sinks import ChangeBatch, Touched, touched_of
 from sinks import types as T
 from sinks.search import SearchSink
 from sinks.view_search import index_view
-from sinks.warehouse import duck, reclaim
+from sinks.warehouse import duck, leases, reclaim
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, WarehouseOptions, table_paths
 from sinks.warehouse.view_history import key_markers, write_history
@@ -163,15 +164,16 @@ class ViewMaintainer:
                 self.bound_disk(view.name, batch_id)
         return out
 
-    def bound_disk(self, name: str, batch_id: int) -> int:
+    def bound_disk(self, name: str, batch_id: int) -> reclaim.Reclaimed:
         """The view's Delta tables (current, history) kept as the warehouse's are (``disk``; nothing
         without it): superseded files past ``vacuum_garbage_ratio`` times the live size deleted but
-        for those of the last ``vacuum_min_retention_s`` (:func:`.reclaim.within_ratio`), and every
-        ``vacuum_every`` batches the full vacuum (files of a killed merge, after
-        ``vacuum_retention_hours``). Never touches a file a reader may hold or a write in flight (a
-        ``cdc views add`` building the view). Returns the bytes deleted."""
+        for those a live reader lease holds, the window's (``vacuum_min_retention_s``) only as far as
+        the ratio needs (:func:`.reclaim.within_ratio`), and every ``vacuum_every`` batches the full
+        vacuum (files of a killed merge, after ``vacuum_retention_hours``). Never touches a file a
+        cdc reader holds or a write in flight (a ``cdc views add`` building the view). Returns what
+        it did."""
         if self.disk is None:
-            return 0
+            return reclaim.Reclaimed()
         tables = (paths.view_table(self.state_dir, name), paths.view_history(self.state_dir, name))
         return reclaim.after_batch(tables, self.disk, batch_id)
 
@@ -199,7 +201,7 @@ def maintain_view(
     if not whole and not touched:
         return ViewOutcome(affected=set())
     props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
-    con = _connect(state_dir, spec)
+    con = _connect(state_dir, spec, None)  # the apply's: no lease
     try:
         if whole:
             rows = con.sql(spec.select_sql).to_arrow_table()
@@ -233,10 +235,12 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
+def _connect(state_dir: Path, spec: ViewSpec, lease_s: float | None) -> duckdb.DuckDBPyConnection:
     """DuckDB with each of the view's tables as ``"schema"."table"``: ``_cdc_key`` and the columns
     the view reads (:attr:`ViewSpec.used`) of its current Delta table as of now (empty before its
-    first batch).
+    first batch). Each table is read under a lease of at most ``lease_s`` (:mod:`.leases`) -- by
+    another process than the apply (``cdc views add``, ``cdc rebuild``); None: none, the apply's
+    own read within its batch (its reclaim runs in the same process, after the batch commits).
 
     The tables are read into Arrow (string views as strings), not scanned as datasets: DuckDB pushes
     its filters into a dataset scan, where pyarrow fails to compare a string literal with the string
@@ -247,19 +251,27 @@ def _connect(state_dir: Path, spec: ViewSpec) -> duckdb.DuckDBPyConnection:
         used = spec.used.get(reg.qualified, ())
         types = {c.name: c.type for c in reg.columns}
         empty = pa.schema([(KEY, pa.string()), *((n, T.arrow_type(types.get(n, "text"))) for n in used)])
-        data = empty.empty_table()
-        if DeltaTable.is_deltatable(str(current)):
-            dataset = DeltaTable(str(current)).to_pyarrow_dataset()
-            stored = [n for n in (KEY, *used) if n in dataset.schema.names]
-            data = dataset.to_table(columns=stored)
-            data = data.cast(T.plain_types(data.schema))
-            for f in empty:  # a column the table does not hold yet (added at the source): null
-                if f.name not in stored:
-                    data = data.append_column(f, pa.nulls(data.num_rows, f.type))
+        with leases.lease(current, lease_s) if lease_s is not None else contextlib.nullcontext():
+            data = _used_columns(current, empty)
         con.register(f"__cdc_t{i}", data)
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(reg.schema)}")
         con.execute(f"CREATE VIEW {_q(reg.schema)}.{_q(reg.table)} AS SELECT * FROM __cdc_t{i}")
     return con
+
+
+def _used_columns(current: Path, empty: pa.Schema) -> pa.Table:
+    """The columns of ``empty`` of the current Delta table at ``current`` (none: no rows), string
+    views as strings; a column the table does not hold yet (added at the source): null."""
+    if not DeltaTable.is_deltatable(str(current)):
+        return empty.empty_table()
+    dataset = DeltaTable(str(current)).to_pyarrow_dataset()
+    stored = [n for n in empty.names if n in dataset.schema.names]
+    data = dataset.to_table(columns=stored)
+    data = data.cast(T.plain_types(data.schema))
+    for f in empty:
+        if f.name not in stored:
+            data = data.append_column(f, pa.nulls(data.num_rows, f.type))
+    return data
 
 
 def _affected(con: duckdb.DuckDBPyConnection, spec: ViewSpec, touched: Mapping[str, Touched]) -> set[str]:
@@ -338,24 +350,35 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: set[str], props: CommitPrope
     )
 
 
-def build_view(state_dir: Path, spec: ViewSpec, *, history: bool = False) -> int | None:
+def build_view(
+    state_dir: Path, spec: ViewSpec, *, history: bool = False, lease_s: float = leases.MAX_AGE_S
+) -> int | None:
     """The view computed whole from its tables' committed current state and created, at ``cdc
     views add`` (``docs/views.md``, "Built at add"): its history first (``history``), then its
     current table, each created only if absent, with no application transaction (the apply's next
     batch maintains it). Never over what a running apply created meanwhile: the apply builds a view
     it finds without a table from a state at least as new, so its build wins. Returns the rows,
-    or None when the view had a table (the apply built it first)."""
-    from deltalake.exceptions import DeltaError
-
+    or None when the view had a table (the apply built it first). Its reads hold leases of at most
+    ``lease_s`` (:mod:`.leases`): the base tables' while it reads them, the history's while it
+    writes it (it reads the open rows of a history a build stopped before the view's table)."""
     path = paths.view_table(state_dir, spec.name)
     if DeltaTable.is_deltatable(str(path)):
         return None
-    con = _connect(state_dir, spec)
+    con = _connect(state_dir, spec, lease_s)
     try:
         rows = con.sql(spec.select_sql).to_arrow_table()
     finally:
         con.close()
     paths.ensure_private_dir(path.parent)
+    with leases.lease(paths.view_history(state_dir, spec.name), lease_s):
+        return _create(path, rows, state_dir, spec, history)
+
+
+def _create(path: Path, rows: pa.Table, state_dir: Path, spec: ViewSpec, history: bool) -> int | None:
+    """:func:`build_view`'s commits: the history first (``history``), then the view's table, each
+    only if absent; None when one was created meanwhile."""
+    from deltalake.exceptions import DeltaError
+
     steps: list[tuple[Path, Callable[[], object]]] = [
         (path, lambda: write_deltalake(str(path), rows, mode="error")),
     ]
@@ -384,13 +407,14 @@ def view_rows(state_dir: Path, name: str) -> pa.Table | None:
     return DeltaTable(str(path)).to_pyarrow_table()
 
 
-def view_copy(state_dir: Path, spec: ViewSpec, dest: Path) -> int:
+def view_copy(state_dir: Path, spec: ViewSpec, dest: Path, lease_s: float = leases.MAX_AGE_S) -> int:
     """The view computed whole from ``state_dir``'s current tables into a new Delta table at ``dest``
     (in the stored schema of the view's live table, when it has one), the live one untouched: what
-    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.rebuild`). Returns its rows."""
+    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.rebuild`). The base tables are read
+    under leases of at most ``lease_s`` (:mod:`.leases`). Returns its rows."""
     live = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(live)) if DeltaTable.is_deltatable(str(live)) else None
-    con = _connect(state_dir, spec)
+    con = _connect(state_dir, spec, lease_s)
     try:
         rows = con.sql(spec.select_sql).to_arrow_table()
     finally:

@@ -20,9 +20,9 @@ from sinks.warehouse.reclaim import LOG_DIR, tree_bytes, usage
 PARTS = ("warehouse", "search", "log", "other")
 GB = 1e9
 #: what the warehouse's disk may reach, in times its live size, with the default settings: after each
-#: batch a table's superseded files are at most ``vacuum_garbage_ratio`` times its live size (those of
-#: the last ``vacuum_min_retention_s`` aside), and a batch being written adds at most about one more
-#: live size (a batch of random keys rewrites the whole table)
+#: batch a table's superseded files are at most ``vacuum_garbage_ratio`` times its live size (plus
+#: what was removed while a cdc reader held a lease: a `cdc verify` of the harness), and a batch being
+#: written adds at most about one more live size (a batch of random keys rewrites the whole table)
 WAREHOUSE_BOUND = 2 + WarehouseOptions().vacuum_garbage_ratio
 
 

@@ -533,13 +533,27 @@ def _history_open(state: Path) -> list[dict[str, Any]]:
     )
 
 
-def test_built_at_add_from_the_tables_current_state_then_maintained(tmp_path: Path) -> None:
+def test_built_at_add_from_the_tables_current_state_then_maintained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``cdc views add`` builds the view (and its history) from the committed tables
-    (:func:`sinks.warehouse.views.build_view`); the apply's next batch maintains it incrementally.
-    A view the apply created first is left to it; a build that stopped between its history and its
-    current table is completed by the apply's whole build without a second open version."""
+    (:func:`sinks.warehouse.views.build_view`), reading each under a reader lease; the apply's next
+    batch maintains it incrementally, without leases. A view the apply created first is left to it;
+    a build that stopped between its history and its current table is completed by the apply's
+    whole build without a second open version."""
     from cdc.views import parse_view
+    from sinks.warehouse import leases
+    from sinks.warehouse import views as V
     from sinks.warehouse.views import build_view
+
+    leased: list[int] = []
+    read = V._used_columns
+
+    def counting(current: Path, empty: Any) -> Any:
+        leased.append(len(leases.live_leases(current)))
+        return read(current, empty)
+
+    monkeypatch.setattr(V, "_used_columns", counting)
 
     spec = parse_view(VIEW.name, SQL, TABLES)
     view = ViewReg(VIEW.name, SQL, VIEW.tables, extra={"history": True})
@@ -551,7 +565,10 @@ def test_built_at_add_from_the_tables_current_state_then_maintained(tmp_path: Pa
     try:
         app.run(records_table(work.batch(80)), 0)
         registered.append(view)
+        leased.clear()
         assert build_view(tmp_path, spec, history=True) == len(expected(work.model)) > 3
+        assert leased == [1] * len(spec.tables)  # each base table read under its lease
+        leased.clear()
         assert stored(tmp_path) == expected(work.model)
         assert {r["_cdc_op"] for r in _history(tmp_path)} == {"c"} and all(
             r["is_current"] for r in _history(tmp_path)
@@ -561,6 +578,7 @@ def test_built_at_add_from_the_tables_current_state_then_maintained(tmp_path: Pa
         assert DeltaTable(str(paths.view_table(tmp_path, VIEW.name))).version() == version
         out = app.run(records_table(work.batch(6)), 1)
         assert out.views[VIEW.name][0] >= 0  # maintained, not built again
+        assert leased and set(leased) == {0}  # the apply's own reads: no lease
         assert stored(tmp_path) == expected(work.model)
         open_rows = _history_open(tmp_path)
         assert open_rows == [{"id": r["id"], "customer": r["customer"]} for r in expected(work.model)]

@@ -23,7 +23,7 @@ from cdc.config import Settings
 from cdc.errors import ApplyError, ConfigError
 from sinks import RawRecord
 from sinks import warehouse as W
-from sinks.warehouse import WarehouseOptions, WarehouseSink, columnar, per_event, reclaim
+from sinks.warehouse import WarehouseOptions, WarehouseSink, columnar, leases, per_event, reclaim
 from sinks.warehouse import delta as D
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import BASE_TS_MS, Feed, mixed_batches, table
@@ -570,12 +570,13 @@ def test_vacuum_deletes_files_of_writes_killed_before_their_commit(tmp_path: Pat
     assert {r["name"] for r in current(sink, reg).values()} == {"b"}
 
 
-def test_reclaim_spares_what_recent_readers_and_uncommitted_writes_use(
+def test_reclaim_spares_what_leased_readers_and_uncommitted_writes_use(
     tmp_path: Path, feed: FeedMaker
 ) -> None:
-    """A version committed within ``vacuum_min_retention_s`` stays readable however far the garbage
-    is over the ratio; a file no commit references yet (a Spark task's before the driver commits) is
-    never deleted; once older than the retention, the superseded files go."""
+    """A version a reader opened under a lease (:mod:`sinks.warehouse.leases`) stays readable however
+    far the garbage is over the ratio; a file no commit references yet (a Spark task's before the
+    driver commits) is never deleted; once the lease is released, the superseded files go -- those
+    of the last ``vacuum_min_retention_s`` too, as far as the ratio needs."""
     sink = WarehouseSink(
         tmp_path,
         WarehouseOptions(
@@ -593,20 +594,24 @@ def test_reclaim_spares_what_recent_readers_and_uncommitted_writes_use(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(50))), 1, APP
     )
     cur = sink.paths(reg)[0]
-    pinned = DeltaTable(str(cur)).version()
-    uncommitted = next(cur.rglob("*.parquet")).parent / "part-uncommitted.parquet"
-    uncommitted.write_bytes(b"x" * 100)
-    for batch_id in range(2, 6):
-        rows = [
-            f.change("u", {"id": i, "name": f"v{batch_id}", "note": None}, 100 * batch_id) for i in range(50)
-        ]
-        sink.apply(f.batch(*rows), batch_id, APP)
-    assert reclaim.usage(cur).garbage > 0.1 * reclaim.usage(cur).live
-    old = DeltaTable(str(cur), version=pinned).to_pyarrow_table()
-    assert set(old.column("name").to_pylist()) == {"a"}  # the pinned version is whole
-    # an hour later the superseded files are deleted; the uncommitted one is not
-    files, deleted = reclaim.reclaim(cur, 3600, now=time.time() + 3601)
-    assert files >= 4 and deleted > 0
+    with leases.lease(cur):
+        pinned = DeltaTable(str(cur)).version()
+        uncommitted = next(cur.rglob("*.parquet")).parent / "part-uncommitted.parquet"
+        uncommitted.write_bytes(b"x" * 100)
+        for batch_id in range(2, 6):
+            rows = [
+                f.change("u", {"id": i, "name": f"v{batch_id}", "note": None}, 100 * batch_id)
+                for i in range(50)
+            ]
+            sink.apply(f.batch(*rows), batch_id, APP)
+        assert reclaim.usage(cur).garbage > 0.1 * reclaim.usage(cur).live
+        old = DeltaTable(str(cur), version=pinned).to_pyarrow_table()
+        assert set(old.column("name").to_pylist()) == {"a"}  # the pinned version is whole
+    done = reclaim.within_ratio(cur, 0.1, 3600)
+    assert done.files >= 4 and done.window_files == done.files and done.leases == 0
+    assert uncommitted.exists()
+    # an hour later (no window) every superseded file is deleted; the uncommitted one is not
+    reclaim.reclaim(cur, 3600, now=time.time() + 3601)
     assert reclaim.usage(cur).disk == reclaim.usage(cur).live + uncommitted.stat().st_size
     assert {r["name"] for r in current(sink, reg).values()} == {"v5"}
 
