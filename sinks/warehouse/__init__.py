@@ -36,6 +36,7 @@ from sinks.warehouse.delta import (
     ts_literal,
 )
 from sinks.warehouse.files import TableWrite, commit_all
+from sinks.warehouse.handles import Handles
 from sinks.warehouse.layout import (
     BUCKET,
     CURRENT_META,
@@ -115,6 +116,8 @@ class WarehouseSink(Sink):
         #: :meth:`Layout.choose`'s: ``cdc rebuild`` gives a staged copy the live table's, which the
         #: kept history table has (the three tables of a table must agree on it)
         self.layouts: dict[str, Layout] = {}
+        #: open Delta tables, brought up to date at each use instead of opened anew (per thread)
+        self.handles = Handles()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -172,7 +175,7 @@ class WarehouseSink(Sink):
         types = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
         bad: dict[int, list[str]] = {}
         # a type changed at the source that the stored column cannot hold: every non-null value of it
-        _widened, refused = evolve.changes(reg, evolve.stored_types(self.paths(reg)[0]))
+        _widened, refused = evolve.changes(reg, self._stored_types(self.paths(reg)[0]))
         for name in refused:
             types.pop(name, None)
         if refused:
@@ -282,17 +285,15 @@ class WarehouseSink(Sink):
     def shards(self, reg: TableReg) -> int | None:
         """See :meth:`sinks.Sink.shards`: the current table's :class:`Layout` shards; 1 before the
         table exists."""
-        cur = self.paths(reg)[0]
-        if not DeltaTable.is_deltatable(str(cur)):
-            return 1
-        return layout_of(DeltaTable(str(cur))).shards
+        cur = self.handles.get(self.paths(reg)[0])
+        return 1 if cur is None else layout_of(cur).shards
 
     def prepare(self, reg: TableReg) -> None:
         """See :meth:`sinks.Sink.prepare`: the registration's columns added, a widened type cast, the
         dropped columns recorded -- on tables that exist (a table is created by its first batch)."""
-        cur_path = self.paths(reg)[0]
-        if DeltaTable.is_deltatable(str(cur_path)):
-            layout = layout_of(DeltaTable(str(cur_path)))
+        cur = self.handles.get(self.paths(reg)[0])
+        if cur is not None:
+            layout = layout_of(cur)
             self._open_tables(reg, _columns(reg, ()), lambda: layout)
 
     def _open_tables(
@@ -303,7 +304,7 @@ class WarehouseSink(Sink):
         refused one keeps the stored type) and the registration's dropped columns."""
         cur_path, hist_path, tomb_path = self.paths(reg)
         _refuse_lost_tables(reg, (cur_path, hist_path, tomb_path))
-        stored = evolve.stored_types(cur_path) or {}
+        stored = self._stored_types(cur_path) or {}
         widened, refused = evolve.changes(reg, stored)
         for name in refused:  # its non-null values were rejected: the stored type stays
             columns[name] = evolve.pg_type_of(stored[name]) or columns[name]
@@ -332,7 +333,11 @@ class WarehouseSink(Sink):
     def commit_deferred(self, writes: Sequence[Any], app_id: str, batch_id: int) -> None:
         """See :meth:`sinks.Sink.commit_deferred`: :func:`sinks.warehouse.files.commit_all` with
         the batch's Delta application transaction."""
-        commit_all(writes, CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]))
+        commit_all(
+            writes,
+            CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]),
+            self.handles.get,
+        )
 
     def committed(self, reg: TableReg, batch_id: int) -> None:
         """See :meth:`sinks.Sink.committed`: the periodic compaction and vacuum."""
@@ -344,7 +349,9 @@ class WarehouseSink(Sink):
         maintained = reclaim.due(self.options.maintain_every, batch_id)
         if maintained:
             self.maintain(reg)
-        reclaim.after_batch(self.paths(reg), self.options, batch_id, vacuumed=maintained)
+        reclaim.after_batch(
+            self.paths(reg), self.options, batch_id, vacuumed=maintained, open_table=self.handles.get
+        )
 
     def recover(self, reg: TableReg) -> int:
         """See :meth:`sinks.Sink.recover`: each of ``reg``'s Delta tables loses the files that killed
@@ -368,9 +375,10 @@ class WarehouseSink(Sink):
         """Open the table, creating it (with the layout ``layout()`` gives, partitioned by
         ``partitions``) or adding missing columns (old rows null)."""
         wanted = pa.schema([*meta, *((n, T.arrow_type(t or "text")) for n, t in columns.items())])
-        if not DeltaTable.is_deltatable(str(path)):
+        table = self.handles.get(path)
+        if table is None:
             path.mkdir(parents=True, exist_ok=True)
-            return DeltaTable.create(
+            created = DeltaTable.create(
                 str(path),
                 wanted,
                 mode="ignore",
@@ -378,13 +386,18 @@ class WarehouseSink(Sink):
                 configuration={LAYOUT_CONF: layout().conf()},
                 raise_if_key_not_exists=False,
             )
-        table = DeltaTable(str(path))
+            return self.handles.put(path, created)
         have = set(arrow_schema(table).names)
         missing = [f for f in wanted if f.name not in have]
         if missing:
             table.alter.add_columns(list(Schema.from_arrow(pa.schema(missing)).fields))
-            table = DeltaTable(str(path))
+            table.update_incremental()
         return table
+
+    def _stored_types(self, path: Path) -> dict[str, pa.DataType] | None:
+        """The Delta table's column types, or None when it does not exist yet."""
+        table = self.handles.get(path)
+        return None if table is None else {f.name: f.type for f in arrow_schema(table)}
 
     # -- maintenance ---------------------------------------------------------------------------------
     def maintain(
@@ -536,7 +549,8 @@ def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
     if table.metadata().configuration.get(DROPPED_CONF, "") == want:
         return table
     table.alter.set_table_properties({DROPPED_CONF: want}, raise_if_not_exists=False)
-    return DeltaTable(table.table_uri)
+    table.update_incremental()
+    return table
 
 
 def _row_bytes(batch: ChangeBatch) -> float:

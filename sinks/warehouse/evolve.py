@@ -62,13 +62,6 @@ def pg_type_of(at: pa.DataType) -> str | None:
     return None
 
 
-def stored_types(path: Path) -> dict[str, pa.DataType] | None:
-    """The Delta table's column types, or None when it does not exist yet."""
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    return {f.name: f.type for f in arrow_schema(DeltaTable(str(path)))}
-
-
 def changes(
     reg: TableReg, stored: dict[str, pa.DataType] | None
 ) -> tuple[dict[str, pa.DataType], dict[str, str]]:

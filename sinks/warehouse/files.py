@@ -27,7 +27,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -473,11 +473,16 @@ def _close_truncated(
     return out
 
 
-def commit_all(writes: Sequence[TableWrite], properties: CommitProperties) -> None:
+def commit_all(
+    writes: Sequence[TableWrite],
+    properties: CommitProperties,
+    open_table: Callable[[str], DeltaTable | None] = DeltaTable,
+) -> None:
     """Commit a batch's writes (from any number of tasks): one transaction per table, each with
     ``properties`` (the batch's application transaction). A table whose commit refuses
     (:class:`WriteConflict`) stops the rest; the batch is then applied again, and a table already
-    committed recognises it by its application transaction and writes nothing twice."""
+    committed recognises it by its application transaction and writes nothing twice.
+    ``open_table``: how a table is opened (:meth:`.handles.Handles.get`: the caller's handles)."""
     by_uri: dict[str, TableWrite] = {}
     for w in writes:
         if w.uri in by_uri:
@@ -486,4 +491,11 @@ def commit_all(writes: Sequence[TableWrite], properties: CommitProperties) -> No
             by_uri[w.uri] = TableWrite(w.uri, w.read_version, list(w.partition_by))
             by_uri[w.uri].merge(w)
     for uri, write in sorted(by_uri.items()):
-        commit(DeltaTable(uri), write, properties)
+        table = open_table(uri)
+        if table is None:
+            raise ApplyError(
+                f"the Delta table {uri} that this batch wrote to is gone; nothing of it was committed",
+                fix="nothing to do if it was removed on purpose (`cdc tables remove`); else see `cdc status`",
+                table=uri,
+            )
+        commit(table, write, properties)

@@ -32,7 +32,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,9 +44,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sinks.warehouse import leases
+from sinks.warehouse.handles import open_table
 
 if TYPE_CHECKING:
     from sinks.warehouse.layout import WarehouseOptions
+
+#: opens the Delta table at a path (None: there is none)
+Opener = Callable[[Path], DeltaTable | None]
 
 LOG_DIR = "_delta_log"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
@@ -258,12 +262,19 @@ def vacuum_full(path: Path, retention_hours: int) -> int:
     )
 
 
-def within_ratio(path: Path, ratio: float, min_retention_s: float, now: float | None = None) -> Reclaimed:
+def within_ratio(
+    path: Path,
+    ratio: float,
+    min_retention_s: float,
+    now: float | None = None,
+    table: DeltaTable | None = None,
+) -> Reclaimed:
     """:func:`reclaim` with ``ratio`` on the table at ``path`` if its garbage exceeds ``ratio``
     times its live size (else nothing). Afterwards its garbage is at most ``ratio`` times its live
     size, plus the files a commit past a live lease's version removed, plus any file no commit
-    references (a write in flight, or one killed: :func:`orphans`, :func:`vacuum_full`)."""
-    table = DeltaTable(str(path))
+    references (a write in flight, or one killed: :func:`orphans`, :func:`vacuum_full`). ``table``:
+    an open handle on it at its latest version (default: opened here)."""
+    table = DeltaTable(str(path)) if table is None else table
     use = usage(path, table)
     if use.garbage <= ratio * use.live:
         return Reclaimed()
@@ -277,26 +288,33 @@ def due(every: int, batch_id: int) -> bool:
 
 
 def after_batch(
-    paths: Iterable[Path], opts: WarehouseOptions, batch_id: int, *, vacuumed: bool = False
+    paths: Iterable[Path],
+    opts: WarehouseOptions,
+    batch_id: int,
+    *,
+    vacuumed: bool = False,
+    open_table: Opener = open_table,
 ) -> Reclaimed:
     """The disk rule of the Delta tables at ``paths`` (the ones that exist) after batch ``batch_id``,
     the same for a table's and a view's: every ``vacuum_every`` batches the full vacuum (files of a
     killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
-    then, after every batch, :func:`bound`. Returns what the ratio did."""
+    then, after every batch, :func:`bound`. Returns what the ratio did. ``open_table``: how a
+    table is opened (:meth:`.handles.Handles.get`, to reuse the caller's handles)."""
     tables = [p for p in paths if DeltaTable.is_deltatable(str(p))]
     if not vacuumed and due(opts.vacuum_every, batch_id):
         for path in tables:
             vacuum_full(path, opts.vacuum_retention_hours)
-    return bound(tables, opts)
+    return bound(tables, opts, open_table)
 
 
-def bound(paths: Iterable[Path], opts: WarehouseOptions) -> Reclaimed:
+def bound(paths: Iterable[Path], opts: WarehouseOptions, open_table: Opener = open_table) -> Reclaimed:
     """:func:`within_ratio` with ``opts``' ratio (0: never) on each Delta table at ``paths`` (the
-    ones that exist); returns what it did, summed."""
+    ones that exist, opened with ``open_table``); returns what it did, summed."""
     done = Reclaimed()
     if not opts.vacuum_garbage_ratio:
         return done
     for path in paths:
-        if DeltaTable.is_deltatable(str(path)):
-            done += within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s)
+        table = open_table(path)
+        if table is not None:
+            done += within_ratio(path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s, table=table)
     return done

@@ -1,0 +1,84 @@
+"""Open Delta tables, reused from batch to batch instead of opened anew at every use.
+
+Opening a Delta table replays its log from the last checkpoint: 12 ms of CPU at 60 commits, more as
+the log grows to the next checkpoint (every 100 commits); bringing an open one up to date reads only
+the commits since (``update_incremental``: ~1 ms). A slice of a micro-batch used to open each of its
+table's Delta tables five times, and the driver each one twice more per batch (its commit, the disk
+bound): a fixed cost per batch that, for the small batches of an apply that keeps up, was as large
+as the work.
+
+:meth:`Handles.get` returns the table at ``path`` at its latest committed version, whoever
+committed it (the handle reads the new log entries), as a new ``DeltaTable(path)`` would. A handle
+is reused only while the table is the same one: the log's first commit file is the one the handle
+was opened on (same inode, size and modification time). A table deleted and created again, or
+swapped in by ``cdc rebuild``, is opened anew, and so is one whose first commit file is gone (log
+cleanup after a checkpoint): reuse is an optimisation, never a condition. Not shared between
+threads: each thread has its own handles (a ``DeltaTable`` brought up to date in one thread while
+another reads it is not safe).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+_FIRST_COMMIT = os.path.join("_delta_log", f"{0:020d}.json")
+
+#: what identifies a table's log: its first commit file's (inode, device, size, mtime in ns)
+_Identity = tuple[int, int, int, int]
+
+
+def _identity(path: str) -> _Identity | None:
+    try:
+        st = os.stat(os.path.join(path, _FIRST_COMMIT))
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+def open_table(path: Path | str) -> DeltaTable | None:
+    """A new handle on the Delta table at ``path`` (None: there is none)."""
+    key = str(path)
+    return DeltaTable(key) if DeltaTable.is_deltatable(key) else None
+
+
+class Handles:
+    """Delta table handles by path, one set per thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _open(self) -> dict[str, tuple[DeltaTable, _Identity]]:
+        tables: dict[str, tuple[DeltaTable, _Identity]] | None = getattr(self._local, "tables", None)
+        if tables is None:
+            tables = self._local.tables = {}
+        return tables
+
+    def get(self, path: Path | str) -> DeltaTable | None:
+        """The Delta table at ``path`` at its latest version (None: there is none)."""
+        key = str(path)
+        tables = self._open()
+        held = tables.get(key)
+        ident = _identity(key)
+        if held is not None and ident is not None and held[1] == ident:
+            held[0].update_incremental()
+            return held[0]
+        tables.pop(key, None)
+        table = open_table(key)
+        if table is not None and ident is not None and _identity(key) == ident:
+            tables[key] = (table, ident)
+        return table
+
+    def put(self, path: Path | str, table: DeltaTable) -> DeltaTable:
+        """Keep ``table`` (just created or altered here) as the handle of ``path``; returns it."""
+        ident = _identity(str(path))
+        if ident is not None:
+            self._open()[str(path)] = (table, ident)
+        return table
+
+    def clear(self) -> None:
+        """Forget this thread's handles."""
+        self._open().clear()
