@@ -751,12 +751,12 @@ class Chaos:
         if not self.mounted:
             return
         filler = self.log_dir / "filler"
-        with filler.open("wb") as f:
+        # unbuffered: a buffered file keeps what the full disk refused and raises ENOSPC again at close
+        with filler.open("wb", buffering=0) as f:
             chunk = b"\0" * (1 << 20)
             with contextlib.suppress(OSError):
                 while True:
                     f.write(chunk)
-                    f.flush()
         # keep writing into the full disk for a while: the processes must fail loudly, not lose data
         time.sleep(self.rng.uniform(1.0, 3.0))  # the fault's duration, not a synchronisation
         filler.unlink()
