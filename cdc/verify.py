@@ -66,7 +66,6 @@ time remains, and reports what remains.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
 import json
@@ -94,7 +93,7 @@ from cdc.verify_views import ViewSubject, source_from, stored_docs, stored_rows
 from cdc.wait import slot_passed
 from sinks import KeyRanges, StoredRows, StoredTexts
 
-DEFAULT_RANGE_ROWS = 32
+DEFAULT_RANGE_ROWS = 8
 #: an incremental run also re-checks this share of the unchanged ranges (at least one): the scrub
 DEFAULT_SCRUB_SHARE = 0.01
 FETCH_CHUNK = 20_000
@@ -327,10 +326,9 @@ class _Side:
     versions: dict[Key, int] = field(default_factory=dict)
 
 
-def _range_hashes(keys_sorted: list[Key], bounds: list[tuple[Any, ...]], side: _Side) -> dict[int, bytes]:
+def _range_hashes(keys_sorted: list[Key], bounds: verify_ranges.Bounds, side: _Side) -> dict[int, bytes]:
     out: dict[int, Any] = {}
-    for k in keys_sorted:
-        idx = max(bisect.bisect_right(bounds, _sort_key(k)) - 1, 0)
+    for k, idx in zip(keys_sorted, bounds.of_many(keys_sorted), strict=True):
         h = out.get(idx)
         if h is None:
             h = out[idx] = hashlib.blake2b(digest_size=16)
@@ -817,15 +815,15 @@ class Verifier:
         src_sorted = sorted(src.hashes, key=_sort_key)
         if record is None:
             bound_keys: list[Key] | None = src_sorted[:: self.range_rows]
-            bounds = [_sort_key(k) for k in bound_keys or []] or [()]
+            bounds = verify_ranges.Bounds(bound_keys or [], _sort_key)
         else:
-            bound_keys, bounds = None, [_sort_key(k) for k in record.bounds] or [()]
+            bound_keys, bounds = None, record.placed
         src_ranges = _range_hashes(src_sorted, bounds, src)
         # a range differs where a key's row hash does (or the key is on one side only): what
         # comparing the two sides' range hashes finds, without hashing the warehouse's ranges
         unequal = [k for k, h in src.hashes.items() if wh.hashes.get(k) != h]
         unequal += [k for k in wh.hashes if k not in src.hashes]
-        bad = sorted({max(bisect.bisect_right(bounds, _sort_key(k)) - 1, 0) for k in unequal})
+        bad = sorted(set(bounds.of_many(unequal)))
         if diff is report.primary[1]:
             report.ranges = max(len(bounds), 1)
             report.ranges_differing = len(bad)
@@ -836,11 +834,14 @@ class Verifier:
         if bad:
             bad_set = set(bad)
 
-            def in_bad(k: Key) -> bool:
-                return max(bisect.bisect_right(bounds, _sort_key(k)) - 1, 0) in bad_set
-
-            src_keys = [k for k in src_sorted if in_bad(k)]
-            wh_keys = sorted((k for k in wh.hashes if in_bad(k)), key=_sort_key)
+            src_keys = [
+                k for k, i in zip(src_sorted, bounds.of_many(src_sorted), strict=True) if i in bad_set
+            ]
+            wh_all = list(wh.hashes)
+            wh_keys = sorted(
+                (k for k, i in zip(wh_all, bounds.of_many(wh_all), strict=True) if i in bad_set),
+                key=_sort_key,
+            )
             src_rows = self._refetch(conn, reg, columns, target, src_keys)
             for k in src_keys:
                 if k not in wh.hashes:
@@ -978,10 +979,13 @@ def _range_mask(table: Any, reg: TableReg, record: RangeRecord, checked: set[int
 
     if len(reg.key) == 1 and table.num_rows:
         values = table.column(reg.key[0]).to_numpy(zero_copy_only=False)
-        firsts = [b[0] for b in record.bounds]
-        if values.dtype.kind in "iu":
-            bounds = np.array(firsts, dtype=values.dtype)
+        ints = record.placed.ints
+        if values.dtype.kind in "iu" and ints is not None:
+            bounds = ints
+        elif values.dtype.kind in "iu":
+            bounds = np.array([b[0] for b in record.bounds], dtype=values.dtype)
         else:
+            firsts = [b[0] for b in record.bounds]
             bounds = np.empty(len(firsts), dtype=object)
             bounds[:] = firsts
         idx = np.maximum(np.searchsorted(bounds, values, side="right") - 1, 0)

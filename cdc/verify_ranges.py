@@ -3,9 +3,10 @@
 A clean verify records per table (:func:`cdc.paths.verify_ranges`): the bounds of its key ranges
 (the first key of each range, in key order, ``range_rows`` keys each at the time of the last full
 verify), each range's hash (of its (key, row hash) pairs, equal on the source and the warehouse),
-the topic's end offsets noted *before* the consistent point was taken, and a scrub cursor. The
-registry's ``TableState.VERIFIED_CLEAN`` holds a summary (when, at which LSN, how) for
-``cdc status``.
+the topic's end offsets noted *before* the consistent point was taken, and a scrub cursor; the file
+names its :data:`FORMAT` and the :data:`DIGEST` of its hashes (a record of another digest has its
+hashes read as unknown: each range is checked against the source anyway). The registry's
+``TableState.VERIFIED_CLEAN`` holds a summary (when, at which LSN, how) for ``cdc status``.
 
 An incremental verify reads the keys of the topic's records from those offsets on (a compacted topic
 keeps each key's newest record, so every key changed since is there), maps them to ranges, and
@@ -41,14 +42,16 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 from psycopg import sql
 
@@ -57,6 +60,12 @@ from cdc.paths import ensure_private_dir, verify_ranges
 from cdc.registry import Registry, TableReg, TableState
 
 Key = tuple[Any, ...]
+
+#: the record file's layout (:meth:`RangeRecord.to_json`); format 1 (before it was named) is read too
+FORMAT = 2
+#: the range hashes' digest: blake2b (16 bytes) over each key's canonical JSON and its row hash
+#: (:func:`cdc.verify.row_hash`); a record of another digest has its hashes read as unknown
+DIGEST = "blake2b-16/v1"
 
 _INT_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8"})
 _TEXT_TYPES = frozenset({"text", "character varying", "varchar"})
@@ -79,6 +88,66 @@ def unsupported(reg: TableReg) -> str | None:
     return None
 
 
+class Bounds:
+    """The first keys of ranges, in key order, and which range a key lies in (the last bound at or
+    below it; a key below the first bound is in range 0). ``order`` puts keys in key order
+    (:func:`sort_key` by default). A one-column integer key's bounds are searched as one numpy array
+    (a record holds tens of thousands of bounds: putting each in a Python sort key costs more than
+    the keys it places); other keys by bisection over their sort keys, made on first use."""
+
+    def __init__(self, firsts: Sequence[Key], order: Callable[[Key], Any] = sort_key) -> None:
+        self.firsts = firsts
+        self.order = order
+        self.ints = _int_column(firsts)
+        self._sorted: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def _sort_keys(self) -> list[Any]:
+        if self._sorted is None:
+            self._sorted = [self.order(b) for b in self.firsts]
+        return self._sorted
+
+    def of(self, key: Key) -> int:
+        """The range of ``key``."""
+        if (
+            self.ints is not None
+            and len(key) == 1
+            and type(key[0]) is int
+            and _INT64[0] <= key[0] <= _INT64[1]
+        ):
+            return max(int(np.searchsorted(self.ints, key[0], side="right")) - 1, 0)
+        return max(bisect.bisect_right(self._sort_keys(), self.order(key)) - 1, 0)
+
+    def of_many(self, keys: Sequence[Key]) -> list[int]:
+        """The range of each of ``keys`` (in their order)."""
+        if self.ints is not None and keys:
+            values = _int_column(keys)
+            if values is not None:
+                idx = np.searchsorted(self.ints, values, side="right") - 1
+                out: list[int] = np.maximum(idx, 0).tolist()
+                return out
+        return [self.of(k) for k in keys]
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _int_column(keys: Sequence[Key]) -> np.ndarray | None:
+    """One-column integer keys as an int64 array (None: other keys, or a value past int64)."""
+    if not keys:
+        return None
+    try:
+        arr: np.ndarray = np.array(keys)
+    except (ValueError, OverflowError, TypeError):
+        return None
+    if arr.dtype.kind != "i" or arr.ndim != 2 or arr.shape[1] != 1:
+        return None
+    out: np.ndarray = arr[:, 0].astype(np.int64)
+    return out
+
+
 @dataclass
 class RangeRecord:
     """What a clean verify recorded for one table (the file's JSON, see the module docstring)."""
@@ -90,41 +159,60 @@ class RangeRecord:
     bounds: list[Key]
     hashes: list[str]
     scrub_next: int = 0
-    sort_bounds: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
-
-    def __post_init__(self) -> None:
-        self.sort_bounds = [sort_key(b) for b in self.bounds]
 
     @property
     def ranges(self) -> int:
         return max(len(self.bounds), 1)
 
+    @functools.cached_property
+    def placed(self) -> Bounds:
+        """The bounds, to place keys in ranges (made once: ``bounds`` is not changed after)."""
+        return Bounds(self.bounds)
+
     def range_of(self, key: Key) -> int:
-        return max(bisect.bisect_right(self.sort_bounds, sort_key(key)) - 1, 0)
+        return self.placed.of(key)
 
     def to_json(self) -> bytes:
+        """The file's JSON (:data:`FORMAT` 2): one-column bounds as a flat array, the hashes as one
+        comma-separated string (a record holds a bound and a hash per 8 keys: ~5 MB at 1M rows,
+        read and written by every run), and the :data:`DIGEST` they were computed with."""
+        flat = all(len(b) == 1 for b in self.bounds)
         return orjson.dumps(
             {
+                "format": FORMAT,
+                "digest": DIGEST,
                 "at": self.at,
                 "lsn": self.lsn,
                 "mode": self.mode,
                 "offsets": {str(p): o for p, o in self.offsets.items()},
-                "bounds": [list(b) for b in self.bounds],
-                "hashes": self.hashes,
+                "width": 1 if flat else None,
+                "bounds": [b[0] for b in self.bounds] if flat else self.bounds,  # tuples: arrays
+                "hashes": ",".join(self.hashes),
                 "scrub_next": self.scrub_next,
             }
         )
 
     @classmethod
     def from_json(cls, body: bytes) -> RangeRecord:
+        """A record of either format (1: bounds as arrays, hashes as an array; no digest named, which
+        was :data:`DIGEST`). Hashes of another digest are unknown (empty): a range is checked against
+        the source whatever its recorded hash, and its hash is recorded anew when it is clean. A
+        newer format is a ValueError (:func:`load`: no record, the run is full)."""
         d = orjson.loads(body)
+        if int(d.get("format", 1)) > FORMAT:
+            raise ValueError(f"record format {d['format']} is newer than this cdc's ({FORMAT})")
+        raw = d["bounds"]
+        bounds = [(v,) for v in raw] if d.get("width") == 1 else list(map(tuple, raw))
+        hashes = d["hashes"].split(",") if isinstance(d["hashes"], str) else list(d["hashes"])
+        if d.get("digest", DIGEST) != DIGEST:
+            hashes = [""] * len(hashes)
         return cls(
             at=float(d["at"]),
             lsn=str(d["lsn"]),
             mode=str(d["mode"]),
             offsets={int(p): int(o) for p, o in d["offsets"].items()},
-            bounds=[tuple(b) for b in d["bounds"]],
-            hashes=list(d["hashes"]),
+            bounds=bounds,
+            hashes=hashes,
             scrub_next=int(d.get("scrub_next", 0)),
         )
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from psycopg import sql
@@ -28,7 +28,12 @@ from psycopg import sql
 from cdc import paths
 from cdc.errors import ConfigError, RegistryError
 from cdc.registry import Column, Registry, TableReg, ViewReg
-from cdc.views import VIEW_KEY, ViewSpec, source_sql, spec_of
+
+if TYPE_CHECKING:
+    from cdc.views import ViewSpec
+
+# cdc.views (sqlglot, ~0.1 s to import) is imported where a view is parsed or read: a verify of
+# tables alone never needs it, and its fixed cost is what an incremental run pays on top of the rows
 
 #: the schema of a view's table registration (:attr:`ViewSubject.reg`); no table lives there
 VIEW_SCHEMA = "_views"
@@ -54,6 +59,8 @@ class ViewSubject:
 
 def subject_of(view: ViewReg, tables: list[TableReg]) -> ViewSubject:
     """The view parsed against the registered ``tables`` (a ConfigError when it no longer parses)."""
+    from cdc.views import spec_of
+
     spec = spec_of(view, tables)
     by_alias = {spec.driving_alias: spec.driving, **{j.alias: j.reg for j in spec.joins}}
     types = {a: {c.name: c.type for c in reg.columns} for a, reg in by_alias.items()}
@@ -114,6 +121,8 @@ def subjects(state_dir: Path, name: str | None) -> tuple[list[TableReg], list[Vi
 def source_from(subject: ViewSubject) -> sql.Composable:
     """The view's rows at the source, as a ``FROM`` item: its SQL (the hidden key columns
     appended) as a subquery; its columns are :attr:`ViewSubject.reg`'s."""
+    from cdc.views import source_sql
+
     return sql.SQL("({}) AS {}").format(
         sql.SQL(source_sql(subject.spec, subject.hidden)),  # parsed and checked, quoted by sqlglot
         sql.Identifier("__cdc_view"),
@@ -136,6 +145,7 @@ def stored_rows(state_dir: Path, subject: ViewSubject, lease_max_age_s: float | 
     import pyarrow as pa
     from deltalake import DeltaTable
 
+    from cdc.views import VIEW_KEY
     from sinks import StoredRows
     from sinks.warehouse import leases
 
@@ -154,6 +164,7 @@ def stored_rows(state_dir: Path, subject: ViewSubject, lease_max_age_s: float | 
 def stored_docs(state_dir: Path, subject: ViewSubject) -> list[tuple[tuple[Any, ...], dict[str, str]]]:
     """The view's search documents (``--search``): per document, the driving key (normalised
     values, in key order) and its indexed texts; empty without ``--search`` or before the index."""
+    from cdc.views import VIEW_KEY
     from sinks.search.query import live_texts
     from sinks.view_search import view_search_reg
 

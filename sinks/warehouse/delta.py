@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
@@ -301,10 +303,94 @@ def read_spans(
 ) -> tuple[pa.Table, int]:
     """The rows of the current table ``table`` whose keys lie in ``spans`` (``[lo, hi)`` key tuples,
     None unbounded: :class:`sinks.KeyRanges`), only ``columns`` (those the table has), and the
-    whole table's row count (from the files' footers). A range layout reads only the buckets the
-    spans reach; each record batch read is filtered to the spans in memory (a single-column key;
-    a composite key's rows are all kept: the caller filters them). Memory: the rows kept plus one
-    record batch."""
+    whole table's row count (from the log's record counts, else the files' footers). A range layout
+    reads only the buckets the spans reach; each record batch read is filtered to the spans in
+    memory (a single-column key; a composite key's rows are all kept: the caller filters them).
+    Memory: the rows kept plus one record batch.
+
+    A local table of plain Parquet files (no deletion vectors, no column mapping) is read file by
+    file with ``pyarrow.parquet``, not as a ``pyarrow.dataset``: that module imports pandas, ~0.2 s
+    of CPU that an incremental ``cdc verify`` of a few ranges would spend on it alone; other tables
+    go through the dataset."""
+    files = add_actions(table)
+    root = _local_root(table)
+    if root is None:
+        return _read_spans_dataset(table, reg, spans, columns)
+    schema = arrow_schema(table)
+    cols = [c for c in columns if c in schema.names]
+    out_schema = pa.schema([schema.field(c) for c in cols])
+    wanted = _bucket_set(table, reg, spans, files)
+    counts = files.column("num_records").to_pylist() if "num_records" in files.column_names else []
+    parts = (
+        files.column(f"partition.{BUCKET}").to_pylist() if f"partition.{BUCKET}" in files.column_names else []
+    )
+    total = 0
+    kept: list[pa.RecordBatch] = []
+    read = 0
+    single = len(reg.key) == 1 and reg.key[0] in cols
+    mask = SpanMask(spans)
+    for i, rel in enumerate(files.column("path").to_pylist()):
+        path = root / unquote(rel)
+        reader: pq.ParquetFile | None = None
+        if i < len(counts) and counts[i] is not None:
+            total += int(counts[i])
+        else:
+            reader = pq.ParquetFile(path)
+            total += reader.metadata.num_rows
+        if wanted is not None and (i >= len(parts) or parts[i] is None or int(parts[i]) not in wanted):
+            continue
+        reader = reader or pq.ParquetFile(path)
+        present = [c for c in cols if c in reader.schema_arrow.names]
+        for rb in reader.iter_batches(columns=present):
+            read += rb.num_rows
+            rb = _conform(rb, out_schema)  # before the filter: no take kernel reads string_view
+            got = rb.filter(pa.array(mask(rb.column(reg.key[0])))) if single else rb
+            if got.num_rows:
+                kept.append(got)
+    ROWS_READ[table_kind(table)] += read
+    return pa.Table.from_batches(kept, schema=out_schema), total
+
+
+def add_actions(table: DeltaTable) -> pa.Table:
+    """The table's files (``get_add_actions(flatten=True)``) as a pyarrow table, through the Arrow
+    stream interface: ``pa.table()`` of it would first ask whether it is a pandas DataFrame, which
+    imports pandas (~0.2 s of CPU)."""
+    return pa.RecordBatchReader.from_stream(table.get_add_actions(flatten=True)).read_all()
+
+
+def _local_root(table: DeltaTable) -> Path | None:
+    """The directory of a table whose files :func:`read_spans` can read one by one: a local one
+    whose protocol asks readers for nothing (no deletion vectors, no column mapping). None: read it
+    as a dataset."""
+    uri = table.table_uri
+    if uri.startswith("file://"):
+        uri = unquote(uri[len("file://") :])
+    elif "://" in uri:
+        return None
+    protocol = table.protocol()
+    if protocol.min_reader_version > 1 or protocol.reader_features:
+        return None
+    return Path(uri)
+
+
+def _conform(rb: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A file's record batch in the table's schema: its columns cast to the table's types (a file
+    may store a string column as string_view), a column the file lacks (added later) as nulls."""
+    arrays = []
+    for f in schema:
+        i = rb.schema.get_field_index(f.name)
+        if i < 0:
+            arrays.append(pa.nulls(rb.num_rows, f.type))
+        else:
+            col = rb.column(i)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _read_spans_dataset(
+    table: DeltaTable, reg: TableReg, spans: Sequence[tuple[Any, Any]], columns: Sequence[str]
+) -> tuple[pa.Table, int]:
+    """:func:`read_spans` through ``pyarrow.dataset`` (any table deltalake can read)."""
     ds = table.to_pyarrow_dataset()
     total = int(ds.count_rows())
     cols = [c for c in columns if c in ds.schema.names]
@@ -313,9 +399,10 @@ def read_spans(
     kept: list[pa.RecordBatch] = []
     read = 0
     single = len(reg.key) == 1 and reg.key[0] in cols
+    mask = SpanMask(spans)
     for rb in ds.to_batches(filter=flt, columns=cols):
         read += rb.num_rows
-        got = rb.filter(pa.array(span_mask(rb.column(reg.key[0]), spans))) if single else rb
+        got = rb.filter(pa.array(mask(rb.column(reg.key[0])))) if single else rb
         if got.num_rows:
             kept.append(got)
     ROWS_READ[table_kind(table)] += read
@@ -325,23 +412,27 @@ def read_spans(
 def _bucket_filter(
     table: DeltaTable, reg: TableReg, spans: Sequence[tuple[Any, Any]]
 ) -> pc.Expression | None:
+    """Partition pruning for ``spans`` as a dataset filter (:func:`_bucket_set`)."""
+    wanted = _bucket_set(table, reg, spans, add_actions(table))
+    return None if wanted is None else pc.field(BUCKET).isin(sorted(wanted))
+
+
+def _bucket_set(
+    table: DeltaTable, reg: TableReg, spans: Sequence[tuple[Any, Any]], files: pa.Table
+) -> set[int] | None:
     """Partition pruning for ``spans``: with a range layout (a bucket holds the keys ``[base * W,
-    (base + 1) * W)``, ``bucket = base * shards + shard``), the buckets whose keys meet a span; None
-    (every bucket) with a hash layout."""
+    (base + 1) * W)``, ``bucket = base * shards + shard``), the buckets of ``files`` (the table's
+    add actions) whose keys meet a span; None (every bucket) with a hash layout."""
     layout = layout_of(table)
     if layout.mode != "range" or len(reg.key) != 1:
         return None
-    files = pa.table(table.get_add_actions(flatten=True))
     if not files.num_rows:
         return None
     existing = {int(b) for b in files.column(f"partition.{BUCKET}").to_pylist() if b is not None}
     width = layout.size
-    wanted = [
-        b
-        for b in sorted(existing)
-        if _meets(spans, (b // layout.shards) * width, (b // layout.shards + 1) * width)
-    ]
-    return pc.field(BUCKET).isin(wanted)
+    return {
+        b for b in existing if _meets(spans, (b // layout.shards) * width, (b // layout.shards + 1) * width)
+    }
 
 
 def _meets(spans: Sequence[tuple[Any, Any]], lo: int, hi: int) -> bool:
@@ -352,25 +443,45 @@ def _meets(spans: Sequence[tuple[Any, Any]], lo: int, hi: int) -> bool:
 def span_mask(column: Any, spans: Sequence[tuple[Any, Any]]) -> np.ndarray:
     """Per value of a one-column key (an Arrow array): does it lie in one of ``spans`` (sorted,
     disjoint ``[lo, hi)`` key tuples, None unbounded)? Integers compared by value, text by code
-    point (Python's order of ``str``)."""
-    values = column.to_numpy(zero_copy_only=False)
-    if not len(spans) or not len(values):
-        return np.zeros(len(values), dtype=bool)
-    los = [s[0][0] if s[0] is not None else None for s in spans]
-    his = [s[1][0] if s[1] is not None else None for s in spans]
-    hi_open = np.array([v is None for v in his], dtype=bool)
-    if values.dtype.kind in "iu":
-        lo_arr = np.array([np.iinfo(np.int64).min if v is None else v for v in los], dtype=np.int64)
-        hi_arr = np.array([0 if v is None else v for v in his], dtype=np.int64)
-    else:  # only the first span's lo can be open: "" is at or below every text
-        lo_arr, hi_arr = np.empty(len(los), dtype=object), np.empty(len(his), dtype=object)
-        lo_arr[:] = ["" if v is None else v for v in los]
-        hi_arr[:] = ["" if v is None else v for v in his]
-    idx = np.searchsorted(lo_arr, values, side="right") - 1
-    at = np.maximum(idx, 0)
-    below = np.less(values, hi_arr[at]).astype(bool)
-    out: np.ndarray = (idx >= 0) & (hi_open[at] | below)
-    return out
+    point (Python's order of ``str``). :class:`SpanMask` for many arrays against the same spans."""
+    return SpanMask(spans)(column)
+
+
+class SpanMask:
+    """:func:`span_mask` with the spans' bounds put in arrays once (a read of thousands of spans
+    filters each of its record batches against them)."""
+
+    def __init__(self, spans: Sequence[tuple[Any, Any]]) -> None:
+        self.count = len(spans)
+        self.los = [s[0][0] if s[0] is not None else None for s in spans]
+        self.his = [s[1][0] if s[1] is not None else None for s in spans]
+        self.hi_open = np.array([v is None for v in self.his], dtype=bool)
+        self._ints: tuple[np.ndarray, np.ndarray] | None = None
+        self._texts: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _bounds(self, ints: bool) -> tuple[np.ndarray, np.ndarray]:
+        if ints:
+            if self._ints is None:
+                lo = np.array([np.iinfo(np.int64).min if v is None else v for v in self.los], dtype=np.int64)
+                self._ints = (lo, np.array([0 if v is None else v for v in self.his], dtype=np.int64))
+            return self._ints
+        if self._texts is None:  # only the first span's lo can be open: "" is at or below every text
+            lo_arr, hi_arr = np.empty(self.count, dtype=object), np.empty(self.count, dtype=object)
+            lo_arr[:] = ["" if v is None else v for v in self.los]
+            hi_arr[:] = ["" if v is None else v for v in self.his]
+            self._texts = (lo_arr, hi_arr)
+        return self._texts
+
+    def __call__(self, column: Any) -> np.ndarray:
+        values = column.to_numpy(zero_copy_only=False)
+        if not self.count or not len(values):
+            return np.zeros(len(values), dtype=bool)
+        lo_arr, hi_arr = self._bounds(values.dtype.kind in "iu")
+        idx = np.searchsorted(lo_arr, values, side="right") - 1
+        at = np.maximum(idx, 0)
+        below = np.less(values, hi_arr[at]).astype(bool)
+        out: np.ndarray = (idx >= 0) & (self.hi_open[at] | below)
+        return out
 
 
 def table_kind(table: DeltaTable) -> str:

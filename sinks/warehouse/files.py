@@ -29,12 +29,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
@@ -53,6 +52,9 @@ from sinks.warehouse.layout import (
     SRC_KIND,
     VALID_TO,
 )
+
+if TYPE_CHECKING:  # pyarrow.dataset imports pandas: only the functions that scan import it
+    import pyarrow.dataset as pds
 
 #: a TRUNCATE as the writes take it: (commit_lsn, seq) and its source commit time in ms
 TruncateAt = tuple[tuple[int, int], int]

@@ -4,10 +4,21 @@ a span the index is asked for, and the warehouse's filter of a record batch to t
 
 from __future__ import annotations
 
+import orjson
 import pyarrow as pa
+import pytest
 
 from cdc.registry import Column, TableReg
-from cdc.verify_ranges import SPANNED_MAX, RangeRecord, intervals, scrub_sample, spanned_keys, unsupported
+from cdc.verify_ranges import (
+    DIGEST,
+    SPANNED_MAX,
+    Bounds,
+    RangeRecord,
+    intervals,
+    scrub_sample,
+    spanned_keys,
+    unsupported,
+)
 from sinks.warehouse.delta import span_mask
 
 
@@ -23,6 +34,25 @@ def test_keys_fall_in_the_range_of_the_last_bound_at_or_below_them() -> None:
     composite = record([("a", 1), ("a", 5), ("b", 0)])
     assert [composite.range_of(k) for k in (("a", 4), ("a", 5), ("a", 99), ("b", -1))] == [0, 1, 1, 1]
     assert record([]).range_of((7,)) == 0 and record([]).ranges == 1
+
+
+def test_many_keys_are_placed_as_one_key_at_a_time_is() -> None:
+    """``Bounds.of_many`` (one numpy search for one-column integer keys) places every key where
+    ``of`` (bisection over the sort keys) does, at the ends and past int64 too."""
+    cases: list[tuple[list[tuple[object, ...]], list[tuple[object, ...]]]] = [
+        ([(1,), (33,), (65,)], [(k,) for k in (-(2**63), -5, 0, 1, 32, 33, 64, 65, 2**63 - 1)]),
+        ([(-(2**62),), (0,), (2**62,)], [(-(2**63),), (-1,), (0,), (2**62,), (2**64,)]),  # past int64
+        ([("A",), ("a",), ("é",)], [(k,) for k in ("", "B", "a", "z", "é", "日")]),
+        ([("a", 1), ("a", 5), ("b", 0)], [("a", 4), ("a", 5), ("a", 99), ("b", -1)]),
+        ([], [(7,), (-7,)]),
+    ]
+    for firsts, keys in cases:
+        bounds = Bounds(firsts)
+        assert (
+            bounds.of_many(keys) == [bounds.of(k) for k in keys] == [record(firsts).range_of(k) for k in keys]
+        )
+    assert Bounds([(1,), (33,)]).ints is not None and Bounds([("a",)]).ints is None
+    assert Bounds([(1,), (33,)]).of_many([]) == []
 
 
 def test_adjacent_ranges_merge_into_one_interval_and_the_ends_are_open() -> None:
@@ -82,3 +112,30 @@ def test_a_record_batch_is_filtered_to_the_spans_in_the_keys_order() -> None:
         True,
     ]
     assert span_mask(texts, [(None, ("a",))]).tolist() == [True, True] + [False] * 5
+
+
+def test_a_record_reads_back_as_written_and_an_older_format_or_digest_is_understood() -> None:
+    """Format 2 (flat one-column bounds, the hashes as one string) reads back equal; a format 1
+    record (before the format was named) reads the same; hashes of another digest read as unknown."""
+    for bounds in ([(1,), (9,), (17,)], [("a",), ("é",)], [("a", 1), ("b", 2)], []):
+        rec = RangeRecord(
+            5.0, "0/1", "full", {0: 7}, bounds, [f"{i:032x}" for i in range(max(len(bounds), 1))]
+        )
+        rec.hashes[0] = ""  # a range not hashed yet
+        back = RangeRecord.from_json(rec.to_json())
+        assert (back.bounds, back.hashes, back.offsets) == (rec.bounds, rec.hashes, rec.offsets)
+        assert orjson.loads(rec.to_json())["digest"] == DIGEST
+    old = {
+        "at": 1.0,
+        "lsn": "0/1",
+        "mode": "full",
+        "offsets": {"0": 3},
+        "bounds": [[1], [9]],
+        "hashes": ["ab", "cd"],
+    }
+    rec = RangeRecord.from_json(orjson.dumps(old))
+    assert rec.bounds == [(1,), (9,)] and rec.hashes == ["ab", "cd"] and rec.range_of((10,)) == 1
+    other = RangeRecord.from_json(orjson.dumps({**old, "digest": "another/v9"}))
+    assert other.bounds == rec.bounds and other.hashes == ["", ""]
+    with pytest.raises(ValueError, match="newer"):
+        RangeRecord.from_json(orjson.dumps({**old, "format": 99}))
