@@ -448,13 +448,31 @@ def source_sql(spec: ViewSpec, extra: tuple[tuple[str, str], ...] = ()) -> str:
     return stmt.sql(dialect="postgres")
 
 
+#: :func:`spec_of`'s parses, by the view's name and SQL and the registered tables' ``repr`` (every
+#: field: a table's columns, types, exclusions, key; a schema change at the source is a new key)
+_SPECS: dict[tuple[str, str, tuple[str, ...]], ViewSpec] = {}
+_SPECS_MAX = 256
+
+
 def spec_of(view: ViewReg, tables: list[TableReg]) -> ViewSpec:
-    """The registered view parsed against today's registered tables (a ConfigError names the view)."""
+    """The registered view parsed against today's registered tables (a ConfigError names the view).
+
+    The apply asks for every view in every batch: a parse (sqlglot) against the same SQL and the
+    same registered tables -- equal in every field, so a column added, dropped, retyped or excluded
+    is another key -- is reused. A refusal is not kept: it is raised again from a new parse."""
+    key = (view.name, view.sql, tuple(repr(t) for t in tables))
+    found = _SPECS.get(key)
+    if found is not None:
+        return found
     try:
-        return parse_view(view.name, view.sql, tables)
+        spec = parse_view(view.name, view.sql, tables)
     except ConfigError as exc:
         raise ConfigError(
             f"view {view.name} no longer parses against the registered tables: {exc.message}",
             fix=f"remove it (`cdc views remove {view.name}`) and add it again as it now fits; {exc.fix}",
             view=view.name,
         ) from exc
+    if len(_SPECS) >= _SPECS_MAX:
+        _SPECS.clear()
+    _SPECS[key] = spec
+    return spec

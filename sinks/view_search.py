@@ -77,12 +77,16 @@ def index_view(
     batch_id: int,
     app_id: str,
     lease_s: float | None = None,
+    *,
+    table: DeltaTable | None = None,
 ) -> int:
     """Index the view rows of ``keys`` (None: every row, after a TRUNCATE of the index) as they
     are in the view's table now; a replay of ``batch_id`` the index applied does nothing. Returns
     the events handed to the sink. The view's table is read under a lease of at most ``lease_s``
     (:mod:`sinks.warehouse.leases`) -- a reader outside the apply (``cdc views add``); None: none,
-    the apply's own read within its batch (its reclaim runs after, in the same process)."""
+    the apply's own read within its batch (its reclaim runs after, in the same process).
+    ``table``: the view's Delta table as the batch opened it already (brought to its latest
+    version here, not opened again)."""
     reg = view_search_reg(view)
     done = sink.applied_batch(reg, app_id)
     if not view.search or (done is not None and done >= batch_id):
@@ -93,7 +97,10 @@ def index_view(
     if keys is not None and not paths.search_index(state_dir, reg.topic).exists():
         keys = None  # no index yet (the view was built at `cdc views add`): every row
     with leases.lease(path, lease_s) if lease_s is not None else contextlib.nullcontext():
-        table = DeltaTable(str(path))
+        if table is None:
+            table = DeltaTable(str(path))
+        else:
+            table.update_incremental()
         columns = [VIEW_KEY, *view.search]
         rows = table.to_pyarrow_dataset().to_table(columns=columns)
     rows = rows.cast(pa.schema([f.with_type(pa.string()) if f.name == VIEW_KEY else f for f in rows.schema]))

@@ -32,8 +32,9 @@ since an inner join or a filter leaves out driving rows that a later change of a
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,13 @@ from sinks import ChangeBatch, Touched, touched_of
 from sinks import types as T
 from sinks.search import SearchSink
 from sinks.view_search import index_view
-from sinks.warehouse import duck, leases, reclaim
+from sinks.warehouse import duck, handles, leases, reclaim
 from sinks.warehouse.delta import arrow_schema, not_applied
 from sinks.warehouse.layout import KEY, WarehouseOptions, table_paths
 from sinks.warehouse.view_history import key_markers, write_history
 
 _DELETE = "__cdc_delete"  # merge-source-only column: the affected key has no row any more
+_AFFECTED = "__cdc_affected"  # the registered table of the affected keys a recompute reads
 
 
 @dataclass
@@ -102,10 +104,40 @@ class ViewMaintainer:
         self.refused = refused
         #: the views' search indexes (``--search``, :mod:`sinks.view_search`); None: not indexed
         self.search = search
+        #: one DuckDB connection per thread that maintains views, kept from batch to batch (opening
+        #: one costs about 20 ms of CPU and 80 ms of wall; each view's tables are registered in it
+        #: for its maintenance only: :func:`_tables_in`)
+        self._local = threading.local()
+        self._connections: list[duckdb.DuckDBPyConnection] = []
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         if self.search is not None:
             self.search.close()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for con in connections:
+            con.close()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def _duck(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """This thread's DuckDB connection; one that a failure left behind is closed, not reused."""
+        con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
+        if con is None:
+            con = duck.connect()
+            with self._lock:
+                self._connections.append(con)
+            self._local.con = con
+        try:
+            yield con
+        except BaseException:
+            self._local.con = None
+            with self._lock:
+                if con in self._connections:
+                    self._connections.remove(con)
+            con.close()
+            raise
 
     def maintain(self, batches: Sequence[ChangeBatch], batch_id: int) -> dict[str, ViewOutcome]:
         """Every registered view brought up to date with the committed state of batch ``batch_id``.
@@ -139,15 +171,19 @@ class ViewMaintainer:
                 out[view.name] = ViewOutcome(refused=True)
                 continue
             whole = touched is None or was_refused
+            opened: dict[Path, DeltaTable] = {}
             try:
-                out[view.name] = maintain_view(
-                    self.state_dir,
-                    spec,
-                    None if whole else touched,
-                    batch_id,
-                    self.app_id,
-                    history=bool(view.extra.get("history")),
-                )
+                with self._duck() as con:
+                    out[view.name] = maintain_view(
+                        self.state_dir,
+                        spec,
+                        None if whole else touched,
+                        batch_id,
+                        self.app_id,
+                        history=bool(view.extra.get("history")),
+                        con=con,
+                        opened=opened,
+                    )
             except ApplyError as exc:  # its rows do not fit its table (a type changed at the source)
                 if not was_refused and self.refused is not None:
                     self.refused(view.name, {"reason": exc.message, "fix": exc.fix})
@@ -156,26 +192,44 @@ class ViewMaintainer:
             if view.search and self.search is not None:
                 done = out[view.name]
                 done.indexed = index_view(
-                    self.search, self.state_dir, view, done.affected, batch_id, self.app_id
+                    self.search,
+                    self.state_dir,
+                    view,
+                    done.affected,
+                    batch_id,
+                    self.app_id,
+                    table=opened.get(paths.view_table(self.state_dir, view.name)),
                 )
             if was_refused and self.refused is not None:
                 self.refused(view.name, None)
             if not out[view.name].skipped:
-                self.bound_disk(view.name, batch_id)
+                self.bound_disk(view.name, batch_id, opened)
         return out
 
-    def bound_disk(self, name: str, batch_id: int) -> reclaim.Reclaimed:
+    def bound_disk(
+        self, name: str, batch_id: int, opened: Mapping[Path, DeltaTable] | None = None
+    ) -> reclaim.Reclaimed:
         """The view's Delta tables (current, history) kept as the warehouse's are (``disk``; nothing
         without it): superseded files past ``vacuum_garbage_ratio`` times the live size deleted but
         for those a live reader lease holds, the window's (``vacuum_min_retention_s``) only as far as
         the ratio needs (:func:`.reclaim.within_ratio`), and every ``vacuum_every`` batches the full
         vacuum (files of a killed merge, after ``vacuum_retention_hours``). Never touches a file a
         cdc reader holds or a write in flight (a ``cdc views add`` building the view). Returns what
-        it did."""
+        it did. ``opened``: Delta tables of these paths this batch opened already (brought to their
+        latest version, not opened again)."""
         if self.disk is None:
             return reclaim.Reclaimed()
         tables = (paths.view_table(self.state_dir, name), paths.view_history(self.state_dir, name))
-        return reclaim.after_batch(tables, self.disk, batch_id)
+        reuse = dict(opened or {})
+
+        def open_table(path: Path) -> DeltaTable | None:
+            held = reuse.get(path)
+            if held is None:
+                return handles.open_table(path)
+            held.update_incremental()
+            return held
+
+        return reclaim.after_batch(tables, self.disk, batch_id, open_table=open_table)
 
 
 def maintain_view(
@@ -186,13 +240,19 @@ def maintain_view(
     app_id: str,
     *,
     history: bool = False,
+    con: duckdb.DuckDBPyConnection | None = None,
+    opened: dict[Path, DeltaTable] | None = None,
 ) -> ViewOutcome:
     """One view after batch ``batch_id`` (see the module docstring); ``changed`` (per table, what
     the batch changed) None: computed whole. ``history``: its history table too, written first
-    (:mod:`sinks.warehouse.view_history`)."""
+    (:mod:`sinks.warehouse.view_history`). ``con``: the DuckDB connection to compute in (its
+    tables registered for this call only; None: a connection of its own). ``opened``: receives the
+    view's Delta table as this call opened and merged it, for the batch's later steps."""
     started = time.monotonic()
     path = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+    if table is not None and opened is not None:
+        opened[path] = table
     if table is not None and not not_applied(table, app_id, batch_id):
         return ViewOutcome(skipped=True)
     names = {t.qualified for t in spec.tables}
@@ -201,10 +261,9 @@ def maintain_view(
     if not whole and not touched:
         return ViewOutcome(affected=set())
     props = CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)])
-    con = _connect(state_dir, spec, None)  # the apply's: no lease
-    try:
+    with _tables_in(con, state_dir, spec) as db:  # the apply's: no lease
         if whole:
-            rows = con.sql(spec.select_sql).to_arrow_table()
+            rows = db.sql(spec.select_sql).to_arrow_table()
             if table is not None:
                 rows = _conform(rows, table, spec)
             if history:
@@ -214,12 +273,12 @@ def maintain_view(
             write_deltalake(str(path), rows, mode="overwrite", commit_properties=props)
             return ViewOutcome(-1, rows.num_rows, time.monotonic() - started)
         assert table is not None
-        keys = _affected(con, spec, touched)
+        keys = _affected(db, spec, touched)
         if not keys:
             return ViewOutcome(seconds=time.monotonic() - started, affected=set())
-        con.register("__cdc_affected", pa.table({"k": pa.array(sorted(keys), pa.string())}))
-        rows = con.sql(
-            f"SELECT * FROM ({spec.select_sql}) AS __v WHERE __v.{_q(VIEW_KEY)} IN (SELECT k FROM __cdc_affected)"
+        db.register(_AFFECTED, pa.table({"k": pa.array(sorted(keys), pa.string())}))
+        rows = db.sql(
+            f"SELECT * FROM ({spec.select_sql}) AS __v WHERE __v.{_q(VIEW_KEY)} IN (SELECT k FROM {_AFFECTED})"
         ).to_arrow_table()
         rows = _conform(rows, table, spec)
         if history:
@@ -227,16 +286,42 @@ def maintain_view(
             write_history(state_dir, spec.name, before, rows, keys, props, (app_id, batch_id))
         _merge(table, rows, keys, props)
         return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
-    finally:
-        con.close()
 
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _connect(state_dir: Path, spec: ViewSpec, lease_s: float | None) -> duckdb.DuckDBPyConnection:
-    """DuckDB with each of the view's tables as ``"schema"."table"``: ``_cdc_key`` and the columns
+@contextlib.contextmanager
+def _tables_in(
+    con: duckdb.DuckDBPyConnection | None, state_dir: Path, spec: ViewSpec, lease_s: float | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``con`` (None: a connection of its own, closed after) with the view's tables
+    (:func:`_connect`) for the block; after it, ``con`` holds none of what it was given for the
+    view: its tables' views and registered data, the keys :func:`_affected` and
+    :func:`maintain_view` registered."""
+    if con is None:
+        own = duck.connect()
+        try:
+            yield _connect(state_dir, spec, own, lease_s)
+        finally:
+            own.close()
+        return
+    try:
+        yield _connect(state_dir, spec, con, lease_s)
+    finally:
+        for i, reg in enumerate(spec.tables):
+            con.execute(f"DROP VIEW IF EXISTS {_q(reg.schema)}.{_q(reg.table)}")
+            con.unregister(f"__cdc_t{i}")
+        for i in range(len(spec.joins)):
+            con.unregister(f"{CHANGED}_{i}")
+        con.unregister(_AFFECTED)
+
+
+def _connect(
+    state_dir: Path, spec: ViewSpec, con: duckdb.DuckDBPyConnection, lease_s: float | None
+) -> duckdb.DuckDBPyConnection:
+    """``con`` with each of the view's tables as ``"schema"."table"``: ``_cdc_key`` and the columns
     the view reads (:attr:`ViewSpec.used`) of its current Delta table as of now (empty before its
     first batch). Each table is read under a lease of at most ``lease_s`` (:mod:`.leases`) -- by
     another process than the apply (``cdc views add``, ``cdc rebuild``); None: none, the apply's
@@ -245,7 +330,6 @@ def _connect(state_dir: Path, spec: ViewSpec, lease_s: float | None) -> duckdb.D
     The tables are read into Arrow (string views as strings), not scanned as datasets: DuckDB pushes
     its filters into a dataset scan, where pyarrow fails to compare a string literal with the string
     views delta-rs writes ("no kernel matching input types (string, string_view)")."""
-    con = duck.connect()
     for i, reg in enumerate(spec.tables):
         current = table_paths(state_dir, reg)[0]
         used = spec.used.get(reg.qualified, ())
@@ -255,7 +339,7 @@ def _connect(state_dir: Path, spec: ViewSpec, lease_s: float | None) -> duckdb.D
             data = _used_columns(current, empty)
         con.register(f"__cdc_t{i}", data)
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(reg.schema)}")
-        con.execute(f"CREATE VIEW {_q(reg.schema)}.{_q(reg.table)} AS SELECT * FROM __cdc_t{i}")
+        con.execute(f"CREATE OR REPLACE VIEW {_q(reg.schema)}.{_q(reg.table)} AS SELECT * FROM __cdc_t{i}")
     return con
 
 
@@ -364,11 +448,8 @@ def build_view(
     path = paths.view_table(state_dir, spec.name)
     if DeltaTable.is_deltatable(str(path)):
         return None
-    con = _connect(state_dir, spec, lease_s)
-    try:
+    with _tables_in(None, state_dir, spec, lease_s) as con:
         rows = con.sql(spec.select_sql).to_arrow_table()
-    finally:
-        con.close()
     paths.ensure_private_dir(path.parent)
     with leases.lease(paths.view_history(state_dir, spec.name), lease_s):
         return _create(path, rows, state_dir, spec, history)
@@ -414,11 +495,8 @@ def view_copy(state_dir: Path, spec: ViewSpec, dest: Path, lease_s: float = leas
     under leases of at most ``lease_s`` (:mod:`.leases`). Returns its rows."""
     live = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(live)) if DeltaTable.is_deltatable(str(live)) else None
-    con = _connect(state_dir, spec, lease_s)
-    try:
+    with _tables_in(None, state_dir, spec, lease_s) as con:
         rows = con.sql(spec.select_sql).to_arrow_table()
-    finally:
-        con.close()
     if table is not None:
         rows = _conform(rows, table, spec)
     paths.ensure_private_dir(dest.parent)
