@@ -250,11 +250,12 @@ def orphans(path: Path, table: DeltaTable | None = None) -> tuple[int, int]:
     return files, deleted
 
 
-def vacuum_full(path: Path, retention_hours: int) -> int:
+def vacuum_full(path: Path, retention_hours: int, table: DeltaTable | None = None) -> int:
     """delta-rs's vacuum in its full mode: also the files no commit references that are older than
     the retention (a Spark task's or a merge's, killed before its commit); the lite mode deletes only
-    the files the log says were removed, so those stayed forever. Returns the files deleted."""
-    table = DeltaTable(str(path))
+    the files the log says were removed, so those stayed forever. Returns the files deleted.
+    ``table``: an open handle on it at its latest version (default: opened here)."""
+    table = DeltaTable(str(path)) if table is None else table
     return len(
         table.vacuum(
             retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
@@ -300,10 +301,10 @@ def after_batch(
     killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
     then, after every batch, :func:`bound`. Returns what the ratio did. ``open_table``: how a
     table is opened (:meth:`.handles.Handles.get`, to reuse the caller's handles)."""
-    tables = [p for p in paths if DeltaTable.is_deltatable(str(p))]
+    tables = {p: t for p in paths if (t := open_table(p)) is not None}
     if not vacuumed and due(opts.vacuum_every, batch_id):
-        for path in tables:
-            vacuum_full(path, opts.vacuum_retention_hours)
+        for path, table in tables.items():
+            vacuum_full(path, opts.vacuum_retention_hours, table)
     return bound(tables, opts, open_table)
 
 
