@@ -30,6 +30,19 @@ from cdc.paths import ensure_private_dir, lock_path
 ROLES = ("run", "apply")
 
 
+def process_runs(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (``os.kill(pid, 0)``; one of another user's: yes)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class ProcessLock:
     """The lock of ``role`` on ``state_dir``; use as a context manager (or :meth:`acquire` /
     :meth:`release`)."""

@@ -44,6 +44,7 @@ import orjson
 
 from cdc import paths
 from cdc.errors import CdcError, ConfigError
+from cdc.locks import process_runs
 
 __all__ = ["ROLES", "Publisher", "metrics_dir", "metrics_path", "pid_alive", "read", "read_all"]
 
@@ -235,13 +236,4 @@ def pid_alive(doc: Mapping[str, Any]) -> bool | None:
         return False
     if doc.get("host") != socket.gethostname():
         return None
-    pid = int(doc.get("pid") or 0)
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_runs(int(doc.get("pid") or 0))

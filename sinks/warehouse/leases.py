@@ -46,6 +46,7 @@ from pathlib import Path
 import orjson
 
 from cdc.errors import CdcError
+from cdc.locks import process_runs
 
 #: the leases' directory inside a Delta table's (hidden from Delta: it starts with ``_``)
 LEASE_DIR = "_cdc_leases"
@@ -72,18 +73,7 @@ class Lease:
 
     def live(self, now: float, host: str) -> bool:
         """Not expired at ``now``, and its process runs (when it is of ``host``, this one)."""
-        return self.expires > now and (self.host != host or pid_alive(self.pid))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (``os.kill(pid, 0)``; one of another user's: yes)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return self.expires > now and (self.host != host or process_runs(self.pid))
 
 
 def latest_version(table: Path) -> int:
