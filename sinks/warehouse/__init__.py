@@ -359,10 +359,9 @@ class WarehouseSink(Sink):
         would take them only after ``vacuum_retention_hours``), then is brought within its garbage
         ratio (:func:`.reclaim.bound`), which until now ran only after a committed batch -- a job
         killed before every commit freed nothing. Returns the bytes deleted."""
-        freed = sum(
-            reclaim.orphans(path)[1] for path in self.paths(reg) if DeltaTable.is_deltatable(str(path))
-        )
-        return freed + reclaim.bound(self.paths(reg), self.options).bytes
+        tables = {p: t for p in self.paths(reg) if (t := self.handles.get(p)) is not None}
+        freed = sum(reclaim.orphans(path, table)[1] for path, table in tables.items())
+        return freed + reclaim.bound(tables, self.options, self.handles.get).bytes
 
     def _ensure(
         self,

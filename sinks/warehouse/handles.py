@@ -20,12 +20,16 @@ another reads it is not safe).
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
 from deltalake import DeltaTable
 
-_FIRST_COMMIT = os.path.join("_delta_log", f"{0:020d}.json")
+#: a Delta table's log directory, and the name of a commit file in it (its version)
+LOG_DIR = "_delta_log"
+COMMIT = re.compile(r"^(\d{20})\.json$")
+_FIRST_COMMIT = os.path.join(LOG_DIR, f"{0:020d}.json")
 
 #: what identifies a table's log: its first commit file's (inode, device, size, mtime in ns)
 _Identity = tuple[int, int, int, int]

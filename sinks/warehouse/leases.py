@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import socket
 import time
@@ -47,13 +46,12 @@ import orjson
 
 from cdc.errors import CdcError
 from cdc.locks import process_runs
+from sinks.warehouse.handles import COMMIT, LOG_DIR
 
 #: the leases' directory inside a Delta table's (hidden from Delta: it starts with ``_``)
 LEASE_DIR = "_cdc_leases"
 #: the default longest lease, in seconds: a read longer than this may lose a file it reads
 MAX_AGE_S = 3600.0
-LOG_DIR = "_delta_log"
-_COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
 class LeaseError(CdcError):
@@ -80,7 +78,7 @@ def latest_version(table: Path) -> int:
     """The table's latest committed version by its log's commit files (-1: none)."""
     try:
         with os.scandir(table / LOG_DIR) as entries:
-            versions = [int(m.group(1)) for e in entries if (m := _COMMIT.match(e.name))]
+            versions = [int(m.group(1)) for e in entries if (m := COMMIT.match(e.name))]
     except FileNotFoundError:
         return -1
     return max(versions, default=-1)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
@@ -44,16 +43,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sinks.warehouse import leases
-from sinks.warehouse.handles import open_table
+from sinks.warehouse.handles import COMMIT, LOG_DIR, open_table
 
 if TYPE_CHECKING:
     from sinks.warehouse.layout import WarehouseOptions
 
 #: opens the Delta table at a path (None: there is none)
 Opener = Callable[[Path], DeltaTable | None]
-
-LOG_DIR = "_delta_log"
-_COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
 @dataclass(frozen=True)
@@ -135,7 +131,7 @@ def removals(path: Path, cutoff: float, after: int | None) -> list[Removal]:
         return []
     with os.scandir(path / LOG_DIR) as entries:
         for entry in entries:
-            match = _COMMIT.match(entry.name)
+            match = COMMIT.match(entry.name)
             if not match:
                 continue
             with contextlib.suppress(FileNotFoundError):
@@ -305,7 +301,8 @@ def after_batch(
     if not vacuumed and due(opts.vacuum_every, batch_id):
         for path, table in tables.items():
             vacuum_full(path, opts.vacuum_retention_hours, table)
-    return bound(tables, opts, open_table)
+            table.update_incremental()  # the vacuum's own commits
+    return bound(tables, opts, tables.get)
 
 
 def bound(paths: Iterable[Path], opts: WarehouseOptions, open_table: Opener = open_table) -> Reclaimed:
