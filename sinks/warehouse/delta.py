@@ -4,7 +4,7 @@ commit carrying the batch's app transaction, and the bucket-pruned reads the wri
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,10 +312,10 @@ def read_spans(
     file with ``pyarrow.parquet``, not as a ``pyarrow.dataset``: that module imports pandas, ~0.2 s
     of CPU that an incremental ``cdc verify`` of a few ranges would spend on it alone; other tables
     go through the dataset."""
-    files = add_actions(table)
     root = _local_root(table)
     if root is None:
         return _read_spans_dataset(table, reg, spans, columns)
+    files = add_actions(table)
     schema = arrow_schema(table)
     cols = [c for c in columns if c in schema.names]
     out_schema = pa.schema([schema.field(c) for c in cols])
@@ -325,30 +325,48 @@ def read_spans(
         files.column(f"partition.{BUCKET}").to_pylist() if f"partition.{BUCKET}" in files.column_names else []
     )
     total = 0
-    kept: list[pa.RecordBatch] = []
-    read = 0
-    single = len(reg.key) == 1 and reg.key[0] in cols
-    mask = SpanMask(spans)
+    chosen: list[Path] = []
     for i, rel in enumerate(files.column("path").to_pylist()):
         path = root / unquote(rel)
-        reader: pq.ParquetFile | None = None
         if i < len(counts) and counts[i] is not None:
             total += int(counts[i])
         else:
-            reader = pq.ParquetFile(path)
-            total += reader.metadata.num_rows
-        if wanted is not None and (i >= len(parts) or parts[i] is None or int(parts[i]) not in wanted):
-            continue
-        reader = reader or pq.ParquetFile(path)
-        present = [c for c in cols if c in reader.schema_arrow.names]
+            total += pq.ParquetFile(path).metadata.num_rows
+        if wanted is None or (i < len(parts) and parts[i] is not None and int(parts[i]) in wanted):
+            chosen.append(path)
+    return _keep_spans(table, reg, spans, _file_batches(chosen, out_schema), out_schema), total
+
+
+def _file_batches(files: Iterable[Path], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The record batches of ``files``, one file open at a time, each in ``schema`` (the table's
+    types; a column a file lacks, as nulls)."""
+    for path in files:
+        reader = pq.ParquetFile(path)
+        present = [c for c in schema.names if c in reader.schema_arrow.names]
         for rb in reader.iter_batches(columns=present):
-            read += rb.num_rows
-            rb = _conform(rb, out_schema)  # before the filter: no take kernel reads string_view
-            got = rb.filter(pa.array(mask(rb.column(reg.key[0])))) if single else rb
-            if got.num_rows:
-                kept.append(got)
+            yield _conform(rb, schema)  # before the filter: no take kernel reads string_view
+
+
+def _keep_spans(
+    table: DeltaTable,
+    reg: TableReg,
+    spans: Sequence[tuple[Any, Any]],
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+) -> pa.Table:
+    """The rows of ``batches`` (of ``table``, in ``schema``) whose one-column key lies in ``spans``
+    (a composite key's rows are all kept: the caller filters them); counts the rows read."""
+    kept: list[pa.RecordBatch] = []
+    read = 0
+    single = len(reg.key) == 1 and reg.key[0] in schema.names
+    mask = SpanMask(spans)
+    for rb in batches:
+        read += rb.num_rows
+        got = rb.filter(pa.array(mask(rb.column(reg.key[0])))) if single else rb
+        if got.num_rows:
+            kept.append(got)
     ROWS_READ[table_kind(table)] += read
-    return pa.Table.from_batches(kept, schema=out_schema), total
+    return pa.Table.from_batches(kept, schema=schema)
 
 
 def add_actions(table: DeltaTable) -> pa.Table:
@@ -396,17 +414,7 @@ def _read_spans_dataset(
     cols = [c for c in columns if c in ds.schema.names]
     schema = pa.schema([ds.schema.field(c) for c in cols])
     flt = _bucket_filter(table, reg, spans)
-    kept: list[pa.RecordBatch] = []
-    read = 0
-    single = len(reg.key) == 1 and reg.key[0] in cols
-    mask = SpanMask(spans)
-    for rb in ds.to_batches(filter=flt, columns=cols):
-        read += rb.num_rows
-        got = rb.filter(pa.array(mask(rb.column(reg.key[0])))) if single else rb
-        if got.num_rows:
-            kept.append(got)
-    ROWS_READ[table_kind(table)] += read
-    return pa.Table.from_batches(kept, schema=schema), total
+    return _keep_spans(table, reg, spans, ds.to_batches(filter=flt, columns=cols), schema), total
 
 
 def _bucket_filter(
