@@ -30,13 +30,11 @@ needs ``wal_level = logical``) and 58P01 naming the output plugin (wal2json is n
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-import psycopg2
-import psycopg2.extensions
-import psycopg2.extras
 
 from cdc.config import parse_dsn, redact_dsn, redact_text
 from cdc.errors import (
@@ -130,6 +128,8 @@ def connect(
 def connect_replication(dsn: str, *, application_name: str = "cdc-reader", options: str | None = None) -> Any:
     """A psycopg2 ``LogicalReplicationConnection`` with a connect timeout, or a classified
     :class:`SourceError`."""
+    import psycopg2.extras  # here: ~10 ms of imports that only the reader's connection needs
+
     kwargs = _connect_kwargs(dsn, application_name, options)
     try:
         return psycopg2.connect(
@@ -143,10 +143,17 @@ def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE of a psycopg 3 or psycopg2 error, if the server sent one."""
     if isinstance(exc, psycopg.Error):
         return exc.sqlstate
-    if isinstance(exc, psycopg2.Error):
+    pg2 = _psycopg2()
+    if pg2 is not None and isinstance(exc, pg2.Error):
         code: str | None = exc.pgcode
         return code
     return None
+
+
+def _psycopg2() -> Any:
+    """psycopg2 if this process imported it (:func:`connect_replication`), else None: an error of
+    it cannot have been raised then, and the other verbs do without its import."""
+    return sys.modules.get("psycopg2")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -163,9 +170,12 @@ def is_transient(exc: BaseException) -> bool:
     # the bare psycopg2 DatabaseError that replication commands raise when the walsender goes away
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return True
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+    pg2 = _psycopg2()
+    if pg2 is None:
+        return False
+    if isinstance(exc, pg2.OperationalError | pg2.InterfaceError):
         return True
-    return type(exc) is psycopg2.DatabaseError
+    return type(exc) is pg2.DatabaseError
 
 
 def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> SourceError:
@@ -255,7 +265,7 @@ def _server_major(exc: BaseException) -> int | None:
     version = 0
     if isinstance(exc, psycopg.Error) and exc.pgconn is not None:
         version = exc.pgconn.server_version
-    elif isinstance(exc, psycopg2.Error) and exc.cursor is not None:
+    elif (pg2 := _psycopg2()) is not None and isinstance(exc, pg2.Error) and exc.cursor is not None:
         version = exc.cursor.connection.server_version
     return version // 10000 if version else None
 

@@ -185,9 +185,9 @@ class PgCluster:
                 sql.Literal(name)
             )
         ):
-            self.execute(
+            self.execute(  # with a timeout, it returns once the walsender is gone: its slot is free
                 sql.SQL(
-                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                    "SELECT pg_terminate_backend(active_pid, 30000) FROM pg_replication_slots "
                     "WHERE slot_name = {} AND active_pid IS NOT NULL"
                 ).format(sql.Literal(slot))
             )

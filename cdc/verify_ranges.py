@@ -46,7 +46,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,7 @@ class Bounds:
     def __init__(self, firsts: Sequence[Key], order: Callable[[Key], Any] = sort_key) -> None:
         self.firsts = firsts
         self.order = order
-        self.ints = _int_column(firsts)
+        self.ints = firsts.ints() if isinstance(firsts, FlatBounds) else _int_column(firsts)
         self._sorted: list[Any] | None = None
 
     def __len__(self) -> int:
@@ -148,6 +148,44 @@ def _int_column(keys: Sequence[Key]) -> np.ndarray | None:
     return out
 
 
+class FlatBounds(Sequence[Key]):
+    """One-column bounds as read from a record file (:meth:`RangeRecord.from_json`): the values as
+    the file holds them, each made a key only when asked for. A record holds a bound per 8 keys
+    (125,000 at 1M rows), and an incremental run reads only a few of them as keys: making every one
+    a tuple, then an array of the tuples, cost more than the rest of reading the file."""
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[Key]:
+        return ((v,) for v in self.values)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [(v,) for v in self.values[i]]
+        return (self.values[i],)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FlatBounds):
+            return self.values == other.values
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def ints(self) -> np.ndarray | None:
+        """The values as an int64 array (None: not all integers within int64)."""
+        if not self.values:
+            return None
+        try:
+            arr: np.ndarray = np.array(self.values)
+        except (ValueError, OverflowError, TypeError):
+            return None
+        return arr.astype(np.int64) if arr.dtype.kind == "i" and arr.ndim == 1 else None
+
+
 @dataclass
 class RangeRecord:
     """What a clean verify recorded for one table (the file's JSON, see the module docstring)."""
@@ -156,7 +194,7 @@ class RangeRecord:
     lsn: str
     mode: str
     offsets: dict[int, int]
-    bounds: list[Key]
+    bounds: Sequence[Key]
     hashes: list[str]
     scrub_next: int = 0
 
@@ -176,7 +214,11 @@ class RangeRecord:
         """The file's JSON (:data:`FORMAT` 2): one-column bounds as a flat array, the hashes as one
         comma-separated string (a record holds a bound and a hash per 8 keys: ~5 MB at 1M rows,
         read and written by every run), and the :data:`DIGEST` they were computed with."""
-        flat = all(len(b) == 1 for b in self.bounds)
+        if isinstance(self.bounds, FlatBounds):
+            flat, values = True, self.bounds.values
+        else:
+            flat = all(len(b) == 1 for b in self.bounds)
+            values = [b[0] for b in self.bounds] if flat else []
         return orjson.dumps(
             {
                 "format": FORMAT,
@@ -186,7 +228,7 @@ class RangeRecord:
                 "mode": self.mode,
                 "offsets": {str(p): o for p, o in self.offsets.items()},
                 "width": 1 if flat else None,
-                "bounds": [b[0] for b in self.bounds] if flat else self.bounds,  # tuples: arrays
+                "bounds": values if flat else self.bounds,  # tuples: arrays
                 "hashes": ",".join(self.hashes),
                 "scrub_next": self.scrub_next,
             }
@@ -202,7 +244,7 @@ class RangeRecord:
         if int(d.get("format", 1)) > FORMAT:
             raise ValueError(f"record format {d['format']} is newer than this cdc's ({FORMAT})")
         raw = d["bounds"]
-        bounds = [(v,) for v in raw] if d.get("width") == 1 else list(map(tuple, raw))
+        bounds = FlatBounds(raw) if d.get("width") == 1 else list(map(tuple, raw))
         hashes = d["hashes"].split(",") if isinstance(d["hashes"], str) else list(d["hashes"])
         if d.get("digest", DIGEST) != DIGEST:
             hashes = [""] * len(hashes)

@@ -8,6 +8,7 @@ Changes come from the real reader (`cdc run --once`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,7 +99,8 @@ def _end(proc: subprocess.Popen[bytes], marker: str) -> None:
         proc.kill()
         proc.wait(30)
     for pid in processes_with_env(marker):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it ended between the listing and the kill
+            os.kill(pid, signal.SIGKILL)
 
 
 def _batch_ids(directory: Path) -> set[int]:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cdc.cli import VERB_MODULES, _verb_of, build_parser
+from cdc.cli import VERB_MODULES, _verb_of, build_parser, one_blas_thread
 
 
 @pytest.mark.parametrize(
@@ -77,3 +77,12 @@ def test_the_cdc_process_marks_pandas_absent_for_its_verb() -> None:
     )
     out = _python(code)
     assert out.splitlines()[-1] == "pandas is not used outside the Spark verbs"
+
+
+def test_numpy_gets_one_blas_thread_unless_the_user_set_a_number() -> None:
+    env: dict[str, str] = {}
+    one_blas_thread(env)
+    assert env == {"OPENBLAS_NUM_THREADS": "1"}
+    mine = {"OPENBLAS_NUM_THREADS": "4"}
+    one_blas_thread(mine)
+    assert mine == {"OPENBLAS_NUM_THREADS": "4"}

@@ -13,6 +13,7 @@ from cdc.verify_ranges import (
     DIGEST,
     SPANNED_MAX,
     Bounds,
+    FlatBounds,
     RangeRecord,
     intervals,
     scrub_sample,
@@ -139,3 +140,21 @@ def test_a_record_reads_back_as_written_and_an_older_format_or_digest_is_underst
     assert other.bounds == rec.bounds and other.hashes == ["", ""]
     with pytest.raises(ValueError, match="newer"):
         RangeRecord.from_json(orjson.dumps({**old, "format": 99}))
+
+
+def test_a_read_record_places_keys_without_making_every_bound_a_key() -> None:
+    """A record read back keeps one-column bounds as the file's values (:class:`FlatBounds`): they
+    still read as keys, place keys as the tuples did (numpy for integers, bisection for texts and for
+    integers of another shape), and are written back unchanged."""
+    cases = [[(1,), (9,), (17,)], [("a",), ("b",), ("é",)], [(-(2**63),), (0,), (2**63 - 1,)]]
+    for bounds in cases:
+        rec = RangeRecord(1.0, "0/1", "full", {0: 1}, bounds, ["", "", ""])
+        back = RangeRecord.from_json(rec.to_json())
+        assert isinstance(back.bounds, FlatBounds)
+        assert back.bounds == bounds and list(back.bounds) == bounds and back.bounds[1] == bounds[1]
+        assert back.bounds[1:] == bounds[1:]
+        probes = [bounds[0], bounds[1], bounds[2], (bounds[2][0],)]
+        assert [back.range_of(k) for k in probes] == [rec.range_of(k) for k in probes] == [0, 1, 2, 2]
+        assert back.to_json() == rec.to_json()
+    assert FlatBounds([1, 9]).ints() is not None and FlatBounds(["a"]).ints() is None
+    assert FlatBounds([1, 2**70]).ints() is None and FlatBounds([]).ints() is None
