@@ -9,6 +9,7 @@ Text goes to people, ``--json`` to scripts; errors go to stderr (as JSON with ``
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -137,7 +138,21 @@ def one_blas_thread(environ: dict[str, str] | os._Environ[str]) -> None:
     environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+#: Python's collector thresholds for a ``cdc`` process (see :func:`collect_less_often`)
+GC_THRESHOLDS = (50_000, 10, 10)
+
+
+def collect_less_often() -> None:
+    """Python's cyclic garbage collector looks at the young objects every 700 net allocations, and
+    at every live object after 100 of those: a verb that holds millions of objects (``cdc verify
+    --full`` of 1M rows keeps both sides' rows and hashes) spent 5.0 of its 30 s of CPU in it. cdc
+    makes few reference cycles (reference counting frees the rest): every 50,000 allocations, that
+    run spent 0.5 s."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def entry() -> None:  # pragma: no cover - console script shim
     one_blas_thread(os.environ)  # before anything imports numpy
+    collect_less_often()
     keep_pandas_out(_verb_of(sys.argv[1:]))  # the process's own: never for in-process callers of main()
     sys.exit(main())

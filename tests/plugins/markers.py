@@ -10,6 +10,11 @@ broker, no browser) selects on them, ``make test`` runs everything.
   is how such a test says so;
 - ``check`` (the inner loop, ``make check``) is every test with none of the heavy markers, plus the
   bad-input cases that need Postgres but no JVM, no broker and no browser.
+
+Order: the files with a test that starts JVMs of its own (the ``jvm`` and ``spark_cluster``
+fixtures) or runs the fault suite run first, each file's tests still together. ``make test`` runs
+on two xdist workers that steal work from each other: a test of a minute or more started last would
+leave one worker idle while the other runs it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ FIXTURE_MARKS: dict[str, str | tuple[str, ...]] = {
     "tansu_broker": "kafka",
     "tls_tansu": "kafka",
 }
+#: a test using one of these (or marked ``chaos``) starts JVMs of its own: its file runs first
+LONG_FIXTURES = {"jvm", "spark_cluster"}
 #: what keeps a test out of ``make check``; Postgres alone does not for these files
 HEAVY = {"postgres", "spark", "kafka", "browser", "chaos"}
 CHECK_WITH_POSTGRES = {"test_bad_input.py"}
@@ -62,3 +69,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         heavy = marks & HEAVY
         if not heavy or (heavy == {"postgres"} and Path(str(item.fspath)).name in CHECK_WITH_POSTGRES):
             item.add_marker("check")
+    items[:] = long_files_first(items)
+
+
+def long_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with the files that start JVMs of their own first (see the module docstring); the
+    order is otherwise kept, so every xdist worker collects the same list."""
+    long_files = {
+        str(item.fspath)
+        for item in items
+        if LONG_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("chaos")
+    }
+    return sorted(items, key=lambda item: str(item.fspath) not in long_files)

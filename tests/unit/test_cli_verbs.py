@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
 import pytest
 
-from cdc.cli import VERB_MODULES, _verb_of, build_parser, one_blas_thread
+from cdc.cli import GC_THRESHOLDS, VERB_MODULES, _verb_of, build_parser, collect_less_often, one_blas_thread
 
 
 @pytest.mark.parametrize(
@@ -86,3 +87,12 @@ def test_numpy_gets_one_blas_thread_unless_the_user_set_a_number() -> None:
     mine = {"OPENBLAS_NUM_THREADS": "4"}
     one_blas_thread(mine)
     assert mine == {"OPENBLAS_NUM_THREADS": "4"}
+
+
+def test_a_cdc_process_collects_garbage_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_less_often()
+        assert gc.get_threshold() == GC_THRESHOLDS and GC_THRESHOLDS[0] > before[0]
+    finally:
+        gc.set_threshold(*before)
