@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -229,6 +230,8 @@ class QueryLoop:
         text = str(exc)
         if STOP_REQUESTED in text:
             return  # a batch that started while the query was being stopped did nothing; it is replayed
+        # the whole failure, stack traces included (Spark's own log of it is off: session.py)
+        print(f"cdc apply: the streaming query failed:\n{text}", file=sys.stderr, flush=True)
         cause = "fix the cause"
         if "No space left on device" in text or "ENOSPC" in text:
             cause = f"free space on the filesystem of the state directory ({self.state_dir})"

@@ -126,7 +126,25 @@ def get_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_query_failures(spark)
     return spark
+
+
+#: the streaming engine's loggers: a query's failure is logged there, and the apply job reports it
+STREAMING_LOGGERS = "org.apache.spark.sql.execution.streaming"
+
+
+def quiet_query_failures(spark: SparkSession) -> None:
+    """Spark logs a streaming query's failure with its stack trace as it ends. The apply job reports
+    every failure itself, whole (:meth:`spark_jobs.lifecycle.QueryLoop.raise_if_failed`), and one is
+    not a failure: a micro-batch that Spark starts while the job is being stopped between batches is
+    refused, having done nothing, and replayed by the next run (``lifecycle.STOP_REQUESTED``). Spark
+    would log that refusal as a stack trace on a graceful stop."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        STREAMING_LOGGERS, jvm.org.apache.logging.log4j.Level.OFF
+    )
 
 
 def start_driver_jvm(options: dict[str, str]) -> None:
