@@ -13,7 +13,7 @@ import gc
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -130,7 +130,7 @@ def keep_pandas_out(verb: str | None) -> None:
         sys.meta_path.insert(0, _NoPandas())
 
 
-def one_blas_thread(environ: dict[str, str] | os._Environ[str]) -> None:
+def one_blas_thread(environ: MutableMapping[str, str]) -> None:
     """OpenBLAS, which numpy loads, starts a thread per core when it is loaded unless told otherwise:
     ~0.05-0.1 s of CPU in every ``cdc`` process (a sixth of an incremental ``cdc verify``'s imports),
     for matrix products that cdc never computes. One thread, unless the user set a number; the
