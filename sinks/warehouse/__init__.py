@@ -361,7 +361,7 @@ class WarehouseSink(Sink):
         killed before every commit freed nothing. Returns the bytes deleted."""
         tables = {p: t for p in self.paths(reg) if (t := self.handles.get(p)) is not None}
         freed = sum(reclaim.orphans(path, table)[1] for path, table in tables.items())
-        return freed + reclaim.bound(tables, self.options, self.handles.get).bytes
+        return freed + reclaim.bound(tables, self.options, tables.get).bytes
 
     def _ensure(
         self,
