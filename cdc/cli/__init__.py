@@ -151,8 +151,23 @@ def collect_less_often() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def leave_the_rest_to_the_os() -> None:
+    """Called as a ``cdc`` process ends, after its verb: Python's shutdown runs full collections of
+    the cyclic garbage collector, each walking every object the process still holds (the imported
+    modules' and the verb's), to free memory the OS is about to take back: 0.06-0.13 s, a tenth of
+    an incremental ``cdc verify``. Frozen, those objects are left out of them (``gc.freeze``). The
+    rest of the shutdown is unchanged: the atexit functions run, the streams are flushed, the
+    threads are joined, the objects freed; only a reference cycle left behind goes uncollected,
+    and cdc closes what it writes with ``with``, not by the collector."""
+    gc.freeze()
+
+
 def entry() -> None:  # pragma: no cover - console script shim
     one_blas_thread(os.environ)  # before anything imports numpy
     collect_less_often()
     keep_pandas_out(_verb_of(sys.argv[1:]))  # the process's own: never for in-process callers of main()
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        leave_the_rest_to_the_os()
+    sys.exit(code)

@@ -362,11 +362,18 @@ def _keep_spans(
     mask = SpanMask(spans)
     for rb in batches:
         read += rb.num_rows
-        got = rb.filter(pa.array(mask(rb.column(reg.key[0])))) if single else rb
+        got = rb.filter(bool_array(mask(rb.column(reg.key[0])))) if single else rb
         if got.num_rows:
             kept.append(got)
     ROWS_READ[table_kind(table)] += read
     return pa.Table.from_batches(kept, schema=schema)
+
+
+def bool_array(mask: np.ndarray) -> pa.Array:
+    """A numpy bool array as an Arrow one, from its bits: ``pa.array()`` of a numpy array first asks
+    whether it is a masked array, which imports ``numpy.ma`` (~8 ms of an incremental ``cdc verify``)."""
+    bits = np.packbits(mask, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(bits)])
 
 
 def add_actions(table: DeltaTable) -> pa.Table:

@@ -34,9 +34,9 @@ def test_every_verb_is_listed_with_its_module() -> None:
     assert set(sub.choices) == listed  # type: ignore[arg-type]
 
 
-def _python(code: str) -> str:
+def _python(code: str, check: bool = True) -> str:
     """``code`` run by a fresh interpreter (what a new ``cdc`` process imports): its stdout."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=check).stdout
 
 
 def test_status_does_not_import_the_other_verbs() -> None:
@@ -87,6 +87,16 @@ def test_numpy_gets_one_blas_thread_unless_the_user_set_a_number() -> None:
     mine = {"OPENBLAS_NUM_THREADS": "4"}
     one_blas_thread(mine)
     assert mine == {"OPENBLAS_NUM_THREADS": "4"}
+
+
+def test_a_cdc_process_ends_with_its_objects_frozen_and_its_atexit_work_done() -> None:
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('atexit ran, frozen', gc.get_freeze_count() > 0, flush=True))\n"
+        "sys.argv = ['cdc', '--state', '/nonexistent', 'status', '--json']\n"
+        "from cdc.cli import entry\nentry()\n"
+    )
+    assert _python(code, check=False).splitlines()[-1] == "atexit ran, frozen True"
 
 
 def test_a_cdc_process_collects_garbage_less_often() -> None:

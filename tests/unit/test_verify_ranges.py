@@ -4,6 +4,7 @@ a span the index is asked for, and the warehouse's filter of a record batch to t
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
@@ -20,7 +21,7 @@ from cdc.verify_ranges import (
     spanned_keys,
     unsupported,
 )
-from sinks.warehouse.delta import span_mask
+from sinks.warehouse.delta import bool_array, span_mask
 
 
 def record(bounds: list[tuple[object, ...]]) -> RangeRecord:
@@ -113,6 +114,13 @@ def test_a_record_batch_is_filtered_to_the_spans_in_the_keys_order() -> None:
         True,
     ]
     assert span_mask(texts, [(None, ("a",))]).tolist() == [True, True] + [False] * 5
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1000])
+def test_a_mask_becomes_an_arrow_array_bit_for_bit(n: int) -> None:
+    mask = np.arange(n) % 3 == 1
+    assert bool_array(mask).to_pylist() == mask.tolist()
+    assert bool_array(~mask).null_count == 0
 
 
 def test_a_record_reads_back_as_written_and_an_older_format_or_digest_is_understood() -> None:
