@@ -30,8 +30,11 @@ from cdc.paths import ensure_private_dir, lock_path
 ROLES = ("run", "apply")
 
 
-def process_runs(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (``os.kill(pid, 0)``; one of another user's: yes)."""
+def process_runs(pid: int, started: int | None = None) -> bool:
+    """Whether process ``pid`` of this host runs (``os.kill(pid, 0)``; one of another user's: yes).
+    With ``started`` (its :func:`process_start` when it wrote its pid down): only if the process
+    running as ``pid`` started then -- once a process is gone its pid is given to a later one, which
+    is not it."""
     if pid <= 0:
         return False
     try:
@@ -39,8 +42,27 @@ def process_runs(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if started is not None:
+        now = process_start(pid)
+        return now is None or now == started
     return True
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` of this host started, in clock ticks since boot (the 22nd field of
+    ``/proc/<pid>/stat``): with the pid, it names one process. None where ``/proc`` does not tell
+    (another OS, the process gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # field 2, the command, is in parentheses and may hold spaces and ")": count after the last ")"
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])  # fields[0] is the 3rd field (state)
+    except (IndexError, ValueError):
+        return None
 
 
 class ProcessLock:

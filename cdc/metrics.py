@@ -21,7 +21,8 @@ Guarantees
 
 File schema (version 1)::
 
-    {"version": 1, "role", "pid", "host", "started_ms", "heartbeat_ms", "stopped_ms" | null,
+    {"version": 1, "role", "pid", "pid_started" (:func:`cdc.locks.process_start`) | null, "host",
+     "started_ms", "heartbeat_ms", "stopped_ms" | null,
      "counters": {name: int}, "gauges": {name: number},
      "tables": {"schema.table": {"newest_commit_ms": int}},
      "batches": {"count", "seconds_sum", "seconds_max", "seconds_last"},
@@ -44,7 +45,7 @@ import orjson
 
 from cdc import paths
 from cdc.errors import CdcError, ConfigError
-from cdc.locks import process_runs
+from cdc.locks import process_runs, process_start
 
 __all__ = ["ROLES", "Publisher", "metrics_dir", "metrics_path", "pid_alive", "read", "read_all"]
 
@@ -84,6 +85,7 @@ class Publisher:
             "version": VERSION,
             "role": role,
             "pid": os.getpid(),
+            "pid_started": process_start(os.getpid()),
             "host": socket.gethostname(),
             "started_ms": now_ms(),
             "heartbeat_ms": now_ms(),
@@ -236,4 +238,5 @@ def pid_alive(doc: Mapping[str, Any]) -> bool | None:
         return False
     if doc.get("host") != socket.gethostname():
         return None
-    return process_runs(int(doc.get("pid") or 0))
+    started = doc.get("pid_started")
+    return process_runs(int(doc.get("pid") or 0), None if started is None else int(started))

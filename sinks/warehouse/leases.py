@@ -4,7 +4,8 @@
 A reader of a Delta table outside the apply job (``cdc sql``, ``cdc verify``, ``cdc rebuild``, a view
 built at ``cdc views add``) takes a lease on the table's directory with :func:`lease` *before* it
 opens the table, and keeps it until its read is done. The lease is a small JSON file,
-``<table>/_cdc_leases/<pid>-<random>.json``, holding ``pid``, ``host``, ``since`` (``time.time()``
+``<table>/_cdc_leases/<pid>-<random>.json``, holding ``pid``, ``started`` (when that process started,
+:func:`cdc.locks.process_start`; null where the OS does not tell), ``host``, ``since`` (``time.time()``
 when taken), ``expires`` (``since`` plus the lease's maximum length) and ``version``: the table's
 latest committed version when the lease was taken (-1: none yet), read before the lease was
 written.
@@ -21,8 +22,9 @@ time is when it was written, not when it became visible, and readers and the wri
 clock.
 
 A lease is stale, and ignored (and deleted by the reclaim that finds it), once ``expires`` has
-passed or, on the same host, its process is gone (``os.kill(pid, 0)``): a killed reader protects
-nothing for long. Hidden from Delta: delta-rs's vacuum, lite and full, skips directories whose name
+passed or, on the same host, its process is gone (``os.kill(pid, 0)``, and a process of that pid
+that started at another time is another one, its pid reused): a killed reader protects nothing for
+long. A lease written before ``started`` was (none in the file) is judged by its pid alone. Hidden from Delta: delta-rs's vacuum, lite and full, skips directories whose name
 starts with ``_`` (but for partition directories; no partition column is named ``_cdc_leases``),
 and Delta readers read only the files the log names.
 
@@ -45,7 +47,7 @@ from pathlib import Path
 import orjson
 
 from cdc.errors import CdcError
-from cdc.locks import process_runs
+from cdc.locks import process_runs, process_start
 from sinks.warehouse.handles import COMMIT, LOG_DIR
 
 #: the leases' directory inside a Delta table's (hidden from Delta: it starts with ``_``)
@@ -68,10 +70,12 @@ class Lease:
     since: float
     expires: float
     version: int
+    #: when process ``pid`` started (:func:`cdc.locks.process_start`); None: not known
+    started: int | None = None
 
     def live(self, now: float, host: str) -> bool:
         """Not expired at ``now``, and its process runs (when it is of ``host``, this one)."""
-        return self.expires > now and (self.host != host or process_runs(self.pid))
+        return self.expires > now and (self.host != host or process_runs(self.pid, self.started))
 
 
 def latest_version(table: Path) -> int:
@@ -104,9 +108,19 @@ def lease(table: Path, max_age_s: float = MAX_AGE_S) -> Iterator[Lease | None]:
     version = latest_version(table)
     since = time.time()
     folder = table / LEASE_DIR
-    name = f"{os.getpid()}-{secrets.token_hex(8)}.json"
-    held = Lease(folder / name, os.getpid(), socket.gethostname(), since, since + max_age_s, version)
-    body = {"pid": held.pid, "host": held.host, "since": since, "expires": held.expires, "version": version}
+    pid = os.getpid()
+    name = f"{pid}-{secrets.token_hex(8)}.json"
+    held = Lease(
+        folder / name, pid, socket.gethostname(), since, since + max_age_s, version, process_start(pid)
+    )
+    body = {
+        "pid": pid,
+        "started": held.started,
+        "host": held.host,
+        "since": since,
+        "expires": held.expires,
+        "version": version,
+    }
     tmp = folder / f".{name}.tmp"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -141,6 +155,7 @@ def read_lease(path: Path) -> Lease | None:
             float(doc["since"]),
             float(doc["expires"]),
             int(doc["version"]),
+            None if doc.get("started") is None else int(doc["started"]),
         )
     except FileNotFoundError:
         return None

@@ -71,5 +71,10 @@ def test_dead_process_and_bad_role(tmp_path: Path) -> None:
     doc = metrics.read(tmp_path, "capture")
     assert doc is not None and doc["stopped_ms"] is None
     assert metrics.pid_alive(doc) is False  # killed without close(): judged by its pid
+    # its pid given to a later process (this one): that one started at another time
+    mine = metrics.read(tmp_path, "capture") or {}
+    mine["pid"] = os.getpid()
+    assert metrics.pid_alive(mine) is False
+    assert metrics.pid_alive({**mine, "pid_started": None}) is True  # written before pid_started was
     with pytest.raises(ConfigError):
         metrics.metrics_path(tmp_path, "../x")

@@ -97,11 +97,11 @@ def test_a_live_lease_keeps_every_file_of_the_version_its_reader_opened(tmp_path
     assert over(path, 1.0) <= 1.0 and readable(path, 5)
 
 
-def write_lease(path: Path, pid: int, host: str, expires: float) -> Path:
+def write_lease(path: Path, pid: int, host: str, expires: float, **extra: Any) -> Path:
     folder = path / leases.LEASE_DIR
     folder.mkdir(exist_ok=True)
     target = folder / f"{pid}-{len(list(folder.iterdir()))}.json"
-    body = {"pid": pid, "host": host, "since": time.time() - 10, "expires": expires, "version": 0}
+    body = {"pid": pid, "host": host, "since": time.time() - 10, "expires": expires, "version": 0, **extra}
     target.write_bytes(orjson.dumps(body))
     return target
 
@@ -126,6 +126,24 @@ def test_a_lease_of_a_dead_process_or_past_its_expiry_is_ignored_and_deleted(tmp
     assert done.leases == 0 and done.leased_files == 0
     assert over(path, 1.0) <= 1.0
     assert list((path / leases.LEASE_DIR).iterdir()) == []
+
+
+def test_a_lease_whose_pid_now_names_another_process_is_ignored(tmp_path: Path) -> None:
+    """A reader killed, its pid given to a later process: the lease names the process by its pid and
+    its start time, so it is not taken for the later one's (which would hold the files an hour)."""
+    path = tmp_path / "t"
+    rewrite(path, 0)
+    host, later = socket.gethostname(), time.time() + 3600
+    started = leases.process_start(os.getpid())
+    assert started is not None
+    reused = write_lease(path, os.getpid(), host, later, started=started - 1)
+    mine = write_lease(path, os.getpid(), host, later, started=started)
+    old = write_lease(path, os.getpid(), host, later)  # written before leases named the start
+    assert {h.path for h in leases.live_leases(path)} == {mine, old}
+    assert not reused.exists()
+    with leases.lease(path) as held:
+        assert held is not None and held.started == started
+        assert orjson.loads(held.path.read_bytes())["started"] == started
 
 
 def test_a_lease_file_that_is_not_one_is_an_error(tmp_path: Path) -> None:
