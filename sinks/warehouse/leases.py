@@ -24,9 +24,10 @@ clock.
 A lease is stale, and ignored (and deleted by the reclaim that finds it), once ``expires`` has
 passed or, on the same host, its process is gone (``os.kill(pid, 0)``, and a process of that pid
 that started at another time is another one, its pid reused): a killed reader protects nothing for
-long. A lease written before ``started`` was (none in the file) is judged by its pid alone. Hidden from Delta: delta-rs's vacuum, lite and full, skips directories whose name
-starts with ``_`` (but for partition directories; no partition column is named ``_cdc_leases``),
-and Delta readers read only the files the log names.
+long. A lease written before ``started`` was (none in the file) is judged by its pid alone. Hidden
+from Delta: delta-rs's vacuum, lite and full, skips directories whose name starts with ``_`` (but
+for partition directories; no partition column is named ``_cdc_leases``), and Delta readers read
+only the files the log names.
 
 The apply job's own reads of a table during a batch take no lease: the reclaim runs in the same
 process after the batch commits, so nothing is deleted under them; nor do its Spark tasks, which read
