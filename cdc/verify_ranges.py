@@ -136,16 +136,20 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 def _int_column(keys: Sequence[Key]) -> np.ndarray | None:
     """One-column integer keys as an int64 array (None: other keys, or a value past int64)."""
-    if not keys:
+    arr = _int64(keys, 2)
+    return None if arr is None or arr.shape[1] != 1 else arr[:, 0]
+
+
+def _int64(values: Sequence[Any], ndim: int) -> np.ndarray | None:
+    """``values`` as an int64 array of ``ndim`` dimensions (None: none, not all integers within
+    int64, or another shape)."""
+    if not values:
         return None
     try:
-        arr: np.ndarray = np.array(keys)
+        arr: np.ndarray = np.array(values)
     except (ValueError, OverflowError, TypeError):
         return None
-    if arr.dtype.kind != "i" or arr.ndim != 2 or arr.shape[1] != 1:
-        return None
-    out: np.ndarray = arr[:, 0].astype(np.int64)
-    return out
+    return arr.astype(np.int64) if arr.dtype.kind == "i" and arr.ndim == ndim else None
 
 
 class FlatBounds(Sequence[Key]):
@@ -177,13 +181,7 @@ class FlatBounds(Sequence[Key]):
 
     def ints(self) -> np.ndarray | None:
         """The values as an int64 array (None: not all integers within int64)."""
-        if not self.values:
-            return None
-        try:
-            arr: np.ndarray = np.array(self.values)
-        except (ValueError, OverflowError, TypeError):
-            return None
-        return arr.astype(np.int64) if arr.dtype.kind == "i" and arr.ndim == 1 else None
+        return _int64(self.values, 1)
 
 
 @dataclass

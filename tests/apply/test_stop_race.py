@@ -22,10 +22,6 @@ from spark_jobs.watchdog import Watchdog
 from tests.plugins.postgres import wait_for
 
 
-class _Summary:
-    tables: list[str] = []  # noqa: RUF012 - the loop assigns its own
-
-
 def _rate_query(spark: Any, ckpt: Path, body: Callable[[Any, int], None]) -> Any:
     """A streaming query of Spark's built-in ``rate`` source whose micro-batch bodies are ``body``."""
     return (
@@ -50,7 +46,7 @@ def _loop(tmp_path: Path, gate: BatchGate, start: Callable[[Sequence[TableReg]],
         start=start,
         gate=gate,
         watchdog=Watchdog(0, tmp_path / "ckpt"),
-        summary=_Summary(),
+        summary=SimpleNamespace(tables=[]),
     )
 
 
