@@ -16,6 +16,11 @@ Points (:data:`POINTS`):
   the other sinks finish and Spark checkpoints it: kill -9 of the JVM and the driver (a crash between
   a sink write and the checkpoint). The job writes ``cdc-fault: apply.after_sink`` to stderr first.
 
+* ``reader.after_append`` -- in ``cdc run``, after the log store acknowledged a batch whose events
+  changed images and before those images are committed (:mod:`cdc.logstore.images`): kill -9 of the
+  reader. It writes ``cdc-fault: reader.after_append`` to stderr first. Without an argument it fires
+  at the first such batch; ``@PATH`` arms it.
+
 A point fires by calling the action given to :func:`point` (the caller knows how to crash its own
 process); :func:`point` returns whether the point is enabled for that argument.
 """
@@ -36,6 +41,7 @@ ENV = "CDC_FAULTS"
 #: every fault-injection point: name -> what it does (see the module docstring)
 POINTS: dict[str, str] = {
     "apply.after_sink": "kill -9 of the apply job after the first sink applied micro-batch ARG",
+    "reader.after_append": "kill -9 of the reader between a batch's append and its images' commit",
 }
 
 

@@ -165,6 +165,10 @@ class TableState(StrEnum):
     #: the last clean ``cdc verify`` of the table (JSON ``{"at": epoch s, "lsn", "mode", "ranges"}``,
     #: :mod:`cdc.verify_ranges`); its range hashes live in :func:`cdc.paths.verify_ranges`
     VERIFIED_CLEAN = "verified_clean"
+    #: the topic holds changes with values the reader could not know (listed in their ``unavailable``:
+    #: its image store was lost and the topic predates it, :mod:`cdc.logstore.images`); JSON
+    #: ``{"events", "keys", "columns", "since"}``; cleared by a full snapshot of the table
+    VALUES_UNKNOWN = "values_unknown"
 
     def key(self, schema: str, table: str) -> str:
         """The stored key of this entry for ``schema.table``."""

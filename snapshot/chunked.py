@@ -65,7 +65,7 @@ class _Window:
     nonce: str
     topic: str
     codec: TableCodec
-    rows: list[tuple[bytes, bytes]] | None = None
+    rows: list[tuple[bytes, bytes, bytes | None]] | None = None  # key, ``after``, packed image
     last: bool = False
     read_ts_ms: int = 0
     xmax: int = 0
@@ -122,9 +122,15 @@ class ChunkTracker:
             self._pending[nonce] = _Window(nonce, codec.topic, codec)
 
     def put_rows(
-        self, nonce: str, rows: list[tuple[bytes, bytes]], *, last: bool, snapshot: str, read_ts_ms: int
+        self,
+        nonce: str,
+        rows: list[tuple[bytes, bytes, bytes | None]],
+        *,
+        last: bool,
+        snapshot: str,
+        read_ts_ms: int,
     ) -> None:
-        """The chunk's rows (key bytes, ``after`` JSON bytes), read under ``snapshot``
+        """The chunk's rows (key bytes, ``after`` JSON bytes, packed image), read under ``snapshot``
         (``pg_current_snapshot()`` text); called before HW is written."""
         _xmin, xmax_s, xip_s = snapshot.split(":")
         with self._cond:
@@ -176,9 +182,11 @@ class ChunkTracker:
                     if lacks:
                         w.partial.add(rec.key)
 
-    def watermark(self, msg: Message, commit_lsn: int) -> list[tuple[str, list[Record]]]:
+    def watermark(
+        self, msg: Message, commit_lsn: int
+    ) -> list[tuple[str, list[Record], list[tuple[bytes, bytes | None]]]]:
         """A change of the watermark table: opens (LW) or closes (HW) a chunk's window. Returns the
-        chunk's records to append at HW. Marks of other slots and stale marks (a previous session's,
+        chunk's records to append at HW, with the images of their keys to stage. Marks of other slots and stale marks (a previous session's,
         replayed after a restart) are ignored."""
         values = {c.name: c.value for c in msg.columns or ()}
         if values.get("slot") != self.slot:
@@ -201,11 +209,11 @@ class ChunkTracker:
             if not windows:
                 self.open.pop(w.topic, None)
             w.hw_commit = commit_lsn
-            records = self._emit(w)
+            records, images = self._emit(w)
             self._awaiting.append(w)
-            return [(w.topic, records)] if records else []
+            return [(w.topic, records, images)] if records else []
 
-    def _emit(self, w: _Window) -> list[Record]:
+    def _emit(self, w: _Window) -> tuple[list[Record], list[tuple[bytes, bytes | None]]]:
         if w.rows is None:
             raise SourceError(
                 f"high watermark of chunk {w.nonce} arrived before its rows",
@@ -213,10 +221,10 @@ class ChunkTracker:
             )
         if w.poisoned:
             w.rows = []
-            return []
+            return [], []
         # a dropped row whose in-window change left an unchanged TOASTed column out: its value
         # reaches the sinks only from a chunk row, so the driver reads the chunk again
-        w.redo = bool(w.partial) and any(k in w.partial for k, _ in w.rows)
+        w.redo = bool(w.partial) and any(k in w.partial for k, _, _ in w.rows)
         drop = w.seen
         for xid, key in w.before:
             if _invisible(xid, w.xmax, w.xip):
@@ -236,16 +244,16 @@ class ChunkTracker:
             )
 
         src = codec.snapshot_source(w.hw_commit, w.read_ts_ms, last=False)
-        kept = [(k, a) for k, a in w.rows if k not in drop]
-        out = [Record(k, value(a, src)) for k, a in kept]
+        kept = [(k, a, i) for k, a, i in w.rows if k not in drop]
+        out = [Record(k, value(a, src)) for k, a, _ in kept]
         if w.last and kept:
-            k, a = kept[-1]
+            k, a, _ = kept[-1]
             out[-1] = Record(k, value(a, codec.snapshot_source(w.hw_commit, w.read_ts_ms, last=True)))
         w.emitted = len(out)
         w.rows = None
         w.before = []
         w.seen = set()
-        return out
+        return out, [(k, i) for k, _, i in kept if i is not None]
 
     def durable(self, pos: int) -> None:
         """Every event before ``pos`` is durable in the log store (called by the stream loop)."""
@@ -342,7 +350,7 @@ class _Read:
     """One read of a chunk: its nonce (its watermarks), rows, snapshot and upper bound."""
 
     nonce: str
-    rows: list[tuple[bytes, bytes]]
+    rows: list[tuple[bytes, bytes, bytes | None]]
     snapshot: str
     read_ts_ms: int
     hi: list[str] | None
@@ -494,7 +502,9 @@ class ChunkDriver:
             progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
         _refuse_null_keys(conn, reg, [c.name for c in cols if c.nullable and c.name in codec.key], where)
-        encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified)
+        encoder = RowEncoder(
+            names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified, imaged=codec.imaged
+        )
         ident: sql.Composable = sql.Identifier(reg.schema, reg.table)
         if progress.partitions is not None:
             ident = _leaves_source(conn, reg, progress.partitions, names)
@@ -638,7 +648,7 @@ class ChunkDriver:
         nonce = uuid.uuid4().hex
         self.tracker.begin(nonce, plan.codec)
         self._mark(conn, nonce + ":lw")
-        rows: list[tuple[bytes, bytes]] = []
+        rows: list[tuple[bytes, bytes, bytes | None]] = []
         last: pa.RecordBatch | None = None
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         try:
@@ -648,8 +658,9 @@ class ChunkDriver:
             read_ts = int(time.time() * 1000)
             with conn.cursor().copy(query) as copy:
                 for batch in read_csv_batches(copy, plan.names, table=plan.reg.qualified):
-                    keys, afters = encoder.encode(batch)
-                    rows.extend(zip(keys.to_pylist(), afters.to_pylist(), strict=True))
+                    keys, afters, blobs = encoder.encode_rows(batch)
+                    images = [None] * len(batch) if blobs is None else blobs.to_pylist()
+                    rows.extend(zip(keys.to_pylist(), afters.to_pylist(), images, strict=True))
                     if batch.num_rows:
                         last = batch
         finally:

@@ -36,6 +36,7 @@ from psycopg import sql
 
 from cdc.codec.values import text_converter_for, type_kind
 from cdc.errors import SourceError
+from cdc.logstore.images import FIELD_SEP, NAME_SEP
 from snapshot import snapshot_error
 
 __all__ = ["RowEncoder", "copy_query", "read_csv_batches"]
@@ -204,9 +205,17 @@ class RowEncoder:
     column."""
 
     def __init__(
-        self, names: Sequence[str], types: dict[str, str], key: Sequence[str], *, table: str = ""
+        self,
+        names: Sequence[str],
+        types: dict[str, str],
+        key: Sequence[str],
+        *,
+        table: str = "",
+        imaged: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         self.table = table
+        #: the columns whose values the reader keeps per key (``TableCodec.imaged``): (name, JSON name)
+        self.imaged = list(imaged)
         self.names = list(names)
         self.key = list(key)
         self.kinds = {n: type_kind(types[n]) for n in self.names}
@@ -266,14 +275,30 @@ class RowEncoder:
 
     def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
         """(key bytes, ``after`` bytes) of every row of ``batch``, as Arrow binary arrays."""
+        keys, afters, _ = self.encode_rows(batch)
+        return keys, afters
+
+    def encode_rows(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array, pa.Array | None]:
+        """:meth:`encode`, and each row's packed image of the :attr:`imaged` columns
+        (:func:`cdc.logstore.images.pack`; None when none are imaged)."""
         frags: dict[str, pa.Array] = {}
         for i, n in enumerate(self.names):
             try:
                 frags[n] = self.fragment(n, batch.column(i))
             except Exception as exc:  # unforeseen: say which table and column, then stop
                 raise snapshot_error(self.table, n, exc) from exc
-        return self._object(self._key_parts, [frags[k] for k in self.key]), self._object(
-            self._after_parts, [frags[n] for n in self.names]
+        images = None
+        if self.imaged:
+            parts: list[Any] = []
+            for i, (name, enc) in enumerate(self.imaged):
+                parts.append(pa.scalar((FIELD_SEP if i else b"") + enc + NAME_SEP, pa.binary()))
+                parts.append(pc.cast(frags[name], pa.binary()))
+            parts.append(pa.scalar(b"", pa.binary()))  # the separator
+            images = pc.binary_join_element_wise(*parts)
+        return (
+            self._object(self._key_parts, [frags[k] for k in self.key]),
+            self._object(self._after_parts, [frags[n] for n in self.names]),
+            images,
         )
 
     @staticmethod

@@ -31,6 +31,7 @@ from cdc.connect import SESSION_OPTIONS
 from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record
 from cdc.logstore.batch import Batch
+from cdc.logstore.images import Images
 from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
 from snapshot.encode import RowEncoder, copy_query, read_csv_batches
@@ -149,10 +150,12 @@ def read_table(
     store_lock: threading.Lock,
     progress: Progress,
     ts_ms: int,
+    images: Images | None = None,
 ) -> TableSnapshot:
     """Read one table on ``conn`` (which imported ``snap``) with a plain COPY and append its rows to
     ``store`` (a writer thread appends batch n while batch n+1 is encoded; ``store_lock`` serialises
-    the store between threads). Returns once every row is durable."""
+    the store between threads). Returns once every row is durable, and with it each row's image
+    (``images``, :mod:`cdc.logstore.images`)."""
     cols = table_columns(conn, reg.schema, reg.table)
     if not cols:
         raise SourceError(
@@ -170,7 +173,9 @@ def read_table(
             fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
             table=reg.qualified,
         )
-    encoder = RowEncoder(names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified)
+    encoder = RowEncoder(
+        names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified, imaged=codec.imaged
+    )
     now = str(int(time.time() * 1000)).encode()
     head = b'{"before":null,"after":'
 
@@ -183,7 +188,8 @@ def read_table(
     topic = codec.topic
     table = reg.qualified
     progress.start(table, estimate)
-    batch = Batch(store, store_lock)
+    staging = None if images is None or not codec.imaged else images.staging()
+    batch = Batch(store, store_lock, staging=staging)
     rows = 0
     held: tuple[bytes, bytes] | None = None  # the newest row: written last, marked "last"
     try:
@@ -191,9 +197,13 @@ def read_table(
             for rb in read_csv_batches(copy, names, table=reg.qualified):
                 if rb.num_rows == 0:
                     continue
-                keys, afters = encoder.encode(rb)
+                keys, afters, blobs = encoder.encode_rows(rb)
                 values = pc.binary_join_element_wise(head_s, afters, tail_s, sep).to_pylist()
-                records = [Record(k, v) for k, v in zip(keys.to_pylist(), values, strict=True)]
+                key_list = keys.to_pylist()
+                records = [Record(k, v) for k, v in zip(key_list, values, strict=True)]
+                if staging is not None and blobs is not None:
+                    for k, b in zip(key_list, blobs.to_pylist(), strict=True):
+                        staging.put(topic, k, b)
                 if held is not None:
                     records.insert(0, Record(held[0], head + held[1] + tail_row))
                 last = records.pop()
@@ -231,6 +241,7 @@ def read_tables(
     progress: Progress,
     workers: int = 2,
     store_lock: threading.Lock | None = None,
+    images: Images | None = None,
 ) -> list[TableSnapshot]:
     """Snapshot ``regs`` under ``snap`` with up to ``workers`` threads (each its own connection
     importing the snapshot). Returns one TableSnapshot per table, in the order of ``regs``. The
@@ -275,6 +286,7 @@ def read_tables(
                         store_lock=lock,
                         progress=progress,
                         ts_ms=ts_ms,
+                        images=images,
                     )
                 except Exception as exc:  # the others go on; raised below with what completed
                     failures[i] = exc

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -34,12 +35,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_capture(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc import faults
     from cdc.logstore.factory import open_log_store
     from cdc.reader import Reader
     from snapshot.progress import make_progress
 
     as_json = bool(args.json)
     settings.require_source()
+    faults.install_from_env(os.environ)  # tests only (cdc.faults): e.g. reader.after_append
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -29,14 +29,16 @@ import orjson
 
 from cdc.codec import Col, Converter, Decoder, Message
 from cdc.codec.nonfinite import NonFinite, key_comparable, parse_nonfinite
-from cdc.codec.values import text_converter_for, type_kind
+from cdc.codec.values import out_of_line_columns, text_converter_for, type_kind
 from cdc.codec.wal2json import DECODER
 from cdc.errors import DecodeError
 from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
 from cdc.logstore import Record
+from cdc.logstore.images import Alter, Image, Images, Staging, pack
 from cdc.registry import Column, TableReg
 
 _dumps = orjson.dumps
+_Fragment = orjson.Fragment
 _MISSING = object()
 #: the per-change end of ``source``: (head, transaction part, lsn, commit_lsn, lsn, seq)
 _SOURCE_TAIL = b'%b%b"lsn":%d,"sequence":"[\\"%d\\",\\"%d\\"]","seq":%d}'
@@ -56,6 +58,58 @@ class ColumnsChanged(Protocol):
 #: called with (table, columns an UPDATE did not send); returns those no longer at the source (a
 #: dropped column and an unchanged TOASTed value look the same in an UPDATE)
 ColumnsGone = Callable[[TableReg, list[str]], set[str]]
+
+
+def renamed_columns(old: Sequence[Column], new: Sequence[Column]) -> dict[str, str]:
+    """A non-key column renamed at the source, as the stream sees it: in one change, exactly one
+    column gone and one new column of the same type ({old: new}); else {} (a drop, an add)."""
+    names = {c.name for c in new}
+    before = {c.name for c in old}
+    gone = [c for c in old if c.name not in names]
+    added = [c for c in new if c.name not in before]
+    if old and len(gone) == 1 and len(added) == 1 and gone[0].type == added[0].type:
+        return {gone[0].name: added[0].name}
+    return {}
+
+
+#: types whose values keep their text through a change between them (no rewrite changes a value)
+_SAME_TEXT = frozenset({"text", "character varying"})
+
+
+def retyped_columns(old: Sequence[Column], new: Sequence[Column]) -> list[str]:
+    """Columns whose type changed so that a stored value's text may no longer be the value's (the
+    ALTER rewrote it at the source, where no change reaches the stream)."""
+    types = {c.name: c.type for c in new}
+
+    def base(t: str) -> str:
+        return t.split("(", 1)[0].strip().lower()
+
+    return [
+        c.name
+        for c in old
+        if c.name in types
+        and types[c.name] != c.type
+        and not (base(types[c.name]) in _SAME_TEXT and base(c.type) in _SAME_TEXT)
+    ]
+
+
+def images_alter(old: Sequence[Column], new: Sequence[Column], renamed: dict[str, str] | None) -> Alter:
+    """How a table's stored images read once its columns changed from ``old`` to ``new``
+    (``renamed``: as the DDL recorder told, else inferred): a renamed column's values under its new
+    name; a dropped column's gone, and a retyped one's (:func:`retyped_columns`): the images cannot
+    know the values the ALTER rewrote, so a change that leaves it out keeps it in ``unavailable``
+    until the table is snapshotted again (the reader asks for that)."""
+    renamed = renamed_columns(old, new) if renamed is None else renamed
+    names = {c.name for c in new}
+    out: Alter = {}
+    for name, to in renamed.items():
+        out[_dumps(name)] = _dumps(to)
+    for c in old:
+        if c.name not in renamed and c.name not in names:
+            out[_dumps(c.name)] = None
+    for name in retyped_columns(old, new):
+        out[_dumps(name)] = None
+    return out
 
 
 def commit_ts_ms(ts: str | None) -> int | None:
@@ -196,6 +250,27 @@ class TableCodec:
         self.text_converters = {c.name: text_converter_for(c.type) for c in columns}
         self.included = [c.name for c in columns if c.name not in self.exclude]
         self.key_comparable = key_comparable(self.key, {c.name: c.type for c in columns})
+        #: the columns an UPDATE may leave out (unchanged out-of-line values), whose values the
+        #: reader keeps per key (:mod:`cdc.logstore.images`) and fills in: (name, JSON-encoded name)
+        outside = set(self.key) | self.exclude
+        self.imaged = [
+            (n, _dumps(n)) for n in out_of_line_columns({c.name: c.type for c in columns}) if n not in outside
+        ]
+
+    def image(self, after: dict[str, Any], kept: Image | None = None) -> bytes:
+        """The packed image of an ``after`` row: its imaged columns' JSON; ``kept``: the values
+        filled in from the key's image (``after`` holds them as fragments), taken as they are."""
+        out: Image = {}
+        for name, enc in self.imaged:
+            if kept is not None and enc in kept and isinstance(after.get(name), _Fragment):
+                out[enc] = kept[enc]
+            elif name in after:
+                out[enc] = _dumps(after[name])
+        return pack(out)
+
+    def image_of_event(self, after: dict[str, Any]) -> Image:
+        """The image of a parsed event's ``after`` (rebuilding the images from a topic)."""
+        return {enc: _dumps(after[name]) for name, enc in self.imaged if name in after}
 
     # -- rows -----------------------------------------------------------------------------------
     def row(self, cols: list[Col]) -> dict[str, Any]:
@@ -324,8 +399,26 @@ class EventBuilder:
         resolve_types: Callable[[tuple[Column, ...]], tuple[Column, ...]] | None = None,
         *,
         skip_unlisted: bool = False,
+        images: Images | None = None,
+        staging: Staging | None = None,
+        catalog_columns: Callable[[TableReg], tuple[Column, ...]] | None = None,
     ) -> None:
         self.codecs = codecs
+        #: the table's columns in the source's catalog now: asked when a change lacks a column that
+        #: is gone at the source, for the column a rename brought (an unchanged out-of-line value
+        #: under its new name is sent by no change)
+        self.catalog_columns = catalog_columns
+        #: each key's long values (:mod:`cdc.logstore.images`): an UPDATE's unchanged out-of-line
+        #: values are filled in from them, and every event's changes are staged into ``staging``
+        #: (the stream's batch commits them once its records are durable)
+        self.images = images
+        self.staging = staging
+        #: changes up to this version are durable in their topics and in the images already (the
+        #: slot sent them again after a crash): skipped, since the images hold later values
+        self.replayed = images.high if images is not None else (0, 0)
+        self._skip_seq = 0
+        #: per table, the events written with a value the images could not give (``unavailable``)
+        self.unknown: dict[str, int] = {}
         #: a change of a table not in ``codecs`` is skipped (counted in :attr:`unlisted`), not an
         #: error: the decoder's filter is shared server state (pgoutput's publication) that may
         #: hold a table registered after this session started, which restarts with it
@@ -362,6 +455,10 @@ class EventBuilder:
         self.commit_lsn = lsn_to_int(msg.lsn or "0/0")
         self.seq = 0
         self.tx_part = transaction_part(commit_ts_ms(msg.timestamp), self.xid, self.commit_lsn)
+        high_lsn, high_seq = self.replayed
+        self._skip_seq = (
+            0 if self.commit_lsn > high_lsn else high_seq if self.commit_lsn == high_lsn else 1 << 62
+        )
 
     def commit(self, msg: Message) -> int:
         """Close the transaction; return the position to confirm once its events are durable
@@ -409,6 +506,8 @@ class EventBuilder:
             new_reg = self.columns_changed(codec.reg, cols)
         else:
             new_reg = self.columns_changed(codec.reg, cols, renamed)
+        if self.staging is not None:
+            self.staging.alter(codec.topic, images_alter(codec.columns, cols, renamed))
         codec.set_columns(cols)
         if new_reg is not None:
             codec.follow(new_reg)
@@ -489,8 +588,11 @@ class EventBuilder:
                 reason="unregistered table",
             )
         self.seq += 1
-        if self.commit_lsn < codec.snapshot_lsn:
+        if self.commit_lsn < codec.snapshot_lsn or self.seq <= self._skip_seq:
             return None
+        st = self.staging
+        if st is not None:
+            st.version = (self.commit_lsn, self.seq)
         hi, _, lo = (msg.lsn or "0/0").partition("/")
         lsn = (int(hi, 16) << 32) | int(lo, 16)
         head = codec.source_head
@@ -499,7 +601,10 @@ class EventBuilder:
             after = codec.fast_row(msg.columns or [])
             if after is not None:  # change_records, inline (the common case)
                 value = event_value(None, after, source, b"c", (), self.now)
-                return codec.topic, [Record(codec.key_bytes(after, lsn), value)]
+                key_b = codec.key_bytes(after, lsn)
+                if st is not None and codec.imaged:
+                    st.put(codec.topic, key_b, codec.image(after))
+                return codec.topic, [Record(key_b, value)]
         elif action == "U":
             after = codec.fast_row(msg.columns or [])
             identity = msg.identity
@@ -513,8 +618,12 @@ class EventBuilder:
                     key_b = codec.key_bytes(after, lsn)
                     if key_b == codec.key_bytes(fast_before, lsn):  # else: a key change, below
                         value = event_value(fast_before, after, source, b"u", (), self.now)
+                        if st is not None and codec.imaged:
+                            st.put(codec.topic, key_b, codec.image(after))
                         return codec.topic, [Record(key_b, value)]
         if action == "T":
+            if st is not None:
+                st.clear(codec.topic)
             return codec.topic, codec.change_records(b"t", None, None, source, self.now)
         return self._general(codec, msg, lsn, head, source)
 
@@ -537,9 +646,10 @@ class EventBuilder:
             self._check_columns(codec, msg, identity, False)
             if codec.source_head is not head:  # the columns changed: the new schema version
                 source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
-            return codec.topic, codec.change_records(
-                b"d", codec.row(identity), None, source, self.now, lsn=lsn
-            )
+            records = codec.change_records(b"d", codec.row(identity), None, source, self.now, lsn=lsn)
+            if self.staging is not None:
+                self.staging.put(codec.topic, records[0].key, None)
+            return codec.topic, records
         cols = msg.columns or []
         is_insert = action == "I"
         self._check_columns(codec, msg, cols, is_insert)
@@ -549,8 +659,12 @@ class EventBuilder:
             unavailable = [n for n in codec.included if n not in after]
             gone = self.columns_gone(codec.reg, unavailable) if self.columns_gone else set()
             if gone:  # dropped at the source: no longer in the events (the warehouse keeps it, null)
-                self._columns_now(codec, tuple(c for c in codec.columns if c.name not in gone))
+                known = {c.name for c in codec.columns}
+                now = self.catalog_columns(codec.reg) if self.catalog_columns is not None else ()
+                added = tuple(c for c in now if c.name not in known)  # a rename's new name, say
+                self._columns_now(codec, tuple(c for c in codec.columns if c.name not in gone) + added)
                 unavailable = [n for n in unavailable if n not in gone]
+                unavailable += [c.name for c in added if c.name in codec.included and c.name not in after]
         if codec.source_head is not head:  # the columns changed: the new schema version
             source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
         new_key = (
@@ -558,11 +672,7 @@ class EventBuilder:
             if not unavailable
             else self._key_with_identity(codec, after, identity, lsn)
         )
-        if is_insert:
-            return codec.topic, codec.change_records(
-                b"c", None, after, source, self.now, unavailable, lsn, new_key
-            )
-        if action != "U":
+        if action not in ("I", "U"):
             raise DecodeError(
                 f"unknown wal2json action {action!r}",
                 fix="report this message",
@@ -570,14 +680,53 @@ class EventBuilder:
                 reason="unknown action",
             )
         before: dict[str, Any] | None = None
-        if identity is not None:
+        if not is_insert and identity is not None:
             self._check_columns(codec, msg, identity, False)
             if codec.source_head is not head:
                 source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
             before = codec.row(identity)
-        return codec.topic, codec.change_records(
-            b"u", before, after, source, self.now, unavailable, lsn, new_key
+        new_b = encode_key(new_key)
+        old_b = codec.key_bytes(before, lsn) if before is not None else new_b
+        kept: Image | None = None
+        if unavailable:
+            after, unavailable, kept = self._fill(codec, after, unavailable, new_key, old_b)
+        records = codec.change_records(
+            b"c" if is_insert else b"u", before, after, source, self.now, unavailable, lsn, new_key
         )
+        st = self.staging
+        if st is not None:
+            if old_b != new_b:
+                st.put(codec.topic, old_b, None)
+            if codec.imaged:
+                st.put(codec.topic, new_b, codec.image(after, kept))
+        return codec.topic, records
+
+    def _fill(
+        self,
+        codec: TableCodec,
+        after: dict[str, Any],
+        unavailable: list[str],
+        key: dict[str, Any],
+        src: bytes,
+    ) -> tuple[dict[str, Any], list[str], Image | None]:
+        """``after`` with the columns it lacks filled in, in the table's column order: key columns
+        from ``key`` (an unchanged out-of-line key value), the others from the image of the key
+        ``src`` (the row's own, or the old key's for a key change). Returns the row, the columns
+        still unknown (the images lack them: they stay in ``unavailable``) and the image used."""
+        image = self.images.get(codec.topic, src) if self.images is not None else None
+        still: list[str] = []
+        for name in unavailable:
+            if name in key:
+                after[name] = key[name]
+                continue
+            value = None if image is None else image.get(_dumps(name))
+            if value is None:
+                still.append(name)
+            else:
+                after[name] = _Fragment(value)
+        if still:
+            self.unknown[codec.reg.qualified] = self.unknown.get(codec.reg.qualified, 0) + 1
+        return {n: after[n] for n in codec.included if n in after}, still, image
 
     def _key_with_identity(
         self, codec: TableCodec, after: dict[str, Any], identity: list[Col] | None, lsn: int

@@ -179,3 +179,61 @@ def parse_array(text: str, elem: Converter = _identity) -> list[Any]:
     if result is None:
         raise DecodeError(f"malformed array literal {text[:80]!r}", fix="report this value")
     return result
+
+
+# -- which columns can hold an out-of-line (TOASTed) value --------------------------------------------
+#: Postgres' ``TOAST_TUPLE_THRESHOLD`` with 8 kB pages: a row is toasted only when longer than this
+TOAST_TUPLE_THRESHOLD = 2032
+#: a value of at most this many bytes is never moved out of line (``MAXALIGN(TOAST_POINTER_SIZE)``)
+TOAST_POINTER_BYTES = 24
+#: fixed-length types (``attlen > 0``): never toasted; their widths, for a row's longest length
+_FIXED_WIDTH = {
+    "smallint": 2, "int2": 2, "integer": 4, "int4": 4, "bigint": 8, "int8": 8, "oid": 4, "xid": 4,
+    "xid8": 8, "cid": 4, "tid": 6, "real": 4, "float4": 4, "double precision": 8, "float8": 8,
+    "boolean": 1, "bool": 1, "date": 4, "time without time zone": 8, "time": 8,
+    "time with time zone": 12, "timetz": 12, "timestamp without time zone": 8, "timestamp": 8,
+    "timestamp with time zone": 8, "timestamptz": 8, "interval": 16, "uuid": 16, "money": 8,
+    "pg_lsn": 8, "macaddr": 6, "macaddr8": 8, '"char"': 1, "name": 64, "point": 16, "line": 24,
+    "lseg": 32, "box": 32, "circle": 24,
+}  # fmt: skip
+#: a length-limited type: bytes per unit of its modifier (UTF-8's 4 bytes a character), header
+_LIMITED = {"character": 4, "character varying": 4, "bit": 0.125, "bit varying": 0.125}
+
+
+def max_width(pg_type: str) -> int | None:
+    """The most bytes a value of ``pg_type`` (a ``format_type()`` string) takes in a row, rounded
+    up; None when unbounded (a value that can be stored out of line). Overestimates, never under."""
+    t = pg_type.strip().lower()
+    if t.endswith("[]"):
+        return None
+    base, _, rest = t.partition("(")
+    base = base.strip()
+    mod = rest.split(")", 1)[0]
+    if rest:  # time(3) with time zone -> time with time zone
+        tail = rest.split(")", 1)[1].strip() if ")" in rest else ""
+        named = f"{base} {tail}".strip()
+        if named in _FIXED_WIDTH:
+            return _FIXED_WIDTH[named]
+    if base in _FIXED_WIDTH:
+        return _FIXED_WIDTH[base]
+    if base in _LIMITED:
+        n = int(mod) if mod.strip().isdigit() else (1 if base == "character" else None)
+        return None if n is None else int(n * _LIMITED[base]) + 8
+    if base in ("numeric", "decimal") and mod:
+        precision = mod.split(",", 1)[0].strip()
+        return int(precision) + 16 if precision.isdigit() else None
+    return None
+
+
+def out_of_line_columns(types: dict[str, str]) -> tuple[str, ...]:
+    """The columns (name -> ``format_type()``) whose values Postgres may store out of line, so that
+    an UPDATE may leave them out unchanged: none when the longest possible row is under
+    ``TOAST_TUPLE_THRESHOLD`` (the table has no TOAST table, as ``needs_toast_table()`` decides;
+    widths here are upper bounds, with 8 bytes of alignment a column), else every column whose
+    values can be longer than a TOAST pointer."""
+    widths = {name: max_width(t) for name, t in types.items()}
+    if all(w is not None for w in widths.values()):
+        longest = 24 + (len(widths) + 7) // 8 + sum(w + 8 for w in widths.values() if w is not None)
+        if longest <= TOAST_TUPLE_THRESHOLD:
+            return ()
+    return tuple(n for n, w in widths.items() if w is None or w > TOAST_POINTER_BYTES)

@@ -1,14 +1,26 @@
 """The log store's write batch: events buffered per topic and appended by a writer thread, with
 the highest stream position that is durable (the reader confirms only that: ``docs/architecture.md``,
-"Delivery"; the snapshot writes its rows through it too)."""
+"Delivery"; the snapshot writes its rows through it too), and the image changes of those events
+(:mod:`cdc.logstore.images`), committed once the events are durable."""
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
+import sys
 import threading
 import time
 
+from cdc import faults
 from cdc.logstore import LogStore, Record
+from cdc.logstore.images import Sealed, Staging
+
+
+def _crash_after_append() -> None:
+    sys.stderr.write("cdc-fault: reader.after_append\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Batch:
@@ -22,10 +34,21 @@ class Batch:
     only that may be confirmed to the slot. :meth:`flush` submits and waits. A writer error is
     re-raised in the caller by the next :meth:`submit`/:meth:`flush`/:meth:`check`; nothing after
     it is marked durable.
+
+    ``staging``: where the producer stages the image changes of the events it adds
+    (:mod:`cdc.logstore.images`); each batch's are sealed with it and committed by the writer right
+    after its append, before the batch counts as durable.
     """
 
-    def __init__(self, store: LogStore, lock: threading.Lock | None = None, depth: int = 2) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        lock: threading.Lock | None = None,
+        depth: int = 2,
+        staging: Staging | None = None,
+    ) -> None:
         self.store = store
+        self.staging = staging
         self.lock = lock or threading.Lock()
         self.records: dict[str, list[Record]] = {}
         self.count = 0
@@ -36,7 +59,9 @@ class Batch:
         self.inflight = 0
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None] | None] = queue.Queue(depth)
+        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None, Sealed | None] | None] = (
+            queue.Queue(depth)
+        )
         self._thread = threading.Thread(target=self._run, name="cdc-log-writer", daemon=True)
         self._thread.start()
 
@@ -60,11 +85,14 @@ class Batch:
             item = self._queue.get()
             if item is None:
                 return
-            records, count, boundary = item
+            records, count, boundary, sealed = item
             try:
                 if self._error is None:
                     with self.lock:
                         self.store.append_many(records)
+                    if sealed is not None:
+                        faults.point("reader.after_append", None, _crash_after_append)
+                        self.staging.images.commit(sealed)  # type: ignore[union-attr]
             except BaseException as exc:
                 self._error = exc
             with self._cond:
@@ -83,19 +111,20 @@ class Batch:
         """Hand the buffered events to the writer; ``boundary``: the position that is safe to
         confirm once they (and everything before) are durable."""
         self.check()
-        if not self.count and boundary is None:
+        sealed = None if self.staging is None else self.staging.seal()
+        if not self.count and boundary is None and sealed is None:
             return
         with self._cond:
             self.inflight += 1
         if boundary is not None:
             self.submitted = max(self.submitted, boundary)
-        self._queue.put((self.records, self.count, boundary))
+        self._queue.put((self.records, self.count, boundary, sealed))
         self.records = {}
         self.count = 0
 
     def flush(self, boundary: int | None = None) -> None:
         """Submit what is buffered and wait until everything submitted is durable."""
-        if self.count or boundary is not None:
+        if self.count or boundary is not None or (self.staging is not None and self.staging.changes):
             self.submit(boundary)
         with self._cond:
             while self.inflight and self._error is None:

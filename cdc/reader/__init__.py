@@ -64,7 +64,8 @@ from cdc.catalog import (
     table_oids,
 )
 from cdc.codec import HEARTBEAT_PREFIX, Decoder
-from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.envelope import EventBuilder, TableCodec, renamed_columns, retyped_columns
+from cdc.codec.values import out_of_line_columns
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.config import Settings, redact_dsn, redact_text
 from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
@@ -75,10 +76,12 @@ from cdc.errors import (
     SourceError,
     SourcePermanentError,
     SourceUnavailableError,
+    UnknownTopicError,
 )
 from cdc.events import encode_key, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore, Record, TopicConfig
 from cdc.logstore.batch import Batch
+from cdc.logstore.images import Images, images_path, iter_topic, rebuild
 from cdc.metrics import Publisher
 from cdc.publication import keep_publication
 from cdc.reader.ddl import DdlFollower
@@ -104,6 +107,7 @@ from snapshot.chunk_state import (
 from snapshot.chunked import ChunkDriver, ChunkTracker, truncate_marker
 from snapshot.exported import read_tables
 from snapshot.progress import NullProgress
+from snapshot.table_info import table_columns
 
 
 @dataclass
@@ -185,16 +189,9 @@ class RunResult:
         }
 
 
-def _renamed(old: tuple[Column, ...], new: tuple[Column, ...]) -> dict[str, str]:
-    """A non-key column renamed at the source, as the stream sees it: in one change, exactly one
-    column gone and one new column of the same type ({old: new}); else {} (a drop, an add)."""
-    names = {c.name for c in new}
-    before = {c.name for c in old}
-    gone = [c for c in old if c.name not in names]
-    added = [c for c in new if c.name not in before]
-    if old and len(gone) == 1 and len(added) == 1 and gone[0].type == added[0].type:
-        return {gone[0].name: added[0].name}
-    return {}
+def _old_key(codec: TableCodec, before: dict[str, Any]) -> bytes | None:
+    """The key bytes of a ``before`` object (None when it lacks a key column)."""
+    return codec.key_bytes(before, 0) if all(k in before for k in codec.key) else None
 
 
 class Reader:
@@ -238,11 +235,18 @@ class Reader:
             tuple[str, str], tuple[tuple[str | None, tuple[str, ...]], list[Any]]
         ] = {}
         self.metrics = Publisher(settings.state_dir, "capture")  # on-call counters (cdc.metrics)
+        #: each key's long values, to fill in what an UPDATE leaves out (cdc.logstore.images); open
+        #: while :meth:`run` runs
+        self.images: Images | None = None
 
     # -- entry point ------------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> RunResult:
         with self.metrics:  # publishes <state>/metrics/capture.json; records an error that ends the run
-            result = self._run(once=once, stop=stop)
+            self.images = Images(images_path(self.settings.state_dir))
+            try:
+                result = self._run(once=once, stop=stop)
+            finally:
+                self.images.close()
             self._publish_progress(result.confirmed_lsn, result.events)
             return result
 
@@ -453,6 +457,7 @@ class Reader:
             self._plugin = choose_plugin(conn, slot, self.settings.decoder)
             self._refuse_if_plugin_refused(conn)
             regs = self.registry.list_tables()
+            self._follow_topics(conn, regs, slot)
             self._ensure_nonfinite(conn, regs)
             self._sync_publication(conn)  # before a new slot's consistent point
             start_lsn = self._slot_start(conn, regs, db, slot)
@@ -463,6 +468,72 @@ class Reader:
                 conn, self.registry, regs, refused, functools.partial(self._refuse_lost_keys, conn), self.log
             )
             return self._stream_session(conn, db, slot, regs, watcher, chunking, stop, target)
+
+    def _follow_topics(self, conn: psycopg.Connection[Any], regs: list[TableReg], slot: str) -> None:
+        """Make the image store follow every registered table's topic (:mod:`cdc.logstore.images`):
+        a topic new or empty is followed from its first record; one written before the store (an
+        earlier version of cdc, or a store lost) is read first, up to what the slot confirmed.
+        Images of topics no longer registered are dropped."""
+        images = self.images
+        assert images is not None
+        followed = images.followed()
+        wanted = {r.topic for r in regs}
+        for topic in followed - wanted:
+            images.forget(topic)
+        todo = [r for r in regs if r.topic not in followed]
+        if not todo:
+            return
+        info = slot_info(conn, slot)
+        confirmed = (info.confirmed_flush_lsn or 0) if info.exists else 0
+        db = str(conn.info.dbname)
+        for reg in todo:
+            with self.store_lock:
+                try:
+                    ends = self.store.end_offsets(reg.topic)
+                    starts = self.store.start_offsets(reg.topic)
+                except UnknownTopicError:
+                    ends, starts = {}, {}
+            if all(ends.get(p, 0) <= starts.get(p, 0) for p in ends):
+                images.follow(reg.topic, time.time())
+                continue
+            codec = self._codec(reg, db)
+            if codec.imaged:
+                self.log(f"{reg.qualified}: reading its topic to rebuild the values updates leave out")
+                with self.store_lock:
+                    result = rebuild(
+                        images,
+                        reg.topic,
+                        iter_topic(self.store, reg.topic),
+                        confirmed,
+                        codec.image_of_event,
+                        functools.partial(_old_key, codec),
+                    )
+                self.log(
+                    f"{reg.qualified}: {result.keys} key(s) rebuilt from {result.records} record(s)"
+                    + (f"; values unknown: {result.unknown}" if result.unknown else "")
+                )
+                if result.unknown:
+                    self._note_unknown(reg, sum(result.unknown.values()), result.unknown)
+            images.follow(reg.topic, time.time())
+
+    def _note_unknown(self, reg: TableReg, events: int, columns: Mapping[str, int] | None = None) -> None:
+        """Record that ``reg``'s topic holds values the reader could not know (``cdc status``,
+        ``cdc check`` and ``cdc tables list`` name it; a full snapshot of the table clears it)."""
+        raw = self.registry.get_table_state(TableState.VALUES_UNKNOWN, reg.schema, reg.table)
+        state: dict[str, Any] = (
+            orjson.loads(raw) if raw else {"events": 0, "columns": {}, "since": int(time.time())}
+        )
+        state["events"] += events
+        for name, n in (columns or {}).items():
+            state["columns"][name] = state["columns"].get(name, 0) + n
+        self.registry.set_table_state(
+            TableState.VALUES_UNKNOWN, reg.schema, reg.table, orjson.dumps(state).decode()
+        )
+        if not raw:
+            self.log(
+                f"warning: {reg.qualified}: its topic holds values cdc cannot know (written before its "
+                f"image store, or the store was lost); fix: `cdc snapshot {reg.qualified}`"
+            )
 
     def _slot_start(self, conn: psycopg.Connection[Any], regs: list[TableReg], db: str, slot: str) -> int:
         """Carry out the slot decision (:func:`cdc.reader.slot.decide`); the position to stream from."""
@@ -541,7 +612,9 @@ class Reader:
     ) -> TableReg:
         """A table's columns changed at the source (``EventBuilder``'s ``columns_changed``);
         ``told``: the renames the DDL recorder reported (exact); else inferred from rows."""
-        renamed = _renamed(reg.columns, cols) if told is None else told
+        renamed = renamed_columns(reg.columns, cols) if told is None else told
+        long_values = out_of_line_columns({c.name: c.type for c in reg.columns})
+        rewritten = [n for n in retyped_columns(reg.columns, cols) if n in long_values]
         new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
         # e.g. its first float column, or a generated one (the recorder's other form)
         self._ensure_nonfinite(conn, [new])
@@ -557,6 +630,15 @@ class Reader:
                 f"{reg.qualified}: column(s) renamed at the source {renamed}"
                 f"{' (DDL recorder)' if told is not None else ''}; "
                 "snapshotting the table again (chunked) so every row carries the new name"
+            )
+            self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
+            self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
+        elif rewritten:
+            # the ALTER rewrote these values at the source, where no change reaches the stream: an
+            # UPDATE that leaves them out could not be filled in; a chunked snapshot reads them
+            self.log(
+                f"{reg.qualified}: column(s) {rewritten} retyped at the source; snapshotting the "
+                "table again (chunked) so every row carries their new values"
             )
             self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
             self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
@@ -582,6 +664,10 @@ class Reader:
                 codecs[leaf] = codecs[parent]
         self.registry.set_state(State.STREAMED_TABLES, orjson.dumps(sorted(codecs)).decode())
         type_cache: dict[str, str] = {}
+        images = self.images
+        assert images is not None
+        images.restart()  # what a failed batch staged is sent again by the slot
+        staging = images.staging()
         builder = EventBuilder(
             codecs,
             functools.partial(self._columns_changed, conn),
@@ -590,9 +676,12 @@ class Reader:
             # pgoutput's publication is shared state: a table registered since this session started
             # is published before the session restarts with it (its chunked snapshot covers it)
             skip_unlisted=self._plugin == "pgoutput",
+            images=images,
+            staging=staging,
+            catalog_columns=lambda reg: table_columns(conn, reg.schema, reg.table),
         )
         follower = self._ddl_follower(conn, builder, regs, watcher)
-        batch = Batch(self.store, self.store_lock)
+        batch = Batch(self.store, self.store_lock, staging=staging)
         ctl = StreamControl(
             stop=stop,
             should_restart=watcher.should_restart,
@@ -611,6 +700,8 @@ class Reader:
         def on_confirm(pos: int) -> None:
             self.confirmed = pos
             self._publish_progress(pos, self.events + batch.written)
+            if builder.unknown:
+                self._flush_unknown(builder, codecs)
             if detaches:
                 self._write_detached(detaches, pos)
 
@@ -657,8 +748,19 @@ class Reader:
             decoder.close()
             batch.close()
             self.events += batch.written
+            if builder.unknown:
+                self._flush_unknown(builder, codecs)
         self.confirmed = max(self.confirmed, pos)
         return reason
+
+    def _flush_unknown(self, builder: EventBuilder, codecs: Mapping[tuple[str, str], TableCodec]) -> None:
+        """Count the events written with values the images lacked (metrics, registry)."""
+        regs = {c.reg.qualified: c.reg for c in codecs.values()}
+        for table, n in builder.unknown.items():
+            self.metrics.add("values_unavailable", n)
+            if table in regs:
+                self._note_unknown(regs[table], n)
+        builder.unknown.clear()
 
     # -- partitioned tables -----------------------------------------------------------------------
     def _partitions_changed(self, conn: psycopg.Connection[Any], regs: list[TableReg]) -> bool:
@@ -919,6 +1021,9 @@ class Reader:
             )
 
         def on_done(reg: TableReg, cols: tuple[Column, ...], rows: int, alignment: Any) -> None:
+            progress = load_progress(self.registry, reg.schema, reg.table)
+            if progress is not None and progress.full:  # every row read again: every value known
+                self.registry.set_table_state(TableState.VALUES_UNKNOWN, reg.schema, reg.table, None)
             self.registry.set_columns(reg.schema, reg.table, cols)
             self.registry.set_snapshot_state(reg.schema, reg.table, "done", alignment)
             self.snapshots[reg.qualified] = rows
@@ -981,6 +1086,7 @@ class Reader:
                         snap,
                         regs,
                         self.store,
+                        images=self.images,
                         prefix=self.settings.topic_prefix,
                         db=db,
                         partitions=self.settings.partitions,
@@ -1019,6 +1125,7 @@ class Reader:
             drop_before = 0 if (res.reg.schema, res.reg.table) in streamed else consistent_lsn
             self.registry.set_state(drop_before_key(res.reg.schema, res.reg.table), str(drop_before))
             self.registry.set_columns(res.reg.schema, res.reg.table, res.columns)
+            self.registry.set_table_state(TableState.VALUES_UNKNOWN, res.reg.schema, res.reg.table, None)
             self.registry.set_snapshot_state(res.reg.schema, res.reg.table, "done", res.alignment)
             self.snapshots[res.reg.qualified] = res.rows
             self.events += res.rows

@@ -276,8 +276,11 @@ def _loop(
                     boundary(lsn_to_int(data.lsn or "0/0"))
             elif data.table == wm_table and data.schema == wm_schema:
                 # a chunked snapshot's watermark: at a high watermark, the chunk's rows
-                for topic, records in chunks.watermark(data, builder.commit_lsn):
+                for topic, records, images in chunks.watermark(data, builder.commit_lsn):
                     batch.add(topic, records)
+                    if builder.staging is not None:
+                        for key, blob in images:
+                            builder.staging.put(topic, key, blob)
             else:
                 out = change(data)
                 changes += 1
