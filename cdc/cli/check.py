@@ -24,6 +24,7 @@ from cdc.cli.output import print_json
 from cdc.config import Settings
 from cdc.connect import classify, connect
 from cdc.errors import SourceError
+from cdc.logstore.images import unknown_values
 from cdc.preflight import Finding, Report, run_preflight
 from cdc.publication import decoder_in_use, keep_publication
 from cdc.recorders.ddl import check_ddl_recorder, install_ddl_recorder, install_script
@@ -34,7 +35,7 @@ from cdc.recorders.nonfinite import (
     tracked_columns,
 )
 from cdc.recorders.nonfinite import install_script as nonfinite_script
-from cdc.registry import Registry, State, TableReg
+from cdc.registry import Registry, State, TableReg, TableState
 from snapshot.chunk_state import SnapshotOptions, check_watermark_table, ensure_watermark_table
 
 
@@ -117,6 +118,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
             )
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None
+    report = _with_unknown_values(report, settings, regs)
     if args.json:
         print_json(report.to_dict())
     else:
@@ -179,6 +181,21 @@ def _with_source_objects(
             severity, message, fix = found
             findings = (*findings, Finding(name, severity, message, fix))  # type: ignore[arg-type]
     return Report(findings, (*report.checked, *(name for name, _ in checks)), report.skipped)
+
+
+def _with_unknown_values(report: Report, settings: Settings, regs: list[TableReg]) -> Report:
+    """The report with a warning per table whose topic holds values the reader could not know
+    (:mod:`cdc.logstore.images`): its topic is not a complete copy until it is snapshotted again."""
+    if not regs:
+        return report
+    found: list[Finding] = []
+    with Registry(settings.state_dir) as registry:
+        for reg in regs:
+            raw = registry.get_table_state(TableState.VALUES_UNKNOWN, reg.schema, reg.table)
+            if raw:
+                message, fix = unknown_values(reg.qualified, raw)
+                found.append(Finding("complete_topics", "warning", message, fix, {"table": reg.qualified}))
+    return Report((*report.findings, *found), (*report.checked, "complete_topics"), report.skipped)
 
 
 _LABELS = {"error": "ERROR", "warning": "WARN", "info": "INFO"}

@@ -364,6 +364,19 @@ class Images:
             db.close()
 
 
+def unknown_values(table: str, raw: str) -> tuple[str, str]:
+    """What ``cdc status`` and ``cdc check`` say of a table whose topic holds values the reader could
+    not know (the registry's ``values_unknown`` state, JSON): the message and the fix."""
+    state = orjson.loads(raw)
+    columns = ", ".join(sorted(state.get("columns") or {})) or "its out-of-line columns"
+    return (
+        f"{table}: {state.get('events', 0)} change(s) in its topic lack values cdc could not know "
+        f"({columns}; listed in their `unavailable`): its image store was lost or predates them, "
+        "so the topic is not a complete copy of the table",
+        f"`cdc snapshot {table}` reads every row again (while streaming) and makes it whole",
+    )
+
+
 # -- rebuilding a topic's images from the topic ----------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
+from cdc.logstore.images import unknown_values
 from cdc.names import quote_ident
 from cdc.preflight import gather_standbys
 from cdc.registry import Registry, State, TableReg, TableState
@@ -56,12 +57,30 @@ def commit_ts_ms(ts: str | None) -> int | None:
 def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dict[str, Any]]:
     """One ERROR stage per registered table the capture no longer reads: dropped or renamed at the
     source (registry state ``TableState.SOURCE_MISSING``), or refused (a key column dropped or
-    renamed, ``TableState.SCHEMA_REFUSED``). The other tables' capture goes on."""
+    renamed, ``TableState.SCHEMA_REFUSED``). The other tables' capture goes on. A WARN stage per table
+    whose topic holds values the reader could not know (``TableState.VALUES_UNKNOWN``)."""
     out: list[dict[str, Any]] = []
     for reg in tables:
         name = reg.qualified
         missing = registry.get_table_state(TableState.SOURCE_MISSING, reg.schema, reg.table)
         refused = registry.get_table_state(TableState.SCHEMA_REFUSED, reg.schema, reg.table)
+        unknown = registry.get_table_state(TableState.VALUES_UNKNOWN, reg.schema, reg.table)
+        if unknown is not None and missing is None and refused is None:
+            reason, fix = unknown_values(name, unknown)
+            out.append(
+                {
+                    "stage": "source_table",
+                    "name": f"source table {name}",
+                    "table": name,
+                    "sink": None,
+                    "verdict": "WARN",
+                    "severity": "warn",
+                    "reason": reason,
+                    "fix": fix,
+                    "process": "capture",
+                }
+            )
+            continue
         if missing is None and refused is None:
             continue
         if missing is not None:

@@ -9,6 +9,7 @@ before and after the embedded store compacted it, on both decoders."""
 from __future__ import annotations
 
 import secrets
+import time
 import signal
 from pathlib import Path
 from typing import Any
@@ -227,4 +228,108 @@ def test_schema_changes_keep_every_row_whole(env: CaptureEnv, monkeypatch: pytes
             assert event["unavailable"] == [], event["unavailable"]
     compact(env, topic, monkeypatch)
     assert_complete(env, topic)
+    assert_replay_equals_source(env, topic, "t")
+
+
+def test_a_value_that_cannot_be_known_is_named_and_repaired(
+    env: CaptureEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic written before the image store (its newest record of a key lists the value in
+    ``unavailable``), compacted, and the store lost: the value cannot be known. The change that
+    leaves it out keeps it in ``unavailable`` -- never null, never a guess --, ``cdc check`` and
+    ``cdc status`` name the table, and ``cdc snapshot TABLE`` makes the topic whole again."""
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
+    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
+    for i in range(5):
+        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (i, big(i)))
+    env.add_table("public.t")
+    env.run_once()
+    topic = env.reg("public", "t").topic
+    # what an earlier cdc wrote for an update that left body out
+    last = [r for r in env.records(topic) if r.key == b'{"id":1}'][-1]
+    legacy = orjson.loads(last.value or b"")
+    del legacy["after"]["body"]
+    legacy["op"], legacy["unavailable"] = "u", ["body"]
+    with open_log_store(env.settings(), writer=True) as store:
+        store.append(topic, [cdc.logstore.Record(last.key, orjson.dumps(legacy))])
+    compact(env, topic, monkeypatch)
+    for p in Path(env.state).glob(images_path(env.state).name + "*"):
+        p.unlink()
+    env.sql("UPDATE t SET n = 1")
+    res = env.cdc("run", "--once")
+    assert res.returncode == 0, res.stderr
+    assert "values unknown: {'body': 1}" in res.stderr, res.stderr
+    events = {r.key: orjson.loads(r.value) for r in env.records(topic) if r.value}
+    assert events[b'{"id":1}']["unavailable"] == ["body"] and "body" not in events[b'{"id":1}']["after"]
+    assert all(e["unavailable"] == [] for k, e in events.items() if k != b'{"id":1}')
+
+    check = env.cdc("check", "--json")
+    found = [f for f in orjson.loads(check.stdout)["findings"] if f["check"] == "complete_topics"]
+    assert len(found) == 1 and "public.t" in found[0]["message"] and "cdc snapshot public.t" in found[0]["fix"]
+    status = orjson.loads(env.cdc("status", "--json").stdout)
+    warned = [s for s in status["stages"] if s.get("table") == "public.t" and s["stage"] == "source_table"]
+    assert warned and warned[0]["verdict"] == "WARN", status["stages"]
+
+    assert env.cdc("snapshot", "public.t").returncode == 0
+    env.run_once()
+    with env.registry() as reg:
+        assert reg.get_table_state(TableState.VALUES_UNKNOWN, "public", "t") is None
+    compact(env, topic, monkeypatch)
+    assert_complete(env, topic)
+    assert_replay_equals_source(env, topic, "t")
+
+
+@pytest.mark.kafka
+@pytest.mark.cdc_config("", backend="kafka")
+def test_a_librdkafka_consumer_reads_every_row_whole_from_offset_0(env: CaptureEnv) -> None:
+    """On Kafka (Tansu, which never compacts), another client -- librdkafka through confluent-kafka --
+    reading the topic from offset 0 gets whole rows in every record: what a compacted topic keeps."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
+    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
+    for i in range(30):
+        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (i, big(i)))
+    env.add_table("public.t")
+    env.run_once()
+    env.sql("UPDATE t SET n = 1")
+    env.sql("UPDATE t SET id = id + 100 WHERE id < 3")
+    env.sql("UPDATE t SET body = %s WHERE id = 10", (big("new"),))
+    env.sql("UPDATE t SET n = 2 WHERE id >= 10")
+    env.run_once()
+    topic = env.reg("public", "t").topic
+    expected = env.records(topic)
+    assert env.log_url is not None
+    consumer = Consumer(
+        {
+            "bootstrap.servers": env.log_url.removeprefix("kafka://"),
+            "group.id": f"librdkafka-{env.slot}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 50 << 20,
+            "max.partition.fetch.bytes": 50 << 20,
+        }
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append(msg)
+    finally:
+        consumer.close()
+    assert len(got) == len(expected)
+    whole = 0
+    for msg in got:
+        if msg.value() is None:
+            continue
+        event = orjson.loads(msg.value())
+        if event["after"] is not None:
+            assert event["unavailable"] == [] and "body" in event["after"], (msg.key(), event["op"])
+            whole += 1
+    assert whole == 30 + 30 + 3 + 1 + 23  # snapshot, n = 1, key changes, body, n = 2 (ids 10-29, 100-102)
     assert_replay_equals_source(env, topic, "t")
