@@ -9,8 +9,8 @@ before and after the embedded store compacted it, on both decoders."""
 from __future__ import annotations
 
 import secrets
-import time
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,9 @@ def test_kill_between_the_append_and_the_images_keeps_every_event_right(env: Cap
     assert_replay_equals_source(env, topic, "t")
 
 
-def test_the_images_are_rebuilt_from_the_topic_when_lost(env: CaptureEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_images_are_rebuilt_from_the_topic_when_lost(
+    env: CaptureEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The image store deleted (a lost disk, a restore of the state without it): the next ``cdc run``
     rebuilds it from the compacted topic, which is complete, and every event stays whole."""
     env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
@@ -222,7 +224,10 @@ def test_schema_changes_keep_every_row_whole(env: CaptureEnv, monkeypatch: pytes
         event = orjson.loads(rec.value) if rec.value else None
         if event is None or event["after"] is None:
             continue
-        if (rec.partition, rec.offset) not in readded_at:  # the re-added column: none of the dropped one's values come back
+        if (
+            rec.partition,
+            rec.offset,
+        ) not in readded_at:  # the re-added column: none of the dropped one's values come back
             gone = event["after"].get("gone")
             assert gone is None or gone.startswith("new"), gone
             assert event["unavailable"] == [], event["unavailable"]
@@ -265,7 +270,9 @@ def test_a_value_that_cannot_be_known_is_named_and_repaired(
 
     check = env.cdc("check", "--json")
     found = [f for f in orjson.loads(check.stdout)["findings"] if f["check"] == "complete_topics"]
-    assert len(found) == 1 and "public.t" in found[0]["message"] and "cdc snapshot public.t" in found[0]["fix"]
+    assert (
+        len(found) == 1 and "public.t" in found[0]["message"] and "cdc snapshot public.t" in found[0]["fix"]
+    )
     status = orjson.loads(env.cdc("status", "--json").stdout)
     warned = [s for s in status["stages"] if s.get("table") == "public.t" and s["stage"] == "source_table"]
     assert warned and warned[0]["verdict"] == "WARN", status["stages"]
