@@ -503,7 +503,12 @@ class ChunkDriver:
         progress.chunk_size = self.options.chunk_size
         _refuse_null_keys(conn, reg, [c.name for c in cols if c.nullable and c.name in codec.key], where)
         encoder = RowEncoder(
-            names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified, imaged=codec.imaged
+            names,
+            {c.name: c.type for c in cols},
+            codec.key,
+            table=reg.qualified,
+            imaged=codec.imaged,
+            bound=codec.row_bound,
         )
         ident: sql.Composable = sql.Identifier(reg.schema, reg.table)
         if progress.partitions is not None:

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from cdc.codec.values import text_converter_for, type_kind
+from cdc.codec.values import TOAST_TUPLE_THRESHOLD, RowBound, text_converter_for, type_kind
 from cdc.errors import SourceError
 from cdc.logstore.images import FIELD_SEP, NAME_SEP
 from snapshot import snapshot_error
@@ -212,10 +212,13 @@ class RowEncoder:
         *,
         table: str = "",
         imaged: Sequence[tuple[str, bytes]] = (),
+        bound: RowBound | None = None,
     ) -> None:
         self.table = table
-        #: the columns whose values the reader keeps per key (``TableCodec.imaged``): (name, JSON name)
+        #: the columns whose values the reader keeps per key (``TableCodec.imaged``): (name, JSON
+        #: name), kept for the rows that may hold one out of line (``bound``: ``TableCodec.row_bound``)
         self.imaged = list(imaged)
+        self.bound = bound
         self.names = list(names)
         self.key = list(key)
         self.kinds = {n: type_kind(types[n]) for n in self.names}
@@ -295,6 +298,15 @@ class RowEncoder:
                 parts.append(pc.cast(frags[name], pa.binary()))
             parts.append(pa.scalar(b"", pa.binary()))  # the separator
             images = pc.binary_join_element_wise(*parts)
+            if self.bound is not None and self.bound.dynamic is not None:
+                # as TableCodec.holds_out_of_line: a row under the threshold holds no value out of line
+                total: Any = pa.scalar(self.bound.static, pa.int64())
+                for name, factor, extra in self.bound.dynamic:
+                    size = pc.cast(pc.binary_length(pc.cast(frags[name], pa.binary())), pa.int64())
+                    total = pc.add(total, pc.add(pc.multiply(size, factor), extra))
+                images = pc.if_else(
+                    pc.greater(total, TOAST_TUPLE_THRESHOLD), images, pa.scalar(None, pa.binary())
+                )
         return (
             self._object(self._key_parts, [frags[k] for k in self.key]),
             self._object(self._after_parts, [frags[n] for n in self.names]),

@@ -174,7 +174,12 @@ def read_table(
             table=reg.qualified,
         )
     encoder = RowEncoder(
-        names, {c.name: c.type for c in cols}, codec.key, table=reg.qualified, imaged=codec.imaged
+        names,
+        {c.name: c.type for c in cols},
+        codec.key,
+        table=reg.qualified,
+        imaged=codec.imaged,
+        bound=codec.row_bound,
     )
     now = str(int(time.time() * 1000)).encode()
     head = b'{"before":null,"after":'
@@ -203,7 +208,8 @@ def read_table(
                 records = [Record(k, v) for k, v in zip(key_list, values, strict=True)]
                 if staging is not None and blobs is not None:
                     for k, b in zip(key_list, blobs.to_pylist(), strict=True):
-                        staging.put(topic, k, b)
+                        if b is not None:
+                            staging.put(topic, k, b)
                 if held is not None:
                     records.insert(0, Record(held[0], head + held[1] + tail_row))
                 last = records.pop()

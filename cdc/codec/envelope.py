@@ -29,7 +29,13 @@ import orjson
 
 from cdc.codec import Col, Converter, Decoder, Message
 from cdc.codec.nonfinite import NonFinite, key_comparable, parse_nonfinite
-from cdc.codec.values import out_of_line_columns, text_converter_for, type_kind
+from cdc.codec.values import (
+    TOAST_TUPLE_THRESHOLD,
+    out_of_line_columns,
+    row_bound,
+    text_converter_for,
+    type_kind,
+)
 from cdc.codec.wal2json import DECODER
 from cdc.errors import DecodeError
 from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
@@ -253,9 +259,42 @@ class TableCodec:
         #: the columns an UPDATE may leave out (unchanged out-of-line values), whose values the
         #: reader keeps per key (:mod:`cdc.logstore.images`) and fills in: (name, JSON-encoded name)
         outside = set(self.key) | self.exclude
-        self.imaged = [
-            (n, _dumps(n)) for n in out_of_line_columns({c.name: c.type for c in columns}) if n not in outside
-        ]
+        types = {c.name: c.type for c in columns}
+        self.imaged = [(n, _dumps(n)) for n in out_of_line_columns(types) if n not in outside]
+        #: the upper bound of a row's stored length: a row under ``TOAST_TUPLE_THRESHOLD`` holds no
+        #: value out of line, so its image is not kept (:meth:`holds_out_of_line`)
+        self.row_bound = row_bound(types, set(self.included))
+        self._bound_dynamic = (
+            None
+            if self.row_bound.dynamic is None
+            else [(n, _dumps(n), f, b) for n, f, b in self.row_bound.dynamic]
+        )
+
+    def holds_out_of_line(self, after: dict[str, Any], kept: Image | None = None) -> bool:
+        """Whether the row may hold a value stored out of line (then its image is kept): Postgres
+        toasts a row only when it is longer than ``TOAST_TUPLE_THRESHOLD``, and a value it moved out
+        of line then was written by this change (an UPDATE sends it: its chunks are new) or is one
+        filled in from ``kept``. Bounded from above (:func:`cdc.codec.values.row_bound`)."""
+        dynamic = self._bound_dynamic
+        if dynamic is None:
+            return True
+        total = self.row_bound.static
+        for name, enc, factor, extra in dynamic:
+            v = after.get(name, _MISSING)
+            if v is None:
+                continue
+            if v is _MISSING:
+                return True  # unknown (left out, and not filled in)
+            if isinstance(v, str):
+                n = len(v) if v.isascii() else 4 * len(v)
+            elif isinstance(v, _Fragment):
+                n = len(kept[enc]) if kept is not None and enc in kept else 1 << 30
+            else:
+                n = len(_dumps(v))
+            total += factor * n + extra
+            if total > TOAST_TUPLE_THRESHOLD:
+                return True
+        return False
 
     def image(self, after: dict[str, Any], kept: Image | None = None) -> bytes:
         """The packed image of an ``after`` row: its imaged columns' JSON; ``kept``: the values
@@ -269,7 +308,10 @@ class TableCodec:
         return pack(out)
 
     def image_of_event(self, after: dict[str, Any]) -> Image:
-        """The image of a parsed event's ``after`` (rebuilding the images from a topic)."""
+        """The image of a parsed event's ``after`` (rebuilding the images from a topic): empty for
+        a row that holds no value out of line."""
+        if not self.holds_out_of_line(after):
+            return {}
         return {enc: _dumps(after[name]) for name, enc in self.imaged if name in after}
 
     # -- rows -----------------------------------------------------------------------------------
@@ -602,7 +644,7 @@ class EventBuilder:
             if after is not None:  # change_records, inline (the common case)
                 value = event_value(None, after, source, b"c", (), self.now)
                 key_b = codec.key_bytes(after, lsn)
-                if st is not None and codec.imaged:
+                if st is not None and codec.imaged and codec.holds_out_of_line(after):
                     st.put(codec.topic, key_b, codec.image(after))
                 return codec.topic, [Record(key_b, value)]
         elif action == "U":
@@ -618,7 +660,7 @@ class EventBuilder:
                     key_b = codec.key_bytes(after, lsn)
                     if key_b == codec.key_bytes(fast_before, lsn):  # else: a key change, below
                         value = event_value(fast_before, after, source, b"u", (), self.now)
-                        if st is not None and codec.imaged:
+                        if st is not None and codec.imaged and codec.holds_out_of_line(after):
                             st.put(codec.topic, key_b, codec.image(after))
                         return codec.topic, [Record(key_b, value)]
         if action == "T":
@@ -647,7 +689,7 @@ class EventBuilder:
             if codec.source_head is not head:  # the columns changed: the new schema version
                 source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
             records = codec.change_records(b"d", codec.row(identity), None, source, self.now, lsn=lsn)
-            if self.staging is not None:
+            if self.staging is not None and codec.imaged:
                 self.staging.put(codec.topic, records[0].key, None)
             return codec.topic, records
         cols = msg.columns or []
@@ -697,7 +739,7 @@ class EventBuilder:
         if st is not None:
             if old_b != new_b:
                 st.put(codec.topic, old_b, None)
-            if codec.imaged:
+            if codec.imaged and codec.holds_out_of_line(after, kept):
                 st.put(codec.topic, new_b, codec.image(after, kept))
         return codec.topic, records
 

@@ -9,6 +9,7 @@ gives the same JSON value for the same datum.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from cdc.codec import Converter
@@ -237,3 +238,51 @@ def out_of_line_columns(types: dict[str, str]) -> tuple[str, ...]:
         if longest <= TOAST_TUPLE_THRESHOLD:
             return ()
     return tuple(n for n, w in widths.items() if w is None or w > TOAST_POINTER_BYTES)
+
+
+#: how much longer than its text a value of a kind of type can be stored (factor, bytes), for the
+#: upper bound of a row's stored length: text-like types store their text and a 4-byte header; jsonb
+#: stores a number of one digit in up to 12 bytes (a 4-byte entry, a numeric); arrays an element of
+#: two characters (``1,``) in up to 8; other types (tsvector, ranges, composites, ...) alike
+_TEXT_LIKE = frozenset(
+    {"text", "character varying", "character", "json", "xml", "citext", "bytea", "numeric"}
+)
+
+
+def stored_factor(pg_type: str) -> tuple[int, int]:
+    """(factor, bytes): a value of ``pg_type`` whose text is N bytes is stored in at most
+    ``factor * N + bytes`` (uncompressed, header and alignment included)."""
+    t = pg_type.strip().lower()
+    if t.endswith("[]"):
+        return 8, 32
+    base = t.split("(", 1)[0].strip()
+    if base in _TEXT_LIKE:
+        return 1, 16
+    return 8, 64
+
+
+@dataclass(frozen=True)
+class RowBound:
+    """The longest a row of a table can be stored, from its event values: ``static`` bytes (the
+    tuple header, alignment, and every column whose width is bounded), plus, per column of unbounded
+    width, ``factor * len(text) + bytes`` (:func:`stored_factor`). ``dynamic`` None: a column that
+    the events do not carry (excluded) is unbounded, so no row can be bounded."""
+
+    static: int
+    dynamic: tuple[tuple[str, int, int], ...] | None
+
+
+def row_bound(types: dict[str, str], carried: set[str]) -> RowBound:
+    """The :class:`RowBound` of a table's columns (name -> ``format_type()``); ``carried``: the
+    columns its events carry (the others are excluded)."""
+    static = 32 + 9 * len(types)
+    dynamic: list[tuple[str, int, int]] = []
+    for name, t in types.items():
+        width = max_width(t)
+        if width is not None:
+            static += width
+        elif name not in carried:
+            return RowBound(static, None)
+        else:
+            dynamic.append((name, *stored_factor(t)))
+    return RowBound(static, tuple(dynamic))
