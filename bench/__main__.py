@@ -20,6 +20,7 @@ BENCHMARKS = [
     "logstore_embedded",
     "logstore_kafka",
     "capture",
+    "toast_fill",
     "nonfinite",
     "snapshot",
     "chunked",

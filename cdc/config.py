@@ -160,6 +160,7 @@ READER_KEYS = (
     "snapshot_workers",
     "poll_s",
     "retry_max_s",
+    "fill_unchanged_toast",
 )
 SECTIONS = ("warehouse", "search", "kafka", "status", "serve", "snapshot")
 
@@ -201,6 +202,10 @@ class CdcFile(_Section):
     snapshot_workers: int = Field(default=2, ge=1)
     poll_s: float = Field(default=1.0, gt=0)
     retry_max_s: float = Field(default=300.0, gt=0)
+    #: fill in the out-of-line values an UPDATE leaves unchanged, so every event is the whole row
+    #: and a compacted topic a complete copy (cdc.logstore.images); false: list them in
+    #: ``unavailable`` and keep no image store (the topics are then not complete copies)
+    fill_unchanged_toast: bool = True
     warehouse: WarehouseConfig = Field(default_factory=WarehouseConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)

@@ -740,7 +740,9 @@ class EventBuilder:
             if old_b != new_b:
                 st.put(codec.topic, old_b, None)
             if codec.imaged and codec.holds_out_of_line(after, kept):
-                st.put(codec.topic, new_b, codec.image(after, kept))
+                blob = codec.image(after, kept)
+                if kept is None or old_b != new_b or blob != pack(kept):  # else: the image stands
+                    st.put(codec.topic, new_b, blob)
         return codec.topic, records
 
     def _fill(

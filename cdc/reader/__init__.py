@@ -141,6 +141,10 @@ class ReaderOptions:
     snapshot_workers: int = 2
     poll_s: float = 1.0
     retry_max_s: float = 300.0  # time spent retrying transient source errors before giving up
+    #: 1: fill in the unchanged out-of-line values an UPDATE leaves out, so a compacted topic is a
+    #: complete copy (cdc.logstore.images); 0: leave them in ``unavailable`` and keep no image store
+    #: (to measure what the fill costs, or to spare its disk: the topics are then not complete)
+    fill_unchanged_toast: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReaderOptions:
@@ -159,7 +163,7 @@ class ReaderOptions:
                 raise ConfigError(
                     f"{f.name} must be a number, got {raw!r}", fix=f"set {f.name} in cdc.toml to a number"
                 ) from exc
-            if value < 0 or (value == 0 and f.name not in ("heartbeat_interval_s",)):
+            if value < 0 or (value == 0 and f.name not in ("heartbeat_interval_s", "fill_unchanged_toast")):
                 raise ConfigError(
                     f"{f.name} must be positive, got {raw!r}", fix=f"set {f.name} > 0 in cdc.toml"
                 )
@@ -242,11 +246,17 @@ class Reader:
     # -- entry point ------------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> RunResult:
         with self.metrics:  # publishes <state>/metrics/capture.json; records an error that ends the run
-            self.images = Images(images_path(self.settings.state_dir))
+            path = images_path(self.settings.state_dir)
+            if self.options.fill_unchanged_toast:
+                self.images = Images(path)
+            else:  # a store that misses changes must never fill one: rebuilt from the topics when on again
+                for stale in path.parent.glob(path.name + "*"):
+                    stale.unlink()
             try:
                 result = self._run(once=once, stop=stop)
             finally:
-                self.images.close()
+                if self.images is not None:
+                    self.images.close()
             self._publish_progress(result.confirmed_lsn, result.events)
             return result
 
@@ -475,7 +485,8 @@ class Reader:
         earlier version of cdc, or a store lost) is read first, up to what the slot confirmed.
         Images of topics no longer registered are dropped."""
         images = self.images
-        assert images is not None
+        if images is None:
+            return
         followed = images.followed()
         wanted = {r.topic for r in regs}
         for topic in followed - wanted:
@@ -665,9 +676,10 @@ class Reader:
         self.registry.set_state(State.STREAMED_TABLES, orjson.dumps(sorted(codecs)).decode())
         type_cache: dict[str, str] = {}
         images = self.images
-        assert images is not None
-        images.restart()  # what a failed batch staged is sent again by the slot
-        staging = images.staging()
+        staging = None
+        if images is not None:
+            images.restart()  # what a failed batch staged is sent again by the slot
+            staging = images.staging()
         builder = EventBuilder(
             codecs,
             functools.partial(self._columns_changed, conn),
