@@ -345,6 +345,18 @@ class Images:
                 (topic, now),
             )
 
+    def reset(self) -> None:
+        """Forget every image and the committed version: a new slot (the old one lost, or a new
+        initial snapshot) streams changes the images may not reflect, from positions the old
+        slot's version does not order. Until a snapshot brings a row again, a change that leaves
+        one of its values out keeps it in ``unavailable``."""
+        with self._wlock:
+            self._w.execute("BEGIN IMMEDIATE")
+            self._w.execute("DELETE FROM images")
+            self._w.execute("DELETE FROM meta WHERE name = 'high'")
+            self._w.execute("COMMIT")
+        self.restart()
+
     def forget(self, topic: str) -> None:
         """Drop a topic's images (its table is no longer registered)."""
         with self._wlock:

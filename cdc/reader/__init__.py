@@ -573,6 +573,8 @@ class Reader:
         if action == "gone":
             raise self._slot_lost("does not exist any more")
         self._ensure_topics(regs)
+        if action in ("recover", "snapshot", "recreate") and self.images is not None:
+            self.images.reset()  # a new slot: its snapshot brings every row (and image) again
         if action == "recover":
             # recovery after a lost slot (`cdc snapshot --all` made every table pending): a new
             # slot, and every table snapshotted in chunks while streaming from its start; each

@@ -340,3 +340,30 @@ def test_a_librdkafka_consumer_reads_every_row_whole_from_offset_0(env: CaptureE
             whole += 1
     assert whole == 30 + 30 + 3 + 1 + 23  # snapshot, n = 1, key changes, body, n = 2 (ids 10-29, 100-102)
     assert_replay_equals_source(env, topic, "t")
+
+
+@pytest.mark.decoders("pgoutput")
+def test_the_fill_turned_off_and_on_again_never_fills_from_a_stale_store(env: CaptureEnv) -> None:
+    """``fill_unchanged_toast = false`` (to measure the fill, or spare its disk) lists the values in
+    ``unavailable`` and drops the image store, which missed those changes; turned on again, the
+    store is rebuilt from the topic: the values a change wrote while it was off are the ones filled."""
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
+    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
+    env.sql("INSERT INTO t VALUES (1, 0, %s)", (big("first"),))
+    env.add_table("public.t")
+    env.run_once()
+    topic = env.reg("public", "t").topic
+    on = env.config.read_text()
+    env.config.write_text(on + "fill_unchanged_toast = false\n")
+    env.sql("UPDATE t SET body = %s", (big("written while off"),))
+    env.sql("UPDATE t SET n = 1")
+    env.run_once()
+    assert not images_path(env.state).exists()
+    last = orjson.loads(env.records(topic)[-1].value or b"")
+    assert last["unavailable"] == ["body"] and "body" not in last["after"]
+    env.config.write_text(on)
+    env.sql("UPDATE t SET n = 2")
+    res = env.cdc("run", "--once")
+    assert res.returncode == 0 and "rebuilt from" in res.stderr, res.stderr
+    last = orjson.loads(env.records(topic)[-1].value or b"")
+    assert last["unavailable"] == [] and last["after"]["body"].startswith("written while off")

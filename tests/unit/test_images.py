@@ -192,3 +192,14 @@ def test_a_replayed_change_at_or_below_the_committed_version_is_skipped(images: 
     assert again.change(_msg("U", "0/23", [("id", "integer", 1), ("n", "integer", 2)])) is not None
     again.begin(Message(action="B", lsn="0/30", xid=8))
     assert again.change(_msg("U", "0/31", [("id", "integer", 1), ("n", "integer", 3)])) is not None
+
+
+def test_a_new_slot_resets_the_images_and_the_committed_version(images: Images) -> None:
+    st = images.staging()
+    st.put(T, k(1), pack({b'"body"': b'"old"'}))
+    st.version = (500, 1)
+    images.commit(st.seal())
+    assert images.restart() == (500, 1)
+    images.reset()  # a lost slot: the old one's positions order nothing, its values may be stale
+    assert images.high == (0, 0) and images.get(T, k(1)) is None
+    assert images.restart() == (0, 0)
