@@ -730,6 +730,7 @@ class EventBuilder:
         new_b = encode_key(new_key)
         old_b = codec.key_bytes(before, lsn) if before is not None else new_b
         kept: Image | None = None
+        sent = any(name in after for name, _ in codec.imaged)  # else the image stands as it was
         if unavailable:
             after, unavailable, kept = self._fill(codec, after, unavailable, new_key, old_b)
         records = codec.change_records(
@@ -739,10 +740,10 @@ class EventBuilder:
         if st is not None:
             if old_b != new_b:
                 st.put(codec.topic, old_b, None)
-            if codec.imaged and codec.holds_out_of_line(after, kept):
-                blob = codec.image(after, kept)
-                if kept is None or old_b != new_b or blob != pack(kept):  # else: the image stands
-                    st.put(codec.topic, new_b, blob)
+            if kept is not None and not sent and old_b == new_b:
+                pass  # every value the image holds was left out, unchanged: so is the image
+            elif codec.imaged and codec.holds_out_of_line(after, kept):
+                st.put(codec.topic, new_b, codec.image(after, kept))
         return codec.topic, records
 
     def _fill(

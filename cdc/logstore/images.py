@@ -64,6 +64,9 @@ Image = dict[bytes, bytes]
 FIELD_SEP, NAME_SEP = b"\x00", b"\x01"
 
 
+_GET = "SELECT image FROM images WHERE topic = ? AND key = ?"
+
+
 def images_path(state_dir: Path) -> Path:
     return Path(state_dir) / "images.sqlite"
 
@@ -211,6 +214,7 @@ class Images:
                 "move it away: `cdc run` rebuilds it from the topics",
                 path=str(self.path),
             ) from exc
+        self._lookup = self._r.cursor()
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._gen_lock = threading.Lock()
@@ -281,9 +285,7 @@ class Images:
             return None
         with self._rlock:
             # fetchall: the statement is done at once, so no read transaction outlives the call
-            rows = self._r.execute(
-                "SELECT image FROM images WHERE topic = ? AND key = ?", (topic, key)
-            ).fetchall()
+            rows = self._lookup.execute(_GET, (topic, key)).fetchall()
         if not rows:
             return None
         image = unpack(rows[0][0])

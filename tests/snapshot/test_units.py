@@ -12,6 +12,7 @@ from cdc.codec.envelope import TableCodec
 from cdc.errors import ConfigError
 from cdc.events import Version
 from cdc.logstore import Record
+from cdc.logstore.images import pack
 from cdc.registry import Column, TableReg
 from snapshot.chunk_state import ChunkProgress, SnapshotOptions, progress_view
 from snapshot.chunked import ChunkTracker
@@ -40,8 +41,12 @@ def key(i: int) -> bytes:
     return orjson.dumps({"id": i})
 
 
-def rows(*ids: int) -> list[tuple[bytes, bytes]]:
-    return [(key(i), orjson.dumps({"id": i, "v": f"row {i}"})) for i in ids]
+def rows(*ids: int) -> list[tuple[bytes, bytes, bytes | None]]:
+    """Chunk rows (key, ``after``, packed image): odd ids hold an image, as a long row would."""
+    return [
+        (key(i), orjson.dumps({"id": i, "v": f"row {i}"}), pack({b'"v"': b'"long"'}) if i % 2 else None)
+        for i in ids
+    ]
 
 
 def tracker() -> ChunkTracker:
@@ -58,9 +63,10 @@ def test_a_key_changed_or_deleted_inside_the_window_is_dropped_the_rest_at_the_h
     t.saw("cdc.public.t", 502, [Record(key(4), b"{}")])
     t.put_rows("n1", rows(1, 2, 3, 4), last=True, snapshot="500:503:", read_ts_ms=1)
     out = t.watermark(mark("n1:hw"), 200)
-    assert [topic for topic, _ in out] == ["cdc.public.t"]
+    assert [topic for topic, _, _ in out] == ["cdc.public.t"]
     records = out[0][1]
     assert [r.key for r in records] == [key(1), key(3)]
+    assert out[0][2] == [(key(1), pack({b'"v"': b'"long"'})), (key(3), pack({b'"v"': b'"long"'}))]
     values = [orjson.loads(r.value or b"") for r in records]
     assert {Version.of(v) for v in values} == {Version(200, 0)}
     assert [v["op"] for v in values] == ["r", "r"]
