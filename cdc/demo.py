@@ -130,10 +130,12 @@ def run_demo(
     workdir: Path | None = None,
     keep: bool = False,
     out: Callable[[str], None] = print,
+    verbose: bool = False,
 ) -> int:
     """Run the demo, each step through ``run_cli`` (``cdc.cli.main``, passed in by the ``demo``
     verb so this module does not import the CLI above it); return the exit code of the first
-    failing step, or 0."""
+    failing step, or 0. ``verbose``: ``cdc run`` and ``cdc apply`` with ``--verbose`` (Spark's
+    start-up output, a repeated log line)."""
     base = Path(tempfile.mkdtemp(prefix="cdc-demo-")) if workdir is None else workdir
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o755)  # the cluster runs as the postgres OS user when we are root: it must reach base/pg
@@ -167,15 +169,16 @@ def run_demo(
         ]:
             step("register a table", "tables", "add", table, *flags)
         step("what is captured", "tables", "list")
-        step("initial snapshot, then stream to the current WAL position", "run", "--once")
-        step("Spark applies the topics to Delta and tantivy", "apply", "--once")
+        loud = ["--verbose"] if verbose else []
+        step("initial snapshot, then stream to the current WAL position", "run", "--once", *loud)
+        step("Spark applies the topics to Delta and tantivy", "apply", "--once", *loud)
         out(
             "\n== changing rows at the source: price cut on running gear, a new product, "
             "10 orders deleted, 5 customers moved, a primary-key change"
         )
         _change(dsn)
-        step("capture the changes", "run", "--once")
-        step("apply them", "apply", "--once")
+        step("capture the changes", "run", "--once", *loud)
+        step("apply them", "apply", "--once", *loud)
         step(
             "analyst query: revenue per city (join)",
             "sql",

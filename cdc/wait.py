@@ -46,6 +46,25 @@ On timeout the result says for each table how far behind it is: its target and a
 partition, the offsets still to apply, the commit LSN of its oldest change still to apply and the
 WAL bytes from it to ``L``; or, while capture has not passed ``L``, the slot's position and the
 bytes it is behind.
+
+Views from joins
+----------------
+A view (``cdc views add``, :mod:`cdc.views`) is a derived table too, and is named as it is
+registered (``--table order_details``). It keeps no positions of its own: the apply recomputes it
+after the base-table commits of each micro-batch (``ViewMaintainer``: its Delta table, then its
+index) and commits the batch's consumer positions only after that, on the tables' topics (3.). So
+a view is caught up to ``L`` when
+
+* every table it reads (``ViewReg.tables``) is caught up to ``L`` as above, and then, read after
+  those positions,
+* the apply has not refused it (``extra["refused"]`` in the registry: a view that no longer parses
+  against its tables, or whose rows no longer fit its table, is left at its last state while the
+  positions move on; the refusal is recorded before the positions of its batch), and
+* its Delta table exists, and its search index where it has search columns (a view added while the
+  apply runs gets its index at the apply's next micro-batch).
+
+A view whose tables caught up but that fails the other two is waited for until the timeout, and the
+result says why (``error``).
 """
 
 from __future__ import annotations
@@ -60,22 +79,27 @@ from typing import Any
 import orjson
 import psycopg
 
+from cdc import paths
 from cdc.codec import HEARTBEAT_PREFIX
 from cdc.config import Settings
 from cdc.connect import connect
-from cdc.errors import ConfigError, LogStoreError, UnknownTopicError
+from cdc.errors import ConfigError, LogStoreError, RegistryError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore
 from cdc.names import quote_ident
-from cdc.registry import Registry, TableReg
+from cdc.registry import Registry, TableReg, ViewReg
 
 __all__ = [
     "EXIT_NOT_CAUGHT_UP",
+    "Targets",
+    "ViewWait",
     "WaitResult",
     "commit_lsn_of",
     "parse_lsn",
     "partition_target",
+    "resolve",
     "slot_passed",
+    "view_behind",
     "wait_for_lsn",
 ]
 
@@ -241,6 +265,71 @@ class TableWait:
 
 
 @dataclass
+class ViewWait:
+    """One view's part of a wait: the waits of the tables it reads, and, once they are caught up,
+    what :func:`view_behind` found (``error``; ``current``: nothing, so the view is caught up)."""
+
+    view: ViewReg
+    tables: list[TableWait]
+    sinks: list[str]
+    error: str | None = None
+    current: bool = False
+
+    @property
+    def caught_up(self) -> bool:
+        return self.current and all(tw.caught_up for tw in self.tables)
+
+    @property
+    def lag_offsets(self) -> int | None:
+        lags = [tw.lag_offsets for tw in self.tables]
+        return None if any(x is None for x in lags) else sum(x for x in lags if x is not None)
+
+    def check(self, state_dir: Path) -> None:
+        """Once every table it reads is caught up: is the view maintained through them?"""
+        self.error = view_behind(state_dir, self.view.name)
+        self.current = self.error is None
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "table": self.view.name,
+            "kind": "view",
+            "reads": [tw.reg.qualified for tw in self.tables],
+            "sinks": self.sinks,
+            "caught_up": self.caught_up,
+            "lag_offsets": self.lag_offsets,
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def view_behind(state_dir: Path, name: str) -> str | None:
+    """Why the view ``name`` does not show what the apply applied of its tables (None: it does): it
+    is no longer registered, the apply refused it, or its Delta table or search index is not built
+    yet (module docstring, Views from joins)."""
+    try:
+        with Registry(state_dir) as registry:
+            view = registry.get_view(name)
+    except RegistryError:
+        return f"view {name} is no longer registered"
+    refused = view.extra.get("refused")
+    if refused:
+        return (
+            f"the apply refused view {name}, which stays at its last state: {refused.get('reason')} "
+            f"(fix: {refused.get('fix')})"
+        )
+    if not (paths.view_table(state_dir, name) / "_delta_log").is_dir():
+        return f"view {name} is not built yet: the apply builds it at its next micro-batch"
+    from sinks.view_search import view_search_reg  # deferred: the sinks import deltalake and tantivy
+
+    if view.search and not paths.search_index(state_dir, view_search_reg(view).topic).exists():
+        return (
+            f"the search index of view {name} is not built yet: the apply builds it at its next micro-batch"
+        )
+    return None
+
+
+@dataclass
 class WaitResult:
     """What a wait found: ``caught_up`` (every table), the capture's facts and each table's."""
 
@@ -299,6 +388,7 @@ def _describe(store: LogStore, tw: TableWait, lsn: int) -> dict[str, Any]:
     """The table's part of the result: caught up or how far behind."""
     out: dict[str, Any] = {
         "table": tw.reg.qualified,
+        "kind": "table",
         "topic": tw.reg.topic,
         "sinks": tw.sinks,
         "snapshot_state": tw.reg.snapshot_state,
@@ -354,16 +444,54 @@ class _Nudger:
         self.next = time.monotonic() + NUDGE_EVERY_S
 
 
-def resolve_tables(state_dir: Path, names: Sequence[str]) -> list[TableReg]:
-    """The registrations named (every registered table when none is): RegistryError for a name
-    that is not registered; ConfigError when nothing is registered."""
+@dataclass
+class Targets:
+    """What a wait is for: tables, and views each with the registered tables it reads."""
+
+    tables: list[TableReg] = field(default_factory=list)
+    views: list[tuple[ViewReg, list[TableReg]]] = field(default_factory=list)
+
+    @property
+    def waited(self) -> list[TableReg]:
+        """Every table whose changes are waited for: those named, then those the views read, each once."""
+        out = {reg.qualified: reg for reg in self.tables}
+        for _view, regs in self.views:
+            for reg in regs:
+                out.setdefault(reg.qualified, reg)
+        return list(out.values())
+
+
+def resolve(state_dir: Path, names: Sequence[str]) -> Targets:
+    """The derived tables named, each a view's name (tried first, as ``cdc verify`` does) or a
+    registered table's; with none named, every registered table and view. RegistryError for a name
+    that is neither; ConfigError when nothing is registered."""
     with Registry(state_dir) as registry:
-        regs = [registry.find(n) for n in names] if names else registry.list_tables()
-    if not regs:
+        tables = {reg.qualified: reg for reg in registry.list_tables()}
+        views = {v.name: v for v in registry.list_views()}
+        out = Targets()
+        for name in names or [*tables, *views]:
+            view = views.get(name)
+            if view is None:
+                try:
+                    out.tables.append(registry.find(name))
+                except RegistryError as exc:
+                    if views:
+                        exc.fix = f"{exc.fix}; registered views: {', '.join(views)}"
+                    raise
+                continue
+            unknown = [t for t in view.tables if t not in tables]
+            if unknown:  # `cdc tables remove` refuses a table a view reads
+                raise RegistryError(
+                    f"view {view.name} reads {', '.join(unknown)}, which is not registered",
+                    fix=f"`cdc views remove {view.name}`, then add it again over registered tables",
+                    view=view.name,
+                )
+            out.views.append((view, [tables[t] for t in view.tables]))
+    if not out.tables and not out.views:
         raise ConfigError(
             "no table is registered: there is nothing to wait for", fix="`cdc tables add TABLE`"
         )
-    return regs
+    return out
 
 
 def wait_for_lsn(
@@ -372,35 +500,48 @@ def wait_for_lsn(
     tables: Sequence[TableReg],
     timeout_s: float,
     *,
+    views: Sequence[tuple[ViewReg, Sequence[TableReg]]] = (),
     store: LogStore | None = None,
     nudge: bool = True,
     poll_s: float = POLL_S,
 ) -> WaitResult:
     """Wait (at most ``timeout_s``) until every table of ``tables`` has applied every change up to
-    commit LSN ``lsn`` (see the module docstring); ``store``: an open log store to read (else one
-    is opened read-only); ``nudge``: emit heartbeat messages on an idle source."""
+    commit LSN ``lsn``, and every view of ``views`` (each with the registered tables it reads, as
+    :func:`resolve` gives them) shows them (see the module docstring); ``store``: an open log store
+    to read (else one is opened read-only); ``nudge``: emit heartbeat messages on an idle source."""
     from cdc.logstore.factory import open_log_store
     from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
     started = time.monotonic()
     deadline = started + timeout_s
     state = Path(settings.state_dir)
-    waits = [TableWait(reg, [s.name for s in SINKS if s.locations(state, reg)]) for reg in tables]
+    waited = Targets(list(tables), [(v, list(regs)) for v, regs in views]).waited
+    waits = [TableWait(reg, [s.name for s in SINKS if s.locations(state, reg)]) for reg in waited]
+    by_name = {tw.reg.qualified: tw for tw in waits}
+    view_waits = [
+        ViewWait(
+            view, [by_name[r.qualified] for r in regs], ["warehouse", *(["search"] if view.search else [])]
+        )
+        for view, regs in views
+    ]
     own = store is None
     log = open_log_store(settings, writer=False) if store is None else store
     try:
         with connect(settings.require_source(), application_name="cdc wait") as conn:
-            passed, capture = _capture_phase(conn, settings, lsn, tables, deadline, nudge, poll_s)
+            passed, capture = _capture_phase(conn, settings, lsn, waited, deadline, nudge, poll_s)
         if passed:
             for tw in waits:
                 _targets(log, tw, lsn)
-            _apply_phase(log, waits, deadline, poll_s)
+            _apply_phase(log, waits, deadline, poll_s, view_waits, state)
+        for vw in view_waits:  # say why a view that is not caught up may not be (refused, not built)
+            if not vw.caught_up and vw.error is None:
+                vw.error = view_behind(state, vw.view.name)
         return WaitResult(
             lsn=lsn,
-            caught_up=passed and all(tw.caught_up for tw in waits),
+            caught_up=passed and all(tw.caught_up for tw in waits) and all(vw.caught_up for vw in view_waits),
             elapsed_s=time.monotonic() - started,
             capture=capture,
-            tables=[_describe(log, tw, lsn) for tw in waits],
+            tables=[_describe(log, tw, lsn) for tw in waits] + [vw.describe() for vw in view_waits],
         )
     finally:
         if own:
@@ -438,9 +579,17 @@ def _capture_phase(
     return passed, capture
 
 
-def _apply_phase(store: LogStore, waits: Sequence[TableWait], deadline: float, poll_s: float) -> None:
-    """Step 3: read the apply's committed positions until every table reached its target or the
-    deadline passed (at least once)."""
+def _apply_phase(
+    store: LogStore,
+    waits: Sequence[TableWait],
+    deadline: float,
+    poll_s: float,
+    views: Sequence[ViewWait] = (),
+    state_dir: Path | None = None,
+) -> None:
+    """Step 3: read the apply's committed positions until every table reached its target and every
+    view of ``views`` is caught up (checked in ``state_dir`` once its tables are, after reading
+    their positions), or the deadline passed (at least once)."""
     while True:
         for tw in waits:
             if tw.target is None or tw.caught_up:
@@ -449,6 +598,11 @@ def _apply_phase(store: LogStore, waits: Sequence[TableWait], deadline: float, p
                 tw.applied = store.committed(APPLY_CONSUMER, tw.reg.topic)
             except UnknownTopicError:
                 continue
-        if all(tw.caught_up for tw in waits) or time.monotonic() >= deadline:
+        for vw in views:
+            if state_dir is not None and not vw.current and all(tw.caught_up for tw in vw.tables):
+                vw.check(state_dir)
+        if (
+            all(tw.caught_up for tw in waits) and all(vw.caught_up for vw in views)
+        ) or time.monotonic() >= deadline:
             return
         time.sleep(poll_s)

@@ -9,11 +9,15 @@ search sink's version guard orders them; its ``(app_id, batch_id)`` record makes
 A whole build (the view's first, a TRUNCATE, the tasks path, a replay whose keys are unknown, or
 the first batch after a view built at ``cdc views add`` while the apply ran) is a TRUNCATE event
 followed by every row of the view table.
+
+``cdc search VIEW`` (:func:`search_view`) gives a view's hits as a table's: keyed by the driving
+row's key as an object (``{"id": 6000}``, not the ``_cdc_key`` text the index is keyed by).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from cdc.events import Version
 from cdc.registry import Column, TableReg, ViewReg
 from sinks import ChangeBatch, ChangeEvent
 from sinks.search import SearchSink
+from sinks.search.query import Hit, search
 from sinks.warehouse import leases
 
 VIEW_KEY = "_cdc_key"
@@ -46,6 +51,20 @@ def view_search_reg(view: ViewReg) -> TableReg:
         columns=(Column(VIEW_KEY, "text"), *(Column(c, "text") for c in view.search)),
         snapshot_state="done",
     )
+
+
+def search_view(state_dir: Path, view: ViewReg, query: str, *, limit: int = 10) -> list[Hit]:
+    """The view's hits for ``query`` (:func:`sinks.search.query.search` over its index), each keyed
+    as a table's hit is: by the driving row's key as an object (its ``_cdc_key``, which the index
+    holds as canonical key JSON, parsed), with the view's search columns as its document."""
+    return [
+        dataclasses.replace(
+            hit,
+            key=orjson.loads(hit.key[VIEW_KEY]),
+            document={c: v for c, v in hit.document.items() if c != VIEW_KEY},
+        )
+        for hit in search(state_dir, view_search_reg(view), query, limit=limit)
+    ]
 
 
 def _text(value: Any) -> Any:

@@ -6,18 +6,33 @@ partitions, no UI, and Python workers running this interpreter (``PYSPARK_PYTHON
 ``sys.executable`` so workers import ``cdc``, ``sinks`` and ``spark_jobs`` from the same venv).
 No jars are fetched: the job needs none (the log store is read by the Python Data Source, the sinks
 write through ``deltalake`` and ``tantivy``).
+
+``quiet`` (``cdc apply`` without ``--verbose``): Spark's start-up says nothing. The driver's log4j
+is configured at ERROR from its start (:data:`QUIET_LOG4J2`, through ``LOG4J_CONFIGURATION_FILE``
+unless one is set: without a configuration Spark loads its default profile, says so, and logs
+WARN lines such as NativeCodeLoader's and SparkConf's before :func:`get_session` sets ERROR);
+the lines the JVM itself prints (the incubator-module warning, :data:`JVM_NOISE`) are dropped from
+its stderr, which passes through this process (:class:`StderrFilter`), every other line kept; and
+pyspark's own Python warnings (pandas >= 3 "not fully supported") are ignored. Errors still show.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import re
+import select
 import shutil
 import stat
 import sys
 import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from cdc.errors import ConfigError
 
@@ -74,6 +89,118 @@ def private_scratch(local_dir: Path | None = None) -> Path:
     return scratch
 
 
+#: the driver's log4j2 configuration when quiet: Spark's console appender at ERROR from the start
+#: (the REPL logger too: at another level than the root's, Spark would print "Setting default log level")
+QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+"""
+
+#: what the driver's JVM prints at start whatever log4j says (Spark's launcher always adds the
+#: incubating vector module), and Spark's notes about its default log4j profile and REPL log level
+JVM_NOISE = re.compile(
+    rb"WARNING: Using incubator modules: |Using Spark's default log4j profile: |"
+    rb'Setting default log level to "|To adjust logging level use sc\.setLogLevel\('
+)
+
+
+class StderrFilter:
+    """A pipe for the JVM's stderr, forwarded line by line to this process's stderr (fd 2) by a
+    daemon thread, but for the lines :data:`JVM_NOISE` matches (at their start)."""
+
+    def __init__(self) -> None:
+        read_fd, self.write_fd = os.pipe()
+        self._read: IO[bytes] = os.fdopen(read_fd, "rb", buffering=0)
+        self.dropped: list[bytes] = []
+        #: held while a chunk is read and forwarded: what is out of the pipe is on stderr once free
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._forward, name="jvm-stderr", daemon=True)
+        self._thread.start()
+        _FILTERS.append(self)
+
+    def _forward(self) -> None:
+        buffered = b""
+        while True:
+            select.select([self._read], [], [])
+            with self._lock:
+                chunk = self._read.read(65536)
+                if not chunk:
+                    break
+                *lines, buffered = (buffered + chunk).split(b"\n")
+                kept = []
+                for line in lines:
+                    if JVM_NOISE.match(line):
+                        self.dropped.append(line)
+                    else:
+                        kept.append(line + b"\n")
+                if kept:
+                    _write_all(2, b"".join(kept))
+        if buffered:
+            _write_all(2, buffered)
+
+    def child_started(self) -> None:
+        """Close this process's copy of the pipe's write end (the JVM holds its own)."""
+        os.close(self.write_fd)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until what the JVM wrote so far is forwarded: nothing left
+        in the pipe, and no chunk read from it still being forwarded."""
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            pending, _, _ = select.select([self._read], [], [], 0)
+            if not pending:
+                if self._lock.acquire(timeout=left):
+                    self._lock.release()
+                return
+            time.sleep(0.01)
+
+
+#: the filters of this process's driver JVM (one; :func:`drain_jvm_stderr`)
+_FILTERS: list[StderrFilter] = []
+
+
+def drain_jvm_stderr(timeout_s: float = 0.5) -> None:
+    """Before the process ends hard (``os._exit``): what the JVM wrote to its stderr so far is
+    forwarded first (at most ``timeout_s``)."""
+    for f in _FILTERS:
+        f.drain(timeout_s)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # a closed stderr: nothing to tell
+        while data:
+            data = data[os.write(fd, data) :]
+
+
+@contextlib.contextmanager
+def _quiet_log4j(scratch: Path) -> Iterator[None]:
+    """``LOG4J_CONFIGURATION_FILE`` pointing at :data:`QUIET_LOG4J2` (written in ``scratch``) while
+    the JVM starts (it copies this environment); a configuration the user set is kept."""
+    if "LOG4J_CONFIGURATION_FILE" in os.environ:
+        yield
+        return
+    path = scratch / "log4j2-quiet.properties"
+    path.write_text(QUIET_LOG4J2)
+    os.environ["LOG4J_CONFIGURATION_FILE"] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop("LOG4J_CONFIGURATION_FILE", None)
+
+
+def quiet_python_warnings() -> None:
+    """pyspark's Python warnings ignored in this process (e.g. its FutureWarning that it does not
+    yet fully support pandas >= 3, raised as the first Python object reaches the JVM)."""
+    warnings.filterwarnings("ignore", module=r"pyspark(\.|$)")
+
+
 def get_session(
     app_name: str = "cdc-apply",
     master: str | None = None,
@@ -81,13 +208,17 @@ def get_session(
     shuffle_partitions: int = 2,
     local_dir: Path | None = None,
     driver_memory: str = "2g",
+    quiet: bool = False,
 ) -> SparkSession:
     """The process's Spark session, created on first call (later calls return the same one).
 
     ``master`` defaults to ``$CDC_SPARK_MASTER`` or ``local[2]`` (under ``spark-submit``: its ``--master``).
     ``local_dir``: Spark's scratch (see :func:`private_scratch`; default a private temp directory).
+    ``quiet``: nothing of Spark's start-up on stderr but errors (the module docstring).
     """
     prepare_environment()
+    if quiet:
+        quiet_python_warnings()
     from pyspark.sql import SparkSession
 
     # under spark-submit (the JVM is already up) its --master and --conf win unless a master is asked for
@@ -120,7 +251,7 @@ def get_session(
         options["spark.driver.host"] = "127.0.0.1"
         options["spark.driver.bindAddress"] = "127.0.0.1"
     if not submitted:
-        start_driver_jvm(options)
+        start_driver_jvm(options, quiet=quiet, scratch=scratch)
     builder = SparkSession.builder
     for key, value in options.items():
         builder = builder.config(key, value)
@@ -147,7 +278,7 @@ def quiet_query_failures(spark: SparkSession) -> None:
     )
 
 
-def start_driver_jvm(options: dict[str, str]) -> None:
+def start_driver_jvm(options: dict[str, str], *, quiet: bool = False, scratch: Path | None = None) -> None:
     """Start the driver's JVM (pyspark's py4j gateway) with ``options`` in a session and process
     group of its own, and its SparkContext on it; nothing when a JVM is already up.
 
@@ -157,7 +288,10 @@ def start_driver_jvm(options: dict[str, str]) -> None:
     its group. Out of the group, the signal reaches this process only, which stops the job
     gracefully and then the JVM. The JVM still ends with this process, however that ends: pyspark's
     gateway server exits when its stdin, a pipe from this process, reaches EOF (``kill -9`` of this
-    process included), and its Python workers end with it."""
+    process included), and its Python workers end with it.
+
+    ``quiet``: its start-up noise left out (the module docstring; the log4j configuration is written
+    in ``scratch``)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
@@ -165,5 +299,16 @@ def start_driver_jvm(options: dict[str, str]) -> None:
         return
     conf = SparkConf().setAll(list(options.items()))
     # pyspark adds its own preexec_fn (ignoring SIGINT) and stdin pipe to these
-    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    popen: dict[str, object] = {"start_new_session": True}
+    if not quiet:
+        gateway = launch_gateway(conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
+        SparkContext(conf=conf, gateway=gateway)
+        return
+    stderr = StderrFilter()  # reading before the JVM starts: it never blocks on a full pipe
+    popen["stderr"] = stderr.write_fd
+    try:
+        with _quiet_log4j(scratch or private_scratch()):
+            gateway = launch_gateway(conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
+    finally:
+        stderr.child_started()
     SparkContext(conf=conf, gateway=gateway)

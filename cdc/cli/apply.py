@@ -11,6 +11,10 @@ stops and exits 0; a second SIGINT aborts (exit 130; the batch is replayed from 
 Spark driver JVM runs in a process group of its own (:func:`spark_jobs.session.start_driver_jvm`),
 so a signal to this group does not reach it.
 
+Output: cdc's own lines only; Spark's start-up output (the JVM's incubator-module warning, log4j's
+notes and WARN lines, pyspark's warnings) only with ``--verbose`` (:func:`spark_jobs.session.get_session`,
+``quiet``). Errors always show.
+
 Exit codes: 0 done; 1 a micro-batch failed or made no progress for ``--stall-timeout`` seconds (the
 job stopped; the batch is retried from the checkpoint on the next run, nothing is skipped).
 
@@ -112,6 +116,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "driver only committing (default), or all in the driver (docs/apply.md)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show Spark's start-up output (its log4j notes and WARN lines, the JVM's warnings)",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -126,6 +135,9 @@ def _exit_hard(exc: BaseException, *, as_json: bool) -> NoReturn:
     else:  # an unknown error: crash loudly, the supervisor restarts from the checkpoint
         traceback.print_exception(exc, file=sys.stderr)
         code = 1
+    session = sys.modules.get("spark_jobs.session")  # the JVM's stderr passes through this process
+    if session is not None:
+        session.drain_jvm_stderr()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -178,7 +190,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         out.flush()
         try:
             with StopSignals("cdc apply", STOPPING) as stop:  # before Spark starts: no signal is lost
-                spark = get_session(master=args.master)
+                spark = get_session(master=args.master, quiet=not args.verbose)
                 stop.install()  # the SparkContext installed its own SIGINT handler
                 summary = run_apply(settings, options, spark=spark, on_batch=progress, stop_signals=stop)
         except BaseException as exc:  # reported, then the process ends (see the module docstring)

@@ -5,7 +5,8 @@
   (the current batch is made durable and confirmed, exit 0) or, with ``--once``, until the WAL
   position at the start of the run is confirmed. Snapshot progress goes to stderr (a bar per table
   on a terminal; JSON lines with ``--json``). ``--json`` prints a summary object on stdout at the
-  end: ``{"reason", "confirmed_lsn", "changes", "events", "snapshot_rows"}``.
+  end: ``{"reason", "confirmed_lsn", "changes", "events", "snapshot_rows"}``. The reader's log lines
+  go to stderr, each once (:class:`Log`; ``--verbose``: a repeated line too).
   Exit codes: 0 done, 1 error, 2 configuration, a permanent source error, or another ``cdc run``
   holding the state directory's ``run`` lock (:mod:`cdc.locks`), 3 slot lost (``cdc snapshot
   --all`` needed).
@@ -31,7 +32,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="snapshot, then stream changes into the log store")
     run.add_argument("--once", action="store_true", help="catch up to the WAL position at start, then exit")
     run.add_argument("--json", action="store_true", help="JSON progress on stderr and a JSON summary")
+    run.add_argument(
+        "--verbose", action="store_true", help="also repeat a log line identical to the one before it"
+    )
     run.set_defaults(handler=run_capture)
+
+
+class Log:
+    """The reader's log lines on stderr (``cdc run: MESSAGE``, or JSON lines with ``as_json``), each
+    once: a line identical to the one before it is left out unless ``verbose``. The reader says
+    what it does per session, and on wal2json < 2.6 every ``cdc run`` starts a second session at
+    once, at the same position (its first asks for ``numeric-data-types-as-string``, which the
+    plugin refuses: :meth:`cdc.reader.Reader._stream_session`), so "streaming N table(s) from L"
+    came twice."""
+
+    def __init__(self, *, as_json: bool, verbose: bool) -> None:
+        self.as_json = as_json
+        self.verbose = verbose
+        self.last: str | None = None
+
+    def __call__(self, message: str) -> None:
+        if message == self.last and not self.verbose:
+            return
+        self.last = message
+        # with --json, as JSON lines beside the snapshot progress (retries and warnings stay visible)
+        line = json_dumps({"event": "log", "message": message}) if self.as_json else f"cdc run: {message}"
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def run_capture(args: argparse.Namespace, settings: Settings) -> int:
@@ -53,12 +80,7 @@ def run_capture(args: argparse.Namespace, settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
 
-    def log(message: str) -> None:
-        # with --json, as JSON lines beside the snapshot progress (retries and warnings stay visible)
-        line = json_dumps({"event": "log", "message": message}) if as_json else f"cdc run: {message}"
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
+    log = Log(as_json=as_json, verbose=bool(args.verbose))
     try:
         with (
             ProcessLock(settings.state_dir, "run"),

@@ -14,8 +14,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on a private Postgres, then clean up")
     p.add_argument("--dir", type=Path, help="work directory (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the state (Delta tables, index) afterwards")
+    p.add_argument(
+        "--verbose", action="store_true", help="run and apply with --verbose (Spark's start-up output too)"
+    )
     p.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    return run_demo(args.run_cli, args.dir, keep=args.keep)
+    return run_demo(args.run_cli, args.dir, keep=args.keep, verbose=args.verbose)

@@ -4,9 +4,10 @@
   :mod:`cdc.analytics`): ``schema.table`` is a table's current state, ``schema.table__history`` its
   history. Text: a table; ``--json``: a list of row objects (decimals as strings, timestamps ISO 8601,
   bytes hex); ``--csv``: a header line and the rows, same value formatting.
-* ``search SCHEMA.TABLE "query" [--limit N] [--json]`` ranks the table's documents (BM25, tantivy
+* ``search SCHEMA.TABLE|VIEW "query" [--limit N] [--json]`` ranks the table's documents (BM25, tantivy
   query syntax) and shows each hit's key, score and a snippet with the matches between ``**``
-  markers (plain text, also in JSON). ``--json``: a list of ``{"key", "score", "snippet", "document"}``.
+  markers (plain text, also in JSON). ``--json``: a list of ``{"key", "score", "snippet", "document"}``;
+  ``key`` is the row's key as an object (``{"id": 7}``), a view's the key of its driving row.
 """
 
 from __future__ import annotations
@@ -98,21 +99,22 @@ def run_search(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {args.limit}", fix="pass --limit 10")
     with Registry(settings.state_dir) as registry:
-        views = {v.name: v for v in registry.list_views()}
-        if args.table in views:  # a view from joins (cdc views add NAME --search COLS)
-            from sinks.view_search import view_search_reg
+        view = next((v for v in registry.list_views() if v.name == args.table), None)
+        reg = registry.find(args.table) if view is None else None
+    if reg is not None:
+        title, hits = reg.qualified, search(settings.state_dir, reg, args.query, limit=args.limit)
+    else:  # a view from joins (cdc views add NAME --search COLS): keyed by its driving row's key
+        from sinks.view_search import search_view
 
-            reg = view_search_reg(views[args.table])
-        else:
-            reg = registry.find(args.table)
-    hits = search(settings.state_dir, reg, args.query, limit=args.limit)
+        assert view is not None
+        title, hits = view.name, search_view(settings.state_dir, view, args.query, limit=args.limit)
     if args.json:
         print_json(
             [{"key": h.key, "score": h.score, "snippet": h.snippet, "document": h.document} for h in hits]
         )
         return 0
     print_table(
-        f"{reg.qualified}: {args.query}",
+        f"{title}: {args.query}",
         ["key", "score", "snippet"],
         ([orjson.dumps(h.key).decode(), f"{h.score:.3f}", h.snippet.replace("\n", " ")] for h in hits),
     )

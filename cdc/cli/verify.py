@@ -107,7 +107,8 @@ def _print_reports(reports: Sequence[TableReport]) -> None:
                 f"({len(r.checked) - scrubbed} changed, {scrubbed} scrubbed; {r.changes_read} records read)"
             )
         elif r.fallback:
-            print(f"{r.table}: full: {r.fallback}")
+            count = r.ranges_checked
+            print(f"{r.table}: full: checked all {count} key range{'' if count == 1 else 's'} ({r.fallback})")
         if not r.caught_up:
             print(f"{r.table}: not caught up with the source at {r.consistent_lsn}: {r.lag}")
         primary = r.primary[1]

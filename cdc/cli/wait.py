@@ -1,11 +1,13 @@
 """``cdc wait --lsn LSN [--table T ...] [--timeout S] [--json]``: read-your-writes.
 
-Returns (exit 0) as soon as every named table (default: every registered table) has applied every
-change up to commit LSN ``LSN`` in the warehouse and, where the table has one, the search index:
-take ``SELECT pg_current_wal_lsn()`` after the commit, then ``cdc wait --lsn`` it, then read.
-Exit 3 when ``--timeout`` (default 30 s) passes first, saying how far behind each table is; 2 for
-a bad LSN or timeout; 1 for a table that is not registered or a source that cannot be reached. How
-it knows, exactly: :mod:`cdc.wait`; the pattern and the JSON: ``docs/wait.md``.
+Returns (exit 0) as soon as every named derived table -- a registered table or a view from joins
+(default: every registered table and view) -- has applied every change up to commit LSN ``LSN`` in
+the warehouse and, where it has one, the search index (a view: every table it reads has, and the
+view shows it): take ``SELECT pg_current_wal_lsn()`` after the commit, then ``cdc wait --lsn`` it,
+then read. Exit 3 when ``--timeout`` (default 30 s) passes first, saying how far behind each table
+is; 2 for a bad LSN or timeout; 1 for a name that is neither a registered table nor a view, or a
+source that cannot be reached. How it knows, exactly: :mod:`cdc.wait`; the pattern and the JSON:
+``docs/wait.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="TABLE",
-        help="a registered table (schema.table); repeat for several (default: every registered table)",
+        help="a registered table (schema.table) or view; repeat for several (default: every registered "
+        "table and view)",
     )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait at most (default 30)")
     p.add_argument("--json", action="store_true", help="the result as JSON")
@@ -54,6 +57,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"  {t['table']}: caught up")
         elif t.get("error"):
             lines.append(f"  {t['table']}: {t['error']}")
+        elif t.get("kind") == "view":
+            lines.append(f"  {t['table']} (view of {', '.join(t['reads'])}): waiting for its tables")
         elif t["lag_offsets"] is None:
             lines.append(f"  {t['table']}: waiting for capture")
         else:
@@ -77,12 +82,12 @@ def _behind(table: dict[str, Any]) -> str:
 
 
 def run_wait(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.wait import parse_lsn, parse_timeout, resolve_tables, wait_for_lsn
+    from cdc.wait import parse_lsn, parse_timeout, resolve, wait_for_lsn
 
     lsn = parse_lsn(args.lsn)
     timeout = parse_timeout(args.timeout)
-    regs = resolve_tables(settings.state_dir, args.table)
-    result = wait_for_lsn(settings, lsn, regs, timeout)
+    targets = resolve(settings.state_dir, args.table)
+    result = wait_for_lsn(settings, lsn, targets.tables, timeout, views=targets.views)
     if args.json:
         print_json(result.to_dict())
     else:

@@ -8,7 +8,8 @@ chart library, MIT, from npm ``uplot`` 1.6.32: nothing is loaded from the intern
 Endpoints: ``/`` the dashboard; ``/status`` the report of :func:`cdc.status.gather.collect` (the same JSON
 as ``cdc status --json``, at most ``sample_interval_s`` old); ``/metrics`` Prometheus text format;
 ``/history`` the samples of the last ``history_s`` (for the chart); ``/static/...``;
-``/wait?lsn=LSN[&table=T ...][&timeout=S]`` read-your-writes (:func:`wait_response`, as ``cdc wait``:
+``/wait?lsn=LSN[&table=T ...][&timeout=S]`` read-your-writes (:func:`wait_response`, as ``cdc wait``,
+a table or a view per ``table``:
 200 with the result once caught up, 504 with how far behind each table is on timeout, 400 for a bad
 LSN, timeout or table, 503 when the source or the log store cannot be reached). Each wait holds one request thread and
 opens its own source connection and read-only log store.
@@ -240,10 +241,10 @@ class Server:
 
 def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[int, bytes]:
     """``GET /wait``: (HTTP status, JSON body) of :func:`cdc.wait.wait_for_lsn` for the query's
-    ``lsn``, ``table`` (repeated; default every registered table) and ``timeout`` (seconds, default
-    30)."""
+    ``lsn``, ``table`` (a registered table or view, repeated; default every registered table and
+    view) and ``timeout`` (seconds, default 30)."""
     from cdc.errors import LogStoreError, RegistryError, SourceError
-    from cdc.wait import parse_lsn, parse_timeout, resolve_tables, wait_for_lsn
+    from cdc.wait import parse_lsn, parse_timeout, resolve, wait_for_lsn
 
     try:
         lsn = parse_lsn((query.get("lsn") or [""])[0])
@@ -255,11 +256,11 @@ def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[i
                 f"timeout is not a number: {raw_timeout!r}", fix="pass e.g. timeout=30"
             ) from None
         timeout = parse_timeout(timeout)
-        regs = resolve_tables(settings.state_dir, query.get("table") or [])
+        targets = resolve(settings.state_dir, query.get("table") or [])
     except (ConfigError, RegistryError) as exc:
         return 400, orjson.dumps(exc.to_dict())
     try:
-        result = wait_for_lsn(settings, lsn, regs, timeout)
+        result = wait_for_lsn(settings, lsn, targets.tables, timeout, views=targets.views)
     except (SourceError, LogStoreError) as exc:  # the source or the log store cannot be reached
         return 503, orjson.dumps(exc.to_dict())
     except CdcError as exc:  # e.g. no source configured

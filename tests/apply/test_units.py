@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import orjson
+import pytest
 
 from cdc import paths
 from cdc.events import Version
@@ -258,9 +259,16 @@ def test_verify_report_keeps_its_json_shape_with_a_diff_per_sink() -> None:
         "table", "status", "source_rows", "warehouse_rows", "search_docs", "missing", "extra", "different",
         "missing_count", "extra_count", "different_count", "search", "ranges", "ranges_differing",
         "consistent_lsn", "caught_up", "lag", "mode", "fallback", "changes_read", "rows_checked",
-        "ranges_checked", "kind",
+        "ranges_checked", "checked_ranges", "kind",
     ]  # fmt: skip
     assert body["status"] == "different" and body["missing"] == [{"id": 3}] and body["search_docs"] is None
+    # the ranges compared: a full run's every range, an incremental run's those it lists
+    assert body["ranges_checked"] == 0 and body["checked_ranges"] == []
+    one = {"warehouse": SinkDiff("warehouse", "rows", 3)}
+    assert TableReport("public.t", sinks=one, ranges=7).to_dict()["ranges_checked"] == 7
+    listed = [{"range": 2, "from": {"id": 9}, "why": "changed", "equal": True}]
+    incremental = TableReport("public.t", sinks=one, ranges=7, mode="incremental", checked=listed).to_dict()
+    assert incremental["ranges_checked"] == 1 and incremental["checked_ranges"] == listed
     assert list(body["search"]) == [
         "missing",
         "extra",
@@ -274,6 +282,22 @@ def test_verify_report_keeps_its_json_shape_with_a_diff_per_sink() -> None:
     assert report.to_dict()["status"] == "different"
     report.sinks["search"].extra_count = 0
     assert report.equal and report.to_dict()["status"] == "ok"
+
+
+def test_verify_text_says_how_many_ranges_each_run_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from cdc.cli.verify import _print_reports
+
+    one = {"warehouse": SinkDiff("warehouse", "rows", 3)}
+    listed = [{"range": 2, "from": {"id": 9}, "why": "changed", "equal": True}]
+    _print_reports(
+        [
+            TableReport("public.f", sinks=one, ranges=7, fallback="no clean verify recorded yet"),
+            TableReport("public.i", sinks=dict(one), ranges=7, mode="incremental", checked=listed),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "public.f: full: checked all 7 key ranges (no clean verify recorded yet)" in out
+    assert "public.i: incremental: checked 1 of 7 key ranges (1 changed, 0 scrubbed" in out
 
 
 def _offset_log(ckpt: Path, batch_id: int, line: str) -> None:

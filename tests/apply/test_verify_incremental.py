@@ -75,7 +75,7 @@ def plant_document(state: Path, ident: int, name: str | None) -> None:
 
 
 def checked(report: dict[str, Any], why: str) -> set[int]:
-    return {c["range"] for c in report["ranges_checked"] if c["why"] == why}
+    return {c["range"] for c in report["checked_ranges"] if c["why"] == why}
 
 
 def test_incremental_verify_checks_the_changed_ranges_only(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
@@ -86,6 +86,7 @@ def test_incremental_verify_checks_the_changed_ranges_only(pg: PgCluster, pg_db:
     assert code == 0, first
     assert first["mode"] == "full" and first["fallback"] == "no clean verify recorded yet"
     assert first["source_rows"] == ROWS and first["ranges"] == range_of(ROWS) + 1
+    assert first["ranges_checked"] == first["ranges"] and first["checked_ranges"] == []  # every range
 
     pg.execute("UPDATE public.t SET name = 'it''s a \"quote\"\n\\ back' WHERE id IN (100, 101)", pg_db)
     pg.execute("UPDATE public.t SET n = -1 WHERE id = 2500", pg_db)
@@ -100,7 +101,8 @@ def test_incremental_verify_checks_the_changed_ranges_only(pg: PgCluster, pg_db:
     assert inc["mode"] == "incremental" and inc["changes_read"] == 6
     assert checked(inc, "changed") == changed
     assert len(checked(inc, "scrub")) == 2 and not checked(inc, "scrub") & changed
-    assert all(c["equal"] for c in inc["ranges_checked"])
+    assert all(c["equal"] for c in inc["checked_ranges"])
+    assert inc["ranges_checked"] == len(inc["checked_ranges"]) == len(changed) + 2
     # only the checked ranges were compared; the counts are the whole table's, equal on every side
     assert 3 * RANGE_ROWS < inc["rows_checked"] <= 6 * RANGE_ROWS
     assert inc["source_rows"] == inc["warehouse_rows"] == inc["search_docs"] == ROWS
@@ -115,12 +117,14 @@ def test_incremental_verify_checks_the_changed_ranges_only(pg: PgCluster, pg_db:
     assert code == 1 and bad["mode"] == "incremental", bad
     assert checked(bad, "changed") == {range_of(2500)} and checked(bad, "scrub") == set()
     assert [d["key"] for d in bad["different"]] == [{"id": 2501}]
-    assert bad["ranges_checked"] == [
+    assert bad["checked_ranges"] == [
         {"range": range_of(2500), "from": {"id": 2497}, "why": "changed", "equal": False}
     ]
+    assert bad["ranges_checked"] == 1
 
     code, (full,) = verify_json(settings, dsn, "--wait", "30", "--full")
-    assert code == 1 and full["mode"] == "full" and full["ranges_checked"] == []
+    assert code == 1 and full["mode"] == "full" and full["checked_ranges"] == []
+    assert full["ranges_checked"] == full["ranges"] == first["ranges"]  # every range, not 0
     assert [d["key"] for d in full["different"]] == [{"id": 700}, {"id": 2501}]
 
 

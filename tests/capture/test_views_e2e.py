@@ -56,8 +56,13 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, spark: Any) ->
     assert len(source_view(env)) > 50
     found = env.cdc("search", VIEW, "customer:dee", "--limit", "1000", "--json")
     assert found.returncode == 0, found.stderr
-    hits = sorted(orjson.loads(h["key"]["_cdc_key"])["id"] for h in orjson.loads(found.stdout))
+    found_hits = orjson.loads(found.stdout)
+    # keyed as a table's hit: the driving row's key as an object, the view's search columns the document
+    assert all(set(h["key"]) == {"id"} and h["document"] == {"customer": "dee"} for h in found_hits)
+    hits = sorted(h["key"]["id"] for h in found_hits)
     assert hits == [r["id"] for r in source_view(env) if r["customer"] == "dee"] and hits
+    text = env.cdc("search", VIEW, "customer:dee", "--limit", "1")
+    assert text.returncode == 0 and '{"id":' in text.stdout and "_cdc_key" not in text.stdout, text.stdout
     code, report = env.verify(VIEW, "--wait", "10")
     assert code == 0 and [(r["table"], r["kind"], r["status"]) for r in report] == [(VIEW, "view", "ok")]
 

@@ -1,7 +1,9 @@
 """`cdc wait` and `GET /wait` end to end: real Postgres, the real reader (`cdc run`), the embedded log
 store and, for read-your-writes, the real apply (`cdc apply`, Spark, running continuously in its own
 process). The reader's own heartbeat is set to an hour, so only the wait's nudge can move an idle
-slot: a wait that returns on an idle table shows the wait does not depend on the reader's timer."""
+slot: a wait that returns on an idle table shows the wait does not depend on the reader's timer.
+A view from joins is waited for by its name too: not caught up while its index is not built, then
+its change is visible in its Delta table and its index once the wait returns."""
 
 from __future__ import annotations
 
@@ -148,6 +150,42 @@ def _write_wait_read(env: CaptureEnv, key: int) -> None:
     _visible(env, key, name)
 
 
+#: a view over the two registered tables (items -> quiet on quiet's key), searchable by name
+VIEW = "item_view"
+VIEW_SQL = "SELECT i.id, i.name, q.v FROM items i LEFT JOIN quiet q ON i.id = q.id"
+
+
+def _view_read_your_writes(env: CaptureEnv) -> None:
+    """With the apply running and every change applied: a view added now has its Delta table (built
+    at add) but not its index (the running apply holds the index's writer), so a wait for it is not
+    caught up and says why; after a change of a table it reads, the wait returns once the view shows
+    it, in `cdc sql` and `cdc search` (hits keyed by the driving row's key)."""
+    code, result = _wait(env, _lsn(env), "--timeout", "120")  # every table: nothing left to apply
+    assert code == 0, result
+    added = env.cdc("views", "add", VIEW, "--sql", VIEW_SQL, "--search", "name", "--json")
+    assert added.returncode == 0, added.stderr
+    assert orjson.loads(added.stdout)["build"]["index"] is False  # the apply runs: built at its next batch
+    code, result = _wait(env, _lsn(env), "--table", VIEW, "--timeout", "2")
+    assert code == 3 and not result["caught_up"], result
+    view = _table(result, VIEW)
+    assert view["kind"] == "view" and view["reads"] == ["public.items", "public.quiet"], view
+    assert view["lag_offsets"] == 0 and "search index of view item_view is not built" in view["error"]
+    assert _table(result, "public.items")["caught_up"] and _table(result, "public.quiet")["caught_up"]
+
+    name = f"{UGLY} tag4"
+    env.sql("UPDATE items SET name = %s WHERE id = 4", (name,))
+    code, result = _wait(env, _lsn(env), "--table", VIEW, "--timeout", "120")
+    assert code == 0 and _table(result, VIEW)["caught_up"] and "error" not in _table(result, VIEW), result
+    assert [t["table"] for t in result["tables"]] == ["public.items", "public.quiet", VIEW]
+    res = env.cdc("sql", "--json", f"SELECT name, v FROM {VIEW} WHERE id = 4")
+    assert res.returncode == 0 and orjson.loads(res.stdout) == [{"name": name, "v": "q4"}], res.stdout
+    found = env.cdc("search", VIEW, "--json", "--limit", "100", "tag4")
+    assert found.returncode == 0, found.stderr
+    assert [(h["key"], h["document"]) for h in orjson.loads(found.stdout)] == [({"id": 4}, {"name": name})]
+    text = env.cdc("wait", "--lsn", _lsn(env), "--table", VIEW, "--timeout", "30")
+    assert text.returncode == 0 and text.stdout.endswith(f"public.items, public.quiet, {VIEW}\n"), text.stdout
+
+
 def test_read_your_writes_end_to_end(env: CaptureEnv, jvm: None) -> None:
     """Commit, take pg_current_wal_lsn(), `cdc wait` (exit 0), then the change is visible in the
     warehouse and the index, also while other changes of the table stream in; a wait on a table
@@ -167,6 +205,7 @@ def test_read_your_writes_end_to_end(env: CaptureEnv, jvm: None) -> None:
                 _write_wait_read(env, key)
         code, result = _wait(env, _lsn(env), "--table", "public.quiet", "--timeout", "60")
         assert code == 0 and _table(result, "public.quiet")["lag_offsets"] == 0, result
+        _view_read_your_writes(env)
         _http(env, apply)
     finally:
         if apply.poll() is None:
@@ -191,6 +230,9 @@ def _http(env: CaptureEnv, apply: subprocess.Popen[bytes]) -> None:
         code, body = _get(f"{base}?{query}", "s3cret")
         assert code == 200 and body["caught_up"], body
         _visible(env, 5, f"{UGLY} tag5")
+        query = urllib.parse.urlencode({"lsn": _lsn(env), "table": VIEW, "timeout": "120"})
+        code, body = _get(f"{base}?{query}", "s3cret")
+        assert code == 200 and _table(body, VIEW)["caught_up"], body
         assert _get(f"{base}?lsn=nonsense", "s3cret")[0] == 400
         assert _get(f"{base}?lsn=0/1&table=public.nope", "s3cret")[0] == 400
 
@@ -203,6 +245,8 @@ def _http(env: CaptureEnv, apply: subprocess.Popen[bytes]) -> None:
         items = _table(body, "public.items")
         assert items["lag_offsets"] == 1 and items["behind_bytes"] > 0, items
         assert _table(body, "public.quiet")["caught_up"]
+        view = _table(body, VIEW)  # every table and view by default: the view waits for items
+        assert not view["caught_up"] and view["lag_offsets"] == 1 and "error" not in view, view
         res = env.cdc("wait", "--lsn", lsn, "--timeout", "2", "--json")
         assert res.returncode == 3 and _table(orjson.loads(res.stdout), "public.items")["lag_offsets"] == 1
     finally:

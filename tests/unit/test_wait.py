@@ -1,6 +1,7 @@
 """`cdc wait`'s decision logic without a source or a JVM (cdc/wait.py): the LSN and timeout input,
 reading a record's commit LSN, the target offset of a partition, and targets, applied positions and
-the report against a real embedded log store holding the reader's own envelopes."""
+the report against a real embedded log store holding the reader's own envelopes; the names a wait
+takes (tables and views) and when a view is caught up, against a real registry."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from cdc.errors import ConfigError
+from cdc import paths
+from cdc.errors import ConfigError, RegistryError
 from cdc.events import int_to_lsn
-from cdc.logstore import APPLY_CONSUMER
+from cdc.logstore import APPLY_CONSUMER, TopicConfig
 from cdc.logstore.embedded import EmbeddedLogStore
+from cdc.registry import Registry, ViewReg
 from cdc.wait import (
     TableWait,
+    ViewWait,
     _apply_phase,
     _describe,
     _targets,
@@ -21,6 +25,7 @@ from cdc.wait import (
     parse_lsn,
     parse_timeout,
     partition_target,
+    resolve,
 )
 from tests.plugins.changes import ChangeWriter, make_reg
 
@@ -168,3 +173,108 @@ def test_render_says_how_far_behind() -> None:
     assert render(
         {"lsn": "0/180", "caught_up": True, "elapsed_s": 0.1, "capture": capture, "tables": [done]}
     ) == ("caught up to 0/180 in 0.100 s: public.t\n")
+
+
+def _registered(state: Path, *views: ViewReg) -> Registry:
+    registry = Registry(state)
+    registry.add(make_reg("public", "t", COLUMNS))
+    registry.add(make_reg("public", "u", COLUMNS))
+    for view in views:
+        registry.add_view(view)
+    return registry
+
+
+VIEW = ViewReg("tu", "SELECT t.id, u.body FROM t JOIN u ON t.id = u.id", ("public.t", "public.u"), ("body",))
+
+
+def test_resolve_takes_views_and_tables(tmp_path: Path) -> None:
+    """A view's name resolves to the view and the tables it reads (views first, as verify does); no
+    name: every table and view; a name that is neither is refused, naming the views."""
+    with _registered(tmp_path, VIEW) as registry:
+        registry.add(make_reg("public", "tu", COLUMNS))  # a table named like the view: the view wins
+        got = resolve(tmp_path, ["tu", "public.t"])
+        assert [r.qualified for r in got.tables] == ["public.t"]
+        ((view, regs),) = got.views
+        assert view.name == "tu" and [r.qualified for r in regs] == ["public.t", "public.u"]
+        assert [r.qualified for r in got.waited] == ["public.t", "public.u"]  # each once
+        every = resolve(tmp_path, [])
+        assert len(every.tables) == 3 and [v.name for v, _ in every.views] == ["tu"]
+        assert [r.qualified for r in resolve(tmp_path, ["public.tu"]).tables] == ["public.tu"]
+        with pytest.raises(RegistryError) as refused:
+            resolve(tmp_path, ["nope"])
+        assert "registered views: tu" in (refused.value.fix or "")
+
+
+def test_a_view_is_caught_up_once_its_tables_are_and_it_shows_them(tmp_path: Path) -> None:
+    """Caught up when every table it reads is (the apply commits their positions after the view),
+    then only if it is built (its Delta table, its index with search columns) and not refused."""
+    state = tmp_path / "state"
+    state.mkdir()
+    store, w = _writer(tmp_path)
+    with w.txn(commit_lsn=0x1_0000_0100) as lsn:
+        w.insert({"id": 1, "commit_lsn": "a", "body": "b"})
+    store.hold(APPLY_CONSUMER, w.reg.topic)
+    registry = _registered(state, VIEW)
+    t, u = (TableWait(registry.find(n), ["warehouse"]) for n in ("public.t", "public.u"))
+    store.create_topic(u.reg.topic, TopicConfig(partitions=2))  # the reader wrote nothing of u
+    store.hold(APPLY_CONSUMER, u.reg.topic)
+    for tw in (t, u):
+        _targets(store, tw, lsn)
+    vw = ViewWait(VIEW, [t, u], ["warehouse", "search"])
+    _apply_phase(store, [t, u], 0.0, 0.0, [vw], state)
+    assert u.caught_up and not t.caught_up and not vw.caught_up
+    assert vw.error is None and vw.lag_offsets == 1  # not looked at while its tables are behind
+
+    store.commit(APPLY_CONSUMER, w.reg.topic, dict(t.target or {}))
+    _apply_phase(store, [t, u], 0.0, 0.0, [vw], state)
+    assert t.caught_up and not vw.caught_up and "tu is not built yet" in (vw.error or "")
+    (paths.view_table(state, "tu") / "_delta_log").mkdir(parents=True)
+    _apply_phase(store, [t, u], 0.0, 0.0, [vw], state)
+    assert not vw.caught_up and "search index of view tu is not built" in (vw.error or "")
+    paths.search_index(state, "_views.tu").mkdir(parents=True)
+    _apply_phase(store, [t, u], 0.0, 0.0, [vw], state)
+    assert vw.caught_up and vw.error is None and vw.lag_offsets == 0
+    assert vw.describe() == {
+        "table": "tu",
+        "kind": "view",
+        "reads": ["public.t", "public.u"],
+        "sinks": ["warehouse", "search"],
+        "caught_up": True,
+        "lag_offsets": 0,
+    }
+
+    registry.set_view_refused("tu", {"reason": "column body is gone", "fix": "add it back"})
+    refused = ViewWait(VIEW, [t, u], ["warehouse"])
+    _apply_phase(store, [t, u], 0.0, 0.0, [refused], state)
+    assert not refused.caught_up
+    assert refused.error is not None and "refused" in refused.error and "column body is gone" in refused.error
+    registry.set_view_refused("tu", None)  # computed whole by a later batch: shows the tables again
+    _apply_phase(store, [t, u], 0.0, 0.0, [refused], state)
+    assert refused.caught_up
+    registry.remove_view("tu")
+    gone = ViewWait(VIEW, [t, u], ["warehouse"])
+    _apply_phase(store, [t, u], 0.0, 0.0, [gone], state)
+    assert not gone.caught_up and "no longer registered" in (gone.error or "")
+    registry.close()
+    store.close()
+
+
+def test_render_a_view() -> None:
+    from cdc.cli.wait import render
+
+    capture = {"passed": True, "slot": "s", "active": True, "confirmed_lsn": "0/200", "behind_bytes": 0}
+    view = {"table": "tu", "kind": "view", "reads": ["public.t", "public.u"], "sinks": ["warehouse"]}
+    waiting = {**view, "caught_up": False, "lag_offsets": 2}
+    text = render(
+        {"lsn": "0/180", "caught_up": False, "elapsed_s": 2.0, "capture": capture, "tables": [waiting]}
+    )
+    assert "tu (view of public.t, public.u): waiting for its tables" in text
+    refused = {**waiting, "lag_offsets": 0, "error": "the apply refused view tu"}
+    text = render(
+        {"lsn": "0/180", "caught_up": False, "elapsed_s": 2.0, "capture": capture, "tables": [refused]}
+    )
+    assert "  tu: the apply refused view tu" in text
+    done = {**view, "caught_up": True, "lag_offsets": 0}
+    assert render(
+        {"lsn": "0/180", "caught_up": True, "elapsed_s": 0.1, "capture": capture, "tables": [done]}
+    ) == ("caught up to 0/180 in 0.100 s: tu\n")
