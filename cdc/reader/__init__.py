@@ -657,6 +657,29 @@ class Reader:
             self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
         return new
 
+    def _builder(
+        self, conn: psycopg.Connection[Any], codecs: dict[tuple[str, str], TableCodec], watcher: SourceWatcher
+    ) -> EventBuilder:
+        """The session's event builder, filling in from the image store (its staging: the batch's)."""
+        type_cache: dict[str, str] = {}
+        images = self.images
+        staging = None
+        if images is not None:
+            images.restart()  # what a failed batch staged is sent again by the slot
+            staging = images.staging()
+        return EventBuilder(
+            codecs,
+            functools.partial(self._columns_changed, conn),
+            watcher.columns_gone,
+            lambda cols: resolve_domains(conn, cols, type_cache),
+            # pgoutput's publication is shared state: a table registered since this session started
+            # is published before the session restarts with it (its chunked snapshot covers it)
+            skip_unlisted=self._plugin == "pgoutput",
+            images=images,
+            staging=staging,
+            catalog_columns=lambda reg: table_columns(conn, reg.schema, reg.table),
+        )
+
     def _stream_session(
         self,
         conn: psycopg.Connection[Any],
@@ -676,26 +699,9 @@ class Reader:
             for leaf in parts:
                 codecs[leaf] = codecs[parent]
         self.registry.set_state(State.STREAMED_TABLES, orjson.dumps(sorted(codecs)).decode())
-        type_cache: dict[str, str] = {}
-        images = self.images
-        staging = None
-        if images is not None:
-            images.restart()  # what a failed batch staged is sent again by the slot
-            staging = images.staging()
-        builder = EventBuilder(
-            codecs,
-            functools.partial(self._columns_changed, conn),
-            watcher.columns_gone,
-            lambda cols: resolve_domains(conn, cols, type_cache),
-            # pgoutput's publication is shared state: a table registered since this session started
-            # is published before the session restarts with it (its chunked snapshot covers it)
-            skip_unlisted=self._plugin == "pgoutput",
-            images=images,
-            staging=staging,
-            catalog_columns=lambda reg: table_columns(conn, reg.schema, reg.table),
-        )
+        builder = self._builder(conn, codecs, watcher)
         follower = self._ddl_follower(conn, builder, regs, watcher)
-        batch = Batch(self.store, self.store_lock, staging=staging)
+        batch = Batch(self.store, self.store_lock, staging=builder.staging)
         ctl = StreamControl(
             stop=stop,
             should_restart=watcher.should_restart,
