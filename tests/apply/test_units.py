@@ -223,7 +223,8 @@ def test_faults_parse_names_points_and_arguments() -> None:
     fired: list[int] = []
     assert f.point("apply.after_sink", 3, lambda: fired.append(3)) and fired == [3]
     assert not Faults.parse("").on("apply.after_sink", 3)
-    assert set(POINTS) == {"apply.after_sink"}
+    assert set(POINTS) == {"apply.after_sink", "reader.after_append"}
+    assert Faults.parse("reader.after_append").on("reader.after_append")
     for bad in ("nope:1", "apply.after_sink:x"):
         try:
             Faults.parse(bad)

@@ -125,6 +125,7 @@ OLD_TABLE_PREFIXES = {
     TableState.DROP_BEFORE: "drop_before",
     TableState.NONFINITE_RECORDER: "nonfinite_recorder",
     TableState.VERIFIED_CLEAN: "verified_clean",
+    TableState.VALUES_UNKNOWN: "values_unknown",
 }
 
 
