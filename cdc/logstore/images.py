@@ -281,16 +281,18 @@ class Images:
         entry = self._overlay.get((topic, key))
         if entry is not None:
             return None if entry[1] is None else unpack(entry[1])
-        if topic in self._cleared:
-            return None
+        cleared = self._cleared.get(topic)
+        if cleared is not None and cleared not in self._done:
+            return None  # truncated in a batch not yet durable: what the disk holds is gone
         with self._rlock:
             # fetchall: the statement is done at once, so no read transaction outlives the call
             rows = self._lookup.execute(_GET, (topic, key)).fetchall()
         if not rows:
             return None
         image = unpack(rows[0][0])
-        for _, alter in self._altered.get(topic, ()):
-            image = alter_image(image, alter)
+        for gen, alter in self._altered.get(topic, ()):
+            if gen not in self._done:  # not yet applied to what the disk holds
+                image = alter_image(image, alter)
         return image
 
     # -- the writing side ---------------------------------------------------------------------------
