@@ -304,9 +304,13 @@ def _nonfinite_patched(
     table: str, w: list[tuple[str, str, Any]], p: list[tuple[str, str, Any]], seen: set[tuple[str, str, Any]]
 ) -> list[tuple[str, str, Any]]:
     """wal2json's columns with its nulls for NaN/+-Infinity replaced by pgoutput's values (each
-    recorded in ``seen``); any other difference is left for the caller's assertion."""
+    recorded in ``seen``); any other difference is left for the caller's assertion. Both list as many
+    columns: one that either lacks, a trailing one too, fails here (zipped strictly, nothing cut off)."""
     out = []
-    for (name, typ, a), (pname, ptyp, b) in zip(w, p, strict=False):
+    assert len(w) == len(p), (
+        f"{table}: wal2json sent the columns {[n for n, _, _ in w]}, pgoutput {[n for n, _, _ in p]}"
+    )
+    for (name, typ, a), (pname, ptyp, b) in zip(w, p, strict=True):
         if (name, typ) == (pname, ptyp) and a is None and b in FLOAT_SPECIALS:
             assert type_kind(typ) in ("float", "numeric")
             seen.add((table, name, b))

@@ -77,7 +77,8 @@ class Disk:
     samples: int = 0
     #: a sample a minute: (seconds since the start, warehouse bytes, whole bytes)
     series: list[tuple[float, int, int]] = field(default_factory=list)
-    #: a sample or the live size that could not be measured (why): the figures are then partial
+    #: a sample or the live size that could not be measured (why): the figures are then partial,
+    #: and the run fails (``Report.ok``)
     errors: list[str] = field(default_factory=list)
 
     @staticmethod
@@ -88,8 +89,13 @@ class Disk:
         return self.peak[part] / self.live[part] if self.live.get(part) else None
 
     def lines(self) -> list[str]:
+        errors = [f"  DISK NOT MEASURED ({len(self.errors)} errors): {e}" for e in self.errors[:5]]
         if not self.live:
-            return [f"  disk: peak {self.size(self.peak['total'])} (live not measured: the run stopped)"]
+            return [
+                f"  disk: peak {self.size(self.peak['total'])} in {self.samples} samples "
+                "(live not measured: the run stopped)",
+                *errors,
+            ]
         out = [f"  disk high-water mark ({self.samples} samples; the whole at {self.peak_at_s:.0f} s):"]
         for part in ("warehouse", "total"):
             r = self.ratio(part)
@@ -104,7 +110,7 @@ class Disk:
                 f"{p} {self.size(self.peak[p])} (live {self.size(self.live.get(p, 0))})" for p in PARTS
             )
         )
-        return out
+        return out + errors
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,7 +125,9 @@ class Disk:
 
 
 class Sampler:
-    """A thread that measures the state dir every ``interval`` seconds and keeps the peaks."""
+    """A thread that measures the state dir every ``interval`` seconds and keeps the peaks. A sample
+    that fails is an error in ``Disk.errors`` (the run goes on, and fails at its end), as is a thread
+    that does not stop."""
 
     def __init__(
         self,
@@ -143,6 +151,8 @@ class Sampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=60)
+            if self._thread.is_alive():
+                self.disk.errors.append("the sampler did not stop within 60 s (a sample hangs)")
 
     def sample(self) -> None:
         now = measure(self.state, self.skip)
@@ -162,5 +172,5 @@ class Sampler:
         while not self._stop.wait(self.interval):
             try:
                 self.sample()
-            except Exception as exc:  # a sample lost is reported, the run goes on
+            except Exception as exc:  # reported, and fails the run at its end; the run goes on
                 self.disk.errors.append(f"a sample failed: {exc!r}")

@@ -4,12 +4,17 @@ catch up with `cdc verify` clean for every table.
 
 The pipeline runs as it does in production: `cdc run` and `cdc apply` as separate processes, which
 this harness supervises the way systemd or Kubernetes would (a process that exits is started again,
-from its checkpoint). Everything is driven through the CLI, so the suite tests what users run.
+from its checkpoint). Everything is driven through the CLI, so the suite tests what users run. No
+crash is hidden by a restart: every exit is recorded, and one that no fault explains (``EXITS``: a
+fault that hit, a signal's one exit, an outage's while it lasts) fails the run, with its log's end.
+A fault counts only if it hit (a process signalled while it ran, a walsender terminated, Postgres
+restarted, the disk full, the broker stopped); one that hit nothing is reported as a miss.
 
 What it prints at the end: the faults injected per kind, the changes made, lost and duplicated
 (counted from the workload's own ledger of what it committed against the warehouse's current tables
 and history, apart from `cdc verify`: see ledger.py; both must be 0) and the time to recover per kind
-of fault (from the fault to a clean `cdc verify`, with the writes stopped after the fault). A kind
+of fault (from the fault to a clean `cdc verify`, with the writes stopped after the fault), and the
+exits of each process (explained by faults, stopped by the harness, unexplained). A kind
 that was asked for but could not be injected (a tmpfs that would not mount) is reported as not
 injected and fails the run; a kind that belongs to the other backend is reported as not applicable.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import random
 import secrets
@@ -90,6 +96,36 @@ FAULT_KINDS = (
 
 
 @dataclass(frozen=True)
+class Explains:
+    """Which exits of a process a fault that hit explains, from the fault until the pipeline recovered:
+    ``codes`` (None: any), ``one`` (a signal's: exactly one exit, which must happen; else any number,
+    each restart during an outage too), ``says`` (the exit's log holds this error)."""
+
+    codes: tuple[int, ...] | None = None
+    one: bool = False
+    says: str | None = None
+
+
+#: the error `cdc run` and `cdc apply` stop on when the log store's disk is full (cdc/logstore)
+DISK_FULL = "the disk holding the log store is full"
+#: per kind, the exits of `cdc run` and `cdc apply` a fault of that kind that hit explains. A signal
+#: explains one exit with its code: -9 for SIGKILL, 0 for the graceful stop SIGTERM asks for. A kind
+#: not listed for a process explains none of its exits: the reader retries a dropped connection and a
+#: restarting source itself (cdc/reader, Failures), so walsender_terminate and the restarts of
+#: Postgres explain no exit; corrupt_record's stop of the reader is the harness's own
+#: (``Proc.held_down``). A frozen broker explains any exit (its clients' errors take many forms).
+EXITS: dict[str, dict[str, Explains]] = {
+    "reader_kill9": {"cdc run": Explains((-signal.SIGKILL,), one=True)},
+    "reader_term": {"cdc run": Explains((0,), one=True)},
+    "apply_kill9": {"cdc apply": Explains((-signal.SIGKILL,), one=True)},
+    "apply_kill9_after_sink": {"cdc apply": Explains((-signal.SIGKILL,), one=True)},
+    "apply_term": {"cdc apply": Explains((0,), one=True)},
+    "disk_full": {"cdc run": Explains(says=DISK_FULL), "cdc apply": Explains(says=DISK_FULL)},
+    "broker_freeze": {"cdc run": Explains(), "cdc apply": Explains()},
+}
+
+
+@dataclass(frozen=True)
 class Size:
     """How much to run: cycles (one fault each), the longest transaction, seconds of writes a cycle,
     how long a recovery may take, the size of the embedded log store's filesystem (``disk_full``
@@ -143,7 +179,11 @@ class Size:
 class Report:
     backend: str
     decoder: str = "wal2json"
+    #: faults that hit (a process signalled, a walsender terminated, ...), per kind
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: faults injected that hit nothing (the process was between restarts, no walsender was
+    #: active, ...), per kind: not counted in :attr:`faults`, and they explain no exit
+    misses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     recover_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     changes: int = 0
     transactions: int = 0
@@ -157,17 +197,31 @@ class Report:
     not_applicable: dict[str, str] = field(default_factory=dict)
     #: the ledger against the warehouse (None until counted)
     ledger: Count | None = None
-    #: faults planned (``Size.cycles``); fewer are injected when the time budget runs out
+    #: faults planned (``Size.cycles``); fewer are injected when the time budget runs out, or the run
+    #: stops at a failure
     planned: int = 0
+    #: why the run injected fewer faults than planned ("" if it did not stop early)
+    stopped_early: str = ""
     #: the state dir's peak and live bytes (tests/chaos/disk.py)
     disk: Disk = field(default_factory=Disk)
+    #: per process (``cdc run``, ``cdc apply``): its starts, its exits, and of those the ones a
+    #: fault that hit explains, the harness's own stops, and the rest (unexplained)
+    exits: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: each exit no fault explains, with the end of its log: fails the run
+    unexplained: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"chaos on the {self.backend} log store, decoder {self.decoder}"]
         out.append(f"  changes made: {self.changes:,} in {self.transactions:,} transactions")
-        done = sum(self.faults.values())
-        short = f" of {self.planned} planned (the time budget ran out)" if done < self.planned else ""
+        done, missed = sum(self.faults.values()), sum(self.misses.values())
+        short = (
+            f" of {self.planned} planned"
+            + (f" ({missed} hit nothing)" if missed else "")
+            + (f" ({self.stopped_early})" if self.stopped_early else "")
+            if done < self.planned
+            else ""
+        )
         out.append(f"  faults injected: {done}{short}")
         for kind in FAULT_KINDS:
             if kind in self.skipped:
@@ -180,6 +234,14 @@ class Report:
                     f"p50 {times[len(times) // 2]:.1f} s, max {times[-1]:.1f} s" if times else "NOT RECOVERED"
                 )
                 out.append(f"    {kind:24} x{self.faults[kind]:<3} recovered in {took}")
+            if self.misses.get(kind):
+                out.append(f"    {kind:24} MISSED x{self.misses[kind]} (injected, hit nothing: not counted)")
+        for name, n in self.exits.items():
+            rest = f"{n['unexplained']} UNEXPLAINED" if n["unexplained"] else "none unexplained"
+            out.append(
+                f"  {name} exits: {n['exits']} in {n['starts']} starts: {n['by faults']} explained by faults "
+                f"that hit, {n['by the harness']} stopped by the harness, {rest}"
+            )
         if self.ledger is None:
             out.append("  lost, duplicated: NOT COUNTED (the run stopped before the ledger's count)")
         else:
@@ -188,6 +250,7 @@ class Report:
             out.extend(f"    e.g. {e}" for e in self.ledger.examples)
         out.append(f"  dead letters: {self.dead_letters_seen} (expected {self.dead_letters_expected})")
         out.extend(self.disk.lines())
+        out.extend(f"  UNEXPLAINED EXIT: {u}" for u in self.unexplained)
         out.extend(f"  FAILURE: {f}" for f in self.failures)
         return out
 
@@ -195,6 +258,8 @@ class Report:
     def ok(self) -> bool:
         return (
             not self.failures
+            and not self.unexplained
+            and not self.disk.errors
             and not self.skipped
             and self.ledger is not None
             and self.lost == 0
@@ -208,7 +273,11 @@ class Report:
             "changes": self.changes,
             "transactions": self.transactions,
             "faults": dict(self.faults),
+            "misses": dict(self.misses),
+            "exits": self.exits,
+            "unexplained": self.unexplained,
             "planned": self.planned,
+            "stopped_early": self.stopped_early,
             "recover_s": {k: sorted(v) for k, v in self.recover_s.items()},
             "lost": self.lost,
             "duplicated": self.duplicated,
@@ -221,46 +290,82 @@ class Report:
         }
 
 
+@dataclass(frozen=True)
+class Exit:
+    """One exit of a supervised process: the start it ended (``#N`` in its log), its exit code, when it
+    was seen (``time.monotonic()``; the supervisor looks every ``Supervisor.interval``), and whether the
+    harness stopped it (a fault that holds it down, the end of the run)."""
+
+    start: int
+    code: int | None
+    at: float
+    by_harness: bool
+
+
 class Proc:
     """One supervised `cdc` process in a process group of its own, signalled as a supervisor does: to
     the whole group. `cdc apply`'s Spark JVM runs in a group of its own (a group SIGTERM must not
     reach it); a SIGKILL also goes to every descendant, as systemd's SIGKILL of the unit's cgroup
-    does."""
+    does. Every exit is recorded in :attr:`exits` before the process is started again: none goes
+    unseen."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
         self.name, self.args, self.env, self.log = name, args, env, log
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.exits: list[Exit] = []
+        self._reaped = True  # the current popen's exit is in exits (True: none started yet)
         #: held by whoever starts or stops the process (the supervisor, a fault)
         self.lock = threading.RLock()
         #: True while a fault keeps the process down on purpose (the supervisor leaves it alone)
         self.held = False
 
     def start(self, extra_env: dict[str, str] | None = None) -> None:
-        with self.log.open("ab") as out:
-            out.write(f"\n=== start {self.name} #{self.starts} at {time.time():.3f}\n".encode())
-            self.popen = subprocess.Popen(
-                self.args,
-                env={**self.env, **(extra_env or {})},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.starts += 1
+        with self.lock:
+            self.reap()
+            with self.log.open("ab") as out:
+                out.write(f"\n=== start {self.name} #{self.starts} at {time.time():.3f}\n".encode())
+                self.popen = subprocess.Popen(
+                    self.args,
+                    env={**self.env, **(extra_env or {})},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self._reaped = False
+            self.starts += 1
+
+    def reap(self, by_harness: bool = False) -> Exit | None:
+        """Record the exit of the current process once it has exited (``by_harness``: the harness
+        stopped it); the new :class:`Exit`, or None (still running, or recorded already)."""
+        with self.lock:
+            if self._reaped or self.popen is None or self.popen.poll() is None:
+                return None
+            self._reaped = True
+            out = Exit(self.starts - 1, self.popen.returncode, time.monotonic(), by_harness)
+            self.exits.append(out)
+            return out
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-    def signal(self, sig: int) -> None:
-        if self.alive():
+    def signal(self, sig: int) -> bool:
+        """``sig`` to the running process's group (SIGKILL: also to each descendant); whether it
+        reached a running process (False: none runs, e.g. between its exit and its restart)."""
+        with self.lock:  # the supervisor starts no process meanwhile
+            if not self.alive():
+                return False
             assert self.popen is not None
             kids = descendants(self.popen.pid) if sig == signal.SIGKILL else []
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return False
             for kid in kids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(kid, sig)
+            return True
 
     def wait(self, timeout: float) -> int | None:
         if self.popen is None:
@@ -271,16 +376,26 @@ class Proc:
             return None
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 60 s: an exit of the harness's own (one before it, of the
+        process's own, is recorded as such first)."""
+        self.reap()
         self.signal(signal.SIGTERM)
         if self.wait(60) is None:
             self.signal(signal.SIGKILL)
             self.wait(30)
+        self.reap(by_harness=True)
 
-    def ensure(self) -> None:
-        """Start the process again if it has exited (unless a fault holds it down)."""
-        with self.lock:
-            if not self.held and not self.alive():
-                self.start()
+    def section(self, start: int, tail: int | None = 2500) -> str:
+        """The end of the log of start ``#start`` (the text after its ``=== start`` line; ``tail``:
+        its last characters, None: all of it)."""
+        text = self.log.read_text(errors="replace")
+        head = f"=== start {self.name} #{start} at "
+        at = text.find(head)
+        if at < 0:
+            return f"(no {head!r} in {self.log})"
+        end = text.find(f"=== start {self.name} #{start + 1} at ", at)
+        out = text[at : end if end >= 0 else len(text)]
+        return out if tail is None else out[-tail:]
 
     @contextlib.contextmanager
     def held_down(self) -> Iterator[None]:
@@ -298,7 +413,8 @@ class Proc:
 class Supervisor:
     """Starts a process again as soon as it has exited, the way systemd (``Restart=always``) or
     Kubernetes would: polled every ``interval`` seconds on a thread of its own, so a restart does not
-    wait for whatever the harness is doing (a `cdc verify` can take a minute)."""
+    wait for whatever the harness is doing (a `cdc verify` can take a minute). Each exit is recorded
+    (``Proc.exits``) before the restart: the harness then tells which of them its faults explain."""
 
     def __init__(self, procs: list[Proc], interval: float = 0.2) -> None:
         self.procs = procs
@@ -320,7 +436,7 @@ class Supervisor:
                 if proc.lock.acquire(blocking=False):  # busy: a fault is stopping or starting it
                     try:
                         if not proc.held and not proc.alive():
-                            proc.start()
+                            proc.start()  # which records the exit first
                     finally:
                         proc.lock.release()
 
@@ -602,6 +718,9 @@ class Chaos:
         self._poisoned: int | None = None
         self._poison_rows = 0
         self._thaw: threading.Timer | None = None
+        #: per process: how many of its exits :meth:`account` has told apart; the run's start
+        self._accounted = {p.name: 0 for p in (self.reader, self.apply)}
+        self._t0 = time.monotonic()
         self.workload = Workload(self.dsn, self.rng, size.max_tx)
         self.sampler = Sampler(
             self.state, self.report.disk, skip=self.state / "log" / "filler", note=self.note
@@ -689,38 +808,46 @@ class Chaos:
             self._thaw.cancel()
             self._thaw_broker()
         self.supervisor.stop()
+        for proc in (self.reader, self.apply):  # an exit since the last fault's recovery: its own
+            proc.reap()
         # both asked to stop at once (the apply job finishes its batch and stops Spark: seconds)
         for proc in (self.reader, self.apply):
             proc.signal(signal.SIGTERM)
         self.reader.stop()
         self.apply.stop()
+        self.account(None, time.monotonic(), time.monotonic())
         with contextlib.suppress(Exception):
             self.pg.execute(f"SELECT pg_drop_replication_slot('{self.env['CDC_SLOT']}')", self.db)
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.log_dir)], check=False)
 
     # -- faults
-    def inject(self, kind: str) -> None:
-        getattr(self, f"_fault_{kind}")()
+    def inject(self, kind: str) -> bool:
+        """Inject a fault of ``kind``; whether it hit (signalled a running process, terminated a
+        walsender, restarted Postgres, filled the disk, froze the broker, wrote its record or row)."""
+        hit = getattr(self, f"_fault_{kind}")()
+        assert isinstance(hit, bool), (kind, hit)
+        return hit
 
-    def _fault_reader_kill9(self) -> None:
-        self.reader.signal(signal.SIGKILL)
+    def _fault_reader_kill9(self) -> bool:
+        return self.reader.signal(signal.SIGKILL)
 
-    def _fault_reader_term(self) -> None:
-        self.reader.signal(signal.SIGTERM)
+    def _fault_reader_term(self) -> bool:
+        return self.reader.signal(signal.SIGTERM)
 
-    def _fault_apply_kill9(self) -> None:
-        self.apply.signal(signal.SIGKILL)
+    def _fault_apply_kill9(self) -> bool:
+        return self.apply.signal(signal.SIGKILL)
 
-    def _fault_apply_term(self) -> None:
-        self.apply.signal(signal.SIGTERM)
+    def _fault_apply_term(self) -> bool:
+        return self.apply.signal(signal.SIGTERM)
 
-    def _fault_apply_kill9_after_sink(self) -> None:
+    def _fault_apply_kill9_after_sink(self) -> bool:
         """kill -9 of the Spark job between a sink's write and Spark's checkpoint of that batch: the
         running job's fault point ``apply.after_sink`` is armed (a file, see :mod:`cdc.faults`) and
         fires at the next batch it applies, removing the file; the workload goes on writing until it
         has (the supervisor then starts the job again, unarmed). Arming the running job, rather than
-        restarting it with the point on, spares a Spark start (30-40 s on a loaded machine)."""
+        restarting it with the point on, spares a Spark start (30-40 s on a loaded machine). It hit
+        once the job removed the file."""
         self.arm_after_sink.touch()
         deadline = time.monotonic() + self.size.verify_wait_s
         while self.arm_after_sink.exists():  # polled: the fault fires at the job's next batch
@@ -729,56 +856,86 @@ class Chaos:
                 self.report.failures.append(
                     f"apply.after_sink did not fire within {self.size.verify_wait_s:.0f} s of arming"
                 )
-                return
+                return False
             time.sleep(0.1)
+        return True
 
-    def _fault_walsender_terminate(self) -> None:
-        self.pg.execute(
+    def _fault_walsender_terminate(self) -> bool:
+        """The reader's walsender terminated; it hit if one was (none is active while the reader is
+        between restarts)."""
+        rows = self.pg.fetch(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
             f"WHERE slot_name = '{self.env['CDC_SLOT']}' AND active_pid IS NOT NULL",
             self.db,
         )
+        return any(terminated for (terminated,) in rows)
 
-    def _fault_pg_restart_fast(self) -> None:
-        self.pg.stop("fast")
+    def _pg_restart(self, mode: str) -> bool:
+        """Postgres stopped (``mode``) and started again: it hit if the server that answers after it
+        started after the one before (``pg_postmaster_start_time``)."""
+        query = "SELECT pg_postmaster_start_time()"
+        before = self.pg.fetch(query)[0][0]
+        self.pg.stop(mode)
         self.pg.start()
+        return bool(self.pg.fetch(query)[0][0] > before)  # type: ignore[operator]
 
-    def _fault_pg_restart_immediate(self) -> None:
-        self.pg.stop("immediate")
-        self.pg.start()
+    def _fault_pg_restart_fast(self) -> bool:
+        return self._pg_restart("fast")
 
-    def _fault_disk_full(self) -> None:
+    def _fault_pg_restart_immediate(self) -> bool:
+        return self._pg_restart("immediate")
+
+    def _fault_disk_full(self) -> bool:
+        """The log store's filesystem filled up, for 1-3 s: it hit if a write was refused for want of
+        space (ENOSPC)."""
         if not self.mounted:
-            return
+            return False
         filler = self.log_dir / "filler"
+        full = False
         # unbuffered: a buffered file keeps what the full disk refused and raises ENOSPC again at close
         with filler.open("wb", buffering=0) as f:
             chunk = b"\0" * (1 << 20)
-            with contextlib.suppress(OSError):
+            try:
                 while True:
                     f.write(chunk)
+            except OSError as exc:
+                full = exc.errno == errno.ENOSPC
+                if not full:
+                    self.note(f"disk_full: the filler stopped on {exc!r}, not a full disk")
         # keep writing into the full disk for a while: the processes must fail loudly, not lose data
         time.sleep(self.rng.uniform(1.0, 3.0))  # the fault's duration, not a synchronisation
         filler.unlink()
+        return full
 
-    def _fault_broker_freeze(self) -> None:
+    def _fault_broker_freeze(self) -> bool:
         """The Kafka broker stops answering (SIGSTOP) for 3 to 15 s, then goes on (SIGCONT, from a
         timer: the harness goes on with the fault's usual course meanwhile, so the recovery time counts
         from the freeze and includes it). Requests time out (the request timeout is 10 s), connections
         are dropped, the producer retries its batches unchanged, the apply job's reads fail and it is
         restarted; nothing acknowledged is lost. A freeze, not a restart: the test broker keeps its
-        records in memory only."""
+        records in memory only. It hit once the broker is seen stopped (state T in /proc)."""
         assert self.kafka_pid is not None
-        os.kill(self.kafka_pid, signal.SIGSTOP)
+        try:
+            os.kill(self.kafka_pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
         self._thaw = threading.Timer(self.rng.uniform(3.0, 15.0), self._thaw_broker)
         self._thaw.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{self.kafka_pid}/stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] == "T":
+                    return True
+            time.sleep(0.05)
+        return False
 
     def _thaw_broker(self) -> None:
         if self.kafka_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.kafka_pid, signal.SIGCONT)
 
-    def _fault_corrupt_record(self) -> None:
+    def _fault_corrupt_record(self) -> bool:
         """A record that is not an event, appended to a table's topic (the reader is paused for it:
         the embedded store admits one writer per topic)."""
         topic = f"{self.prefix}.public.chaos_accounts"
@@ -800,10 +957,11 @@ class Chaos:
             )
         if proc.returncode != 0:
             self.report.failures.append(f"could not append a corrupt record: {proc.stderr[-500:]}")
-            return
+            return False
         self.report.dead_letters_expected += 1
+        return True
 
-    def _fault_poison_value(self) -> None:
+    def _fault_poison_value(self) -> bool:
         """A row holding a value the warehouse cannot store (a BC date): it must go to the dead-letter
         topic while everything else applies; the row is then corrected at the source. Its id is
         negative: the workload's ids only grow, from the largest id it reloads after a reconnect, so
@@ -817,6 +975,7 @@ class Chaos:
         )
         self.report.dead_letters_expected += 1
         self._poisoned = i
+        return True
 
     # -- checks
     def dead_letters(self) -> int:
@@ -909,7 +1068,9 @@ class Chaos:
                     f"{orjson.dumps(getattr(self, '_last_verify', None)).decode()[:1500]}"
                 )
 
-    def recover(self, kind: str, t_fault: float) -> None:
+    def recover(self, kind: str, t_fault: float, hit: bool = True) -> None:
+        """Until `cdc verify` is clean after the fault (its recovery time, of a fault that hit, in the
+        report) or the recovery's budget is spent (a failure)."""
         deadline = time.monotonic() + self.size.verify_wait_s
         poisoned = self._poisoned
         while True:
@@ -922,7 +1083,8 @@ class Chaos:
                 self.workload.ledger.insert("public.chaos_accounts", {"id": poisoned, "name": "poison"})
                 poisoned = self._poisoned = None
             if poisoned is None and self.verify() is not None:
-                self.report.recover_s[kind].append(time.monotonic() - t_fault)
+                if hit:
+                    self.report.recover_s[kind].append(time.monotonic() - t_fault)
                 return
             if time.monotonic() > deadline:
                 last = getattr(self, "_last_verify", None)
@@ -948,23 +1110,11 @@ class Chaos:
                     self.say(
                         f"  time budget of {self.size.budget_s:.0f} s spent: {n - 1} faults, then the end"
                     )
+                    self.report.stopped_early = "the time budget ran out"
                     break
-                self.workload.start()
-                time.sleep(self.rng.uniform(*self.size.write_s))  # writes before the fault
-                t_fault = time.monotonic()
-                self.note(f"fault {n}/{len(plan)}: {kind}")
-                self.inject(kind)
-                self.note(f"fault {n}/{len(plan)}: {kind} injected")
-                self.report.faults[kind] += 1
-                time.sleep(self.rng.uniform(0, self.size.write_s[0]))  # writes after the fault
-                self.workload.pause()
-                self.recover(kind, t_fault)
-                self.say(
-                    f"  [{n}/{len(plan)}] {kind}: recovered in {self.report.recover_s[kind][-1]:.1f} s"
-                    if self.report.recover_s[kind] and len(self.report.failures) == 0
-                    else f"  [{n}/{len(plan)}] {kind}: FAILED"
-                )
-                if self.report.failures:
+                if not self.cycle(f"{n}/{len(plan)}", kind):
+                    if n < len(plan):
+                        self.report.stopped_early = "the run stopped at a failure"
                     break
             self.report.changes = self.workload.ledger.changes
             self.report.transactions = self.workload.ledger.transactions
@@ -984,6 +1134,84 @@ class Chaos:
             self.sampler.stop()
             self.close()
         return self.report
+
+    def cycle(self, n: str, kind: str) -> bool:
+        """Writes, a fault of ``kind`` (counted if it hit, else a miss), more writes, the recovery, then
+        the exits since the last fault told apart (:meth:`account`); whether the run goes on (no
+        failure, no unexplained exit)."""
+        self.workload.start()
+        time.sleep(self.rng.uniform(*self.size.write_s))  # writes before the fault
+        t_fault = time.monotonic()
+        self.account(None, t_fault, t_fault)  # exits since the last recovery: no fault explains them
+        self.note(f"fault {n}: {kind}")
+        hit = self.inject(kind)
+        self.note(f"fault {n}: {kind} {'injected' if hit else 'injected, HIT NOTHING (not counted)'}")
+        (self.report.faults if hit else self.report.misses)[kind] += 1
+        time.sleep(self.rng.uniform(0, self.size.write_s[0]))  # writes after the fault
+        self.workload.pause()
+        recovered = len(self.report.recover_s[kind])
+        self.recover(kind, t_fault, hit)
+        self.account(kind if hit else None, t_fault, time.monotonic())
+        ok = not self.report.failures and not self.report.unexplained
+        if not hit:
+            self.say(f"  [{n}] {kind}: HIT NOTHING (not counted)" + ("" if ok else "; FAILED"))
+        elif ok and len(self.report.recover_s[kind]) > recovered:
+            self.say(f"  [{n}] {kind}: recovered in {self.report.recover_s[kind][-1]:.1f} s")
+        else:
+            self.say(f"  [{n}] {kind}: FAILED")
+        return ok
+
+    def account(self, kind: str | None, t_fault: float, t_end: float) -> None:
+        """Tell apart every exit of `cdc run` and `cdc apply` seen since the last call, up to ``t_end``:
+        a stop of the harness's own; one the fault ``kind`` explains (it hit: None is no fault, or one
+        that hit nothing), seen from ``t_fault`` on, as :data:`EXITS` says; or unexplained, in the
+        report with the end of its log (it fails the run). A signal that hit a process that did not
+        exit by ``t_end`` is a failure."""
+        explains = EXITS.get(kind, {}) if kind is not None else {}
+        for proc in (self.reader, self.apply):
+            counts = self.report.exits.setdefault(
+                proc.name, dict.fromkeys(("starts", "exits", "by faults", "by the harness", "unexplained"), 0)
+            )
+            seen = [e for e in proc.exits[self._accounted[proc.name] :] if e.at <= t_end]
+            self._accounted[proc.name] += len(seen)
+            rule = explains.get(proc.name)
+            left = 1  # the exits a signal explains
+            for e in seen:
+                counts["exits"] += 1
+                if e.by_harness:
+                    counts["by the harness"] += 1
+                    self.note(f"exit of {proc.name} #{e.start} (code {e.code}): stopped by the harness")
+                elif rule is not None and e.at >= t_fault and self._explained(rule, proc, e, left):
+                    counts["by faults"] += 1
+                    left -= 1
+                    self.note(f"exit of {proc.name} #{e.start} (code {e.code}): explained by {kind}")
+                else:
+                    counts["unexplained"] += 1
+                    why = (
+                        f"{kind}, which hit, explains no such exit of it"
+                        + (f" (only: {rule})" if rule else "")
+                        if kind is not None and e.at >= t_fault
+                        else "no fault was under way"
+                    )
+                    self.report.unexplained.append(
+                        f"{proc.name} #{e.start} exited (code {e.code}) {e.at - self._t0:.1f} s into the run: "
+                        f"{why}; the end of its log:\n{proc.section(e.start)}"
+                    )
+                    self.note(f"UNEXPLAINED exit of {proc.name} #{e.start} (code {e.code}): {why}")
+            if rule is not None and rule.one and left > 0:
+                self.report.failures.append(
+                    f"{kind} signalled {proc.name}, which did not exit by its recovery"
+                )
+            counts["starts"] = proc.starts
+
+    @staticmethod
+    def _explained(rule: Explains, proc: Proc, e: Exit, left: int) -> bool:
+        """Whether ``rule`` explains the exit ``e`` of ``proc`` (``left``: the exits a signal still explains)."""
+        return (
+            (not rule.one or left > 0)
+            and (rule.codes is None or e.code in rule.codes)
+            and (rule.says is None or rule.says in proc.section(e.start, tail=None))
+        )
 
     def measure_disk(self) -> None:
         """The last sample of the state dir, then its live size (after the final verify and count)."""

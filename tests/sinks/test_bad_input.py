@@ -4,10 +4,13 @@ each case is a clear error (what is wrong, which path, how to fix it) and change
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from cdc.errors import ApplyError
 from cdc.events import encode_key
 from sinks import shard_of
 from sinks.search import SearchSink, search
-from sinks.warehouse import WarehouseSink
+from sinks.warehouse import WarehouseOptions, WarehouseSink
 from sinks.warehouse.layout import CURRENT_META, Layout
 from tests.sinks.feed import Feed, table
 
@@ -72,8 +75,18 @@ def test_a_crash_between_creating_the_three_tables_is_not_a_loss(sink: Warehouse
     assert all(DeltaTable.is_deltatable(str(p)) for p in sink.paths(reg))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through chmod: a read-only table cannot be made")
-def test_a_read_only_delta_table_is_an_error_and_changes_nothing(sink: WarehouseSink) -> None:
+#: the unprivileged user the read-only write runs as when the tests run as root (CI): root writes
+#: through any mode, so a read-only table cannot be made for it
+UNPRIVILEGED = "nobody"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _read_only_write(root: Path, write: str, shards: int) -> dict[str, Any]:
+    """The read-only case, run by :func:`_as_user` in a process of its own as the user it runs as: a
+    batch applied (the user can write the tables while their modes allow it), then every directory
+    of the three tables made read-only (r-x) by their owner, another batch applied: its error, and
+    the tables' versions and rows before and after it."""
+    sink = WarehouseSink(root, WarehouseOptions(buckets=4, maintain_every=0, write=write, shards=shards))
     reg = table()
     f = Feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "x"}, 100)), 1, APP)
@@ -84,14 +97,76 @@ def test_a_read_only_delta_table_is_an_error_and_changes_nothing(sink: Warehouse
         for d in [p, *(x for x in p.rglob("*") if x.is_dir())]:
             modes[d] = d.stat().st_mode
             d.chmod(0o555)
+    error = None
     try:
-        with pytest.raises(Exception) as err:
-            sink.apply(f.batch(f.change("u", {"id": 1, "name": "b", "note": "x"}, 200)), 2, APP)
-        assert "ermission denied" in str(err.value), err.value
+        sink.apply(f.batch(f.change("u", {"id": 1, "name": "b", "note": "x"}, 200)), 2, APP)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
     finally:
         for d, mode in modes.items():
             d.chmod(mode)
-    assert _state(sink, reg, trio) == before
+    after = _state(sink, reg, trio)
+    return {
+        "euid": os.geteuid(),
+        "error": error,
+        "tables": [str(p) for p in trio],
+        "before": repr(before),
+        "after": repr(after),
+    }
+
+
+def _as_user() -> None:
+    """``python -c`` entry of the child: ``ROOT WRITE SHARDS [UID GID]``. With a user, the process
+    (started as root, its interpreter where only root can read it) becomes that user for good, with
+    no supplementary group, before anything is written: from then on it is that user, as a process
+    of its own would be. Prints :func:`_read_only_write`'s result as JSON."""
+    root, write, shards, *user = sys.argv[1:]
+    if user:
+        os.setgroups([])
+        os.setgid(int(user[1]))
+        os.setuid(int(user[0]))
+    print(json.dumps(_read_only_write(Path(root), write, int(shards))))
+
+
+def test_a_read_only_delta_table_is_an_error_and_changes_nothing(sink: WarehouseSink, tmp_path: Path) -> None:
+    """A table its owner made read-only cannot be written: the batch fails with "Permission denied"
+    and the tables are unchanged. Run in a process of its own as an unprivileged user, so it runs as
+    root too (CI): there, as ``nobody`` in a directory ``nobody`` owns (under /tmp: pytest's tmp_path
+    is private to root, and a directory the user cannot reach would fail for the wrong reason). The
+    user first writes the tables: a later "Permission denied" is the read-only modes', nothing else's."""
+    work = tmp_path / "as-user"
+    user: list[str] = []
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam(UNPRIVILEGED)
+        work = Path(tempfile.mkdtemp(prefix="cdc-read-only-"))
+        os.chown(work, pw.pw_uid, pw.pw_gid)
+        user = [str(pw.pw_uid), str(pw.pw_gid)]
+    try:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from tests.sinks.test_bad_input import _as_user; _as_user()",
+                str(work),
+                sink.options.write,
+                str(sink.options.shards),
+                *user,
+            ],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        if user:
+            shutil.rmtree(work)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["euid"] != 0, out  # the write was unprivileged: root's would go through the modes
+    assert out["error"] is not None and "ermission denied" in out["error"], out
+    assert any(t in out["error"] for t in out["tables"]), out  # the read-only table's path, named
+    assert out["after"] == out["before"], out
 
 
 HOLD_WRITER = """
