@@ -108,6 +108,10 @@ class Explains:
 
 #: the error `cdc run` and `cdc apply` stop on when the log store's disk is full (cdc/logstore)
 DISK_FULL = "the disk holding the log store is full"
+#: the one infrastructure error an exit of `cdc apply` is allowed for, by its exact message: Spark's,
+#: when a Python worker it started did not connect back in time (a loaded machine's, not cdc's);
+#: such an exit is counted and reported apart, never taken for a fault's
+INFRA_ERROR = "Python worker failed to connect back."
 #: per kind, the exits of `cdc run` and `cdc apply` a fault of that kind that hit explains. A signal
 #: explains one exit with its code: -9 for SIGKILL, 0 for the graceful stop SIGTERM asks for. A kind
 #: not listed for a process explains none of its exits: the reader retries a dropped connection and a
@@ -238,9 +242,10 @@ class Report:
                 out.append(f"    {kind:24} MISSED x{self.misses[kind]} (injected, hit nothing: not counted)")
         for name, n in self.exits.items():
             rest = f"{n['unexplained']} UNEXPLAINED" if n["unexplained"] else "none unexplained"
+            infra = f"{n['infrastructure']} on {INFRA_ERROR!r}, " if n.get("infrastructure") else ""
             out.append(
                 f"  {name} exits: {n['exits']} in {n['starts']} starts: {n['by faults']} explained by faults "
-                f"that hit, {n['by the harness']} stopped by the harness, {rest}"
+                f"that hit, {n['by the harness']} stopped by the harness, {infra}{rest}"
             )
         if self.ledger is None:
             out.append("  lost, duplicated: NOT COUNTED (the run stopped before the ledger's count)")
@@ -1170,7 +1175,10 @@ class Chaos:
         explains = EXITS.get(kind, {}) if kind is not None else {}
         for proc in (self.reader, self.apply):
             counts = self.report.exits.setdefault(
-                proc.name, dict.fromkeys(("starts", "exits", "by faults", "by the harness", "unexplained"), 0)
+                proc.name,
+                dict.fromkeys(
+                    ("starts", "exits", "by faults", "by the harness", "infrastructure", "unexplained"), 0
+                ),
             )
             seen = [e for e in proc.exits[self._accounted[proc.name] :] if e.at <= t_end]
             self._accounted[proc.name] += len(seen)
@@ -1185,6 +1193,9 @@ class Chaos:
                     counts["by faults"] += 1
                     left -= 1
                     self.note(f"exit of {proc.name} #{e.start} (code {e.code}): explained by {kind}")
+                elif proc is self.apply and e.code == 1 and INFRA_ERROR in proc.section(e.start, tail=None):
+                    counts["infrastructure"] += 1
+                    self.note(f"exit of {proc.name} #{e.start} (code 1): Spark's {INFRA_ERROR!r}, restarted")
                 else:
                     counts["unexplained"] += 1
                     why = (
