@@ -69,6 +69,8 @@ CHECKS = (
     # run by cdc.cli.check (cdc.recorders.nonfinite.check_nonfinite) unless the reader found a wal2json
     # that sends NaN/Infinity itself (2.6+)
     "nonfinite_recorder",
+    # run by cdc.cli.check: no registered table's topic holds values cdc cannot know (cdc.logstore.images)
+    "complete_topics",
 )
 #: the checks of failover slots: they run on PostgreSQL 17+ only
 FAILOVER_CHECKS = ("failover_slot", "synchronized_standby_slots", "failover_standby", "failover_ready")
