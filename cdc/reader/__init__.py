@@ -528,8 +528,8 @@ class Reader:
             images.follow(reg.topic, time.time())
 
     def _note_unknown(self, reg: TableReg, events: int, columns: Mapping[str, int] | None = None) -> None:
-        """Record that ``reg``'s topic holds values the reader could not know (``cdc status``,
-        ``cdc check`` and ``cdc tables list`` name it; a full snapshot of the table clears it)."""
+        """Record that ``reg``'s topic holds values the reader could not know (``cdc status`` and
+        ``cdc check`` name it; a full snapshot of the table clears it)."""
         raw = self.registry.get_table_state(TableState.VALUES_UNKNOWN, reg.schema, reg.table)
         state: dict[str, Any] = (
             orjson.loads(raw) if raw else {"events": 0, "columns": {}, "since": int(time.time())}
