@@ -44,7 +44,7 @@ from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.logstore import LogStore, Record
 from cdc.registry import Alignment, Column, Registry, TableReg, TableState
 from snapshot.chunk_state import ChunkProgress, SnapshotOptions, load_progress, save_progress
-from snapshot.encode import RowEncoder, copy_query, read_csv_batches
+from snapshot.encode import RowEncoder, copy_query, encoder_for, read_csv_batches
 from snapshot.table_info import row_estimate, table_columns
 from snapshot.where import parse_where, where_sql
 
@@ -482,14 +482,8 @@ class ChunkDriver:
         if not cols:
             raise _Missing(reg.qualified)
         codec = self.codec_for(replace(reg, columns=cols))
-        names = list(codec.included)
-        missing = [k for k in codec.key if k not in names]
-        if missing:
-            raise SourceError(
-                f"key column(s) {missing} of {reg.qualified} are not in the table (or are excluded)",
-                fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
-                table=reg.qualified,
-            )
+        encoder = encoder_for(codec, cols)
+        names = encoder.names
         progress = load_progress(self.registry, reg.schema, reg.table)
         if progress is None:
             raise SourceError(f"no snapshot progress for {reg.qualified}", fix="this is a bug; run again")
@@ -502,14 +496,6 @@ class ChunkDriver:
             progress.estimate = row_estimate(conn, reg.schema, reg.table)
         progress.chunk_size = self.options.chunk_size
         _refuse_null_keys(conn, reg, [c.name for c in cols if c.nullable and c.name in codec.key], where)
-        encoder = RowEncoder(
-            names,
-            {c.name: c.type for c in cols},
-            codec.key,
-            table=reg.qualified,
-            imaged=codec.imaged,
-            bound=codec.row_bound,
-        )
         ident: sql.Composable = sql.Identifier(reg.schema, reg.table)
         if progress.partitions is not None:
             ident = _leaves_source(conn, reg, progress.partitions, names)

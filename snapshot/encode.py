@@ -34,12 +34,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
+from cdc.codec.envelope import TableCodec
 from cdc.codec.values import TOAST_TUPLE_THRESHOLD, RowBound, text_converter_for, type_kind
 from cdc.errors import SourceError
 from cdc.logstore.images import FIELD_SEP, NAME_SEP
+from cdc.registry import Column
 from snapshot import snapshot_error
 
-__all__ = ["RowEncoder", "copy_query", "read_csv_batches"]
+__all__ = ["RowEncoder", "copy_query", "encoder_for", "read_csv_batches"]
 
 _SPECIALS = ("NaN", "Infinity", "-Infinity")
 _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # escaped by orjson as \b, \f or \u00XX
@@ -322,3 +324,26 @@ class RowEncoder:
         parts.append(_lit("}"))
         parts.append(_lit(""))  # the separator
         return pc.cast(pc.binary_join_element_wise(*parts), pa.binary())
+
+
+def encoder_for(codec: TableCodec, columns: Sequence[Column]) -> RowEncoder:
+    """The encoder of ``codec``'s table (its included columns, typed by ``columns``: the catalog's
+    now), keeping the images the codec keeps; a :class:`~cdc.errors.SourceError` when a key column
+    is not among them (dropped at the source, or excluded)."""
+    table = codec.reg.qualified
+    names = list(codec.included)
+    missing = [k for k in codec.key if k not in names]
+    if missing:
+        raise SourceError(
+            f"key column(s) {missing} of {table} are not in the table (or are excluded)",
+            fix=f"register {table} again with a key of existing, not excluded columns",
+            table=table,
+        )
+    return RowEncoder(
+        names,
+        {c.name: c.type for c in columns},
+        codec.key,
+        table=table,
+        imaged=codec.imaged,
+        bound=codec.row_bound,
+    )

@@ -34,7 +34,7 @@ from cdc.logstore.batch import Batch
 from cdc.logstore.images import Images
 from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
-from snapshot.encode import RowEncoder, copy_query, read_csv_batches
+from snapshot.encode import copy_query, encoder_for, read_csv_batches
 from snapshot.table_info import row_estimate, table_columns
 
 BATCH_ROWS = 5000
@@ -165,22 +165,8 @@ def read_table(
         )
     estimate = row_estimate(conn, reg.schema, reg.table)
     codec = TableCodec(replace(reg, columns=cols), prefix=prefix, db=db, partitions=partitions)
-    names = codec.included
-    missing = [k for k in codec.key if k not in names]
-    if missing:
-        raise SourceError(
-            f"key column(s) {missing} of {reg.qualified} are not in the table (or are excluded)",
-            fix=f"register {reg.qualified} again with a key of existing, not excluded columns",
-            table=reg.qualified,
-        )
-    encoder = RowEncoder(
-        names,
-        {c.name: c.type for c in cols},
-        codec.key,
-        table=reg.qualified,
-        imaged=codec.imaged,
-        bound=codec.row_bound,
-    )
+    encoder = encoder_for(codec, cols)
+    names = encoder.names
     now = str(int(time.time() * 1000)).encode()
     head = b'{"before":null,"after":'
 

@@ -32,6 +32,19 @@ def big(tag: object) -> str:
     return f"{tag} 'q' \"dq\" back\\slash new\nline " + secrets.token_hex(3000)
 
 
+def body_table(env: CaptureEnv, bodies: dict[int, str], *, snapshot: bool = True) -> str:
+    """``t (id, n, body)`` with ``body`` stored out of line (``STORAGE EXTERNAL``: not compressed),
+    a row per ``bodies`` item, registered and, with ``snapshot``, snapshotted; its topic."""
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
+    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
+    for i, body in bodies.items():
+        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (i, body))
+    env.add_table("public.t")
+    if snapshot:
+        env.run_once()
+    return env.reg("public", "t").topic
+
+
 def source_rows(env: CaptureEnv, table: str) -> dict[str, dict[str, Any]]:
     """The source's rows as the topic keys and encodes them (``row_to_json`` of every column)."""
     out = {}
@@ -120,12 +133,8 @@ def test_kill_between_the_append_and_the_images_keeps_every_event_right(env: Cap
     """kill -9 of the reader after the log store made a batch durable and before its images were
     committed: the restarted reader decodes those changes again and fills each from the images as
     they were, never from a later value. Each event is checked against the row it stands for."""
-    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
-    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
     bodies = {(k, 0): big(f"{k}/0") for k in range(5)}
-    for k in range(5):
-        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (k, bodies[(k, 0)]))
-    env.add_table("public.t")
+    topic = body_table(env, {k: bodies[(k, 0)] for k in range(5)}, snapshot=False)
     arm = env.state.parent / "arm"
     proc = env.spawn("run", extra_env={"CDC_FAULTS": f"reader.after_append:@{arm}"})
     wait_streaming(env, proc)
@@ -142,7 +151,6 @@ def test_kill_between_the_append_and_the_images_keeps_every_event_right(env: Cap
     assert "cdc-fault: reader.after_append" in env.proc_log()
     assert not arm.exists()  # the fault hit
     env.run_once()
-    topic = env.reg("public", "t").topic
     seen: set[tuple[int, int]] = set()
     for rec in env.records(topic):
         event = orjson.loads(rec.value) if rec.value else None
@@ -162,16 +170,10 @@ def test_the_images_are_rebuilt_from_the_topic_when_lost(
 ) -> None:
     """The image store deleted (a lost disk, a restore of the state without it): the next ``cdc run``
     rebuilds it from the compacted topic, which is complete, and every event stays whole."""
-    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
-    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
-    for i in range(50):
-        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (i, big(i)))
-    env.add_table("public.t")
-    env.run_once()
+    topic = body_table(env, {i: big(i) for i in range(50)})
     env.sql("UPDATE t SET body = %s WHERE id < 10", (big("new"),))
     env.sql("UPDATE t SET n = 1")
     env.run_once()
-    topic = env.reg("public", "t").topic
     compact(env, topic, monkeypatch)
     for p in Path(env.state).glob(images_path(env.state).name + "*"):
         p.unlink()
@@ -243,13 +245,7 @@ def test_a_value_that_cannot_be_known_is_named_and_repaired(
     ``unavailable``), compacted, and the store lost: the value cannot be known. The change that
     leaves it out keeps it in ``unavailable`` -- never null, never a guess --, ``cdc check`` and
     ``cdc status`` name the table, and ``cdc snapshot TABLE`` makes the topic whole again."""
-    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
-    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
-    for i in range(5):
-        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (i, big(i)))
-    env.add_table("public.t")
-    env.run_once()
-    topic = env.reg("public", "t").topic
+    topic = body_table(env, {i: big(i) for i in range(5)})
     # what an earlier cdc wrote for an update that left body out
     last = [r for r in env.records(topic) if r.key == b'{"id":1}'][-1]
     legacy = orjson.loads(last.value or b"")
@@ -293,18 +289,12 @@ def test_a_librdkafka_consumer_reads_every_row_whole_from_offset_0(env: CaptureE
     reading the topic from offset 0 gets whole rows in every record: what a compacted topic keeps."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
-    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
-    for i in range(30):
-        env.sql("INSERT INTO t VALUES (%s, 0, %s)", (i, big(i)))
-    env.add_table("public.t")
-    env.run_once()
+    topic = body_table(env, {i: big(i) for i in range(30)})
     env.sql("UPDATE t SET n = 1")
     env.sql("UPDATE t SET id = id + 100 WHERE id < 3")
     env.sql("UPDATE t SET body = %s WHERE id = 10", (big("new"),))
     env.sql("UPDATE t SET n = 2 WHERE id >= 10")
     env.run_once()
-    topic = env.reg("public", "t").topic
     expected = env.records(topic)
     assert env.log_url is not None
     consumer = Consumer(
@@ -347,12 +337,7 @@ def test_the_fill_turned_off_and_on_again_never_fills_from_a_stale_store(env: Ca
     """``fill_unchanged_toast = false`` (to measure the fill, or spare its disk) lists the values in
     ``unavailable`` and drops the image store, which missed those changes; turned on again, the
     store is rebuilt from the topic: the values a change wrote while it was off are the ones filled."""
-    env.sql("CREATE TABLE t (id int PRIMARY KEY, n int, body text)")
-    env.sql("ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")
-    env.sql("INSERT INTO t VALUES (1, 0, %s)", (big("first"),))
-    env.add_table("public.t")
-    env.run_once()
-    topic = env.reg("public", "t").topic
+    topic = body_table(env, {1: big("first")})
     on = env.config.read_text()
     env.config.write_text(on + "fill_unchanged_toast = false\n")
     env.sql("UPDATE t SET body = %s", (big("written while off"),))
