@@ -1,6 +1,9 @@
-"""Dead letters end to end: ``cdc topic dump`` shows them readably, ``cdc deadletters list`` lists them,
-and once the cause is fixed (the column excluded) ``cdc deadletters replay`` applies them through the
-sinks' versioned path -- never over newer data -- and a second replay does nothing."""
+"""Dead letters of the apply job fed by hand-built records (:class:`tests.plugins.changes.ChangeWriter`
+writes the events, poison values and a record that is not JSON, to the log store; not ``cdc run``),
+then the verbs: ``cdc topic dump`` shows them readably, ``cdc deadletters list`` lists them, and once
+the cause is fixed (the column excluded) ``cdc deadletters replay`` applies them through the sinks'
+versioned path -- never over newer data -- and a second replay does nothing. The job runs once in
+this process (:func:`tests.plugins.apply.run_job`), the verbs through ``cdc``'s entry point."""
 
 from __future__ import annotations
 

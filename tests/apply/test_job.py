@@ -1,5 +1,9 @@
-"""The apply job end to end on real Spark, real Delta and (where the table has search columns) tantivy:
-re-delivered and out-of-order events, dead letters, a failing sink."""
+"""The apply job (:class:`spark_jobs.apply.ApplyJob`, run once in this process on real Spark, Delta
+and, where the table has search columns, tantivy) fed by hand-built records: events written to the
+log store by :class:`tests.plugins.changes.ChangeWriter`, not by ``cdc run``, so that they can be
+re-delivered, out of order, corrupt or aimed at a failing sink. Not end to end (that is
+``tests/apply/test_end_to_end.py``). A test that gives the job its own sinks runs the job's driver
+path (the records collected to the driver), not its default work in Spark tasks."""
 
 from __future__ import annotations
 

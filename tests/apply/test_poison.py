@@ -1,6 +1,10 @@
-"""A poison record never stops the others: a value the warehouse cannot hold goes to the dead-letter
-topic with its reason, table, key, version and source offset; every other record and table applies,
-and the job keeps running on later batches (real Spark, Delta and tantivy)."""
+"""A poison record never stops the others, on the apply job fed by hand-built records
+(:class:`tests.plugins.changes.ChangeWriter` writes the events to the log store; not ``cdc run``): a
+value the warehouse cannot hold goes to the dead-letter topic with its reason, table, key, version
+and source offset; every other record and table applies, and the job, running continuously on a
+thread of this process (:func:`tests.plugins.apply.continuous_job`: real Spark, Delta and tantivy),
+keeps going on later batches. Poison values captured from a real source by ``cdc run``: the fault
+suite's ``poison_value`` (``tests/chaos/``)."""
 
 from __future__ import annotations
 

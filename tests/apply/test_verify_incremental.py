@@ -1,9 +1,16 @@
 """An incremental ``cdc verify`` (issue 20): after a full verify recorded the key ranges, changes made
-at a real Postgres table, captured by the real reader (`cdc run --once`) and applied by the
-Spark-free micro-batch (:func:`tests.plugins.apply.apply_pending_without_spark`, the real Delta and tantivy
-sinks), are verified by checking only the ranges they touched; a row corrupted in the warehouse in a
-changed range is found, one in an unchanged range only by ``--full``; ``cdc status`` says when
-each table was last verified clean."""
+at a real Postgres table, captured by the real reader (`cdc run --once`) and applied by a test-only
+loop, :func:`tests.plugins.apply.apply_pending_without_spark` (the apply's Spark-free micro-batch on
+the real Delta and tantivy sinks, no JVM), are verified by checking only the ranges they touched; a
+row corrupted in the warehouse in a changed range is found, one in an unchanged range only by
+``--full``; ``cdc status`` says when each table was last verified clean.
+
+Not the apply job: the loop commits the apply consumer's positions itself (the end offsets it read),
+which ``cdc verify`` waits for, where the job commits the ends of Spark's offset log after each
+micro-batch (:func:`spark_jobs.ledger.commit_positions`); nor does it run the job's Spark source,
+checkpoint or Spark tasks. ``cdc verify`` over the job's own commits is run by
+``tests/apply/test_end_to_end.py`` and ``tests/apply/test_rebuild_spark.py``, not here: the job in
+place of the loop made this file several times slower."""
 
 from __future__ import annotations
 

@@ -1,28 +1,19 @@
-"""A view from joins end to end: real Postgres -> ``cdc run --once`` -> the apply -> the view's
-Delta table, equal after every round to the view's SQL run on the source
+"""A view from joins end to end: real Postgres -> ``cdc run --once`` -> the apply job (the job ``cdc
+apply --once`` runs, :func:`tests.plugins.apply.apply_once`, on the session's Spark: no JVM start per
+round) -> the view's Delta table, equal after every round to the view's SQL run on the source
 (:mod:`tests.plugins.views`: inserts, updates, deletes and key changes on the driving table and on
 both joined tables; the view is registered after the tables hold data and built by ``cdc views
-add`` from their current state).
-
-* Through Spark (the apply job once on the session's Spark: the job ``cdc apply --once`` runs, without
-  a JVM start per round): ``cdc sql "SELECT * FROM NAME"`` and ``cdc search``, and ``cdc verify
-  NAME`` clean at the end.
-* Without a JVM (the apply's Spark-free micro-batch, :func:`tests.plugins.apply.apply_pending_without_spark`):
-  ``cdc verify`` compares each view (its Delta table and its search index) with its SQL run on the
-  source: clean after every round, and it finds a row planted in the view's table, a row removed
-  from it and a lost search index, with their keys."""
+add`` from their current state); ``cdc sql "SELECT * FROM NAME"`` and ``cdc search``, and ``cdc
+verify NAME`` clean at the end. ``cdc verify`` of views against a test-only apply loop, without a
+JVM: ``tests/capture/test_views_verify.py``."""
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import orjson
-from deltalake import DeltaTable
 
-from cdc import paths
-from cdc.locks import ProcessLock
-from tests.plugins.apply import apply_once, apply_pending_without_spark
+from tests.plugins.apply import apply_once
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.views import ROUNDS, SQL, VIEW, order_tables, source_view
 
@@ -65,70 +56,3 @@ def test_view_from_joins_equals_the_source_query(env: CaptureEnv, spark: Any) ->
     assert text.returncode == 0 and '{"id":' in text.stdout and "_cdc_key" not in text.stdout, text.stdout
     code, report = env.verify(VIEW, "--wait", "10")
     assert code == 0 and [(r["table"], r["kind"], r["status"]) for r in report] == [(VIEW, "view", "ok")]
-
-
-#: a second view that does not select the driving table's key: verify carries it as _cdc_key.id
-TOTALS = "SELECT o.total, c.name AS who FROM orders o JOIN customers c ON o.customer_id = c.id"
-
-
-def _apply(env: CaptureEnv) -> None:
-    """What the reader wrote since the last call, through the apply's Spark-free micro-batch."""
-    env.run_once()
-    apply_pending_without_spark(env.state, settings=env.settings())
-
-
-def _verify_views(env: CaptureEnv) -> dict[str, dict[str, Any]]:
-    """``cdc verify --json`` (every table and view) by name, asserting its exit code is 0."""
-    code, report = env.verify("--wait", "10")
-    assert code == 0, report
-    return {r["table"]: r for r in report}
-
-
-def test_verify_compares_views_with_their_sql_on_the_source(env: CaptureEnv) -> None:
-    order_tables(env)
-    _apply(env)
-    # built at add from the tables' current state: while an apply runs (it holds the apply lock),
-    # its Delta tables only (the apply holds the index's writer); with none running, its index too
-    with ProcessLock(env.state, "apply"):
-        added = env.cdc("views", "add", VIEW, "--sql", SQL, "--search", "customer", "--history", "--json")
-    assert added.returncode == 0, added.stderr
-    build = orjson.loads(added.stdout)["build"]
-    assert build["rows"] == len(source_view(env)) > 50 and build["index"] is False
-    added = env.cdc("views", "add", "totals", "--sql", TOTALS, "--search", "who", "--json")
-    assert orjson.loads(added.stdout)["build"]["index"] is True
-    code, report = env.verify("--wait", "0")  # no apply since: the views are there
-    assert code == 1 and [r["status"] for r in report] == ["ok"] * 3 + ["different", "ok"], report
-    assert report[3]["table"] == VIEW and report[3]["search"]["missing_count"] == build["rows"]
-    assert report[3]["missing_count"] == report[3]["different_count"] == 0
-    env.sql("UPDATE orders SET total = total + 1 WHERE id % 7 = 0")
-    _apply(env)  # maintains both views, and builds the first one's index whole
-    for changes in ROUNDS:
-        reports = _verify_views(env)
-        assert {r["kind"] for r in reports.values()} == {"table", "view"} and len(reports) == 5
-        assert reports["totals"]["search_docs"] == reports["totals"]["source_rows"]
-        assert reports[VIEW]["source_rows"] == len(source_view(env)) == reports[VIEW]["warehouse_rows"]
-        assert reports[VIEW]["search_docs"] == len(source_view(env))
-        env.sql(changes)
-        _apply(env)
-    assert _verify_views(env)[VIEW]["source_rows"] > 50
-
-    view = DeltaTable(str(paths.view_table(env.state, VIEW)))
-    row = min(view.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
-    view.update({"customer": "'planted'"}, predicate=f"id = {row['id']}")  # behind the apply's back
-    totals = DeltaTable(str(paths.view_table(env.state, "totals")))
-    gone = orjson.loads(totals.to_pyarrow_table().column("_cdc_key")[0].as_py())["id"]
-    totals.delete(f"_cdc_key = '{orjson.dumps({'id': gone}).decode()}'")
-    shutil.rmtree(paths.search_index(env.state, f"_views.{VIEW}"))
-    paths.search_versions(env.state, f"_views.{VIEW}").unlink()
-
-    code, report = env.verify(VIEW, "--wait", "5")
-    assert code == 1 and len(report) == 1 and report[0]["status"] == "different", report
-    (wrong,) = report[0]["different"]
-    assert wrong["key"] == {"id": row["id"]}
-    assert wrong["columns"] == {"customer": {"source": row["customer"], "warehouse": "planted"}}
-    assert report[0]["search"]["missing_count"] == report[0]["source_rows"]
-    code, report = env.verify("totals", "--wait", "5")
-    assert code == 1 and report[0]["missing"] == [{"_cdc_key.id": gone}], report
-    assert report[0]["missing_count"] == 1 and report[0]["different_count"] == 0
-    text = env.cdc("verify", "--wait", "5")  # every table and view, the text form
-    assert text.returncode == 1 and "totals: missing: [{'_cdc_key.id'" in text.stdout, text.stdout

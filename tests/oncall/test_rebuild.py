@@ -1,9 +1,15 @@
-"""``cdc rebuild`` end to end without a JVM: a real Postgres table changed and captured by the real
-reader (``cdc run --once``), the live derived data applied by the apply's Spark-free micro-batch
-(:func:`tests.plugins.apply.apply_without_spark`), then corrupted behind the pipeline's back; the
-rebuild replays the topic into a staged copy, verifies it and swaps it in, or leaves the live data
-when the copy does not verify. The history table is never touched. A view is rebuilt from the
-current tables and compared with its SQL on the source."""
+"""``cdc rebuild`` without a JVM: a real Postgres table changed and captured by the real reader
+(``cdc run --once``), the live derived data applied by a test-only loop,
+:func:`tests.plugins.apply.apply_without_spark` (the apply's Spark-free micro-batch fed straight from
+the log store), then corrupted behind the pipeline's back; the rebuild replays the topic into a
+staged copy, verifies it and swaps it in, or leaves the live data when the copy does not verify. The
+history table is never touched. A view is rebuilt from the current tables and compared with its SQL
+on the source.
+
+Not end to end: the live data are not the apply job's. The loop does not run the job's Spark source,
+checkpoint or Spark tasks, commits the apply consumer's positions itself (each topic's end offsets)
+instead of the job's commits from Spark's offset log, and drops dead letters. The rebuild between
+runs of the real apply job (Spark, in this process): ``tests/apply/test_rebuild_spark.py``."""
 
 from __future__ import annotations
 

@@ -168,7 +168,17 @@ def apply_without_spark(
     maintained after each batch as the apply job does; one batch per partition chunk; the apply
     consumer's positions committed at the end (``cdc verify`` waits for them). Returns the records
     applied. Version guards make a second call (new batch ids, same records) change nothing.
-    ``settings``: the sinks' (default: ``state``'s with no cdc.toml)."""
+    ``settings``: the sinks' (default: ``state``'s with no cdc.toml).
+
+    A test-only loop, not the apply job (:func:`run_job`, ``cdc apply``). It does not cover: the
+    job's Spark source and checkpoint (the records are read here straight from the log store, every
+    call from offset 0); its work in Spark tasks (:mod:`spark_jobs.tasks`, the job's default: the
+    warehouse's commits made in the driver, views by the keys the tasks touched); its batch ids
+    (here from 0 at every call, where the job continues its checkpoint's); its offset commits
+    (here each topic's end offsets as read before the topic, committed by this loop, not the job's
+    :func:`spark_jobs.ledger.commit_positions` from Spark's offset log, and no position held before
+    the first batch); its dead letters (here dropped: neither written to the dead-letter topic nor
+    asserted absent), ledger, metrics, sink recovery, watchdog and apply lock."""
     import pyarrow as pa
 
     from cdc.logstore import APPLY_CONSUMER
@@ -221,9 +231,18 @@ def _registered(state: Path) -> Any:
 def apply_pending_without_spark(state: Path, *, settings: Settings | None = None) -> int:
     """Apply every record the real reader wrote to ``state`` past the apply consumer's committed
     positions through :class:`spark_jobs.applier.BatchApplier` (the Spark-free micro-batch, no JVM),
-    the views maintained after it as the apply job does, then commit those positions as the job
-    does; asserts no dead letter. Returns the records applied. ``settings``: the sinks' (default:
-    ``state``'s with no cdc.toml)."""
+    the views maintained after it as the apply job does, then commit the end positions; asserts no
+    dead letter. Returns the records applied. ``settings``: the sinks' (default: ``state``'s with
+    no cdc.toml).
+
+    A test-only loop, not the apply job (:func:`run_job`, ``cdc apply``). It does not cover: the
+    job's Spark source and checkpoint (the records are read here straight from the log store,
+    from the committed positions to the end offsets seen at the start); its work in Spark tasks
+    (:mod:`spark_jobs.tasks`, the job's default: here one batch on this process, the job's
+    ``work="driver"`` path); its batch ids (here the committed positions summed); its offset
+    commits (here the end offsets this loop read, committed by it, not the job's
+    :func:`spark_jobs.ledger.commit_positions` from Spark's offset log, and no position held before
+    the batch); its dead-letter topic, ledger, metrics, sink recovery, watchdog and apply lock."""
     import pyarrow as pa
 
     from cdc.logstore import APPLY_CONSUMER

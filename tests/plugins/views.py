@@ -1,4 +1,5 @@
-"""The orders -> customers -> regions view of the view tests (``tests/capture/test_views_e2e.py``):
+"""The orders -> customers -> regions view of the view tests (``tests/capture/test_views_e2e.py``,
+``tests/capture/test_views_verify.py``):
 its SQL, the source tables with data (:func:`order_tables`) and rounds of changes on all three
 tables (:data:`ROUNDS`: inserts, updates, deletes, key changes on either side, a TRUNCATE), and the
 view's SQL run on the source (:func:`source_view`)."""
