@@ -232,8 +232,9 @@ class Images:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
         db.execute("PRAGMA page_size=16384")  # an image is often a few kB: fewer overflow pages
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA mmap_size=1073741824")  # lookups read mapped pages, no syscall each
-        db.execute("PRAGMA cache_size=-32768")  # 32 MB a connection
+        # no mmap: mapped pages count in the reader's resident set (the store can be the size of the
+        # table's long values); SQLite's own page cache, bounded, is what stays in memory
+        db.execute("PRAGMA cache_size=-16384")  # 16 MB a connection
         db.execute("PRAGMA synchronous=FULL")  # an image must be durable before its position is confirmed
         db.executescript(
             """
