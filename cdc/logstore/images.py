@@ -296,6 +296,20 @@ class Images:
                 image = alter_image(image, alter)
         return image
 
+    def holds_column(self, topic: str, name: bytes) -> bool:
+        """Whether any image of ``topic`` (staged or committed) holds the JSON-encoded column ``name``
+        (a scan of the topic's images, stopping at the first: asked only when a column is retyped)."""
+        field = name + NAME_SEP
+        for (t, _), (_, blob) in list(self._overlay.items()):
+            if t == topic and blob is not None and (blob.startswith(field) or FIELD_SEP + field in blob):
+                return True
+        with self._rlock:
+            rows = self._lookup.execute(
+                "SELECT 1 FROM images WHERE topic = ? AND (substr(image, 1, ?) = ? OR instr(image, ?) > 0) LIMIT 1",
+                (topic, len(field), field, FIELD_SEP + field),
+            ).fetchall()
+        return bool(rows)
+
     # -- the writing side ---------------------------------------------------------------------------
     def commit(self, sealed: Sealed | None) -> None:
         """Make one batch's image changes durable (call after its records are durable)."""

@@ -626,8 +626,7 @@ class Reader:
         """A table's columns changed at the source (``EventBuilder``'s ``columns_changed``);
         ``told``: the renames the DDL recorder reported (exact); else inferred from rows."""
         renamed = renamed_columns(reg.columns, cols) if told is None else told
-        long_values = out_of_line_columns({c.name: c.type for c in reg.columns})
-        rewritten = [n for n in retyped_columns(reg.columns, cols) if n in long_values]
+        rewritten = self._rewritten_long_values(reg, cols)
         new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
         # e.g. its first float column, or a generated one (the recorder's other form)
         self._ensure_nonfinite(conn, [new])
@@ -656,6 +655,19 @@ class Reader:
             self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
             self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
         return new
+
+    def _rewritten_long_values(self, reg: TableReg, cols: tuple[Column, ...]) -> list[str]:
+        """The columns retyped from ``reg``'s columns to ``cols`` whose values the ALTER may have
+        rewritten out of line, where no change carries them: their new type can be stored out of
+        line, and some row held one (the image store holds the column for the table)."""
+        long_now = out_of_line_columns({c.name: c.type for c in cols})
+        return [
+            n
+            for n in retyped_columns(reg.columns, cols)
+            if n in long_now
+            and self.images is not None
+            and self.images.holds_column(reg.topic, orjson.dumps(n))
+        ]
 
     def _builder(
         self, conn: psycopg.Connection[Any], codecs: dict[tuple[str, str], TableCodec], watcher: SourceWatcher

@@ -203,3 +203,14 @@ def test_a_new_slot_resets_the_images_and_the_committed_version(images: Images) 
     images.reset()  # a lost slot: the old one's positions order nothing, its values may be stale
     assert images.high == (0, 0) and images.get(T, k(1)) is None
     assert images.restart() == (0, 0)
+
+
+def test_holds_column_finds_a_column_staged_or_committed_and_no_other(images: Images) -> None:
+    st = images.staging()
+    st.put(T, k(1), pack({b'"a"': b'"x"', b'"body"': b'"y"'}))
+    assert images.holds_column(T, b'"body"') and images.holds_column(T, b'"a"')
+    images.commit(st.seal())
+    st.seal()  # pruned: read from disk now
+    assert images.holds_column(T, b'"body"') and images.holds_column(T, b'"a"')
+    assert not images.holds_column(T, b'"bod"') and not images.holds_column(T, b'"y"')
+    assert not images.holds_column("other", b'"body"')
