@@ -60,7 +60,7 @@ class SparkCluster:
     def alive_workers(self) -> int:
         try:
             workers = self.status()["workers"]
-        except OSError:  # the master's UI is not up yet
+        except (OSError, ValueError):  # the master's UI is not up yet (no answer, or not its JSON yet)
             return 0
         return sum(1 for w in workers if w["state"] == "ALIVE")
 
