@@ -49,6 +49,7 @@ class Batch:
     ) -> None:
         self.store = store
         self.staging = staging
+        self._images = None if staging is None else staging.images
         self.lock = lock or threading.Lock()
         self.records: dict[str, list[Record]] = {}
         self.count = 0
@@ -90,9 +91,9 @@ class Batch:
                 if self._error is None:
                     with self.lock:
                         self.store.append_many(records)
-                    if sealed is not None:
+                    if sealed is not None and self._images is not None:
                         faults.point("reader.after_append", None, _crash_after_append)
-                        self.staging.images.commit(sealed)  # type: ignore[union-attr]
+                        self._images.commit(sealed)
             except BaseException as exc:
                 self._error = exc
             with self._cond:
