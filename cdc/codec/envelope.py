@@ -261,6 +261,7 @@ class TableCodec:
         outside = set(self.key) | self.exclude
         types = {c.name: c.type for c in columns}
         self.imaged = [(n, _dumps(n)) for n in out_of_line_columns(types) if n not in outside]
+        self.imaged_json = dict(self.imaged)  # name -> its JSON, as the images key it
         #: the upper bound of a row's stored length: a row under ``TOAST_TUPLE_THRESHOLD`` holds no
         #: value out of line, so its image is not kept (:meth:`holds_out_of_line`)
         self.row_bound = row_bound(types, set(self.included))
@@ -759,12 +760,14 @@ class EventBuilder:
         ``src`` (the row's own, or the old key's for a key change). Returns the row, the columns
         still unknown (the images lack them: they stay in ``unavailable``) and the image used."""
         image = self.images.get(codec.topic, src) if self.images is not None else None
+        names = codec.imaged_json
         still: list[str] = []
         for name in unavailable:
             if name in key:
                 after[name] = key[name]
                 continue
-            value = None if image is None else image.get(_dumps(name))
+            enc = names.get(name)  # a column not imaged is never left out, nor in an image
+            value = None if image is None or enc is None else image.get(enc)
             if value is None:
                 still.append(name)
             else:

@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from cdc.errors import LogStoreError
+from cdc.logstore import LogStore
 
 __all__ = [
     "FIELD_SEP",
@@ -139,9 +140,7 @@ class Staging:
         """Every key of ``topic`` is gone (a TRUNCATE from the stream)."""
         for k in [k for k in self.changes if k[0] == topic]:
             del self.changes[k]
-        for k in [k for k, (gen, _) in self._overlay.items() if k[0] == topic and gen == self.gen]:
-            del self._overlay[k]
-        self.images._forget_overlay(topic)
+        self.images._forget_overlay(topic)  # what any batch staged of it: the clear supersedes it
         self.clears.append(topic)
         self._cleared[topic] = self.gen
 
@@ -428,7 +427,9 @@ def rebuild(
     the record lists in ``unavailable`` from the key's image before it. Only what the slot will not
     send again counts: records of transactions that committed before ``confirmed`` (and snapshot
     rows at it); the changes after it are decoded again on top. ``image_of`` gives the image of an
-    ``after`` object, ``key_of`` the key bytes of a ``before`` object (None without the key). Committed every ``every`` records: memory stays bounded.
+    ``after`` object, ``key_of`` the key bytes of a ``before`` object (None without the key). Committed every
+    ``every`` records; what stays in memory for the whole rebuild is the images of the keys deleted
+    in the topic (the old key of a key change) and the names of the values still unknown.
 
     A key change's ``c`` written before this store existed lists the old key's unchanged values in
     ``unavailable``; they are taken from the old key's image when its partition was read first, else
@@ -500,7 +501,7 @@ def rebuild(
     return result
 
 
-def iter_topic(store: Any, topic: str) -> Iterator[tuple[bytes, bytes | None]]:
+def iter_topic(store: LogStore, topic: str) -> Iterator[tuple[bytes, bytes | None]]:
     """Every record of ``topic``, partition after partition, in offset order."""
     for partition in sorted(store.end_offsets(topic)):
         for rec in store.iter_partition(topic, partition):
