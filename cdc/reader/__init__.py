@@ -65,7 +65,7 @@ from cdc.catalog import (
 )
 from cdc.codec import HEARTBEAT_PREFIX, Decoder
 from cdc.codec.envelope import EventBuilder, TableCodec, renamed_columns, retyped_columns
-from cdc.codec.plugins import plugin
+from cdc.codec.plugins import plugin as output_plugin
 from cdc.codec.values import out_of_line_columns
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.config import Settings, redact_dsn, redact_text
@@ -232,7 +232,7 @@ class Reader:
         #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
         self._numeric_as_string: bool | None = None
         #: the output plugin of the current session (the slot's; :func:`cdc.reader.plugin.choose_plugin`)
-        self._plugin = plugin(settings.decoder)
+        self._plugin = output_plugin(settings.decoder)
         #: per table: the catalog digest and key last judged, and the problems found (the poll asks
         #: cdc.catalog.capture_problems again only when they changed)
         self._capture_checked: dict[
