@@ -34,6 +34,8 @@ from cdc.catalog import (
     server_info,
     slot_info,
 )
+from cdc.codec.plugins import WAL2JSON, OutputPlugin
+from cdc.codec.plugins import plugin as output_plugin
 from cdc.config import parse_dsn
 from cdc.connect import connect
 from cdc.errors import RegistryError, SourceError
@@ -173,7 +175,11 @@ def check_output_plugin(
     message, fix = refusal
     return [
         Finding(
-            plugin, "error", message, f"{fix}; or {USE_PGOUTPUT}" if plugin == "wal2json" else fix, values
+            plugin,
+            "error",
+            message,
+            fix if output_plugin(plugin).built_in else f"{fix}; or {USE_PGOUTPUT}",
+            values,
         )
     ]
 
@@ -596,15 +602,15 @@ def failover_findings(
 
 
 # --- gathering facts ---------------------------------------------------------------------------------
-def _decoder_info(plugin: str, publication: str, slot: SlotInfo) -> Finding:
-    where = f" from publication {publication!r}" if plugin == "pgoutput" else ""
+def _decoder_info(plugin: OutputPlugin, publication: str, slot: SlotInfo) -> Finding:
+    where = f" from publication {publication!r}" if plugin.uses_publication else ""
     made = "the slot was created with it" if slot.exists else "a new slot is created with it"
     return Finding(
         "decoder",
         "info",
-        f"decoder: {plugin}{where} ({made})",
+        f"decoder: {plugin.name}{where} ({made})",
         "decoder in cdc.toml / CDC_DECODER chooses the next slot's; docs/decoders.md",
-        {"decoder": plugin, "publication": publication if plugin == "pgoutput" else None},
+        {"decoder": plugin.name, "publication": publication if plugin.uses_publication else None},
     )
 
 
@@ -694,7 +700,7 @@ def _check_wal2json(
         return None, "wal_level is not logical"
     if not info.can_replicate:
         return None, "the role may not create replication slots"
-    if slot.exists and slot.plugin == "wal2json":
+    if slot.exists and slot.plugin == WAL2JSON.name:
         return [], ""  # the existing slot proves the plugin loads
     if info.slots_in_use >= info.max_replication_slots:
         return None, "no replication slot is free for a test slot"
@@ -730,15 +736,17 @@ def run_preflight(
     record(["replication_role"], check_role(info))
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
     publication = publication or slot_name
-    record(["decoder"], [_decoder_info(decoder, publication, slot)])
-    if decoder == "wal2json":
+    plugin = output_plugin(decoder)
+    record(["decoder"], [_decoder_info(plugin, publication, slot)])
+    if plugin.built_in:
+        skipped["wal2json"] = f"the decoder is {decoder}, built into the server"
+    else:
         found, why = _check_wal2json(conn, info, slot)
         if found is None:
             skipped["wal2json"] = why
         else:
             record(["wal2json"], found)
-    else:
-        skipped["wal2json"] = f"the decoder is {decoder}, built into the server"
+    if plugin.uses_publication:
         record(["pgoutput", "publication"], _check_pgoutput(conn, info, regs, publication, watermark))
     record(["server_version"], check_server_version(info))
     record(["max_slot_wal_keep_size"], check_wal_keep(info))

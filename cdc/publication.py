@@ -30,11 +30,10 @@ from psycopg import sql
 from cdc.catalog import is_table
 from cdc.config import Settings
 from cdc.errors import SourcePermanentError
-from cdc.registry import Registry, State
+from cdc.registry import Registry
 
 __all__ = [
     "PublicationChange",
-    "decoder_in_use",
     "keep_publication",
     "publication_sql",
     "publication_tables",
@@ -59,12 +58,6 @@ class PublicationChange:
     @property
     def changed(self) -> bool:
         return self.created or bool(self.added) or bool(self.dropped)
-
-
-def decoder_in_use(registry: Registry, settings: Settings) -> str:
-    """The output plugin of this deployment: the one its slot was created with (recorded in the
-    registry), else the configured ``decoder`` (the next slot's)."""
-    return registry.get_state(State.DECODER) or settings.decoder
 
 
 def published(registry: Registry, watermark: Table) -> list[Table]:

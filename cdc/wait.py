@@ -76,17 +76,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 
 from cdc import paths
 from cdc.codec import HEARTBEAT_PREFIX
+from cdc.codec.plugins import PLUGINS
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import ConfigError, LogStoreError, RegistryError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER, LogStore
-from cdc.names import quote_ident
 from cdc.registry import Registry, TableReg, ViewReg
 
 __all__ = [
@@ -178,35 +177,6 @@ def partition_target(records: Iterable[tuple[int, int | None]], lsn: int, applie
     return target
 
 
-def _wal2json_name(reg: TableReg) -> str:
-    """``schema.table`` for wal2json's ``add-tables`` (special characters backslash-escaped)."""
-
-    def esc(part: str) -> str:
-        return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
-
-    return f"{esc(reg.schema)}.{esc(reg.table)}"
-
-
-def pending_changes(
-    conn: psycopg.Connection[Any], settings: Settings, plugin: str, lsn: int, tables: Sequence[TableReg]
-) -> int:
-    """The changes of ``tables`` (pgoutput: of every published table) the inactive slot holds
-    before ``lsn`` (peeked: nothing is consumed)."""
-    if plugin == "pgoutput":
-        rows = conn.execute(
-            "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
-            "NULL, 'proto_version', '1', 'publication_names', %s)",
-            (settings.slot_name, int_to_lsn(lsn), quote_ident(settings.publication)),
-        ).fetchall()
-        return sum(1 for (kind,) in rows if bytes(kind) in (b"I", b"U", b"D", b"T"))
-    rows = conn.execute(
-        "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
-        "'include-transaction', 'false', 'add-tables', %s)",
-        (settings.slot_name, int_to_lsn(lsn), ",".join(_wal2json_name(t) for t in tables)),
-    ).fetchall()
-    return sum(1 for (data,) in rows if orjson.loads(data).get("action") in ("I", "U", "D", "T"))
-
-
 def slot_passed(
     conn: psycopg.Connection[Any], settings: Settings, lsn: int, tables: Sequence[TableReg]
 ) -> tuple[bool, dict[str, Any]]:
@@ -223,14 +193,14 @@ def slot_passed(
     ).fetchone()
     if row is None or row[1] is None:
         return True, {"slot": settings.slot_name, "exists": False}
-    active, confirmed, plugin = bool(row[0]), lsn_to_int(str(row[1])), str(row[2])
+    active, confirmed, plugin = bool(row[0]), lsn_to_int(str(row[1])), PLUGINS.get(str(row[2]))
     info: dict[str, Any] = {"slot": settings.slot_name, "confirmed_flush_lsn": confirmed, "active": active}
     if confirmed >= lsn:
         return True, info
-    if active:
+    if active or plugin is None:  # active: it moves on; None: not a plugin cdc reads, no peek
         return False, info
     try:
-        pending = pending_changes(conn, settings, plugin, lsn, tables)
+        pending = plugin.peek(conn, settings.slot_name, lsn, tables, settings.publication).changes
     except psycopg.errors.ObjectInUse:  # the reader just started: wait for it instead
         return False, info
     info["pending_changes"] = pending

@@ -21,12 +21,13 @@ from typing import Any
 import psycopg
 
 from cdc.cli.output import print_json
+from cdc.codec.plugins import OutputPlugin, plugin_in_use
 from cdc.config import Settings
 from cdc.connect import classify, connect
 from cdc.errors import SourceError
 from cdc.logstore.images import unknown_values
 from cdc.preflight import Finding, Report, run_preflight
-from cdc.publication import decoder_in_use, keep_publication
+from cdc.publication import keep_publication
 from cdc.recorders.ddl import check_ddl_recorder, install_ddl_recorder, install_script
 from cdc.recorders.nonfinite import (
     check_nonfinite,
@@ -61,16 +62,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.set_defaults(handler=run_check)
 
 
-def _registered(settings: Settings) -> tuple[list[TableReg], str | None, str]:
+def _registered(settings: Settings) -> tuple[list[TableReg], str | None, OutputPlugin]:
     """The registered tables, what the reader found out about wal2json
     (:attr:`cdc.registry.State.WAL2JSON_NUMERIC_AS_STRING`), and the decoder in use."""
     if not (settings.state_dir / "registry.db").exists():
-        return [], None, settings.decoder
+        return [], None, plugin_in_use(None, settings)
     with Registry(settings.state_dir) as registry:
         return (
             registry.list_tables(),
             registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING),
-            decoder_in_use(registry, settings),
+            plugin_in_use(registry, settings),
         )
 
 
@@ -95,18 +96,18 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
             if args.fix:
                 if ensure_watermark_table(conn, *watermark):
                     print("created the watermark table", file=sys.stderr)
-                if plugin == "pgoutput" and regs:  # nothing registered: nothing to publish
+                if plugin.uses_publication and regs:  # nothing registered: nothing to publish
                     with Registry(settings.state_dir) as registry:
                         keep_publication(conn, registry, settings, watermark, _stderr)
                 _fix_ddl_recorder(conn)
-                if settings.config.nonfinite_recorder and plugin == "wal2json":
+                if settings.config.nonfinite_recorder and plugin.may_send_nonfinite_as_null:
                     _fix_nonfinite(conn, regs, settings)
             report = _with_source_objects(
                 run_preflight(
                     conn,
                     settings.slot_name,
                     regs,
-                    decoder=plugin,
+                    decoder=plugin.name,
                     dsn=dsn,
                     publication=settings.publication,
                     watermark=watermark,
@@ -114,7 +115,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                 conn,
                 settings,
                 regs,
-                wal2json_state if plugin == "wal2json" else "1",  # pgoutput: no recorder
+                wal2json_state if plugin.may_send_nonfinite_as_null else "1",  # pgoutput: no recorder
             )
         except psycopg.Error as exc:
             raise classify(exc, dsn) from None

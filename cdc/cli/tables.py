@@ -29,12 +29,13 @@ import psycopg
 
 from cdc.catalog import TableDescription, capture_problems, describe_table
 from cdc.cli.output import print_json, print_table
+from cdc.codec.plugins import plugin_in_use
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
 from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
-from cdc.publication import decoder_in_use, keep_publication, unpublished_columns
+from cdc.publication import keep_publication, unpublished_columns
 from cdc.recorders.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
 from snapshot.chunk_state import SnapshotOptions, load_progress, progress_view
@@ -185,16 +186,16 @@ def add_table(args: argparse.Namespace, settings: Settings) -> int:
                     fix="rename one of the tables, or remove the other registration first",
                     topic=reg.topic,
                 )
-            plugin = decoder_in_use(registry, settings)
-            reg, left_out = _leave_out_unpublished(conn, reg) if plugin == "pgoutput" else (reg, [])
-            if plugin == "pgoutput":
+            plugin = plugin_in_use(registry, settings)
+            reg, left_out = _leave_out_unpublished(conn, reg) if plugin.uses_publication else (reg, [])
+            if plugin.uses_publication:
                 _publish(conn, settings, registry, [(schema, table)])
             registry.add(reg)
             wal2json_sends_them = registry.get_state(State.WAL2JSON_NUMERIC_AS_STRING) == "1"
             warnings = key_warnings(desc, key) + left_out
             recorder = None
             if (
-                plugin == "wal2json"  # pgoutput sends them itself
+                plugin.may_send_nonfinite_as_null  # pgoutput sends them itself
                 and not wal2json_sends_them
                 and settings.config.nonfinite_recorder
                 and tracked_columns(reg)
@@ -348,12 +349,12 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
     registry = _open_existing(settings)
     regs: list[TableReg] = []
     rows: list[dict[str, Any]] = []
-    decoder = settings.decoder
+    decoder = plugin_in_use(None, settings)
     if registry is not None:
         with registry:
             regs = registry.list_tables()
-            decoder = decoder_in_use(registry, settings)
-            rows = [{**table_json(r, settings.state_dir, registry), "decoder": decoder} for r in regs]
+            decoder = plugin_in_use(registry, settings)
+            rows = [{**table_json(r, settings.state_dir, registry), "decoder": decoder.name} for r in regs]
     if args.json:
         print_json(rows)
         return 0
@@ -362,7 +363,7 @@ def list_tables(args: argparse.Namespace, settings: Settings) -> int:
             f"no tables registered (state: {settings.state_dir}); add one with `cdc tables add SCHEMA.TABLE`"
         )
         return 0
-    print(f"decoder: {decoder}" + (f" (publication {settings.publication})" if decoder == "pgoutput" else ""))
+    print(f"decoder: {decoder.describe(settings.publication)}")
     print_table(
         None,
         ["table", "topic", "key", "search", "snapshot", "consistent LSN", "chunks"],
@@ -422,7 +423,7 @@ def remove_table(args: argparse.Namespace, settings: Settings) -> int:
                 views=readers,
             )
         reg = registry.remove(found.schema, found.table)
-        if decoder_in_use(registry, settings) == "pgoutput":
+        if plugin_in_use(registry, settings).uses_publication:
             with connect(settings.require_source()) as conn:
                 _publish(conn, settings, registry, [])
     if args.json:

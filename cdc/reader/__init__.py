@@ -65,6 +65,7 @@ from cdc.catalog import (
 )
 from cdc.codec import HEARTBEAT_PREFIX, Decoder
 from cdc.codec.envelope import EventBuilder, TableCodec, renamed_columns, retyped_columns
+from cdc.codec.plugins import plugin as output_plugin
 from cdc.codec.values import out_of_line_columns
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.config import Settings, redact_dsn, redact_text
@@ -87,7 +88,6 @@ from cdc.publication import keep_publication
 from cdc.reader.ddl import DdlFollower
 from cdc.reader.plugin import (
     choose_plugin,
-    make_decoder,
     note_reread,
     resnapshot_after_lost_slot,
 )
@@ -232,7 +232,7 @@ class Reader:
         #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
         self._numeric_as_string: bool | None = None
         #: the output plugin of the current session (the slot's; :func:`cdc.reader.plugin.choose_plugin`)
-        self._plugin = settings.decoder
+        self._plugin = output_plugin(settings.decoder)
         #: per table: the catalog digest and key last judged, and the problems found (the poll asks
         #: cdc.catalog.capture_problems again only when they changed)
         self._capture_checked: dict[
@@ -401,7 +401,7 @@ class Reader:
         and column, where it could not be installed (once the plugin is known to be < 2.6).
         pgoutput sends them itself: no recorder."""
         if (
-            self._plugin != "wal2json"
+            not self._plugin.may_send_nonfinite_as_null
             or self._numeric_as_string
             or (
                 self._numeric_as_string is None
@@ -435,13 +435,13 @@ class Reader:
                 )
 
     def _sync_publication(self, conn: psycopg.Connection[Any]) -> None:
-        if self._plugin == "pgoutput":
+        if self._plugin.uses_publication:
             keep_publication(conn, self.registry, self.settings, self._snapshot_options().watermark, self.log)
 
     def _refuse_if_plugin_refused(self, conn: psycopg.Connection[Any]) -> None:
         """Fail fast, before any slot work, when the server's ``output_plugin_libraries`` leaves out
         the session's plugin (the same rule and fix as ``cdc check``)."""
-        refusal = server_info(conn).output_plugin_refusal(self._plugin)
+        refusal = server_info(conn).output_plugin_refusal(self._plugin.name)
         if refusal is not None:
             message, fix = refusal
             raise SourcePermanentError(message, fix=fix, source=redact_dsn(self.dsn))
@@ -471,7 +471,7 @@ class Reader:
             self._ensure_nonfinite(conn, regs)
             self._sync_publication(conn)  # before a new slot's consistent point
             start_lsn = self._slot_start(conn, regs, db, slot)
-            self.registry.set_state(State.DECODER, self._plugin)
+            self.registry.set_state(State.DECODER, self._plugin.name)
             self.confirmed = max(self.confirmed, start_lsn)
             regs, refused, chunking = self._session_tables(conn)
             watcher = SourceWatcher(
@@ -580,7 +580,7 @@ class Reader:
             # slot, and every table snapshotted in chunks while streaming from its start; each
             # full chunked snapshot ends with a TRUNCATE marker that removes the rows whose
             # deletes the lost slot never delivered
-            lsn = create_logical_slot(conn, slot, self._plugin)  # a failover slot on PG 17+
+            lsn = create_logical_slot(conn, slot, self._plugin.name)  # a failover slot on PG 17+
             self.log(f"slot {slot} created at {int_to_lsn(lsn)}; every table is snapshotted in chunks")
             return lsn
         if action in ("snapshot", "recreate"):
@@ -686,7 +686,7 @@ class Reader:
             lambda cols: resolve_domains(conn, cols, type_cache),
             # pgoutput's publication is shared state: a table registered since this session started
             # is published before the session restarts with it (its chunked snapshot covers it)
-            skip_unlisted=self._plugin == "pgoutput",
+            skip_unlisted=self._plugin.uses_publication,
             images=images,
             staging=staging,
             catalog_columns=lambda reg: table_columns(conn, reg.schema, reg.table),
@@ -705,7 +705,7 @@ class Reader:
     ) -> str:
         """Stream ``regs`` (and the chunked snapshots of ``chunking``) until stopped, caught up, or
         a restart is due; the reason."""
-        decoder = make_decoder(self._plugin, conn, self.settings)
+        decoder = self._plugin.decoder(conn, self.settings.publication, self.settings.state_dir / "spool")
         codecs = {(r.schema, r.table): self._codec(r, db, decoder) for r in regs}
         for parent, parts in watcher.leaves.items():
             for leaf in parts:
@@ -760,15 +760,16 @@ class Reader:
                 builder,
                 batch,
                 ctl,
-                numeric_as_string=self._plugin == "wal2json" and self._numeric_as_string is not False,
+                numeric_as_string=self._plugin.may_send_nonfinite_as_null
+                and self._numeric_as_string is not False,
                 decoder=decoder,
             )
-            if self._plugin == "wal2json":
+            if self._plugin.may_send_nonfinite_as_null:
                 if self._numeric_as_string is None:
                     self.registry.set_state(State.WAL2JSON_NUMERIC_AS_STRING, "1")
                 self._numeric_as_string = self._numeric_as_string is not False
         except psycopg2.errors.InvalidParameterValue:
-            if self._numeric_as_string is not None or self._plugin != "wal2json":
+            if self._numeric_as_string is not None or not self._plugin.may_send_nonfinite_as_null:
                 raise
             # wal2json < 2.6 refuses the option in its startup callback (SQLSTATE 22023)
             self._numeric_as_string = False
@@ -1104,7 +1105,7 @@ class Reader:
             self.registry.set_snapshot_state(reg.schema, reg.table, "running")
         repl = open_replication(self.dsn)
         try:
-            snap = create_exported_slot(repl.cursor(), slot, temporary=temporary, plugin=self._plugin)
+            snap = create_exported_slot(repl.cursor(), slot, temporary=temporary, plugin=self._plugin.name)
             self.log(
                 f"{'initial' if not temporary else 'table'} snapshot of {len(regs)} table(s) at "
                 f"{int_to_lsn(snap.consistent_lsn)}"

@@ -16,24 +16,21 @@ from typing import Any
 import orjson
 import psycopg
 
-from cdc.catalog import slot_info, type_namer
-from cdc.codec import Decoder
-from cdc.codec.pgoutput import PgOutput
-from cdc.codec.wal2json import DECODER as WAL2JSON
-from cdc.config import DECODERS, Settings
+from cdc.catalog import slot_info
+from cdc.codec.plugins import PLUGINS, OutputPlugin, plugin
 from cdc.errors import SourcePermanentError
 from cdc.registry import Registry, State
 
-__all__ = ["choose_plugin", "make_decoder", "note_reread", "resnapshot_after_lost_slot"]
+__all__ = ["choose_plugin", "note_reread", "resnapshot_after_lost_slot"]
 
 
-def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> str:
+def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> OutputPlugin:
     """The session's output plugin: the existing slot's (a slot cannot change plugin), else
     ``wanted`` (the configured ``decoder``). A slot of the other decoder is refused, with the way
     to switch; a slot of a plugin cdc does not read is left to the slot decision (foreign)."""
     info = slot_info(conn, slot)
-    if not info.exists or info.plugin is None or info.plugin == wanted or info.plugin not in DECODERS:
-        return wanted
+    if not info.exists or info.plugin is None or info.plugin == wanted or info.plugin not in PLUGINS:
+        return plugin(wanted)
     raise SourcePermanentError(
         f"decoder = {wanted!r} is configured, but replication slot {slot!r} was created with "
         f"{info.plugin!r}, and a slot cannot change its output plugin",
@@ -44,19 +41,6 @@ def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> str:
         plugin=info.plugin,
         decoder=wanted,
     )
-
-
-def make_decoder(plugin: str, conn: psycopg.Connection[Any], settings: Settings) -> Decoder:
-    """A decoder for one session of ``plugin``: pgoutput's keeps per-session state (its relation
-    cache, type names looked up on ``conn``, streamed transactions spooled under the state dir)."""
-    if plugin != "pgoutput":
-        return WAL2JSON
-    spool = settings.state_dir / "spool"
-    spool.mkdir(exist_ok=True)
-    decoder: Decoder = PgOutput(
-        type_namer(conn), settings.publication, conn.info.server_version, spool_dir=str(spool)
-    )
-    return decoder
 
 
 def resnapshot_after_lost_slot(

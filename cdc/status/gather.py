@@ -27,12 +27,12 @@ import psycopg
 
 from cdc import metrics
 from cdc.catalog import SlotInfo, connect, failover_info, failover_supported, server_info, slot_info
+from cdc.codec.plugins import PLUGINS
 from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
 from cdc.logstore.images import unknown_values
-from cdc.names import quote_ident
 from cdc.preflight import gather_standbys
 from cdc.registry import Registry, State, TableReg, TableState
 from cdc.status import SCHEMA_VERSION, StatusOptions, history
@@ -41,17 +41,7 @@ from cdc.status.slot import drop_slot, judge_slot, should_drop
 from cdc.verify_ranges import last_clean
 
 CATCH_UP_WAIT_S = 1.5
-#: Postgres' epoch (2000-01-01 UTC) in Unix epoch milliseconds: pgoutput's timestamps count from it
-PG_EPOCH_MS = 946_684_800_000
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
-
-
-def commit_ts_ms(ts: str | None) -> int | None:
-    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch ms (as
-    :func:`cdc.codec.envelope.commit_ts_ms`; not imported, to keep ``cdc status`` quick to start)."""
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(ts).timestamp() * 1000) if ts else None
 
 
 def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dict[str, Any]]:
@@ -173,59 +163,19 @@ class Collector:
 
     # -- the source ------------------------------------------------------------------------------
     def _peek(
-        self, conn: Any, upto: int, tables: list[TableReg], plugin: str | None
+        self, conn: Any, upto: int, tables: list[TableReg], plugin_name: str | None
     ) -> dict[str, Any] | None:
         """With no reader streaming, peek the slot (nothing is consumed) up to ``upto`` for changes
         of the registered tables: their count and the commit time of the oldest. None when the slot
-        became busy meanwhile."""
-        if plugin == "pgoutput":
-            return self._peek_pgoutput(conn, upto)
-
-        def esc(part: str) -> str:
-            return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
-
-        names = ",".join(f"{esc(t.schema)}.{esc(t.table)}" for t in tables)
+        became busy meanwhile, or is not of a plugin cdc reads."""
+        plugin = PLUGINS.get(plugin_name or "")
+        if plugin is None:
+            return None
         try:
-            rows = conn.execute(
-                "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
-                "'include-transaction', 'true', 'include-timestamp', 'true', 'add-tables', %s)",
-                (self.settings.slot_name, int_to_lsn(upto), names),
-            ).fetchall()
+            pending = plugin.peek(conn, self.settings.slot_name, upto, tables, self.settings.publication)
         except psycopg.errors.ObjectInUse:  # a reader just started streaming
             return None
-        pending, oldest, begin_ts = 0, None, None
-        for (data,) in rows:
-            msg = orjson.loads(data)
-            action = msg.get("action")
-            if action == "B":
-                begin_ts = msg.get("timestamp")
-            elif action in ("I", "U", "D", "T"):
-                pending += 1
-                if oldest is None and begin_ts:
-                    oldest = commit_ts_ms(begin_ts)
-        return {"pending_changes": pending, "oldest_pending_ms": oldest}
-
-    def _peek_pgoutput(self, conn: Any, upto: int) -> dict[str, Any] | None:
-        """:meth:`_peek` of a pgoutput slot: the changes of every published table (the publication
-        holds the registered ones); a Begin message carries the commit time (µs since 2000)."""
-        try:
-            rows = conn.execute(
-                "SELECT substr(data, 1, 17) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
-                "NULL, 'proto_version', '1', 'publication_names', %s)",
-                (self.settings.slot_name, int_to_lsn(upto), quote_ident(self.settings.publication)),
-            ).fetchall()
-        except psycopg.errors.ObjectInUse:  # a reader just started streaming
-            return None
-        pending, oldest, begin_ms = 0, None, None
-        for (head,) in rows:
-            head = bytes(head)
-            if head[:1] == b"B":
-                begin_ms = int.from_bytes(head[9:17], "big", signed=True) // 1000 + PG_EPOCH_MS
-            elif head[:1] in (b"I", b"U", b"D", b"T"):
-                pending += 1
-                if oldest is None:
-                    oldest = begin_ms
-        return {"pending_changes": pending, "oldest_pending_ms": oldest}
+        return {"pending_changes": pending.changes, "oldest_pending_ms": pending.oldest_ms}
 
     def _source(
         self, registry: Registry | None, enforce: bool, capture_running: bool, tables: list[TableReg]
