@@ -194,7 +194,8 @@ def _child(argv: list[str]) -> None:
 
         def progress(r: Any) -> None:
             batches.append([r.records, r.seconds])
-            print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s", flush=True)
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items())
+            print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s ({phases})", flush=True)
 
         opts = ApplyOptions(once=True, max_records_per_batch=a.per_batch, work=a.work)
         job = ApplyJob(spark, settings, opts, sinks=sinks, on_batch=progress)
