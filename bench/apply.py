@@ -120,9 +120,9 @@ class EventGen:
         return Record(rec.key, rec.value, timestamp_ms=ts)
 
 
-def _fill(store: EmbeddedLogStore, gen: EventGen, inserts: int, updates: int) -> int:
+def _fill(store: EmbeddedLogStore, gen: EventGen, inserts: int, updates: int, partitions: int = 4) -> int:
     reg = gen.reg
-    store.create_topic(reg.topic, TopicConfig(partitions=4))
+    store.create_topic(reg.topic, TopicConfig(partitions=partitions))
     chunk: list[Record] = []
     n = 0
     for i in range(1, inserts + 1):

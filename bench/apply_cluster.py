@@ -1,8 +1,11 @@
-"""The apply's work in Spark tasks (issue 19): catch-up speed on ``local[2]`` and on a real standalone
-cluster of 1 and then 2 one-core workers, and the CPU per change of every process, from ``/proc``.
+"""The apply's work in Spark tasks (issues 19, 35): catch-up speed on ``local[2]`` and on a real
+standalone cluster of 1 and then 2 one-core workers, then of 1, 2 and 3 workers each capped at the same
+fraction of a core by a cgroup (CPU quotas, so that scaling shows on a 2-core machine), and the CPU per
+change of every process, from ``/proc`` and the workers' cgroups.
 
-Workload: the catch-up of ``bench/apply.py`` (1M inserts + 500k updates of the same table, 4 log-store
-partitions, micro-batches of 250k), generated once into a template state directory that every run
+Workload: the catch-up of ``bench/apply.py`` (1M inserts + 500k updates of the same table, 12 log-store
+partitions (``$BENCH_APPLY_PARTITIONS``: 12 shards split evenly over 1, 2 or 3 workers), micro-batches
+of 250k), generated once into a template state directory that every run
 copies, so each run starts from the same log store and an empty warehouse and index. The runs, each
 in a driver process of its own (a Spark session per process):
 
@@ -30,6 +33,14 @@ forked). The processes, found by pid tree and command line (:func:`cpu_by_role`)
 
 The master and worker daemons are not counted (they schedule; they do no work per change).
 
+**Under CPU quotas** (where the cgroup v1 ``cpu`` and ``cpuacct`` controllers are writable, else
+skipped with the reason): each worker JVM is put in a cgroup of its own as it starts
+(:class:`spark_jobs.devcluster.CpuGroup`), capped at ``$BENCH_APPLY_QUOTA`` of a core (default 1/3:
+three workers take one core, leaving the other to the driver); its executors and their Python workers
+inherit the group. Each group's CPU during the catch-up comes from its ``cpuacct.usage``, and the time
+its quota held it back from ``cpu.stat``'s ``throttled_time``: a group that used all its quota bounds
+the apply; one that used a fraction of it waited on the driver's critical path.
+
 Sizes: ``--quick`` 50k changes (batches of 25k), 1 round; else ``$BENCH_APPLY_INSERTS`` inserts
 (default 1,000,000) and half as many updates, ``$BENCH_APPLY_ROUNDS`` rounds (default 3, ~8 min each
 on 2 cores); medians
@@ -54,6 +65,7 @@ from typing import Any
 
 from bench.apply import EventGen, ParquetPeer, _fill, _reg, _state, _warm_up
 from cdc.logstore.embedded import EmbeddedLogStore
+from spark_jobs.devcluster import CpuGroup, QuotaUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION_OF = "apply"  # its section goes in docs/benchmarks/apply.md (bench/__main__.py)
@@ -74,15 +86,20 @@ class Config:
     work: str  # ApplyOptions.work
     workers: int  # 0: local[2]
     peer: bool = False
+    quota: bool = False  # each worker in a cgroup of its own, capped at QUOTA of a core
 
     @property
     def label(self) -> str:
         where = (
             "local[2]" if not self.workers else f"cluster, {self.workers} worker{'s' * (self.workers > 1)}"
         )
-        return f"{self.name} ({where})"
+        return f"{self.name} ({where}{f', {QUOTA:.2f} core each' if self.quota else ''})"
 
 
+# the topic's partitions, so the table's shards: 12 split evenly over 1, 2, 3 (and 4) one-core workers
+PARTITIONS = int(os.environ.get("BENCH_APPLY_PARTITIONS", "12"))
+# 3 workers at a third of a core each leave the driver (and anything else) the other core of 2
+QUOTA = float(os.environ.get("BENCH_APPLY_QUOTA", "0.3333"))
 CONFIGS = (
     Config("peer: Parquet", "driver", 0, peer=True),
     Config("work=driver", "driver", 0),
@@ -90,6 +107,7 @@ CONFIGS = (
     Config("work=tasks", "tasks", 1),
     Config("work=tasks", "tasks", 2),
 )
+QUOTA_CONFIGS = tuple(Config("work=tasks", "tasks", n, quota=True) for n in (1, 2, 3))
 
 
 # -- CPU from /proc --------------------------------------------------------------------------------
@@ -161,7 +179,9 @@ def _child(argv: list[str]) -> None:
     p.add_argument("--peer", action="store_true")
     p.add_argument("--per-batch", type=int, required=True)
     p.add_argument("--inserts", type=int, required=True)
+    p.add_argument("--groups", default="", help="the workers' cgroups, comma-separated")
     a = p.parse_args(argv)
+    groups = [CpuGroup(name, QUOTA) for name in a.groups.split(",") if name]
     state: Path = a.state
     spark = get_session(
         "cdc-bench-apply-cluster", master=a.master, local_dir=state.parent / f"{state.name}-spark"
@@ -174,15 +194,18 @@ def _child(argv: list[str]) -> None:
 
         def progress(r: Any) -> None:
             batches.append([r.records, r.seconds])
-            print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s", flush=True)
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items())
+            print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s ({phases})", flush=True)
 
         opts = ApplyOptions(once=True, max_records_per_batch=a.per_batch, work=a.work)
         job = ApplyJob(spark, settings, opts, sinks=sinks, on_batch=progress)
         app_id = spark.sparkContext.applicationId
         try:
+            g0 = [(g.usage_s(), g.throttled_s()) for g in groups]
             cpu0, t0 = cpu_by_role(app_id), time.monotonic()
             summary = job.run()
             seconds, cpu1 = time.monotonic() - t0, cpu_by_role(app_id)
+            g1 = [(g.usage_s(), g.throttled_s()) for g in groups]
         finally:
             job.close()
         if not a.peer:
@@ -193,6 +216,7 @@ def _child(argv: list[str]) -> None:
             "seconds": seconds,
             "cpu": {k: cpu1[k] - cpu0[k] for k in ROLES},
             "batches": batches,
+            "groups": [[u1 - u0, t1 - t0_] for (u0, t0_), (u1, t1) in zip(g0, g1, strict=True)],
         }
         print("RESULT " + json.dumps(result), flush=True)
     finally:
@@ -207,13 +231,20 @@ def _settings(state: Path) -> Any:
 
 # -- the runs ------------------------------------------------------------------------------------------
 def _one(
-    cfg: Config, template: Path, run_dir: Path, master: str, per_batch: int, inserts: int
+    cfg: Config,
+    template: Path,
+    run_dir: Path,
+    master: str,
+    per_batch: int,
+    inserts: int,
+    groups: list[CpuGroup] | None = None,
 ) -> dict[str, Any]:
     state = run_dir / "state"
     shutil.copytree(template, state)
     cmd = [sys.executable, "-m", "bench.apply_cluster", "--child", "--state", str(state), "--master", master]
     cmd += ["--work", cfg.work, "--per-batch", str(per_batch), "--inserts", str(inserts)]
     cmd += ["--peer"] if cfg.peer else []
+    cmd += ["--groups", ",".join(g.name for g in groups)] if groups else []
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -237,22 +268,33 @@ def _one(
     )
     cpu = ", ".join(f"{k} {v / result['records'] * 1e6:.2f}" for k, v in result["cpu"].items())
     print(f"    CPU µs per change: {cpu}; result {json.dumps(result)}", flush=True)
+    for i, (used, throttled) in enumerate(result.get("groups", [])):
+        assert used > 0, f"{cfg.label}: worker {i}'s cgroup used no CPU: its executors ran outside it"
+        print(
+            f"    worker {i}'s group: {used / result['records'] * 1e6:.2f} µs per change,"
+            f" {used / (result['seconds'] * QUOTA):.0%} of its quota used, throttled {throttled:.1f} s",
+            flush=True,
+        )
     return result
 
 
-def _round(base: Path, template: Path, r: int, per_batch: int, inserts: int) -> dict[Config, dict[str, Any]]:
+def _round(
+    base: Path, template: Path, r: int, per_batch: int, inserts: int, configs: tuple[Config, ...]
+) -> dict[Config, dict[str, Any]]:
     from spark_jobs.devcluster import start_cluster
 
     out: dict[Config, dict[str, Any]] = {}
-    for i, cfg in enumerate(CONFIGS):
+    for i, cfg in enumerate(configs):
         run_dir = base / f"r{r}-{i}"
         run_dir.mkdir()
         if not cfg.workers:
             out[cfg] = _one(cfg, template, run_dir, "local[2]", per_batch, inserts)
             continue
-        cluster = start_cluster(run_dir / "cluster", workers=cfg.workers)
+        cluster = start_cluster(
+            run_dir / "cluster", workers=cfg.workers, cpu_quota=QUOTA if cfg.quota else None
+        )
         try:
-            out[cfg] = _one(cfg, template, run_dir, cluster.url, per_batch, inserts)
+            out[cfg] = _one(cfg, template, run_dir, cluster.url, per_batch, inserts, cluster.groups)
         finally:
             cluster.stop()
             deadline = time.monotonic() + 30  # a SIGKILLed process stays in its group until reaped
@@ -280,6 +322,19 @@ def capture_rate() -> float | None:
     return float(m.group(1).replace(",", "")) if m else None
 
 
+def _configs() -> tuple[tuple[Config, ...], str | None]:
+    """The runs: :data:`CONFIGS`, then :data:`QUOTA_CONFIGS` where cgroups are writable (else the
+    reason they were skipped). ``$BENCH_APPLY_CLUSTER_ONLY=quota`` runs the quota runs alone."""
+    try:
+        CpuGroup.create(f"cdc-bench-probe-{os.getpid()}", QUOTA).remove()
+    except QuotaUnavailable as e:
+        print(f"  skipping the runs under CPU quotas: {e}", flush=True)
+        return CONFIGS, str(e)
+    if os.environ.get("BENCH_APPLY_CLUSTER_ONLY") == "quota":
+        return QUOTA_CONFIGS, None
+    return CONFIGS + QUOTA_CONFIGS, None
+
+
 def run(quick: bool) -> str:
     inserts = 33_334 if quick else int(os.environ.get("BENCH_APPLY_INSERTS", "1000000"))
     updates = 16_666 if quick else inserts // 2
@@ -291,19 +346,26 @@ def run(quick: bool) -> str:
         reg = _reg()
         _, template = _state(base, "template", reg)
         with EmbeddedLogStore(template / "log", writer=True, compaction_interval_s=None) as store:
-            total = _fill(store, EventGen(reg), inserts, updates)
+            total = _fill(store, EventGen(reg), inserts, updates, PARTITIONS)
         print(f"  generated {total:,} changes in {time.monotonic() - t0:.1f} s", flush=True)
-        results = [_round(base, template, r, per_batch, inserts) for r in range(rounds)]
+        configs, skipped = _configs()
+        results = [_round(base, template, r, per_batch, inserts, configs) for r in range(rounds)]
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    text = "\n".join(_report(results, inserts, updates, per_batch))
+    text = "\n".join(_report(results, inserts, updates, per_batch, skipped))
     print(text)
     return text
 
 
 def _report(
-    results: list[dict[Config, dict[str, Any]]], inserts: int, updates: int, per_batch: int
+    results: list[dict[Config, dict[str, Any]]],
+    inserts: int,
+    updates: int,
+    per_batch: int,
+    skipped: str | None,
 ) -> list[str]:
+    ran = list(results[0])
+
     def rate(res: dict[str, Any]) -> float:
         return float(res["records"] / res["seconds"])
 
@@ -315,9 +377,9 @@ def _report(
 
     n = len(results)
     lines = [
-        f"## Apply in Spark tasks, on a standalone cluster (issue 19): {inserts:,} inserts + {updates:,} updates",
+        f"## Apply in Spark tasks, on a standalone cluster (issues 19, 35): {inserts:,} inserts + {updates:,} updates",
         "",
-        f"{inserts + updates:,} changes, micro-batches of {per_batch:,}, 4 log-store partitions (4 slices a batch);"
+        f"{inserts + updates:,} changes, micro-batches of {per_batch:,}, {PARTITIONS} log-store partitions ({PARTITIONS} slices a batch);"
         f" {n} round{'s' * (n > 1)}, medians (each run in brackets). CPU: µs per change, from /proc"
         " (see `bench/apply_cluster.py` for which process is which). Load average at the end: "
         + ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -326,13 +388,25 @@ def _report(
         "| run | changes/s | driver Python | driver JVM | driver's Python workers | executor JVMs | executors' Python workers | all |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for cfg in CONFIGS:
+    for cfg in ran:
         each = ", ".join(f"{rate(r[cfg]):,.0f}" for r in results)
         lines.append(
             f"| {cfg.label} | {med(cfg, rate):,.0f} ({each}) | "
             + " | ".join(f"{us(cfg, k):.2f}" for k in ROLES)
             + f" | {us(cfg, *ROLES):.2f} |"
         )
+    lines.append("")
+    if all(c in ran for c in CONFIGS):
+        lines += _unquoted(results, rate, med, us)
+    lines += (
+        _quota(results, ran, rate, us)
+        if skipped is None
+        else [f"- Runs under CPU quotas skipped: {skipped}."]
+    )
+    return [*lines, ""]
+
+
+def _unquoted(results: list[dict[Config, dict[str, Any]]], rate: Any, med: Any, us: Any) -> list[str]:
     peer, drv, loc, one, two = CONFIGS
     scale = [rate(r[two]) / rate(r[one]) for r in results]
     later = [_later_rate(r[two]) / _later_rate(r[one]) for r in results]
@@ -340,18 +414,15 @@ def _report(
     driver_all = us(two, "driver Python", "driver JVM", "driver's Python workers")
     cap = capture_rate()
     executors_us = us(two, "executor JVMs", "executors' Python workers")
-    lines += [
-        "",
-        f"- **2 workers / 1 worker: {statistics.median(scale):.2f}×** ({', '.join(f'{s:.2f}' for s in scale)});"
-        f" bar ≥ 1.6×: {'met' if statistics.median(scale) >= 1.6 else 'not met'}. Without the first batch"
-        f" (applied in one task: the table does not exist yet, so it has no shards):"
-        f" {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
-        f"- **Driver CPU per change on the 2-worker cluster (Python + JVM): {driver_us:.2f} µs**"
-        f" (Python {us(two, 'driver Python'):.2f}, JVM {us(two, 'driver JVM'):.2f}); bar ≤ 5 µs:"
-        f" {'met' if driver_us <= 5 else 'not met'}. With the driver's own Python workers (the"
-        f" `cdclog` source's planning and offsets, run by the driver JVM): {driver_all:.2f} µs."
-        " Executors (JVM + Python):"
-        f" {executors_us:.2f} µs per change.",
+    lines = [
+        f"- Without quotas, **2 workers / 1 worker: {statistics.median(scale):.2f}×**"
+        f" ({', '.join(f'{s:.2f}' for s in scale)}), the workers, the driver and everything else sharing"
+        f" the machine's cores. Without the first batch (applied in one task: the table does not exist"
+        f" yet, so it has no shards): {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
+        f"- Driver CPU per change on the 2-worker cluster (Python + JVM): {driver_us:.2f} µs"
+        f" (Python {us(two, 'driver Python'):.2f}, JVM {us(two, 'driver JVM'):.2f}). With the driver's own"
+        f" Python workers (the `cdclog` source's planning and offsets, run by the driver JVM): {driver_all:.2f} µs."
+        f" Executors (JVM + Python): {executors_us:.2f} µs per change.",
         f"- work=tasks / work=driver on local[2]: {med(loc, rate) / med(drv, rate):.2f}×;"
         f" work=tasks on local[2] / the Parquet peer: {med(loc, rate) / med(peer, rate):.2f}×.",
     ]
@@ -361,7 +432,47 @@ def _report(
             f" not rerun): 2-worker cluster {med(two, rate) / cap:.2f}×, local[2] tasks {med(loc, rate) / cap:.2f}×;"
             " aim ≥ 0.5× on 2 cores."
         )
-    return [*lines, ""]
+    return lines
+
+
+def _quota(results: list[dict[Config, dict[str, Any]]], ran: list[Config], rate: Any, us: Any) -> list[str]:
+    one, two, three = QUOTA_CONFIGS
+    if not all(c in ran for c in QUOTA_CONFIGS):
+        return []
+
+    def scale(cfg: Config) -> tuple[float, str]:
+        each = [rate(r[cfg]) / rate(r[one]) for r in results]
+        return statistics.median(each), ", ".join(f"{x:.2f}" for x in each)
+
+    def group(cfg: Config, i: int) -> tuple[float, float, float]:
+        """Worker ``i``'s group: µs per change, share of its quota used, seconds throttled."""
+        used = [r[cfg]["groups"][i][0] for r in results]
+        return (
+            statistics.median(u / r[cfg]["records"] * 1e6 for u, r in zip(used, results, strict=True)),
+            statistics.median(u / (r[cfg]["seconds"] * QUOTA) for u, r in zip(used, results, strict=True)),
+            statistics.median(r[cfg]["groups"][i][1] for r in results),
+        )
+
+    (s2, e2), (s3, e3) = scale(two), scale(three)
+    lines = [
+        f"- **Under CPU quotas** (each worker JVM, and so its executors and their Python workers, in a cgroup"
+        f" v1 `cpu` group of its own capped at {QUOTA:.2f} of a core; the driver outside, uncapped):"
+        f" **2 workers / 1 worker {s2:.2f}×** ({e2}; bar ≥ 1.6×: {'met' if s2 >= 1.6 else 'not met'}),"
+        f" **3 workers / 1 worker {s3:.2f}×** ({e3}; bar ≥ 2.2×: {'met' if s3 >= 2.2 else 'not met'}).",
+    ]
+    for cfg in QUOTA_CONFIGS:
+        driver_us = us(cfg, "driver Python", "driver JVM")
+        groups = "; ".join(
+            f"worker {i}: {g[0]:.2f} µs per change, {g[1]:.0%} of its quota, throttled {g[2]:.1f} s"
+            for i, g in ((i, group(cfg, i)) for i in range(cfg.workers))
+        )
+        lines.append(
+            f"- {cfg.label}: driver (Python + JVM) **{driver_us:.2f} µs per change** (bar ≤ 5 µs:"
+            f" {'met' if driver_us <= 5 else 'not met'}; with its Python workers"
+            f" {us(cfg, 'driver Python', 'driver JVM', 'driver' + chr(39) + 's Python workers'):.2f});"
+            f" each worker's group, from `cpuacct.usage` and `cpu.stat`: {groups}."
+        )
+    return lines
 
 
 if __name__ == "__main__":

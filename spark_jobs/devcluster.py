@@ -51,6 +51,7 @@ class SparkCluster:
     base: Path
     master: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    groups: list[CpuGroup] = field(default_factory=list)  # each worker's, when started with a quota
 
     def status(self) -> dict[str, Any]:
         """The master's JSON (``/json``): workers, active and completed applications."""
@@ -102,6 +103,8 @@ class SparkCluster:
     def stop(self) -> None:
         for proc in self.processes():
             _end_group(proc)
+        for group in self.groups:
+            group.remove()
 
     def leftovers(self) -> list[int]:
         """The process groups of the cluster that still hold a process (none after :meth:`stop`)."""
@@ -113,6 +116,69 @@ class SparkCluster:
                 continue
             left.append(proc.pid)
         return left
+
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+CFS_PERIOD_US = 100_000
+
+
+class QuotaUnavailable(RuntimeError):
+    """The cgroup v1 ``cpu`` and ``cpuacct`` controllers are not mounted or not writable here."""
+
+
+@dataclass
+class CpuGroup:
+    """A cgroup v1 pair (``cpu`` for the quota, ``cpuacct`` for the usage) of the same name: the
+    processes added, and their children from then on, share ``quota`` of one core (CFS bandwidth:
+    ``cpu.cfs_quota_us`` over a period of :data:`CFS_PERIOD_US`)."""
+
+    name: str
+    quota: float
+
+    @classmethod
+    def create(cls, name: str, quota: float) -> CpuGroup:
+        group = cls(name, quota)
+        try:
+            for root in (CGROUP_CPU, CGROUP_CPUACCT):
+                (root / name).mkdir(exist_ok=True)
+            (CGROUP_CPU / name / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            (CGROUP_CPU / name / "cpu.cfs_quota_us").write_text(str(round(quota * CFS_PERIOD_US)))
+        except OSError as e:
+            group.remove()
+            raise QuotaUnavailable(
+                f"cannot make the cgroup {name} under {CGROUP_CPU} and {CGROUP_CPUACCT} ({e}): CPU quotas"
+                " need cgroup v1's cpu and cpuacct controllers mounted and writable (as root)"
+            ) from e
+        return group
+
+    def add(self, pid: int) -> None:
+        for root in (CGROUP_CPU, CGROUP_CPUACCT):
+            (root / self.name / "cgroup.procs").write_text(str(pid))
+
+    def usage_s(self) -> float:
+        """CPU seconds used by the group's processes since it was made (ended ones included)."""
+        return int((CGROUP_CPUACCT / self.name / "cpuacct.usage").read_text()) / 1e9
+
+    def throttled_s(self) -> float:
+        """Seconds the group spent throttled: runnable, but its quota for the period used up."""
+        for line in (CGROUP_CPU / self.name / "cpu.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "throttled_time":
+                return int(value) / 1e9
+        return 0.0
+
+    def remove(self) -> None:
+        """Remove the group (once its processes ended: a cgroup with a process cannot go)."""
+        for root in (CGROUP_CPU, CGROUP_CPUACCT):
+            deadline = time.monotonic() + 10
+            while (root / self.name).exists():
+                try:
+                    (root / self.name).rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
 
 
 def _end_group(proc: subprocess.Popen[bytes]) -> None:
@@ -160,8 +226,10 @@ def cluster_environ(base: Path) -> dict[str, str]:
     }
 
 
-def start_cluster(base: Path, workers: int = WORKERS) -> SparkCluster:
-    """A master and ``workers`` workers (1 core each), registered with it when this returns."""
+def start_cluster(base: Path, workers: int = WORKERS, cpu_quota: float | None = None) -> SparkCluster:
+    """A master and ``workers`` workers (1 core each), registered with it when this returns. With
+    ``cpu_quota``, each worker (and so every executor and Python worker it starts) runs in a cgroup
+    of its own capped at that fraction of a core (:class:`CpuGroup`)."""
     for sub in ("scratch", "logs"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     env = cluster_environ(base)
@@ -184,18 +252,21 @@ def start_cluster(base: Path, workers: int = WORKERS) -> SparkCluster:
         for i in range(workers):
             work = base / f"worker-{i}" / "work"
             work.mkdir(parents=True)
-            cluster.workers.append(
-                _spawn(
-                    [
-                        "org.apache.spark.deploy.worker.Worker",
-                        cluster.url,
-                        *("--host", "127.0.0.1", "--cores", "1", "--memory", WORKER_MEMORY),
-                        *("--work-dir", str(work), "--webui-port", str(free_port())),
-                    ],
-                    env,
-                    base / "logs" / f"worker-{i}.log",
-                )
+            group = CpuGroup.create(f"cdc-spark-{port}-w{i}", cpu_quota) if cpu_quota else None
+            cluster.groups += [group] if group else []
+            worker = _spawn(
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    cluster.url,
+                    *("--host", "127.0.0.1", "--cores", "1", "--memory", WORKER_MEMORY),
+                    *("--work-dir", str(work), "--webui-port", str(free_port())),
+                ],
+                env,
+                base / "logs" / f"worker-{i}.log",
             )
+            cluster.workers.append(worker)
+            if group:  # spark-class execs the JVM, so this pid is the worker's from now on
+                group.add(worker.pid)
 
         def registered() -> bool:
             for proc in [cluster.master, *cluster.workers]:
