@@ -389,7 +389,8 @@ def commit_slices(
     (:attr:`sinks.Sink.commits_in_driver`) commits every task's deferred writes
     (:meth:`~sinks.Sink.commit_deferred`: one transaction per table, with the batch's identity; a
     replayed batch commits nothing twice: the tasks find it applied and write nothing), then each
-    sink's :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables. Returns the wall
+    sink's :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables, starting from a
+    different one at each batch (a sink may share a time budget among them). Returns the wall
     seconds of each: ``commit <sink>`` and ``maintain <sink>`` (summed over the tables)."""
     phases: dict[str, float] = {}
     for sink in sinks:
@@ -397,7 +398,9 @@ def commit_slices(
             t0 = time.monotonic()
             sink.commit_deferred([w for r in results for w in r.writes.get(sink.name, ())], app_id, batch_id)
             phases[f"commit {sink.name}"] = time.monotonic() - t0
-    for reg in regs:
+    order = list(regs)
+    start = batch_id % len(order) if order else 0  # a table first in turn: a per-batch budget is fair
+    for reg in order[start:] + order[:start]:
         for sink in sinks:
             t0 = time.monotonic()
             sink.committed(reg, batch_id)

@@ -122,6 +122,8 @@ class WarehouseSink(Sink):
         self.disk = reclaim.DiskTracker()
         #: what the last batch's incremental compaction did (:func:`.compact.step`)
         self.last_compaction = compact.Compacted()
+        #: (batch id, seconds its tables' compactions spent): the budget is per batch
+        self._compacted: tuple[int, float] = (-1, 0.0)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -362,20 +364,23 @@ class WarehouseSink(Sink):
 
     def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
         """Every ``maintain_every`` batches :meth:`maintain` (compaction and the full vacuum), else
-        the incremental compaction within ``compact_budget_s`` (:func:`.compact.step`), then the
+        the incremental compaction within what is left of the batch's ``compact_budget_s``
+        (:func:`.compact.step`), then the
         disk rule every Delta table of the project follows (:func:`.reclaim.after_batch`)."""
         maintained = reclaim.due(self.options.maintain_every, batch_id)
         if maintained:
             self.maintain(reg)
-        else:
+        else:  # the budget is the batch's, shared by its tables in turn
             opts = self.options
+            spent = self._compacted[1] if self._compacted[0] == batch_id else 0.0
             self.last_compaction = compact.step(
                 self.paths(reg),
                 self.handles.get,
                 target_size=opts.target_file_size,
-                budget_s=opts.compact_budget_s,
+                budget_s=max(opts.compact_budget_s - spent, 0.0),
                 min_files=opts.compact_min_files,
             )
+            self._compacted = (batch_id, spent + self.last_compaction.seconds)
         reclaim.after_batch(
             self.paths(reg),
             self.options,

@@ -111,9 +111,9 @@ class WarehouseOptions:
     as add/remove actions -- what a Spark task can do for its buckets, with the driver committing).
     ``shards``: the :class:`Layout` shards of tables created afterwards (default: the log store's
     ``partitions``, so that one Spark task per topic partition owns one shard).
-    ``compact_budget_s``: after every batch, each table's partitions holding at least
+    ``compact_budget_s``: after every batch, its tables' partitions holding at least
     ``compact_min_files`` small files (under half ``target_file_size``) are compacted, the most
-    first, for up to this many seconds (:mod:`.compact`; 0: only ``maintain`` compacts)."""
+    first, for up to this many seconds in all (:mod:`.compact`; 0: only ``maintain`` compacts)."""
 
     buckets: int = 16
     clustering: str = "auto"
@@ -128,7 +128,7 @@ class WarehouseOptions:
     target_file_size: int | None = 8 << 20
     write: str = "merge"
     shards: int = 1
-    compact_budget_s: float = 0.2
+    compact_budget_s: float = 0.25
     compact_min_files: int = 8
 
     @classmethod
