@@ -18,8 +18,11 @@ start). ``cdc apply``'s own progress lines give the batches and their phases (``
 ``python -m bench freshness_sustained`` runs ``$BENCH_SUSTAINED_MINUTES`` (default 30) on
 ``$BENCH_SUSTAINED_MASTER`` (``local`` = ``local[2]``, the default; ``cluster`` = a standalone
 cluster of two one-core workers on this machine, :mod:`spark_jobs.devcluster`). Or directly:
-``python -m bench.freshness_sustained --minutes 12 --master local`` (writes the same section of
-``docs/benchmarks/freshness.md``, one per master).
+``python -m bench.freshness_sustained --minutes 12 --master local`` (its section of
+``docs/benchmarks/freshness.md`` is then ``freshness_sustained_<master>``: one per master;
+``--no-write`` only prints). ``$BENCH_SUSTAINED_WINDOW_S`` changes the window (300 s) for a
+shorter run. The report also gives the mean time between one batch's end and the next one's start
+(Spark's own: offsets, its logs, the trigger). ``BENCH_KEEP=1`` keeps the state directory.
 """
 
 from __future__ import annotations

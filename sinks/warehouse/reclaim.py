@@ -177,22 +177,37 @@ class Reclaimed:
         return Reclaimed(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
-def removals(path: Path, cutoff: float, after: int | None) -> list[Removal]:
+def removals(path: Path, cutoff: float, after: int | None, latest: int | None = None) -> list[Removal]:
     """The removes of the commits of the table at ``path`` written at time ``cutoff`` or later (by
     the commit file's time: ``recent``) or past version ``after`` (None: none by version), oldest
-    first."""
+    first. ``latest``: the table's version, when known: the commits are then read back from it
+    until one is neither (the table's one writer commits in time order), never the whole log --
+    which keeps a commit per batch for 30 days, and whose listing grew every batch's reclaim with
+    the run."""
     chosen: list[tuple[int, bool, str]] = []
     if after is None and cutoff == float("inf"):
         return []
-    with os.scandir(path / LOG_DIR) as entries:
-        for entry in entries:
-            match = COMMIT.match(entry.name)
-            if not match:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                version, recent = int(match.group(1)), entry.stat().st_mtime >= cutoff
-                if recent or (after is not None and version > after):
-                    chosen.append((version, recent, entry.path))
+    if latest is not None:
+        for version in range(latest, -1, -1):
+            commit = path / LOG_DIR / f"{version:020d}.json"
+            try:
+                recent = commit.stat().st_mtime >= cutoff
+            except FileNotFoundError:  # cleaned up: so are the older ones
+                break
+            if not recent and (after is None or version <= after):
+                break
+            chosen.append((version, recent, str(commit)))
+        chosen.reverse()
+    else:
+        with os.scandir(path / LOG_DIR) as entries:
+            for entry in entries:
+                match = COMMIT.match(entry.name)
+                if not match:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    version, recent = int(match.group(1)), entry.stat().st_mtime >= cutoff
+                    if recent or (after is not None and version > after):
+                        chosen.append((version, recent, entry.path))
     out: list[Removal] = []
     for version, recent, commit in sorted(chosen):
         removed: list[str] = []
@@ -248,7 +263,7 @@ def reclaim(
     cutoff = now - min_retention_s if min_retention_s > 0 else float("inf")
     leased: set[str] = set()
     window: list[str] = []  # oldest commit first
-    for removal in removals(path, cutoff, after):
+    for removal in removals(path, cutoff, after, table.version()):
         if after is not None and removal.version > after:
             leased.update(removal.files)
         elif removal.recent:

@@ -106,3 +106,25 @@ def test_disk_tracker_agrees_with_a_walk(tmp_path: Path, feed: FeedMaker) -> Non
     assert reclaim.reclaim(path, 0).files > 0
     tracker.forget(path)
     assert tracker.usage(path, DeltaTable(str(path))) == reclaim.usage(path)
+
+
+def test_removals_read_back_from_the_latest_commit_equal_a_scan(tmp_path: Path, feed: FeedMaker) -> None:
+    """:func:`reclaim.removals` given the table's version reads the log back from it (never the
+    whole log) and finds what a scan of the whole log finds: by time and by version."""
+    sink = _sink(tmp_path, 5.0, ratio=0.0)
+    reg = table()
+    f = feed(reg)
+    path = sink.paths(reg)[0]
+    for batch_id in range(1, 8):
+        rows = [
+            f.change(
+                "c" if batch_id == 1 else "u", {"id": i, "name": f"{batch_id}", "note": None}, 100 * batch_id
+            )
+            for i in range(10)
+        ]
+        sink.apply(f.batch(*rows), batch_id, APP)
+    latest = DeltaTable(str(path)).version()
+    for cutoff, after in ((0.0, None), (float("inf"), 3), (float("inf"), latest), (0.0, 2)):
+        scanned = reclaim.removals(path, cutoff, after)
+        assert reclaim.removals(path, cutoff, after, latest) == scanned
+    assert [r.version for r in reclaim.removals(path, float("inf"), 3, latest)] == list(range(4, latest + 1))
