@@ -336,7 +336,7 @@ class ApplyJob:
                 )
                 .collect()
             )
-        ran = time.monotonic()
+        ran, returned = time.monotonic(), time.time()
         outcome = tasks.outcome_of(batch_id, results)
         if outcome.dead:
             self._write_dead_letters(outcome.dead, batch_id)
@@ -345,7 +345,7 @@ class ApplyJob:
         phases = {
             "plan": planned - started,
             "tasks": ran - planned,
-            **tasks.slice_phases(results, submitted, time.time()),
+            **tasks.slice_phases(results, submitted, returned),
         }
         phases.update(tasks.commit_slices(self.sinks, regs.values(), results, self.app_id, batch_id))
         t0 = time.monotonic()

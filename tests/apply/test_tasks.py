@@ -28,6 +28,7 @@ from spark_jobs.tasks import (
     outcome_of,
     plan_slices,
     run_slices,
+    slice_phases,
 )
 from tests.plugins.forks import workers
 from tests.sinks.feed import Feed, mixed_batches, table
@@ -70,6 +71,29 @@ def test_plan_slices() -> None:
     )
     assert [sl.shard for sl in small if sl.topic == "a"] == [None]
     assert sorted(asked) == [("a", 7), ("b", 6)]
+
+
+def test_slice_phases_tell_spark_s_time_from_the_tasks() -> None:
+    """Two tasks (told apart by their start), three slices: the job's start to the first task,
+    the slowest task (its start to its last slice's end), the last end to the job's return, and
+    the longest slice of each table."""
+    results = [
+        SliceResult(topic="a", seconds=1.0, open_seconds=0.2, task_started=10.5, ended=11.7),
+        SliceResult(topic="b", seconds=0.5, task_started=10.5, ended=12.2),
+        SliceResult(topic="a", seconds=2.0, task_started=10.8, ended=12.9),
+    ]
+    got = slice_phases(results, submitted=10.0, returned=13.0)
+    expected = {
+        "task start": 0.5,
+        "slowest task": 2.1,
+        "task results": 0.1,
+        "task open": 0.2,
+        "slice a": 2.0,
+        "slice b": 0.5,
+        "slowest slice": 2.0,
+    }
+    assert got == pytest.approx(expected)
+    assert slice_phases([], 10.0, 11.0) == {"task open": 0.0, "slowest slice": 0.0}
 
 
 def _run(args: tuple[Settings, int, dict[str, TableReg], Slice | list[Slice]]) -> list[SliceResult]:
