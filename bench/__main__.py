@@ -28,6 +28,7 @@ BENCHMARKS = [
     "apply_cluster",
     "freshness",
     "freshness_cluster",
+    "freshness_sustained",
     "decoders",
     "search_shards",
     "wait",

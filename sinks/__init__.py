@@ -385,6 +385,13 @@ class Sink(abc.ABC):
         nothing of the table. Reads only."""
         return None
 
+    def live_rows(self, reg: TableReg) -> int | None:
+        """About how many rows the sink holds of ``reg`` now, from its metadata (None: it does not
+        say; the default). The apply cuts a sharded table's micro-batch into one slice per shard
+        only when the table is large enough for a slice's rewrite to outweigh its fixed cost
+        (:class:`spark_jobs.tasks.Planner`). Reads only."""
+        return None
+
     def prepare(self, reg: TableReg) -> None:  # noqa: B027 - optional hook
         """Called by the apply's driver before a micro-batch of ``reg`` is applied in tasks: bring
         the table's metadata in line with the registration (new, dropped or widened columns), so
@@ -406,6 +413,12 @@ class Sink(abc.ABC):
         (:func:`spark_jobs.tasks.complete_moves`), so the answer must be the state committed before
         the micro-batch, whatever this batch's tasks write beside it."""
         return None
+
+    def in_task(self) -> None:  # noqa: B027 - optional hook
+        """Called in a Spark task of the apply (``spark_jobs/tasks.py``) before the sink applies
+        anything: a sink may then keep what it opens for the next tasks this process runs (a Python
+        worker runs one task at a time), e.g. the warehouse's open Delta tables. What it keeps must
+        give the same results as opening anew (brought up to date at each use)."""
 
     def committed(self, reg: TableReg, batch_id: int) -> None:  # noqa: B027 - optional hook
         """Called by the apply's driver once the writes of micro-batch ``batch_id`` of ``reg`` that

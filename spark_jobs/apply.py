@@ -54,7 +54,7 @@ from spark_jobs.lifecycle import (
     jvm_pid,
     task_progress,
 )
-from spark_jobs.tasks import Planner
+from spark_jobs.tasks import SHARD_MIN_RECORDS, SHARD_MIN_ROWS, Planner
 from spark_jobs.watchdog import StalledError, Watchdog
 
 if TYPE_CHECKING:
@@ -111,6 +111,11 @@ class ApplyOptions:
     #: collected to the driver, which applies them: the job's sinks given to :class:`ApplyJob` are
     #: then used as they are)
     work: str = "tasks"
+    #: in tasks, a small table's batch is one slice, not one per shard: below this many records in
+    #: the batch and :attr:`shard_min_rows` rows in its sinks (:data:`spark_jobs.tasks.SHARD_MIN_RECORDS`,
+    #: :data:`~spark_jobs.tasks.SHARD_MIN_ROWS`; 0, 0: always per shard)
+    shard_min_records: int = SHARD_MIN_RECORDS
+    shard_min_rows: int = SHARD_MIN_ROWS
 
 
 @dataclass
@@ -129,7 +134,10 @@ class BatchReport:
     read_parse_seconds: float = 0.0  # collecting the records and parsing them
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink name
     #: in tasks: the driver's wall time per phase (``plan``: the offset ranges and slices; ``tasks``:
-    #: the Spark job of the slices; ``commit``: dead letters, the tables' commits, views, positions)
+    #: the Spark job of the slices, of which ``task open``, ``slice <topic>`` and ``slowest slice``
+    #: (:func:`spark_jobs.tasks.slice_phases`); ``commit <sink>`` and ``maintain <sink>``
+    #: (:func:`spark_jobs.tasks.commit_slices`), ``views``, ``positions``; ``commit``: all after the
+    #: tasks: dead letters, the tables' commits, maintenance, views, positions)
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -194,7 +202,8 @@ class ApplyJob:
         self.metrics = Publisher(self.state_dir, "apply")  # on-call counters (cdc.metrics)
         self.ledger = Ledger(self.state_dir, self.app_id)
         self.keep_event_ts = keep_event_ts
-        self.planner = Planner(self.sinks)  # the work in tasks: their slices (spark_jobs.tasks)
+        # the work in tasks: their slices (spark_jobs.tasks)
+        self.planner = Planner(self.sinks, options.shard_min_records, options.shard_min_rows)
         # the views (cdc.views), recomputed after each batch's commits; none with a fixed table list
         self.views = (
             None
@@ -306,6 +315,7 @@ class ApplyJob:
         planned = time.monotonic()
         results: list[tasks.SliceResult] = []
         views = self.views is not None and bool(self._views()[0])
+        submitted = time.time()
         if slices:
             settings, app_id, keep_ts = tasks.task_settings(self.settings), self.app_id, self.keep_event_ts
             by_topic = dict(regs)
@@ -326,18 +336,27 @@ class ApplyJob:
                 )
                 .collect()
             )
-        ran = time.monotonic()
+        ran, returned = time.monotonic(), time.time()
         outcome = tasks.outcome_of(batch_id, results)
         if outcome.dead:
             self._write_dead_letters(outcome.dead, batch_id)
         if results:
             self.options.faults.point(AFTER_SINK, batch_id, self._crash)
-        tasks.commit_slices(self.sinks, regs.values(), results, self.app_id, batch_id)
+        phases = {
+            "plan": planned - started,
+            "tasks": ran - planned,
+            **tasks.slice_phases(results, submitted, returned),
+        }
+        phases.update(tasks.commit_slices(self.sinks, regs.values(), results, self.app_id, batch_id))
+        t0 = time.monotonic()
         if views:  # the tasks said which keys they changed: the views recompute those
             assert self.views is not None
             self.views.maintain_touched(tasks.touched_by(results), batch_id)
+        phases["views"] = time.monotonic() - t0
+        t0 = time.monotonic()
         commit_positions(self.store, self.ckpt, batch_id)
-        phases = {"plan": planned - started, "tasks": ran - planned, "commit": time.monotonic() - ran}
+        phases["positions"] = time.monotonic() - t0
+        phases["commit"] = time.monotonic() - ran
         self._record(outcome, started, outcome.prepare_seconds, phases)
 
     def _write_dead_letters(self, dead: Sequence[DeadLetter], batch_id: int) -> None:

@@ -82,6 +82,15 @@ class SliceResult:
     event_ts_ms: list[int] = field(default_factory=list)
     #: per table, what the slice changed (``run_slices(views=True)``: for the views from joins)
     touched: dict[str, Touched] = field(default_factory=dict)
+    #: the slice's topic, its wall seconds in the task (read, parse, every sink), and for a task's
+    #: first slice the seconds the task spent opening its sinks and log store (the per-task cost)
+    topic: str = ""
+    seconds: float = 0.0
+    open_seconds: float = 0.0
+    #: the wall clock (``time.time()``) when its task started and when the slice ended: the driver
+    #: tells its Spark job's own time (scheduling, launch, results) from the tasks' work
+    task_started: float = 0.0
+    ended: float = 0.0
 
 
 def table_shards(sinks: Sequence[Sink], reg: TableReg) -> int:
@@ -91,14 +100,28 @@ def table_shards(sinks: Sequence[Sink], reg: TableReg) -> int:
     return counts.pop() if len(counts) == 1 else 1
 
 
+#: a table is applied as one slice of a micro-batch, even when sharded, while its batch holds fewer
+#: records than this and its sinks hold fewer rows than :data:`SHARD_MIN_ROWS` (:class:`Planner`):
+#: a slice pays a fixed cost per table it writes (its Delta tables opened and read, a file written
+#: per partition, its commit actions), which four shards of a small table pay four times over for
+#: no gain -- on a loaded ``local[2]`` under pgbench, a slice of the 20-row ``pgbench_tellers`` cost
+#: 0.3-0.8 s whatever it held (docs/benchmarks/freshness.md, Sustained); a large table's slices
+#: each rewrite a shard of it (copy-on-write), which is worth running in parallel
+SHARD_MIN_RECORDS = 50_000
+SHARD_MIN_ROWS = 50_000
+
+
 def plan_slices(
     ranges: Iterable[tuple[str, int, int, int]],
     shards: Callable[[str], int],
     partitions: Callable[[str], int],
+    whole: Callable[[str, int], bool] | None = None,
 ) -> list[Slice]:
     """The tasks of a micro-batch of ``ranges`` ((topic, partition, start, end), empty ones left out):
     one per partition of a topic whose table is kept in as many shards as the topic has partitions
-    (``shards(topic) == partitions(topic) > 1``), else one per topic."""
+    (``shards(topic) == partitions(topic) > 1``), unless ``whole(topic, records in the batch)``
+    says to apply it whole; else one per topic (a whole-table slice: its sinks write every shard,
+    as the driver path does)."""
     by_topic: dict[str, list[Range]] = {}
     for topic, part, start, end in ranges:
         if end > start:
@@ -106,7 +129,11 @@ def plan_slices(
     out: list[Slice] = []
     for topic, rs in sorted(by_topic.items()):
         rs.sort()
-        n = shards(topic)
+        n = (
+            1
+            if whole is not None and whole(topic, sum(end - start for _, start, end in rs))
+            else shards(topic)
+        )
         if n > 1 and n == partitions(topic):
             out.extend(Slice(topic, (r,), r[0], tuple(o for o in rs if o != r)) for r in rs)
         else:
@@ -134,8 +161,12 @@ class Planner:
     the slices (:func:`plan_slices`). A table's shard count, once more than one, is kept: a table's
     layout never changes while its registration does not."""
 
-    def __init__(self, sinks: Sequence[Sink]) -> None:
+    def __init__(self, sinks: Sequence[Sink], min_shard_records: int = 0, min_shard_rows: int = 0) -> None:
         self.sinks = list(sinks)
+        #: a table whose batch is smaller than ``min_shard_records`` and whose sinks hold fewer rows
+        #: than ``min_shard_rows`` (:meth:`sinks.Sink.live_rows`) is one slice (0, 0: never)
+        self.min_shard_records = min_shard_records
+        self.min_shard_rows = min_shard_rows
         self._prepared: dict[str, TableReg] = {}
         self._shards: dict[str, tuple[TableReg, int]] = {}
 
@@ -152,7 +183,18 @@ class Planner:
                 for sink in self.sinks:
                     sink.prepare(reg)
                 self._prepared[topic] = reg
-        return plan_slices(ranges, lambda t: self._shards_of(t, regs.get(t)), partitions)
+        return plan_slices(
+            ranges,
+            lambda t: self._shards_of(t, regs.get(t)),
+            partitions,
+            lambda t, n: self._whole(regs.get(t), n),
+        )
+
+    def _whole(self, reg: TableReg | None, records: int) -> bool:
+        """Whether a table's ``records`` of a micro-batch are applied as one slice (see __init__)."""
+        if reg is None or records >= self.min_shard_records:
+            return False
+        return max((sink.live_rows(reg) or 0 for sink in self.sinks), default=0) < self.min_shard_rows
 
     def _shards_of(self, topic: str, reg: TableReg | None) -> int:
         if reg is None:
@@ -244,10 +286,14 @@ def run_slices(
     when the batch is a replay its sinks skip: the views may still lack it)."""
     from cdc.logstore.factory import open_log_store
 
+    task_started, opened = time.time(), time.monotonic()
     sinks = open_sinks(settings)
+    for sink in sinks:
+        sink.in_task()
     store = open_log_store(settings, writer=False)  # with the [kafka] section's TLS and SASL
     applier = BatchApplier(sinks, tables.get, app_id, keep_event_ts=keep_event_ts)
     deferring = [s for s in sinks if s.commits_in_driver]
+    open_s = time.monotonic() - opened
     try:
         for sl in slices:
             pending: dict[str, list[Any]] = {s.name: [] for s in deferring}
@@ -273,7 +319,13 @@ def run_slices(
                 sink_seconds=outcome.sink_seconds,
                 event_ts_ms=outcome.event_ts_ms,
                 touched=touched_of(prepared.batches) if views else {},
+                topic=sl.topic,
+                seconds=time.monotonic() - t0,
+                open_seconds=open_s,
+                task_started=task_started,
+                ended=time.time(),
             )
+            open_s = 0.0
     finally:
         try:
             applier.close(close_sinks=True, timeout=None)
@@ -332,15 +384,50 @@ def commit_slices(
     results: Sequence[SliceResult],
     app_id: str,
     batch_id: int,
-) -> None:
+) -> dict[str, float]:
     """The driver's commit of a micro-batch the tasks applied: each sink that commits in the driver
     (:attr:`sinks.Sink.commits_in_driver`) commits every task's deferred writes
     (:meth:`~sinks.Sink.commit_deferred`: one transaction per table, with the batch's identity; a
     replayed batch commits nothing twice: the tasks find it applied and write nothing), then each
-    sink's :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables."""
+    sink's :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables, starting from a
+    different one at each batch (a sink may share a time budget among them). Returns the wall
+    seconds of each: ``commit <sink>`` and ``maintain <sink>`` (summed over the tables)."""
+    phases: dict[str, float] = {}
     for sink in sinks:
         if sink.commits_in_driver:
+            t0 = time.monotonic()
             sink.commit_deferred([w for r in results for w in r.writes.get(sink.name, ())], app_id, batch_id)
-    for reg in regs:
+            phases[f"commit {sink.name}"] = time.monotonic() - t0
+    order = list(regs)
+    start = batch_id % len(order) if order else 0  # a table first in turn: a per-batch budget is fair
+    for reg in order[start:] + order[:start]:
         for sink in sinks:
+            t0 = time.monotonic()
             sink.committed(reg, batch_id)
+            key = f"maintain {sink.name}"
+            phases[key] = phases.get(key, 0.0) + time.monotonic() - t0
+    return phases
+
+
+def slice_phases(results: Sequence[SliceResult], submitted: float, returned: float) -> dict[str, float]:
+    """What the tasks of a micro-batch spent, for its report: ``task start`` (from the Spark job's
+    submission, wall clock ``submitted``, to its first task starting), ``slowest task`` (a task's
+    start to its last slice's end), ``task results`` (the last slice's end to the job's return,
+    ``returned``), ``task open`` (the longest a task took to open its sinks and log store),
+    ``slice <table>`` (the longest slice of each table: read, parse and every sink) and ``slowest
+    slice``."""
+    out: dict[str, float] = {}
+    if results:
+        started = min(r.task_started for r in results)
+        ends: dict[float, float] = {}
+        for r in results:
+            ends[r.task_started] = max(ends.get(r.task_started, 0.0), r.ended)
+        out["task start"] = max(started - submitted, 0.0)
+        out["slowest task"] = max(end - start for start, end in ends.items())
+        out["task results"] = max(returned - max(ends.values()), 0.0)
+    out["task open"] = max((r.open_seconds for r in results), default=0.0)
+    for r in results:
+        key = f"slice {r.topic}"
+        out[key] = max(out.get(key, 0.0), r.seconds)
+    out["slowest slice"] = max((r.seconds for r in results), default=0.0)
+    return out

@@ -179,7 +179,9 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
             f"batch {r.batch_id}: {r.records:,} records, {r.events:,} events, {r.dead_letters:,} dead letters, "
             f"{r.tables} tables, {r.seconds:.2f} s ({r.rate:,.0f} records/s; read+parse {r.read_parse_seconds:.2f} s, "
             + ", ".join(f"{k} {v:.2f} s" for k, v in r.sink_seconds.items())
-            + ")\n"
+            + ")"
+            + (f" [{', '.join(f'{k} {v * 1000:.0f} ms' for k, v in r.phases.items())}]" if r.phases else "")
+            + "\n"
         )
         out.flush()
 

@@ -24,7 +24,7 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import evolve, leases, per_event, reclaim
+from sinks.warehouse import compact, evolve, leases, per_event, reclaim
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import (
     Commit,
@@ -36,7 +36,7 @@ from sinks.warehouse.delta import (
     ts_literal,
 )
 from sinks.warehouse.files import TableWrite, commit_all
-from sinks.warehouse.handles import Handles
+from sinks.warehouse.handles import TASK_HANDLES, Handles
 from sinks.warehouse.layout import (
     BUCKET,
     CURRENT_META,
@@ -118,6 +118,12 @@ class WarehouseSink(Sink):
         self.layouts: dict[str, Layout] = {}
         #: open Delta tables, brought up to date at each use instead of opened anew (per thread)
         self.handles = Handles()
+        #: the tables' bytes on disk, kept from their logs between walks (:class:`.reclaim.DiskTracker`)
+        self.disk = reclaim.DiskTracker()
+        #: what the last batch's incremental compaction did (:func:`.compact.step`)
+        self.last_compaction = compact.Compacted()
+        #: (batch id, seconds its tables' compactions spent): the budget is per batch
+        self._compacted: tuple[int, float] = (-1, 0.0)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -288,6 +294,15 @@ class WarehouseSink(Sink):
         cur = self.handles.get(self.paths(reg)[0])
         return 1 if cur is None else layout_of(cur).shards
 
+    def live_rows(self, reg: TableReg) -> int | None:
+        """See :meth:`sinks.Sink.live_rows`: the current table's rows by its files' statistics (0
+        before it exists)."""
+        cur = self.handles.get(self.paths(reg)[0])
+        if cur is None:
+            return 0
+        counts = pa.table(cur.get_add_actions(flatten=True)).column("num_records")
+        return int(pc.sum(counts).as_py() or 0)
+
     def prepare(self, reg: TableReg) -> None:
         """See :meth:`sinks.Sink.prepare`: the registration's columns added, a widened type cast, the
         dropped columns recorded -- on tables that exist (a table is created by its first batch)."""
@@ -339,18 +354,40 @@ class WarehouseSink(Sink):
             self.handles.get,
         )
 
+    def in_task(self) -> None:
+        """See :meth:`sinks.Sink.in_task`: the process's Delta handles (:data:`.handles.TASK_HANDLES`)."""
+        self.handles = TASK_HANDLES
+
     def committed(self, reg: TableReg, batch_id: int) -> None:
         """See :meth:`sinks.Sink.committed`: the periodic compaction and vacuum."""
         self._maintain_after(reg, batch_id)
 
     def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
-        """Every ``maintain_every`` batches :meth:`maintain` (compaction and the full vacuum), then the
+        """Every ``maintain_every`` batches :meth:`maintain` (compaction and the full vacuum), else
+        the incremental compaction within what is left of the batch's ``compact_budget_s``
+        (:func:`.compact.step`), then the
         disk rule every Delta table of the project follows (:func:`.reclaim.after_batch`)."""
         maintained = reclaim.due(self.options.maintain_every, batch_id)
         if maintained:
             self.maintain(reg)
+        else:  # the budget is the batch's, shared by its tables in turn
+            opts = self.options
+            spent = self._compacted[1] if self._compacted[0] == batch_id else 0.0
+            self.last_compaction = compact.step(
+                self.paths(reg),
+                self.handles.get,
+                target_size=opts.target_file_size,
+                budget_s=max(opts.compact_budget_s - spent, 0.0),
+                min_files=opts.compact_min_files,
+            )
+            self._compacted = (batch_id, spent + self.last_compaction.seconds)
         reclaim.after_batch(
-            self.paths(reg), self.options, batch_id, vacuumed=maintained, open_table=self.handles.get
+            self.paths(reg),
+            self.options,
+            batch_id,
+            vacuumed=maintained,
+            open_table=self.handles.get,
+            tracker=self.disk,
         )
 
     def recover(self, reg: TableReg) -> int:

@@ -62,15 +62,21 @@ TruncateAt = tuple[tuple[int, int], int]
 Shard = tuple[int, int]
 
 
-def bucket_dataset(table: DeltaTable, buckets: Iterable[int] | None) -> pds.Dataset:
+def bucket_dataset(
+    table: DeltaTable, buckets: Iterable[int] | None, *, open_only: bool = False
+) -> pds.Dataset:
     """``table`` as a pyarrow dataset of only the files of the partitions ``_cdc_bucket`` in
-    ``buckets`` (None: every file). delta-rs builds one fragment per file it includes, at a cost per
-    file that a history table's thousands of files make the larger part of a small read."""
-    if buckets is None:
-        return table.to_pyarrow_dataset()
-    return table.to_pyarrow_dataset(
-        file_pruning_predicate=[(BUCKET, "in", sorted({int(b) for b in buckets}))]
-    )
+    ``buckets`` (None: every file), and with ``open_only`` (a history partitioned by
+    ``is_current``) only those of its open rows. delta-rs builds one fragment per file it includes,
+    at a cost per file that a history table's thousands of files make the larger part of a small
+    read: the closed partitions, which grow by a file per touched bucket at every batch, are never
+    listed by a write that rewrites only the open ones."""
+    pruning: list[tuple[str, str, Any]] = []
+    if buckets is not None:
+        pruning.append((BUCKET, "in", sorted({int(b) for b in buckets})))
+    if open_only and IS_CURRENT in table.metadata().partition_columns:
+        pruning.append((IS_CURRENT, "=", True))
+    return table.to_pyarrow_dataset(file_pruning_predicate=pruning) if pruning else table.to_pyarrow_dataset()
 
 
 class WriteConflict(ApplyError):
@@ -222,7 +228,7 @@ class Partitions:
             write.removes.append({"path": row["path"], "size": row["size_bytes"], "partition_values": parts})
         if not chosen.num_rows:
             return self.schema.empty_table()
-        rows = bucket_dataset(self.table, buckets).to_table(filter=flt)
+        rows = bucket_dataset(self.table, buckets, open_only=open_only).to_table(filter=flt)
         write.rows_read += rows.num_rows
         return rows.cast(self.schema) if rows.schema != self.schema else rows
 

@@ -110,7 +110,10 @@ class WarehouseOptions:
     write) or ``files`` (:mod:`sinks.warehouse.files`: whole buckets rewritten in Arrow, then committed
     as add/remove actions -- what a Spark task can do for its buckets, with the driver committing).
     ``shards``: the :class:`Layout` shards of tables created afterwards (default: the log store's
-    ``partitions``, so that one Spark task per topic partition owns one shard)."""
+    ``partitions``, so that one Spark task per topic partition owns one shard).
+    ``compact_budget_s``: after every batch, its tables' partitions holding at least
+    ``compact_min_files`` small files (under half ``target_file_size``) are compacted, the most
+    first, for up to this many seconds in all (:mod:`.compact`; 0: only ``maintain`` compacts)."""
 
     buckets: int = 16
     clustering: str = "auto"
@@ -125,6 +128,8 @@ class WarehouseOptions:
     target_file_size: int | None = 8 << 20
     write: str = "merge"
     shards: int = 1
+    compact_budget_s: float = 0.25
+    compact_min_files: int = 8
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseOptions:
@@ -153,13 +158,16 @@ class WarehouseOptions:
             or opts.tombstone_retention_hours < 0
             or opts.write not in ("merge", "files")
             or opts.shards < 1
+            or opts.compact_budget_s < 0
+            or opts.compact_min_files < 2
         ):
             raise ConfigError(
                 f"invalid [warehouse] settings {raw}",
                 fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
                 "maintain_every >= 0, vacuum_every >= 0, vacuum_retention_hours >= 0, "
                 "vacuum_garbage_ratio >= 0, vacuum_min_retention_s >= 0, lease_max_age_s > 0, "
-                'tombstone_retention_hours >= 0, write "merge" or "files", shards >= 1',
+                'tombstone_retention_hours >= 0, write "merge" or "files", shards >= 1, '
+                "compact_budget_s >= 0, compact_min_files >= 2",
             )
         return opts
 

@@ -28,6 +28,7 @@ from spark_jobs.tasks import (
     outcome_of,
     plan_slices,
     run_slices,
+    slice_phases,
 )
 from tests.plugins.forks import workers
 from tests.sinks.feed import Feed, mixed_batches, table
@@ -62,6 +63,37 @@ def test_plan_slices() -> None:
     ]
     # shards that differ from the topic's partitions: one task
     assert plan_slices(ranges[:2], lambda t: 4, lambda t: 8) == [Slice("a", ((0, 0, 3), (1, 5, 9)))]
+    # a table the planner says to apply whole is one slice, sharded or not; it is asked with the
+    # table's records in the batch
+    asked: list[tuple[str, int]] = []
+    small = plan_slices(
+        ranges, {"a": 4, "b": 1}.__getitem__, lambda t: 4, lambda t, n: asked.append((t, n)) or t == "a"
+    )
+    assert [sl.shard for sl in small if sl.topic == "a"] == [None]
+    assert sorted(asked) == [("a", 7), ("b", 6)]
+
+
+def test_slice_phases_tell_spark_s_time_from_the_tasks() -> None:
+    """Two tasks (told apart by their start), three slices: the job's start to the first task,
+    the slowest task (its start to its last slice's end), the last end to the job's return, and
+    the longest slice of each table."""
+    results = [
+        SliceResult(topic="a", seconds=1.0, open_seconds=0.2, task_started=10.5, ended=11.7),
+        SliceResult(topic="b", seconds=0.5, task_started=10.5, ended=12.2),
+        SliceResult(topic="a", seconds=2.0, task_started=10.8, ended=12.9),
+    ]
+    got = slice_phases(results, submitted=10.0, returned=13.0)
+    expected = {
+        "task start": 0.5,
+        "slowest task": 2.1,
+        "task results": 0.1,
+        "task open": 0.2,
+        "slice a": 2.0,
+        "slice b": 0.5,
+        "slowest slice": 2.0,
+    }
+    assert got == pytest.approx(expected)
+    assert slice_phases([], 10.0, 11.0) == {"task open": 0.0, "slowest slice": 0.0}
 
 
 def _run(args: tuple[Settings, int, dict[str, TableReg], Slice | list[Slice]]) -> list[SliceResult]:
@@ -100,11 +132,15 @@ def _state(settings: Settings, regs: list[TableReg]) -> list[Any]:
             s.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "min_shard"), [(1, 0), (2, 0), (3, 10**9)])
+def test_slices_applied_in_parallel_processes_equal_the_driver_path(
+    tmp_path: Path, seed: int, min_shard: int
+) -> None:
     """Two tables (one indexed), a random workload per table (inserts, updates, deletes, snapshot
     reads, late and redelivered events, a TRUNCATE), six micro-batches: after each, the tables
-    applied by concurrent task processes and committed by the driver equal the driver path's."""
+    applied by concurrent task processes and committed by the driver equal the driver path's.
+    ``min_shard``: a batch of fewer records of a table is one whole-table slice of its sharded
+    tables (:data:`spark_jobs.tasks.SHARD_MIN_RECORDS`), else one slice per partition."""
     # the warehouse in as many shards as the topics have partitions: one task per partition
     sharded = {"warehouse": {"shards": PARTITIONS}}
     tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS, extra=sharded)
@@ -119,7 +155,7 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
     driver_sinks = open_sinks(driver_settings)
     driver = BatchApplier(driver_sinks, by_topic.get, APP)
     task_sinks = open_sinks(tasks_settings)  # the driver's: shards, prepare and committed only
-    planner = Planner(task_sinks)
+    planner = Planner(task_sinks, min_shard, min_shard)
     ctx = workers(__name__)
     sliced = 0
     try:
@@ -158,7 +194,10 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(tmp_path: Pa
         for s in task_sinks:
             s.close()
         store.close()
-    assert sliced >= 5 * 2 * PARTITIONS - 8, "the batches after the first ran one task per partition"
+    if min_shard:
+        assert sliced == 0, "every batch was below min_shard: whole-table slices of sharded tables"
+    else:
+        assert sliced >= 5 * 2 * PARTITIONS - 8, "the batches after the first ran one task per partition"
 
 
 def test_a_key_change_across_shards_keeps_its_unchanged_toast_value(tmp_path: Path) -> None:
