@@ -106,6 +106,6 @@ def step(
         if table is None:
             continue
         filters = [(col, "=", value) for col, value in part.items()]
-        metrics = table.optimize.compact(partition_filters=filters, target_size=target)  # type: ignore[arg-type]
+        metrics = table.optimize.compact(partition_filters=filters, target_size=target)
         done += Compacted(1, int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)))
     return Compacted(done.partitions, done.files_removed, done.files_added, time.monotonic() - started)

@@ -189,14 +189,14 @@ def removals(path: Path, cutoff: float, after: int | None, latest: int | None = 
         return []
     if latest is not None:
         for version in range(latest, -1, -1):
-            commit = path / LOG_DIR / f"{version:020d}.json"
+            entry_path = path / LOG_DIR / f"{version:020d}.json"
             try:
-                recent = commit.stat().st_mtime >= cutoff
+                recent = entry_path.stat().st_mtime >= cutoff
             except FileNotFoundError:  # cleaned up: so are the older ones
                 break
             if not recent and (after is None or version <= after):
                 break
-            chosen.append((version, recent, str(commit)))
+            chosen.append((version, recent, str(entry_path)))
         chosen.reverse()
     else:
         with os.scandir(path / LOG_DIR) as entries:
