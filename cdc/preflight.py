@@ -10,6 +10,7 @@ Verdict (:meth:`Report.exit_code`): 0 no findings (or ``info`` only), 1 warnings
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from cdc.catalog import (
     server_info,
     slot_info,
 )
+from cdc.codec.fastpath import native_status
 from cdc.config import parse_dsn
 from cdc.connect import connect
 from cdc.errors import RegistryError, SourceError
@@ -50,6 +52,7 @@ CHECKS = (
     "replication_slots",
     "wal_senders",
     "decoder",  # info: the output plugin in use (and pgoutput's publication)
+    "per_change_path",  # info: the compiled per-change path (cdc.codec._native), or a warning: Python's
     "wal2json",  # the plugin loads (the decoder wal2json)
     "pgoutput",  # the server allows it (the decoder pgoutput)
     "publication",  # pgoutput: the publication holds every registered table
@@ -608,6 +611,22 @@ def _decoder_info(plugin: str, publication: str, slot: SlotInfo) -> Finding:
     )
 
 
+def _per_change_path(decoder: str) -> Finding:
+    """Which per-change path a reader started now runs (issue #34): the compiled one for pgoutput's
+    changes, or the Python one (``CDC_NATIVE=0``, or the extension not built: a warning)."""
+    compiled, what = native_status()
+    if decoder != "pgoutput":
+        what += f"; the decoder {decoder} decodes in Python and C (msgspec) either way"
+    severity: Severity = "info" if compiled or os.environ.get("CDC_NATIVE") == "0" else "warning"
+    return Finding(
+        "per_change_path",
+        severity,
+        what,
+        "" if severity == "info" else "install gcc and python3-dev, then `make setup` again",
+        {"compiled": compiled},
+    )
+
+
 def _check_pgoutput(
     conn: psycopg.Connection[Any],
     info: ServerInfo,
@@ -731,6 +750,7 @@ def run_preflight(
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
     publication = publication or slot_name
     record(["decoder"], [_decoder_info(decoder, publication, slot)])
+    record(["per_change_path"], [_per_change_path(decoder)])
     if decoder == "wal2json":
         found, why = _check_wal2json(conn, info, slot)
         if found is None:
