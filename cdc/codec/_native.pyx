@@ -16,7 +16,7 @@ Python converter and orjson, value by value: :attr:`Encoder.py_values` counts th
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy, memcmp
+from libc.string cimport memchr, memcmp, memcpy
 
 import orjson
 
@@ -28,6 +28,9 @@ DEF K_INT = 1       # the text itself (canonical integer text, checked)
 DEF K_BOOL = 2      # true for "t", else false
 DEF K_BYTEA = 3     # a JSON string of the text without its "\x"
 DEF K_PY = 4        # the Python converter, then orjson
+
+#: what cdc.codec.fastpath expects of this module (a build older than its source is not used)
+ABI = 2
 
 KIND_TEXT = K_TEXT
 KIND_INT = K_INT
@@ -185,6 +188,9 @@ cdef class Encoder:
     cdef Py_ssize_t *ostart   # each column's fragment in ``before`` (an update with an old tuple)
     cdef Py_ssize_t *oend
     cdef int cells
+    cdef unsigned char *tmp   # a COPY field unescaped
+    cdef Py_ssize_t tmpcap
+    cdef object error         # what a Python converter raised (the snapshot names it)
     cdef public long long py_values
     cdef public long long declined
     cdef long long total   # the row's stored-length bound (TableCodec.holds_out_of_line)
@@ -199,11 +205,15 @@ cdef class Encoder:
         self.fstart = self.fend = self.ostart = self.oend = NULL
         self.py_values = 0
         self.declined = 0
+        self.tmp = NULL
+        self.tmpcap = 0
+        self.error = None
         if self.buf == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
         free(self.buf)
+        free(self.tmp)
         free(self.new)
         free(self.old)
         free(self.fstart)
@@ -393,7 +403,8 @@ cdef class Encoder:
         try:
             value = plan.convs[col](text)
             out = _dumps(value)
-        except Exception:
+        except Exception as exc:
+            self.error = exc
             raise _Declined()  # the reference raises it, with its context
         self.py_values += 1
         self._putb(out)
@@ -674,3 +685,243 @@ cdef bint _canonical_int(const unsigned char *s, Py_ssize_t size):
         if s[i] < 48 or s[i] > 57:
             return False
     return True
+
+
+cdef class Changes:
+    """One stream session's compiled path (cdc.codec.fastpath.native_changes builds it and
+    documents it): called with a pgoutput ``I``/``U``/``D`` message and its ``data_start``, returns
+    what ``EventBuilder.change(decoder.decode(data, lsn))`` returns, or ``python`` (the Python path
+    takes the message). ``plan_for(rel, codec)``: a relation's :class:`Plan` (None: never compiled);
+    ``record``: the log store's ``Record`` class."""
+
+    cdef public Encoder encoder
+    cdef object relations      # the decoder's relid -> relation dict
+    cdef object builder
+    cdef dict codecs
+    cdef tuple skip
+    cdef object plan_for
+    cdef object record
+    cdef object python
+    cdef dict plans            # relid -> [rel, codec, types, plan]
+
+    def __init__(self, decoder, builder, tuple skip, plan_for, record, python):
+        self.encoder = Encoder()
+        self.relations = decoder.relations
+        self.builder = builder
+        self.codecs = builder.codecs
+        self.skip = skip
+        self.plan_for = plan_for
+        self.record = record
+        self.python = python
+        self.plans = {}
+
+    @property
+    def python_values(self):
+        return self.encoder.py_values
+
+    @property
+    def declined(self):
+        return self.encoder.declined
+
+    def __call__(self, bytes data, long long lsn):
+        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef long long relid, seq, commit_lsn
+        cdef list entry
+        cdef object rel, codec, plan, b = self.builder, st, out, key, topic
+        if PyBytes_GET_SIZE(data) < 5:
+            return self.python
+        relid = (<long long>d[1] << 24) | (d[2] << 16) | (d[3] << 8) | d[4]
+        rel = self.relations.get(relid)
+        if rel is None:
+            return self.python
+        entry = self.plans.get(relid)
+        if entry is not None and entry[0] is rel:
+            codec = entry[1]
+            if self.codecs.get((rel.schema, rel.table)) is not codec or codec.types is not entry[2]:
+                entry = None
+        else:
+            entry = None
+        if entry is None:
+            codec = self.codecs.get((rel.schema, rel.table))
+            if codec is None or (rel.schema, rel.table) == self.skip:
+                return self.python
+            entry = [rel, codec, codec.types, self.plan_for(rel, codec)]
+            self.plans[relid] = entry
+        plan = entry[3]
+        if plan is None or b.nonfinite_held:
+            return self.python
+        seq = b.seq + 1
+        commit_lsn = b.commit_lsn
+        if commit_lsn < codec.snapshot_lsn or seq <= b._skip_seq:
+            b.seq = seq
+            return None
+        st = b.staging
+        out = self.encoder.change(
+            data, <Plan>plan, codec.source_head, b.tx_part, lsn, commit_lsn, seq, b.now, st is not None
+        )
+        if out is None:
+            return self.python
+        b.seq = seq
+        key = out[1]
+        topic = codec.topic
+        if out[0] == b"d":
+            if st is not None:
+                st.version = (commit_lsn, seq)
+                if codec.imaged:
+                    st.put(topic, key, None)
+            return topic, [self.record(key, out[2]), self.record(key, None)]
+        if st is not None:
+            st.version = (commit_lsn, seq)
+            if out[3] is not None:
+                st.put(topic, key, out[3])
+        return topic, [self.record(key, out[2])]
+
+
+cdef class CopyRows:
+    """The snapshot's rows: ``COPY (SELECT cols ...) TO STDOUT`` (text format) to ``op=r`` records.
+    ``plan``: the columns read, in order (none excluded: excluded columns are not read); ``head``
+    and ``tail``: the event around its ``after`` object (``source`` and the rest, the same for
+    every row); ``record``: the log store's ``Record`` class; ``want_image``: keep each row's image
+    (the codec's rule, as the stream's, :meth:`TableCodec.holds_out_of_line`). Values are encoded
+    exactly as the stream encodes a row's values (floats and arrays by their Python converter)."""
+
+    cdef Encoder enc
+    cdef Plan plan
+    cdef bytes head
+    cdef bytes tail
+    cdef object record
+    cdef bint want_image
+
+    def __init__(self, Plan plan, bytes head, bytes tail, record, bint want_image):
+        self.enc = Encoder()
+        self.enc._cells(plan.ncols if plan.ncols > 0 else 1)
+        self.plan = plan
+        self.head = head
+        self.tail = tail
+        self.record = record
+        self.want_image = want_image and plan.nimaged > 0
+
+    @property
+    def python_values(self):
+        return self.enc.py_values
+
+    cdef const unsigned char *_field(self, const unsigned char *s, Py_ssize_t size, Py_ssize_t *out) except NULL:
+        """``s`` with COPY's escapes undone (``\\\\``, ``\\b \\f \\n \\r \\t \\v``, octal, ``\\x``)."""
+        cdef Encoder e = self.enc
+        cdef Py_ssize_t i = 0, n = 0, k
+        cdef unsigned char c, v
+        cdef unsigned char *p
+        if size > e.tmpcap:
+            p = <unsigned char *>realloc(e.tmp, size + 64)
+            if p == NULL:
+                raise MemoryError()
+            e.tmp = p
+            e.tmpcap = size + 64
+        p = e.tmp
+        while i < size:
+            c = s[i]
+            if c != 92 or i + 1 >= size:
+                p[n] = c
+                n += 1
+                i += 1
+                continue
+            c = s[i + 1]
+            i += 2
+            if c == 98:
+                p[n] = 8
+            elif c == 102:
+                p[n] = 12
+            elif c == 110:
+                p[n] = 10
+            elif c == 114:
+                p[n] = 13
+            elif c == 116:
+                p[n] = 9
+            elif c == 118:
+                p[n] = 11
+            elif 48 <= c <= 55:
+                v = c - 48
+                for k in range(2):
+                    if i < size and 48 <= s[i] <= 55:
+                        v = (v << 3) + (s[i] - 48)
+                        i += 1
+                p[n] = v
+            elif c == 120 and i < size and _hexval(s[i]) >= 0:
+                v = _hexval(s[i])
+                i += 1
+                if i < size and _hexval(s[i]) >= 0:
+                    v = (v << 4) + _hexval(s[i])
+                    i += 1
+                p[n] = v
+            else:
+                p[n] = c
+            n += 1
+        out[0] = n
+        return p
+
+    def rows(self, bytes data):
+        """The records of ``data``, whole rows of the COPY's output, and the images to keep (a list
+        of (key, image) pairs; empty when none is kept). A row that is not one of the plan's
+        raises ValueError; a value no converter takes, ValueError naming its column (its
+        converter's error as the cause)."""
+        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t pos = 0, end, flen
+        cdef Encoder e = self.enc
+        cdef Plan plan = self.plan
+        cdef int i, ncols = plan.ncols
+        cdef const unsigned char *f
+        cdef list records = [], images = []
+        cdef object key
+        cdef unsigned char stop
+        while pos < size:
+            e.n = 0
+            e.total = plan.bound_static
+            e._putb(self.head)
+            for i in range(ncols):
+                end = pos
+                while end < size and d[end] != 9 and d[end] != 10:
+                    end += 1
+                if end >= size:
+                    raise ValueError("the COPY output ends inside a row")
+                stop = d[end]
+                if (i < ncols - 1) != (stop == 9):
+                    raise ValueError(f"a row of the COPY output does not have {ncols} columns")
+                e._putc(123 if i == 0 else 44)
+                e._putb(<bytes>plan.names[i])
+                e.fstart[i] = e.n
+                if end - pos == 2 and d[pos] == 92 and d[pos + 1] == 78:  # \N
+                    e._putb(_NULL)
+                else:
+                    f = self._field(d + pos, end - pos, &flen) if memchr(d + pos, 92, end - pos) != NULL else d + pos
+                    if f != d + pos:
+                        pass
+                    else:
+                        flen = end - pos
+                    try:
+                        e._value(plan, i, f, flen, True)
+                    except _Declined:
+                        err = e.error
+                        e.error = None
+                        raise ValueError(f"column {i}: a value its converter cannot take") from err
+                e.fend[i] = e.n
+                pos = end + 1
+            if ncols == 0:
+                e._putc(123)
+            e._putc(125)
+            e._putb(self.tail)
+            key = e._key(plan, e.fstart, e.fend)
+            records.append(self.record(key, PyBytes_FromStringAndSize(e.buf, e.n)))
+            if self.want_image and (plan.unbounded or e.total > TOAST_THRESHOLD):
+                images.append((key, e._image(plan, e.fstart, e.fend)))
+        return records, images
+
+
+cdef inline int _hexval(unsigned char c):
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1

@@ -250,6 +250,7 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     code, out, _ = cdc("check", "--json")
     assert [f["check"] for f in json.loads(out)["findings"]] == [
         "decoder",
+        "per_change_path",
         "server_version",
         "max_slot_wal_keep_size",
         "ddl_recorder",

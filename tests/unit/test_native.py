@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.codec.fastpath import PYTHON, NativeChanges, native_module
+from cdc.codec.fastpath import PYTHON, native_changes, native_module
 from cdc.codec.pgoutput import PgOutput
 from cdc.errors import DecodeError
 from cdc.logstore.images import Images
@@ -123,7 +123,7 @@ class World:
             images=self.images,
             staging=self.images.staging(),
         )
-        self.fast = NativeChanges(native, self.decoder, self.builder) if compiled else None
+        self.fast = native_changes(self.decoder, self.builder, native=native) if compiled else None
         self.lsn = 0x1_0000_0000
 
     def feed(self, msg: bytes) -> Any:
@@ -155,7 +155,7 @@ class World:
         self.images.close()
 
 
-def both(tmp: Path, msgs: list[bytes], **kw: Any) -> tuple[list[Any], NativeChanges]:
+def both(tmp: Path, msgs: list[bytes], **kw: Any) -> tuple[list[Any], Any]:
     """Feed ``msgs`` through both paths; assert each message's outcome is identical."""
     py, nat = World(tmp, False, **kw), World(tmp, True, **kw)
     try:
@@ -315,3 +315,84 @@ def changes(draw: Any) -> list[bytes]:
 @given(msgs=changes())
 def test_randomized_rows_are_byte_identical(tmp_path_factory: Any, msgs: list[bytes]) -> None:
     both(tmp_path_factory.mktemp("native"), msgs)
+
+
+# -- the snapshot: COPY's text rows to op=r records ---------------------------------------------------
+_COPY_ESC = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+
+
+def copy_text(rows: list[list[str | None]]) -> bytes:
+    """Rows as ``COPY ... TO STDOUT`` writes them (text format)."""
+    out = []
+    for row in rows:
+        fields = ["\\N" if v is None else "".join(_COPY_ESC.get(c, c) for c in v) for v in row]
+        out.append("\t".join(fields) + "\n")
+    return "".join(out).encode()
+
+
+def snapshot_reference(codec: TableCodec, rows: list[list[str | None]], source: bytes) -> Any:
+    """The stream's encoding of each row (TableCodec.snapshot_record), and the images it keeps."""
+    records, images = [], []
+    for row in rows:
+        after = {}
+        for name, v in zip(codec.included, row, strict=True):
+            conv = codec.text_converters[name]
+            after[name] = v if v is None or conv is None else conv(v)
+        rec = codec.snapshot_record(after, source, b"1764000000000")
+        records.append((rec.key, rec.value))
+        if codec.imaged and codec.holds_out_of_line(after):
+            images.append((rec.key, codec.image(after)))
+    return records, images
+
+
+def snapshot_both(rows: list[list[str | None]], exclude: tuple[str, ...] = ()) -> Any:
+    from cdc.codec.fastpath import copy_plan
+
+    columns = tuple(Column(n, DOMAINS.get(t, t)) for n, t in COLS)
+    reg = TableReg("public", "every", "cdc.public.every", ("id",), columns=columns, exclude=exclude)
+    codec = TableCodec(reg, prefix="cdc", db="app", partitions=3)
+    source = codec.snapshot_source(0x2_0000_0000, 1_764_000_000_000, last=False)
+    tail = b',"source":' + source + b',"op":"r","ts_ms":1764000000000,"unavailable":[]}'
+    keep = [i for i, (n, _) in enumerate(COLS) if n not in exclude]
+    rows = [[row[i] for i in keep] for row in rows]
+    encoder = native.CopyRows(
+        copy_plan(native, codec, list(codec.included)), b'{"before":null,"after":', tail, lambda k, v: (k, v), True
+    )
+    recs, images = encoder.rows(copy_text(rows))
+    assert ([tuple(r) for r in recs], images) == snapshot_reference(codec, rows, source)
+    return recs, images, encoder
+
+
+def test_snapshot_rows_are_the_streams_encoding() -> None:
+    rows = [list(r) for r in ROWS]
+    big = list(ROW1)
+    big[12] = BIG
+    _, images, encoder = snapshot_both([*rows, big])
+    assert images and images[-1][0] == b"{\"id\":1}" and encoder.python_values > 0
+    snapshot_both(rows, exclude=("t", "fa"))
+
+
+def test_snapshot_refuses_a_row_of_other_columns_and_names_a_bad_value() -> None:
+    from cdc.codec.fastpath import copy_plan
+
+    columns = tuple(Column(n, DOMAINS.get(t, t)) for n, t in COLS)
+    codec = TableCodec(
+        TableReg("public", "every", "cdc.public.every", ("id",), columns=columns),
+        prefix="c",
+        db="d",
+        partitions=1,
+    )
+    encoder = native.CopyRows(copy_plan(native, codec, list(codec.included)), b"", b"", lambda k, v: (k, v), False)
+    with pytest.raises(ValueError, match="columns"):
+        encoder.rows(b"1\t2\n")
+    bad = list(ROW1)
+    bad[24] = "{1,2"  # ia: a malformed array literal
+    with pytest.raises(ValueError, match="column 24") as info:
+        encoder.rows(copy_text([bad]))
+    assert isinstance(info.value.__cause__, DecodeError)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.lists(rows(1), min_size=1, max_size=4))
+def test_snapshot_randomized_rows(data: list[tuple[Any, ...]]) -> None:
+    snapshot_both([[*r[:1], *r[1:]] for r in data])
