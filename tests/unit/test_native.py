@@ -356,7 +356,11 @@ def snapshot_both(rows: list[list[str | None]], exclude: tuple[str, ...] = ()) -
     keep = [i for i, (n, _) in enumerate(COLS) if n not in exclude]
     rows = [[row[i] for i in keep] for row in rows]
     encoder = native.CopyRows(
-        copy_plan(native, codec, list(codec.included)), b'{"before":null,"after":', tail, lambda k, v: (k, v), True
+        copy_plan(native, codec, list(codec.included)),
+        b'{"before":null,"after":',
+        tail,
+        lambda k, v: (k, v),
+        True,
     )
     recs, images = encoder.rows(copy_text(rows))
     assert ([tuple(r) for r in recs], images) == snapshot_reference(codec, rows, source)
@@ -368,7 +372,7 @@ def test_snapshot_rows_are_the_streams_encoding() -> None:
     big = list(ROW1)
     big[12] = BIG
     _, images, encoder = snapshot_both([*rows, big])
-    assert images and images[-1][0] == b"{\"id\":1}" and encoder.python_values > 0
+    assert images and images[-1][0] == b'{"id":1}' and encoder.python_values > 0
     snapshot_both(rows, exclude=("t", "fa"))
 
 
@@ -382,7 +386,9 @@ def test_snapshot_refuses_a_row_of_other_columns_and_names_a_bad_value() -> None
         db="d",
         partitions=1,
     )
-    encoder = native.CopyRows(copy_plan(native, codec, list(codec.included)), b"", b"", lambda k, v: (k, v), False)
+    encoder = native.CopyRows(
+        copy_plan(native, codec, list(codec.included)), b"", b"", lambda k, v: (k, v), False
+    )
     with pytest.raises(ValueError, match="columns"):
         encoder.rows(b"1\t2\n")
     bad = list(ROW1)
