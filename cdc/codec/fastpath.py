@@ -1,7 +1,8 @@
-"""The compiled per-change path of pgoutput (issue #34): a message's bytes straight to its records.
+"""The compiled per-change path (issue #34): a pgoutput message's bytes straight to its records,
+and the initial snapshot's ``COPY`` rows to theirs (:func:`copy_plan`, ``snapshot.exported``).
 
-:func:`native_changes` gives what takes a pgoutput ``I``/``U``/``D`` message as the stream gives it and returns
-what :meth:`cdc.codec.envelope.EventBuilder.change` returns for it (the topic and its records, or
+:func:`native_changes` builds what takes a pgoutput ``I``/``U``/``D`` message as the stream gives
+it and returns what :meth:`cdc.codec.envelope.EventBuilder.change` returns for it (the topic and its records, or
 None for a change the table's snapshot contains), without building the :class:`~cdc.codec.Message`,
 its columns or the row dicts: :mod:`cdc.codec._native` (Cython, C) reads the tuples and writes the
 event's key, value and image. It answers :data:`PYTHON` for every change it leaves to the Python
