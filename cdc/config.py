@@ -55,7 +55,12 @@ ENV_KEYS = (
 )
 #: other ``CDC_*`` variables that belong to parts of the system outside this model (fault
 #: injection, the Spark master, the compose file's password); ``CDC_TEST_*`` are test hooks
-OTHER_ENV = ("CDC_FAULTS", "CDC_SPARK_MASTER", "CDC_PASSWORD")
+OTHER_ENV = (
+    "CDC_FAULTS",
+    "CDC_SPARK_MASTER",
+    "CDC_PASSWORD",
+    "CDC_NATIVE",
+)  # CDC_NATIVE=0: cdc.codec.fastpath
 
 
 class _Section(BaseModel):

@@ -10,6 +10,7 @@ Verdict (:meth:`Report.exit_code`): 0 no findings (or ``info`` only), 1 warnings
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from cdc.catalog import (
     server_info,
     slot_info,
 )
+from cdc.codec.fastpath import native_status
 from cdc.codec.plugins import WAL2JSON, OutputPlugin
 from cdc.codec.plugins import plugin as output_plugin
 from cdc.config import parse_dsn
@@ -52,6 +54,7 @@ CHECKS = (
     "replication_slots",
     "wal_senders",
     "decoder",  # info: the output plugin in use (and pgoutput's publication)
+    "per_change_path",  # info: the compiled per-change path (cdc.codec._native), or a warning: Python's
     "wal2json",  # the plugin loads (the decoder wal2json)
     "pgoutput",  # the server allows it (the decoder pgoutput)
     "publication",  # pgoutput: the publication holds every registered table
@@ -614,6 +617,22 @@ def _decoder_info(plugin: OutputPlugin, publication: str, slot: SlotInfo) -> Fin
     )
 
 
+def _per_change_path(plugin: OutputPlugin) -> Finding:
+    """Which per-change path a reader started now runs (issue #34): the compiled one for pgoutput's
+    changes, or the Python one (``CDC_NATIVE=0``, or the extension not built: a warning)."""
+    compiled, what = native_status()
+    if not plugin.compiled_path:
+        what += f"; the decoder {plugin.name} decodes in Python and C (msgspec) either way"
+    severity: Severity = "info" if compiled or os.environ.get("CDC_NATIVE") == "0" else "warning"
+    return Finding(
+        "per_change_path",
+        severity,
+        what,
+        "" if severity == "info" else "install gcc and python3-dev, then `make setup` again",
+        {"compiled": compiled},
+    )
+
+
 def _check_pgoutput(
     conn: psycopg.Connection[Any],
     info: ServerInfo,
@@ -738,6 +757,7 @@ def run_preflight(
     publication = publication or slot_name
     plugin = output_plugin(decoder)
     record(["decoder"], [_decoder_info(plugin, publication, slot)])
+    record(["per_change_path"], [_per_change_path(plugin)])
     if plugin.built_in:
         skipped["wal2json"] = f"the decoder is {decoder}, built into the server"
     else:

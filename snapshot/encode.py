@@ -41,7 +41,7 @@ from cdc.logstore.images import FIELD_SEP, NAME_SEP
 from cdc.registry import Column
 from snapshot import snapshot_error
 
-__all__ = ["RowEncoder", "copy_query", "encoder_for", "read_csv_batches"]
+__all__ = ["RowEncoder", "copy_query", "encoder_for", "read_csv_batches", "text_copy_query"]
 
 _SPECIALS = ("NaN", "Infinity", "-Infinity")
 _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # escaped by orjson as \b, \f or \u00XX
@@ -68,6 +68,14 @@ def copy_query(
         if order_by
         else sql.SQL(""),
         sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(sql.Literal(limit)),
+    )
+
+
+def text_copy_query(schema: str, table: str, names: Sequence[str]) -> sql.Composed:
+    """The plain ``COPY`` of the compiled snapshot path (:mod:`cdc.codec._native`): text format,
+    NULL as ``\\N``, a value's tab, newline and backslash escaped (a raw newline ends a row)."""
+    return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
+        sql.SQL(", ").join(sql.Identifier(n) for n in names), sql.Identifier(schema, table)
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from cdc.codec.envelope import TableCodec
+from cdc.codec.fastpath import copy_plan, native_module
 from cdc.codec.values import type_kind
 from cdc.connect import SESSION_OPTIONS
 from cdc.errors import SourceError
@@ -34,7 +35,7 @@ from cdc.logstore.batch import Batch
 from cdc.logstore.images import Images
 from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
-from snapshot.encode import copy_query, encoder_for, read_csv_batches
+from snapshot.encode import RowEncoder, copy_query, encoder_for, read_csv_batches, text_copy_query
 from snapshot.table_info import row_estimate, table_columns
 
 BATCH_ROWS = 5000
@@ -175,38 +176,36 @@ def read_table(
         return b',"source":' + src + b',"op":"r","ts_ms":' + now + b',"unavailable":[]}'
 
     tail_row, tail_last = tail(False), tail(True)
-    head_s, tail_s, sep = (pa.scalar(x, pa.binary()) for x in (head, tail_row, b""))
     topic = codec.topic
     table = reg.qualified
     progress.start(table, estimate)
     staging = None if images is None or not codec.imaged else images.staging()
     batch = Batch(store, store_lock, staging=staging)
     rows = 0
-    held: tuple[bytes, bytes] | None = None  # the newest row: written last, marked "last"
+    held: Record | None = None  # the newest row: written last, marked "last"
+    native = native_module()
     try:
-        with conn.cursor().copy(copy_query(reg.schema, reg.table, names)) as copy:
-            for rb in read_csv_batches(copy, names, table=reg.qualified):
-                if rb.num_rows == 0:
-                    continue
-                keys, afters, blobs = encoder.encode_rows(rb)
-                values = pc.binary_join_element_wise(head_s, afters, tail_s, sep).to_pylist()
-                key_list = keys.to_pylist()
-                records = [Record(k, v) for k, v in zip(key_list, values, strict=True)]
-                if staging is not None and blobs is not None:
-                    for k, b in zip(key_list, blobs.to_pylist(), strict=True):
-                        if b is not None:
-                            staging.put(topic, k, b)
-                if held is not None:
-                    records.insert(0, Record(held[0], head + held[1] + tail_row))
-                last = records.pop()
-                held = (last.key, afters[-1].as_py())
-                if records:
-                    batch.add(topic, records)
-                    batch.submit(None)
-                    rows += len(records)
-                    progress.advance(table, len(records))
+        if native is not None:
+            batches = _native_batches(conn, native, codec, names, head, tail_row, staging is not None)
+        else:
+            batches = _arrow_batches(conn, encoder, codec, head, tail_row, staging is not None)
+        for records, blobs in batches:
+            if not records:
+                continue
+            if staging is not None:
+                for k, b in blobs:
+                    staging.put(topic, k, b)
+            if held is not None:
+                records.insert(0, held)
+            held = records.pop()
+            if records:
+                batch.add(topic, records)
+                batch.submit(None)
+                rows += len(records)
+                progress.advance(table, len(records))
         if held is not None:
-            batch.add(topic, [Record(held[0], head + held[1] + tail_last)])
+            assert held.value is not None and held.value.endswith(tail_row)
+            batch.add(topic, [Record(held.key, held.value[: -len(tail_row)] + tail_last)])
             rows += 1
             progress.advance(table, 1)
         batch.flush()
@@ -219,6 +218,81 @@ def read_table(
     return TableSnapshot(
         reg=reg, columns=cols, rows=rows, alignment=Alignment(snap.consistent_lsn, dict(end))
     )
+
+
+def _arrow_batches(
+    conn: psycopg.Connection[Any],
+    encoder: RowEncoder,
+    codec: TableCodec,
+    head: bytes,
+    tail: bytes,
+    want_images: bool,
+) -> Iterator[tuple[list[Record], list[tuple[bytes, bytes]]]]:
+    """The table's rows as records and the images to keep, through Arrow (:mod:`snapshot.encode`):
+    the path when the compiled one (:func:`_native_batches`) is not there."""
+    head_s, tail_s, sep = (pa.scalar(x, pa.binary()) for x in (head, tail, b""))
+    names, table = encoder.names, codec.reg.qualified
+    with conn.cursor().copy(copy_query(codec.reg.schema, codec.reg.table, names)) as copy:
+        for rb in read_csv_batches(copy, names, table=table):
+            if rb.num_rows == 0:
+                continue
+            keys, afters, blobs = encoder.encode_rows(rb)
+            values = pc.binary_join_element_wise(head_s, afters, tail_s, sep).to_pylist()
+            key_list = keys.to_pylist()
+            images = []
+            if want_images and blobs is not None:
+                images = [(k, b) for k, b in zip(key_list, blobs.to_pylist(), strict=True) if b is not None]
+            yield [Record(k, v) for k, v in zip(key_list, values, strict=True)], images
+
+
+#: bytes of COPY output handed to the compiled encoder at once (whole rows)
+NATIVE_CHUNK = 1 << 20
+
+
+def _native_batches(
+    conn: psycopg.Connection[Any],
+    native: Any,
+    codec: TableCodec,
+    names: list[str],
+    head: bytes,
+    tail: bytes,
+    want_images: bool,
+) -> Iterator[tuple[list[Record], list[tuple[bytes, bytes]]]]:
+    """The table's rows as records and the images to keep, through the compiled encoder
+    (:class:`cdc.codec._native.CopyRows`, the stream's per-value encoding): a plain ``COPY ... TO
+    STDOUT`` in text format, whose rows end at each raw newline (a newline in a value is escaped)."""
+    rows = native.CopyRows(copy_plan(native, codec, names), head, tail, Record, want_images)
+    query = text_copy_query(codec.reg.schema, codec.reg.table, names)
+    table = codec.reg.qualified
+    parts: list[bytes] = []
+    size = 0
+
+    def encode(buf: bytes) -> tuple[list[Record], list[tuple[bytes, bytes]]]:
+        try:
+            out: tuple[list[Record], list[tuple[bytes, bytes]]] = rows.rows(buf)
+        except ValueError as exc:
+            column = None
+            if str(exc).startswith("column "):
+                column = names[int(str(exc).split()[1].rstrip(":"))]
+            raise snapshot_error(table, column, exc.__cause__ or exc) from exc
+        return out
+
+    with conn.cursor().copy(query) as copy:
+        for data in copy:
+            parts.append(bytes(data))
+            size += len(data)
+            if size < NATIVE_CHUNK:
+                continue
+            buf = b"".join(parts)
+            cut = buf.rfind(b"\n") + 1
+            parts, size = ([buf[cut:]] if cut < len(buf) else []), len(buf) - cut
+            if cut:
+                yield encode(buf[:cut] if cut < len(buf) else buf)
+    if size:
+        buf = b"".join(parts)
+        if not buf.endswith(b"\n"):
+            raise SourceError("COPY output ended in the middle of a row", fix="retry the snapshot")
+        yield encode(buf)
 
 
 def read_tables(

@@ -6,6 +6,10 @@ The package root is the interface every decoder implements; beside it, one modul
 * :mod:`cdc.codec.pgoutput` -- PostgreSQL's built-in pgoutput (issue #18): the same
   :class:`Message` for the same change, streamed transactions spooled until their commit.
 
+Beside them, the compiled per-change path (issue #34): :mod:`cdc.codec._native` (Cython, built by
+``setup.py``) turns pgoutput's changes and the snapshot's ``COPY`` rows into event bytes, driven by
+:mod:`cdc.codec.fastpath`; the Python path stays the reference and the fallback.
+
 Shared by every decoder: :mod:`cdc.codec.values` (Postgres' text output of a column type to its
 event value; the snapshot's ``COPY`` uses it too), :mod:`cdc.codec.envelope` (a decoded change to
 its event) and :mod:`cdc.codec.nonfinite` (the non-finite recorder's messages; installing the

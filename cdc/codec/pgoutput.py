@@ -405,6 +405,13 @@ class PgOutput:
 
         def next_message() -> Any:
             nonlocal pending
+            if pending is None and block is None:  # the common case first: one read, one test
+                raw = read()
+                if raw is None or raw.payload[0] in _PLAIN:
+                    return raw
+                out = control(raw)
+                if out is not None:
+                    return out
             if pending is not None:
                 msg = next(pending, None)
                 if msg is not None:

@@ -12,6 +12,8 @@ deployment reads (resolved once, from the slot, by the reader, which records it 
   numbers unless ``numeric-data-types-as-string`` is accepted): the non-finite recorder's concern;
 * how to count, without consuming, the changes an inactive slot holds (:meth:`OutputPlugin.peek`,
   for ``cdc status`` and ``cdc wait``), which reads the plugin's own messages;
+* whether its changes have a compiled per-change path (pgoutput's; wal2json's JSON is parsed by
+  msgspec, in C, either way);
 * the session decoder (:meth:`OutputPlugin.decoder`: :mod:`cdc.codec.wal2json`'s, or a
   :class:`cdc.codec.pgoutput.PgOutput` per session).
 """
@@ -64,6 +66,8 @@ class OutputPlugin:
     #: may send NaN/±Infinity of numeric columns as null (wal2json < 2.6, which refuses the
     #: ``numeric-data-types-as-string`` option): the non-finite recorder's triggers fill them in
     may_send_nonfinite_as_null: bool
+    #: its changes go through the compiled per-change path (:mod:`cdc.codec.fastpath`) when built
+    compiled_path: bool
 
     def describe(self, publication: str) -> str:
         """``pgoutput (publication cdc)`` or ``wal2json``: the decoder as ``cdc tables list`` shows it."""
@@ -98,8 +102,12 @@ class OutputPlugin:
         return PgOutput(type_namer(conn), publication, conn.info.server_version, spool_dir=str(spool_dir))
 
 
-WAL2JSON = OutputPlugin("wal2json", built_in=False, uses_publication=False, may_send_nonfinite_as_null=True)
-PGOUTPUT = OutputPlugin("pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False)
+WAL2JSON = OutputPlugin(
+    "wal2json", built_in=False, uses_publication=False, may_send_nonfinite_as_null=True, compiled_path=False
+)
+PGOUTPUT = OutputPlugin(
+    "pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False, compiled_path=True
+)
 PLUGINS: dict[str, OutputPlugin] = {p.name: p for p in (WAL2JSON, PGOUTPUT)}
 
 

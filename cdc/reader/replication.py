@@ -32,6 +32,7 @@ import psycopg2.extras
 
 from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
 from cdc.codec.envelope import EventBuilder
+from cdc.codec.fastpath import PYTHON, native_changes
 from cdc.codec.wal2json import DECODER
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
@@ -232,6 +233,21 @@ class _Positions:
         return reason
 
 
+#: pgoutput's Insert, Update and Delete: what the compiled path takes
+_ROW_CHANGES = frozenset(b"IUD")
+
+
+def _count_fallbacks(stats: dict[str, int], fast: Any) -> None:
+    """The compiled path's fallbacks into ``stats`` (running totals over the sessions):
+    ``native_python_values``, values converted by their Python converter (a type without a compiled
+    one), and ``native_python_changes``, changes it handed to the Python path (unchanged TOAST, key
+    changes, new columns, ...)."""
+    for name, now in (("native_python_values", fast.python_values), ("native_python_changes", fast.declined)):
+        seen = stats.get(f"_{name}_seen", 0)
+        stats[name] = stats.get(name, 0) + now - seen
+        stats[f"_{name}_seen"] = now
+
+
 def _loop(
     cur: Any,
     builder: EventBuilder,
@@ -253,13 +269,35 @@ def _loop(
     wm_schema, wm_table = (chunks.schema, chunks.table) if chunks is not None else (None, None)
     chunk_topics = chunks.topics if chunks is not None else frozenset()
     ddl = ctl.ddl
+
+    def take(out: tuple[str, list[Any]]) -> None:
+        """A change's records into the batch (a chunked snapshot's table: told to its tracker)."""
+        if out[0] in chunk_topics:
+            chunks.saw(out[0], builder.xid, out[1])
+        batch.add(out[0], out[1])
+        if batch.count >= max_events:
+            # mid-transaction the last complete boundary is still `pending`
+            batch.submit(at.pending if at.pending > batch.submitted else None)
+
+    # the compiled per-change path (pgoutput's I/U/D straight to records; PYTHON: the Python path's)
+    fast = native_changes(decoder, builder, (wm_schema, wm_table))
     while True:
         msg = read()
         if msg is not None:
             n += 1
-            data = decode(msg.payload, msg.data_start)
+            if (
+                fast is not None
+                and msg.payload[0] in _ROW_CHANGES
+                and (out := fast(msg.payload, msg.data_start)) is not PYTHON
+            ):
+                changes += 1
+                if out is not None:
+                    take(out)
+                data = None
+            else:
+                data = decode(msg.payload, msg.data_start)
             if data is None:
-                pass  # a message that only updates the decoder's state
+                pass  # handled above, or a message that only updates the decoder's state
             elif (action := data.action) == "B":
                 builder.begin(data)
                 at.in_txn = True
@@ -285,18 +323,15 @@ def _loop(
                 out = change(data)
                 changes += 1
                 if out is not None:
-                    if out[0] in chunk_topics:
-                        chunks.saw(out[0], builder.xid, out[1])
-                    batch.add(out[0], out[1])
-                    if batch.count >= max_events:
-                        # mid-transaction the last complete boundary is still `pending`
-                        batch.submit(at.pending if at.pending > batch.submitted else None)
+                    take(out)
             if n & 0x3FF:
                 continue
             # every 1024 messages: time-based duties while the stream is busy
         builder.tick()
         stats["changes"] += changes
         changes = 0
+        if fast is not None:
+            _count_fallbacks(stats, fast)
         if msg is None:
             at.drained()  # nothing more to read right now
         reason = at.duties(msg is None)

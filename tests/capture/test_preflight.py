@@ -11,6 +11,7 @@ import pytest
 
 from cdc.catalog import ServerInfo, SlotInfo, TableDescription
 from cdc.cli import main
+from cdc.codec.fastpath import native_status
 from cdc.devcluster import knows_setting
 from cdc.preflight import (
     CHECKS,
@@ -209,6 +210,7 @@ def test_check_on_a_clean_source(cdc: Run, pg: PgCluster, pg_db: str, tmp_path: 
     # what PostgreSQL 15 brings is said (info)
     assert [(f["check"], f["severity"]) for f in report["findings"]] == [
         ("decoder", "info"),
+        ("per_change_path", "info" if native_status()[0] else "warning"),
         ("server_version", "info"),
         ("max_slot_wal_keep_size", "warning"),
         ("ddl_recorder", "info"),
@@ -248,6 +250,7 @@ def test_check_finds_table_without_key_identity_and_dropped_table(
     code, out, _ = cdc("check", "--json")
     assert [f["check"] for f in json.loads(out)["findings"]] == [
         "decoder",
+        "per_change_path",
         "server_version",
         "max_slot_wal_keep_size",
         "ddl_recorder",

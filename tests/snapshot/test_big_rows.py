@@ -194,6 +194,7 @@ def _run_failing_on_t2_w(env: CaptureEnv, monkeypatch: pytest.MonkeyPatch) -> Sn
         return fragment(self, name, arr)
 
     monkeypatch.setattr(RowEncoder, "fragment", failing)
+    monkeypatch.setenv("CDC_NATIVE", "0")  # the injection is in the Arrow path's encoder
     settings = env.settings()
     with (
         Registry(settings.state_dir) as registry,

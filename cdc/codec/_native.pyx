@@ -1,0 +1,927 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The per-change path in C: a pgoutput Insert/Update/Delete message's bytes to its event's key and
+value bytes (and its packed image), for one relation whose columns a :class:`Plan` describes.
+
+The Python reference is the path it replaces (:meth:`cdc.codec.pgoutput.PgOutput.decode`, then
+:meth:`cdc.codec.envelope.EventBuilder.change`); :mod:`cdc.codec.fastpath` drives this module and
+``tests/unit/test_native.py`` holds the two byte-identical. Whatever this code is not sure to encode
+exactly as the reference does (a key change, an unchanged TOAST value, a value that is not UTF-8 or
+not in its type's canonical text, a malformed message) it declines: :meth:`Encoder.change` returns
+None and the caller takes the Python path, which gives the event (or the error) as it always did.
+
+A column whose converter has no C counterpart (floats, arrays, anything unknown) goes through its
+Python converter and orjson, value by value: :attr:`Encoder.py_values` counts those values.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memchr, memcmp, memcpy
+
+import orjson
+
+cdef object _dumps = orjson.dumps
+
+# column kinds: how a column's text becomes its JSON
+DEF K_TEXT = 0      # a JSON string of the text (text, json, numeric, dates, ...)
+DEF K_INT = 1       # the text itself (canonical integer text, checked)
+DEF K_BOOL = 2      # true for "t", else false
+DEF K_BYTEA = 3     # a JSON string of the text without its "\x"
+DEF K_PY = 4        # the Python converter, then orjson
+
+#: what cdc.codec.fastpath expects of this module (a build older than its source is not used)
+ABI = 2
+
+KIND_TEXT = K_TEXT
+KIND_INT = K_INT
+KIND_BOOL = K_BOOL
+KIND_BYTEA = K_BYTEA
+KIND_PY = K_PY
+
+#: Postgres' TOAST_TUPLE_THRESHOLD with 8 kB pages (cdc.codec.values)
+DEF TOAST_THRESHOLD = 2032
+
+cdef char _HEX[16]
+_HEX[:] = [48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 97, 98, 99, 100, 101, 102]
+
+# 1: the byte needs escaping in a JSON string as orjson escapes it
+cdef unsigned char _ESC[256]
+cdef int _i
+for _i in range(256):
+    _ESC[_i] = 1 if (_i < 0x20 or _i == 34 or _i == 92) else 0
+
+
+cdef bytes _BEFORE = b'{"before":'
+cdef bytes _AFTER = b',"after":'
+cdef bytes _SOURCE = b',"source":'
+cdef bytes _LSN = b'"lsn":'
+cdef bytes _SEQUENCE = b',"sequence":"[\\"'
+cdef bytes _SEQ_MID = b'\\",\\"'
+cdef bytes _SEQ_END = b'\\"]","seq":'
+cdef bytes _OP = b'},"op":"'
+cdef bytes _TS = b'","ts_ms":'
+cdef bytes _END = b',"unavailable":[]}'
+cdef bytes _NULL = b"null"
+cdef bytes _TRUE = b"true"
+cdef bytes _FALSE = b"false"
+
+
+cdef class Plan:
+    """How one relation's columns (in the Relation message's order) become an event: their JSON
+    names, kinds, Python converters (kind :data:`KIND_PY`), which are excluded, the key columns'
+    positions (in key order), the relation's replica-identity flags, the TOAST bound of the row and
+    the imaged columns (``TableCodec.imaged``, in its order) with their JSON names."""
+
+    cdef int ncols
+    cdef int *kinds
+    cdef char *excluded
+    cdef char *relkey
+    cdef int *dyn_factor
+    cdef int *dyn_extra
+    cdef int *keypos
+    cdef int nkey
+    cdef int *imaged
+    cdef int nimaged
+    cdef long long bound_static
+    cdef bint unbounded
+    cdef list names          # b'"name":'
+    cdef list convs          # Python converters (None but for K_PY)
+    cdef list imaged_names   # JSON names of the imaged columns
+    cdef bytes key_single    # b'{"k":' when the key is one column
+
+    def __cinit__(self):
+        self.kinds = NULL
+        self.excluded = NULL
+        self.relkey = NULL
+        self.dyn_factor = NULL
+        self.dyn_extra = NULL
+        self.keypos = NULL
+        self.imaged = NULL
+
+    def __init__(
+        self,
+        list names,
+        list kinds,
+        list convs,
+        list excluded,
+        list relkey,
+        list keypos,
+        list dynamic,
+        long long bound_static,
+        bint unbounded,
+        list imaged,
+    ):
+        """``names``: JSON names (``orjson.dumps(name)``); ``kinds``: ``KIND_*``; ``convs``: the
+        Python converter of each :data:`KIND_PY` column; ``excluded``/``relkey``: bools per column;
+        ``keypos``: positions of the key columns in key order; ``dynamic``: (factor, extra) per
+        column of unbounded width, None for the others; ``imaged``: (position, JSON name) in the
+        codec's order."""
+        cdef int n = len(names)
+        cdef int i
+        self.ncols = n
+        self.kinds = <int *>malloc(max(n, 1) * sizeof(int))
+        self.excluded = <char *>malloc(max(n, 1))
+        self.relkey = <char *>malloc(max(n, 1))
+        self.dyn_factor = <int *>malloc(max(n, 1) * sizeof(int))
+        self.dyn_extra = <int *>malloc(max(n, 1) * sizeof(int))
+        self.keypos = <int *>malloc(max(len(keypos), 1) * sizeof(int))
+        self.imaged = <int *>malloc(max(len(imaged), 1) * sizeof(int))
+        if (self.kinds == NULL or self.excluded == NULL or self.relkey == NULL or self.dyn_factor == NULL
+                or self.dyn_extra == NULL or self.keypos == NULL or self.imaged == NULL):
+            raise MemoryError()
+        self.names = [n_ + b":" for n_ in names]
+        self.convs = list(convs)
+        for i in range(n):
+            self.kinds[i] = kinds[i]
+            self.excluded[i] = 1 if excluded[i] else 0
+            self.relkey[i] = 1 if relkey[i] else 0
+            if dynamic[i] is None:
+                self.dyn_factor[i] = -1
+                self.dyn_extra[i] = 0
+            else:
+                self.dyn_factor[i] = dynamic[i][0]
+                self.dyn_extra[i] = dynamic[i][1]
+        self.nkey = len(keypos)
+        for i in range(self.nkey):
+            self.keypos[i] = keypos[i]
+        self.key_single = (b"{" + names[keypos[0]] + b":") if self.nkey == 1 else b""
+        self.nimaged = len(imaged)
+        self.imaged_names = []
+        for i in range(self.nimaged):
+            self.imaged[i] = imaged[i][0]
+            self.imaged_names.append(imaged[i][1])
+        self.bound_static = bound_static
+        self.unbounded = unbounded
+
+    def __dealloc__(self):
+        free(self.kinds)
+        free(self.excluded)
+        free(self.relkey)
+        free(self.dyn_factor)
+        free(self.dyn_extra)
+        free(self.keypos)
+        free(self.imaged)
+
+
+# one column of a tuple: its kind byte (t, n, u) and where its text is
+cdef struct Cell:
+    char kind
+    Py_ssize_t start
+    Py_ssize_t size
+
+
+class _Declined(Exception):
+    """Raised inside the encoder when the Python path is to take the change."""
+
+
+cdef class Encoder:
+    """Builds events into a buffer of its own (one encoder per thread). ``py_values``: values
+    converted by a Python converter so far; ``declined``: changes handed back to the Python path."""
+
+    cdef char *buf
+    cdef Py_ssize_t n
+    cdef Py_ssize_t cap
+    cdef Cell *new
+    cdef Cell *old
+    cdef Py_ssize_t *fstart   # each column's fragment in the buffer (after, or before for a delete)
+    cdef Py_ssize_t *fend
+    cdef Py_ssize_t *ostart   # each column's fragment in ``before`` (an update with an old tuple)
+    cdef Py_ssize_t *oend
+    cdef int cells
+    cdef unsigned char *tmp   # a COPY field unescaped
+    cdef Py_ssize_t tmpcap
+    cdef object error         # what a Python converter raised (the snapshot names it)
+    cdef public long long py_values
+    cdef public long long declined
+    cdef long long total   # the row's stored-length bound (TableCodec.holds_out_of_line)
+
+    def __cinit__(self):
+        self.cap = 1 << 16
+        self.buf = <char *>malloc(self.cap)
+        self.n = 0
+        self.cells = 0
+        self.new = NULL
+        self.old = NULL
+        self.fstart = self.fend = self.ostart = self.oend = NULL
+        self.py_values = 0
+        self.declined = 0
+        self.tmp = NULL
+        self.tmpcap = 0
+        self.error = None
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.buf)
+        free(self.tmp)
+        free(self.new)
+        free(self.old)
+        free(self.fstart)
+        free(self.fend)
+        free(self.ostart)
+        free(self.oend)
+
+    cdef int _cells(self, int n) except -1:
+        if n <= self.cells:
+            return 0
+        free(self.new)
+        free(self.old)
+        free(self.fstart)
+        free(self.fend)
+        free(self.ostart)
+        free(self.oend)
+        self.new = <Cell *>malloc(n * sizeof(Cell))
+        self.old = <Cell *>malloc(n * sizeof(Cell))
+        self.fstart = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+        self.fend = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+        self.ostart = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+        self.oend = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+        if (self.new == NULL or self.old == NULL or self.fstart == NULL or self.fend == NULL
+                or self.ostart == NULL or self.oend == NULL):
+            self.cells = 0
+            raise MemoryError()
+        self.cells = n
+        return 0
+
+    # -- the buffer ---------------------------------------------------------------------------------
+    cdef inline int _reserve(self, Py_ssize_t more) except -1:
+        cdef Py_ssize_t want = self.n + more
+        cdef Py_ssize_t cap = self.cap
+        cdef char *p
+        if want <= cap:
+            return 0
+        while cap < want:
+            cap *= 2
+        p = <char *>realloc(self.buf, cap)
+        if p == NULL:
+            raise MemoryError()
+        self.buf = p
+        self.cap = cap
+        return 0
+
+    cdef inline int _put(self, const char *s, Py_ssize_t size) except -1:
+        self._reserve(size)
+        memcpy(self.buf + self.n, s, size)
+        self.n += size
+        return 0
+
+    cdef inline int _putb(self, bytes b) except -1:
+        return self._put(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+    cdef inline int _putc(self, char c) except -1:
+        self._reserve(1)
+        self.buf[self.n] = c
+        self.n += 1
+        return 0
+
+    cdef int _putint(self, long long v) except -1:
+        cdef char tmp[24]
+        cdef int i = 24
+        cdef unsigned long long u
+        cdef bint neg = v < 0
+        u = <unsigned long long>(-v) if neg else <unsigned long long>v
+        if u == 0:
+            i -= 1
+            tmp[i] = 48
+        while u:
+            i -= 1
+            tmp[i] = <char>(48 + u % 10)
+            u //= 10
+        if neg:
+            i -= 1
+            tmp[i] = 45
+        return self._put(tmp + i, 24 - i)
+
+    cdef int _string(self, const unsigned char *s, Py_ssize_t size) except -1:
+        """A JSON string of ``s`` (UTF-8, checked by the caller), escaped as orjson escapes."""
+        cdef Py_ssize_t i = 0, run
+        cdef unsigned char c
+        self._reserve(size + 2)
+        self.buf[self.n] = 34
+        self.n += 1
+        while i < size:
+            run = i
+            while run < size and not _ESC[s[run]]:
+                run += 1
+            if run > i:
+                self._put(<const char *>(s + i), run - i)
+                i = run
+                if i >= size:
+                    break
+            c = s[i]
+            i += 1
+            self._reserve(6)
+            if c == 34:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 34
+                self.n += 2
+            elif c == 92:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 92
+                self.n += 2
+            elif c == 10:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 110
+                self.n += 2
+            elif c == 13:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 114
+                self.n += 2
+            elif c == 9:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 116
+                self.n += 2
+            elif c == 8:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 98
+                self.n += 2
+            elif c == 12:
+                self.buf[self.n] = 92
+                self.buf[self.n + 1] = 102
+                self.n += 2
+            else:
+                memcpy(self.buf + self.n, <const char *>b"\\u00", 4)
+                self.buf[self.n + 4] = _HEX[c >> 4]
+                self.buf[self.n + 5] = _HEX[c & 15]
+                self.n += 6
+        self._putc(34)
+        return 0
+
+    # -- values ----------------------------------------------------------------------------------------
+    cdef int _value(self, Plan plan, int col, const unsigned char *s, Py_ssize_t size, bint bound) except -1:
+        """Append the JSON of column ``col``'s text ``s``; adds to the row's bound when ``bound``.
+        Raises _Declined when the reference would encode it otherwise or fail."""
+        cdef int kind = plan.kinds[col]
+        cdef long long chars
+        cdef Py_ssize_t i, start
+        cdef bint ascii = _ascii(s, size)
+        if not ascii:
+            chars = _utf8_chars(s, size)
+            if chars < 0:
+                raise _Declined()  # not UTF-8: the reference raises its error
+        else:
+            chars = size
+        start = self.n
+        if kind == K_TEXT:
+            self._string(s, size)
+            if bound and plan.dyn_factor[col] >= 0:
+                self.total += plan.dyn_factor[col] * (size if ascii else 4 * chars) + plan.dyn_extra[col]
+            return 0
+        if kind == K_INT:
+            if not _canonical_int(s, size):  # a bigint's 19 digits, say: int(), then orjson
+                self._python(plan, col, s, size, ascii, chars, bound)
+                return 0
+            self._put(<const char *>s, size)
+        elif kind == K_BOOL:
+            if size == 1 and s[0] == 116:
+                self._putb(_TRUE)
+            else:
+                self._putb(_FALSE)
+        elif kind == K_BYTEA:
+            if size >= 2 and s[0] == 92 and s[1] == 120:
+                self._string(s + 2, size - 2)
+                if bound and plan.dyn_factor[col] >= 0:
+                    self.total += plan.dyn_factor[col] * (size - 2 if ascii else 4 * (chars - 2)) + plan.dyn_extra[col]
+                return 0
+            self._string(s, size)
+        else:
+            self._python(plan, col, s, size, ascii, chars, bound)
+            return 0
+        if bound and plan.dyn_factor[col] >= 0:
+            # K_BYTEA without "\x" is a string too; K_INT and K_BOOL: the JSON's length
+            if kind == K_BYTEA:
+                self.total += plan.dyn_factor[col] * (size if ascii else 4 * chars) + plan.dyn_extra[col]
+            else:
+                self.total += plan.dyn_factor[col] * (self.n - start) + plan.dyn_extra[col]
+        return 0
+
+    cdef int _python(self, Plan plan, int col, const unsigned char *s, Py_ssize_t size,
+                     bint ascii, long long chars, bint bound) except -1:
+        cdef object text = PyUnicode_DecodeUTF8(<const char *>s, size, NULL)
+        cdef object value
+        cdef bytes out
+        try:
+            value = plan.convs[col](text)
+            out = _dumps(value)
+        except Exception as exc:
+            self.error = exc
+            raise _Declined()  # the reference raises it, with its context
+        self.py_values += 1
+        self._putb(out)
+        if bound and plan.dyn_factor[col] >= 0:
+            if isinstance(value, str):
+                self.total += plan.dyn_factor[col] * (
+                    len(<str>value) if (<str>value).isascii() else 4 * len(<str>value)
+                ) + plan.dyn_extra[col]
+            else:
+                self.total += plan.dyn_factor[col] * PyBytes_GET_SIZE(out) + plan.dyn_extra[col]
+        return 0
+
+    # -- tuples ------------------------------------------------------------------------------------------
+    cdef Py_ssize_t _tuple(self, const unsigned char *d, Py_ssize_t size, Py_ssize_t pos, Plan plan,
+                           Cell *cells) except -2:
+        """Read a TupleData at ``pos`` into ``cells``; its end, or -1 (declined)."""
+        cdef int ncols, i
+        cdef long long length
+        cdef unsigned char k
+        if pos + 2 > size:
+            return -1
+        ncols = (d[pos] << 8) | d[pos + 1]
+        if ncols != plan.ncols:
+            return -1
+        pos += 2
+        for i in range(ncols):
+            if pos >= size:
+                return -1
+            k = d[pos]
+            if k == 116:  # t
+                if pos + 5 > size:
+                    return -1
+                length = (<long long>d[pos + 1] << 24) | (d[pos + 2] << 16) | (d[pos + 3] << 8) | d[pos + 4]
+                if length < 0 or length > 0x7FFFFFFF or pos + 5 + length > size:
+                    return -1
+                cells[i].kind = 116
+                cells[i].start = pos + 5
+                cells[i].size = length
+                pos += 5 + length
+            elif k == 110 or k == 117:  # n, u
+                cells[i].kind = <char>k
+                pos += 1
+            else:
+                return -1
+        return pos
+
+    cdef int _object(self, Plan plan, const unsigned char *d, Cell *cells, bint relkey_only,
+                     Py_ssize_t *fs, Py_ssize_t *fe, bint bound) except -1:
+        """Append the row object of ``cells`` (excluded columns left out; only the relation's key
+        columns when ``relkey_only``), each column's fragment noted in ``fs``/``fe`` (-1: absent)."""
+        cdef int i
+        cdef bint first = True
+        for i in range(plan.ncols):
+            fs[i] = -1
+            if cells[i].kind == 117 or plan.excluded[i] or (relkey_only and not plan.relkey[i]):
+                continue
+            self._putc(123 if first else 44)
+            first = False
+            self._putb(<bytes>plan.names[i])
+            fs[i] = self.n
+            if cells[i].kind == 110:
+                self._putb(_NULL)
+            else:
+                self._value(plan, i, d + cells[i].start, cells[i].size, bound)
+            fe[i] = self.n
+        if first:
+            self._putc(123)
+        self._putc(125)
+        return 0
+
+    cdef object _key(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe):
+        """The key bytes from the fragments (``cdc.events.encode_key``); None when a key column is
+        absent (the reference raises its error)."""
+        cdef int i, p
+        cdef Py_ssize_t size = 2
+        cdef bytes out
+        cdef char *o
+        for i in range(plan.nkey):
+            p = plan.keypos[i]
+            if fs[p] < 0:
+                return None
+            size += PyBytes_GET_SIZE(<bytes>plan.names[p]) + (fe[p] - fs[p]) + (1 if i else 0)
+        out = PyBytes_FromStringAndSize(NULL, size)
+        o = PyBytes_AS_STRING(out)
+        o[0] = 123
+        o += 1
+        for i in range(plan.nkey):
+            p = plan.keypos[i]
+            if i:
+                o[0] = 44
+                o += 1
+            size = PyBytes_GET_SIZE(<bytes>plan.names[p])
+            memcpy(o, PyBytes_AS_STRING(<bytes>plan.names[p]), size)
+            o += size
+            memcpy(o, self.buf + fs[p], fe[p] - fs[p])
+            o += fe[p] - fs[p]
+        o[0] = 125
+        return out
+
+    cdef object _image(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe):
+        """The packed image (``cdc.logstore.images.pack``) of the imaged columns present."""
+        cdef list parts = []
+        cdef int i, p
+        for i in range(plan.nimaged):
+            p = plan.imaged[i]
+            if fs[p] < 0:
+                continue
+            parts.append(<bytes>plan.imaged_names[i] + b"\x01" + PyBytes_FromStringAndSize(self.buf + fs[p], fe[p] - fs[p]))
+        return b"\x00".join(parts)
+
+    # -- a change -------------------------------------------------------------------------------------
+    def change(self, bytes data, Plan plan, bytes head, bytes tx_part, long long lsn,
+               long long commit_lsn, long long seq, bytes now, bint want_image):
+        """One pgoutput ``I``/``U``/``D`` message of the plan's relation: (op, key, value, image)
+        with op ``c``/``u``/``d`` and image the packed image to keep (None: none to keep), or None
+        when the Python path is to take it (see the module docstring)."""
+        try:
+            return self._change(data, plan, head, tx_part, lsn, commit_lsn, seq, now, want_image)
+        except _Declined:
+            self.declined += 1
+            return None
+
+    cdef object _change(self, bytes data, Plan plan, bytes head, bytes tx_part, long long lsn,
+                        long long commit_lsn, long long seq, bytes now, bint want_image):
+        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t pos
+        cdef unsigned char kind, oldkind = 0
+        cdef int i
+        cdef object key, oldkey, image = None
+        cdef Py_ssize_t *fs
+        cdef Py_ssize_t *fe
+        if size < 6:
+            raise _Declined()
+        self._cells(plan.ncols if plan.ncols > 0 else 1)
+        kind = d[0]
+        pos = 5
+        if kind == 73:  # I
+            pos = self._tuple(d, size, 6, plan, self.new)
+            if pos < 0:
+                raise _Declined()
+        elif kind == 85:  # U
+            if d[pos] != 78:
+                oldkind = d[pos]
+                if oldkind != 75 and oldkind != 79:
+                    raise _Declined()
+                pos = self._tuple(d, size, pos + 1, plan, self.old)
+                if pos < 0:
+                    raise _Declined()
+            pos = self._tuple(d, size, pos + 1, plan, self.new)
+            if pos < 0:
+                raise _Declined()
+        elif kind == 68:  # D
+            oldkind = d[pos]
+            if oldkind != 75 and oldkind != 79:
+                raise _Declined()
+            pos = self._tuple(d, size, pos + 1, plan, self.old)
+            if pos < 0:
+                raise _Declined()
+        else:
+            raise _Declined()
+        if kind != 68:
+            for i in range(plan.ncols):
+                if self.new[i].kind == 117:
+                    raise _Declined()  # an unchanged TOAST value: the general path fills it in
+        self.n = 0
+        self.total = plan.bound_static
+        self._putb(_BEFORE)
+        if kind == 73:
+            self._putb(_NULL)
+        elif kind == 68 or oldkind:
+            self._object(plan, d, self.old, oldkind == 75, self.ostart, self.oend, False)
+        else:  # no old tuple: the key did not change; ``before`` is the new row's key columns
+            self._object(plan, d, self.new, True, self.ostart, self.oend, False)
+        self._putb(_AFTER)
+        if kind == 68:
+            self._putb(_NULL)
+        else:
+            self._object(plan, d, self.new, False, self.fstart, self.fend, want_image)
+        self._putb(_SOURCE)
+        self._putb(head)
+        self._putb(tx_part)
+        self._putb(_LSN)
+        self._putint(lsn)
+        self._putb(_SEQUENCE)
+        self._putint(commit_lsn)
+        self._putb(_SEQ_MID)
+        self._putint(lsn)
+        self._putb(_SEQ_END)
+        self._putint(seq)
+        self._putb(_OP)
+        self._putc(99 if kind == 73 else (117 if kind == 85 else 100))
+        self._putb(_TS)
+        self._putb(now)
+        self._putb(_END)
+        if kind == 68:
+            key = self._key(plan, self.ostart, self.oend)
+            if key is None:
+                raise _Declined()
+            return (b"d", key, PyBytes_FromStringAndSize(self.buf, self.n), None)
+        key = self._key(plan, self.fstart, self.fend)
+        if key is None:
+            raise _Declined()
+        if kind == 85:
+            if not oldkind and not any_relkey(plan):
+                raise _Declined()  # no identity at all: the general path says what is wrong
+            oldkey = self._key(plan, self.ostart, self.oend)
+            if oldkey is None or oldkey != key:
+                raise _Declined()  # a key change: the general path
+        if want_image and plan.nimaged and (plan.unbounded or self.total > TOAST_THRESHOLD):
+            image = self._image(plan, self.fstart, self.fend)
+        return (b"c" if kind == 73 else b"u", key, PyBytes_FromStringAndSize(self.buf, self.n), image)
+
+
+cdef inline bint any_relkey(Plan plan):
+    cdef int i
+    for i in range(plan.ncols):
+        if plan.relkey[i]:
+            return True
+    return False
+
+
+cdef inline bint _ascii(const unsigned char *s, Py_ssize_t size):
+    cdef Py_ssize_t i
+    for i in range(size):
+        if s[i] & 0x80:
+            return False
+    return True
+
+
+cdef long long _utf8_chars(const unsigned char *s, Py_ssize_t size):
+    """The number of characters of strict UTF-8 (as Python's decoder accepts it), or -1."""
+    cdef Py_ssize_t i = 0
+    cdef long long chars = 0
+    cdef unsigned char c, c1
+    while i < size:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+        elif 0xC2 <= c <= 0xDF:
+            if i + 1 >= size or (s[i + 1] & 0xC0) != 0x80:
+                return -1
+            i += 2
+        elif 0xE0 <= c <= 0xEF:
+            if i + 2 >= size:
+                return -1
+            c1 = s[i + 1]
+            if (c1 & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80:
+                return -1
+            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return -1  # overlong, surrogate
+            i += 3
+        elif 0xF0 <= c <= 0xF4:
+            if i + 3 >= size:
+                return -1
+            c1 = s[i + 1]
+            if (c1 & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80 or (s[i + 3] & 0xC0) != 0x80:
+                return -1
+            if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+                return -1
+            i += 4
+        else:
+            return -1
+        chars += 1
+    return chars
+
+
+cdef bint _canonical_int(const unsigned char *s, Py_ssize_t size):
+    """``-?(0|[1-9][0-9]*)`` of at most 18 digits: int() then orjson give this text back."""
+    cdef Py_ssize_t i = 0
+    if size and s[0] == 45:
+        i = 1
+    if i >= size or size - i > 18:
+        return False
+    if s[i] == 48:
+        return size - i == 1 and i == 0
+    for i in range(i, size):
+        if s[i] < 48 or s[i] > 57:
+            return False
+    return True
+
+
+cdef class Changes:
+    """One stream session's compiled path (cdc.codec.fastpath.native_changes builds it and
+    documents it): called with a pgoutput ``I``/``U``/``D`` message and its ``data_start``, returns
+    what ``EventBuilder.change(decoder.decode(data, lsn))`` returns, or ``python`` (the Python path
+    takes the message). ``plan_for(rel, codec)``: a relation's :class:`Plan` (None: never compiled);
+    ``record``: the log store's ``Record`` class."""
+
+    cdef public Encoder encoder
+    cdef object relations      # the decoder's relid -> relation dict
+    cdef object builder
+    cdef dict codecs
+    cdef tuple skip
+    cdef object plan_for
+    cdef object record
+    cdef object python
+    cdef dict plans            # relid -> [rel, codec, types, plan]
+
+    def __init__(self, decoder, builder, tuple skip, plan_for, record, python):
+        self.encoder = Encoder()
+        self.relations = decoder.relations
+        self.builder = builder
+        self.codecs = builder.codecs
+        self.skip = skip
+        self.plan_for = plan_for
+        self.record = record
+        self.python = python
+        self.plans = {}
+
+    @property
+    def python_values(self):
+        return self.encoder.py_values
+
+    @property
+    def declined(self):
+        return self.encoder.declined
+
+    def __call__(self, bytes data, long long lsn):
+        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef long long relid, seq, commit_lsn
+        cdef list entry
+        cdef object rel, codec, plan, b = self.builder, st, out, key, topic
+        if PyBytes_GET_SIZE(data) < 5:
+            return self.python
+        relid = (<long long>d[1] << 24) | (d[2] << 16) | (d[3] << 8) | d[4]
+        rel = self.relations.get(relid)
+        if rel is None:
+            return self.python
+        entry = self.plans.get(relid)
+        if entry is not None and entry[0] is rel:
+            codec = entry[1]
+            if self.codecs.get((rel.schema, rel.table)) is not codec or codec.types is not entry[2]:
+                entry = None
+        else:
+            entry = None
+        if entry is None:
+            codec = self.codecs.get((rel.schema, rel.table))
+            if codec is None or (rel.schema, rel.table) == self.skip:
+                return self.python
+            entry = [rel, codec, codec.types, self.plan_for(rel, codec)]
+            self.plans[relid] = entry
+        plan = entry[3]
+        if plan is None or b.nonfinite_held:
+            return self.python
+        seq = b.seq + 1
+        commit_lsn = b.commit_lsn
+        if commit_lsn < codec.snapshot_lsn or seq <= b._skip_seq:
+            b.seq = seq
+            return None
+        st = b.staging
+        out = self.encoder.change(
+            data, <Plan>plan, codec.source_head, b.tx_part, lsn, commit_lsn, seq, b.now, st is not None
+        )
+        if out is None:
+            return self.python
+        b.seq = seq
+        key = out[1]
+        topic = codec.topic
+        if out[0] == b"d":
+            if st is not None:
+                st.version = (commit_lsn, seq)
+                if codec.imaged:
+                    st.put(topic, key, None)
+            return topic, [self.record(key, out[2]), self.record(key, None)]
+        if st is not None:
+            st.version = (commit_lsn, seq)
+            if out[3] is not None:
+                st.put(topic, key, out[3])
+        return topic, [self.record(key, out[2])]
+
+
+cdef class CopyRows:
+    """The snapshot's rows: ``COPY (SELECT cols ...) TO STDOUT`` (text format) to ``op=r`` records.
+    ``plan``: the columns read, in order (none excluded: excluded columns are not read); ``head``
+    and ``tail``: the event around its ``after`` object (``source`` and the rest, the same for
+    every row); ``record``: the log store's ``Record`` class; ``want_image``: keep each row's image
+    (the codec's rule, as the stream's, :meth:`TableCodec.holds_out_of_line`). Values are encoded
+    exactly as the stream encodes a row's values (floats and arrays by their Python converter)."""
+
+    cdef Encoder enc
+    cdef Plan plan
+    cdef bytes head
+    cdef bytes tail
+    cdef object record
+    cdef bint want_image
+
+    def __init__(self, Plan plan, bytes head, bytes tail, record, bint want_image):
+        self.enc = Encoder()
+        self.enc._cells(plan.ncols if plan.ncols > 0 else 1)
+        self.plan = plan
+        self.head = head
+        self.tail = tail
+        self.record = record
+        self.want_image = want_image and plan.nimaged > 0
+
+    @property
+    def python_values(self):
+        return self.enc.py_values
+
+    cdef const unsigned char *_field(self, const unsigned char *s, Py_ssize_t size, Py_ssize_t *out) except NULL:
+        """``s`` with COPY's escapes undone (``\\\\``, ``\\b \\f \\n \\r \\t \\v``, octal, ``\\x``)."""
+        cdef Encoder e = self.enc
+        cdef Py_ssize_t i = 0, n = 0, k
+        cdef unsigned char c, v
+        cdef unsigned char *p
+        if size > e.tmpcap:
+            p = <unsigned char *>realloc(e.tmp, size + 64)
+            if p == NULL:
+                raise MemoryError()
+            e.tmp = p
+            e.tmpcap = size + 64
+        p = e.tmp
+        while i < size:
+            c = s[i]
+            if c != 92 or i + 1 >= size:
+                p[n] = c
+                n += 1
+                i += 1
+                continue
+            c = s[i + 1]
+            i += 2
+            if c == 98:
+                p[n] = 8
+            elif c == 102:
+                p[n] = 12
+            elif c == 110:
+                p[n] = 10
+            elif c == 114:
+                p[n] = 13
+            elif c == 116:
+                p[n] = 9
+            elif c == 118:
+                p[n] = 11
+            elif 48 <= c <= 55:
+                v = c - 48
+                for k in range(2):
+                    if i < size and 48 <= s[i] <= 55:
+                        v = (v << 3) + (s[i] - 48)
+                        i += 1
+                p[n] = v
+            elif c == 120 and i < size and _hexval(s[i]) >= 0:
+                v = _hexval(s[i])
+                i += 1
+                if i < size and _hexval(s[i]) >= 0:
+                    v = (v << 4) + _hexval(s[i])
+                    i += 1
+                p[n] = v
+            else:
+                p[n] = c
+            n += 1
+        out[0] = n
+        return p
+
+    def rows(self, bytes data):
+        """The records of ``data``, whole rows of the COPY's output, and the images to keep (a list
+        of (key, image) pairs; empty when none is kept). A row that is not one of the plan's
+        raises ValueError; a value no converter takes, ValueError naming its column (its
+        converter's error as the cause)."""
+        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t pos = 0, end, flen
+        cdef Encoder e = self.enc
+        cdef Plan plan = self.plan
+        cdef int i, ncols = plan.ncols
+        cdef const unsigned char *f
+        cdef list records = [], images = []
+        cdef object key
+        cdef unsigned char stop
+        while pos < size:
+            e.n = 0
+            e.total = plan.bound_static
+            e._putb(self.head)
+            for i in range(ncols):
+                end = pos
+                while end < size and d[end] != 9 and d[end] != 10:
+                    end += 1
+                if end >= size:
+                    raise ValueError("the COPY output ends inside a row")
+                stop = d[end]
+                if (i < ncols - 1) != (stop == 9):
+                    raise ValueError(f"a row of the COPY output does not have {ncols} columns")
+                e._putc(123 if i == 0 else 44)
+                e._putb(<bytes>plan.names[i])
+                e.fstart[i] = e.n
+                if end - pos == 2 and d[pos] == 92 and d[pos + 1] == 78:  # \N
+                    e._putb(_NULL)
+                else:
+                    f = self._field(d + pos, end - pos, &flen) if memchr(d + pos, 92, end - pos) != NULL else d + pos
+                    if f != d + pos:
+                        pass
+                    else:
+                        flen = end - pos
+                    try:
+                        e._value(plan, i, f, flen, True)
+                    except _Declined:
+                        err = e.error
+                        e.error = None
+                        raise ValueError(f"column {i}: a value its converter cannot take") from err
+                e.fend[i] = e.n
+                pos = end + 1
+            if ncols == 0:
+                e._putc(123)
+            e._putc(125)
+            e._putb(self.tail)
+            key = e._key(plan, e.fstart, e.fend)
+            records.append(self.record(key, PyBytes_FromStringAndSize(e.buf, e.n)))
+            if self.want_image and (plan.unbounded or e.total > TOAST_THRESHOLD):
+                images.append((key, e._image(plan, e.fstart, e.fend)))
+        return records, images
+
+
+cdef inline int _hexval(unsigned char c):
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1

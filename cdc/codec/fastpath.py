@@ -1,0 +1,147 @@
+"""The compiled per-change path (issue #34): a pgoutput message's bytes straight to its records,
+and the initial snapshot's ``COPY`` rows to theirs (:func:`copy_plan`, ``snapshot.exported``).
+
+:func:`native_changes` builds what takes a pgoutput ``I``/``U``/``D`` message as the stream gives
+it and returns what :meth:`cdc.codec.envelope.EventBuilder.change` returns for it (the topic and its records, or
+None for a change the table's snapshot contains), without building the :class:`~cdc.codec.Message`,
+its columns or the row dicts: :mod:`cdc.codec._native` (Cython, C) reads the tuples and writes the
+event's key, value and image. It answers :data:`PYTHON` for every change it leaves to the Python
+path (decode, then ``EventBuilder.change``), which stays the reference: the two give the same bytes
+(``tests/unit/test_native.py``), and every change the compiled path declines is one the Python path
+takes as it always did -- an unchanged TOAST value to fill in, a key change, a table whose columns
+changed, a relation not registered (or the watermark table), a malformed message.
+
+Which path runs: :func:`native_status` (``cdc check`` says it). ``CDC_NATIVE=0`` forces the Python
+path; a machine where the extension did not build runs it too, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Any
+
+import orjson
+
+from cdc.codec import Converter
+from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.pgoutput import PgOutput
+from cdc.codec.values import _identity, _text_bool, _text_bytea, _text_int, _text_numeric
+from cdc.logstore import Record
+
+__all__ = ["PYTHON", "build_plan", "copy_plan", "native_changes", "native_module", "native_status"]
+
+#: the compiled module's interface version (``cdc.codec._native.ABI``) this module drives
+ABI = 2
+#: the compiled path's answer for a change the Python path takes
+PYTHON: Any = object()
+
+
+def _load() -> tuple[Any, str]:
+    """(the compiled module or None, why not)."""
+    if os.environ.get("CDC_NATIVE", "1") == "0":
+        return None, "CDC_NATIVE=0"
+    try:
+        module = importlib.import_module("cdc.codec._native")
+    except ImportError as exc:
+        return None, f"not built: {exc}"
+    if getattr(module, "ABI", None) != ABI:
+        return None, f"built from an older source (ABI {getattr(module, 'ABI', None)}, not {ABI})"
+    return module, ""
+
+
+def native_module() -> Any:
+    """The compiled module, or None (not built, or ``CDC_NATIVE=0``)."""
+    return _load()[0]
+
+
+def native_status() -> tuple[bool, str]:
+    """(compiled, what to say): which per-change path a reader started now would run."""
+    module, why = _load()
+    if module is not None:
+        return True, "compiled per-change path (cdc.codec._native)"
+    if why == "CDC_NATIVE=0":
+        return False, "Python per-change path (CDC_NATIVE=0)"
+    return False, (
+        f"Python per-change path: the compiled one (cdc.codec._native) is {why}; "
+        "fix: install gcc and python3-dev, then `make setup` (or `pip install -e .`) again"
+    )
+
+
+def _kind(native: Any, conv: Converter | None) -> int:
+    """The compiled counterpart of a column's converter (KIND_PY: none, the converter runs)."""
+    if conv is None or conv is _identity or conv is _text_numeric:
+        return int(native.KIND_TEXT)
+    if conv is _text_int:
+        return int(native.KIND_INT)
+    if conv is _text_bool:
+        return int(native.KIND_BOOL)
+    if conv is _text_bytea:
+        return int(native.KIND_BYTEA)
+    return int(native.KIND_PY)
+
+
+def build_plan(native: Any, rel: Any, codec: TableCodec) -> Any:
+    """The compiled plan of a relation's changes for ``codec``, or None when its changes take the
+    Python path: the relation's columns are not exactly the codec's (a column added, dropped or
+    retyped: the general path records it), or a key column is not carried."""
+    types = codec.types
+    if rel.ncols != codec.ncols or any(types.get(n) != t for n, t in rel.pairs):
+        return None
+    return _plan(native, codec, list(rel.names), codec.converters, list(rel.key))
+
+
+def copy_plan(native: Any, codec: TableCodec, names: list[str]) -> Any:
+    """The compiled plan of the snapshot's rows of ``codec``'s table: the columns ``names`` (the
+    included ones, as ``COPY`` reads them), Postgres' text output through the text converters."""
+    plan = _plan(native, codec, names, codec.text_converters, [False] * len(names))
+    if plan is None:
+        raise ValueError(f"a key column of {codec.reg.qualified} is not among the columns read")
+    return plan
+
+
+def _plan(
+    native: Any,
+    codec: TableCodec,
+    names: list[str],
+    converters: dict[str, Converter | None],
+    relkey: list[bool],
+) -> Any:
+    pos = {n: i for i, n in enumerate(names)}
+    if any(k not in pos or k in codec.exclude for k in codec.key):
+        return None
+    dynamic: list[tuple[int, int] | None] = [None] * len(names)
+    bound = codec.row_bound
+    if bound.dynamic is not None:
+        for name, factor, extra in bound.dynamic:
+            if name in pos:
+                dynamic[pos[name]] = (factor, extra)
+    return native.Plan(
+        [orjson.dumps(n) for n in names],
+        [_kind(native, converters[n]) for n in names],
+        [converters[n] for n in names],
+        [n in codec.exclude for n in names],
+        relkey,
+        [pos[k] for k in codec.key],
+        dynamic,
+        bound.static,
+        bound.dynamic is None,
+        [(pos[n], enc) for n, enc in codec.imaged if n in pos],
+    )
+
+
+def native_changes(
+    decoder: Any, builder: EventBuilder, skip: tuple[Any, Any] = (None, None), native: Any = None
+) -> Any:
+    """The session's compiled path, or None: the decoder is not pgoutput, or the compiled module
+    is not there (see :func:`native_status`). Called with a pgoutput ``I``/``U``/``D`` message and
+    its ``data_start``, it returns what ``EventBuilder.change(decoder.decode(data, lsn))`` returns,
+    or :data:`PYTHON`; ``python_values`` and ``declined`` count its fallbacks (values through a
+    Python converter; changes handed to the Python path). ``skip``: a (schema, table) it never takes
+    (the chunked snapshots' watermark table, which the stream loop handles); ``native``: the
+    compiled module (:func:`native_module` by default)."""
+    native = native if native is not None else native_module()
+    if native is None or not isinstance(decoder, PgOutput):
+        return None
+    return native.Changes(decoder, builder, skip, functools.partial(build_plan, native), Record, PYTHON)

@@ -1,0 +1,404 @@
+"""The compiled per-change path (cdc.codec._native, driven by cdc.codec.fastpath) against the Python
+path it replaces (PgOutput.decode, then EventBuilder.change): the same pgoutput messages through
+both give byte-identical records and image changes, for every type of the edge-value tests
+(tests/snapshot/test_encoding.py), NULLs, multi-MB values with quotes, newlines and backslashes,
+NaN and +-Infinity, arrays, unchanged TOAST values, key changes, deletes; and randomized rows
+(hypothesis). A change the compiled path declines is taken by the Python path: the tests also
+check that the compiled path took what it should (else they would compare Python with itself)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.fastpath import PYTHON, native_changes, native_module
+from cdc.codec.pgoutput import PgOutput
+from cdc.errors import DecodeError
+from cdc.logstore.images import Images
+from cdc.registry import Column, TableReg
+from tests.unit.test_pgoutput import begin, cstr, delete, insert, update
+
+native = native_module()
+pytestmark = pytest.mark.skipif(native is None, reason="cdc.codec._native is not built (or CDC_NATIVE=0)")
+
+#: (name, format_type) of a table with every type of the edge-value tests, and a domain
+COLS: list[tuple[str, str]] = [
+    ("id", "bigint"),
+    ("s", "smallint"),
+    ("i", "integer"),
+    ("big", "bigint"),
+    ("n", "numeric(38,9)"),
+    ("nn", "numeric"),
+    ("f4", "real"),
+    ("f8", "double precision"),
+    ("ok", "boolean"),
+    ("b", "bytea"),
+    ("j", "jsonb"),
+    ("js", "json"),
+    ("t", "text"),
+    ("vc", "character varying(20)"),
+    ("ch", "character(5)"),
+    ("ts", "timestamp with time zone"),
+    ("tsn", "timestamp without time zone"),
+    ("d", "date"),
+    ("tm", "time without time zone"),
+    ("tz", "time with time zone"),
+    ("u", "uuid"),
+    ("iv", "interval"),
+    ("ip", "inet"),
+    ("e", "mood2"),
+    ("ia", "integer[]"),
+    ("ta", "text[]"),
+    ("na", "numeric[]"),
+    ("fa", "double precision[]"),
+    ("ba", "boolean[]"),
+    ("dom", "posint"),
+]
+DOMAINS = {"posint": "integer"}
+OIDS = {t: 10_000 + i for i, (_, t) in enumerate(COLS)}
+BY_OID = {oid: t for t, oid in OIDS.items()}
+RELID = 16_384
+
+ROW1 = [
+    "1", "-32768", "2147483647", "9223372036854775807", "12345678901234567890123456789.123456789",
+    "123456789012345678901234567890.123456789012345678901234567890", "1.5", "0.1", "t", "\\x00ff10",
+    '{"a": [1, 2.50, "x\\ny"], "é": null}', '{ "keep" :  "spacing" }',
+    'emoji 😀 é, newline\n tab\t cr\r back\\slash quote" ctrl\x01\x1f del\x7f \u2028', "v'c", "ch   ",
+    "2026-11-22 02:28:58.744379+00", "2026-11-22 02:28:58.123", "2026-02-28", "13:14:15.5", "13:14:15+02",
+    "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "1 year 2 mons 3 days 04:05:06.7", "192.168.0.1/24",
+    'a "quoted" label', "{1,NULL,3}", '{"a,b","q\\"x",NULL,""}', "{1.50,NaN}", "{1e+300,-0.5}",
+    "{t,f,NULL}", "7",
+]  # fmt: skip
+ROW2 = [
+    "2", None, None, "-9223372036854775808", "NaN", "Infinity", "NaN", "Infinity", "f", "\\x", "[]",
+    "null", "", "", None, "infinity", "-infinity", "0044-03-15 BC", "24:00:00", None, None, "-1 days", None,
+    "ok", "{}", "{}", None, "{NaN,Infinity,-Infinity}", None, None,
+]  # fmt: skip
+ROW3 = [
+    "3", "0", "0", "0", "-0.000000001", "-Infinity", "-Infinity", "-Infinity", None, None, None, None, None,
+    None, None, "4713-01-01 00:00:00+00 BC", "294276-12-31 23:59:59", "infinity", None, None, None, None,
+    None, None, "{{1,2},{3,4}}", None, None, "{1e-300,3.14159265358979}", None, "0",
+]  # fmt: skip
+ROW4 = [
+    "4", "1", "1", "1", "0", "0", "1e+30", "1.2345678901234567e-300", "t", "\\xdeadbeef", '{"n": 1.0}', "1",
+    "\\x", "x", "a    ", "1999-12-31 23:59:59.999999+00", "2000-01-01 00:00:00", "2000-01-01", "00:00:00",
+    "00:00:00+00", "00000000-0000-0000-0000-000000000000", "00:00:00", "::1", "ok", None, None, None, None,
+    None, "-5",
+]  # fmt: skip
+BIG = ('"quoted" \\back\\slash\n' * 150_000)[:3_000_000]  # a multi-MB value
+ROWS = [ROW1, ROW2, ROW3, ROW4]
+
+
+def relation_msg(cols: list[tuple[str, str]], key: tuple[str, ...] = ("id",)) -> bytes:
+    out = (
+        b"R" + struct.pack(">I", RELID) + cstr("public") + cstr("every") + b"d" + struct.pack(">h", len(cols))
+    )
+    for name, typ in cols:
+        out += bytes([1 if name in key else 0]) + cstr(name) + struct.pack(">Ii", OIDS[typ], -1)
+    return out
+
+
+class World:
+    """One path: its decoder, builder (with an image store) and, for the compiled one, its driver."""
+
+    def __init__(
+        self, tmp: Path, compiled: bool, exclude: tuple[str, ...] = (), key: tuple[str, ...] = ("id",)
+    ):
+        self.images = Images(tmp / f"images-{compiled}.sqlite")
+        self.images.follow("cdc.public.every", 0.0)
+        columns = tuple(Column(n, DOMAINS.get(t, t), domain=t if t in DOMAINS else None) for n, t in COLS)
+        reg = TableReg("public", "every", "cdc.public.every", key, columns=columns, exclude=exclude)
+        self.decoder = PgOutput(lambda oid, _typmod: BY_OID[oid], "cdc_pub", 150000)
+        self.codec = TableCodec(reg, prefix="cdc", db="app", partitions=3, decoder=self.decoder)
+        self.changed: list[Any] = []
+        self.builder = EventBuilder(
+            {("public", "every"): self.codec},
+            lambda r, cols, renamed=None: self.changed.append(cols),
+            images=self.images,
+            staging=self.images.staging(),
+        )
+        self.fast = native_changes(self.decoder, self.builder, native=native) if compiled else None
+        self.lsn = 0x1_0000_0000
+
+    def feed(self, msg: bytes) -> Any:
+        """What one message gives: its records and the image changes staged, or the error."""
+        self.lsn += 8
+        b = self.builder
+        b.now = b"1764000000000"
+        kind = msg[:1]
+        try:
+            if kind in (b"I", b"U", b"D"):
+                out = PYTHON if self.fast is None else self.fast(msg, self.lsn)
+                if out is PYTHON:
+                    decoded = self.decoder.decode(msg, self.lsn)
+                    assert decoded is not None
+                    out = b.change(decoded)
+            else:
+                decoded = self.decoder.decode(msg, self.lsn)
+                if decoded is not None and decoded.action == "B":
+                    b.begin(decoded)
+                out = None
+        except DecodeError as exc:
+            return ("error", exc.message)
+        staged = dict(b.staging.changes) if b.staging is not None else {}
+        version = b.staging.version if b.staging is not None else None
+        records = None if out is None else (out[0], [(r.key, r.value, r.partition) for r in out[1]])
+        return records, staged, version
+
+    def close(self) -> None:
+        self.images.close()
+
+
+def both(tmp: Path, msgs: list[bytes], **kw: Any) -> tuple[list[Any], Any]:
+    """Feed ``msgs`` through both paths; assert each message's outcome is identical."""
+    py, nat = World(tmp, False, **kw), World(tmp, True, **kw)
+    try:
+        outs = []
+        head = [relation_msg(COLS, kw.get("key", ("id",))), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
+        for m in head + msgs:
+            a, b = py.feed(m), nat.feed(m)
+            assert b == a, (m[:40], a, b)
+            outs.append(b)
+        assert nat.changed == py.changed
+        assert nat.fast is not None
+        return outs, nat.fast
+    finally:
+        py.close()
+        nat.close()
+
+
+def test_every_type_nulls_and_specials_insert_update_delete(tmp_path: Path) -> None:
+    msgs = [insert(RELID, *row) for row in ROWS]
+    msgs += [update(RELID, tuple(row)) for row in ROWS]  # no old tuple: the key did not change
+    msgs += [update(RELID, tuple(row), (row[0],) + (None,) * (len(row) - 1)) for row in ROWS]  # K
+    msgs += [update(RELID, tuple(ROW1), tuple(ROW4[:1] + ROW1[1:]), b"O")]  # O: old row
+    msgs += [delete(RELID, (row[0],) + (None,) * (len(row) - 1)) for row in ROWS]
+    msgs += [delete(RELID, tuple(ROW2), b"O")]
+    outs, fast = both(tmp_path, msgs)
+    assert fast.declined == 1  # only the O update, whose old key is another (a key change)
+    assert fast.python_values > 0  # floats and arrays: their Python converters
+    assert all(o[0] is not None for o in outs[2:])
+
+
+def test_multi_megabyte_values_are_imaged_alike(tmp_path: Path) -> None:
+    rows = [list(ROW1), list(ROW2)]
+    rows[0][12] = BIG  # t
+    rows[1][10] = '{"k": "' + BIG.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"}'  # j
+    msgs = [insert(RELID, *r) for r in rows] + [update(RELID, tuple(r)) for r in rows]
+    outs, fast = both(tmp_path, msgs)
+    assert fast.declined == 0
+    staged = [o[1] for o in outs[2:]]
+    assert all(any(v for v in s.values()) for s in staged)  # the rows' images were kept
+
+
+def test_unchanged_toast_and_key_changes_take_the_python_path(tmp_path: Path) -> None:
+    big = list(ROW1)
+    big[12] = BIG
+    toasted = tuple(v if i != 12 else ... for i, v in enumerate(ROW1))
+    moved = ("99", *ROW1[1:12], ..., *ROW1[13:])
+    msgs = [
+        insert(RELID, *big),
+        update(RELID, toasted),  # t unchanged: filled in from the image
+        update(RELID, moved, ("1",) + (None,) * (len(ROW1) - 1)),  # key change, t unchanged
+        update(RELID, tuple(ROW2), ("2",) + (None,) * (len(ROW2) - 1)),  # same key, K tuple
+        delete(RELID, ("99",) + (None,) * (len(ROW1) - 1)),
+    ]
+    outs, fast = both(tmp_path, msgs)
+    assert fast.declined == 2
+    assert b'"unavailable":[]' in outs[3][0][1][0][1]  # filled in, by the Python path
+
+
+def test_excluded_columns_and_a_two_column_key(tmp_path: Path) -> None:
+    msgs = [insert(RELID, *row) for row in ROWS] + [update(RELID, tuple(row)) for row in ROWS]
+    msgs += [delete(RELID, tuple(row), b"O") for row in ROWS]
+    outs, fast = both(tmp_path, msgs, exclude=("t", "j", "fa"), key=("id", "u"))
+    assert fast.declined == 0
+    assert all(b'"t":' not in rec[1] for o in outs[2:] for rec in o[0][1] if rec[1])
+
+
+def test_bad_utf8_and_non_canonical_integers(tmp_path: Path) -> None:
+    bad = list(ROW1)
+    msgs = [
+        insert(RELID, *bad[:12], b"\xff\xfe", *bad[13:]),  # not UTF-8: the reference's DecodeError
+        insert(RELID, "007", *ROW1[1:]),  # int() reads it; orjson writes 7
+        insert(RELID, *ROW1[:1], "+1", *ROW1[2:]),
+    ]
+    outs, _ = both(tmp_path, msgs)
+    assert outs[2][0] == "error"
+
+
+def test_a_changed_relation_takes_the_python_path_and_records_the_columns(tmp_path: Path) -> None:
+    cols = [*COLS, ("extra", "text")]
+    relid_msg = relation_msg(cols)
+    msgs = [relid_msg, insert(RELID, *ROW1, "new column")]
+    outs, fast = both(tmp_path, msgs)
+    assert fast.declined == 0 and outs[-1][0] is not None
+
+
+# -- randomized ------------------------------------------------------------------------------------------
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+_INT = st.integers(-(2**63), 2**63 - 1).map(str)
+_FLOAT = st.one_of(
+    st.floats(allow_nan=False).map(repr), st.sampled_from(["NaN", "Infinity", "-Infinity", "-0"])
+)
+_NUM = st.one_of(
+    st.decimals(allow_nan=False, allow_infinity=False).map(str), st.sampled_from(["NaN", "Infinity"])
+)
+
+
+def _array(elem: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    def lit(items: list[str | None]) -> str:
+        out = []
+        for v in items:
+            out.append("NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        return "{" + ",".join(out) + "}"
+
+    return st.lists(st.one_of(st.none(), elem), max_size=5).map(lit)
+
+
+VALUE = {
+    "bigint": _INT,
+    "smallint": st.integers(-32768, 32767).map(str),
+    "integer": st.integers(-(2**31), 2**31 - 1).map(str),
+    "posint": st.integers(0, 2**31 - 1).map(str),
+    "numeric(38,9)": _NUM,
+    "numeric": _NUM,
+    "real": _FLOAT,
+    "double precision": _FLOAT,
+    "boolean": st.sampled_from(["t", "f"]),
+    "bytea": st.binary(max_size=20).map(lambda b: "\\x" + b.hex()),
+    "integer[]": _array(st.integers(-5, 5).map(str)),
+    "text[]": _array(_TEXT),
+    "numeric[]": _array(_NUM),
+    "double precision[]": _array(_FLOAT),
+    "boolean[]": _array(st.sampled_from(["t", "f"])),
+}
+
+
+@st.composite
+def rows(draw: Any, key: int) -> tuple[Any, ...]:
+    out: list[Any] = [str(key)]
+    for _, typ in COLS[1:]:
+        if draw(st.integers(0, 5)) == 0:
+            out.append(None)
+        else:
+            out.append(draw(VALUE.get(typ, _TEXT)))
+    return tuple(out)
+
+
+@st.composite
+def changes(draw: Any) -> list[bytes]:
+    msgs = []
+    for k in range(draw(st.integers(1, 6))):
+        row = draw(rows(k + 1))
+        msgs.append(insert(RELID, *row))
+        op = draw(st.sampled_from(["update", "update_k", "delete", "toast", "none"]))
+        new = draw(rows(k + 1))
+        if op == "update":
+            msgs.append(update(RELID, new))
+        elif op == "update_k":
+            msgs.append(update(RELID, new, (str(k + 1),) + (None,) * (len(COLS) - 1)))
+        elif op == "toast":
+            msgs.append(update(RELID, tuple(v if i != 12 else ... for i, v in enumerate(new))))
+        elif op == "delete":
+            msgs.append(delete(RELID, (str(k + 1),) + (None,) * (len(COLS) - 1)))
+    return msgs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(msgs=changes())
+def test_randomized_rows_are_byte_identical(tmp_path_factory: Any, msgs: list[bytes]) -> None:
+    both(tmp_path_factory.mktemp("native"), msgs)
+
+
+# -- the snapshot: COPY's text rows to op=r records ---------------------------------------------------
+_COPY_ESC = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+
+
+def copy_text(rows: list[list[str | None]]) -> bytes:
+    """Rows as ``COPY ... TO STDOUT`` writes them (text format)."""
+    out = []
+    for row in rows:
+        fields = ["\\N" if v is None else "".join(_COPY_ESC.get(c, c) for c in v) for v in row]
+        out.append("\t".join(fields) + "\n")
+    return "".join(out).encode()
+
+
+def snapshot_reference(codec: TableCodec, rows: list[list[str | None]], source: bytes) -> Any:
+    """The stream's encoding of each row (TableCodec.snapshot_record), and the images it keeps."""
+    records, images = [], []
+    for row in rows:
+        after = {}
+        for name, v in zip(codec.included, row, strict=True):
+            conv = codec.text_converters[name]
+            after[name] = v if v is None or conv is None else conv(v)
+        rec = codec.snapshot_record(after, source, b"1764000000000")
+        records.append((rec.key, rec.value))
+        if codec.imaged and codec.holds_out_of_line(after):
+            images.append((rec.key, codec.image(after)))
+    return records, images
+
+
+def snapshot_both(rows: list[list[str | None]], exclude: tuple[str, ...] = ()) -> Any:
+    from cdc.codec.fastpath import copy_plan
+
+    columns = tuple(Column(n, DOMAINS.get(t, t)) for n, t in COLS)
+    reg = TableReg("public", "every", "cdc.public.every", ("id",), columns=columns, exclude=exclude)
+    codec = TableCodec(reg, prefix="cdc", db="app", partitions=3)
+    source = codec.snapshot_source(0x2_0000_0000, 1_764_000_000_000, last=False)
+    tail = b',"source":' + source + b',"op":"r","ts_ms":1764000000000,"unavailable":[]}'
+    keep = [i for i, (n, _) in enumerate(COLS) if n not in exclude]
+    rows = [[row[i] for i in keep] for row in rows]
+    encoder = native.CopyRows(
+        copy_plan(native, codec, list(codec.included)),
+        b'{"before":null,"after":',
+        tail,
+        lambda k, v: (k, v),
+        True,
+    )
+    recs, images = encoder.rows(copy_text(rows))
+    assert ([tuple(r) for r in recs], images) == snapshot_reference(codec, rows, source)
+    return recs, images, encoder
+
+
+def test_snapshot_rows_are_the_streams_encoding() -> None:
+    rows = [list(r) for r in ROWS]
+    big = list(ROW1)
+    big[12] = BIG
+    _, images, encoder = snapshot_both([*rows, big])
+    assert images and images[-1][0] == b'{"id":1}' and encoder.python_values > 0
+    snapshot_both(rows, exclude=("t", "fa"))
+
+
+def test_snapshot_refuses_a_row_of_other_columns_and_names_a_bad_value() -> None:
+    from cdc.codec.fastpath import copy_plan
+
+    columns = tuple(Column(n, DOMAINS.get(t, t)) for n, t in COLS)
+    codec = TableCodec(
+        TableReg("public", "every", "cdc.public.every", ("id",), columns=columns),
+        prefix="c",
+        db="d",
+        partitions=1,
+    )
+    encoder = native.CopyRows(
+        copy_plan(native, codec, list(codec.included)), b"", b"", lambda k, v: (k, v), False
+    )
+    with pytest.raises(ValueError, match="columns"):
+        encoder.rows(b"1\t2\n")
+    bad = list(ROW1)
+    bad[24] = "{1,2"  # ia: a malformed array literal
+    with pytest.raises(ValueError, match="column 24") as info:
+        encoder.rows(copy_text([bad]))
+    assert isinstance(info.value.__cause__, DecodeError)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.lists(rows(1), min_size=1, max_size=4))
+def test_snapshot_randomized_rows(data: list[tuple[Any, ...]]) -> None:
+    snapshot_both([[*r[:1], *r[1:]] for r in data])
