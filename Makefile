@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PG_PACKAGES := postgresql-15 postgresql-client-15 postgresql-15-wal2json
-APT_PACKAGES := $(PG_PACKAGES) openjdk-17-jre-headless stunnel4 openssl chromium prometheus
+APT_PACKAGES := $(PG_PACKAGES) gcc openjdk-17-jre-headless stunnel4 openssl chromium prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

@@ -27,6 +27,7 @@ from tests.unit.test_pgoutput import begin, cstr, delete, insert, update
 native = native_module()
 pytestmark = pytest.mark.skipif(native is None, reason="cdc.codec._native is not built (or CDC_NATIVE=0)")
 
+
 #: (name, format_type) of a table with every type of the edge-value tests, and a domain
 COLS: list[tuple[str, str]] = [
     ("id", "bigint"),
