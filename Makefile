@@ -70,11 +70,12 @@ DURATION ?= 10m
 soak: setup ## a steady 2,000 changes/s through the whole pipeline for DURATION (default 10m)
 	$(BIN)/python -m tests.chaos.soak --duration $(DURATION)
 
-lint: venv ## ruff, mypy (strict on cdc/), the layer contract (import-linter), no import cycles, no function over 100 lines
+lint: venv ## ruff, mypy (strict on cdc/), the layers (import-linter, tools/check_layers.py), no import cycles, no function over 100 lines
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
+	$(BIN)/python tools/check_layers.py
 	$(BIN)/python tools/check_cycles.py
 	$(BIN)/python tools/check_function_length.py
 

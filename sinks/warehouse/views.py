@@ -491,7 +491,7 @@ def view_rows(state_dir: Path, name: str) -> pa.Table | None:
 def view_copy(state_dir: Path, spec: ViewSpec, dest: Path, lease_s: float = leases.MAX_AGE_S) -> int:
     """The view computed whole from ``state_dir``'s current tables into a new Delta table at ``dest``
     (in the stored schema of the view's live table, when it has one), the live one untouched: what
-    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.rebuild`). The base tables are read
+    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.cli.rebuild.staged`). The base tables are read
     under leases of at most ``lease_s`` (:mod:`.leases`). Returns its rows."""
     live = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(live)) if DeltaTable.is_deltatable(str(live)) else None

@@ -37,7 +37,7 @@ from tests.plugins.items import capture, verify_json
 from tests.plugins.postgres import PgCluster
 
 ROWS = 3000
-RANGE_ROWS = 8  # cdc.verify.DEFAULT_RANGE_ROWS: ids 1..3000, so the range of id x is (x - 1) // 8
+RANGE_ROWS = 8  # cdc.cli.verify.compare.DEFAULT_RANGE_ROWS: ids 1..3000, so the range of id x is (x - 1) // 8
 
 
 def range_of(i: int) -> int:

@@ -64,7 +64,7 @@ Key = tuple[Any, ...]
 #: the record file's layout (:meth:`RangeRecord.to_json`); format 1 (before it was named) is read too
 FORMAT = 2
 #: the range hashes' digest: blake2b (16 bytes) over each key's canonical JSON and its row hash
-#: (:func:`cdc.verify.row_hash`); a record of another digest has its hashes read as unknown
+#: (:func:`cdc.cli.verify.compare.row_hash`); a record of another digest has its hashes read as unknown
 DIGEST = "blake2b-16/v1"
 
 _INT_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8"})
@@ -73,7 +73,7 @@ _TEXT_TYPES = frozenset({"text", "character varying", "varchar"})
 
 def sort_key(key: Key) -> tuple[Any, ...]:
     """The order of keys here and at the source (``COLLATE "C"`` for text); same as
-    :func:`cdc.verify._sort_key` for the supported key types."""
+    :func:`cdc.cli.verify.compare._sort_key` for the supported key types."""
     return tuple((0, v) if isinstance(v, int) else (1, str(v)) for v in key)
 
 

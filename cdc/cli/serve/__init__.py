@@ -2,7 +2,7 @@
 
 Loopback (127.0.0.1:8787) unless ``[serve]`` or the flags say otherwise; a non-loopback bind needs a
 token (``--token`` or ``CDC_SERVE_TOKEN``), and then every request must carry it. Runs until SIGTERM
-or Ctrl-C (exit 0). See :mod:`cdc.serve`.
+or Ctrl-C (exit 0). See :mod:`cdc.cli.serve`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.serve import ServeOptions, Server
+    from cdc.cli.serve.server import ServeOptions, Server
 
     options = ServeOptions.from_settings(settings)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}

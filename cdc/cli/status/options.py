@@ -2,16 +2,16 @@
 
 Interface: :func:`collect` (one report, a JSON-able dict whose schema ``docs/status.md`` documents),
 tuned by :class:`StatusOptions` (``[status]`` in ``cdc.toml``). Modules beside it:
-:mod:`~cdc.status.judge` (the Burrow-style verdicts, pure), :mod:`~cdc.status.history` (the samples
-that let a one-shot call judge "rising" and "not moving"), :mod:`~cdc.status.slot` (slot safety and
-the ``keep``/``drop`` policy), :mod:`~cdc.status.gather` (reading the source and the state dir).
+:mod:`~cdc.cli.status.judge` (the Burrow-style verdicts, pure), :mod:`~cdc.cli.status.history` (the samples
+that let a one-shot call judge "rising" and "not moving"), :mod:`~cdc.cli.status.slot` (slot safety and
+the ``keep``/``drop`` policy), :mod:`~cdc.cli.status.gather` (reading the source and the state dir).
 
 Guarantees: :func:`collect` needs no running process: it reads only the source (one short
 connection; none when it is unreachable, which becomes the capture stage's verdict) and the state
 directory (registry, log-store end offsets, the Spark checkpoint's offsets, the processes' metrics
 files); never the Spark job. It writes only its own sample (``<state>/status/``) and, when the
 policy is ``drop`` and the slot crosses ``slot_drop_at_bytes`` or was invalidated, it drops the
-slot and marks the tables for re-snapshot (see :mod:`cdc.status.slot`).
+slot and marks the tables for re-snapshot (see :mod:`cdc.cli.status.slot`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cdc.errors import ConfigError
 if TYPE_CHECKING:
     from cdc.config import Settings
 
-__all__ = ["SCHEMA_VERSION", "StatusOptions", "collect", "open_store"]
+__all__ = ["SCHEMA_VERSION", "StatusOptions"]
 
 SCHEMA_VERSION = 1
 GiB = 1024**3
