@@ -26,12 +26,12 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from cdc.codec.envelope import TableCodec
-from cdc.codec.values import type_kind
 from cdc.connect import SESSION_OPTIONS
 from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record
 from cdc.logstore.batch import Batch
 from cdc.logstore.images import Images
+from cdc.pgtypes import type_kind
 from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
 from snapshot.encode import copy_query, encoder_for, read_csv_batches

@@ -47,6 +47,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from cdc import paths
 from cdc.errors import ApplyError, ConfigError
+from cdc.names import sql_ident as _q
 from cdc.registry import TableReg, ViewReg
 from cdc.views import CHANGED, VIEW_KEY, ViewSpec, spec_of
 from sinks import ChangeBatch, Touched, touched_of
@@ -286,10 +287,6 @@ def maintain_view(
             write_history(state_dir, spec.name, before, rows, keys, props, (app_id, batch_id))
         _merge(table, rows, keys, props)
         return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 @contextlib.contextmanager

@@ -198,6 +198,30 @@ def test_text_and_composite_keys_are_ranged_in_the_same_order_at_the_source(
     assert inc["rows_checked"] > 3 * RANGE_ROWS and inc["source_rows"] == inc["warehouse_rows"] == len(rows)
 
 
+def test_an_oid_key_is_ranged_like_every_integer_key(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    """``oid`` is an integer to every stage (:mod:`cdc.pgtypes`): its ranges are read at the source by
+    the integer path (an array of bounds cast to the key's type), up to the largest unsigned value."""
+    state = tmp_path / "state"
+    pg.execute("CREATE TABLE public.o (k oid PRIMARY KEY, v text)", pg_db)
+    keys = [*range(1, 400), 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]
+    with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
+        conn.cursor().executemany("INSERT INTO public.o VALUES (%s, %s)", [(k, f"v{k}") for k in keys])
+    dsn = pg.dsn(pg_db)
+    assert cdc_cli(dsn, state, "tables", "add", "public.o")[0] == 0
+    capture(dsn, state)
+    apply_pending_without_spark(state)
+    settings = Settings(state_dir=state)
+    code, (first,) = verify_json(settings, dsn, "--wait", "30")
+    assert code == 0 and first["mode"] == "full" and first["source_rows"] == len(keys), first
+    pg.execute("UPDATE public.o SET v = 'changed' WHERE k IN (17, 4294967295)", pg_db)
+    capture(dsn, state)
+    assert apply_pending_without_spark(state) == 2
+    code, (inc,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "1")
+    assert code == 0 and inc["mode"] == "incremental", orjson.dumps(inc).decode()
+    assert len(checked(inc, "changed")) == 2 and all(c["equal"] for c in inc["checked_ranges"])
+    assert inc["source_rows"] == inc["warehouse_rows"] == len(keys)
+
+
 def test_an_uncaptured_change_and_a_lost_row_make_the_run_full(
     pg: PgCluster, pg_db: str, tmp_path: Path
 ) -> None:

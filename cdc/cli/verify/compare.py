@@ -90,6 +90,7 @@ from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
+from cdc.pgtypes import is_blank_padded, type_kind
 from cdc.registry import TableReg
 from sinks import KeyRanges, StoredRows, StoredTexts
 
@@ -265,17 +266,11 @@ def _select_expr(column: str, pg_type: str) -> sql.Composable:
     t = pg_type.strip().lower()
     if t.endswith("[]"):
         return sql.SQL("to_json({})::text").format(c)
-    if _is_blank_padded(t):
+    if is_blank_padded(t):
         # char(n): a cast to text strips the blank padding that the type's output (hence the events
         # and the warehouse) carries; concat() uses the output function and keeps it
         return sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END").format(c=c)
     return sql.SQL("{}::text").format(c)
-
-
-def _is_blank_padded(pg_type: str) -> bool:
-    """``character(n)`` / ``char(n)`` / ``bpchar`` (not ``character varying``)."""
-    t = pg_type.strip().lower()
-    return t == "bpchar" or t.startswith("bpchar(") or t == "character" or t.startswith("character(")
 
 
 def _from_text(text: str | None, pg_type: str) -> Any:
@@ -285,12 +280,9 @@ def _from_text(text: str | None, pg_type: str) -> Any:
     t = pg_type.strip().lower()
     if t.endswith("[]"):
         return json.loads(text, parse_float=str)
-    if t in _FLOAT_TYPES and text not in ("NaN", "Infinity", "-Infinity"):
+    if type_kind(t) == "float" and text not in ("NaN", "Infinity", "-Infinity"):
         return float(text)  # events carry floats as JSON numbers (the special values as strings)
     return text
-
-
-_FLOAT_TYPES = frozenset({"real", "double precision", "float4", "float8"})
 
 
 def _normalise(
