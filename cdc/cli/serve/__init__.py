@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
@@ -35,7 +34,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     options = ServeOptions.from_settings(settings)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    options = dataclasses.replace(options, **changes)
+    options = options.model_copy(update=changes)
     raw = args.token if args.token is not None else os.environ.get("CDC_SERVE_TOKEN")  # the entry point
     server = Server(settings, options, token=SecretStr(raw) if raw else None)
     host, port = server.address

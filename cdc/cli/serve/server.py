@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -46,7 +45,7 @@ from pydantic import SecretStr
 
 from cdc.cli.status.gather import collect, open_store
 from cdc.cli.status.options import StatusOptions
-from cdc.config import Settings
+from cdc.config import ServeConfig, Settings, section_options
 from cdc.errors import CdcError, ConfigError
 
 __all__ = ["ServeOptions", "Server", "is_loopback"]
@@ -54,42 +53,13 @@ __all__ = ["ServeOptions", "Server", "is_loopback"]
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8"}
 
 
-@dataclass(frozen=True)
-class ServeOptions:
-    """``[serve]`` in ``cdc.toml`` (keys as the field names)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8787
-    sample_interval_s: float = 5.0
-    history_s: float = 3600.0
+class ServeOptions(ServeConfig):
+    """``[serve]`` in ``cdc.toml``, whose model (:class:`cdc.config.ServeConfig`) holds each key's
+    default and bounds."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServeOptions:
-        return cls.from_mapping(settings.extra.get("serve", {}) or {})
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> ServeOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown key(s) in [serve]: {', '.join(unknown)}", fix=f"use only {', '.join(known)}"
-            )
-        kwargs: dict[str, Any] = {}
-        for name, raw in values.items():
-            if name == "host":
-                if not isinstance(raw, str) or not raw:
-                    raise ConfigError(
-                        f"[serve] host must be a string, got {raw!r}", fix='e.g. host = "127.0.0.1"'
-                    )
-                kwargs[name] = raw
-                continue
-            if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
-                raise ConfigError(
-                    f"[serve] {name} must be a positive number, got {raw!r}", fix=f"set {name} > 0"
-                )
-            kwargs[name] = int(raw) if name == "port" else float(raw)
-        return cls(**kwargs)
+        return section_options(cls, settings, "serve")
 
 
 def is_loopback(host: str) -> bool:
