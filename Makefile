@@ -71,11 +71,12 @@ DURATION ?= 10m
 soak: setup ## a steady 2,000 changes/s through the whole pipeline for DURATION (default 10m)
 	$(BIN)/python -m tests.chaos.soak --duration $(DURATION)
 
-lint: venv ## ruff, mypy (strict on cdc/), the layer contract (import-linter), no import cycles, no function over 100 lines, no figure without its bench
+lint: venv ## ruff, mypy (strict on cdc/), the layers (import-linter, tools/check_layers.py), no import cycles, no function over 100 lines, no figure without its bench
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
+	$(BIN)/python tools/check_layers.py
 	$(BIN)/python tools/check_cycles.py
 	$(BIN)/python tools/check_function_length.py
 	$(BIN)/python tools/check_figures.py

@@ -10,7 +10,7 @@
   figures of 2026-11-23 were taken at 0.25 s, docs/benchmarks/oncall.md). The same
   events' commit -> log-store append time (the record's timestamp) is the capture share of it: the
   split against the apply benchmark's figure, which starts at the append. Bar: p99 < 3 s at 1,000/s.
-* **status**: ``cdc status`` (:func:`cdc.status.gather`, and the CLI as a process) with 50 tables
+* **status**: ``cdc status`` (:func:`cdc.cli.status.gather`, and the CLI as a process) with 50 tables
   registered while the pipeline runs. Bar: < 1 s.
 * **serve sampling**: CPU time of the ``cdc serve`` sampler thread per sample at the default
   ``sample_interval_s`` (5 s), as a share of one core. Bar: < 1 %.
@@ -303,7 +303,7 @@ def _register_tables(pipe: _Pipeline, n_tables: int) -> None:
 def _status_cost(pipe: _Pipeline, quick: bool) -> tuple[list[str], int]:
     """``cdc status`` with a bigger registry while capture runs: in-process and as a process; the
     report's lines and the number of tables."""
-    from cdc.status.gather import collect
+    from cdc.cli.status.gather import collect
 
     _register_tables(pipe, 10 if quick else 50)
     collect(pipe.settings)  # warm
@@ -340,8 +340,8 @@ def _status_cost(pipe: _Pipeline, quick: bool) -> tuple[list[str], int]:
 
 def _sampling_cost(settings: Any, n_tables: int) -> list[str]:
     """CPU of the ``cdc serve`` sampler per sample, as a share of a core at the default interval."""
-    from cdc.serve import Sampler
-    from cdc.status import StatusOptions
+    from cdc.cli.serve.server import Sampler
+    from cdc.cli.status.options import StatusOptions
 
     sampler = Sampler(settings, StatusOptions.from_settings(settings), 5.0, 3600.0)
     for _ in range(5):

@@ -1,9 +1,9 @@
-"""The added latency of ``cdc wait`` over the apply's own (read-your-writes, ``cdc/wait.py``).
+"""The added latency of ``cdc wait`` over the apply's own (read-your-writes, ``cdc/cli/wait/lsn.py``).
 
 A private Postgres 15 (wal2json), a real ``cdc run`` process, and the Spark apply job running
 continuously in this process at its default trigger into both sinks (as ``bench/freshness.py``).
 A probe commits one change to ``probe`` (a table with a search column), takes
-``pg_current_wal_lsn()`` and calls :func:`cdc.wait.wait_for_lsn` on it (in this process, as ``GET
+``pg_current_wal_lsn()`` and calls :func:`cdc.cli.wait.lsn.wait_for_lsn` on it (in this process, as ``GET
 /wait`` does). The apply's own moment of visibility is the end of the micro-batch that applied the
 probe: its ``on_batch`` report, whose batch had committed the probe table's consumer positions at or
 past the wait's targets (read from the log store in the callback, after both sinks committed). Per
@@ -71,8 +71,8 @@ def _probe(
     pipe: _Pipeline, conn: psycopg.Connection[Any], reg: Any, batches: _Batches, k: int
 ) -> tuple[float, float, float]:
     """One probe: (commit -> visible by the apply, commit -> wait returned, the wait's CPU), seconds."""
+    from cdc.cli.wait.lsn import wait_for_lsn
     from cdc.events import lsn_to_int
-    from cdc.wait import wait_for_lsn
 
     conn.execute("UPDATE probe SET name = %s WHERE id = 1", [f"probe {k}"])
     committed_ms = time.time() * 1000

@@ -23,9 +23,17 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cdc.errors import ConfigError, DsnError
 
@@ -86,6 +94,10 @@ class WarehouseConfig(_Section):
     #: the number of shards of a new table, one Spark task each (unset: the log store's
     #: ``partitions``: WarehouseOptions.from_settings)
     shards: int = Field(default=1, ge=1)
+    #: after every batch, its tables' partitions of at least ``compact_min_files`` small files are
+    #: compacted, the most first, for up to this many seconds in all (0: only maintain compacts)
+    compact_budget_s: float = Field(default=0.25, ge=0)
+    compact_min_files: int = Field(default=8, ge=2)
 
 
 class SearchConfig(_Section):
@@ -121,30 +133,40 @@ class KafkaConfig(_Section):
 
 
 class StatusConfig(_Section):
-    """``[status]``: the thresholds of ``cdc status``."""
+    """``[status]``: the thresholds of ``cdc status`` (:class:`cdc.cli.status.options.StatusOptions`)."""
 
-    window_s: float = Field(default=300, gt=0)
-    lag_warn_s: float = Field(default=60, gt=0)
-    lag_critical_s: float = Field(default=600, gt=0)
-    retained_wal_warn_bytes: int = Field(default=GIB, ge=0)
-    retained_wal_critical_bytes: int = Field(default=8 * GIB, ge=0)
+    window_s: float = Field(default=300.0, gt=0)
+    lag_warn_s: float = Field(default=60.0, gt=0)
+    lag_critical_s: float = Field(default=600.0, gt=0)
+    retained_wal_warn_bytes: int = Field(default=GIB, gt=0)
+    retained_wal_critical_bytes: int = Field(default=8 * GIB, gt=0)
     slot_policy: Literal["keep", "drop"] = "keep"
     slot_drop_at_bytes: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _drop_needs_size(self) -> StatusConfig:
+    def _consistent(self) -> StatusConfig:
         if self.slot_policy == "drop" and self.slot_drop_at_bytes is None:
-            raise ValueError('slot_policy = "drop" needs slot_drop_at_bytes')
+            raise ValueError(
+                'slot_policy = "drop" needs slot_drop_at_bytes (retained WAL bytes at which the slot is '
+                'dropped), or slot_policy = "keep"'
+            )
+        if self.retained_wal_warn_bytes > self.retained_wal_critical_bytes:
+            raise ValueError(
+                "retained_wal_warn_bytes is above retained_wal_critical_bytes: make the warning the lower"
+            )
+        if self.lag_warn_s > self.lag_critical_s:
+            raise ValueError("lag_warn_s is above lag_critical_s: make the warning threshold the lower one")
         return self
 
 
 class ServeConfig(_Section):
-    """``[serve]``: the dashboard and ``/metrics`` server (the token: ``--token`` or CDC_SERVE_TOKEN)."""
+    """``[serve]``: the dashboard and ``/metrics`` server (the token: ``--token`` or CDC_SERVE_TOKEN;
+    :class:`cdc.cli.serve.server.ServeOptions`)."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8787, ge=1, le=65535)
-    sample_interval_s: float = Field(default=5, gt=0)
-    history_s: float = Field(default=3600, gt=0)
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8787, ge=0, le=65535)  # 0: a free port, chosen when the server starts
+    sample_interval_s: float = Field(default=5.0, gt=0)
+    history_s: float = Field(default=3600.0, gt=0)
 
 
 class SnapshotConfig(_Section):
@@ -154,24 +176,41 @@ class SnapshotConfig(_Section):
     parallel_chunks: int = Field(default=1, ge=1)
     watermark_table: str = "public.cdc_watermark"
 
+    @field_validator("watermark_table")
+    @classmethod
+    def _a_table_name(cls, value: str) -> str:
+        from cdc.names import parse_table_name  # raises with a fix when malformed
 
-READER_KEYS = (
-    "batch_max_events",
-    "batch_max_ms",
-    "heartbeat_interval_s",
-    "max_attempts",
-    "backoff_initial_s",
-    "backoff_max_s",
-    "snapshot_workers",
-    "poll_s",
-    "retry_max_s",
-    "fill_unchanged_toast",
-)
+        parse_table_name(value)
+        return value
+
+
+class ReaderConfig(_Section):
+    """The reader's keys, at the top level of ``cdc.toml`` (:class:`cdc.reader.ReaderOptions`)."""
+
+    batch_max_events: int = Field(default=5000, ge=1)
+    batch_max_ms: int = Field(default=100, ge=1)
+    heartbeat_interval_s: float = Field(default=10.0, ge=0)  # 0: no heartbeat messages
+    max_attempts: int = Field(default=10, ge=1)
+    backoff_initial_s: float = Field(default=0.5, gt=0)
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    snapshot_workers: int = Field(default=2, ge=1)
+    poll_s: float = Field(default=1.0, gt=0)
+    #: time spent retrying transient source errors before giving up
+    retry_max_s: float = Field(default=300.0, gt=0)
+    #: fill in the out-of-line values an UPDATE leaves unchanged, so every event is the whole row
+    #: and a compacted topic a complete copy (cdc.logstore.images); false: list them in
+    #: ``unavailable`` and keep no image store (the topics are then not complete copies)
+    fill_unchanged_toast: bool = True
+
+
+READER_KEYS = tuple(ReaderConfig.model_fields)
 SECTIONS = ("warehouse", "search", "kafka", "status", "serve", "snapshot")
 
 
-class CdcFile(_Section):
-    """The whole of ``cdc.toml``: top-level keys, the reader options, and the sections."""
+class CdcFile(ReaderConfig):
+    """The whole of ``cdc.toml``: top-level keys, the reader options (:class:`ReaderConfig`), and the
+    sections."""
 
     source: SecretStr | None = None
     state: str | None = None
@@ -197,20 +236,6 @@ class CdcFile(_Section):
     #: float/numeric column (cheap, but Postgres then refuses ALTER COLUMN ... TYPE / DROP COLUMN of
     #: one while the trigger is there, and a column added later is covered only once cdc run sees it)
     nonfinite_recorder_when: Literal["columns", "row"] = "row"
-    # reader options (cdc.reader.ReaderOptions)
-    batch_max_events: int = Field(default=5000, ge=1)
-    batch_max_ms: int = Field(default=100, ge=1)
-    heartbeat_interval_s: float = Field(default=10.0, ge=0)
-    max_attempts: int = Field(default=10, ge=1)
-    backoff_initial_s: float = Field(default=0.5, gt=0)
-    backoff_max_s: float = Field(default=30.0, gt=0)
-    snapshot_workers: int = Field(default=2, ge=1)
-    poll_s: float = Field(default=1.0, gt=0)
-    retry_max_s: float = Field(default=300.0, gt=0)
-    #: fill in the out-of-line values an UPDATE leaves unchanged, so every event is the whole row
-    #: and a compacted topic a complete copy (cdc.logstore.images); false: list them in
-    #: ``unavailable`` and keep no image store (the topics are then not complete copies)
-    fill_unchanged_toast: bool = True
     warehouse: WarehouseConfig = Field(default_factory=WarehouseConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
@@ -394,6 +419,27 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
         fix="; ".join(dict.fromkeys(fixes)),
         keys=keys,
     )
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def section_options(cls: type[S], settings: Settings, section: str | None, **defaults: Any) -> S:
+    """A stage's options (``cls``: its section model here, or a subclass of it) from ``settings``:
+    the keys ``cdc.toml`` set (:attr:`Settings.extra`, the section's table, or the top level for
+    ``section`` None) over ``defaults`` over the model's own. The model is where each key's default
+    and bounds are written; a value it refuses (from code building ``Settings`` by hand: the file's
+    are validated at load) is a :class:`~cdc.errors.ConfigError` naming the key."""
+    where = f"[{section}]" if section else "cdc.toml"
+    raw = settings.extra.get(section, {}) if section else settings.extra
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} in cdc.toml must be a table", fix=f"write {where} then key = value lines")
+    names = set(cls.model_fields)
+    values = {**defaults, **({k: v for k, v in raw.items() if k in names} if section is None else raw)}
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        raise _config_error(exc, where) from None
 
 
 def _check_environment(environ: Mapping[str, str]) -> None:

@@ -122,7 +122,13 @@ def parse_column_list(text: str) -> tuple[str, ...]:
 def quote_ident(name: str) -> str:
     """The name as a person types it so that :func:`parse_table_name` gives it back (quoted only
     when needed; does not know SQL keywords, so use :attr:`TableDescription.sql_name` in SQL)."""
-    return name if _PLAIN.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+    return name if _PLAIN.fullmatch(name) else sql_ident(name)
+
+
+def sql_ident(name: str) -> str:
+    """``name`` as a double-quoted SQL identifier, for SQL that psycopg's ``sql.Identifier`` does not
+    compose (DuckDB's, delta-rs' DataFusion's): always quoted, so a keyword or mixed case is safe."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def quote_table_name(schema: str, table: str) -> str:

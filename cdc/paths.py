@@ -14,8 +14,8 @@ Layout (``<state>`` is ``--state`` / ``CDC_STATE``, default ``.cdc``)::
     <state>/metrics/<role>.json              counters a process publishes (cdc.metrics)
     <state>/locks/<role>.lock                one process per role (cdc.locks)
     <state>/rebuild/<name>/stage             ``cdc rebuild``'s staged copy (a state root of its own);
-                                             ``replaced/`` the derived data it swapped out (cdc.rebuild)
-    <state>/verify/<schema>/<table>.json     key ranges and hashes of the last clean verify (cdc.verify_ranges)
+                                             ``replaced/`` the derived data it swapped out (cdc.cli.rebuild.staged)
+    <state>/verify/<schema>/<table>.json     key ranges and hashes of the last clean verify (cdc.cli.verify.ranges)
 
 Names taken from the source (schema, table, topic) become one path component each: characters
 outside ``[A-Za-z0-9._-]`` are replaced by ``_`` (as in topic names), and a component made only of
@@ -127,7 +127,7 @@ def metrics_file(state_dir: Path, role: str) -> Path:
 
 
 def rebuild_dir(state_dir: Path, name: str) -> Path:
-    """``cdc rebuild``'s work directory for the table or view ``name`` (:mod:`cdc.rebuild`)."""
+    """``cdc rebuild``'s work directory for the table or view ``name`` (:mod:`cdc.cli.rebuild.staged`)."""
     return Path(state_dir) / "rebuild" / component(name)
 
 

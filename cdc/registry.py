@@ -129,7 +129,7 @@ class State(StrEnum):
     STREAMED_PARTITIONS = "streamed_partitions"
     #: whether wal2json knows ``numeric-data-types-as-string`` ("1"/"0"; absent: unknown)
     WAL2JSON_NUMERIC_AS_STRING = "wal2json_numeric_as_string"
-    #: the last slot drop of the status policy (JSON, :mod:`cdc.status.slot`)
+    #: the last slot drop of the status policy (JSON, :mod:`cdc.cli.status.slot`)
     SLOT_DROPPED = "slot_dropped"
     #: the output plugin the slot was created with (``wal2json``/``pgoutput``; absent: a slot
     #: created before decoders were recorded, which is wal2json)
@@ -163,7 +163,7 @@ class TableState(StrEnum):
     #: :meth:`cdc.recorders.nonfinite.Outcome.to_json`); absent when it does
     NONFINITE_RECORDER = "nonfinite_recorder"
     #: the last clean ``cdc verify`` of the table (JSON ``{"at": epoch s, "lsn", "mode", "ranges"}``,
-    #: :mod:`cdc.verify_ranges`); its range hashes live in :func:`cdc.paths.verify_ranges`
+    #: :mod:`cdc.cli.verify.ranges`); its range hashes live in :func:`cdc.paths.verify_ranges`
     VERIFIED_CLEAN = "verified_clean"
     #: the topic holds changes with values the reader could not know (listed in their ``unavailable``:
     #: its image store was lost and the topic predates it, :mod:`cdc.logstore.images`); JSON

@@ -34,6 +34,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from cdc.errors import ConfigError
+from cdc.names import sql_ident
 from cdc.registry import TableReg, ViewReg
 
 #: the hidden column of a view's table: the key of the driving table's row (its ``_cdc_key``)
@@ -358,16 +359,14 @@ def _same_order(reg: TableReg, name: str, cond: exp.Expr) -> None:
         )
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _table_sql(reg: TableReg, alias: str) -> str:
-    return f"{_q(reg.schema)}.{_q(reg.table)} AS {_q(alias)}"
+    return f"{sql_ident(reg.schema)}.{sql_ident(reg.table)} AS {sql_ident(alias)}"
 
 
 def _on_sql(j: Join) -> str:
-    return " AND ".join(f"{_q(j.parent)}.{_q(p)} = {_q(j.alias)}.{_q(k)}" for p, k in j.pairs)
+    return " AND ".join(
+        f"{sql_ident(j.parent)}.{sql_ident(p)} = {sql_ident(j.alias)}.{sql_ident(k)}" for p, k in j.pairs
+    )
 
 
 def _qualified(scope: _Scope, stmt: exp.Select, driving: str) -> str:
@@ -392,16 +391,16 @@ def _qualified(scope: _Scope, stmt: exp.Select, driving: str) -> str:
     for item in out.expressions:  # an unrenamed column keeps its name as Postgres gives it
         if isinstance(item, exp.Column):
             item.replace(exp.alias_(item.copy(), exp.to_identifier(item.name, quoted=True)))
-    out = out.select(f"{_q(driving)}.{_q(VIEW_KEY)} AS {_q(VIEW_KEY)}", dialect="duckdb")
+    out = out.select(f"{sql_ident(driving)}.{sql_ident(VIEW_KEY)} AS {sql_ident(VIEW_KEY)}", dialect="duckdb")
     return out.sql(dialect="duckdb", identify=True)
 
 
 def _refs_sql(driving: TableReg, driving_alias: str, joins: list[Join], i: int) -> str:
     j = joins[i]
     chain = " ".join(f"LEFT JOIN {_table_sql(p.reg, p.alias)} ON {_on_sql(p)}" for p in joins[:i])
-    on = " AND ".join(f"{_q(j.parent)}.{_q(p)} = __c.k{n}" for n, (p, _) in enumerate(j.pairs))
+    on = " AND ".join(f"{sql_ident(j.parent)}.{sql_ident(p)} = __c.k{n}" for n, (p, _) in enumerate(j.pairs))
     return (
-        f"SELECT DISTINCT {_q(driving_alias)}.{_q(VIEW_KEY)} AS k FROM {_table_sql(driving, driving_alias)} "
+        f"SELECT DISTINCT {sql_ident(driving_alias)}.{sql_ident(VIEW_KEY)} AS k FROM {_table_sql(driving, driving_alias)} "
         f"{chain} JOIN {CHANGED}_{i} AS __c ON {on}"
     )
 

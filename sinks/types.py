@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.errors import ApplyError
+from cdc.pgtypes import FLOAT_BYTES, INT_BYTES
 
 UTC = dt.UTC
 TS_MAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
@@ -77,12 +78,8 @@ def arrow_type(pg_type: str) -> pa.DataType:
         while elem.endswith("[]"):  # format_type never prints these, but be safe
             elem = elem[:-2]
         return pa.list_(arrow_type(elem))
-    if t in ("smallint", "int2"):
-        return pa.int16()
-    if t in ("integer", "int", "int4"):
-        return pa.int32()
-    if t in ("bigint", "int8", "oid", "xid"):  # oid/xid are unsigned 32-bit: int64 holds them
-        return pa.int64()
+    if t in INT_BYTES:  # oid/xid are unsigned 32-bit: int64 holds them
+        return {2: pa.int16(), 4: pa.int32()}.get(INT_BYTES[t], pa.int64())
     m = _NUMERIC.match(t)
     if m:
         if m.group(1) is None:
@@ -92,10 +89,8 @@ def arrow_type(pg_type: str) -> pa.DataType:
         if p <= 38 and 0 <= s <= p:
             return pa.decimal128(p, s)
         return pa.string()
-    if t in ("real", "float4"):
-        return pa.float32()
-    if t in ("double precision", "float8"):
-        return pa.float64()
+    if t in FLOAT_BYTES:
+        return pa.float32() if FLOAT_BYTES[t] == 4 else pa.float64()
     if t in ("boolean", "bool"):
         return pa.bool_()
     if t in ("timestamp with time zone", "timestamptz"):

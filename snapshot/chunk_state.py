@@ -15,8 +15,8 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from cdc.config import Settings
-from cdc.errors import ConfigError, SourceError
+from cdc.config import Settings, SnapshotConfig, section_options
+from cdc.errors import SourceError
 from cdc.names import parse_table_name
 from cdc.registry import Registry, TableState
 
@@ -33,51 +33,17 @@ __all__ = [
 
 
 # --- options -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SnapshotOptions:
-    """``[snapshot]`` of ``cdc.toml``."""
-
-    chunk_size: int = 32768
-    parallel_chunks: int = 1
-    watermark_table: str = "public.cdc_watermark"
+class SnapshotOptions(SnapshotConfig):
+    """``[snapshot]`` of ``cdc.toml``, whose model (:class:`cdc.config.SnapshotConfig`) holds each
+    key's default and bounds."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SnapshotOptions:
-        raw = settings.extra.get("snapshot", {}) or {}
-        return cls.from_mapping(raw)
+        return section_options(cls, settings, "snapshot")
 
     @classmethod
     def from_mapping(cls, raw: Any) -> SnapshotOptions:
-        if not isinstance(raw, dict):
-            raise ConfigError(
-                "[snapshot] must be a table", fix="write [snapshot] on its own line in cdc.toml"
-            )
-        unknown = set(raw) - {"chunk_size", "parallel_chunks", "watermark_table"}
-        if unknown:
-            raise ConfigError(
-                f"unknown key(s) in [snapshot]: {sorted(unknown)}",
-                fix="[snapshot] takes chunk_size, parallel_chunks, watermark_table",
-            )
-        kwargs: dict[str, Any] = {}
-        for name in ("chunk_size", "parallel_chunks"):
-            if name in raw:
-                v = raw[name]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise ConfigError(
-                        f"[snapshot] {name} must be a positive integer, got {v!r}",
-                        fix=f"set [snapshot] {name} = 32768 (or another integer >= 1)",
-                    )
-                kwargs[name] = v
-        if "watermark_table" in raw:
-            v = raw["watermark_table"]
-            if not isinstance(v, str):
-                raise ConfigError(
-                    f"[snapshot] watermark_table must be a string, got {v!r}",
-                    fix='set [snapshot] watermark_table = "public.cdc_watermark"',
-                )
-            parse_table_name(v)  # raises with a fix when malformed
-            kwargs["watermark_table"] = v
-        return cls(**kwargs)
+        return section_options(cls, Settings(extra={"snapshot": raw}), "snapshot")
 
     @property
     def watermark(self) -> tuple[str, str]:

@@ -35,9 +35,10 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from cdc.codec.envelope import TableCodec
-from cdc.codec.values import TOAST_TUPLE_THRESHOLD, RowBound, text_converter_for, type_kind
+from cdc.codec.values import TOAST_TUPLE_THRESHOLD, RowBound, text_converter_for
 from cdc.errors import SourceError
 from cdc.logstore.images import FIELD_SEP, NAME_SEP
+from cdc.pgtypes import type_kind
 from cdc.registry import Column
 from snapshot import snapshot_error
 

@@ -27,12 +27,12 @@ from psycopg import sql
 
 from cdc.codec.envelope import TableCodec
 from cdc.codec.fastpath import copy_plan, native_module
-from cdc.codec.values import type_kind
 from cdc.connect import SESSION_OPTIONS
 from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record
 from cdc.logstore.batch import Batch
 from cdc.logstore.images import Images
+from cdc.pgtypes import type_kind
 from cdc.registry import Alignment, TableReg
 from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
 from snapshot.encode import RowEncoder, copy_query, encoder_for, read_csv_batches, text_copy_query
@@ -40,7 +40,7 @@ from snapshot.table_info import row_estimate, table_columns
 
 BATCH_ROWS = 5000
 
-#: column kinds (:func:`cdc.codec.values.type_kind`) whose JSON value Postgres builds in the
+#: column kinds (:func:`cdc.pgtypes.type_kind`) whose JSON value Postgres builds in the
 #: snapshot's SELECT; floats and arrays are encoded in Python (Postgres' JSON differs from orjson's)
 SQL_KINDS = frozenset({"int", "numeric", "bool", "bytea", "json", "text"})
 #: types whose text output never holds a character JSON escapes: quoted as they are

@@ -7,7 +7,7 @@ environment and cdc.toml. Then all output (and the bodies `cdc serve` answers) a
 the state directory are searched for the password.
 
 `cdc demo` is not run: it always starts its own private Postgres and passes that cluster's DSN to
-every step (cdc/demo.py), so neither --source nor CDC_SOURCE ever reaches it.
+every step (cdc/cli/demo/pipeline.py), so neither --source nor CDC_SOURCE ever reaches it.
 """
 
 from __future__ import annotations

@@ -34,13 +34,13 @@ from cdc.codec.values import (
     out_of_line_columns,
     row_bound,
     text_converter_for,
-    type_kind,
 )
 from cdc.codec.wal2json import DECODER
 from cdc.errors import DecodeError
 from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
 from cdc.logstore import Record
 from cdc.logstore.images import Alter, Image, Images, Staging, pack
+from cdc.pgtypes import type_kind
 from cdc.registry import Column, TableReg
 
 _dumps = orjson.dumps

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from cdc.codec import NONFINITE_PREFIX
-from cdc.codec.values import type_kind
 from cdc.errors import DecodeError
+from cdc.pgtypes import type_kind
 
 #: the message's format (``"v"``), the one the recorder's function writes
 FORMAT_VERSION = 1

@@ -49,8 +49,9 @@ from typing import IO, Any
 
 from cdc.catalog import pgoutput_protocol
 from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
-from cdc.codec.values import text_converter_for, type_kind
+from cdc.codec.values import text_converter_for
 from cdc.errors import DecodeError
+from cdc.pgtypes import type_kind
 
 __all__ = ["PgOutput", "RawMessage", "commit_time_text", "lsn_text"]
 

@@ -14,43 +14,10 @@ from typing import Any
 
 from cdc.codec import Converter
 from cdc.errors import DecodeError
+from cdc.pgtypes import element_type, type_kind
 
 #: the characters Postgres' array parser and output treat as white space (array_isspace)
 _PG_SPACE = " \t\n\r\v\f"
-
-_INT_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8", "oid", "xid"})
-_FLOAT_TYPES = frozenset({"real", "double precision", "float4", "float8"})
-_JSON_TYPES = frozenset({"json", "jsonb"})
-
-
-def type_kind(pg_type: str) -> str:
-    """``int``, ``numeric``, ``float``, ``bool``, ``bytea``, ``json``, ``array`` or ``text``
-    for a ``format_type()`` string such as ``numeric(38,9)`` or ``integer[]``."""
-    t = pg_type.strip().lower()
-    if t.endswith("[]"):
-        return "array"
-    base = t.split("(", 1)[0].strip()
-    if base in _INT_TYPES:
-        return "int"
-    if base in ("numeric", "decimal"):
-        return "numeric"
-    if base in _FLOAT_TYPES:
-        return "float"
-    if base in ("boolean", "bool"):
-        return "bool"
-    if base == "bytea":
-        return "bytea"
-    if base in _JSON_TYPES:
-        return "json"
-    return "text"
-
-
-def element_type(pg_type: str) -> str:
-    t = pg_type.strip()
-    while t.endswith("[]"):
-        t = t[:-2].rstrip()
-    return t
-
 
 #: float values that JSON has no number for: kept as these strings (the events contract)
 FLOAT_SPECIALS = frozenset({"NaN", "Infinity", "-Infinity"})

@@ -28,8 +28,9 @@ from typing import Any
 import msgspec
 
 from cdc.codec import DDL_PREFIX, HEARTBEAT_PREFIX, NONFINITE_PREFIX, Converter, Message
-from cdc.codec.values import FLOAT_SPECIALS, array_converter, type_kind
+from cdc.codec.values import FLOAT_SPECIALS, array_converter
 from cdc.errors import DecodeError
+from cdc.pgtypes import type_kind
 
 #: Options every START_REPLICATION passes (``add-tables`` is added per call). ``add-msg-prefixes``
 #: (exact prefixes, wal2json 2.5 knows it): logical messages of other software (pgstream's, ...)

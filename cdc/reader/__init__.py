@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -69,10 +69,9 @@ from cdc.codec.fastpath import native_status
 from cdc.codec.plugins import plugin as output_plugin
 from cdc.codec.values import out_of_line_columns
 from cdc.codec.wal2json import DECODER as WAL2JSON
-from cdc.config import Settings, redact_dsn, redact_text
+from cdc.config import ReaderConfig, Settings, redact_dsn, redact_text, section_options
 from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
 from cdc.errors import (
-    ConfigError,
     RegistryError,
     SlotLostError,
     SourceError,
@@ -129,47 +128,13 @@ def drop_before_key(schema: str, table: str) -> str:
 __all__ = ["Reader", "ReaderOptions", "RunResult"]
 
 
-@dataclass(frozen=True)
-class ReaderOptions:
-    """Tuning of the reader, from ``cdc.toml`` (keys as the field names)."""
-
-    batch_max_events: int = 5000
-    batch_max_ms: int = 100
-    heartbeat_interval_s: float = 10.0  # 0: no heartbeat messages
-    max_attempts: int = 10
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    snapshot_workers: int = 2
-    poll_s: float = 1.0
-    retry_max_s: float = 300.0  # time spent retrying transient source errors before giving up
-    #: 1: fill in the unchanged out-of-line values an UPDATE leaves out, so a compacted topic is a
-    #: complete copy (cdc.logstore.images); 0: leave them in ``unavailable`` and keep no image store
-    #: (to measure what the fill costs, or to spare its disk: the topics are then not complete)
-    fill_unchanged_toast: int = 1
+class ReaderOptions(ReaderConfig):
+    """Tuning of the reader: its keys of ``cdc.toml``, whose model (:class:`cdc.config.ReaderConfig`)
+    holds each key's default and bounds."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReaderOptions:
-        return cls.from_mapping(settings.extra)
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> ReaderOptions:
-        kwargs: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in values:
-                continue
-            raw = values[f.name]
-            try:
-                value = int(raw) if f.type in ("int", int) else float(raw)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(
-                    f"{f.name} must be a number, got {raw!r}", fix=f"set {f.name} in cdc.toml to a number"
-                ) from exc
-            if value < 0 or (value == 0 and f.name not in ("heartbeat_interval_s", "fill_unchanged_toast")):
-                raise ConfigError(
-                    f"{f.name} must be positive, got {raw!r}", fix=f"set {f.name} > 0 in cdc.toml"
-                )
-            kwargs[f.name] = value
-        return cls(**kwargs)
+        return section_options(cls, settings, None)
 
 
 @dataclass

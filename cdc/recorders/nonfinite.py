@@ -109,7 +109,7 @@ import msgspec
 import psycopg
 from psycopg import sql
 
-from cdc.codec.values import type_kind
+from cdc.pgtypes import type_kind
 from cdc.registry import Registry, TableReg, TableState
 
 __all__ = [

@@ -17,10 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cdc.config import DEFAULT_PARTITIONS
-from cdc.errors import ConfigError
+from cdc.config import DEFAULT_PARTITIONS, SearchConfig, Settings, section_options
 from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredTexts
 from sinks.search.index import (
@@ -40,9 +39,6 @@ from sinks.search.query import HIGHLIGHT_END, HIGHLIGHT_START, Hit, live_texts, 
 from sinks.search.write import columnar_upserts, record, slices, upserts
 from sinks.toast import Chains
 
-if TYPE_CHECKING:
-    from cdc.config import Settings
-
 __all__ = [
     "DOCUMENT",
     "HIGHLIGHT_END",
@@ -61,23 +57,14 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class SearchOptions:
-    """From ``[search]`` in cdc.toml. ``heap_size``: the memory budget (bytes) of a shard's index writer
-    (a whole batch opens every shard of its table)."""
-
-    tombstone_retention_hours: float = 7 * 24
-    heap_size: int = 64_000_000
-    threads: int = 1
+class SearchOptions(SearchConfig):
+    """From ``[search]`` in cdc.toml, whose model (:class:`cdc.config.SearchConfig`) holds each key's
+    default and bounds. ``heap_size``: the memory budget (bytes) of a shard's index writer (a whole
+    batch opens every shard of its table)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SearchOptions:
-        raw = settings.extra.get("search", {}) or {}
-        if not isinstance(raw, dict) or set(raw) - set(cls.__dataclass_fields__):
-            raise ConfigError(
-                f"invalid [search] settings {raw!r}", fix=f"use only {sorted(cls.__dataclass_fields__)}"
-            )
-        return cls(**raw)
+        return section_options(cls, settings, "search")
 
 
 @dataclass

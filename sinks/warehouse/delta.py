@@ -19,6 +19,7 @@ from deltalake.table import TableMerger
 
 from cdc.errors import ApplyError
 from cdc.events import Version
+from cdc.names import sql_ident as _q
 from cdc.registry import TableReg
 from sinks.warehouse import files as file_writes
 from sinks.warehouse.layout import (
@@ -70,11 +71,6 @@ class Commit:
         else:
             self.pending.append(write)
         return write.metrics()
-
-
-def _q(name: str) -> str:
-    """A quoted identifier for delta-rs (DataFusion) SQL."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _col(alias: str, name: str) -> str:

@@ -8,19 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from cdc import paths
-from cdc.errors import ApplyError, ConfigError
+from cdc.config import Settings, WarehouseConfig, section_options
+from cdc.errors import ApplyError
 from cdc.logstore.partitioner import murmur2, partition_array
 from cdc.registry import TableReg
 from sinks import types as T
-
-if TYPE_CHECKING:
-    from cdc.config import Settings
 
 KEY = "_cdc_key"
 BUCKET = "_cdc_bucket"
@@ -82,9 +80,9 @@ TOMBSTONES = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class WarehouseOptions:
-    """Tuning of the warehouse sink; from ``[warehouse]`` in cdc.toml (``Settings.extra``).
+class WarehouseOptions(WarehouseConfig):
+    """Tuning of the warehouse sink: ``[warehouse]`` in cdc.toml, whose model
+    (:class:`cdc.config.WarehouseConfig`) holds each key's default and bounds.
 
     ``clustering`` (``auto``, ``range``, ``hash``), ``range_width`` and ``buckets`` choose the
     :class:`Layout` of tables created afterwards (an existing table keeps the layout it was created
@@ -115,61 +113,9 @@ class WarehouseOptions:
     ``compact_min_files`` small files (under half ``target_file_size``) are compacted, the most
     first, for up to this many seconds in all (:mod:`.compact`; 0: only ``maintain`` compacts)."""
 
-    buckets: int = 16
-    clustering: str = "auto"
-    range_width: int = 65_536
-    tombstone_retention_hours: float = 7 * 24
-    maintain_every: int = 100
-    vacuum_every: int = 10
-    vacuum_retention_hours: int = 1
-    vacuum_garbage_ratio: float = 1.0
-    vacuum_min_retention_s: float = 300.0
-    lease_max_age_s: float = 3600.0
-    target_file_size: int | None = 8 << 20
-    write: str = "merge"
-    shards: int = 1
-    compact_budget_s: float = 0.25
-    compact_min_files: int = 8
-
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseOptions:
-        raw = settings.extra.get("warehouse", {}) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(
-                "[warehouse] in cdc.toml must be a table", fix="write [warehouse] then key = value lines"
-            )
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(raw) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown [warehouse] settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
-            )
-        opts = cls(**{"shards": settings.partitions, **raw})
-        if (
-            opts.buckets < 1
-            or opts.range_width < 1
-            or opts.clustering not in ("auto", "range", "hash")
-            or opts.maintain_every < 0
-            or opts.vacuum_every < 0
-            or opts.vacuum_retention_hours < 0
-            or opts.vacuum_garbage_ratio < 0
-            or opts.vacuum_min_retention_s < 0
-            or opts.lease_max_age_s <= 0
-            or opts.tombstone_retention_hours < 0
-            or opts.write not in ("merge", "files")
-            or opts.shards < 1
-            or opts.compact_budget_s < 0
-            or opts.compact_min_files < 2
-        ):
-            raise ConfigError(
-                f"invalid [warehouse] settings {raw}",
-                fix='buckets >= 1, range_width >= 1, clustering "auto", "range" or "hash", '
-                "maintain_every >= 0, vacuum_every >= 0, vacuum_retention_hours >= 0, "
-                "vacuum_garbage_ratio >= 0, vacuum_min_retention_s >= 0, lease_max_age_s > 0, "
-                'tombstone_retention_hours >= 0, write "merge" or "files", shards >= 1, '
-                "compact_budget_s >= 0, compact_min_files >= 2",
-            )
-        return opts
+        return section_options(cls, settings, "warehouse", shards=settings.partitions)
 
 
 def range_width_for(options: WarehouseOptions, row_bytes: float) -> int:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from cdc import paths
+from cdc.names import sql_ident as _q
 from cdc.views import VIEW_KEY
 from sinks.warehouse.delta import not_applied
 
@@ -47,10 +48,6 @@ VALIDITY = pa.schema(
         ("_cdc_end_op", pa.string()),
     ]
 )
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _by_key(rows: pa.Table) -> dict[str, str]:

@@ -47,6 +47,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from cdc import paths
 from cdc.errors import ApplyError, ConfigError
+from cdc.names import sql_ident as _q
 from cdc.registry import TableReg, ViewReg
 from cdc.views import CHANGED, VIEW_KEY, ViewSpec, spec_of
 from sinks import ChangeBatch, Touched, touched_of
@@ -288,10 +289,6 @@ def maintain_view(
         return ViewOutcome(len(keys), rows.num_rows, time.monotonic() - started, affected=keys)
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 @contextlib.contextmanager
 def _tables_in(
     con: duckdb.DuckDBPyConnection | None, state_dir: Path, spec: ViewSpec, lease_s: float | None = None
@@ -491,7 +488,7 @@ def view_rows(state_dir: Path, name: str) -> pa.Table | None:
 def view_copy(state_dir: Path, spec: ViewSpec, dest: Path, lease_s: float = leases.MAX_AGE_S) -> int:
     """The view computed whole from ``state_dir``'s current tables into a new Delta table at ``dest``
     (in the stored schema of the view's live table, when it has one), the live one untouched: what
-    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.rebuild`). The base tables are read
+    ``cdc rebuild VIEW`` swaps in once it verified (:mod:`cdc.cli.rebuild.staged`). The base tables are read
     under leases of at most ``lease_s`` (:mod:`.leases`). Returns its rows."""
     live = paths.view_table(state_dir, spec.name)
     table = DeltaTable(str(live)) if DeltaTable.is_deltatable(str(live)) else None

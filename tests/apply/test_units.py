@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from cdc import paths
+from cdc.cli.verify.compare import SinkDiff, TableReport, canonical, row_hash
 from cdc.events import Version
 from cdc.logstore import StoredRecord
-from cdc.verify import SinkDiff, TableReport, canonical, row_hash
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
 from spark_jobs.apply import app_id_for, read_ledger, write_ledger

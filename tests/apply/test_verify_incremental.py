@@ -37,7 +37,7 @@ from tests.plugins.items import capture, verify_json
 from tests.plugins.postgres import PgCluster
 
 ROWS = 3000
-RANGE_ROWS = 8  # cdc.verify.DEFAULT_RANGE_ROWS: ids 1..3000, so the range of id x is (x - 1) // 8
+RANGE_ROWS = 8  # cdc.cli.verify.compare.DEFAULT_RANGE_ROWS: ids 1..3000, so the range of id x is (x - 1) // 8
 
 
 def range_of(i: int) -> int:
@@ -196,6 +196,30 @@ def test_text_and_composite_keys_are_ranged_in_the_same_order_at_the_source(
     assert 1 <= len(checked(inc, "changed")) <= 2 and len(checked(inc, "scrub")) == 3
     # every checked range held its rows on both sides (full ranges of 8, but the last may be short)
     assert inc["rows_checked"] > 3 * RANGE_ROWS and inc["source_rows"] == inc["warehouse_rows"] == len(rows)
+
+
+def test_an_oid_key_is_ranged_like_every_integer_key(pg: PgCluster, pg_db: str, tmp_path: Path) -> None:
+    """``oid`` is an integer to every stage (:mod:`cdc.pgtypes`): its ranges are read at the source by
+    the integer path (an array of bounds cast to the key's type), up to the largest unsigned value."""
+    state = tmp_path / "state"
+    pg.execute("CREATE TABLE public.o (k oid PRIMARY KEY, v text)", pg_db)
+    keys = [*range(1, 400), 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]
+    with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
+        conn.cursor().executemany("INSERT INTO public.o VALUES (%s, %s)", [(k, f"v{k}") for k in keys])
+    dsn = pg.dsn(pg_db)
+    assert cdc_cli(dsn, state, "tables", "add", "public.o")[0] == 0
+    capture(dsn, state)
+    apply_pending_without_spark(state)
+    settings = Settings(state_dir=state)
+    code, (first,) = verify_json(settings, dsn, "--wait", "30")
+    assert code == 0 and first["mode"] == "full" and first["source_rows"] == len(keys), first
+    pg.execute("UPDATE public.o SET v = 'changed' WHERE k IN (17, 4294967295)", pg_db)
+    capture(dsn, state)
+    assert apply_pending_without_spark(state) == 2
+    code, (inc,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "1")
+    assert code == 0 and inc["mode"] == "incremental", orjson.dumps(inc).decode()
+    assert len(checked(inc, "changed")) == 2 and all(c["equal"] for c in inc["checked_ranges"])
+    assert inc["source_rows"] == inc["warehouse_rows"] == len(keys)
 
 
 def test_an_uncaptured_change_and_a_lost_row_make_the_run_full(

@@ -27,9 +27,10 @@ from cdc.catalog import describe_table
 from cdc.codec import Decoder, Message
 from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.pgoutput import PgOutput
-from cdc.codec.values import FLOAT_SPECIALS, text_converter_for, type_kind
+from cdc.codec.values import FLOAT_SPECIALS, text_converter_for
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.connect import SESSION_OPTIONS, connect_replication
+from cdc.pgtypes import type_kind
 from cdc.registry import TableReg
 from tests.plugins.postgres import PgCluster
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from cdc.catalog import SlotInfo
+from cdc.cli.status.judge import Point, judge
+from cdc.cli.status.options import StatusOptions
+from cdc.cli.status.slot import critical_at, judge_slot, should_drop
 from cdc.errors import ConfigError
-from cdc.status import StatusOptions
-from cdc.status.judge import Point, judge
-from cdc.status.slot import critical_at, judge_slot, should_drop
 
 MiB = 1024 * 1024
 

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+from cdc.cli.serve.server import ServeOptions, Server
 from cdc.errors import ConfigError
-from cdc.serve import ServeOptions, Server
 from tests.plugins.apply import apply_once
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from cdc.serve import ServeOptions, Server
+from cdc.cli.serve.server import ServeOptions, Server
 from tests.plugins.capture import CDC, CaptureEnv, SourceLoad, wait_streaming
 
 #: a value with what breaks naive handling: quotes, a backslash, a newline, the field's own name

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from cdc.analytics import Warehouse
+from cdc.cli.query.analytics import Warehouse
 from sinks import KeyRanges
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink, leases, reclaim

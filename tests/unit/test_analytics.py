@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdc.analytics import Warehouse, rows_of
 from cdc.cli.output import print_json
+from cdc.cli.query.analytics import Warehouse, rows_of
 
 
 def test_a_slow_query_prints_no_progress_bar_after_the_json(

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.config import load_settings, redact_dsn, redact_text
+from cdc.config import Settings, load_settings, redact_dsn, redact_text
 from cdc.errors import ConfigError
 
 
@@ -151,16 +151,32 @@ def test_warehouse_and_search_options_read_the_validated_sections(tmp_path: Path
     assert WarehouseOptions.from_settings(_load_toml(tmp_path, "")).buckets == 16
 
 
-def test_section_fields_mirror_the_sink_options() -> None:
-    import dataclasses
-
-    from cdc.config import SearchConfig, WarehouseConfig
+def test_each_stages_options_are_its_section_model(tmp_path: Path) -> None:
+    """Each key's default and bounds are written once, in the section's model of cdc.config; a stage's
+    options derive from it and add no key of their own."""
+    from cdc.config import ReaderConfig, SearchConfig, SnapshotConfig, WarehouseConfig
+    from cdc.reader import ReaderOptions
     from sinks.search import SearchOptions
     from sinks.warehouse import WarehouseOptions
+    from snapshot.chunk_state import SnapshotOptions
 
-    for model, options in ((WarehouseConfig, WarehouseOptions), (SearchConfig, SearchOptions)):
-        defaults = {f.name: f.default for f in dataclasses.fields(options)}  # type: ignore[arg-type]
-        assert {k: v.default for k, v in model.model_fields.items()} == defaults
+    pairs = (
+        (WarehouseConfig, WarehouseOptions),
+        (SearchConfig, SearchOptions),
+        (SnapshotConfig, SnapshotOptions),
+        (ReaderConfig, ReaderOptions),
+    )
+    for model, options in pairs:
+        assert issubclass(options, model) and options.model_fields.keys() == model.model_fields.keys()
+        assert options().model_dump() == model().model_dump()
+    defaults = _load_toml(tmp_path, "")
+    assert ReaderOptions.from_settings(defaults) == ReaderOptions()
+    assert WarehouseOptions.from_settings(defaults).shards == defaults.partitions  # the log store's
+    # a value the model refuses, from code that builds Settings by hand, names the key and the section
+    with pytest.raises(ConfigError, match=r"\[search\].*'threads'"):
+        SearchOptions.from_settings(Settings(extra={"search": {"threads": 0}}))
+    with pytest.raises(ConfigError, match="batch_max_ms"):
+        ReaderOptions.from_settings(Settings(extra={"batch_max_ms": "100"}))
 
 
 def test_unknown_cdc_environment_variable_is_refused(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``cdc rebuild``'s swap (:func:`cdc.rebuild.swap_in`): the staged directory or file takes the live
+"""``cdc rebuild``'s swap (:func:`cdc.cli.rebuild.staged.swap_in`): the staged directory or file takes the live
 one's place and the old one moves aside, by an atomic exchange where the filesystem has one and by
 two renames where it has not; with no live one, the staged one just moves in."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import cdc.rebuild as rebuild
-from cdc.rebuild import swap_in
+import cdc.cli.rebuild.staged as rebuild
+from cdc.cli.rebuild.staged import swap_in
 
 
 def _tree(root: Path, marker: str) -> Path:

@@ -1,4 +1,4 @@
-"""The pure parts of an incremental verify's ranges (:mod:`cdc.verify_ranges`): placing keys,
+"""The pure parts of an incremental verify's ranges (:mod:`cdc.cli.verify.ranges`): placing keys,
 merging ranges into key intervals, the scrub's rotation, which key types have ranges; which keys of
 a span the index is asked for, and the warehouse's filter of a record batch to the spans."""
 
@@ -9,8 +9,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from cdc.registry import Column, TableReg
-from cdc.verify_ranges import (
+from cdc.cli.verify.ranges import (
     DIGEST,
     SPANNED_MAX,
     Bounds,
@@ -21,6 +20,7 @@ from cdc.verify_ranges import (
     spanned_keys,
     unsupported,
 )
+from cdc.registry import Column, TableReg
 from sinks.warehouse.delta import bool_array, span_mask
 
 

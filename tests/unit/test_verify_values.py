@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from cdc.verify import _from_text, _normalise
+from cdc.cli.verify.compare import _from_text, _normalise
 from sinks.types import to_array
 
 

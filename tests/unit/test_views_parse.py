@@ -98,8 +98,8 @@ def test_source_sql_appends_the_driving_key_it_does_not_select() -> None:
     """The view's SQL as ``cdc verify`` runs it on the source: the registered SQL (filters, joins,
     renames as written) with the driving table's key columns appended, quoted; the verifier's view
     registration keys rows by them (a selected key column by its output name)."""
+    from cdc.cli.verify.views import subject_of
     from cdc.registry import ViewReg
-    from cdc.verify_views import subject_of
 
     sql = 'SELECT l.qty AS "Q", o.total FROM lines l JOIN orders o ON o.id = l.order_id WHERE l.qty > 1'
     spec = parse_view("v", sql, TABLES)

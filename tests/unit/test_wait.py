@@ -1,4 +1,4 @@
-"""`cdc wait`'s decision logic without a source or a JVM (cdc/wait.py): the LSN and timeout input,
+"""`cdc wait`'s decision logic without a source or a JVM (cdc/cli/wait/lsn.py): the LSN and timeout input,
 reading a record's commit LSN, the target offset of a partition, and targets, applied positions and
 the report against a real embedded log store holding the reader's own envelopes; the names a wait
 takes (tables and views) and when a view is caught up, against a real registry."""
@@ -10,12 +10,7 @@ from pathlib import Path
 import pytest
 
 from cdc import paths
-from cdc.errors import ConfigError, RegistryError
-from cdc.events import int_to_lsn
-from cdc.logstore import APPLY_CONSUMER, TopicConfig
-from cdc.logstore.embedded import EmbeddedLogStore
-from cdc.registry import Registry, ViewReg
-from cdc.wait import (
+from cdc.cli.wait.lsn import (
     TableWait,
     ViewWait,
     _apply_phase,
@@ -27,6 +22,11 @@ from cdc.wait import (
     partition_target,
     resolve,
 )
+from cdc.errors import ConfigError, RegistryError
+from cdc.events import int_to_lsn
+from cdc.logstore import APPLY_CONSUMER, TopicConfig
+from cdc.logstore.embedded import EmbeddedLogStore
+from cdc.registry import Registry, ViewReg
 from tests.plugins.changes import ChangeWriter, make_reg
 
 COLUMNS = [("id", "bigint"), ("commit_lsn", "text"), ("body", "text")]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.codec.values import parse_array, text_converter_for, type_kind
+from cdc.codec.values import parse_array, text_converter_for
 from cdc.codec.wal2json import NO_TABLE, add_tables_option, converter_for, decode, escape_name
 from cdc.errors import DecodeError
+from cdc.pgtypes import type_kind
 
 
 def test_decode_keeps_every_numeric_digit_and_big_ints() -> None:

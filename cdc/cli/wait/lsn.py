@@ -1,7 +1,7 @@
 """``cdc wait``: read-your-writes. :func:`wait_for_lsn` returns once every named derived table has
 applied every change up to a commit LSN, in every sink that keeps it (the warehouse, and the search
 index where the table has search columns); ``cdc wait`` (:mod:`cdc.cli.wait`) and ``GET /wait`` in
-``cdc serve`` (:mod:`cdc.serve`) are its two faces. ``docs/wait.md`` shows the pattern.
+``cdc serve`` (:mod:`cdc.cli.serve`) are its two faces. ``docs/wait.md`` shows the pattern.
 
 What "applied up to L" means, and how it is known exactly
 --------------------------------------------------------

@@ -35,7 +35,7 @@ How (for each registered table, or the one named):
    and each document's indexed search-column texts must equal the source's values (missing / extra /
    different documents are reported under ``search``).
 
-5. **Incremental** (:mod:`cdc.verify_ranges`; ``Verifier(full=False)``, the CLI's default). A clean
+5. **Incremental** (:mod:`cdc.cli.verify.ranges`; ``Verifier(full=False)``, the CLI's default). A clean
    run records each table's range bounds and hashes and the topic's end offsets noted before L. The
    next run reads the keys of the topic's records since, maps them to ranges, and compares only
    those ranges plus a rotating scrub sample of unchanged ones (1% by default): at the source by
@@ -54,7 +54,7 @@ How (for each registered table, or the one named):
    TRUNCATE, when records past the recorded offsets were removed, or for key types other than
    integers and text, the run is full (``fallback`` says why).
 
-6. **Views from joins** (:mod:`cdc.verify_views`): compared like a table whose rows are the view's
+6. **Views from joins** (:mod:`cdc.cli.verify.views`): compared like a table whose rows are the view's
    SQL run on the source (at the same point L) and whose key is the driving table's; always whole,
    waiting for the pipeline of the tables the view reads. A differing view is compared again at a
    fresh point while retries remain (its rows carry no source version to tell a newer change).
@@ -81,16 +81,17 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from cdc import verify_ranges
+from cdc.cli.verify import ranges as verify_ranges
+from cdc.cli.verify.ranges import RangeRecord
+from cdc.cli.verify.views import ViewSubject, source_from, stored_docs, stored_rows
+from cdc.cli.wait.lsn import slot_passed
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import ApplyError, UnknownTopicError
 from cdc.events import int_to_lsn, lsn_to_int
 from cdc.logstore import APPLY_CONSUMER
+from cdc.pgtypes import is_blank_padded, type_kind
 from cdc.registry import TableReg
-from cdc.verify_ranges import RangeRecord
-from cdc.verify_views import ViewSubject, source_from, stored_docs, stored_rows
-from cdc.wait import slot_passed
 from sinks import KeyRanges, StoredRows, StoredTexts
 
 DEFAULT_RANGE_ROWS = 8
@@ -143,7 +144,7 @@ class TableReport:
     :class:`SinkDiff` per sink of :data:`sinks.all.SINKS`, in its order; the first is the primary."""
 
     table: str
-    #: ``table`` or ``view`` (a view from joins, :mod:`cdc.verify_views`)
+    #: ``table`` or ``view`` (a view from joins, :mod:`cdc.cli.verify.views`)
     kind: str = "table"
     source_rows: int = 0
     sinks: dict[str, SinkDiff] = field(default_factory=dict)
@@ -153,7 +154,7 @@ class TableReport:
     consistent_lsn: str = ""
     caught_up: bool = True
     lag: dict[str, Any] = field(default_factory=dict)
-    #: ``full`` or ``incremental`` (:mod:`cdc.verify_ranges`), and why full when it could not be
+    #: ``full`` or ``incremental`` (:mod:`cdc.cli.verify.ranges`), and why full when it could not be
     mode: str = "full"
     fallback: str = ""
     #: an incremental run: the ranges it checked (index, first key, why, equal), records read
@@ -197,7 +198,7 @@ class TableReport:
         (``ranges``, ``ranges_differing``, ``ranges_checked``: how many were compared, and an
         incremental run's ``checked_ranges``: each one's index, first key, why and whether equal),
         the consistent point and the catch-up state, and ``kind``: ``table`` or ``view`` (a view's
-        ``table`` is its name, its keys the driving table's: :mod:`cdc.verify_views`)."""
+        ``table`` is its name, its keys the driving table's: :mod:`cdc.cli.verify.views`)."""
         out: dict[str, Any] = {"table": self.table, "status": self.status, "source_rows": self.source_rows}
         out |= {f"{name}_{d.unit}": d.stored for name, d in self.sinks.items()}
         primary = self.primary[1].lists()
@@ -265,17 +266,11 @@ def _select_expr(column: str, pg_type: str) -> sql.Composable:
     t = pg_type.strip().lower()
     if t.endswith("[]"):
         return sql.SQL("to_json({})::text").format(c)
-    if _is_blank_padded(t):
+    if is_blank_padded(t):
         # char(n): a cast to text strips the blank padding that the type's output (hence the events
         # and the warehouse) carries; concat() uses the output function and keeps it
         return sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END").format(c=c)
     return sql.SQL("{}::text").format(c)
-
-
-def _is_blank_padded(pg_type: str) -> bool:
-    """``character(n)`` / ``char(n)`` / ``bpchar`` (not ``character varying``)."""
-    t = pg_type.strip().lower()
-    return t == "bpchar" or t.startswith("bpchar(") or t == "character" or t.startswith("character(")
 
 
 def _from_text(text: str | None, pg_type: str) -> Any:
@@ -285,12 +280,9 @@ def _from_text(text: str | None, pg_type: str) -> Any:
     t = pg_type.strip().lower()
     if t.endswith("[]"):
         return json.loads(text, parse_float=str)
-    if t in _FLOAT_TYPES and text not in ("NaN", "Infinity", "-Infinity"):
+    if type_kind(t) == "float" and text not in ("NaN", "Infinity", "-Infinity"):
         return float(text)  # events carry floats as JSON numbers (the special values as strings)
     return text
-
-
-_FLOAT_TYPES = frozenset({"real", "double precision", "float4", "float8"})
 
 
 def _normalise(
@@ -372,7 +364,7 @@ class Verifier:
         self.scrub = scrub
         self._plans: dict[str, _Plan] = {}
         self._fallback: dict[str, str] = {}
-        #: the views being verified, by their registration's qualified name (:mod:`cdc.verify_views`)
+        #: the views being verified, by their registration's qualified name (:mod:`cdc.cli.verify.views`)
         self._views: dict[str, ViewSubject] = {}
         from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
@@ -401,7 +393,7 @@ class Verifier:
         self, conn: psycopg.Connection[Any], lsn: int, tables: Sequence[TableReg]
     ) -> tuple[bool, dict[str, Any]]:
         """Is every change of ``tables`` committed before ``lsn`` durable in the log store
-        (:func:`cdc.wait.slot_passed`)? The slot's facts when not."""
+        (:func:`cdc.cli.wait.lsn.slot_passed`)? The slot's facts when not."""
         ok, facts = slot_passed(conn, self.settings, lsn, tables)
         if ok:
             return True, {}
@@ -477,11 +469,11 @@ class Verifier:
     # -- the comparison -------------------------------------------------------------------------------
     def verify(self, tables: Sequence[TableReg], views: Sequence[ViewSubject] = ()) -> list[TableReport]:
         """Compare ``tables``, then ``views`` (each with its SQL run on the source); record the key
-        ranges of each clean table (:mod:`cdc.verify_ranges`)."""
+        ranges of each clean table (:mod:`cdc.cli.verify.ranges`)."""
         dsn = self.settings.require_source()
         self._views = {v.reg.qualified: v for v in views}
         tables = [*tables, *(v.reg for v in views)]
-        noted = self._topic_ends(tables)  # before the point: see cdc.verify_ranges
+        noted = self._topic_ends(tables)  # before the point: see cdc.cli.verify.ranges
         reports = self._verify_at_point(dsn, tables)
         plans = dict(self._plans)
         for _ in range(self.retries - 1):

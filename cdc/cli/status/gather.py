@@ -27,6 +27,11 @@ import psycopg
 
 from cdc import metrics
 from cdc.catalog import SlotInfo, connect, failover_info, failover_supported, server_info, slot_info
+from cdc.cli.status import history
+from cdc.cli.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
+from cdc.cli.status.options import SCHEMA_VERSION, StatusOptions
+from cdc.cli.status.slot import drop_slot, judge_slot, should_drop
+from cdc.cli.verify.ranges import last_clean
 from cdc.codec.plugins import PLUGINS
 from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
@@ -35,10 +40,6 @@ from cdc.logstore import APPLY_CONSUMER
 from cdc.logstore.images import unknown_values
 from cdc.preflight import gather_standbys
 from cdc.registry import Registry, State, TableReg, TableState
-from cdc.status import SCHEMA_VERSION, StatusOptions, history
-from cdc.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
-from cdc.status.slot import drop_slot, judge_slot, should_drop
-from cdc.verify_ranges import last_clean
 
 CATCH_UP_WAIT_S = 1.5
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
@@ -509,7 +510,7 @@ class Collector:
         dropped: dict[str, Any] | None,
         initial: str | None,
     ) -> dict[str, Any]:
-        """The replication slot's health (:func:`cdc.status.slot.judge_slot`)."""
+        """The replication slot's health (:func:`cdc.cli.status.slot.judge_slot`)."""
         slot = source.get("slot")
         marked = set(dropped.get("tables", [])) if dropped else set()
         awaiting = any(t.snapshot_state != "done" for t in tables if t.qualified in marked)

@@ -6,7 +6,7 @@ the warehouse and, where it has one, the search index (a view: every table it re
 view shows it): take ``SELECT pg_current_wal_lsn()`` after the commit, then ``cdc wait --lsn`` it,
 then read. Exit 3 when ``--timeout`` (default 30 s) passes first, saying how far behind each table
 is; 2 for a bad LSN or timeout; 1 for a name that is neither a registered table nor a view, or a
-source that cannot be reached. How it knows, exactly: :mod:`cdc.wait`; the pattern and the JSON:
+source that cannot be reached. How it knows, exactly: :mod:`cdc.cli.wait.lsn`; the pattern and the JSON:
 ``docs/wait.md``.
 """
 
@@ -82,7 +82,7 @@ def _behind(table: dict[str, Any]) -> str:
 
 
 def run_wait(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.wait import parse_lsn, parse_timeout, resolve, wait_for_lsn
+    from cdc.cli.wait.lsn import parse_lsn, parse_timeout, resolve, wait_for_lsn
 
     lsn = parse_lsn(args.lsn)
     timeout = parse_timeout(args.timeout)

@@ -1,7 +1,7 @@
 """The Prometheus exposition of a status report (``prometheus-client``, text format 0.0.4).
 
 Names follow Prometheus conventions: the unit in the name, ``_total`` for counters, labels per
-table and sink. Every metric is built from the latest sample (:mod:`cdc.serve`), so a scrape never
+table and sink. Every metric is built from the latest sample (:mod:`cdc.cli.serve`), so a scrape never
 queries the source. Counters are per process life (a restart starts them at 0; ``rate()`` copes).
 """
 

@@ -1,11 +1,11 @@
 """``cdc serve``: Prometheus metrics, the status JSON and a live dashboard over HTTP.
 
 Interface: :class:`Server` (``Server(settings, options, token=...).serve_forever()``), tuned by
-:class:`ServeOptions` (``[serve]`` in ``cdc.toml``). Beside it: :mod:`~cdc.serve.metrics` (the
+:class:`ServeOptions` (``[serve]`` in ``cdc.toml``). Beside it: :mod:`~cdc.cli.serve.metrics` (the
 Prometheus exposition of a status report), ``static/`` (the dashboard page and the vendored uPlot
 chart library, MIT, from npm ``uplot`` 1.6.32: nothing is loaded from the internet).
 
-Endpoints: ``/`` the dashboard; ``/status`` the report of :func:`cdc.status.gather.collect` (the same JSON
+Endpoints: ``/`` the dashboard; ``/status`` the report of :func:`cdc.cli.status.gather.collect` (the same JSON
 as ``cdc status --json``, at most ``sample_interval_s`` old); ``/metrics`` Prometheus text format;
 ``/history`` the samples of the last ``history_s`` (for the chart); ``/static/...``;
 ``/wait?lsn=LSN[&table=T ...][&timeout=S]`` read-your-writes (:func:`wait_response`, as ``cdc wait``,
@@ -20,7 +20,7 @@ Guarantees
   token (``--token`` or ``CDC_SERVE_TOKEN``), else a ConfigError. With a token every request must
   carry it (``Authorization: Bearer TOKEN``, or ``?token=TOKEN``, which the dashboard passes on to its
   own requests); a request without it gets 401. Tokens are compared in constant time, never logged.
-* **Sampling.** One sampler thread calls :func:`cdc.status.gather.collect` every ``sample_interval_s`` (so
+* **Sampling.** One sampler thread calls :func:`cdc.cli.status.gather.collect` every ``sample_interval_s`` (so
   the status history and the ``drop`` slot policy keep working while only ``serve`` runs) and keeps
   the samples of the last ``history_s`` in memory. Requests never query the source themselves.
   A sample that fails (source down) is recorded as such; the sampler goes on.
@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -44,52 +43,23 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 from pydantic import SecretStr
 
-from cdc.config import Settings
+from cdc.cli.status.gather import collect, open_store
+from cdc.cli.status.options import StatusOptions
+from cdc.config import ServeConfig, Settings, section_options
 from cdc.errors import CdcError, ConfigError
-from cdc.status import StatusOptions
-from cdc.status.gather import collect, open_store
 
 __all__ = ["ServeOptions", "Server", "is_loopback"]
 
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8"}
 
 
-@dataclass(frozen=True)
-class ServeOptions:
-    """``[serve]`` in ``cdc.toml`` (keys as the field names)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8787
-    sample_interval_s: float = 5.0
-    history_s: float = 3600.0
+class ServeOptions(ServeConfig):
+    """``[serve]`` in ``cdc.toml``, whose model (:class:`cdc.config.ServeConfig`) holds each key's
+    default and bounds."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServeOptions:
-        return cls.from_mapping(settings.extra.get("serve", {}) or {})
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> ServeOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown key(s) in [serve]: {', '.join(unknown)}", fix=f"use only {', '.join(known)}"
-            )
-        kwargs: dict[str, Any] = {}
-        for name, raw in values.items():
-            if name == "host":
-                if not isinstance(raw, str) or not raw:
-                    raise ConfigError(
-                        f"[serve] host must be a string, got {raw!r}", fix='e.g. host = "127.0.0.1"'
-                    )
-                kwargs[name] = raw
-                continue
-            if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0:
-                raise ConfigError(
-                    f"[serve] {name} must be a positive number, got {raw!r}", fix=f"set {name} > 0"
-                )
-            kwargs[name] = int(raw) if name == "port" else float(raw)
-        return cls(**kwargs)
+        return section_options(cls, settings, "serve")
 
 
 def is_loopback(host: str) -> bool:
@@ -240,11 +210,11 @@ class Server:
 
 
 def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[int, bytes]:
-    """``GET /wait``: (HTTP status, JSON body) of :func:`cdc.wait.wait_for_lsn` for the query's
+    """``GET /wait``: (HTTP status, JSON body) of :func:`cdc.cli.wait.lsn.wait_for_lsn` for the query's
     ``lsn``, ``table`` (a registered table or view, repeated; default every registered table and
     view) and ``timeout`` (seconds, default 30)."""
+    from cdc.cli.wait.lsn import parse_lsn, parse_timeout, resolve, wait_for_lsn
     from cdc.errors import LogStoreError, RegistryError, SourceError
-    from cdc.wait import parse_lsn, parse_timeout, resolve, wait_for_lsn
 
     try:
         lsn = parse_lsn((query.get("lsn") or [""])[0])
@@ -269,11 +239,11 @@ def wait_response(settings: Settings, query: Mapping[str, list[str]]) -> tuple[i
 
 
 def _static(name: str) -> bytes:
-    return resources.files("cdc.serve").joinpath("static", name).read_bytes()
+    return resources.files("cdc.cli.serve").joinpath("static", name).read_bytes()
 
 
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
-    from cdc.serve.metrics import render_metrics
+    from cdc.cli.serve.metrics import render_metrics
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "cdc-serve"

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
+from cdc.cli.status.judge import ERROR, OK, WARN, Judgement
 from cdc.registry import State
-from cdc.status.judge import ERROR, OK, WARN, Judgement
 
 if TYPE_CHECKING:
     from cdc.catalog import SlotInfo
+    from cdc.cli.status.options import StatusOptions
     from cdc.registry import Registry
-    from cdc.status import StatusOptions
 
 
 def critical_at(options: StatusOptions, max_keep: int | None) -> int:

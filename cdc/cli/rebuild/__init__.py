@@ -7,7 +7,7 @@ copy differs from the source, or the swap was declined (the live data stays, the
 inspection); 2 a table's copy verified but ``cdc apply`` held its lock at the swap (the copy is
 kept and the next rebuild resumes it), or refused before any work (a view while ``cdc apply``
 runs, another rebuild of the same name, no ``--yes`` without a terminal); 3 the pipeline had not
-caught up with the source within ``--wait`` (nothing swapped). See :mod:`cdc.rebuild`.
+caught up with the source within ``--wait`` (nothing swapped). See :mod:`cdc.cli.rebuild.staged`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from cdc.config import Settings
 from cdc.errors import ConfigError
 
 if TYPE_CHECKING:
-    from cdc.rebuild import RebuildReport
+    from cdc.cli.rebuild.staged import RebuildReport
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +65,7 @@ def _ask(report: RebuildReport) -> bool:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.rebuild import rebuild
+    from cdc.cli.rebuild.staged import rebuild
 
     if args.wait < 0 or args.limit < 0:
         raise ConfigError("--wait and --limit must not be negative", fix="e.g. --wait 60 --limit 20")

@@ -1,14 +1,14 @@
 """``cdc verify [SCHEMA.TABLE|VIEW] [--full] [--scrub N] [--json] [--wait SECONDS]``: are the
 derived tables (and the views from joins, each against its SQL run on the source,
-:mod:`cdc.verify_views`) equal to the source?
+:mod:`cdc.cli.verify.views`) equal to the source?
 
 After a clean run has recorded a table's key ranges, a run checks only the ranges with changes in
 the topic since, plus a rotating sample of the others (``--scrub``); ``--full`` reads everything
-and records fresh ranges (:mod:`cdc.verify_ranges`).
+and records fresh ranges (:mod:`cdc.cli.verify.ranges`).
 
 Exit codes: 0 every table equal; 1 a difference (missing / extra / different rows, or search
 documents); 3 the pipeline had not caught up with the source's consistent point within ``--wait``
-(nothing can be concluded; run the pipeline, then verify again). See :mod:`cdc.verify` for how.
+(nothing can be concluded; run the pipeline, then verify again). See :mod:`cdc.cli.verify.compare` for how.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cdc.config import Settings
 from cdc.errors import ConfigError
 
 if TYPE_CHECKING:
-    from cdc.verify import TableReport
+    from cdc.cli.verify.compare import TableReport
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,8 +57,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.verify import Verifier
-    from cdc.verify_views import subjects
+    from cdc.cli.verify.compare import Verifier
+    from cdc.cli.verify.views import subjects
 
     if args.wait < 0 or args.limit < 0 or (args.scrub is not None and args.scrub < 0):
         raise ConfigError(

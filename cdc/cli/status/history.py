@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from cdc.status.judge import Point
+from cdc.cli.status.judge import Point
 
 FILE = "samples.json"
 

@@ -2,14 +2,13 @@
 
 Loopback (127.0.0.1:8787) unless ``[serve]`` or the flags say otherwise; a non-loopback bind needs a
 token (``--token`` or ``CDC_SERVE_TOKEN``), and then every request must carry it. Runs until SIGTERM
-or Ctrl-C (exit 0). See :mod:`cdc.serve`.
+or Ctrl-C (exit 0). See :mod:`cdc.cli.serve`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
@@ -31,11 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.serve import ServeOptions, Server
+    from cdc.cli.serve.server import ServeOptions, Server
 
     options = ServeOptions.from_settings(settings)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    options = dataclasses.replace(options, **changes)
+    options = options.model_copy(update=changes)
     raw = args.token if args.token is not None else os.environ.get("CDC_SERVE_TOKEN")  # the entry point
     server = Server(settings, options, token=SecretStr(raw) if raw else None)
     host, port = server.address

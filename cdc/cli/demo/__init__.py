@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cdc.cli.demo.pipeline import run_demo
 from cdc.config import Settings
-from cdc.demo import run_demo
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

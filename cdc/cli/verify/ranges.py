@@ -57,6 +57,7 @@ from psycopg import sql
 
 from cdc.errors import UnknownTopicError
 from cdc.paths import ensure_private_dir, verify_ranges
+from cdc.pgtypes import VARCHAR_TYPES, type_kind
 from cdc.registry import Registry, TableReg, TableState
 
 Key = tuple[Any, ...]
@@ -64,16 +65,13 @@ Key = tuple[Any, ...]
 #: the record file's layout (:meth:`RangeRecord.to_json`); format 1 (before it was named) is read too
 FORMAT = 2
 #: the range hashes' digest: blake2b (16 bytes) over each key's canonical JSON and its row hash
-#: (:func:`cdc.verify.row_hash`); a record of another digest has its hashes read as unknown
+#: (:func:`cdc.cli.verify.compare.row_hash`); a record of another digest has its hashes read as unknown
 DIGEST = "blake2b-16/v1"
-
-_INT_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8"})
-_TEXT_TYPES = frozenset({"text", "character varying", "varchar"})
 
 
 def sort_key(key: Key) -> tuple[Any, ...]:
     """The order of keys here and at the source (``COLLATE "C"`` for text); same as
-    :func:`cdc.verify._sort_key` for the supported key types."""
+    :func:`cdc.cli.verify.compare._sort_key` for the supported key types."""
     return tuple((0, v) if isinstance(v, int) else (1, str(v)) for v in key)
 
 
@@ -83,7 +81,7 @@ def unsupported(reg: TableReg) -> str | None:
     for k in reg.key:
         t = types.get(k, "")
         base = t.split("(")[0].strip()
-        if t not in _INT_TYPES and base not in _TEXT_TYPES:
+        if type_kind(t) != "int" and base not in VARCHAR_TYPES:
             return f"key column {k} is {t or 'unknown'}: only integer and text keys have ranges"
     return None
 
@@ -385,7 +383,7 @@ def reads(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> list
     text and composite keys) one WHERE of key comparisons (text ``COLLATE "C"``: no index of the
     column's own collation serves it, so that is a scan of the table at the source)."""
     types = {c.name: c.type.strip().lower() for c in reg.columns}
-    single = len(reg.key) == 1 and types.get(reg.key[0]) in _INT_TYPES
+    single = len(reg.key) == 1 and type_kind(types.get(reg.key[0], "")) == "int"
     bounded = [(lo, hi) for lo, hi in spans if lo is not None and hi is not None] if single else []
     rest = [(lo, hi) for lo, hi in spans if not single or lo is None or hi is None]
     out: list[Read] = []
@@ -409,7 +407,7 @@ def where(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) -> tupl
     types = {c.name: c.type.strip().lower() for c in reg.columns}
     cols = sql.SQL(", ").join(
         sql.SQL("{}").format(sql.Identifier(k))
-        if types.get(k) in _INT_TYPES
+        if type_kind(types.get(k, "")) == "int"
         else sql.SQL('{} COLLATE "C"').format(sql.Identifier(k))
         for k in reg.key
     )
@@ -447,7 +445,7 @@ def spanned_keys(reg: TableReg, spans: Sequence[tuple[Key | None, Key | None]]) 
     whole span, so a document the source and the warehouse lack there is found too. Other spans and
     keys: none (such a document is found by the counts, or by ``--full``)."""
     types = {c.name: c.type.strip().lower() for c in reg.columns}
-    if len(reg.key) != 1 or types.get(reg.key[0]) not in _INT_TYPES:
+    if len(reg.key) != 1 or type_kind(types.get(reg.key[0], "")) != "int":
         return []
     out: list[Key] = []
     for lo, hi in spans:

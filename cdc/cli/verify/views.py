@@ -1,7 +1,7 @@
 """A view from joins as ``cdc verify`` compares it: the view's SQL run on the source against the
 view's current Delta table and its search index (``docs/views.md``, "Checked").
 
-:class:`cdc.verify.Verifier` compares tables; a view becomes one through :func:`subject_of`: a
+:class:`cdc.cli.verify.compare.Verifier` compares tables; a view becomes one through :func:`subject_of`: a
 table registration (:attr:`ViewSubject.reg`, never stored) whose columns are the view's, typed as
 the source columns they read, and whose key is the driving table's key -- the view row's identity,
 stored in the view's table as ``_cdc_key`` (the driving row's canonical key JSON). A driving key

@@ -9,7 +9,7 @@ A **table** (``SCHEMA.TABLE``):
    tombstones) and, for a table with search columns, a new search index with the live index's shard
    count. The live derived data is not touched and keeps serving readers. Records a sink rejects
    are counted (the apply dead-lettered them when it met them; they are not written again).
-2. **Verify.** The copy is compared with the source by :class:`cdc.verify.Verifier`, its sinks
+2. **Verify.** The copy is compared with the source by :class:`cdc.cli.verify.compare.Verifier`, its sinks
    pointed at the staging root: one consistent point, per-key-range hashes, the search documents.
    When the copy differs, the slot must have passed the point (every change up to it is in the
    topic: as ``cdc verify`` waits, at most ``wait_s``), then the copy replays what the topic gained
@@ -75,12 +75,12 @@ import orjson
 import psycopg
 
 from cdc import paths
+from cdc.cli.verify.compare import Verifier
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import LockedError, UnknownTopicError
 from cdc.locks import ProcessLock
 from cdc.registry import Registry, TableReg, ViewReg
-from cdc.verify import Verifier
 
 #: the application id of the replay's sink commits (never the apply job's own)
 REBUILD_APP = "cdc-rebuild"
@@ -225,7 +225,7 @@ def _keep_layout(settings: Settings, reg: TableReg, sinks: Sequence[Any]) -> Non
 
 
 class StagedVerifier(Verifier):
-    """:class:`~cdc.verify.Verifier` of the staged copy: its sinks read the staging root, and its
+    """:class:`~cdc.cli.verify.compare.Verifier` of the staged copy: its sinks read the staging root, and its
     wait for the pipeline is a wait for the slot followed by a :meth:`Replay.catch_up`."""
 
     def __init__(self, settings: Settings, replay: Replay, *, wait_s: float, limit: int) -> None:
@@ -441,10 +441,10 @@ def _source_view_rows(
     settings: Settings, view: ViewReg, target: Any
 ) -> tuple[list[tuple[str, str]], list[list[Any]]]:
     """The view's SQL run on the source (one read-only snapshot): its columns (name, type) and rows
-    normalised as ``cdc verify`` normalises a table's (:func:`cdc.verify._normalise`)."""
+    normalised as ``cdc verify`` normalises a table's (:func:`cdc.cli.verify.compare._normalise`)."""
     from psycopg import sql
 
-    from cdc.verify import _normalise, _select_expr
+    from cdc.cli.verify.compare import _normalise, _select_expr
 
     with connect(settings.require_source(), application_name="cdc rebuild") as conn:
         for stmt in ("SET TimeZone = 'UTC'", "SET DateStyle = 'ISO, YMD'", "SET extra_float_digits = 1"):
@@ -471,7 +471,7 @@ def _compare_view(settings: Settings, view: ViewReg, copy: Path, limit: int) -> 
 
     from deltalake import DeltaTable
 
-    from cdc.verify import canonical, row_hash
+    from cdc.cli.verify.compare import canonical, row_hash
 
     table = DeltaTable(str(copy)).to_pyarrow_table()
     columns, src = _source_view_rows(settings, view, table.schema)

@@ -1,7 +1,7 @@
 """``cdc sql`` and ``cdc search``: the analyst's commands.
 
 * ``sql "SELECT ..." [--json | --csv]`` runs one DuckDB statement over the warehouse (see
-  :mod:`cdc.analytics`): ``schema.table`` is a table's current state, ``schema.table__history`` its
+  :mod:`cdc.cli.query.analytics`): ``schema.table`` is a table's current state, ``schema.table__history`` its
   history. Text: a table; ``--json``: a list of row objects (decimals as strings, timestamps ISO 8601,
   bytes hex); ``--csv``: a header line and the rows, same value formatting.
 * ``search SCHEMA.TABLE|VIEW "query" [--limit N] [--json]`` ranks the table's documents (BM25, tantivy
@@ -27,7 +27,7 @@ from cdc.registry import Registry
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# pyarrow, duckdb and deltalake (through cdc.analytics) are imported inside the handlers: other
+# pyarrow, duckdb and deltalake (through cdc.cli.query.analytics) are imported inside the handlers: other
 # verbs (``cdc run``) must not pay their import time and memory.
 
 
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _text(value: Any) -> str:
-    from cdc.analytics import jsonable
+    from cdc.cli.query.analytics import jsonable
 
     v = jsonable(value)
     if isinstance(v, list | dict):
@@ -67,7 +67,7 @@ def _tuples(result: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def run_sql(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.analytics import Warehouse, rows_of
+    from cdc.cli.query.analytics import Warehouse, rows_of
     from sinks.warehouse import WarehouseOptions
 
     with Registry(settings.state_dir) as registry:

@@ -100,8 +100,8 @@ def render(report: dict[str, Any]) -> str:
 
 
 def run_status(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.status import StatusOptions
-    from cdc.status.gather import collect
+    from cdc.cli.status.gather import collect
+    from cdc.cli.status.options import StatusOptions
 
     options = StatusOptions.from_settings(settings)
     if args.watch is None:
