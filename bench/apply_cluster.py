@@ -226,7 +226,9 @@ def _child(argv: list[str]) -> None:
 def _settings(state: Path) -> Any:
     from cdc.config import Settings
 
-    return Settings(state_dir=state)
+    # the warehouse keeps a new table in as many shards as the log store has partitions (one task
+    # each): the topic's partitions here
+    return Settings(state_dir=state, partitions=PARTITIONS)
 
 
 # -- the runs ------------------------------------------------------------------------------------------
