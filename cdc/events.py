@@ -67,3 +67,12 @@ def lsn_to_int(lsn: str) -> int:
 
 def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def commit_ts_ms(ts: str | None) -> int | None:
+    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch milliseconds."""
+    if not ts:
+        return None
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(ts).timestamp() * 1000)

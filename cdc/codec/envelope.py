@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Protocol
 
 import orjson
@@ -37,7 +36,7 @@ from cdc.codec.values import (
 )
 from cdc.codec.wal2json import DECODER
 from cdc.errors import DecodeError
-from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, lsn_to_int
+from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, commit_ts_ms, encode_key, lsn_to_int
 from cdc.logstore import Record
 from cdc.logstore.images import Alter, Image, Images, Staging, pack
 from cdc.pgtypes import type_kind
@@ -116,13 +115,6 @@ def images_alter(old: Sequence[Column], new: Sequence[Column], renamed: dict[str
     for name in retyped_columns(old, new):
         out[_dumps(name)] = None
     return out
-
-
-def commit_ts_ms(ts: str | None) -> int | None:
-    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch milliseconds."""
-    if not ts:
-        return None
-    return int(datetime.fromisoformat(ts).timestamp() * 1000)
 
 
 def transaction_part(ts_ms: int | None, xid: int | None, commit_lsn: int) -> bytes:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
-from cdc.events import int_to_lsn
+from cdc.events import commit_ts_ms, int_to_lsn
 from cdc.names import quote_ident
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def _peek_wal2json(
         msg = orjson.loads(data)
         action = msg.get("action")
         if action == "B":
-            begin_ms = _wal2json_ts_ms(msg.get("timestamp"))
+            begin_ms = commit_ts_ms(msg.get("timestamp"))
         elif action in _CHANGES:
             changes += 1
             if oldest is None:
@@ -180,10 +180,3 @@ def _peek_pgoutput(conn: psycopg.Connection[Any], slot: str, upto: int, publicat
             if oldest is None:
                 oldest = begin_ms
     return Pending(changes, oldest)
-
-
-def _wal2json_ts_ms(ts: str | None) -> int | None:
-    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch milliseconds."""
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(ts).timestamp() * 1000) if ts else None
