@@ -109,25 +109,49 @@ class SearchConfig(_Section):
 
 
 class KafkaConfig(_Section):
-    """``[kafka]``: the Kafka log store's connection security and retries."""
+    """``[kafka]``: how the Kafka log store connects, authenticates and retries (defaults: plaintext,
+    no authentication, 10 s request timeout, transient errors retried for up to 60 s). The store
+    reads it as :class:`cdc.logstore.kafka.options.KafkaOptions`, which also needs the SASL password
+    (from the file or ``CDC_KAFKA_SASL_PASSWORD``, merged after the file is read)."""
 
+    #: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL (SASL over TLS)
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: PEM file of the CA certificates that sign the brokers' certificates (default: the system's)
     ssl_cafile: str | None = None
+    #: PEM client certificate and key, for brokers that require TLS client authentication
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    #: check that the broker's certificate names the host connected to
     ssl_check_hostname: bool = True
+    #: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (needed with SASL_PLAINTEXT and SASL_SSL)
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None  # also CDC_KAFKA_SASL_PASSWORD
-    request_timeout_ms: int = Field(default=30_000, ge=1)
-    retry_max_s: float = Field(default=120.0, gt=0)
+    #: how long one request (produce, fetch, metadata) may take before it counts as failed
+    request_timeout_ms: int = Field(default=10_000, ge=1)
+    #: how long an append keeps retrying transient errors (leader change, timeout, dropped
+    #: connection) before it fails; 0 fails at the first error
+    retry_max_s: float = Field(default=60.0, ge=0)
 
     @model_validator(mode="after")
-    def _sasl_complete(self) -> KafkaConfig:
-        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
+    def _consistent(self) -> KafkaConfig:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and not (self.sasl_mechanism and self.sasl_username):
             raise ValueError(
-                f"security_protocol = {self.security_protocol!r} needs sasl_mechanism and sasl_username "
-                "(and sasl_password or CDC_KAFKA_SASL_PASSWORD)"
+                f"security_protocol = {self.security_protocol!r} needs sasl_mechanism, sasl_username and "
+                "sasl_password (or the environment variable CDC_KAFKA_SASL_PASSWORD)"
+            )
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+            raise ValueError(
+                "sasl_* settings are set but security_protocol is "
+                f"{self.security_protocol!r}: use SASL_SSL (or SASL_PLAINTEXT) to authenticate"
+            )
+        if not self.security_protocol.endswith("SSL") and (
+            self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile
+        ):
+            raise ValueError(
+                f"ssl_* files are set but security_protocol is {self.security_protocol!r}: "
+                "use SSL (or SASL_SSL) to connect with TLS"
             )
         return self
 

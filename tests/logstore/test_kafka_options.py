@@ -155,3 +155,15 @@ def test_transient_errors(error: type[Exception]) -> None:
 )
 def test_permanent_errors(error: type[Exception]) -> None:
     assert not is_transient(error)
+
+
+def test_the_file_and_the_store_share_one_model() -> None:
+    """``cdc.toml``'s ``[kafka]`` section and the store's options are one model: a key's default is
+    written once (they once disagreed: 30 s and 120 s in the file's model, 10 s and 60 s in effect)."""
+    from cdc.config import KafkaConfig, load_settings
+
+    assert issubclass(KafkaOptions, KafkaConfig)
+    assert KafkaOptions.model_fields.keys() == KafkaConfig.model_fields.keys()
+    loaded = load_settings(environ={"CDC_STATE": "/nonexistent"}, cwd=Path("/nonexistent"))
+    assert KafkaOptions.from_settings(loaded) == KafkaOptions()
+    assert KafkaOptions().request_timeout_ms == KafkaConfig().request_timeout_ms == 10_000

@@ -10,11 +10,12 @@ configuration loader into the same key. The settings and what each does: ``docs/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import model_validator
 
+from cdc.config import KafkaConfig
 from cdc.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,54 +23,17 @@ if TYPE_CHECKING:
 
 __all__ = ["KafkaOptions"]
 
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
-
-class KafkaOptions(BaseModel):
-    """Connection, security and retry settings of the Kafka log store (frozen; defaults: plaintext,
-    no authentication, 10 s request timeout, transient errors retried for up to 60 s)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    #: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL (SASL over TLS)
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    #: PEM file of the CA certificates that sign the brokers' certificates (default: the system's)
-    ssl_cafile: str | None = None
-    #: PEM client certificate and key, for brokers that require TLS client authentication
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    #: check that the broker's certificate names the host connected to
-    ssl_check_hostname: bool = True
-    #: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (needed with SASL_PLAINTEXT and SASL_SSL)
-    sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    #: how long one request (produce, fetch, metadata) may take before it counts as failed
-    request_timeout_ms: int = Field(default=10_000, ge=1)
-    #: how long an append keeps retrying transient errors (leader change, timeout, dropped
-    #: connection) before it fails; 0 fails at the first error
-    retry_max_s: float = Field(default=60.0, ge=0)
+class KafkaOptions(KafkaConfig):
+    """The Kafka log store's settings: the ``[kafka]`` model (:class:`cdc.config.KafkaConfig`, where
+    each key's default and bounds are written), complete: a SASL protocol also has its password."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> KafkaOptions:
-        sasl = self.security_protocol.startswith("SASL_")
-        if sasl and (self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None):
+    def _password(self) -> KafkaOptions:
+        if self.security_protocol.startswith("SASL_") and self.sasl_password is None:
             raise ValueError(
-                f"security_protocol = {self.security_protocol!r} needs sasl_mechanism, sasl_username and "
-                "sasl_password (or the environment variable CDC_KAFKA_SASL_PASSWORD)"
-            )
-        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
-            raise ValueError(
-                "sasl_* settings are set but security_protocol is "
-                f"{self.security_protocol!r}: use SASL_SSL (or SASL_PLAINTEXT) to authenticate"
-            )
-        if not self.security_protocol.endswith("SSL") and (
-            self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile
-        ):
-            raise ValueError(
-                f"ssl_* files are set but security_protocol is {self.security_protocol!r}: "
-                "use SSL (or SASL_SSL) to connect with TLS"
+                f"security_protocol = {self.security_protocol!r} needs sasl_password "
+                "(or the environment variable CDC_KAFKA_SASL_PASSWORD)"
             )
         return self
 
