@@ -4,7 +4,7 @@ A private Postgres 15 (wal2json), ``pgbench -i -s SCALE`` (scale 2: 200k account
 continuous ``cdc run`` and ``cdc apply`` -- both as processes, at their defaults -- while pgbench's
 TPC-B runs at ``RATE`` transactions/s (``-R``; 300/s: about 900 captured changes/s, an update of
 ``pgbench_accounts``, ``pgbench_tellers`` and ``pgbench_branches`` each; ``pgbench_history`` has no
-primary key and is not registered). A probe row (``probe``, registered too) is updated every 2 s
+primary key and is not registered). The load starts once the accounts' snapshot is applied. A probe row (``probe``, registered too) is updated every 2 s
 and timed from its commit until a plain delta-rs reader (a ``DeltaTable`` kept open and brought up
 to date every 50 ms) sees the new value in its Delta current table.
 
@@ -15,11 +15,14 @@ batch duration's trend: the last window's mean against the second window's (the 
 start). ``cdc apply``'s own progress lines give the batches and their phases (``[plan ..., tasks
 ..., commit warehouse ..., maintain warehouse ...]``): the mean of each phase per window.
 
-``python -m bench freshness_sustained`` runs ``$BENCH_SUSTAINED_MINUTES`` (default 30) on
+``python -m bench freshness_sustained`` runs ``$BENCH_SUSTAINED_ROUNDS`` (default 3) rounds of
+``$BENCH_SUSTAINED_MINUTES`` (default 30) at pgbench scale ``$BENCH_SUSTAINED_SCALE`` (default 2), and
+reports each window's median over the rounds with the bars on those medians, then each round; on
 ``$BENCH_SUSTAINED_MASTER`` (``local`` = ``local[2]``, the default; ``cluster`` = a standalone
 cluster of two one-core workers on this machine, :mod:`spark_jobs.devcluster`). Or directly:
-``python -m bench.freshness_sustained --minutes 12 --master local`` (its section of
-``docs/benchmarks/freshness.md`` is then ``freshness_sustained_<master>``: one per master;
+``python -m bench.freshness_sustained --minutes 12 --master local [--scale 10] [--rounds 3]`` (its section of
+``docs/benchmarks/freshness.md`` is then ``freshness_sustained_<master>``, ``_s<scale>`` added for a
+scale other than 2: one per master and scale;
 ``--no-write`` only prints). ``$BENCH_SUSTAINED_WINDOW_S`` changes the window (300 s) for a
 shorter run. The report also gives the mean time between one batch's end and the next one's start
 (Spark's own: offsets, its logs, the trigger). ``BENCH_KEEP=1`` keeps the state directory.
@@ -47,7 +50,7 @@ from bench._common import CDC, loadavg, say
 
 SECTION_OF = "freshness"  # its section goes in docs/benchmarks/freshness.md (bench/__main__.py)
 
-SCALE = 2
+SCALE = int(os.environ.get("BENCH_SUSTAINED_SCALE", "2"))  # pgbench scale: 100k accounts each
 RATE = 300  # pgbench transactions/s: 3 captured changes each
 WINDOW = float(os.environ.get("BENCH_SUSTAINED_WINDOW_S", "300"))  # seconds
 PROBE_EVERY = 2.0
@@ -162,8 +165,8 @@ def _sample(paths: dict[str, Path], pids: dict[str, int], run: _Run, stop: threa
         run.samples.append((time.monotonic() - run.t0, s))
 
 
-def _setup(dsn: str, base: Path, env: dict[str, str]) -> None:
-    subprocess.run(["pgbench", "-i", "-s", str(SCALE), "-q", dsn], check=True, capture_output=True, env=env)
+def _setup(dsn: str, base: Path, env: dict[str, str], scale: int) -> None:
+    subprocess.run(["pgbench", "-i", "-s", str(scale), "-q", dsn], check=True, capture_output=True, env=env)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE probe (id int PRIMARY KEY, v bigint)")
         conn.execute("INSERT INTO probe VALUES (1, 0)")
@@ -183,7 +186,7 @@ def _start(
     return reader, apply
 
 
-def _measure(minutes: float, master: str | None, where: str) -> tuple[_Run, str, str]:
+def _measure(minutes: float, master: str | None, where: str, scale: int) -> tuple[_Run, str, str]:
     from cdc.devcluster import start_cluster
 
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-sustained-"))
@@ -199,11 +202,11 @@ def _measure(minutes: float, master: str | None, where: str) -> tuple[_Run, str,
     procs: list[subprocess.Popen[str]] = []
     load0 = loadavg()
     try:
-        _setup(dsn, base, env)
+        _setup(dsn, base, env, scale)
         reader, apply = _start(base, env, master)
         procs += [reader, apply]
         apply = _started_apply(base, env, master, state, run, reader, apply, procs)
-        time.sleep(20)  # the snapshots applied (200k accounts), the first batches behind us
+        _await_snapshot(state / "warehouse" / "public" / "pgbench_accounts", scale * 100_000, apply)
         say(f"  {where}: load starts ({minutes:g} min at {RATE} tps, ~{RATE * 3} changes/s)")
         run.t0 = time.monotonic()
         bench = subprocess.Popen(
@@ -266,6 +269,22 @@ def _measure(minutes: float, master: str | None, where: str) -> tuple[_Run, str,
             say(f"  kept {base}")
 
 
+def _await_snapshot(current: Path, rows: int, apply: subprocess.Popen[str]) -> None:
+    """Wait (up to 30 min) until the accounts' current table holds its ``rows`` snapshot rows: the load
+    starts on an applied snapshot, whatever the scale."""
+    from deltalake import DeltaTable
+
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        if apply.poll() is not None:
+            raise RuntimeError(f"cdc apply ended before the snapshot was applied (exit {apply.returncode})")
+        with contextlib.suppress(Exception):  # not created yet, or a commit in flight
+            if DeltaTable(str(current)).to_pyarrow_dataset().count_rows() >= rows:
+                return
+        time.sleep(1)
+    raise RuntimeError(f"the snapshot of {rows:,} accounts was not applied in 30 minutes")
+
+
 #: ``cdc apply``'s error when a Python worker Spark forked (the data source's planner) did not
 #: connect back within Spark's fixed 10 s: a start-up on a machine loaded to 15-25 on 2 cores
 CONNECT_BACK = "Python worker failed to connect back"
@@ -316,38 +335,68 @@ def _postmaster(pg: Any) -> int:
     return 0
 
 
-def _report(run: _Run, minutes: float, where: str, load0: str, tps: str) -> list[str]:
+@dataclass
+class _Window:
+    """One window of a run: its freshness percentiles and its batches' mean wall."""
+
+    label: str
+    p50: float
+    p90: float
+    p99: float
+    wall: float
+
+
+def _windows(run: _Run, minutes: float) -> list[_Window]:
     n = max(1, int(minutes * 60 // WINDOW + (minutes * 60 % WINDOW > 30)))
+    out = []
+    for w in range(n):
+        lo, hi = w * WINDOW, (w + 1) * WINDOW if w < n - 1 else float("inf")
+        f = [s for at, s in run.fresh if lo <= at < hi]
+        b = [x[2] for x in run.batches if lo <= x[0] < hi]
+        label = f"{lo / 60:g}-{min(hi, minutes * 60) / 60:g} min"
+        wall = statistics.mean(b) if b else float("nan")
+        out.append(_Window(label, _pct(f, 0.5), _pct(f, 0.9), _pct(f, 0.99), wall))
+    return out
+
+
+def _bars(p90s: list[float], walls: list[float]) -> str:
+    """The issue's bars on a run's (or the rounds' median) windows."""
+    bar_fresh = all(p <= 3 for p in p90s if p == p)
+    trend = walls[-1] / walls[1] if len(walls) > 2 and walls[1] > 0 else float("nan")
+    verdict = "met" if trend <= 1.2 else "NOT met" if trend == trend else "needs 3 windows"
+    return (
+        f"Bars: freshness p90 <= 3 s in every window: **{'met' if bar_fresh else 'NOT met'}**; last window's mean "
+        f"batch wall / the second window's: **{trend:.2f}x** (bar <= 1.2x: {verdict})."
+    )
+
+
+def _report(run: _Run, minutes: float, where: str, load0: str, tps: str, scale: int) -> list[str]:
     lines = [
-        f"{minutes:g} minutes of pgbench TPC-B (scale {SCALE}, `-R {RATE}`: ~{RATE * 3} captured changes/s; "
-        f"achieved {tps} tps) through `cdc run` and `cdc apply` at their defaults, {where}; a probe row updated "
-        f"every {PROBE_EVERY:g} s, timed from its commit until a delta-rs reader sees it. Load average before / after: "
-        f"{load0} / {loadavg()} (the machine is shared: other engineers' work ran meanwhile).",
+        f"{minutes:g} minutes of pgbench TPC-B (scale {scale}: {scale * 100_000:,} accounts, `-R {RATE}`: ~{RATE * 3} "
+        f"captured changes/s; achieved {tps} tps) through `cdc run` and `cdc apply` at their defaults, {where}; a "
+        f"probe row updated every {PROBE_EVERY:g} s, timed from its commit until a delta-rs reader sees it. Load "
+        f"average before / after: {load0} / {loadavg()} (the machine is shared: other engineers' work ran meanwhile).",
         "",
         "| window | freshness p50 | p90 | p99 | max | batches | records / batch | batch wall mean | p90 "
         "| between batches | accounts files | accounts history files | tellers history files | RSS apply (+JVM) "
         "| RSS cdc run |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    means: list[float] = []
-    p90s: list[float] = []
+    windows = _windows(run, minutes)
     phase_rows: list[str] = []
-    for w in range(n):
-        lo, hi = w * WINDOW, (w + 1) * WINDOW if w < n - 1 else float("inf")
+    for w, win in enumerate(windows):
+        lo, hi = w * WINDOW, (w + 1) * WINDOW if w < len(windows) - 1 else float("inf")
         f = [s for at, s in run.fresh if lo <= at < hi]
         b = [x for x in run.batches if lo <= x[0] < hi]
         smp = [s for at, s in run.samples if lo <= at < hi]
         last = smp[-1] if smp else {}
-        mean = statistics.mean(x[2] for x in b) if b else float("nan")
-        means.append(mean)
         # Spark's own time between a batch's end and the next one's start (offsets, logs, trigger)
         ends = [x[0] for x in run.batches]
         gaps = [x[0] - x[2] - ends[i - 1] for i, x in enumerate(run.batches) if i and lo <= x[0] < hi]
-        p90s.append(_pct(f, 0.9))
         lines.append(
-            f"| {lo / 60:g}-{min(hi, minutes * 60) / 60:g} min | {_pct(f, 0.5):.2f} s | {_pct(f, 0.9):.2f} s "
-            f"| {_pct(f, 0.99):.2f} s | {max(f, default=float('nan')):.2f} s | {len(b)} "
-            f"| {statistics.mean(x[1] for x in b) if b else 0:,.0f} | {mean:.2f} s | {_pct([x[2] for x in b], 0.9):.2f} s "
+            f"| {win.label} | {win.p50:.2f} s | {win.p90:.2f} s "
+            f"| {win.p99:.2f} s | {max(f, default=float('nan')):.2f} s | {len(b)} "
+            f"| {statistics.mean(x[1] for x in b) if b else 0:,.0f} | {win.wall:.2f} s | {_pct([x[2] for x in b], 0.9):.2f} s "
             f"| {statistics.mean(gaps) if gaps else float('nan'):.2f} s | {last.get('files accounts', 0):.0f} | {last.get('files accounts history', 0):.0f} "
             f"| {last.get('files tellers history', 0):.0f} | {last.get('RSS cdc apply (+JVM, workers)', 0):,.0f} MB "
             f"| {last.get('RSS cdc run', 0):,.0f} MB |"
@@ -355,18 +404,14 @@ def _report(run: _Run, minutes: float, where: str, load0: str, tps: str) -> list
         names = sorted({k for x in b for k in x[3]})
         if names:
             phase_rows.append(
-                f"| {lo / 60:g}-{min(hi, minutes * 60) / 60:g} min | "
+                f"| {win.label} | "
                 + ", ".join(f"{k} {statistics.mean(x[3].get(k, 0.0) for x in b) * 1000:.0f}" for k in names)
                 + " |"
             )
-    bar_fresh = all(p <= 3 for p in p90s if p == p)
-    trend = means[-1] / means[1] if len(means) > 2 and means[1] > 0 else float("nan")
     lines += [
         "",
-        f"Bars: freshness p90 <= 3 s in every window: **{'met' if bar_fresh else 'NOT met'}**; last window's mean "
-        f"batch wall / the second window's: **{trend:.2f}x** (bar <= 1.2x: "
-        f"{'met' if trend <= 1.2 else 'NOT met' if trend == trend else 'needs 3 windows'}). "
-        f"Probe updates never seen within 60 s: {run.probe_misses}. `cdc apply` started again at start-up "
+        _bars([w.p90 for w in windows], [w.wall for w in windows])
+        + f" Probe updates never seen within 60 s: {run.probe_misses}. `cdc apply` started again at start-up "
         f"after Spark's Python worker did not connect back in time (the machine's load): {run.restarts}.",
         "",
         "Mean milliseconds per batch and phase, per window (`cdc apply`'s progress line):",
@@ -379,23 +424,62 @@ def _report(run: _Run, minutes: float, where: str, load0: str, tps: str) -> list
     return lines
 
 
-def measure(minutes: float, master_kind: str) -> str:
-    """One sustained run on ``master_kind`` (``local`` or ``cluster``); the report's section."""
+def _medians(runs: list[_Run], minutes: float) -> list[str]:
+    """Per window, the median over the rounds of each round's percentiles and mean batch wall, and the
+    bars on those medians."""
+    per_round = [_windows(r, minutes) for r in runs]
+    lines = [
+        f"Median of {len(runs)} rounds, per window (each round's own table below):",
+        "",
+        "| window | freshness p50 | p90 | p99 | batch wall mean | p90 of each round |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    p90s, walls = [], []
+    for i, win in enumerate(per_round[0]):
+        ws = [r[i] for r in per_round if i < len(r)]
+        p90 = statistics.median(w.p90 for w in ws)
+        wall = statistics.median(w.wall for w in ws)
+        p90s.append(p90)
+        walls.append(wall)
+        lines.append(
+            f"| {win.label} | {statistics.median(w.p50 for w in ws):.2f} s | {p90:.2f} s "
+            f"| {statistics.median(w.p99 for w in ws):.2f} s | {wall:.2f} s | "
+            + " / ".join(f"{w.p90:.2f}" for w in ws)
+            + " |"
+        )
+    return [*lines, "", _bars(p90s, walls) + " (on the medians)", ""]
+
+
+def measure(minutes: float, master_kind: str, scale: int = SCALE, rounds: int = 1) -> str:
+    """``rounds`` sustained runs on ``master_kind`` (``local`` or ``cluster``), each from a new source
+    and state; the report's section (with the rounds' per-window medians when more than one)."""
     from spark_jobs import devcluster
 
-    if master_kind == "cluster":
-        spark_base = Path(tempfile.mkdtemp(prefix="cdc-bench-sustained-spark-"))
-        sc = devcluster.start_cluster(spark_base, workers=2)
-        try:
-            where = "the apply's tasks on a Spark standalone cluster of 2 one-core workers on this machine"
-            run, load0, tps = _measure(minutes, sc.url, where)
-        finally:
-            sc.stop()
-            shutil.rmtree(spark_base, ignore_errors=True)
-    else:
-        where = "`local[2]`"
-        run, load0, tps = _measure(minutes, None, where)
-    lines = [f"### Sustained freshness, {where}", "", *_report(run, minutes, where, load0, tps)]
+    where = "`local[2]`"
+    results: list[tuple[_Run, str, str]] = []
+    for i in range(rounds):
+        say(f"  round {i + 1} of {rounds}")
+        if master_kind == "cluster":
+            spark_base = Path(tempfile.mkdtemp(prefix="cdc-bench-sustained-spark-"))
+            sc = devcluster.start_cluster(spark_base, workers=2)
+            try:
+                where = (
+                    "the apply's tasks on a Spark standalone cluster of 2 one-core workers on this machine"
+                )
+                results.append(_measure(minutes, sc.url, where, scale))
+            finally:
+                sc.stop()
+                shutil.rmtree(spark_base, ignore_errors=True)
+        else:
+            results.append(_measure(minutes, None, where, scale))
+    title = f"### Sustained freshness, {where}" + ("" if scale == 2 else f", pgbench scale {scale}")
+    lines = [title, ""]
+    if rounds > 1:
+        lines += _medians([r for r, _, _ in results], minutes)
+    for i, (run, load0, tps) in enumerate(results):
+        if rounds > 1:
+            lines += [f"#### Round {i + 1}", ""]
+        lines += _report(run, minutes, where, load0, tps, scale)
     text = "\n".join(lines)
     print(text, flush=True)
     return text
@@ -403,27 +487,34 @@ def measure(minutes: float, master_kind: str) -> str:
 
 def run(quick: bool) -> str:
     minutes = 2.0 if quick else float(os.environ.get("BENCH_SUSTAINED_MINUTES", "30"))
-    return measure(minutes, os.environ.get("BENCH_SUSTAINED_MASTER", "local"))
+    rounds = 1 if quick else int(os.environ.get("BENCH_SUSTAINED_ROUNDS", "3"))
+    return measure(minutes, os.environ.get("BENCH_SUSTAINED_MASTER", "local"), SCALE, rounds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.freshness_sustained")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--master", choices=("local", "cluster"), default="local")
+    parser.add_argument("--scale", type=int, default=SCALE, help="pgbench scale (100k accounts each)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs; more than 1 adds their per-window medians"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; docs/benchmarks untouched")
     args = parser.parse_args()
     started = time.time()
-    text = measure(args.minutes, args.master)
+    text = measure(args.minutes, args.master, args.scale, args.rounds)
     if args.no_write:
         return
     from bench.__main__ import _put_section
 
     header = (
-        f"<!-- written by `python -m bench.freshness_sustained --minutes {args.minutes:g} --master {args.master}` "
+        f"<!-- written by `python -m bench.freshness_sustained --minutes {args.minutes:g} --master {args.master} "
+        f"--scale {args.scale} --rounds {args.rounds}` "
         f"on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {time.time() - started:.0f} s -->\n"
     )
     out = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "freshness.md"
-    _put_section(out, f"freshness_sustained_{args.master}", header + text)
+    scale = "" if args.scale == 2 else f"_s{args.scale}"
+    _put_section(out, f"freshness_sustained_{args.master}{scale}", header + text)
 
 
 if __name__ == "__main__":
