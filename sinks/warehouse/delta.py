@@ -3,6 +3,8 @@ commit carrying the batch's app transaction, and the bucket-pruned reads the wri
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -441,14 +443,23 @@ def _bucket_set(
         return None
     existing = {int(b) for b in files.column(f"partition.{BUCKET}").to_pylist() if b is not None}
     width = layout.size
-    return {
-        b for b in existing if _meets(spans, (b // layout.shards) * width, (b // layout.shards + 1) * width)
-    }
+    meets = _Meets(spans)
+    return {b for b in existing if meets((b // layout.shards) * width, (b // layout.shards + 1) * width)}
 
 
-def _meets(spans: Sequence[tuple[Any, Any]], lo: int, hi: int) -> bool:
-    """Does an integer interval ``[lo, hi)`` meet one of ``spans`` (one-column integer keys)?"""
-    return any((s_lo is None or s_lo[0] < hi) and (s_hi is None or s_hi[0] > lo) for s_lo, s_hi in spans)
+class _Meets:
+    """Does an integer interval ``[lo, hi)`` meet one of ``spans`` (one-column integer keys; sorted,
+    disjoint, as :class:`sinks.KeyRanges` holds them)? By bisection over the spans' upper bounds: an
+    incremental verify asks for thousands of spans, and testing each bucket against every one cost
+    ~0.1 s of its CPU."""
+
+    def __init__(self, spans: Sequence[tuple[Any, Any]]) -> None:
+        self.los = [None if s_lo is None else s_lo[0] for s_lo, _ in spans]
+        self.his = [math.inf if s_hi is None else s_hi[0] for _, s_hi in spans]
+
+    def __call__(self, lo: int, hi: int) -> bool:
+        i = bisect.bisect_right(self.his, lo)  # the first span ending past lo
+        return i < len(self.his) and (self.los[i] is None or self.los[i] < hi)
 
 
 def span_mask(column: Any, spans: Sequence[tuple[Any, Any]]) -> np.ndarray:

@@ -346,3 +346,56 @@ def test_the_warehouse_read_by_file_equals_the_dataset_read_after_a_column_was_a
     assert sorted((r["id"], r["extra"]) for r in got.to_pylist()) == [(99, None), (100, "x"), (101, None)]
     code, (inc,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "3")
     assert code == 0 and inc["mode"] in ("incremental", "full"), inc
+
+
+def test_a_narrow_table_divergence_beside_a_change_is_found_incrementally(
+    pg: PgCluster, pg_db: str, tmp_path: Path
+) -> None:
+    """The bench's narrow shape (int key, text, numeric(12,2), no search columns), spread over several
+    range buckets: changes to a few rows, then values planted in the warehouse behind the pipeline's
+    back. The incremental run finds the one beside a change (its range is checked), with the column
+    that differs; the one in a range without changes is found by ``--full``. The warehouse's bucket
+    pruning (:class:`sinks.warehouse.delta._Meets`) reads only the buckets the checked ranges reach."""
+    state = tmp_path / "state"
+    rows = 70_000  # past one range bucket of 65,536 integer keys
+    pg.execute("CREATE TABLE public.narrow (id int PRIMARY KEY, name text, price numeric(12,2))", pg_db)
+    pg.execute(
+        f"INSERT INTO public.narrow SELECT g, 'name ' || g, g * 0.01 FROM generate_series(1, {rows}) g", pg_db
+    )
+    dsn = pg.dsn(pg_db)
+    assert cdc_cli(dsn, state, "tables", "add", "public.narrow")[0] == 0
+    capture(dsn, state)
+    assert apply_pending_without_spark(state) == rows
+    settings = Settings(state_dir=state)
+    code, (first,) = verify_json(settings, dsn, "--wait", "30")
+    assert code == 0 and first["mode"] == "full" and first["search_docs"] is None, first
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE public.narrow SET name = 'it''s\n\"ugly\"', price = -0.01 WHERE id = 41")
+        conn.execute("UPDATE public.narrow SET price = 9999999999.99 WHERE id = 62")
+    capture(dsn, state)
+    assert apply_pending_without_spark(state) == 2
+    with Registry(state) as r:
+        path = WarehouseSink(state).paths(r.find("public.narrow"))[0]
+    table = DeltaTable(str(path))
+    table.update(updates={"price": "CAST(1.23 AS DECIMAL(12,2))"}, predicate="id = 44")  # beside 41
+    table.update(updates={"name": "'planted far away'"}, predicate="id = 68000")  # no change near it
+    code, (inc,) = verify_json(settings, dsn, "--wait", "30", "--scrub", "0")
+    assert code == 1 and inc["mode"] == "incremental", inc
+    assert checked(inc, "changed") == {(41 - 1) // RANGE_ROWS, (62 - 1) // RANGE_ROWS}
+    assert inc["rows_checked"] == 2 * RANGE_ROWS and inc["source_rows"] == inc["warehouse_rows"] == rows
+    assert inc["different"] == [
+        {"key": {"id": 44}, "columns": {"price": {"source": "0.44", "warehouse": "1.23"}}}
+    ], inc["different"]
+    assert inc["missing_count"] == inc["extra_count"] == 0
+    spans = tuple(((c["from"]["id"],), (c["from"]["id"] + RANGE_ROWS,)) for c in inc["checked_ranges"])
+    with Registry(state) as r:
+        reg = r.find("public.narrow")
+    before = ROWS_READ["current"]
+    back = WarehouseSink(state).read_back(reg, KeyRanges(spans))
+    assert back.table is not None and back.table.num_rows == 2 * RANGE_ROWS and back.total == rows
+    assert ROWS_READ["current"] - before == 65_535, "only the bucket of ids 1..65535 was read"
+
+    code, (full,) = verify_json(settings, dsn, "--wait", "30", "--full")
+    assert code == 1 and full["mode"] == "full"
+    assert [d["key"] for d in full["different"]] == [{"id": 44}, {"id": 68000}]

@@ -4,6 +4,8 @@ a span the index is asked for, and the warehouse's filter of a record batch to t
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -21,7 +23,7 @@ from cdc.cli.verify.ranges import (
     unsupported,
 )
 from cdc.registry import Column, TableReg
-from sinks.warehouse.delta import bool_array, span_mask
+from sinks.warehouse.delta import _Meets, bool_array, span_mask
 
 
 def record(bounds: list[tuple[object, ...]]) -> RangeRecord:
@@ -114,6 +116,25 @@ def test_a_record_batch_is_filtered_to_the_spans_in_the_keys_order() -> None:
         True,
     ]
     assert span_mask(texts, [(None, ("a",))]).tolist() == [True, True] + [False] * 5
+
+
+def test_a_bucket_meets_the_spans_as_testing_every_span_says() -> None:
+    """The warehouse's bucket pruning (bisection over the spans) against its definition: some span
+    with ``lo < bucket_hi`` and ``hi > bucket_lo`` (open ends unbounded), on random merged spans."""
+    rnd = random.Random(35)
+    for _ in range(300):
+        cuts = sorted(rnd.sample(range(-50, 150), rnd.randint(0, 12)))
+        pairs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+        spans: list[tuple[tuple[int, ...] | None, tuple[int, ...] | None]] = [((a,), (b,)) for a, b in pairs]
+        if spans and rnd.random() < 0.3:
+            spans[0] = (None, spans[0][1])
+        if spans and rnd.random() < 0.3:
+            spans[-1] = (spans[-1][0], None)
+        meets = _Meets(spans)
+        for lo in range(-60, 160, 7):
+            hi = lo + rnd.randint(1, 20)
+            want = any((s is None or s[0] < hi) and (e is None or e[0] > lo) for s, e in spans)
+            assert meets(lo, hi) == want, (spans, lo, hi)
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1000])
