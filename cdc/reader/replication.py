@@ -36,7 +36,6 @@ from cdc.codec.fastpath import PYTHON, native_changes
 from cdc.codec.wal2json import DECODER
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
-from cdc.events import lsn_to_int
 from cdc.logstore.batch import Batch
 
 
@@ -311,7 +310,7 @@ def _loop(
                     elif data.prefix == DDL_PREFIX and ddl is not None:
                         ddl(data)  # the recorder's: in order with the transaction's changes
                 else:
-                    boundary(lsn_to_int(data.lsn or "0/0"))
+                    boundary(data.lsn or 0)
             elif data.table == wm_table and data.schema == wm_schema:
                 # a chunked snapshot's watermark: at a high watermark, the chunk's rows
                 for topic, records, images in chunks.watermark(data, builder.commit_lsn):
