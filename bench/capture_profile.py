@@ -48,10 +48,32 @@ def _profiled(env: dict[str, str], dsn: str, out: Path) -> _Run:
     return _consume([CDC[0], "-c", code], dsn, env["CDC_SLOT"], env, Path(env["CDC_STATE"]))
 
 
+def _sampled(env: dict[str, str], dsn: str, out: Path) -> _Run:
+    """``cdc run --once --json`` under py-spy (collapsed stacks of every thread, C frames of the
+    compiled path included, to ``out``); the CPU figures are py-spy's own, not the reader's."""
+    cmd = [
+        str(Path(sys.executable).with_name("py-spy")),
+        "record",
+        "-r",
+        "1000",
+        "-f",
+        "raw",
+        "--threads",
+        "--native",
+        "-o",
+        str(out),
+        "--",
+    ]
+    return _consume(
+        [*cmd, *CDC, "run", "--once", "--json"], dsn, env["CDC_SLOT"], env, Path(env["CDC_STATE"])
+    )
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="bench.capture_profile")
     ap.add_argument("--changes", type=int, default=300_000)
     ap.add_argument("--profile", type=Path, default=None)
+    ap.add_argument("--py-spy", type=Path, default=None, help="sample each cdc run with py-spy into DIR")
     ap.add_argument("--decoders", default="pgoutput,wal2json")
     ap.add_argument("--python-path", action="store_true", help="pgoutput's Python path too (CDC_NATIVE=0)")
     args = ap.parse_args(argv)
@@ -78,7 +100,10 @@ def main(argv: list[str]) -> None:
                 env.pop("CDC_NATIVE", None)
                 if label.endswith("_python"):
                     env["CDC_NATIVE"] = "0"
-                if args.profile is not None:
+                if args.py_spy is not None:
+                    args.py_spy.mkdir(parents=True, exist_ok=True)
+                    run = _sampled(env, dsn, args.py_spy / f"{label}.txt")
+                elif args.profile is not None:
                     args.profile.mkdir(parents=True, exist_ok=True)
                     run = _profiled(env, dsn, args.profile / f"{label}.prof")
                 else:
