@@ -20,6 +20,7 @@ value encoding per column type: ``docs/events.md``.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,7 @@ def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: PostgreSQL's epoch (2000-01-01 UTC) in Unix epoch milliseconds
 PG_EPOCH_MS = 946_684_800_000
 
@@ -84,8 +86,6 @@ def commit_ts_ms(ts: str | None) -> int | None:
     (integer arithmetic, floored: no float rounding)."""
     if not ts:
         return None
-    from datetime import UTC, datetime
-
     t = datetime.fromisoformat(ts)
-    d = (t if t.tzinfo is not None else t.replace(tzinfo=UTC)) - datetime(1970, 1, 1, tzinfo=UTC)
+    d = (t if t.tzinfo is not None else t.replace(tzinfo=UTC)) - _UNIX_EPOCH
     return (d.days * 86_400 + d.seconds) * 1000 + d.microseconds // 1000

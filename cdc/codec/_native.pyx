@@ -49,9 +49,19 @@ _HEX[:] = [48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 97, 98, 99, 100, 101, 102]
 
 # 1: the byte needs escaping in a JSON string as orjson escapes it
 cdef unsigned char _ESC[256]
+# of a byte that needs escaping: the letter of its two-character escape, 0 for \u00XX
+cdef unsigned char _ESC_SHORT[256]
 cdef int _i
 for _i in range(256):
     _ESC[_i] = 1 if (_i < 0x20 or _i == 34 or _i == 92) else 0
+    _ESC_SHORT[_i] = 0
+_ESC_SHORT[34] = 34
+_ESC_SHORT[92] = 92
+_ESC_SHORT[10] = 110
+_ESC_SHORT[13] = 114
+_ESC_SHORT[9] = 116
+_ESC_SHORT[8] = 98
+_ESC_SHORT[12] = 102
 
 
 cdef bytes _BEFORE = b'{"before":'
@@ -314,33 +324,9 @@ cdef class Encoder:
             c = s[i]
             i += 1
             self._reserve(6)
-            if c == 34:
+            if _ESC_SHORT[c]:  # \" \\ \n \r \t \b \f
                 self.buf[self.n] = 92
-                self.buf[self.n + 1] = 34
-                self.n += 2
-            elif c == 92:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 92
-                self.n += 2
-            elif c == 10:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 110
-                self.n += 2
-            elif c == 13:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 114
-                self.n += 2
-            elif c == 9:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 116
-                self.n += 2
-            elif c == 8:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 98
-                self.n += 2
-            elif c == 12:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 102
+                self.buf[self.n + 1] = _ESC_SHORT[c]
                 self.n += 2
             else:
                 memcpy(self.buf + self.n, <const char *>b"\\u00", 4)

@@ -68,6 +68,7 @@ class _Wire(msgspec.Struct, gc=False):
 
 
 _decoder = msgspec.json.Decoder(_Wire, float_hook=str)
+_TXN = frozenset("BC")
 
 
 def _lsn(text: str | None) -> int | None:
@@ -78,7 +79,7 @@ def _lsn(text: str | None) -> int | None:
 
 
 def decode(data: bytes) -> Message:
-    """Decode one wal2json message, its LSNs and commit time parsed into integers (once, here).
+    """Decode one wal2json message, its LSNs and (of a B or C) commit time parsed into integers.
     Floats/numerics come back as their exact text (``str``). Raises DecodeError (with the raw
     message) if it is not a wal2json message."""
     try:
@@ -86,7 +87,8 @@ def decode(data: bytes) -> Message:
         return Message(
             w.action,
             w.xid,
-            None if w.timestamp is None else commit_ts_ms(w.timestamp),
+            # every change repeats its transaction's commit time: read once, from B and C
+            commit_ts_ms(w.timestamp) if w.action in _TXN else None,
             _lsn(w.lsn),
             _lsn(w.nextlsn),
             w.schema,

@@ -468,3 +468,15 @@ def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
     finally:
         py.close()
         nat.close()
+
+
+def test_every_control_character_is_escaped_as_orjson_does(tmp_path: Path) -> None:
+    """Each byte below 0x20 (``\\b`` and ``\\f`` too), quotes and backslashes, through the escape
+    table of the compiled path: the same JSON as orjson's."""
+    text = "".join(chr(c) + "x" for c in range(1, 32)) + '"\\' + "\x7f end"
+    row = list(ROW4)
+    row[12] = text  # t
+    row[13] = "\b\f"  # vc
+    outs, fast = both(tmp_path, [insert(RELID, *row), update(RELID, tuple(row))])
+    assert fast.declined == 0 and outs[2][0] is not None
+    assert b"\\b\\f" in outs[2][0][1][0][1]
