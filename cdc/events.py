@@ -20,8 +20,8 @@ value encoding per column type: ``docs/events.md``.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
