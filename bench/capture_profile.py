@@ -119,7 +119,8 @@ def main(argv: list[str]) -> None:
             say(
                 f"{label}: {run.seconds:.2f} s, {n / run.seconds:,.0f} changes/s; CPU µs/change: "
                 f"process {run.cpu / n * 1e6:.2f} (net {net:.2f}), walsender {ws:.2f}, "
-                f"process/walsender {net / ws:.2f}; load {loadavg()}"
+                f"process/walsender {f'{net / ws:.2f}' if ws else 'n/a (walsender not sampled)'}; "
+                f"load {loadavg()}"
             )
         _drop_slots(dsn, [label for label, _, _ in labels])
     finally:
