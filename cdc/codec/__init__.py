@@ -63,8 +63,10 @@ class Message(msgspec.Struct, gc=False):
     """One decoded message (the fields of wal2json v2 that this service reads; a decoder fills
     what it has). ``action``: ``B``/``C`` (begin/commit), ``I``/``U``/``D``, ``T`` (truncate), ``M``
     (a logical message). Positions and times are integers, as pgoutput sends them: ``lsn`` and
-    ``nextlsn`` LSNs, ``ts_ms`` the commit time in epoch milliseconds (wal2json's text is parsed
-    once, by its decoder; text only where a person reads it, :func:`cdc.events.int_to_lsn`)."""
+    ``nextlsn`` LSNs, ``ts_ms`` the commit time in epoch milliseconds, of a ``B`` and a ``C`` only (a
+    change's is its transaction's: wal2json repeats it in every change, its decoder reads it once).
+    wal2json's text is parsed once, by its decoder; text only where a person reads it
+    (:func:`cdc.events.int_to_lsn`)."""
 
     action: str
     xid: int | None = None

@@ -196,9 +196,9 @@ class PgOutput:
         self.server_version_num = server_version_num
         self.spool_dir = spool_dir
         self.relations: dict[int, _Relation] = {}
-        # the open transaction (its changes carry its xid and commit time, as wal2json's do)
+        # the open transaction (its changes carry its xid, as wal2json's do; its commit time is
+        # its B's and C's only, as the wal2json decoder reads it: cdc.codec.Message)
         self._xid: int | None = None
-        self._ts: int | None = None  # epoch ms
         self._spools: dict[int, _Spool] = {}
         #: the highest protocol the server speaks (3 on 15: two-phase messages, never asked for
         #: here; 4 on 16+: parallel streaming's abort fields, only with ``streaming parallel``), so
@@ -240,19 +240,19 @@ class PgOutput:
             if kind == 73:  # I (inline: the most common message)
                 rel = self.relations[_U32(data, 1)[0]]
                 cols = _tuple(data + _PAD, 6, rel)[0]  # 5: 'N'
-                return Message("I", self._xid, self._ts, lsn, None, rel.schema, rel.table, cols)
+                return Message("I", self._xid, None, lsn, None, rel.schema, rel.table, cols)
             if kind == 85:  # U
                 return self._update(data, lsn)
             if kind == 68:  # D
                 return self._delete(data, lsn)
             if kind == 66:  # B
                 final_lsn, ts, xid = _BEGIN.unpack_from(data, 1)
-                self._xid, self._ts = xid, pg_time_ms(ts)
-                return Message("B", xid, self._ts, final_lsn)
+                self._xid = xid
+                return Message("B", xid, pg_time_ms(ts), final_lsn)
             if kind == 67:  # C
                 _, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(data, 1)
                 msg = Message("C", self._xid, pg_time_ms(ts), commit_lsn, end_lsn)
-                self._xid = self._ts = None
+                self._xid = None
                 return msg
             if kind == 82:  # R
                 self._relation(data)
@@ -318,13 +318,13 @@ class PgOutput:
             else:
                 keys = rel.key_names
                 identity = [c for c in cols if c.name in keys]
-        return Message("U", self._xid, self._ts, lsn, None, rel.schema, rel.table, cols, identity)
+        return Message("U", self._xid, None, lsn, None, rel.schema, rel.table, cols, identity)
 
     def _delete(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
         identity, _ = self._old(data + _PAD, 5, rel)
-        return Message("D", self._xid, self._ts, lsn, None, rel.schema, rel.table, None, identity)
+        return Message("D", self._xid, None, lsn, None, rel.schema, rel.table, None, identity)
 
     def _truncate(self, data: bytes, lsn: int) -> Message:
         n, _ = _TRUNCATE_HEAD.unpack_from(data, 1)
@@ -334,7 +334,7 @@ class PgOutput:
             )
         (relid,) = _U32(data, 6)
         rel = self.relations[relid]
-        return Message("T", self._xid, self._ts, lsn, None, rel.schema, rel.table)
+        return Message("T", self._xid, None, lsn, None, rel.schema, rel.table)
 
     def _message(self, data: bytes) -> Message | None:
         flags, lsn = _MSG.unpack_from(data, 1)
@@ -347,7 +347,7 @@ class PgOutput:
             return Message(
                 "M",
                 self._xid,
-                self._ts,
+                None,
                 lsn,
                 None,
                 transactional=True,

@@ -149,7 +149,7 @@ def test_relation_insert_text_null_and_special_floats() -> None:
     assert m == Message(
         "I",
         9,
-        TS_MS,
+        None,  # a change: its commit time is its B's
         0x1_0000_0010,
         schema="public",
         table="t",
@@ -222,7 +222,7 @@ def test_logical_messages_ours_only() -> None:
     assert m == Message(
         "M",
         11,
-        TS_MS,
+        None,  # a change: its commit time is its B's
         0x2F0,
         transactional=True,
         prefix="cdc.ddl",
@@ -342,7 +342,7 @@ def test_stream_blocks_return_the_committed_transaction_in_order(tmp_path: Path)
         ("M", None, [], 100),
         ("C", None, [], 100),
     ]
-    assert (out[3].lsn, out[3].ts_ms) == (0x700, TS_MS)
+    assert (out[3].lsn, out[3].ts_ms, out[4].ts_ms) == (0x700, TS_MS, None)  # B; a change: None
     assert (out[-1].lsn, out[-1].nextlsn) == (0x700, 0x730)
     assert dec.stream_blocks == 4
     assert not list(tmp_path.iterdir())  # temporary files: never a name in the directory
