@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -69,10 +70,22 @@ def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: PostgreSQL's epoch (2000-01-01 UTC) in Unix epoch milliseconds
+PG_EPOCH_MS = 946_684_800_000
+
+
+def pg_time_ms(us: int) -> int:
+    """A Postgres timestamp as the protocol sends it (µs since 2000-01-01 UTC) in epoch
+    milliseconds (floored, as :func:`commit_ts_ms` reads the same instant's text)."""
+    return us // 1000 + PG_EPOCH_MS
+
+
 def commit_ts_ms(ts: str | None) -> int | None:
-    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch milliseconds."""
+    """wal2json's ``timestamp`` (``2026-11-22 02:28:58.744379+00``) in epoch milliseconds, exact
+    (integer arithmetic, floored: no float rounding)."""
     if not ts:
         return None
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(ts).timestamp() * 1000)
+    t = datetime.fromisoformat(ts)
+    d = (t if t.tzinfo is not None else t.replace(tzinfo=UTC)) - _UNIX_EPOCH
+    return (d.days * 86_400 + d.seconds) * 1000 + d.microseconds // 1000

@@ -62,13 +62,17 @@ class Col(msgspec.Struct, gc=False):
 class Message(msgspec.Struct, gc=False):
     """One decoded message (the fields of wal2json v2 that this service reads; a decoder fills
     what it has). ``action``: ``B``/``C`` (begin/commit), ``I``/``U``/``D``, ``T`` (truncate), ``M``
-    (a logical message)."""
+    (a logical message). Positions and times are integers, as pgoutput sends them: ``lsn`` and
+    ``nextlsn`` LSNs, ``ts_ms`` the commit time in epoch milliseconds, of a ``B`` and a ``C`` only (a
+    change's is its transaction's: wal2json repeats it in every change, its decoder reads it once).
+    wal2json's text is parsed once, by its decoder; text only where a person reads it
+    (:func:`cdc.events.int_to_lsn`)."""
 
     action: str
     xid: int | None = None
-    timestamp: str | None = None
-    lsn: str | None = None
-    nextlsn: str | None = None
+    ts_ms: int | None = None
+    lsn: int | None = None
+    nextlsn: int | None = None
     schema: str | None = None
     table: str | None = None
     columns: list[Col] | None = None

@@ -18,9 +18,12 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy
 
+import time
+
 import orjson
 
 cdef object _dumps = orjson.dumps
+cdef object _monotonic = time.monotonic
 
 # column kinds: how a column's text becomes its JSON
 DEF K_TEXT = 0      # a JSON string of the text (text, json, numeric, dates, ...)
@@ -30,7 +33,7 @@ DEF K_BYTEA = 3     # a JSON string of the text without its "\x"
 DEF K_PY = 4        # the Python converter, then orjson
 
 #: what cdc.codec.fastpath expects of this module (a build older than its source is not used)
-ABI = 2
+ABI = 3
 
 KIND_TEXT = K_TEXT
 KIND_INT = K_INT
@@ -46,9 +49,19 @@ _HEX[:] = [48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 97, 98, 99, 100, 101, 102]
 
 # 1: the byte needs escaping in a JSON string as orjson escapes it
 cdef unsigned char _ESC[256]
+# of a byte that needs escaping: the letter of its two-character escape, 0 for \u00XX
+cdef unsigned char _ESC_SHORT[256]
 cdef int _i
 for _i in range(256):
     _ESC[_i] = 1 if (_i < 0x20 or _i == 34 or _i == 92) else 0
+    _ESC_SHORT[_i] = 0
+_ESC_SHORT[34] = 34
+_ESC_SHORT[92] = 92
+_ESC_SHORT[10] = 110
+_ESC_SHORT[13] = 114
+_ESC_SHORT[9] = 116
+_ESC_SHORT[8] = 98
+_ESC_SHORT[12] = 102
 
 
 cdef bytes _BEFORE = b'{"before":'
@@ -311,33 +324,9 @@ cdef class Encoder:
             c = s[i]
             i += 1
             self._reserve(6)
-            if c == 34:
+            if _ESC_SHORT[c]:  # \" \\ \n \r \t \b \f
                 self.buf[self.n] = 92
-                self.buf[self.n + 1] = 34
-                self.n += 2
-            elif c == 92:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 92
-                self.n += 2
-            elif c == 10:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 110
-                self.n += 2
-            elif c == 13:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 114
-                self.n += 2
-            elif c == 9:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 116
-                self.n += 2
-            elif c == 8:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 98
-                self.n += 2
-            elif c == 12:
-                self.buf[self.n] = 92
-                self.buf[self.n + 1] = 102
+                self.buf[self.n + 1] = _ESC_SHORT[c]
                 self.n += 2
             else:
                 memcpy(self.buf + self.n, <const char *>b"\\u00", 4)
@@ -724,6 +713,50 @@ cdef class Changes:
         return self.encoder.declined
 
     def __call__(self, bytes data, long long lsn):
+        return self._change(data, lsn)
+
+    def pump(self, read, batch, long long max_count, long long budget):
+        """Read messages with ``read`` and append the records of the row changes this path takes
+        straight into ``batch`` (a :class:`cdc.logstore.batch.Batch`: its ``records``, ``count``
+        and ``started``, as ``Batch.add`` sets them), until ``budget`` messages were taken or the
+        batch holds ``max_count`` records (then: ``python``), nothing is ready (None) or a message
+        this path does not take (returned: a message other than I/U/D, or one it declined, for the
+        Python path). Returns (that, messages taken: every one a change)."""
+        cdef long long k = 0, count = batch.count
+        cdef dict records = batch.records
+        cdef object raw, out, lst, topic, py = self.python
+        cdef bytes data
+        cdef unsigned char kind
+        try:
+            while k < budget and count < max_count:
+                raw = read()
+                if raw is None:
+                    return None, k
+                data = raw.payload
+                if PyBytes_GET_SIZE(data) == 0:
+                    return raw, k
+                kind = (<const unsigned char *>PyBytes_AS_STRING(data))[0]
+                if kind != 73 and kind != 85 and kind != 68:
+                    return raw, k
+                out = self._change(data, raw.data_start)
+                if out is py:
+                    return raw, k
+                k += 1
+                if out is not None:
+                    topic = (<tuple>out)[0]
+                    if count == 0:
+                        batch.started = _monotonic()
+                    lst = records.get(topic)
+                    if lst is None:
+                        records[topic] = (<tuple>out)[1]
+                    else:
+                        (<list>lst).extend((<tuple>out)[1])
+                    count += len((<tuple>out)[1])
+            return py, k
+        finally:
+            batch.count = count
+
+    cdef object _change(self, bytes data, long long lsn):
         cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
         cdef long long relid, seq, commit_lsn
         cdef list entry

@@ -36,7 +36,7 @@ from cdc.codec.values import (
 )
 from cdc.codec.wal2json import DECODER
 from cdc.errors import DecodeError
-from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, commit_ts_ms, encode_key, lsn_to_int
+from cdc.events import CONNECTOR_VERSION, TRUNCATE_KEY_FIELD, encode_key, int_to_lsn
 from cdc.logstore import Record
 from cdc.logstore.images import Alter, Image, Images, Staging, pack
 from cdc.pgtypes import type_kind
@@ -487,9 +487,9 @@ class EventBuilder:
     def begin(self, msg: Message) -> None:
         self.nonfinite_held.clear()
         self.xid = msg.xid
-        self.commit_lsn = lsn_to_int(msg.lsn or "0/0")
+        self.commit_lsn = msg.lsn or 0
         self.seq = 0
-        self.tx_part = transaction_part(commit_ts_ms(msg.timestamp), self.xid, self.commit_lsn)
+        self.tx_part = transaction_part(msg.ts_ms, self.xid, self.commit_lsn)
         high_lsn, high_seq = self.replayed
         self._skip_seq = (
             0 if self.commit_lsn > high_lsn else high_seq if self.commit_lsn == high_lsn else 1 << 62
@@ -499,7 +499,7 @@ class EventBuilder:
         """Close the transaction; return the position to confirm once its events are durable
         (``nextlsn``, the end of the commit record)."""
         self.xid = None
-        return lsn_to_int(msg.nextlsn or msg.lsn or "0/0")
+        return msg.nextlsn or msg.lsn or 0
 
     def _check_columns(self, codec: TableCodec, msg: Message, cols: list[Col], is_insert: bool) -> None:
         types = codec.types
@@ -550,7 +550,7 @@ class EventBuilder:
     # -- the non-finite recorder (cdc.recorders.nonfinite) ------------------------------------------
     def nonfinite(self, msg: Message) -> None:
         """A ``cdc.nonfinite`` message: held for the next change of its table in this transaction."""
-        nf = parse_nonfinite(msg.content, msg.lsn)
+        nf = parse_nonfinite(msg.content, int_to_lsn(msg.lsn or 0))
         self.nonfinite_held.setdefault((nf.schema, nf.table), {})[nf.image] = nf
 
     @staticmethod
@@ -619,7 +619,7 @@ class EventBuilder:
             raise DecodeError(
                 f"the stream sent a change of {msg.schema}.{msg.table}, which is not registered",
                 fix="this is a bug: the add-tables filter and the registry disagree",
-                lsn=msg.lsn,
+                lsn=int_to_lsn(msg.lsn or 0),
                 reason="unregistered table",
             )
         self.seq += 1
@@ -628,8 +628,7 @@ class EventBuilder:
         st = self.staging
         if st is not None:
             st.version = (self.commit_lsn, self.seq)
-        hi, _, lo = (msg.lsn or "0/0").partition("/")
-        lsn = (int(hi, 16) << 32) | int(lo, 16)
+        lsn = msg.lsn or 0
         head = codec.source_head
         source = _SOURCE_TAIL % (head, self.tx_part, lsn, self.commit_lsn, lsn, self.seq)  # change_source
         if action == "I":
@@ -673,9 +672,9 @@ class EventBuilder:
         if action == "D":
             if identity is None:
                 raise DecodeError(
-                    f"a DELETE of {codec.reg.qualified} at LSN {msg.lsn} carries no old key",
+                    f"a DELETE of {codec.reg.qualified} at LSN {int_to_lsn(msg.lsn or 0)} carries no old key",
                     fix="give the table a primary key or REPLICA IDENTITY FULL",
-                    lsn=msg.lsn,
+                    lsn=int_to_lsn(msg.lsn or 0),
                     reason="no identity",
                 )
             self._check_columns(codec, msg, identity, False)
@@ -711,7 +710,7 @@ class EventBuilder:
             raise DecodeError(
                 f"unknown wal2json action {action!r}",
                 fix="report this message",
-                lsn=msg.lsn,
+                lsn=int_to_lsn(msg.lsn or 0),
                 reason="unknown action",
             )
         before: dict[str, Any] | None = None

@@ -33,7 +33,7 @@ from cdc.logstore import Record
 __all__ = ["PYTHON", "build_plan", "copy_plan", "native_changes", "native_module", "native_status"]
 
 #: the compiled module's interface version (``cdc.codec._native.ABI``) this module drives
-ABI = 2
+ABI = 3
 #: the compiled path's answer for a change the Python path takes
 PYTHON: Any = object()
 

@@ -44,16 +44,16 @@ from __future__ import annotations
 import struct
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import IO, Any
 
 from cdc.catalog import pgoutput_protocol
 from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
 from cdc.codec.values import text_converter_for
 from cdc.errors import DecodeError
+from cdc.events import pg_time_ms
 from cdc.pgtypes import type_kind
 
-__all__ = ["PgOutput", "RawMessage", "commit_time_text", "lsn_text"]
+__all__ = ["PgOutput", "RawMessage", "lsn_text"]
 
 _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
@@ -69,8 +69,6 @@ _TRUNCATE_HEAD = struct.Struct(">iB")  # number of relations, options
 _KIND_SIZE = struct.Struct(">Bi").unpack_from  # a tuple value's kind and (for 't') length
 _PAD = b"\0\0\0\0"
 
-#: PostgreSQL's epoch (2000-01-01) for commit timestamps (microseconds since it)
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _PREFIXES = frozenset(MESSAGE_PREFIXES)
 #: messages that describe state, kept even when their subtransaction aborts: pgoutput sends a
 #: relation's schema once per streamed transaction (keyed by the top-level xid), whichever
@@ -83,22 +81,13 @@ _PLAIN = frozenset(b"BCIUDRYOM")
 _SPOOL_BURST = 64
 
 
-def commit_time_text(us: int) -> str:
-    """A commit timestamp (microseconds since 2000-01-01 UTC) as wal2json writes it with
-    ``TimeZone=UTC`` (the reader's session): ``2026-11-22 02:28:58.744379+00``, trailing zeros of
-    the fraction dropped."""
-    t = _PG_EPOCH + timedelta(microseconds=us)
-    frac = f".{t.microsecond:06d}".rstrip("0") if t.microsecond else ""
-    return f"{t:%Y-%m-%d %H:%M:%S}{frac}+00"
-
-
 #: the text of an LSN's high half and its slash (a new one every 4 GB of WAL)
 _LSN_HIGH: dict[int, str] = {}
 
 
 def lsn_text(lsn: int) -> str:
-    """An LSN as Postgres and wal2json write it (``16/B374D848``; :func:`cdc.events.int_to_lsn`,
-    three times faster: one per change)."""
+    """An LSN as Postgres and wal2json write it (``16/B374D848``; :func:`cdc.events.int_to_lsn`):
+    for errors, which a person reads."""
     high = lsn >> 32
     head = _LSN_HIGH.get(high)
     if head is None:
@@ -207,9 +196,9 @@ class PgOutput:
         self.server_version_num = server_version_num
         self.spool_dir = spool_dir
         self.relations: dict[int, _Relation] = {}
-        # the open transaction (its changes carry its xid and commit time, as wal2json's do)
+        # the open transaction (its changes carry its xid, as wal2json's do; its commit time is
+        # its B's and C's only, as the wal2json decoder reads it: cdc.codec.Message)
         self._xid: int | None = None
-        self._ts: str | None = None
         self._spools: dict[int, _Spool] = {}
         #: the highest protocol the server speaks (3 on 15: two-phase messages, never asked for
         #: here; 4 on 16+: parallel streaming's abort fields, only with ``streaming parallel``), so
@@ -251,19 +240,19 @@ class PgOutput:
             if kind == 73:  # I (inline: the most common message)
                 rel = self.relations[_U32(data, 1)[0]]
                 cols = _tuple(data + _PAD, 6, rel)[0]  # 5: 'N'
-                return Message("I", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols)
+                return Message("I", self._xid, None, lsn, None, rel.schema, rel.table, cols)
             if kind == 85:  # U
                 return self._update(data, lsn)
             if kind == 68:  # D
                 return self._delete(data, lsn)
             if kind == 66:  # B
                 final_lsn, ts, xid = _BEGIN.unpack_from(data, 1)
-                self._xid, self._ts = xid, commit_time_text(ts)
-                return Message("B", xid, self._ts, lsn_text(final_lsn))
+                self._xid = xid
+                return Message("B", xid, pg_time_ms(ts), final_lsn)
             if kind == 67:  # C
                 _, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(data, 1)
-                msg = Message("C", self._xid, commit_time_text(ts), lsn_text(commit_lsn), lsn_text(end_lsn))
-                self._xid = self._ts = None
+                msg = Message("C", self._xid, pg_time_ms(ts), commit_lsn, end_lsn)
+                self._xid = None
                 return msg
             if kind == 82:  # R
                 self._relation(data)
@@ -329,13 +318,13 @@ class PgOutput:
             else:
                 keys = rel.key_names
                 identity = [c for c in cols if c.name in keys]
-        return Message("U", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, cols, identity)
+        return Message("U", self._xid, None, lsn, None, rel.schema, rel.table, cols, identity)
 
     def _delete(self, data: bytes, lsn: int) -> Message:
         (relid,) = _U32(data, 1)
         rel = self.relations[relid]
         identity, _ = self._old(data + _PAD, 5, rel)
-        return Message("D", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table, None, identity)
+        return Message("D", self._xid, None, lsn, None, rel.schema, rel.table, None, identity)
 
     def _truncate(self, data: bytes, lsn: int) -> Message:
         n, _ = _TRUNCATE_HEAD.unpack_from(data, 1)
@@ -345,7 +334,7 @@ class PgOutput:
             )
         (relid,) = _U32(data, 6)
         rel = self.relations[relid]
-        return Message("T", self._xid, self._ts, lsn_text(lsn), None, rel.schema, rel.table)
+        return Message("T", self._xid, None, lsn, None, rel.schema, rel.table)
 
     def _message(self, data: bytes) -> Message | None:
         flags, lsn = _MSG.unpack_from(data, 1)
@@ -358,14 +347,14 @@ class PgOutput:
             return Message(
                 "M",
                 self._xid,
-                self._ts,
-                lsn_text(lsn),
+                None,
+                lsn,
                 None,
                 transactional=True,
                 prefix=prefix,
                 content=content,
             )
-        return Message("M", lsn=lsn_text(lsn), transactional=False, prefix=prefix, content=content)
+        return Message("M", lsn=lsn, transactional=False, prefix=prefix, content=content)
 
     # -- the raw stream --------------------------------------------------------------------------
     def source(self, read: Callable[[], Any]) -> Callable[[], Any]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
-from cdc.events import commit_ts_ms, int_to_lsn
+from cdc.events import commit_ts_ms, int_to_lsn, pg_time_ms
 from cdc.names import quote_ident
 
 if TYPE_CHECKING:
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PGOUTPUT", "PLUGINS", "WAL2JSON", "OutputPlugin", "Pending", "plugin", "plugin_in_use"]
 
-#: 2000-01-01 in Unix milliseconds: pgoutput's timestamps count microseconds from it
-PG_EPOCH_MS = 946_684_800_000
 _CHANGES = frozenset("IUDT")
 
 
@@ -174,7 +172,7 @@ def _peek_pgoutput(conn: psycopg.Connection[Any], slot: str, upto: int, publicat
         head = bytes(head)
         kind = head[:1].decode("latin-1")
         if kind == "B":
-            begin_ms = int.from_bytes(head[9:17], "big", signed=True) // 1000 + PG_EPOCH_MS
+            begin_ms = pg_time_ms(int.from_bytes(head[9:17], "big", signed=True))
         elif kind in _CHANGES:
             changes += 1
             if oldest is None:

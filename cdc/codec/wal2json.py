@@ -27,9 +27,10 @@ from typing import Any
 
 import msgspec
 
-from cdc.codec import DDL_PREFIX, HEARTBEAT_PREFIX, NONFINITE_PREFIX, Converter, Message
+from cdc.codec import DDL_PREFIX, HEARTBEAT_PREFIX, NONFINITE_PREFIX, Col, Converter, Message
 from cdc.codec.values import FLOAT_SPECIALS, array_converter
 from cdc.errors import DecodeError
+from cdc.events import commit_ts_ms
 from cdc.pgtypes import type_kind
 
 #: Options every START_REPLICATION passes (``add-tables`` is added per call). ``add-msg-prefixes``
@@ -49,22 +50,62 @@ BASE_OPTIONS: dict[str, str] = {
 NO_TABLE = "pg_catalog.cdc\\.no\\.table"
 
 
-_decoder = msgspec.json.Decoder(Message, float_hook=str)
+class _Wire(msgspec.Struct, gc=False):
+    """A wal2json v2 message as it is sent: positions and the commit time as text."""
+
+    action: str
+    xid: int | None = None
+    timestamp: str | None = None
+    lsn: str | None = None
+    nextlsn: str | None = None
+    schema: str | None = None
+    table: str | None = None
+    columns: list[Col] | None = None
+    identity: list[Col] | None = None
+    transactional: bool | None = None
+    prefix: str | None = None
+    content: str | None = None
+
+
+_decoder = msgspec.json.Decoder(_Wire, float_hook=str)
+_TXN = frozenset("BC")
+
+
+def _lsn(text: str | None) -> int | None:
+    if text is None:
+        return None
+    hi, _, lo = text.partition("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
 
 
 def decode(data: bytes) -> Message:
-    """Decode one wal2json message. Floats/numerics come back as their exact text (``str``).
-    Raises DecodeError (with the raw message) if it is not a wal2json message."""
+    """Decode one wal2json message, its LSNs and (of a B or C) commit time parsed into integers.
+    Floats/numerics come back as their exact text (``str``). Raises DecodeError (with the raw
+    message) if it is not a wal2json message."""
     try:
-        msg = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
+        w = _decoder.decode(data)
+        return Message(
+            w.action,
+            w.xid,
+            # every change repeats its transaction's commit time: read once, from B and C
+            commit_ts_ms(w.timestamp) if w.action in _TXN else None,
+            _lsn(w.lsn),
+            _lsn(w.nextlsn),
+            w.schema,
+            w.table,
+            w.columns,
+            w.identity,
+            w.transactional,
+            w.prefix,
+            w.content,
+        )
+    except (msgspec.DecodeError, ValueError) as exc:
         raise DecodeError(
-            f"wal2json sent a message that is not valid JSON: {exc}",
+            f"wal2json sent a message that is not valid JSON or not wal2json's: {exc}",
             fix="check the wal2json version (2.5 with format-version 2 is supported)",
             reason=str(exc),
             raw=data[:200].decode("utf-8", "replace"),
         ) from exc
-    return msg
 
 
 _ESCAPE = str.maketrans({c: "\\" + c for c in "\\,.* "})

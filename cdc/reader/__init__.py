@@ -195,7 +195,10 @@ class Reader:
         self.snapshots: dict[str, int] = {}
         self.store_lock = threading.Lock()
         self._topics: set[str] = set()
-        #: whether wal2json knows numeric-data-types-as-string (None: not tried yet)
+        #: whether wal2json knows numeric-data-types-as-string (None: not tried yet). Not read back
+        #: from the registry's ``"0"`` on purpose: each process asks once (a refused option costs one
+        #: START_REPLICATION and a restart), so an upgrade to 2.6+ is noticed; a ``"1"`` is read back
+        #: (:meth:`_ensure_nonfinite`: no recorder needed)
         self._numeric_as_string: bool | None = None
         #: the output plugin of the current session (the slot's; :func:`cdc.reader.plugin.choose_plugin`)
         self._plugin = output_plugin(settings.decoder)

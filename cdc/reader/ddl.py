@@ -15,6 +15,7 @@ import orjson
 from cdc.codec import DDL_PREFIX, Message
 from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.errors import DecodeError
+from cdc.events import int_to_lsn
 from cdc.recorders.ddl import FORMAT_VERSION
 from cdc.registry import Column, TableReg
 
@@ -121,7 +122,7 @@ class DdlFollower:
         self.on_key_lost = on_key_lost
 
     def __call__(self, msg: Message) -> None:
-        ddl = parse_ddl(msg.content, msg.lsn)
+        ddl = parse_ddl(msg.content, int_to_lsn(msg.lsn or 0))
         for obj in ddl.objects:
             self._object(ddl, obj)
 

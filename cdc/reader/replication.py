@@ -36,7 +36,6 @@ from cdc.codec.fastpath import PYTHON, native_changes
 from cdc.codec.wal2json import DECODER
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
-from cdc.events import lsn_to_int
 from cdc.logstore.batch import Batch
 
 
@@ -237,6 +236,14 @@ class _Positions:
 _ROW_CHANGES = frozenset(b"IUD")
 
 
+def _account(builder: EventBuilder, stats: dict[str, int], changes: int, fast: Any) -> None:
+    """The loop's periodic bookkeeping: the envelope's clock, the changes counted, the fallbacks."""
+    builder.tick()
+    stats["changes"] += changes
+    if fast is not None:
+        _count_fallbacks(stats, fast)
+
+
 def _count_fallbacks(stats: dict[str, int], fast: Any) -> None:
     """The compiled path's fallbacks into ``stats`` (running totals over the sessions):
     ``native_python_values``, values converted by their Python converter (a type without a compiled
@@ -281,21 +288,35 @@ def _loop(
 
     # the compiled per-change path (pgoutput's I/U/D straight to records; PYTHON: the Python path's)
     fast = native_changes(decoder, builder, (wm_schema, wm_table))
+    # with no chunked snapshot to tell, the compiled path drains row changes into the batch itself
+    pump = fast.pump if fast is not None and chunks is None else None
     while True:
-        msg = read()
+        if pump is not None:
+            msg, k = pump(read, batch, max_events, 0x400 - (n & 0x3FF))
+            n += k
+            changes += k
+            if batch.count >= max_events:
+                batch.submit(at.pending if at.pending > batch.submitted else None)
+            data = None  # PYTHON: 1024 messages taken, or the batch is full
+            if msg is not None and msg is not PYTHON:
+                n += 1
+                data = decode(msg.payload, msg.data_start)  # one the compiled path does not take
+        else:
+            msg = read()
+            if msg is not None:
+                n += 1
+                if (
+                    fast is not None
+                    and msg.payload[0] in _ROW_CHANGES
+                    and (out := fast(msg.payload, msg.data_start)) is not PYTHON
+                ):
+                    changes += 1
+                    if out is not None:
+                        take(out)
+                    data = None
+                else:
+                    data = decode(msg.payload, msg.data_start)
         if msg is not None:
-            n += 1
-            if (
-                fast is not None
-                and msg.payload[0] in _ROW_CHANGES
-                and (out := fast(msg.payload, msg.data_start)) is not PYTHON
-            ):
-                changes += 1
-                if out is not None:
-                    take(out)
-                data = None
-            else:
-                data = decode(msg.payload, msg.data_start)
             if data is None:
                 pass  # handled above, or a message that only updates the decoder's state
             elif (action := data.action) == "B":
@@ -311,7 +332,7 @@ def _loop(
                     elif data.prefix == DDL_PREFIX and ddl is not None:
                         ddl(data)  # the recorder's: in order with the transaction's changes
                 else:
-                    boundary(lsn_to_int(data.lsn or "0/0"))
+                    boundary(data.lsn or 0)
             elif data.table == wm_table and data.schema == wm_schema:
                 # a chunked snapshot's watermark: at a high watermark, the chunk's rows
                 for topic, records, images in chunks.watermark(data, builder.commit_lsn):
@@ -327,11 +348,8 @@ def _loop(
             if n & 0x3FF:
                 continue
             # every 1024 messages: time-based duties while the stream is busy
-        builder.tick()
-        stats["changes"] += changes
+        _account(builder, stats, changes, fast)
         changes = 0
-        if fast is not None:
-            _count_fallbacks(stats, fast)
         if msg is None:
             at.drained()  # nothing more to read right now
         reason = at.duties(msg is None)

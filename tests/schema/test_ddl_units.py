@@ -36,7 +36,7 @@ def _cols(*spec: tuple[str, str, int]) -> list[dict[str, Any]]:
 
 def _msg(tag: str, objects: list[dict[str, Any]], event: str = "ddl_command_end") -> Message:
     content = orjson.dumps({"v": 1, "tag": tag, "event": event, "objects": objects}).decode()
-    return Message(action="M", lsn="0/20", transactional=True, prefix=DDL_PREFIX, content=content)
+    return Message(action="M", lsn=0x20, transactional=True, prefix=DDL_PREFIX, content=content)
 
 
 def _obj(
@@ -86,10 +86,10 @@ class Harness:
             on_gone=lambda reg, what, to, tag: self.gone.append((reg.qualified, what, to, tag)),
             on_key_lost=lambda reg, lost: self.lost.append((reg.qualified, lost)),
         )
-        self.builder.begin(Message(action="B", xid=9, lsn="0/30", timestamp=None))
+        self.builder.begin(Message(action="B", xid=9, lsn=0x30))
 
     def insert(self, cols: list[Col], table: str = "items") -> dict[str, Any] | None:
-        out = self.builder.change(Message(action="I", schema="public", table=table, lsn="0/31", columns=cols))
+        out = self.builder.change(Message(action="I", schema="public", table=table, lsn=0x31, columns=cols))
         return None if out is None else dict(orjson.loads(out[1][0].value or b"null"))
 
 

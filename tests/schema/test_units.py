@@ -10,6 +10,7 @@ import orjson
 
 from cdc.codec import Col, Message
 from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.events import commit_ts_ms
 from cdc.registry import Column, Registry, TableReg
 
 
@@ -44,10 +45,10 @@ def test_events_carry_the_schema_version_and_follow_a_change() -> None:
         return replace(old, columns=cols, extra={"schema_version": 2})
 
     b = EventBuilder({("public", "t"): codec}, changed, lambda reg, names: set(names))
-    b.begin(Message(action="B", xid=7, lsn="0/10", timestamp=None))
+    b.begin(Message(action="B", xid=7, lsn=0x10))
 
     def ins(cols: list[Col]) -> dict[str, object]:
-        msg = Message(action="I", schema="public", table="t", lsn="0/11", columns=cols)
+        msg = Message(action="I", schema="public", table="t", lsn=0x11, columns=cols)
         out = b.change(msg)
         assert out is not None
         return dict(orjson.loads(out[1][0].value or b"null"))
@@ -59,7 +60,7 @@ def test_events_carry_the_schema_version_and_follow_a_change() -> None:
         action="U",
         schema="public",
         table="t",
-        lsn="0/12",
+        lsn=0x12,
         columns=[Col("id", "integer", 1), Col("name", "text", "b")],
         identity=[Col("id", "integer", 1)],
     )
@@ -94,9 +95,9 @@ def test_events_with_a_schema_version_take_the_columnar_parse() -> None:
     b = EventBuilder({("public", "t"): codec}, lambda r, c: None)
     records = []
     for i in range(MIN_RECORDS):
-        b.begin(Message(action="B", xid=7 + i, lsn=f"0/{16 + i:X}", timestamp="2026-11-23 09:00:00+00"))
+        b.begin(Message(action="B", xid=7 + i, lsn=16 + i, ts_ms=commit_ts_ms("2026-11-23 09:00:00+00")))
         cols = [Col("id", "integer", i), Col("name", "text", f"n{i}"), Col("note", "text", None)]
-        out = b.change(Message(action="I", schema="public", table="t", lsn=f"0/{16 + i:X}", columns=cols))
+        out = b.change(Message(action="I", schema="public", table="t", lsn=16 + i, columns=cols))
         assert out is not None
         records.append(RawRecord(reg.topic, 0, i, out[1][0].key, out[1][0].value, 0))
     assert orjson.loads(records[0].value or b"")["source"]["schema_version"] == 3

@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 from cdc.codec import Message
-from cdc.codec.envelope import EventBuilder, TableCodec, commit_ts_ms
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.wal2json import decode
 from cdc.errors import DecodeError
-from cdc.events import Version, lsn_to_int
+from cdc.events import Version, commit_ts_ms, lsn_to_int
 from cdc.registry import Alignment, Column, TableReg
 
 COLS = (

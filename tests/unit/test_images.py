@@ -139,7 +139,7 @@ def _builder(images: Images) -> tuple[EventBuilder, TableCodec]:
     return builder, codec
 
 
-def _msg(action: str, lsn: str, cols: list[tuple[str, str, Any]], identity: Any = None) -> Message:
+def _msg(action: str, lsn: int, cols: list[tuple[str, str, Any]], identity: Any = None) -> Message:
     return Message(
         action=action,
         schema="public",
@@ -153,21 +153,21 @@ def _msg(action: str, lsn: str, cols: list[tuple[str, str, Any]], identity: Any 
 def test_an_update_is_filled_from_the_image_and_a_key_change_from_the_old_key(images: Images) -> None:
     builder, _ = _builder(images)
     long = 'q"uote\\ new\nline ' + "é" * 2000
-    builder.begin(Message(action="B", lsn="0/10", xid=7))
-    builder.change(_msg("I", "0/11", [("id", "integer", 1), ("n", "integer", 0), ("body", "text", long)]))
-    _, recs = builder.change(_msg("U", "0/12", [("id", "integer", 1), ("n", "integer", 1)])) or ("", [])
+    builder.begin(Message(action="B", lsn=0x10, xid=7))
+    builder.change(_msg("I", 0x11, [("id", "integer", 1), ("n", "integer", 0), ("body", "text", long)]))
+    _, recs = builder.change(_msg("U", 0x12, [("id", "integer", 1), ("n", "integer", 1)])) or ("", [])
     event = orjson.loads(recs[0].value or b"")
     assert event["after"] == {"id": 1, "n": 1, "body": long} and event["unavailable"] == []
     assert list(event["after"]) == ["id", "n", "body"]  # the table's column order
     moved = builder.change(
-        _msg("U", "0/13", [("id", "integer", 9), ("n", "integer", 2)], identity=[("id", "integer", 1)])
+        _msg("U", 0x13, [("id", "integer", 9), ("n", "integer", 2)], identity=[("id", "integer", 1)])
     )
     assert moved is not None
     d, tomb, c = moved[1]
     assert (d.key, tomb.value, c.key) == (k(1), None, k(9))
     assert orjson.loads(c.value or b"")["after"] == {"id": 9, "n": 2, "body": long}
     assert images.get(T, k(1)) is None and images.get(T, k(9)) == {b'"body"': orjson.dumps(long)}
-    unknown = builder.change(_msg("U", "0/14", [("id", "integer", 5), ("n", "integer", 1)]))
+    unknown = builder.change(_msg("U", 0x14, [("id", "integer", 5), ("n", "integer", 1)]))
     assert unknown is not None
     event = orjson.loads(unknown[1][0].value or b"")
     assert event["unavailable"] == ["body"] and "body" not in event["after"]  # never null, never a guess
@@ -178,20 +178,20 @@ def test_a_replayed_change_at_or_below_the_committed_version_is_skipped(images: 
     builder, _ = _builder(images)
     st = builder.staging
     assert st is not None
-    builder.begin(Message(action="B", lsn="0/20", xid=7))
+    builder.begin(Message(action="B", lsn=0x20, xid=7))
     row = [("id", "integer", 1), ("n", "integer", 0), ("body", "text", "x" * 3000)]
-    assert builder.change(_msg("I", "0/21", row)) is not None
-    assert builder.change(_msg("U", "0/22", [("id", "integer", 1), ("n", "integer", 1)])) is not None
+    assert builder.change(_msg("I", 0x21, row)) is not None
+    assert builder.change(_msg("U", 0x22, [("id", "integer", 1), ("n", "integer", 1)])) is not None
     images.commit(st.seal())
     assert images.high == (0, 0)  # this process's view; a new session reads it again
     images.restart()
     again, _ = _builder(images)
-    again.begin(Message(action="B", lsn="0/20", xid=7))
-    assert again.change(_msg("I", "0/21", row)) is None  # (0x20, 1) <= (0x20, 2): in the topic already
-    assert again.change(_msg("U", "0/22", [("id", "integer", 1), ("n", "integer", 1)])) is None
-    assert again.change(_msg("U", "0/23", [("id", "integer", 1), ("n", "integer", 2)])) is not None
-    again.begin(Message(action="B", lsn="0/30", xid=8))
-    assert again.change(_msg("U", "0/31", [("id", "integer", 1), ("n", "integer", 3)])) is not None
+    again.begin(Message(action="B", lsn=0x20, xid=7))
+    assert again.change(_msg("I", 0x21, row)) is None  # (0x20, 1) <= (0x20, 2): in the topic already
+    assert again.change(_msg("U", 0x22, [("id", "integer", 1), ("n", "integer", 1)])) is None
+    assert again.change(_msg("U", 0x23, [("id", "integer", 1), ("n", "integer", 2)])) is not None
+    again.begin(Message(action="B", lsn=0x30, xid=8))
+    assert again.change(_msg("U", 0x31, [("id", "integer", 1), ("n", "integer", 3)])) is not None
 
 
 def test_a_new_slot_resets_the_images_and_the_committed_version(images: Images) -> None:

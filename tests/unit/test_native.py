@@ -403,3 +403,80 @@ def test_snapshot_refuses_a_row_of_other_columns_and_names_a_bad_value() -> None
 @given(data=st.lists(rows(1), min_size=1, max_size=4))
 def test_snapshot_randomized_rows(data: list[tuple[Any, ...]]) -> None:
     snapshot_both([[*r[:1], *r[1:]] for r in data])
+
+
+class _Batch:
+    """What ``Changes.pump`` touches of a ``cdc.logstore.batch.Batch`` (pure logic: no writer)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, list[Any]] = {}
+        self.count = 0
+        self.started = 0.0
+
+
+def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
+    """The stream loop's drain (``Changes.pump``) appends the same records, in order, as the Python
+    path gives message by message; it hands back what it does not take (a Begin, a key change) and
+    stops at its budget and at a full batch."""
+    from cdc.codec.pgoutput import RawMessage
+
+    msgs = [insert(RELID, *row) for row in ROWS]
+    msgs += [update(RELID, tuple(ROW1), tuple(ROW4[:1] + ROW1[1:]), b"O")]  # a key change: declined
+    msgs += [update(RELID, tuple(row)) for row in ROWS]
+    msgs += [begin(0x2_0000_0100, 817_093_738_744_379, 728)]  # not a row change: handed back
+    msgs += [delete(RELID, (row[0],) + (None,) * (len(row) - 1)) for row in ROWS]
+    head = [relation_msg(COLS, ("id",)), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
+    py, nat = World(tmp_path, False), World(tmp_path, True)
+    try:
+        want: list[Any] = []
+        for m in head + msgs:
+            out = py.feed(m)
+            if out[0] is not None:
+                want += [(out[0][0], *r) for r in out[0][1]]
+        for m in head:
+            nat.feed(m)
+        assert nat.fast is not None
+        nat.builder.now = b"1764000000000"
+        raws = iter([RawMessage(m, nat.lsn + 8 * (i + 1)) for i, m in enumerate(msgs)])
+        batch = _Batch()
+        got_back: list[bytes] = []
+        stops: list[Any] = []
+        flushed: list[Any] = []
+        while True:
+            that, taken = nat.fast.pump(lambda: next(raws, None), batch, 4, 3)
+            stops.append((that if that is None or that is PYTHON else that.payload[:1], taken))
+            if that is not None and that is not PYTHON:  # the loop's Python path: decode, then the builder
+                got_back.append(that.payload[:1])
+                decoded = nat.decoder.decode(that.payload, that.data_start)
+                assert decoded is not None
+                if decoded.action == "B":
+                    nat.builder.begin(decoded)
+                else:
+                    out = nat.builder.change(decoded)
+                    assert out is not None
+                    batch.records.setdefault(out[0], []).extend(out[1])
+                    batch.count += len(out[1])
+            if batch.count >= 4 or that is None:  # the loop submits a full batch
+                flushed += [(t, r.key, r.value, r.partition) for t, rs in batch.records.items() for r in rs]
+                batch.records, batch.count = {}, 0
+            if that is None:
+                break
+        assert flushed == want
+        assert got_back == [b"U", b"B"]
+        assert all(taken <= 3 for _, taken in stops) and (PYTHON, 3) in stops
+        assert batch.started > 0
+    finally:
+        py.close()
+        nat.close()
+
+
+def test_every_control_character_is_escaped_as_orjson_does(tmp_path: Path) -> None:
+    """Each byte below 0x20 (``\\b`` and ``\\f`` too), quotes and backslashes, through the escape
+    table of the compiled path: the same JSON as orjson's."""
+    text = "".join(chr(c) + "x" for c in range(1, 32)) + '"\\' + "\x7f end"
+    row = list(ROW4)
+    row[12] = text  # t
+    row[13] = "\b\f"  # vc
+    outs, fast = both(tmp_path, [insert(RELID, *row), update(RELID, tuple(row))])
+    assert fast.declined == 0 and outs[2][0] is not None
+    assert b"\\b\\f" in outs[2][0][1][0][1]

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from cdc.codec import Col, Message
-from cdc.codec.pgoutput import PgOutput, RawMessage, commit_time_text, lsn_text, publication_names
+from cdc.codec.pgoutput import PgOutput, RawMessage, lsn_text, publication_names
 from cdc.codec.values import text_converter_for
 from cdc.errors import DecodeError
-from cdc.events import int_to_lsn
+from cdc.events import commit_ts_ms, int_to_lsn, pg_time_ms
 
 TYPES = {(23, -1): "integer", (25, -1): "text", (701, -1): "double precision", (1700, -1): "numeric"}
 
@@ -108,6 +108,7 @@ def stream_abort(xid: int, subxid: int) -> bytes:
 
 
 TS = 817_093_738_744_379  # 2025-11-22 02:28:58.744379 UTC in microseconds since 2000-01-01
+TS_MS = 1_763_778_538_744  # the same instant in epoch milliseconds
 T_COLS = [("id", 23, True), ("v", 25, False), ("f", 701, False)]
 
 
@@ -128,14 +129,16 @@ def run(dec: PgOutput, msgs: list[bytes], lsn0: int = 0x1_0000_0000) -> list[Mes
 
 
 # --- single messages ---------------------------------------------------------------------------------
-def test_begin_commit_text_like_wal2json() -> None:
+def test_begin_commit_integers_as_wal2json_reads() -> None:
     dec = decoder()
     b = dec.decode(begin(0x16_B374D848, TS, 7), 1)
-    assert b == Message("B", 7, "2025-11-22 02:28:58.744379+00", "16/B374D848")
+    assert b == Message("B", 7, TS_MS, 0x16_B374D848)
     c = dec.decode(commit(0x16_B374D848, 0x16_B374D878, TS), 2)
-    assert c == Message("C", 7, "2025-11-22 02:28:58.744379+00", "16/B374D848", "16/B374D878")
-    assert commit_time_text(TS - 744_379 + 740_000) == "2025-11-22 02:28:58.74+00"
-    assert commit_time_text(TS - 744_379) == "2025-11-22 02:28:58+00"
+    assert c == Message("C", 7, TS_MS, 0x16_B374D848, 0x16_B374D878)
+    # the same instant as wal2json writes it, read by its decoder: the same milliseconds
+    assert commit_ts_ms("2025-11-22 02:28:58.744379+00") == TS_MS
+    assert pg_time_ms(TS - 744_379 + 999) == commit_ts_ms("2025-11-22 02:28:58.000999+00") == TS_MS - 744
+    assert pg_time_ms(-1) == commit_ts_ms("1999-12-31 23:59:59.999999+00")  # floored, as the text
 
 
 def test_relation_insert_text_null_and_special_floats() -> None:
@@ -146,8 +149,8 @@ def test_relation_insert_text_null_and_special_floats() -> None:
     assert m == Message(
         "I",
         9,
-        "2025-11-22 02:28:58.744379+00",
-        "1/10",
+        None,  # a change: its commit time is its B's
+        0x1_0000_0010,
         schema="public",
         table="t",
         columns=[Col("id", "integer", "1"), Col("v", "text", None), Col("f", "double precision", "NaN")],
@@ -174,7 +177,7 @@ def test_old_key_K_keeps_key_columns_and_O_the_whole_row() -> None:
     m = dec.decode(update(1, ("2", "x", "1"), old=("1", None, None), kind=b"K"), 5)
     assert m is not None and m.identity == [Col("id", "integer", "1")]
     d = dec.decode(delete(1, ("2", None, None), kind=b"K"), 6)
-    assert d == Message("D", lsn="0/6", schema="public", table="t", identity=[Col("id", "integer", "2")])
+    assert d == Message("D", lsn=6, schema="public", table="t", identity=[Col("id", "integer", "2")])
     full = [
         ("id", 23, True),
         ("v", 25, True),
@@ -219,15 +222,15 @@ def test_logical_messages_ours_only() -> None:
     assert m == Message(
         "M",
         11,
-        "2025-11-22 02:28:58.744379+00",
-        "0/2F0",
+        None,  # a change: its commit time is its B's
+        0x2F0,
         transactional=True,
         prefix="cdc.ddl",
         content='{"a": "x\\ny"}',
     )
     assert dec.decode(message("pgstream", b"x", 0x2F8), 3) is None
     hb = dec.decode(message("cdc_heartbeat", b"", 0x400, transactional=False), 4)
-    assert hb == Message("M", lsn="0/400", transactional=False, prefix="cdc_heartbeat", content="")
+    assert hb == Message("M", lsn=0x400, transactional=False, prefix="cdc_heartbeat", content="")
 
 
 def test_type_and_origin_only_update_state() -> None:
@@ -285,7 +288,7 @@ def test_truncate_of_several_relations_becomes_one_per_relation() -> None:
         ("T", "s", "b"),
         ("C", None, None),
     ]
-    assert out[1].lsn == out[2].lsn == "1/18"
+    assert out[1].lsn == out[2].lsn == 0x1_0000_0018
     with pytest.raises(DecodeError, match="source"):
         dec.decode(truncate(1, 2), 1)
 
@@ -339,8 +342,8 @@ def test_stream_blocks_return_the_committed_transaction_in_order(tmp_path: Path)
         ("M", None, [], 100),
         ("C", None, [], 100),
     ]
-    assert (out[3].lsn, out[3].timestamp) == ("0/700", "2025-11-22 02:28:58.744379+00")
-    assert (out[-1].lsn, out[-1].nextlsn) == ("0/700", "0/730")
+    assert (out[3].lsn, out[3].ts_ms, out[4].ts_ms) == (0x700, TS_MS, None)  # B; a change: None
+    assert (out[-1].lsn, out[-1].nextlsn) == (0x700, 0x730)
     assert dec.stream_blocks == 4
     assert not list(tmp_path.iterdir())  # temporary files: never a name in the directory
     assert not dec._spools  # committed and aborted: both spools gone

@@ -28,6 +28,7 @@ __all__ = [
     "RawRecord",
     "StoredRow",
     "check_record",
+    "frame",
     "pack",
     "stored_rows",
     "unpack",
@@ -71,7 +72,12 @@ CODEC_LZ4 = 1
 
 
 def pack(rows: Sequence[Any], compress: bool) -> bytes:
-    data = ENCODER.encode(rows)
+    """A stored batch's blob of ``rows`` (:func:`frame` of their msgpack)."""
+    return frame(ENCODER.encode(rows), compress)
+
+
+def frame(data: bytes, compress: bool) -> bytes:
+    """A stored batch's blob of its msgpack ``data``: lz4-compressed when ``compress`` and smaller."""
     if compress:
         packed: bytes = lz4.frame.compress(data)
         if len(packed) < len(data):

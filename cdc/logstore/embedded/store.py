@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import gc
+import importlib
 import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +31,7 @@ from cdc.errors import (
     WriterLockedError,
 )
 from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, now_ms, partition_for
-from cdc.logstore.embedded.codec import RECORD_DECODER, check_record, pack, stored_rows, unpack
+from cdc.logstore.embedded.codec import RECORD_DECODER, check_record, frame, pack, stored_rows, unpack
 from cdc.logstore.embedded.files import (
     BATCH_TABLE,
     CONSUMERS_FILE,
@@ -47,6 +50,20 @@ from cdc.logstore.embedded.files import (
 )
 from cdc.logstore.embedded.maintenance import apply_retention, compact_topic
 from cdc.logstore.partitioner import partition_array
+
+
+@functools.cache
+def _pack_module() -> Any:
+    """The compiled append (:mod:`cdc.logstore.embedded._pack`), or None: not built, built from an
+    older source, or ``CDC_NATIVE=0`` (the reference path, as for the per-change path)."""
+    if os.environ.get("CDC_NATIVE", "1") == "0":
+        return None
+    try:
+        module = importlib.import_module("cdc.logstore.embedded._pack")
+    except ImportError:
+        return None
+    return module if getattr(module, "ABI", None) == 1 else None
+
 
 __all__ = ["EmbeddedLogStore"]
 
@@ -372,32 +389,25 @@ class EmbeddedLogStore(LogStore):
         self._check_open()
         self._take_lock(topic)
         n = topic.config.partitions
-        try:
-            parts = self._partitions(topic, records)
-        except (TypeError, ValueError, AttributeError):
-            for i, r in enumerate(records):  # name the offending record
-                check_record(topic.name, i, r)
-            raise
         now = now_ms()
         conn = topic.conn
         with topic.guard:
             if topic.end is None:
                 topic.end = self._end_offsets(topic, conn)
             end = topic.end
-            groups, tombstones = stored_rows(topic.name, n, end, parts, records, now)
-            packed = [(p, len(rows), pack(rows, self.compress)) for p, rows in enumerate(groups) if rows]
+            packed = self._packed(topic, n, end, records, now)
             last: dict[int, int] = {}
             with topic.write_lock:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for p, count, data in packed:
+                    for p, count, tombstones, data in packed:
                         base = end[p]
                         lo = base + count - 1
                         conn.execute(
                             f"INSERT INTO p{p} VALUES (?, ?, ?, ?, ?, ?)",
-                            (lo, base, count, now, tombstones[p], data),
+                            (lo, base, count, now, tombstones, data),
                         )
-                        due = now + tombstone_wait(topic.config) if tombstones[p] else None
+                        due = now + tombstone_wait(topic.config) if tombstones else None
                         conn.execute(
                             "UPDATE partitions SET end_offset = ?, records = records + ?, bytes = bytes + ?, "
                             "dirty = dirty + ?, tombstone_due_ms = CASE WHEN ? IS NULL THEN tombstone_due_ms "
@@ -414,6 +424,30 @@ class EmbeddedLogStore(LogStore):
             for p, lo in last.items():
                 end[p] = lo + 1
         return last
+
+    def _packed(
+        self, topic: TopicHandle, n: int, end: Mapping[int, int], records: Sequence[Record], now: int
+    ) -> list[tuple[int, int, int, bytes]]:
+        """Each partition's stored batch of an append: (partition, records, tombstones, blob), in
+        partition order. The compiled path (:mod:`cdc.logstore.embedded._pack`) places and encodes
+        the usual records in one pass; the reference path (and any record it does not take, which
+        :func:`check_record` then names) goes through :func:`stored_rows` and msgspec."""
+        native = _pack_module()
+        if native is not None:
+            lst = records if type(records) is list else list(records)
+            out = native.group_pack(topic.name, n, [end[p] for p in range(n)], lst, now)
+            if out is not None:
+                return [(p, count, tombs, frame(data, self.compress)) for p, count, tombs, data in out]
+        try:
+            parts = self._partitions(topic, records)
+        except (TypeError, ValueError, AttributeError):
+            for i, r in enumerate(records):  # name the offending record
+                check_record(topic.name, i, r)
+            raise
+        groups, tombstones = stored_rows(topic.name, n, end, parts, records, now)
+        return [
+            (p, len(rows), tombstones[p], pack(rows, self.compress)) for p, rows in enumerate(groups) if rows
+        ]
 
     def _partitions(self, topic: TopicHandle, records: Sequence[Record]) -> Sequence[int] | np.ndarray:
         n = topic.config.partitions

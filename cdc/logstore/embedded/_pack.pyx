@@ -1,0 +1,246 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The embedded store's append in C (issue #34): an append's records placed by Kafka's partitioner
+and written as each partition's stored batch, in one pass, each record's bytes copied once.
+
+The Python reference is :func:`cdc.logstore.embedded.codec.stored_rows`, then
+``msgspec.msgpack.Encoder().encode`` of each partition's ``StoredRow`` list, with
+:func:`cdc.logstore.partitioner.partition_array` placing the keys; ``tests/logstore/test_pack.py``
+holds the two byte-identical. :func:`group_pack` answers None for an append it does not take (a
+record naming its partition, with headers or a timestamp, a key or value that is not ``bytes``):
+the reference path takes it and names what is wrong.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+#: what cdc.logstore.embedded.store expects of this module
+ABI = 1
+
+
+cdef uint32_t _murmur2(const unsigned char *data, Py_ssize_t length):
+    """Kafka's murmur2 (cdc.logstore.partitioner.murmur2), unsigned."""
+    cdef uint32_t m = 0x5BD1E995
+    cdef uint32_t h = (<uint32_t>0x9747B28C) ^ (<uint32_t>length)
+    cdef uint32_t k
+    cdef Py_ssize_t i, words = length >> 2, base = length & ~3
+    for i in range(words):
+        k = (<uint32_t>data[4 * i]) | (<uint32_t>data[4 * i + 1] << 8) | (<uint32_t>data[4 * i + 2] << 16) | (<uint32_t>data[4 * i + 3] << 24)
+        k *= m
+        k ^= k >> 24
+        k *= m
+        h *= m
+        h ^= k
+    cdef Py_ssize_t extra = length & 3
+    if extra >= 3:
+        h ^= (<uint32_t>data[base + 2]) << 16
+    if extra >= 2:
+        h ^= (<uint32_t>data[base + 1]) << 8
+    if extra >= 1:
+        h ^= data[base]
+        h *= m
+    h ^= h >> 13
+    h *= m
+    h ^= h >> 15
+    return h
+
+
+def partition_of(bytes key, int partitions):
+    """:func:`cdc.logstore.partitioner.partition_for` in C (for the tests)."""
+    return (_murmur2(<const unsigned char *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % partitions
+
+
+cdef struct Buf:
+    char *p
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef int _reserve(Buf *b, Py_ssize_t more) except -1:
+    cdef Py_ssize_t want = b.n + more
+    cdef Py_ssize_t cap = b.cap
+    cdef char *p
+    if want <= cap:
+        return 0
+    while cap < want:
+        cap = cap * 2 if cap else 4096
+    p = <char *>realloc(b.p, cap)
+    if p == NULL:
+        raise MemoryError()
+    b.p = p
+    b.cap = cap
+    return 0
+
+
+cdef inline void _u8(Buf *b, unsigned char c):
+    b.p[b.n] = <char>c
+    b.n += 1
+
+
+cdef inline void _be(Buf *b, uint64_t v, int size):
+    cdef int i
+    for i in range(size):
+        b.p[b.n + i] = <char>((v >> (8 * (size - 1 - i))) & 0xFF)
+    b.n += size
+
+
+cdef int _uint(Buf *b, uint64_t v) except -1:
+    """A non-negative int as msgspec writes it (the shortest form)."""
+    _reserve(b, 9)
+    if v < 128:
+        _u8(b, <unsigned char>v)
+    elif v <= 0xFF:
+        _u8(b, 0xCC)
+        _be(b, v, 1)
+    elif v <= 0xFFFF:
+        _u8(b, 0xCD)
+        _be(b, v, 2)
+    elif v <= 0xFFFFFFFF:
+        _u8(b, 0xCE)
+        _be(b, v, 4)
+    else:
+        _u8(b, 0xCF)
+        _be(b, v, 8)
+    return 0
+
+
+cdef int _bin(Buf *b, const char *s, Py_ssize_t size) except -1:
+    _reserve(b, size + 5)
+    if size <= 0xFF:
+        _u8(b, 0xC4)
+        _be(b, size, 1)
+    elif size <= 0xFFFF:
+        _u8(b, 0xC5)
+        _be(b, size, 2)
+    else:
+        _u8(b, 0xC6)
+        _be(b, size, 4)
+    memcpy(b.p + b.n, s, size)
+    b.n += size
+    return 0
+
+
+cdef int _raw(Buf *b, const char *s, Py_ssize_t size) except -1:
+    _reserve(b, size)
+    memcpy(b.p + b.n, s, size)
+    b.n += size
+    return 0
+
+
+cdef int _array_head(Buf *b, Py_ssize_t n) except -1:
+    _reserve(b, 5)
+    if n < 16:
+        _u8(b, 0x90 | n)
+    elif n <= 0xFFFF:
+        _u8(b, 0xDC)
+        _be(b, n, 2)
+    else:
+        _u8(b, 0xDD)
+        _be(b, n, 4)
+    return 0
+
+
+def group_pack(str name, int n, list end, list records, long long now):
+    """The records of one append to topic ``name`` (``n`` partitions; partition ``p`` continues at
+    offset ``end[p]``), stamped ``now``: per partition with records, in partition order, ``(p,
+    count, tombstones, batch bytes)`` -- the batch is what ``ENCODER.encode`` gives for the partition's ``StoredRow``
+    list, uncompressed. None when a record is not the usual kind (see the module docstring)."""
+    cdef Py_ssize_t i, m = len(records), nk
+    cdef int p
+    cdef object r, key, value
+    cdef int *parts
+    cdef Py_ssize_t *counts
+    cdef Py_ssize_t *tombs
+    cdef Py_ssize_t *written
+    cdef Buf *bufs
+    cdef bytes topic_enc, field, b
+    cdef uint64_t offset
+    if n <= 0 or m == 0 or now < 0:
+        return None
+    for i in range(n):
+        if end[i] < 0:
+            return None
+    topic_enc = name.encode()
+    if PyBytes_GET_SIZE(topic_enc) > 0xFFFF:
+        return None
+    parts = <int *>malloc(m * sizeof(int))
+    counts = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+    tombs = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+    written = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+    bufs = <Buf *>malloc(n * sizeof(Buf))
+    if parts == NULL or counts == NULL or tombs == NULL or written == NULL or bufs == NULL:
+        free(parts)
+        free(counts)
+        free(tombs)
+        free(written)
+        free(bufs)
+        raise MemoryError()
+    for i in range(n):
+        counts[i] = 0
+        tombs[i] = 0
+        written[i] = 0
+        bufs[i].p = NULL
+        bufs[i].n = 0
+        bufs[i].cap = 0
+    try:
+        # pass 1: check and place every record
+        for i in range(m):
+            r = records[i]
+            key = r.key
+            value = r.value
+            if type(key) is not bytes or (value is not None and type(value) is not bytes):
+                return None
+            if r.partition is not None or r.headers or r.timestamp_ms is not None:
+                return None
+            p = (_murmur2(<const unsigned char *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % n
+            parts[i] = p
+            counts[p] += 1
+        # the topic's field, the same for every record: 'topic' and its name as msgpack
+        nk = PyBytes_GET_SIZE(topic_enc)
+        if nk < 32:
+            field = b"\x87\xa5topic" + bytes([0xA0 | nk]) + topic_enc + b"\xa9partition"
+        elif nk <= 0xFF:
+            field = b"\x87\xa5topic\xd9" + bytes([nk]) + topic_enc + b"\xa9partition"
+        else:
+            field = b"\x87\xa5topic\xda" + int(nk).to_bytes(2, "big") + topic_enc + b"\xa9partition"
+        for p in range(n):
+            if counts[p]:
+                _array_head(&bufs[p], counts[p])
+        # pass 2: each record into its partition's batch
+        for i in range(m):
+            r = records[i]
+            p = parts[i]
+            offset = <uint64_t>end[p] + <uint64_t>written[p]
+            written[p] += 1
+            _raw(&bufs[p], PyBytes_AS_STRING(field), PyBytes_GET_SIZE(field))
+            _uint(&bufs[p], <uint64_t>p)
+            _raw(&bufs[p], b"\xa6offset", 7)
+            _uint(&bufs[p], offset)
+            _raw(&bufs[p], b"\xa3key", 4)
+            key = r.key
+            _bin(&bufs[p], PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+            _raw(&bufs[p], b"\xa5value", 6)
+            value = r.value
+            if value is None:
+                _reserve(&bufs[p], 1)
+                _u8(&bufs[p], 0xC0)
+                tombs[p] += 1
+            else:
+                _bin(&bufs[p], PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+            _raw(&bufs[p], b"\xa7headers\x90\xactimestamp_ms", 22)
+            _uint(&bufs[p], <uint64_t>now)
+        out = []
+        for p in range(n):
+            if counts[p]:
+                b = PyBytes_FromStringAndSize(bufs[p].p, bufs[p].n)
+                out.append((p, counts[p], tombs[p], b))
+        return out
+    finally:
+        for i in range(n):
+            free(bufs[i].p)
+        free(parts)
+        free(counts)
+        free(tombs)
+        free(written)
+        free(bufs)
