@@ -146,7 +146,7 @@ def _fill(store: EmbeddedLogStore, gen: EventGen, inserts: int, updates: int, pa
 
 class ParquetPeer(Sink):
     """The peer's only sink: each batch's newest row per key (same types as the warehouse) to one
-    Parquet file -- what a plain 'write the deduplicated batch' job costs."""
+    Parquet file per slice (the job's tasks) -- what a plain 'write the deduplicated batch' job costs."""
 
     name = "parquet"
 
@@ -155,6 +155,7 @@ class ParquetPeer(Sink):
         out.mkdir(parents=True, exist_ok=True)
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
+        name = f"batch-{batch_id:06d}-{'all' if batch.shard is None else batch.shard}.parquet"  # a slice's
         if batch.columns is not None:  # the columnar form: the same rows, with Arrow
             t = batch.columns.latest()
             t = t.filter(pc.is_valid(t.column("after")))
@@ -163,14 +164,14 @@ class ParquetPeer(Sink):
             after = t.column("after").combine_chunks()
             cols = {n: T.from_json_array(pc.struct_field(after, [n]), ty) for n, ty in COLUMNS}
             cols["_lsn"] = t.column("commit_lsn")
-            pq.write_table(pa.table(cols), self.out / f"batch-{batch_id:06d}.parquet")
+            pq.write_table(pa.table(cols), self.out / name)
             return
         latest = [e for e in batch.latest() if e.after is not None]
         if not latest:
             return
         cols = {n: T.to_array([e.after.get(n) if e.after else None for e in latest], t) for n, t in COLUMNS}
         cols["_lsn"] = pa.array([e.version.commit_lsn for e in latest], pa.int64())
-        pq.write_table(pa.table(cols), self.out / f"batch-{batch_id:06d}.parquet")
+        pq.write_table(pa.table(cols), self.out / name)
 
 
 def _state(base: Path, name: str, reg: TableReg) -> tuple[Settings, Path]:
@@ -181,16 +182,15 @@ def _state(base: Path, name: str, reg: TableReg) -> tuple[Settings, Path]:
     return Settings(state_dir=state), state
 
 
-def _warm_up(spark: Any, base: Path, work: str = "tasks") -> None:
-    """One small run of the job first (``work``: ApplyOptions.work), so no measured run pays for
-    starting Python workers."""
+def _warm_up(spark: Any, base: Path) -> None:
+    """One small run of the job first, so no measured run pays for starting Python workers."""
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
     reg = _reg("warm")
     settings, state = _state(base, "warm", reg)
     with EmbeddedLogStore(state / "log", writer=True, compaction_interval_s=None) as store:
         _fill(store, EventGen(reg), 2_000, 1_000)
-    job = ApplyJob(spark, settings, ApplyOptions(once=True, work=work))
+    job = ApplyJob(spark, settings, ApplyOptions(once=True))
     try:
         job.run()
     finally:
@@ -205,6 +205,7 @@ def _catch_up(
     inserts: int | None = None,
     per_batch: int | None = None,
 ) -> None:
+    from spark_jobs.applier import open_sinks
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
     inserts = inserts or (33_334 if quick else 1_000_000)
@@ -221,7 +222,8 @@ def _catch_up(
             gen = EventGen(reg)
             total = _fill(store, gen, inserts, updates)
         print(f"  {name}: generated {total:,} changes in {time.monotonic() - t0:.1f} s", flush=True)
-        sinks = [ParquetPeer(state / "parquet")] if name == "parquet peer" else None
+        out = state / "parquet"
+        make_sinks = (lambda s, out=out: [ParquetPeer(out)]) if name == "parquet peer" else open_sinks
         per_batch = per_batch or (25_000 if quick else 250_000)
 
         stage = stages.setdefault(name, {})
@@ -243,7 +245,7 @@ def _catch_up(
             spark,
             settings,
             ApplyOptions(once=True, max_records_per_batch=per_batch),
-            sinks=sinks,
+            make_sinks=make_sinks,
             on_batch=progress,
         )
         try:

@@ -9,12 +9,11 @@ of 250k), generated once into a template state directory that every run
 copies, so each run starts from the same log store and an empty warehouse and index. The runs, each
 in a driver process of its own (a Spark session per process):
 
-* ``peer``: the plain-Parquet peer of ``bench/apply.py`` (same Spark job, each batch's newest row per
-  key to one Parquet file; sinks given to the job, so it applies on the driver), ``local[2]``;
-* ``driver``: ``ApplyOptions(work="driver")`` (the records collected to the driver, which applies
-  them), ``local[2]``;
-* ``tasks``: ``work="tasks"`` (the default: Spark tasks read their offset ranges, parse and write;
-  the driver commits) on ``local[2]``, then on the cluster with 1 worker, then with 2 workers.
+* ``peer``: the plain-Parquet peer of ``bench/apply.py`` (same Spark job and tasks, each slice's
+  newest row per key to one Parquet file), ``local[2]``;
+* ``tasks``: the apply (Spark tasks read their offset ranges, parse and write; the driver commits) on
+  ``local[2]``, then on the cluster with 1 worker, then with 2 workers. (Until issue 33 a
+  ``work=driver`` run measured the records collected to the driver, a mode that is gone.)
 
 Each run warms up first (a 3,000-change apply of another state directory: Python workers started,
 code imported), then the catch-up is timed (``ApplyJob.run`` with ``once=True``) and each process's
@@ -83,7 +82,6 @@ ROLES = (
 @dataclass(frozen=True)
 class Config:
     name: str
-    work: str  # ApplyOptions.work
     workers: int  # 0: local[2]
     peer: bool = False
     quota: bool = False  # each worker in a cgroup of its own, capped at QUOTA of a core
@@ -101,13 +99,12 @@ PARTITIONS = int(os.environ.get("BENCH_APPLY_PARTITIONS", "12"))
 # 3 workers at a third of a core each leave the driver (and anything else) the other core of 2
 QUOTA = float(os.environ.get("BENCH_APPLY_QUOTA", "0.3333"))
 CONFIGS = (
-    Config("peer: Parquet", "driver", 0, peer=True),
-    Config("work=driver", "driver", 0),
-    Config("work=tasks", "tasks", 0),
-    Config("work=tasks", "tasks", 1),
-    Config("work=tasks", "tasks", 2),
+    Config("peer: Parquet", 0, peer=True),
+    Config("tasks", 0),
+    Config("tasks", 1),
+    Config("tasks", 2),
 )
-QUOTA_CONFIGS = tuple(Config("work=tasks", "tasks", n, quota=True) for n in (1, 2, 3))
+QUOTA_CONFIGS = tuple(Config("tasks", n, quota=True) for n in (1, 2, 3))
 
 
 # -- CPU from /proc --------------------------------------------------------------------------------
@@ -169,13 +166,13 @@ def cpu_by_role(app_id: str) -> dict[str, float]:
 # -- one run, in a driver process of its own ---------------------------------------------------------
 def _child(argv: list[str]) -> None:
     from sinks.warehouse import WarehouseSink
+    from spark_jobs.applier import open_sinks
     from spark_jobs.apply import ApplyJob, ApplyOptions
     from spark_jobs.session import get_session
 
     p = argparse.ArgumentParser()
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--master", required=True)
-    p.add_argument("--work", required=True)
     p.add_argument("--peer", action="store_true")
     p.add_argument("--per-batch", type=int, required=True)
     p.add_argument("--inserts", type=int, required=True)
@@ -187,9 +184,10 @@ def _child(argv: list[str]) -> None:
         "cdc-bench-apply-cluster", master=a.master, local_dir=state.parent / f"{state.name}-spark"
     )
     try:
-        _warm_up(spark, state.parent / f"{state.name}-warm", work=a.work)
+        _warm_up(spark, state.parent / f"{state.name}-warm")
         settings, reg = _settings(state), _reg()
-        sinks = [ParquetPeer(state / "parquet")] if a.peer else None
+        out = state / "parquet"
+        make_sinks = (lambda s: [ParquetPeer(out)]) if a.peer else open_sinks
         batches: list[str] = []
 
         def progress(r: Any) -> None:
@@ -197,8 +195,8 @@ def _child(argv: list[str]) -> None:
             phases = ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items())
             print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s ({phases})", flush=True)
 
-        opts = ApplyOptions(once=True, max_records_per_batch=a.per_batch, work=a.work)
-        job = ApplyJob(spark, settings, opts, sinks=sinks, on_batch=progress)
+        opts = ApplyOptions(once=True, max_records_per_batch=a.per_batch)
+        job = ApplyJob(spark, settings, opts, make_sinks=make_sinks, on_batch=progress)
         app_id = spark.sparkContext.applicationId
         try:
             g0 = [(g.usage_s(), g.throttled_s()) for g in groups]
@@ -244,7 +242,7 @@ def _one(
     state = run_dir / "state"
     shutil.copytree(template, state)
     cmd = [sys.executable, "-m", "bench.apply_cluster", "--child", "--state", str(state), "--master", master]
-    cmd += ["--work", cfg.work, "--per-batch", str(per_batch), "--inserts", str(inserts)]
+    cmd += ["--per-batch", str(per_batch), "--inserts", str(inserts)]
     cmd += ["--peer"] if cfg.peer else []
     cmd += ["--groups", ",".join(g.name for g in groups)] if groups else []
     env = {
@@ -409,7 +407,7 @@ def _report(
 
 
 def _unquoted(results: list[dict[Config, dict[str, Any]]], rate: Any, med: Any, us: Any) -> list[str]:
-    peer, drv, loc, one, two = CONFIGS
+    peer, loc, one, two = CONFIGS
     scale = [rate(r[two]) / rate(r[one]) for r in results]
     later = [_later_rate(r[two]) / _later_rate(r[one]) for r in results]
     driver_us = us(two, "driver Python", "driver JVM")
@@ -425,8 +423,7 @@ def _unquoted(results: list[dict[Config, dict[str, Any]]], rate: Any, med: Any, 
         f" (Python {us(two, 'driver Python'):.2f}, JVM {us(two, 'driver JVM'):.2f}). With the driver's own"
         f" Python workers (the `cdclog` source's planning and offsets, run by the driver JVM): {driver_all:.2f} µs."
         f" Executors (JVM + Python): {executors_us:.2f} µs per change.",
-        f"- work=tasks / work=driver on local[2]: {med(loc, rate) / med(drv, rate):.2f}×;"
-        f" work=tasks on local[2] / the Parquet peer: {med(loc, rate) / med(peer, rate):.2f}×.",
+        f"- tasks on local[2] / the Parquet peer: {med(loc, rate) / med(peer, rate):.2f}×.",
     ]
     if cap:
         lines.append(

@@ -73,12 +73,11 @@ def main() -> None:
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--maintain-every", type=int, default=100)
-    p.add_argument("--write", choices=("merge", "files"), default="merge", help="WarehouseOptions.write")
     p.add_argument("--dir", default="", help="state directory (default: a temporary one, removed)")
     args = p.parse_args()
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="cdc-wh-loop-"))
     reg = table("chaos_accounts", columns=COLUMNS)
-    sink = WarehouseSink(work, WarehouseOptions(maintain_every=args.maintain_every, write=args.write))
+    sink = WarehouseSink(work, WarehouseOptions(maintain_every=args.maintain_every))
     feed = Feed(reg, args.form)
     rng = random.Random(7)
     live: list[int] = []

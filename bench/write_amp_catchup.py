@@ -3,7 +3,7 @@ warehouse writes for the same backlog.
 
 ``python -m bench write_amp_catchup [--quick]`` (a section of ``docs/benchmarks/write_amp.md``)
 
-A table of :data:`ROWS` rows (as in :mod:`bench.write_amp`: range layout, merge) is behind by
+A table of :data:`ROWS` rows (as in :mod:`bench.write_amp`: range layout, file writes) is behind by
 :data:`BACKLOG_BATCHES` batches' worth of changes (random or recent keys). The same changes are applied
 to copies of the table in micro-batches sized as the ``cdclog`` source sizes them
 (:func:`spark_jobs.source.batch_budget`): the fixed bound (``--max-records-per-batch-behind 0``), the
@@ -55,11 +55,11 @@ def catch_up(
 def run(quick: bool) -> str:
     rows, bound = (20_000, 500) if quick else (ROWS, BASE)
     width = 1_024 if quick else 65_536
-    config = ("merge", "range", width)
+    config = ("files", "range", width)
     tmp = Path(tempfile.mkdtemp(prefix="cdc-wamp-catchup-"))
     out = [
         f"## Catching up: a backlog of {BACKLOG_BATCHES} batches\n",
-        f"`python -m bench write_amp_catchup`: a table of {rows:,} rows (merge, range layout) behind by "
+        f"`python -m bench write_amp_catchup`: a table of {rows:,} rows (file writes, range layout) behind by "
         f"{BACKLOG_BATCHES * bound:,} changes, applied in micro-batches sized as the `cdclog` source "
         f"sizes them (`batch_budget`: half the backlog, at least the bound of {bound:,}, at most the "
         "cap). Bytes written from the Delta logs (load-independent; "

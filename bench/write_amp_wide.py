@@ -3,7 +3,7 @@
 
 ``python -m bench write_amp_wide [--quick]`` (a section of ``docs/benchmarks/write_amp.md``)
 
-As :mod:`bench.write_amp` (merge, range layout, 90 % updates and 10 % inserts per batch, bytes from
+As :mod:`bench.write_amp` (file writes, range layout, 90 % updates and 10 % inserts per batch, bytes from
 the Delta logs, so load-independent), with ~1 KB of random hex per row (which Parquet does not compress): the table of
 :data:`ROWS` rows is created once with the width :func:`sinks.warehouse.layout.range_width_for` picks
 (4,096 for these rows) and once with the fixed 65,536 (the function replaced for that run).
@@ -45,7 +45,7 @@ def measure(tmp: Path, sized: bool, rows: int, batch: int) -> list[dict]:
         layout.range_width_for = lambda options, row_bytes: options.range_width  # type: ignore[assignment]
     try:
         base = tmp / ("sized" if sized else "fixed")
-        grow = Runner(base, ("merge", "range", 65_536), reg)
+        grow = Runner(base, ("files", "range", 65_536), reg)
         for n in _chunks(rows, GROW_CHUNK):
             grow.apply(wl.inserts(n), wl.feed)
     finally:
@@ -59,7 +59,7 @@ def measure(tmp: Path, sized: bool, rows: int, batch: int) -> list[dict]:
     for pattern in ("random", "recent"):
         work = tmp / "m"
         shutil.copytree(base, work)
-        run = Runner(work, ("merge", "range", 65_536), reg)
+        run = Runner(work, ("files", "range", 65_536), reg)
         run.batch_id = 10_000
         saved = (wl.n, wl.lsn, wl.rng.getstate())
         got = [run.apply(recs, wl.feed) | {"changed": len(recs)} for recs in _batches(wl, batch, pattern)]
@@ -98,7 +98,7 @@ def run(quick: bool) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     out = [
         "## Wide rows: the range width sized from the row size\n",
-        f"`python -m bench write_amp_wide`: {rows:,} rows of ~1 KB (random hex), merge, batches "
+        f"`python -m bench write_amp_wide`: {rows:,} rows of ~1 KB (random hex), file writes, batches "
         f"of {batch:,} changes (median of {REPEAT}); the fixed width every range table got before, "
         "against the one `range_width_for` picks (`target_file_size` 8 MiB). Bytes from the Delta logs "
         f"(load-independent; load {loadavg()}).\n",

@@ -90,7 +90,6 @@ class WarehouseConfig(_Section):
     #: the longest a cdc reader's lease on a Delta table lasts (sinks.warehouse.leases)
     lease_max_age_s: float = Field(default=3600.0, gt=0)
     target_file_size: int | None = Field(default=8 << 20, ge=1)
-    write: Literal["merge", "files"] = "merge"
     #: the number of shards of a new table, one Spark task each (unset: the log store's
     #: ``partitions``: WarehouseOptions.from_settings)
     shards: int = Field(default=1, ge=1)

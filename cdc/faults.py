@@ -12,9 +12,10 @@ test can arm a running process, e.g. ``CDC_FAULTS=apply.after_sink:@/tmp/arm``.
 
 Points (:data:`POINTS`):
 
-* ``apply.after_sink:N`` -- in the apply job, after the first sink applied micro-batch N and before
-  the other sinks finish and Spark checkpoints it: kill -9 of the JVM and the driver (a crash between
-  a sink write and the checkpoint). The job writes ``cdc-fault: apply.after_sink`` to stderr first.
+* ``apply.after_sink:N`` -- in the apply job, after every task applied micro-batch N (the search
+  shards committed it) and before the driver's commits and Spark's checkpoint: kill -9 of the JVM
+  and the driver (a crash between a sink write and the checkpoint). The job writes
+  ``cdc-fault: apply.after_sink`` to stderr first.
 
 * ``reader.after_append`` -- in ``cdc run``, after the log store acknowledged a batch whose events
   changed images and before those images are committed (:mod:`cdc.logstore.images`): kill -9 of the

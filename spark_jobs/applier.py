@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.faults import Faults
 from cdc.registry import TableReg
 from sinks import ChangeBatch, DeadLetter, Sink
 from sinks.parse import Parsed, parse
@@ -31,8 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AFTER_SINK", "BatchApplier", "BatchOutcome", "Prepared", "TableOutcome", "open_sinks", "reject"]
 
-#: the fault-injection point the applier offers (:mod:`cdc.faults`): after the first sink applied
-#: micro-batch ARG, before the other sinks finish
+#: the fault-injection point the apply job offers (:mod:`cdc.faults`): after every task applied
+#: micro-batch ARG, before the driver's commits
 AFTER_SINK = "apply.after_sink"
 
 
@@ -98,7 +97,6 @@ class BatchApplier:
 
     ``tables(topic)``: the registration of a topic, None when it is not registered (its records are
     then dead letters). ``app_id``: the job's identity, handed to every :meth:`sinks.Sink.apply`.
-    ``faults``/``crash``: the :data:`AFTER_SINK` fault point, ``crash`` being how the caller dies.
     ``keep_event_ts``: the outcome lists every applied event's source commit time (freshness).
     ``after``: called with the batches and the batch id once every sink committed them, e.g.
     :meth:`sinks.warehouse.views.ViewMaintainer.maintain`, which recomputes the views from the
@@ -132,8 +130,6 @@ class BatchApplier:
         tables: Callable[[str], TableReg | None],
         app_id: str,
         *,
-        faults: Faults | None = None,
-        crash: Callable[[], None] | None = None,
         keep_event_ts: bool = False,
         after: Callable[[Sequence[ChangeBatch], int], dict[str, ViewOutcome]] | None = None,
     ) -> None:
@@ -141,8 +137,6 @@ class BatchApplier:
         self.after = after
         self.tables = tables
         self.app_id = app_id
-        self.faults = faults or Faults()
-        self.crash = crash
         self.keep_event_ts = keep_event_ts
         self._threads = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cdc-sink-{i}")
@@ -219,9 +213,6 @@ class BatchApplier:
             return time.monotonic() - t0
 
         futures = [self._threads[i].submit(one, sink) for i, sink in enumerate(self.sinks)]
-        if futures and self.crash is not None and self.faults.on(AFTER_SINK, batch_id):
-            futures[0].result()
-            self.faults.point(AFTER_SINK, batch_id, self.crash)
         wait(futures)
         out: dict[str, float] = {}
         for sink, fut in zip(self.sinks, futures, strict=True):

@@ -1,10 +1,11 @@
 """The apply job: log-store topics -> Structured Streaming -> sinks (warehouse + search index).
 
 Runnable as ``cdc apply [--once]`` or ``spark-submit cdc/cli/spark_submit.py [--once] ...`` (same
-flags). This module is the Spark glue, a thin driver of the others: each micro-batch's records are
-collected as Arrow and handed to the Spark-free :class:`spark_jobs.applier.BatchApplier` (parse,
-rejects, every sink), which hands back the dead letters, written here before any sink runs; then the
-positions and the ledger are committed (:mod:`spark_jobs.ledger`). The query's life -- restarts,
+flags). This module is the Spark glue, a thin driver of the others: each micro-batch's offset ranges
+are cut into slices that Spark tasks apply (:mod:`spark_jobs.tasks`: each reads, parses and writes its
+own slice with the Spark-free :class:`spark_jobs.applier.BatchApplier`) -- on a cluster and on
+``local[N]`` alike; the driver then writes the dead letters, commits every task's writes, and commits
+the positions and the ledger (:mod:`spark_jobs.ledger`). The query's life -- restarts,
 stopping between batches, failures, a JVM gone -- is :mod:`spark_jobs.lifecycle`; the stall watchdog
 and its backstop :mod:`spark_jobs.watchdog`. How a micro-batch is applied, what stopping and
 restarting guarantee, the dead letters and the job's identity: ``docs/apply.md``.
@@ -12,14 +13,11 @@ restarting guarantee, the dead letters and the job's identity: ``docs/apply.md``
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import TimeoutError as FuturesTimeout
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +33,7 @@ from sinks import DeadLetter, Sink
 from sinks.search import SearchSink
 from sinks.warehouse.layout import WarehouseOptions
 from sinks.warehouse.views import ViewMaintainer
-from spark_jobs.applier import AFTER_SINK, BatchApplier, BatchOutcome, open_sinks
+from spark_jobs.applier import AFTER_SINK, BatchOutcome, open_sinks
 from spark_jobs.checkpoint import batch_ranges, checkpoint_dir
 from spark_jobs.ledger import (
     Ledger,
@@ -106,11 +104,6 @@ class ApplyOptions:
     #: the job holds the apply lock (``cdc apply``): before its first micro-batch each of its sinks
     #: removes what killed writes left of every registered table (:meth:`sinks.Sink.recover`)
     sole_writer: bool = False
-    #: where a micro-batch's work runs: ``tasks`` (Spark tasks on the executors read, parse and write
-    #: their slices; the driver commits, :mod:`spark_jobs.tasks`) or ``driver`` (the records are
-    #: collected to the driver, which applies them: the job's sinks given to :class:`ApplyJob` are
-    #: then used as they are)
-    work: str = "tasks"
     #: in tasks, a small table's batch is one slice, not one per shard: below this many records in
     #: the batch and :attr:`shard_min_rows` rows in its sinks (:data:`spark_jobs.tasks.SHARD_MIN_RECORDS`,
     #: :data:`~spark_jobs.tasks.SHARD_MIN_ROWS`; 0, 0: always per shard)
@@ -167,7 +160,10 @@ class ApplySummary:
 class ApplyJob:
     """One apply job: a streaming query over the registered tables' topics feeding the sinks.
 
-    ``sinks``: defaults to :func:`~spark_jobs.applier.open_sinks` (closed by :meth:`close`).
+    ``make_sinks``: builds the job's sinks from its settings (default
+    :func:`~spark_jobs.applier.open_sinks`); called once in the driver (which prepares the tables and
+    commits the tasks' writes) and in every Spark task, to which it travels pickled (cloudpickle: a
+    test's sink class must be importable there). The driver's are closed by :meth:`close`.
     ``registry``: defaults to ``Registry(settings.state_dir)``; ``tables`` overrides it with a fixed
     list (tests, benchmarks). ``watchdog.timeout_s`` starts as ``options.stall_timeout_s``.
     """
@@ -178,7 +174,7 @@ class ApplyJob:
         settings: Settings,
         options: ApplyOptions | None = None,
         *,
-        sinks: Sequence[Sink] | None = None,
+        make_sinks: Callable[[Settings], Sequence[Sink]] = open_sinks,
         tables: Sequence[TableReg] | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
         keep_event_ts: bool = False,
@@ -191,8 +187,8 @@ class ApplyJob:
         self.state_dir = Path(settings.state_dir)
         self.ckpt = checkpoint_dir(self.state_dir)
         self.app_id = app_id_for(self.state_dir)
-        self._own_sinks = sinks is None
-        self.sinks: list[Sink] = list(open_sinks(settings) if sinks is None else sinks)
+        self.make_sinks = make_sinks
+        self.sinks: list[Sink] = list(make_sinks(settings))
         self._fixed_tables = list(tables) if tables is not None else None
         self._registry: Registry | None = None
         self.on_batch = on_batch
@@ -216,15 +212,6 @@ class ApplyJob:
                 SearchSink.from_settings(settings),
                 WarehouseOptions.from_settings(settings),
             )
-        )
-        self.applier = BatchApplier(
-            self.sinks,
-            self._table_for,
-            self.app_id,
-            faults=options.faults,
-            crash=self._crash,
-            keep_event_ts=keep_event_ts,
-            after=None if self.views is None else self.views.maintain,
         )
         self.watchdog = Watchdog(options.stall_timeout_s, self.ckpt)
         # a stop waits for the micro-batch in progress (a query stopped mid-batch is interrupted
@@ -275,35 +262,16 @@ class ApplyJob:
         return self._store
 
     # -- one micro-batch -----------------------------------------------------------------------------
-    @property
-    def in_tasks(self) -> bool:
-        """Whether micro-batches are applied by Spark tasks (``options.work``): not with sinks given
-        to the job (test doubles, benchmarks: only the driver holds them)."""
-        return self.options.work == "tasks" and self._own_sinks
-
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` body: in tasks (:meth:`_process_in_tasks`), or the records as Arrow to
-        the applier, then the driver's commits (dead letters, positions, ledger); ``docs/apply.md``
-        says what each guarantees."""
-        if self.in_tasks:
-            with self.gate.batch(batch_id):
-                self._process_in_tasks(df, batch_id)
-            return
-        with self.gate.batch(batch_id), _no_cyclic_gc():
-            started = time.monotonic()
-            records = df.toArrow()
-            collected = time.monotonic() - started
-            outcome = self.applier.run(
-                records, batch_id, dead_letters=lambda d: self._write_dead_letters(d, batch_id)
-            )
-            commit_positions(self.store, self.ckpt, batch_id)
-            self._record(outcome, started, collected + outcome.prepare_seconds)
+        """``foreachBatch`` body: the micro-batch's offset ranges (read from Spark's offset log,
+        :func:`batch_ranges`; for a query's first batch, from the source's rows: no record reaches the
+        driver) cut into slices, each applied by a Spark task (:func:`spark_jobs.tasks.run_slices`);
+        then the dead letters, one commit per table and sink of every task's writes, the views, the
+        positions and the ledger (``docs/apply.md`` says what each guarantees)."""
+        with self.gate.batch(batch_id):
+            self._process(df, batch_id)
 
-    def _process_in_tasks(self, df: DataFrame, batch_id: int) -> None:
-        """The micro-batch's offset ranges (read from Spark's offset log, :func:`batch_ranges`; for a
-        query's first batch, from the source with ``emit = ranges``: no record reaches the driver) cut into
-        slices, each applied by a Spark task (:func:`spark_jobs.tasks.run_slices`); then the dead
-        letters, one Delta commit per table of every task's writes, the positions and the ledger."""
+    def _process(self, df: DataFrame, batch_id: int) -> None:
         from spark_jobs import tasks
 
         started = time.monotonic()
@@ -318,6 +286,7 @@ class ApplyJob:
         submitted = time.time()
         if slices:
             settings, app_id, keep_ts = tasks.task_settings(self.settings), self.app_id, self.keep_event_ts
+            make_sinks = self.make_sinks
             by_topic = dict(regs)
             sc = self.spark.sparkContext
             groups = tasks.group_slices(slices, sc.defaultParallelism)  # one task per executor core
@@ -332,6 +301,7 @@ class ApplyJob:
                         (sl for group in it for sl in group),
                         keep_event_ts=keep_ts,
                         views=views,
+                        make_sinks=make_sinks,
                     )
                 )
                 .collect()
@@ -427,7 +397,6 @@ class ApplyJob:
             .option("state", str(self.state_dir))
             .option("log", self.settings.log_url or "")
             .option("topics", ",".join(sorted(self._by_topic)))
-            .option("emit", "ranges" if self.in_tasks else "records")
         )
         if self.options.max_records_per_batch > 0:
             reader = reader.option("maxRecordsPerBatch", str(self.options.max_records_per_batch))
@@ -467,7 +436,7 @@ class ApplyJob:
             jvm_gone_is_an_error(self.ckpt, self.watchdog),
         ):
             started = time.monotonic()
-            if self.options.sole_writer and self._own_sinks:
+            if self.options.sole_writer:
                 self._recover()
             try:
                 self.loop.run()
@@ -484,21 +453,12 @@ class ApplyJob:
             sys.stderr.flush()
 
     def close(self) -> None:
-        """Close the sinks and the stores. After a stall nothing waits for the stuck threads (the
-        process is about to exit)."""
+        """Close the driver's sinks and the stores. After a stall nothing is closed: the process is
+        about to exit."""
         if self.watchdog.stalled:
-            self.applier.abandon()
             return
-        timeout = self.watchdog.timeout_now() if self.watchdog.timeout_s > 0 else None
-        try:
-            self.applier.close(close_sinks=self._own_sinks, timeout=timeout)
-        except FuturesTimeout as exc:
-            self.watchdog.stalled = True
-            raise StalledError(
-                f"{exc} within {timeout:.0f} s",
-                fix="restart `cdc apply`: it resumes from the checkpoint, nothing is skipped",
-                checkpoint=str(self.ckpt),
-            ) from exc
+        for sink in self.sinks:
+            sink.close()
         if self.views is not None:
             self.views.close()
         if self._store is not None:
@@ -507,19 +467,6 @@ class ApplyJob:
         if self._registry is not None:
             self._registry.close()
             self._registry = None
-
-
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """A batch allocates millions of acyclic objects (records, events, rows): the cyclic collector's
-    generational passes over them cost about a third of the parse; it runs again between batches."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def run_apply(

@@ -1,9 +1,8 @@
-"""``cdclog``: a Python Data Source that streams log-store records into Structured Streaming.
+"""``cdclog``: a Python Data Source that streams log-store offset ranges into Structured Streaming.
 
-Rows: ``topic string, partition int, offset long, key binary, value binary (null = tombstone),
-timestamp long``; or, with the option ``emit = ranges``, one row per partition's offset range of the
-micro-batch, ``topic string, partition int, start long, end long`` (:data:`RANGES_DDL`: the records
-stay in the log store, for a task to read them itself, ``spark_jobs/tasks.py``); offsets ``{"<topic>|<partition>": next_offset}``, checkpointed by Spark, so a
+Rows: one per partition's offset range of the micro-batch, ``topic string, partition int, start long,
+end long`` (:data:`RANGES_DDL`): the records stay in the log store, for the task that applies them
+to read them itself (``spark_jobs/tasks.py``); offsets ``{"<topic>|<partition>": next_offset}``, checkpointed by Spark, so a
 restarted query resumes exactly there and a failed batch is replayed with the same offsets. Usage,
 options and every guarantee (new topics, recreated topics, read limits, ``availableNow``):
 ``docs/spark_source.md``.
@@ -19,8 +18,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
-
-from cdc.logstore.records import RECORDS_DDL, read_records
 
 if TYPE_CHECKING:
     from cdc.config import Settings
@@ -42,12 +39,11 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1 have neither
 
 
 SOURCE_NAME = "cdclog"
-#: the rows of ``emit = ranges``: one per (topic, partition) of a micro-batch, records [start, end)
+#: the source's rows: one per (topic, partition) of a micro-batch, records [start, end)
 RANGES_DDL = "topic string, partition int, start long, end long"
 RANGES = pa.schema(
     [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
 )
-DEFAULT_SPLIT = 500_000
 #: when behind, a micro-batch takes 1/CATCH_UP_BATCHES of the backlog (up to the cap): the apply
 #: catches up in a few batches, each rewrite of a table's files carrying many more changes
 CATCH_UP_BATCHES = 2
@@ -159,11 +155,6 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         #: per partition (offset key): (the offset sampled at, mean record bytes there); the source's
         #: state for the life of the query (:meth:`_record_bytes`)
         self._sizes: dict[str, tuple[int, float]] = {}
-        raw_split = options.get("splitRecords") or options.get("splitrecords") or ""
-        self.split = int(raw_split) if raw_split else DEFAULT_SPLIT
-        self.ranges = (options.get("emit") or "records") == "ranges"
-        if self.ranges:  # a partition's range is one task's shard: never split
-            self.split = 1 << 62
         self._store: Any = None
         self._target: dict[str, int] | None = None
 
@@ -263,28 +254,23 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             hi = int(end[key])
             if lo > hi:  # see latestOffset: a recreated topic is read from its start
                 lo = starts.get(key, 0)
-            while lo < hi:
-                step = min(hi, lo + self.split)
-                ranges.append(LogRange(topic, part, lo, step))
-                lo = step
+            if lo < hi:  # a partition's range is one task's shard: never split
+                ranges.append(LogRange(topic, part, lo, hi))
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
-        if self.ranges:
-            yield pa.RecordBatch.from_pylist(
-                [
-                    {
-                        "topic": partition.topic,
-                        "partition": partition.partition,
-                        "start": partition.start,
-                        "end": partition.end,
-                    }
-                ],
-                schema=RANGES,
-            )
-            return
-        yield from read_range(self.settings, partition)
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "topic": partition.topic,
+                    "partition": partition.partition,
+                    "start": partition.start,
+                    "end": partition.end,
+                }
+            ],
+            schema=RANGES,
+        )
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: positions live in Spark's checkpoint; the apply job commits the "apply"
@@ -295,15 +281,6 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with contextlib.suppress(Exception):
                 self._store.close()
             self._store = None
-
-
-def read_range(settings: Settings, rng: LogRange) -> Iterator[pa.RecordBatch]:
-    """Every record of ``rng`` as Arrow batches (:func:`cdc.logstore.records.read_records`)."""
-    store = open_store(settings)
-    try:
-        yield from read_records(store, rng.topic, rng.partition, rng.start, rng.end)
-    finally:
-        store.close()
 
 
 class CdcLogDataSource(DataSource):
@@ -318,7 +295,7 @@ class CdcLogDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return RANGES_DDL if (self.options.get("emit") or "records") == "ranges" else RECORDS_DDL
+        return RANGES_DDL
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
         return CdcLogStreamReader(self.options, self.settings)

@@ -38,11 +38,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink, Touched, touched_of
-from sinks.parse import parse
+from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink, Touched, order, touched_of
+from sinks.parse import Parsed, parse
 from sinks.toast import Chains, Stored
 from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks, reject
 
@@ -242,25 +243,62 @@ def _completer(
     sl: Slice, records: pa.Table, store: LogStore, reg: TableReg | None, sinks: Sequence[Sink]
 ) -> Callable[[ChangeBatch], ChangeBatch] | None:
     """:func:`complete_moves` for a shard's slice (None for a whole table's: its sinks see every
-    event), from the first sink that keeps committed rows (:meth:`sinks.Sink.stored_before`); the
-    other partitions are read only when the slice holds a key change lacking columns."""
+    event), from the first sink that keeps committed rows (:meth:`sinks.Sink.stored_before`).
+
+    Only a key change lacking columns that its own ``before`` does not hold needs another shard:
+    the reader fills a key change's unchanged TOAST values in (``docs/events.md``), so such a change
+    comes from a topic written before it did, or after the reader lost its image store. Then only
+    the old keys' records are taken from the other partitions' ranges of the micro-batch (the
+    ``key`` bytes matched in Arrow, before any parse: a key's records are all in its partition, and
+    the reader writes a key as its canonical JSON, which :meth:`sinks.toast.Chains.old_key` gives),
+    and only those are parsed -- again for the keys they moved from in turn, until no new old key
+    turns up; the keeper's ``reject`` is then asked about them and the slice's own events
+    (``records``), which is what it would accept of the whole batch for these keys (a rejection
+    follows a key's chain, and the chains of the changes to complete run through these keys only).
+    No other record of the batch is parsed, and the slice's own not twice."""
     if sl.shard is None or not sl.context or reg is None:
         return None
 
     def complete(batch: ChangeBatch) -> ChangeBatch:
-        if not any(Chains.is_moved(e) for e in batch.events):
+        lacking = [e for e in batch.events if Chains.is_moved(e) and not _before_holds(e)]
+        if not lacking:
             return batch
         keeper = next(((s, st) for s in sinks if (st := s.stored_before(reg)) is not None), None)
         if keeper is None:
             return batch
         others = [b for p, start, end in sl.context for b in read_records(store, sl.topic, p, start, end)]
-        whole = parse(reg, pa.concat_tables([records, pa.Table.from_batches(others, schema=RECORDS)]))
-        if whole.batch is None:
-            return batch
-        kept, _dead = reject([keeper[0]], whole)  # the other tasks dead-letter their own records
-        return complete_moves(batch, kept, keeper[1])
+        pool = pa.Table.from_batches(others, schema=RECORDS)
+        keys = pool.column("key")
+        events = list(batch.events)
+        wanted = set(Chains(events, reg.key).old_keys(lacking))
+        asked: set[str] = set()
+        found: list[pa.Table] = []
+        while wanted - asked:
+            new = sorted(wanted - asked)
+            asked.update(new)
+            got = pool.filter(pc.is_in(keys, value_set=pa.array([k.encode() for k in new], pa.binary())))
+            parsed = parse(reg, got, form="events")
+            if parsed.batch is None or not len(parsed.batch):
+                continue
+            found.append(got)
+            events.extend(parsed.batch.events)
+            wanted.update(Chains(events, reg.key).old_keys(parsed.batch.events))
+        both = Parsed(
+            ChangeBatch(reg, sorted(events, key=order)),
+            [],
+            "events",
+            None,
+            pa.concat_tables([records, *found]),
+        )
+        whole, _dead = reject([keeper[0]], both)  # the other tasks dead-letter their own records
+        return complete_moves(batch, whole, keeper[1])
 
     return complete
+
+
+def _before_holds(ev: ChangeEvent) -> bool:
+    """A key change whose ``before`` holds every column it lacks (REPLICA IDENTITY FULL)."""
+    return ev.before is not None and all(c in ev.before for c in ev.unavailable)
 
 
 def task_settings(settings: Settings) -> Settings:
@@ -277,17 +315,19 @@ def run_slices(
     *,
     keep_event_ts: bool = False,
     views: bool = False,
+    make_sinks: Callable[[Settings], Sequence[Sink]] = open_sinks,
 ) -> Iterator[SliceResult]:
     """A task's body: apply each of ``slices`` of micro-batch ``batch_id`` (``tables``: topic ->
     registration, as the driver saw the registry) and yield its :class:`SliceResult`. The writes
     of a sink that commits in the driver (:attr:`sinks.Sink.commits_in_driver`: the warehouse) are
     left for the driver to commit; the other sinks commit here (the search index, its shard).
     ``views``: views from joins are registered: the result says which keys the slice changed (also
-    when the batch is a replay its sinks skip: the views may still lack it)."""
+    when the batch is a replay its sinks skip: the views may still lack it). ``make_sinks``: the
+    job's sinks from ``settings`` (:class:`spark_jobs.apply.ApplyJob`)."""
     from cdc.logstore.factory import open_log_store
 
     task_started, opened = time.time(), time.monotonic()
-    sinks = open_sinks(settings)
+    sinks = list(make_sinks(settings))
     for sink in sinks:
         sink.in_task()
     store = open_log_store(settings, writer=False)  # with the [kafka] section's TLS and SASL

@@ -46,7 +46,7 @@ from cdc.signals import StopSignals
 #: what a stop signal does (told on stderr when it arrives)
 STOPPING = "finishing the micro-batch in progress, then stopping"
 
-#: a micro-batch is collected on the driver: bound it (about 0.5-1 KB of driver memory per record)
+#: a micro-batch's slices are read and parsed in the tasks: bound them (about 0.5-1 KB of memory per record)
 DEFAULT_MAX_RECORDS = 250_000
 #: ... and what it may grow to when the apply is behind (a 1M-record batch peaks near 3 GB of RSS)
 DEFAULT_MAX_RECORDS_BEHIND = 500_000
@@ -71,8 +71,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=DEFAULT_MAX_RECORDS,
         metavar="N",
-        help=f"at most N log records per micro-batch, bounding the memory of its tasks (of the driver "
-        f"with --work driver) (default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
+        help=f"at most N log records per micro-batch, bounding the memory of its tasks "
+        f"(default {DEFAULT_MAX_RECORDS:,}; 0: no limit)",
     )
     p.add_argument(
         "--max-records-per-batch-behind",
@@ -107,13 +107,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="URL",
         help="the Spark master: spark://HOST:PORT (standalone), yarn, k8s://https://HOST:PORT or local[N] "
         "(default $CDC_SPARK_MASTER, else local[2]; see docs/apply.md, Running on a cluster)",
-    )
-    p.add_argument(
-        "--work",
-        choices=("tasks", "driver"),
-        default="tasks",
-        help="where a micro-batch is read, parsed and written: in Spark tasks on the executors, the "
-        "driver only committing (default), or all in the driver (docs/apply.md)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.add_argument(
@@ -170,7 +163,6 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         stall_timeout_s=max(float(args.stall_timeout), 0.0),
         hard_exit_on_stall=True,
         sole_writer=True,  # under the apply lock, below
-        work=str(args.work),
     )
     out = sys.stderr if args.json else sys.stdout
 

@@ -5,7 +5,7 @@ are described in ``docs/warehouse.md``. Parts: :mod:`.layout` (meta columns, pat
 clustering), :mod:`.plan` (the decisions -- which events apply, what closes each history row, which
 rows the current and tombstone tables get -- pure Arrow, for both batch forms), :mod:`.per_event` and
 :mod:`.columnar` (the source rows of each batch form, from the plan) and :mod:`.delta` (the Delta
-merges and reads).
+file writes and reads).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -93,10 +93,10 @@ __all__ = [
 class WarehouseSink(Sink):
     """Delta Lake current-state + history tables per registered table (see the module docstring).
 
-    Not thread-safe; one writer per table at a time (the apply job). ``last_metrics`` holds the merge
-    metrics of the last :meth:`apply` per table kind (``current``/``history``): delta-rs's
-    ``num_target_files_removed``/``_added`` (files rewritten), ``num_target_rows_updated``/``_inserted``/
-    ``_deleted``, ``execution_time_ms``.
+    Not thread-safe; one writer per table at a time (the apply job). ``last_metrics`` holds the write
+    metrics of the last :meth:`apply` per table kind (``current``/``history``,
+    :meth:`.files.TableWrite.metrics`): ``num_target_files_removed``/``_added`` (files rewritten),
+    ``num_target_rows_updated``/``_inserted``/``_deleted``.
 
     Memory is proportional to the batch (Python rows, then Arrow): load a large table in batches of
     ~100k events. Measured costs: ``docs/benchmarks/apply.md``.
@@ -104,6 +104,9 @@ class WarehouseSink(Sink):
 
     name = "warehouse"
     commits_in_driver = True
+    #: how a batch's rows reach its tables (:class:`.delta.Commit`: the file writes); a test oracle
+    #: may put another write method here (``tests/sinks/merge_oracle.py``: delta-rs' MERGE)
+    commit_type: ClassVar[type[Commit]] = Commit
 
     def __init__(self, state_dir: Path, options: WarehouseOptions | None = None) -> None:
         self.state_dir = Path(state_dir)
@@ -255,11 +258,8 @@ class WarehouseSink(Sink):
         ]
         if not todo:
             return
-        # deferred writes (a task's) and a shard's slice are file writes whatever the option says
-        files = self.options.write == "files" or self.pending is not None or batch.shard is not None
-        commit = Commit(
+        commit = self.commit_type(
             CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]),
-            files=files,
             pending=self.pending,
             shard=None if batch.shard is None else (batch.shard, layout.shards),
         )
@@ -341,8 +341,8 @@ class WarehouseSink(Sink):
         return current, history, tombs
 
     def defer_commits(self, into: list[Any] | None) -> None:
-        """See :meth:`sinks.Sink.defer_commits`: with a list, every write is a file write (whatever
-        ``write`` says), its :class:`~sinks.warehouse.files.TableWrite` appended there."""
+        """See :meth:`sinks.Sink.defer_commits`: with a list, every write's
+        :class:`~sinks.warehouse.files.TableWrite` is appended there, not committed."""
         self.pending = into
 
     def commit_deferred(self, writes: Sequence[Any], app_id: str, batch_id: int) -> None:

@@ -26,9 +26,6 @@ from sinks.warehouse.delta import (
     confirming,
     current_versions,
     stored_guards,
-    write_current,
-    write_history,
-    write_tombstones,
 )
 from sinks.warehouse.layout import (
     BUCKET,
@@ -226,7 +223,7 @@ class ColumnarApply:
         # rewritten
         touched = np.concatenate([c_key, moved])
         match = None if plan.truncates.num_rows else set(self.key_bucket[touched].tolist())
-        return write_history(history, source, match, _truncates(plan), commit)
+        return commit.history(history, source, match, _truncates(plan))
 
     def current(self, current: DeltaTable, commit: Commit) -> dict[str, Any]:
         rows = self.plan.current(self.stored)
@@ -237,9 +234,7 @@ class ColumnarApply:
         source = self._data(data_rows, arrow_schema(current), self._meta(rows))
         keys = self.plan.key_of_row[rows]
         match = set(self.key_bucket[keys[self.current_versions()[0][keys] >= 0]].tolist())
-        return write_current(
-            current, source, None if trunc else match, trunc[-1][0] if trunc else None, commit
-        )
+        return commit.current(current, source, None if trunc else match, trunc[-1][0] if trunc else None)
 
     def tombstones(self, tombs: DeltaTable, commit: Commit) -> None:
         plan = self.plan
@@ -271,7 +266,7 @@ class ColumnarApply:
             source = pa.concat_tables([source, marker])
         if source.num_rows == 0:
             return
-        write_tombstones(tombs, source, commit)
+        commit.tombstones(tombs, source)
 
 
 def _truncates(plan: Plan) -> list[Truncate]:

@@ -104,9 +104,9 @@ class WarehouseOptions(WarehouseConfig):
     how long a delete's version guards against older late events. ``target_file_size``: the files
     ``maintain`` compacts small files into (bytes; a file already that large is never rewritten by it,
     so a compaction's cost stays bounded however large a table grows: default 8 MiB, None: delta-rs's
-    100 MiB). ``write``: how a batch's rows reach a table: ``merge`` (delta-rs' MERGE, one commit per
-    write) or ``files`` (:mod:`sinks.warehouse.files`: whole buckets rewritten in Arrow, then committed
-    as add/remove actions -- what a Spark task can do for its buckets, with the driver committing).
+    100 MiB). A batch's rows reach a table as files (:mod:`sinks.warehouse.files`: whole buckets
+    rewritten in Arrow, then committed as add/remove actions -- what a Spark task does for its
+    buckets, with the driver committing).
     ``shards``: the :class:`Layout` shards of tables created afterwards (default: the log store's
     ``partitions``, so that one Spark task per topic partition owns one shard).
     ``compact_budget_s``: after every batch, its tables' partitions holding at least

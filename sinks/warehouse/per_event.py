@@ -32,9 +32,6 @@ from sinks.warehouse.delta import (
     layout_of,
     read_rows,
     stored_guards,
-    write_current,
-    write_history,
-    write_tombstones,
 )
 from sinks.warehouse.layout import (
     BUCKET,
@@ -536,7 +533,7 @@ def apply_history(ctx: BatchContext, history: DeltaTable, commit: Commit) -> dic
     source = _to_table(rows, schema, ctx.types, ctx.converted)
     # only a close (or move) row can match a stored (open) row: only its bucket's open rows are rewritten
     match = None if truncates else {r[BUCKET] for r in close_rows}
-    return write_history(history, source, match, [(t.version, t.ts_ms) for t in truncates], commit)
+    return commit.history(history, source, match, [(t.version, t.ts_ms) for t in truncates])
 
 
 def apply_current(
@@ -580,7 +577,7 @@ def apply_current(
     has_row = ctx.current_versions()[0] >= 0
     present = {k for k, has in zip(ctx.keys, has_row, strict=True) if has}
     match = {r[BUCKET] for r in rows if r[KEY] in present}
-    return write_current(current, source, None if trunc else match, trunc, commit)
+    return commit.current(current, source, None if trunc else match, trunc)
 
 
 def apply_tombstones(ctx: BatchContext, tombs: DeltaTable, commit: Commit) -> None:
@@ -611,4 +608,4 @@ def apply_tombstones(ctx: BatchContext, tombs: DeltaTable, commit: Commit) -> No
         )
     if not rows:
         return
-    write_tombstones(tombs, pa.Table.from_pylist(rows, schema=TOMBSTONES), commit)
+    commit.tombstones(tombs, pa.Table.from_pylist(rows, schema=TOMBSTONES))

@@ -22,7 +22,6 @@ def _run(spark: Any, fmt: str, state: Path, ckpt: Path, seen: list[tuple[int, An
         spark.readStream.format(fmt)
         .option("state", str(state))
         .option("topics", "cdc.t,cdc.u")
-        .option("emit", "ranges")
         .option("maxRecordsPerBatch", "23")
         .load()
         .writeStream.foreachBatch(each)

@@ -3,14 +3,12 @@ the job runs is picked up (the job restarts its query on the same checkpoint).""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from typing import Any
 
 import pytest
 
-from sinks import ChangeBatch, Sink
-from tests.plugins.apply import Env, continuous_job, run_job, start_job, warehouse_ids
+from tests.plugins.apply import Env, GateSink, continuous_job, run_job, start_job, warehouse_ids
 from tests.plugins.changes import ChangeWriter, make_reg
 from tests.plugins.postgres import wait_for
 
@@ -52,23 +50,6 @@ def test_continuous_job_applies_new_changes_and_new_tables(spark_clean: Any, env
     assert not errors, errors
 
 
-class _GateSink(Sink):
-    """Holds every batch inside ``apply`` until released; records what it applied."""
-
-    name = "gate"
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.applied: list[tuple[int, int]] = []
-
-    def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
-        self.entered.set()
-        if not self.release.wait(120):
-            raise TimeoutError("the test never released the gate")
-        self.applied.append((batch_id, len(batch.events)))
-
-
 @pytest.mark.parametrize("backend", ["embedded"])
 def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env: Env) -> None:
     """stop() (what SIGTERM calls) during a micro-batch: the batch completes -- sinks and checkpoint --
@@ -78,27 +59,27 @@ def test_stop_lets_the_batch_in_progress_finish_and_commit(spark_clean: Any, env
     with w.txn():
         for i in range(1, 6):
             w.insert({"id": i, "name": f"n{i}"})
-    gate = _GateSink()
-    job = continuous_job(spark_clean, env, sinks=[gate])
+    gate = GateSink(env.state / "gate")
+    job = continuous_job(spark_clean, env, make_sinks=lambda s: [gate])
     runner, errors = start_job(job)
     try:
-        assert gate.entered.wait(120), "the first batch never reached the sink"
+        wait_for(gate.entered, timeout=120, what="the first batch reaching the sink")
         job.stop()
         wait_for(job.gate.halting, timeout=30, what="run() waiting for the batch in progress")
-        assert runner.is_alive() and not gate.applied
-        gate.release.set()
+        assert runner.is_alive() and not gate.applied()
+        gate.release()
         runner.join(120)
         assert not runner.is_alive(), "run() did not return after the batch finished"
     finally:
-        gate.release.set()
+        gate.release()
         job.stop()
         runner.join(60)
         job.close()
     assert not errors, errors
-    assert gate.applied == [(0, 5)]
+    assert gate.applied() == [(0, 5)]
     assert job.summary.batches == 1 and job.summary.records == 5
     assert (job.ckpt / "commits" / "0").exists(), "the batch's checkpoint commit was written"
-    again = _GateSink()
-    again.release.set()
-    summary = run_job(spark_clean, env, sinks=[again])
-    assert again.applied == [] and summary.records == 0, "nothing left to replay"
+    again = GateSink(env.state / "again")
+    again.release()
+    summary = run_job(spark_clean, env, make_sinks=lambda s: [again])
+    assert again.applied() == [] and summary.records == 0, "nothing left to replay"

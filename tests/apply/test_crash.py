@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import pytest
 from deltalake import DeltaTable
 
 from sinks.warehouse import LSN, SEQ, WarehouseSink
@@ -24,13 +23,11 @@ from tests.plugins.items import capture, item_row, items_table, source, verify_j
 from tests.plugins.postgres import PgCluster
 
 
-@pytest.mark.parametrize("work", ["tasks", "driver"])
 def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
-    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None, spark: Any, work: str
+    pg: PgCluster, pg_db: str, tmp_path: Path, jvm: None, spark: Any
 ) -> None:
-    """``work = tasks``: the driver dies after its tasks applied the batch (the search shards
-    committed it) and before its Delta commit; ``driver``: after the first sink (the warehouse)
-    committed it and before the others."""
+    """The driver dies after its tasks applied the batch (the search shards committed it) and
+    before its Delta commit."""
     state = tmp_path / "state"
     dsn, reg = items_table(pg, pg_db, state)
     env = reader_env(state)
@@ -54,8 +51,6 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
             "--once",
             "--max-records-per-batch",
             "20",
-            "--work",
-            work,
         ],
         env={**os.environ, "CDC_FAULTS": f"apply.after_sink:{crash_batch}"},
         capture_output=True,
@@ -65,17 +60,15 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert "cdc-fault: apply.after_sink" in proc.stderr
-    # tasks: the search index's shards committed batch 1, the driver died before its Delta commit of
-    # the tasks' warehouse writes; driver: the warehouse committed it; neither checkpointed it
+    # the search index's shards committed batch 1, the driver died before its Delta commit of the
+    # tasks' warehouse writes; nor did it checkpoint it
     app_id = app_id_for(env.state)
     current_path = WarehouseSink(env.state).paths(reg)[0]
-    committed = crash_batch - 1 if work == "tasks" else crash_batch
-    assert DeltaTable(str(current_path)).transaction_version(app_id) == committed
+    assert DeltaTable(str(current_path)).transaction_version(app_id) == crash_batch - 1
     ckpt = checkpoint_dir(env.state)
     assert (ckpt / "offsets" / str(crash_batch)).exists()
     assert not (ckpt / "commits" / str(crash_batch)).exists()
-    if work == "tasks":  # the tasks' files of batch 1, which no commit references
-        assert _never_committed(current_path)
+    assert _never_committed(current_path)  # the tasks' files of batch 1, which no commit references
 
     # restart: a new apply job over the same checkpoint, on the session's Spark (a JVM start less;
     # `cdc apply --once --json` restarting in a process of its own: tests/cluster/test_standalone.py):
@@ -85,7 +78,6 @@ def test_kill_9_after_a_sink_wrote_then_restart_is_exactly_once(
         spark,
         env,
         max_records=20,
-        work=work,
         sole_writer=True,  # what `cdc apply` sets, holding the apply lock
         on_batch=lambda r: batches.append(r.batch_id),
     )

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from cdc.config import Settings
 from cdc.events import dead_letter_topic
 from cdc.logstore import APPLY_CONSUMER
 from sinks import ChangeBatch, Sink
@@ -73,7 +75,7 @@ def test_redelivered_out_of_order_events_leave_the_same_tables(spark_clean: Any,
     again = list(reversed(w.written))
     for i in range(0, len(again), 25):
         env.store.append(reg.topic, again[i : i + 25])
-    summary = run_job(spark_clean, env, sinks=[WarehouseSink(env.state)], max_records=37)
+    summary = run_job(spark_clean, env, make_sinks=_warehouse_only, max_records=37)
     assert summary.batches >= 5, "maxRecordsPerBatch must split the work into several micro-batches"
     assert summary.dead_letters == 0
     assert _current(env, reg) == _expected(state)
@@ -134,7 +136,7 @@ def test_corrupt_records_go_to_the_dead_letter_topic(spark_clean: Any, env: Env)
         w.insert(_row(3))
         w.raw(b'{"wrong": 3}', w.pending.pop().value)  # the event of row 3 under a key without "id"
         w.insert(_row(4))
-    summary = run_job(spark_clean, env, sinks=[WarehouseSink(env.state)])
+    summary = run_job(spark_clean, env, make_sinks=_warehouse_only)
     assert summary.dead_letters == 2
     assert set(_current(env, reg)) == {1, 4}, "the good records of the batch are applied"
     dlq = dead_letter_topic(env.settings.topic_prefix)
@@ -156,17 +158,29 @@ def test_corrupt_records_go_to_the_dead_letter_topic(spark_clean: Any, env: Env)
     assert metrics["dead_letters"] == 2
 
 
+def _warehouse_only(settings: Settings) -> list[Sink]:
+    return [WarehouseSink(settings.state_dir)]
+
+
 class _Failing(Sink):
+    """A sink that fails every batch (``fail``) or applies it; each call's batch id is appended to
+    ``calls`` (a file: the sink runs in the Spark tasks, processes of their own)."""
+
     name = "failing"
 
-    def __init__(self, fail: bool) -> None:
+    def __init__(self, calls: Path, fail: bool) -> None:
+        self.calls = calls
         self.fail = fail
-        self.calls: list[int] = []
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
-        self.calls.append(batch_id)
+        with self.calls.open("a") as f:
+            f.write(f"{batch_id}\n")
         if self.fail:
             raise RuntimeError("sink down (test)")
+
+
+def _calls(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def test_a_failing_sink_fails_the_batch_and_a_rerun_retries_it(spark_clean: Any, env: Env) -> None:
@@ -178,10 +192,15 @@ def test_a_failing_sink_fails_the_batch_and_a_rerun_retries_it(spark_clean: Any,
         for i in range(1, 11):
             w.insert(_row(i))
         w.raw(b'{"id": 99}', b"garbage")
-    failing = _Failing(fail=True)
+    failing = env.state / "failing-calls"
     with pytest.raises(ApplyError, match="sink down"):
-        run_job(spark_clean, env, sinks=[WarehouseSink(env.state), failing])
-    assert failing.calls == [0]
+        run_job(
+            spark_clean,
+            env,
+            make_sinks=lambda s: [WarehouseSink(s.state_dir), _Failing(failing, fail=True)],
+            shard_min_records=1 << 30,  # one slice: the failing sink is called once
+        )
+    assert _calls(failing) == [0]
     # the job's position stays where it started (committed at its start, so compaction keeps what it
     # has not read): a failed batch must not be marked applied
     assert (
@@ -189,9 +208,14 @@ def test_a_failing_sink_fails_the_batch_and_a_rerun_retries_it(spark_clean: Any,
         == env.store.start_offsets(reg.topic)
         == {p: 0 for p in range(4)}
     )
-    healed = _Failing(fail=False)
-    summary = run_job(spark_clean, env, sinks=[WarehouseSink(env.state), healed])
-    assert healed.calls == [0], "the rerun retries the same batch id"
+    healed = env.state / "healed-calls"
+    summary = run_job(
+        spark_clean,
+        env,
+        make_sinks=lambda s: [WarehouseSink(s.state_dir), _Failing(healed, fail=False)],
+        shard_min_records=1 << 30,
+    )
+    assert _calls(healed) == [0], "the rerun retries the same batch id"
     assert summary.events == 10
     dlq = dead_letter_topic(env.settings.topic_prefix)
     letters = [

@@ -18,7 +18,6 @@ from tests.plugins.tansu import Stunnel, TansuBroker, TlsFiles
 ROWS = 40
 
 
-@pytest.mark.parametrize("work", ["driver", "tasks"])
 def test_apply_reads_a_tls_only_broker_with_the_kafka_section(
     pg: PgCluster,
     pg_db: str,
@@ -26,7 +25,6 @@ def test_apply_reads_a_tls_only_broker_with_the_kafka_section(
     spark: object,
     tls_tansu: tuple[TansuBroker, Stunnel, TlsFiles],
     monkeypatch: pytest.MonkeyPatch,
-    work: str,
 ) -> None:
     _, tunnel, tls = tls_tansu
     state, url = tmp_path / "state", f"kafka://127.0.0.1:{tunnel.port}"
@@ -46,7 +44,7 @@ def test_apply_reads_a_tls_only_broker_with_the_kafka_section(
         log_url=url,
         extra={"kafka": {"security_protocol": "SSL", "ssl_cafile": str(tls.ca_cert)}},
     )
-    summary = run_job(spark, Env(settings, None, None), work=work)  # type: ignore[arg-type]
+    summary = run_job(spark, Env(settings, None, None))  # type: ignore[arg-type]
     assert summary.records >= ROWS, summary
     code, reports = verify_json(settings, dsn)
     assert code == 0, reports

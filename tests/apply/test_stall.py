@@ -1,5 +1,5 @@
-"""The apply job's watchdog: a micro-batch stuck in a sink (or in Spark) fails the run with a
-StalledError after a thread dump, and closing the job does not wait for the stuck thread."""
+"""The apply job's watchdog: a micro-batch stuck in a sink (in its Spark task) or in Spark fails the
+run with a StalledError after a thread dump, and closing the job does not wait for the stuck batch."""
 
 from __future__ import annotations
 
@@ -9,31 +9,12 @@ from typing import Any
 
 import pytest
 
-from sinks import ChangeBatch, Sink
 from spark_jobs.apply import ApplyJob, ApplyOptions, StalledError
-from tests.plugins.apply import Env
+from tests.plugins.apply import Env, GateSink
 from tests.plugins.changes import ChangeWriter, make_reg
+from tests.plugins.postgres import wait_for
 
 COLUMNS = [("id", "bigint"), ("name", "text")]
-
-
-class _StuckSink(Sink):
-    """Never returns from ``apply`` until the test releases it (a write blocked forever). On entry it
-    arms the job's watchdog (``arm()``): until then the watchdog is off, so a slow Spark start on a
-    loaded machine cannot be taken for the stall, which is then known to be in this sink."""
-
-    name = "stuck"
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.arm: Any = None
-
-    def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
-        if self.arm is not None:
-            self.arm()
-        self.entered.set()
-        self.release.wait(600)
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
@@ -45,18 +26,14 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
     with w.txn():
         for i in range(1, 6):
             w.insert({"id": i, "name": f"n{i}"})
-    sink = _StuckSink()
+    # a write blocked (until the test ends) in the Spark task that applies the batch
+    stuck = GateSink(env.state / "stuck", limit_s=600)
     job = ApplyJob(
         spark_clean,
         env.settings,
         ApplyOptions(once=False, trigger_interval_s=0.2, registry_poll_s=1, stall_timeout_s=0),
-        sinks=[sink],
+        make_sinks=lambda s: [stuck],
     )
-
-    def arm() -> None:  # the watchdog from the moment the batch is stuck in the sink
-        job.watchdog.timeout_s = 5
-
-    sink.arm = arm
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -68,7 +45,10 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     try:
-        assert sink.entered.wait(120), "the first batch never reached the sink"
+        wait_for(stuck.entered, timeout=120, what="the first batch reaching the sink")
+        # the watchdog from the moment the batch is stuck in the sink (until then it is off, so a
+        # slow Spark start on a loaded machine cannot be taken for the stall)
+        job.watchdog.timeout_s = 5
         runner.join(120)
         assert not runner.is_alive(), "run() is still waiting on a stuck micro-batch"
         assert len(errors) == 1 and isinstance(errors[0], StalledError), errors
@@ -79,11 +59,11 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
         closer = threading.Thread(target=job.close, daemon=True)
         closer.start()
         closer.join(30)
-        assert not closer.is_alive(), "close() waited for the stuck sink thread"
+        assert not closer.is_alive(), "close() waited for the stuck batch"
         dumped = capfd.readouterr().err
         assert "cdc apply: watchdog: no progress for" in dumped
-        assert "test_stall.py" in dumped, "the Python thread dump names the stuck frame"
+        assert "spark_jobs/apply.py" in dumped, "the driver's thread dump names the batch it waits for"
     finally:
-        sink.release.set()
+        stuck.release()
         job.stop()
         runner.join(60)

@@ -1,7 +1,7 @@
 """The apply's task path without a JVM (``spark_jobs.tasks``): the records in a real embedded log
 store, placed by key in 4 partitions as the reader places them; each slice applied in its own process
 at the same time (as Spark's Python workers do), the driver committing; the sinks' tables equal what
-the driver path (:class:`spark_jobs.applier.BatchApplier` over the whole micro-batch) gives."""
+the whole micro-batch applied at once (:class:`spark_jobs.applier.BatchApplier`) gives."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
 from sinks import RawRecord, StoredTexts
 from sinks.warehouse import WarehouseSink
+from spark_jobs import tasks
 from spark_jobs.applier import BatchApplier, open_sinks
 from spark_jobs.tasks import (
     Planner,
@@ -133,7 +134,7 @@ def _state(settings: Settings, regs: list[TableReg]) -> list[Any]:
 
 
 @pytest.mark.parametrize(("seed", "min_shard"), [(1, 0), (2, 0), (3, 10**9)])
-def test_slices_applied_in_parallel_processes_equal_the_driver_path(
+def test_slices_applied_in_parallel_processes_equal_the_whole_batch(
     tmp_path: Path, seed: int, min_shard: int
 ) -> None:
     """Two tables (one indexed), a random workload per table (inserts, updates, deletes, snapshot
@@ -200,12 +201,23 @@ def test_slices_applied_in_parallel_processes_equal_the_driver_path(
         assert sliced >= 5 * 2 * PARTITIONS - 8, "the batches after the first ran one task per partition"
 
 
-def test_a_key_change_across_shards_keeps_its_unchanged_toast_value(tmp_path: Path) -> None:
+def test_a_key_change_across_shards_keeps_its_unchanged_toast_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Primary-key changes whose new key hashes to another partition than the old one, lacking an
     unchanged TOAST column (``name``, indexed): 2 -> 8, the old row applied by an earlier batch, and
     5 -> 9, the old key inserted in the same micro-batch. The old keys' slices run (and commit their
     search shards) first, as a busy executor may run them; the new keys' slices must still take the
-    old rows' values, with no dead letter, and every table equal the driver path's."""
+    old rows' values, with no dead letter, and every table equal the whole batch applied at once.
+    A new key's slice parses of the other partitions only the old key's records, not the batch."""
+    parsed_keys: list[list[bytes]] = []
+    real_parse = tasks.parse
+
+    def parse(reg: Any, records: Any, **kw: Any) -> Any:  # what the slices parse, beyond their own
+        parsed_keys.append(sorted(set(records.column("key").to_pylist())))
+        return real_parse(reg, records, **kw)
+
+    monkeypatch.setattr(tasks, "parse", parse)
     sharded = {"warehouse": {"shards": PARTITIONS}}
     tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS, extra=sharded)
     driver_settings = Settings(state_dir=tmp_path / "driver", partitions=PARTITIONS, extra=sharded)
@@ -238,8 +250,11 @@ def test_a_key_change_across_shards_keeps_its_unchanged_toast_value(tmp_path: Pa
             assert driver.run(pa.Table.from_batches(records, schema=RECORDS), batch_id).dead == []
             slices = planner.plan(ranges, by_topic, lambda t: PARTITIONS)
             # the old keys' shards (2, 5: partitions 0, 1) before the new keys' (8, 9: 2, 3)
+            parsed_keys.clear()
             results = [r for sl in slices for r in _run((tasks_settings, batch_id, by_topic, sl))]
             assert outcome_of(batch_id, results).dead == [], f"batch {batch_id}"
+            if batch_id == 1:  # 8's slice took 2's records of the batch, 9's those of 5
+                assert sorted(parsed_keys) == [[b'{"id":2}'], [b'{"id":5}']]
             commit_slices(task_sinks, [ITEMS], results, APP, batch_id)
         assert [sl.shard for sl in slices] == [0, 1, 2, 3]
         state = _state(tasks_settings, [ITEMS])

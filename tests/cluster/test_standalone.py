@@ -71,7 +71,7 @@ def test_apply_once_on_the_cluster_runs_its_tasks_in_executors_and_verifies_clea
     conf = env.state.parent / "spark-conf"
     conf.mkdir()
     (conf / "spark-defaults.conf").write_text("spark.executor.memory 640m\n")
-    args = ("apply", "--once", "--json", "--master", spark_cluster.url, "--work", "tasks")
+    args = ("apply", "--once", "--json", "--master", spark_cluster.url)
     args = (*args, "--max-records-per-batch", "40")
     # the driver killed (kill -9, with its JVM) after the tasks applied micro-batch 1, before its
     # Delta commits: the search shards hold the batch, the warehouse does not
@@ -125,7 +125,7 @@ def test_an_executor_killed_with_kill_9_while_batches_flow_loses_nothing(
     _items(env, 100)
     reader = env.spawn("run")
     wait_streaming(env, reader)
-    apply = env.spawn("apply", "--master", spark_cluster.url, "--work", "tasks", "--trigger-interval", "0.5")
+    apply = env.spawn("apply", "--master", spark_cluster.url, "--trigger-interval", "0.5")
     apply_index = len(env.procs) - 1
 
     def running_app() -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from cdc.config import Settings
 from cdc.errors import ApplyError
 from cdc.logstore import LogStore
 from cdc.registry import Registry, TableReg
+from sinks import ChangeBatch, Sink
 
 if TYPE_CHECKING:
     from spark_jobs.apply import ApplyJob
@@ -55,14 +57,16 @@ def reader_env(state: Path) -> Env:
 
 
 def run_job(
-    spark: Any, env: Env, *, sinks: Any = None, max_records: int = 0, on_batch: Any = None, **kw: Any
+    spark: Any, env: Env, *, make_sinks: Any = None, max_records: int = 0, on_batch: Any = None, **kw: Any
 ) -> Any:
     """Run the apply job once (availableNow) in this process; return its summary. ``on_batch``: called
-    with each batch's :class:`spark_jobs.apply.BatchReport`."""
+    with each batch's :class:`spark_jobs.apply.BatchReport`; ``make_sinks``: the job's sinks from its
+    settings (default: the product's), built in the driver and in every task."""
+    from spark_jobs.applier import open_sinks
     from spark_jobs.apply import ApplyJob, ApplyOptions
 
     options = ApplyOptions(once=True, max_records_per_batch=max_records, **kw)
-    job = ApplyJob(spark, env.settings, options, sinks=sinks, on_batch=on_batch)
+    job = ApplyJob(spark, env.settings, options, make_sinks=make_sinks or open_sinks, on_batch=on_batch)
     try:
         return job.run()
     finally:
@@ -124,6 +128,42 @@ def warehouse_ids(env: Env, reg: Any) -> set[int]:
         return set(warehouse_rows(env, reg))
     except ApplyError:  # not created yet
         return set()
+
+
+class GateSink(Sink):
+    """A sink that holds every batch inside ``apply`` until the test releases it, told through files
+    in ``root`` (it runs in the apply's Spark tasks, processes of their own): ``entered`` is created
+    when a batch arrives, the test creates ``release`` to let it go, and ``applied`` gets a line
+    ``<batch_id> <events>`` per batch applied. ``limit_s``: how long it waits before failing."""
+
+    name = "gate"
+
+    def __init__(self, root: Path, limit_s: float = 120.0) -> None:
+        self.root = root
+        self.limit_s = limit_s
+
+    def entered(self) -> bool:
+        return (self.root / "entered").exists()
+
+    def release(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "release").touch()
+
+    def applied(self) -> list[tuple[int, int]]:
+        path = self.root / "applied"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [(int(a), int(b)) for a, b in (ln.split() for ln in lines)]
+
+    def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "entered").touch()
+        deadline = time.monotonic() + self.limit_s
+        while not (self.root / "release").exists():  # polled: the test is in another process
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test never released the gate")
+            time.sleep(0.05)
+        with (self.root / "applied").open("a") as f:
+            f.write(f"{batch_id} {len(batch)}\n")
 
 
 def descendants(pid: int) -> list[int]:
@@ -238,8 +278,7 @@ def apply_pending_without_spark(state: Path, *, settings: Settings | None = None
     A test-only loop, not the apply job (:func:`run_job`, ``cdc apply``). It does not cover: the
     job's Spark source and checkpoint (the records are read here straight from the log store,
     from the committed positions to the end offsets seen at the start); its work in Spark tasks
-    (:mod:`spark_jobs.tasks`, the job's default: here one batch on this process, the job's
-    ``work="driver"`` path); its batch ids (here the committed positions summed); its offset
+    (:mod:`spark_jobs.tasks`: here one batch on this process, every partition at once); its batch ids (here the committed positions summed); its offset
     commits (here the end offsets this loop read, committed by it, not the job's
     :func:`spark_jobs.ledger.commit_positions` from Spark's offset log, and no position held before
     the batch); its dead-letter topic, ledger, metrics, sink recovery, watchdog and apply lock."""

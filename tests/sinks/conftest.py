@@ -22,21 +22,12 @@ def columnar(request: pytest.FixtureRequest) -> Form:
     return form
 
 
-@pytest.fixture(params=["merge", "files"])
-def write(request: pytest.FixtureRequest) -> str:
-    """The warehouse's write method (``WarehouseOptions.write``): delta-rs' MERGE or the Arrow
-    copy-on-write of whole buckets (``sinks.warehouse.files``); every warehouse test runs with both."""
-    method: str = request.param
-    return method
-
-
-@pytest.fixture(params=[("merge", 1), ("files", 4)], ids=["merge", "files-4-shards"])
+@pytest.fixture(params=[1, 4], ids=["1-shard", "4-shards"])
 def sink(tmp_path: Path, request: pytest.FixtureRequest) -> WarehouseSink:
-    """A warehouse in ``tmp_path``: 4 buckets, no maintenance; written with delta-rs' MERGE (one
-    shard: the driver's default), and with the Arrow file writes in 4 shards (what the apply's Spark
-    tasks write; one shard with file writes is covered by the tests that take ``write``)."""
-    write, shards = request.param
-    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write=write, shards=shards))
+    """A warehouse in ``tmp_path``: 4 buckets, no maintenance; its tables in one shard, and in 4
+    shards (what the apply's Spark tasks write)."""
+    shards: int = request.param
+    return WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, shards=shards))
 
 
 @pytest.fixture

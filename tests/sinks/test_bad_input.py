@@ -81,12 +81,12 @@ UNPRIVILEGED = "nobody"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _read_only_write(root: Path, write: str, shards: int) -> dict[str, Any]:
+def _read_only_write(root: Path, shards: int) -> dict[str, Any]:
     """The read-only case, run by :func:`_as_user` in a process of its own as the user it runs as: a
     batch applied (the user can write the tables while their modes allow it), then every directory
     of the three tables made read-only (r-x) by their owner, another batch applied: its error, and
     the tables' versions and rows before and after it."""
-    sink = WarehouseSink(root, WarehouseOptions(buckets=4, maintain_every=0, write=write, shards=shards))
+    sink = WarehouseSink(root, WarehouseOptions(buckets=4, maintain_every=0, shards=shards))
     reg = table()
     f = Feed(reg)
     sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": "x"}, 100)), 1, APP)
@@ -116,16 +116,16 @@ def _read_only_write(root: Path, write: str, shards: int) -> dict[str, Any]:
 
 
 def _as_user() -> None:
-    """``python -c`` entry of the child: ``ROOT WRITE SHARDS [UID GID]``. With a user, the process
+    """``python -c`` entry of the child: ``ROOT SHARDS [UID GID]``. With a user, the process
     (started as root, its interpreter where only root can read it) becomes that user for good, with
     no supplementary group, before anything is written: from then on it is that user, as a process
     of its own would be. Prints :func:`_read_only_write`'s result as JSON."""
-    root, write, shards, *user = sys.argv[1:]
+    root, shards, *user = sys.argv[1:]
     if user:
         os.setgroups([])
         os.setgid(int(user[1]))
         os.setuid(int(user[0]))
-    print(json.dumps(_read_only_write(Path(root), write, int(shards))))
+    print(json.dumps(_read_only_write(Path(root), int(shards))))
 
 
 def test_a_read_only_delta_table_is_an_error_and_changes_nothing(sink: WarehouseSink, tmp_path: Path) -> None:
@@ -148,7 +148,6 @@ def test_a_read_only_delta_table_is_an_error_and_changes_nothing(sink: Warehouse
                 "-c",
                 "from tests.sinks.test_bad_input import _as_user; _as_user()",
                 str(work),
-                sink.options.write,
                 str(sink.options.shards),
                 *user,
             ],

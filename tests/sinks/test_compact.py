@@ -30,7 +30,6 @@ def _sink(tmp_path: Path, budget: float, ratio: float = 1.0) -> WarehouseSink:
             compact_budget_s=budget,
             compact_min_files=4,
             vacuum_garbage_ratio=ratio,
-            write="files",
         ),
     )
 

@@ -1,5 +1,5 @@
-"""The warehouse's file writes (``write = "files"``, ``sinks.warehouse.files``): the same tables as
-delta-rs' MERGE on random workloads, writes deferred to a committer (what a Spark task hands the
+"""The warehouse's file writes (``sinks.warehouse.files``, its only write method): the same tables as
+delta-rs' MERGE (the test oracle, ``tests/sinks/merge_oracle.py``) on random workloads, writes deferred to a committer (what a Spark task hands the
 driver), and a commit that refuses when a file it replaces left the table meanwhile."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sinks.warehouse import WarehouseOptions, WarehouseSink
 from sinks.warehouse.files import TableWrite, WriteConflict, commit, commit_all
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import mixed_batches, table
+from tests.sinks.merge_oracle import MergeWarehouseSink
 
 APP = "cdc-apply-test"
 
@@ -39,7 +40,7 @@ def test_file_writes_give_the_tables_the_merge_gives(tmp_path: Path, feed: FeedM
     reg = table()
     got: dict[str, list[Any]] = {}
     for write in ("merge", "files"):
-        sink = WarehouseSink(tmp_path / write, WarehouseOptions(buckets=4, maintain_every=0, write=write))
+        sink = _sink(tmp_path / write, write)
         f = feed(reg)
         got[write] = []
         for batch_id, recs in enumerate(mixed_batches(f, seed)):
@@ -56,13 +57,19 @@ def test_ugly_values_round_trip_through_files(tmp_path: Path, feed: FeedMaker) -
     ugly = ('a "quoted", \\back\\slashed\nline\r\n' * 120_000)[: 4 << 20]
     got = {}
     for write in ("merge", "files"):
-        sink = WarehouseSink(tmp_path / write, WarehouseOptions(buckets=4, maintain_every=0, write=write))
+        sink = _sink(tmp_path / write, write)
         f = feed(reg)
         sink.apply(f.batch(f.change("c", {"id": 1, "name": ugly, "note": "'"}, 100)), 0, APP)
         sink.apply(f.batch(f.change("u", {"id": 1, "name": ugly[::-1], "note": None}, 200)), 1, APP)
         got[write] = _tables(sink, reg)
     assert got["files"] == got["merge"]
     assert got["files"][0][0]["name"] == ugly[::-1]
+
+
+def _sink(path: Path, write: str) -> WarehouseSink:
+    """The warehouse as the product writes it (``files``), or the MERGE oracle (``merge``)."""
+    options = WarehouseOptions(buckets=4, maintain_every=0)
+    return MergeWarehouseSink(path, options) if write == "merge" else WarehouseSink(path, options)
 
 
 def _slices(recs: list[Any], shards: int) -> dict[int, list[RawRecord]]:
@@ -84,9 +91,7 @@ def test_shards_applied_apart_and_committed_together_equal_the_whole_batch(
     committed in one transaction per table, gives the tables of the whole batch applied at once."""
     reg = table()
     shards = 4
-    whole = WarehouseSink(
-        tmp_path / "whole", WarehouseOptions(buckets=4, maintain_every=0, write="files", shards=shards)
-    )
+    whole = WarehouseSink(tmp_path / "whole", WarehouseOptions(buckets=4, maintain_every=0, shards=shards))
     sliced, pending = _deferred(tmp_path / "sliced", shards)
     f = feed(reg)
     for batch_id, recs in enumerate(mixed_batches(f, seed, partitions=shards)):
@@ -116,10 +121,8 @@ def test_a_slice_holding_another_shards_key_is_refused(tmp_path: Path, feed: Fee
     assert pending == []
 
 
-def _deferred(
-    tmp_path: Path, shards: int = 1, write: str = "files"
-) -> tuple[WarehouseSink, list[TableWrite]]:
-    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write=write, shards=shards))
+def _deferred(tmp_path: Path, shards: int = 1) -> tuple[WarehouseSink, list[TableWrite]]:
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, shards=shards))
     pending: list[TableWrite] = []
     sink.defer_commits(pending)
     return sink, pending
@@ -129,20 +132,19 @@ def _props(batch_id: int) -> CommitProperties:
     return CommitProperties(app_transactions=[Transaction(APP, version=batch_id)])
 
 
-@pytest.mark.parametrize("write", ["merge", "files"])
 def test_deferred_writes_are_invisible_until_committed_once_per_table(
-    tmp_path: Path, feed: FeedMaker, write: str
+    tmp_path: Path, feed: FeedMaker
 ) -> None:
-    """With the writes deferred (a Spark task's sink, whatever its ``write`` option says), a batch
+    """With the writes deferred (a Spark task's sink), a batch
     changes no table; the committer then commits each table's writes in one transaction carrying the
     batch's application transaction."""
     reg = table()
     f = feed(reg)
-    direct = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0, write="files"))
+    direct = WarehouseSink(tmp_path, WarehouseOptions(buckets=4, maintain_every=0))
     direct.apply(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100 + i) for i in range(50))), 0, APP
     )
-    sink, pending = _deferred(tmp_path, write=write)
+    sink, pending = _deferred(tmp_path)
     paths = sink.paths(reg)
     versions = [DeltaTable(str(p)).version() for p in paths]
     batch = f.batch(

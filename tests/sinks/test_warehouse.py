@@ -23,7 +23,7 @@ from cdc.config import Settings
 from cdc.errors import ApplyError, ConfigError
 from sinks import RawRecord
 from sinks import warehouse as W
-from sinks.warehouse import WarehouseOptions, WarehouseSink, columnar, leases, per_event, reclaim
+from sinks.warehouse import WarehouseOptions, WarehouseSink, leases, reclaim
 from sinks.warehouse import delta as D
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import BASE_TS_MS, Feed, mixed_batches, table
@@ -432,7 +432,7 @@ def test_replay_after_crash_between_commits(
         raise RuntimeError("crash after the history commit")
 
     with monkeypatch.context() as m:
-        m.setattr(per_event, "apply_current", crash)
+        m.setattr(D.Commit, "current", crash)
         with pytest.raises(RuntimeError):
             sink.apply(b, 2, APP)
     assert current(sink, reg)[1]["name"] == "a"  # current untouched
@@ -448,14 +448,10 @@ def test_replay_after_crash_between_commits(
     assert [r["key_json"] for r in sink.tombstone_rows(reg).to_pylist()] == ['{"id":2}']
 
 
-def test_maintenance_compacts_vacuums_and_purges_tombstones(
-    tmp_path: Path, feed: FeedMaker, write: str
-) -> None:
+def test_maintenance_compacts_vacuums_and_purges_tombstones(tmp_path: Path, feed: FeedMaker) -> None:
     sink = WarehouseSink(
         tmp_path,
-        WarehouseOptions(
-            buckets=2, maintain_every=3, tombstone_retention_hours=0, vacuum_retention_hours=0, write=write
-        ),
+        WarehouseOptions(buckets=2, maintain_every=3, tombstone_retention_hours=0, vacuum_retention_hours=0),
     )
     reg = table()
     f = feed(reg)
@@ -477,15 +473,13 @@ def test_maintenance_compacts_vacuums_and_purges_tombstones(
     assert current(sink, reg) == {2: current(sink, reg)[2]} and current(sink, reg)[2]["name"] == "b"
 
 
-def test_superseded_files_are_vacuumed_between_maintenances(
-    tmp_path: Path, feed: FeedMaker, write: str
-) -> None:
+def test_superseded_files_are_vacuumed_between_maintenances(tmp_path: Path, feed: FeedMaker) -> None:
     """Every merge rewrites the files it touches; the old ones are deleted every ``vacuum_every``
     batches (once unreferenced for ``vacuum_retention_hours``), not only by the rarer ``maintain``:
     the full-size fault suite filled the disk with them (67 GB beside 3.3 GB live in 80 minutes)."""
     sink = WarehouseSink(
         tmp_path,
-        WarehouseOptions(buckets=2, maintain_every=0, vacuum_every=2, vacuum_retention_hours=0, write=write),
+        WarehouseOptions(buckets=2, maintain_every=0, vacuum_every=2, vacuum_retention_hours=0),
     )
     reg = table()
     f = feed(reg)
@@ -507,9 +501,7 @@ def _files(path: Path) -> int:
     return len(DeltaTable(str(path)).file_uris())
 
 
-def test_disk_stays_within_the_garbage_ratio_of_the_live_size(
-    tmp_path: Path, feed: FeedMaker, write: str
-) -> None:
+def test_disk_stays_within_the_garbage_ratio_of_the_live_size(tmp_path: Path, feed: FeedMaker) -> None:
     """Random-key rewrites supersede about the whole table every batch; the hourly vacuum would keep
     them all (67 GB beside 3.3 GB live in the full-size fault suite). With ``vacuum_garbage_ratio`` K
     each table's bytes on disk stay within (1 + K) times its live size after every batch."""
@@ -523,7 +515,6 @@ def test_disk_stays_within_the_garbage_ratio_of_the_live_size(
             vacuum_every=0,
             vacuum_garbage_ratio=ratio,
             vacuum_min_retention_s=0,
-            write=write,
         ),
     )
     reg = table()
@@ -616,11 +607,9 @@ def test_reclaim_spares_what_leased_readers_and_uncommitted_writes_use(
     assert {r["name"] for r in current(sink, reg).values()} == {"v5"}
 
 
-def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: FeedMaker, write: str) -> None:
+def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: FeedMaker) -> None:
     """What is bounded (hash layout): a batch whose keys fall in one bucket rewrites only that bucket's file."""
-    sink = WarehouseSink(
-        tmp_path, WarehouseOptions(buckets=8, clustering="hash", maintain_every=0, write=write)
-    )
+    sink = WarehouseSink(tmp_path, WarehouseOptions(buckets=8, clustering="hash", maintain_every=0))
     reg = table()
     f = feed(reg)
     sink.apply(
@@ -642,11 +631,11 @@ def test_hash_layout_merge_rewrites_only_touched_buckets(tmp_path: Path, feed: F
 
 
 def test_range_layout_merge_of_recent_keys_rewrites_only_the_newest_buckets(
-    tmp_path: Path, feed: FeedMaker, write: str
+    tmp_path: Path, feed: FeedMaker
 ) -> None:
     """An integer key is range-clustered by default: updating the most recent rows (the usual CDC
     pattern) rewrites the newest bucket's file only; keys spread over the range touch every bucket."""
-    sink = WarehouseSink(tmp_path, WarehouseOptions(range_width=250, maintain_every=0, write=write))
+    sink = WarehouseSink(tmp_path, WarehouseOptions(range_width=250, maintain_every=0))
     reg = table()
     f = feed(reg)
     sink.apply(
@@ -924,9 +913,9 @@ def test_closing_rows_rewrites_only_files_of_open_rows(sink: WarehouseSink, feed
     assert [(r["name"], r[W.IS_CURRENT]) for r in history(sink, reg, 8)][-1] == ("v150", False)
 
 
-@pytest.mark.parametrize("stage", ["write_current", "write_tombstones"])
+@pytest.mark.parametrize("stage", ["current", "tombstones"])
 def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run_does(
-    tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch, stage: str, write: str
+    tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
     """Every batch of a random workload (deletes, re-inserts, late and repeated events, a TRUNCATE)
     crashes once after the history's commit (or the current table's), then is replayed: the tables
@@ -936,9 +925,7 @@ def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run
     got: dict[bool, list[Any]] = {False: [], True: []}
     crashes = 0
     for crashing in (False, True):
-        sink = WarehouseSink(
-            tmp_path / str(crashing), WarehouseOptions(buckets=4, maintain_every=0, write=write)
-        )
+        sink = WarehouseSink(tmp_path / str(crashing), WarehouseOptions(buckets=4, maintain_every=0))
         f = feed(reg)
         for batch_id, recs in enumerate(mixed_batches(f, 3)):
             if crashing:
@@ -947,8 +934,7 @@ def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run
                     raise RuntimeError(f"crash before {stage}")
 
                 with monkeypatch.context() as m:
-                    m.setattr(columnar, stage, crash)
-                    m.setattr(per_event, stage, crash)
+                    m.setattr(D.Commit, stage, crash)
                     try:
                         sink.apply(f.batch(recs), batch_id, APP)
                     except RuntimeError:
@@ -965,16 +951,14 @@ def test_a_replay_after_a_crash_between_commits_writes_what_an_uninterrupted_run
         assert crashed == straight, f"after batch {batch_id}"
 
 
-def test_a_history_partitioned_by_bucket_alone_still_applies(
-    tmp_path: Path, feed: FeedMaker, write: str
-) -> None:
+def test_a_history_partitioned_by_bucket_alone_still_applies(tmp_path: Path, feed: FeedMaker) -> None:
     """A history created before the ``is_current`` partitioning keeps working (its closes rewrite
     whole buckets' files, as they did): the same tables as a new one."""
     reg = table()
     recs = mixed_batches(Feed(reg), 4)
     got = []
     for old in (False, True):
-        sink = WarehouseSink(tmp_path / str(old), WarehouseOptions(buckets=4, maintain_every=0, write=write))
+        sink = WarehouseSink(tmp_path / str(old), WarehouseOptions(buckets=4, maintain_every=0))
         f = feed(reg)
         for batch_id, batch_recs in enumerate(recs):
             sink.apply(f.batch(batch_recs), batch_id, APP)

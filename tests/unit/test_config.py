@@ -71,6 +71,8 @@ def _load_toml(tmp_path: Path, text: str, environ: dict[str, str] | None = None)
         ("[serve]\ntoken = 'x'\n", "[serve] token", "sample_interval_s"),
         ("[snapshot]\nchunks = 1\n", "[snapshot] chunks", "chunk_size"),
         ("[nosuchsection]\nx = 1\n", "nosuchsection", "snapshot"),
+        # removed by issue 33 (every write is a file write): refused, the fix says to remove it
+        ('[warehouse]\nwrite = "files"\n', "[warehouse] write", "remove or correct '[warehouse] write'"),
     ],
 )
 def test_unknown_keys_name_the_key_and_the_allowed_ones(
