@@ -1,8 +1,9 @@
 """``make bench``: every benchmark with its peer in the same run, ratios printed.
 
-``python -m bench [NAME ...] [--quick]``. Each module listed in BENCHMARKS has
+``python -m bench [NAME ...] [--quick] [--no-write]``. Each module listed in BENCHMARKS has
 ``run(quick: bool) -> str``: it prints progress and figures as it goes and returns a Markdown
-section, which is written to ``docs/benchmarks/NAME.md`` (full runs only) so the figures are committed;
+section, which is written to ``docs/benchmarks/NAME.md`` (full runs only, and not with ``--no-write``:
+a full-size run that only prints, e.g. to compare a branch) so the figures are committed;
 a module with ``SECTION_OF = "OTHER"`` has its section put in ``docs/benchmarks/OTHER.md`` instead,
 between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` (replaced, or appended the first time).
 """
@@ -45,6 +46,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], default=[])
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the benchmarks run")
+    parser.add_argument(
+        "--no-write", action="store_true", help="full size, printed only: docs/benchmarks untouched"
+    )
     args = parser.parse_args()
     names = args.names or BENCHMARKS
     out = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
@@ -58,7 +62,7 @@ def main() -> None:
             f"<!-- written by `python -m bench {name}` on {time.strftime('%Y-%m-%d')}, "
             f"{platform.machine()}, {__import__('os').cpu_count()} cores, {time.time() - started:.0f} s -->\n"
         )
-        if args.quick:
+        if args.quick or args.no_write:
             continue
         into = getattr(module, "SECTION_OF", None)
         if into is None:
