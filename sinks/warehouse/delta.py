@@ -315,7 +315,10 @@ class _Meets:
 
     def __call__(self, lo: int, hi: int) -> bool:
         i = bisect.bisect_right(self.his, lo)  # the first span ending past lo
-        return i < len(self.his) and (self.los[i] is None or self.los[i] < hi)
+        if i == len(self.his):
+            return False
+        start = self.los[i]
+        return start is None or bool(start < hi)
 
 
 def span_mask(column: Any, spans: Sequence[tuple[Any, Any]]) -> np.ndarray:
