@@ -18,8 +18,6 @@ path; a machine where the extension did not build runs it too, with a warning.
 from __future__ import annotations
 
 import functools
-import importlib
-import os
 from typing import Any
 
 import orjson
@@ -29,6 +27,7 @@ from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.pgoutput import PgOutput
 from cdc.codec.values import _identity, _text_bool, _text_bytea, _text_int, _text_numeric
 from cdc.logstore import Record
+from cdc.native import load
 
 __all__ = ["PYTHON", "build_plan", "copy_plan", "native_changes", "native_module", "native_status"]
 
@@ -40,15 +39,7 @@ PYTHON: Any = object()
 
 def _load() -> tuple[Any, str]:
     """(the compiled module or None, why not)."""
-    if os.environ.get("CDC_NATIVE", "1") == "0":
-        return None, "CDC_NATIVE=0"
-    try:
-        module = importlib.import_module("cdc.codec._native")
-    except ImportError as exc:
-        return None, f"not built: {exc}"
-    if getattr(module, "ABI", None) != ABI:
-        return None, f"built from an older source (ABI {getattr(module, 'ABI', None)}, not {ABI})"
-    return module, ""
+    return load("cdc.codec._native", ABI)
 
 
 def native_module() -> Any:

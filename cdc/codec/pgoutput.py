@@ -50,10 +50,10 @@ from cdc.catalog import pgoutput_protocol
 from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
 from cdc.codec.values import text_converter_for
 from cdc.errors import DecodeError
-from cdc.events import pg_time_ms
+from cdc.events import int_to_lsn, pg_time_ms
 from cdc.pgtypes import type_kind
 
-__all__ = ["PgOutput", "RawMessage", "lsn_text"]
+__all__ = ["PgOutput", "RawMessage"]
 
 _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
@@ -79,20 +79,6 @@ _PLAIN = frozenset(b"BCIUDRYOM")
 #: messages handled inside a stream block before :meth:`PgOutput.source` returns one (the reader
 #: loop counts returned messages for its duties; a long block must not starve them)
 _SPOOL_BURST = 64
-
-
-#: the text of an LSN's high half and its slash (a new one every 4 GB of WAL)
-_LSN_HIGH: dict[int, str] = {}
-
-
-def lsn_text(lsn: int) -> str:
-    """An LSN as Postgres and wal2json write it (``16/B374D848``; :func:`cdc.events.int_to_lsn`):
-    for errors, which a person reads."""
-    high = lsn >> 32
-    head = _LSN_HIGH.get(high)
-    if head is None:
-        head = _LSN_HIGH[high] = f"{high:X}/"
-    return head + hex(lsn & 0xFFFFFFFF)[2:].upper()
 
 
 class RawMessage:
@@ -134,9 +120,9 @@ def _cstring(data: bytes, pos: int) -> tuple[str, int]:
 
 def _bad(data: bytes, lsn: int, what: str) -> DecodeError:
     return DecodeError(
-        f"pgoutput sent a message that cannot be decoded at LSN {lsn_text(lsn)}: {what}",
+        f"pgoutput sent a message that cannot be decoded at LSN {int_to_lsn(lsn)}: {what}",
         fix="check the server's pgoutput protocol version (1 and 2 are supported) and report this message",
-        lsn=lsn_text(lsn),
+        lsn=int_to_lsn(lsn),
         reason=what,
         raw=data[:200].hex(),
     )

@@ -30,7 +30,7 @@ import msgspec
 from cdc.codec import DDL_PREFIX, HEARTBEAT_PREFIX, NONFINITE_PREFIX, Col, Converter, Message
 from cdc.codec.values import FLOAT_SPECIALS, array_converter
 from cdc.errors import DecodeError
-from cdc.events import commit_ts_ms
+from cdc.events import commit_ts_ms, lsn_to_int
 from cdc.pgtypes import type_kind
 
 #: Options every START_REPLICATION passes (``add-tables`` is added per call). ``add-msg-prefixes``
@@ -72,10 +72,7 @@ _TXN = frozenset("BC")
 
 
 def _lsn(text: str | None) -> int | None:
-    if text is None:
-        return None
-    hi, _, lo = text.partition("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+    return None if text is None else lsn_to_int(text)
 
 
 def decode(data: bytes) -> Message:

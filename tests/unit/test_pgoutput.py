@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from cdc.codec import Col, Message
-from cdc.codec.pgoutput import PgOutput, RawMessage, lsn_text, publication_names
+from cdc.codec.pgoutput import PgOutput, RawMessage, publication_names
 from cdc.codec.values import text_converter_for
 from cdc.errors import DecodeError
-from cdc.events import commit_ts_ms, int_to_lsn, pg_time_ms
+from cdc.events import commit_ts_ms, pg_time_ms
 
 TYPES = {(23, -1): "integer", (25, -1): "text", (701, -1): "double precision", (1700, -1): "numeric"}
 
@@ -372,11 +372,6 @@ def test_a_long_stream_block_yields_no_ops_not_none() -> None:
         seen.append(dec.decode(raw.payload, raw.data_start))
     assert len(seen) >= 1000 // 64 and all(s is None for s in seen)
     dec.close()
-
-
-@pytest.mark.parametrize("lsn", [0, 1, 0xFFFFFFFF, 0x1_0000_0000, 0x16_B374D848, 0xFFFFFFFF_FFFFFFFF])
-def test_lsn_text_is_int_to_lsn(lsn: int) -> None:
-    assert lsn_text(lsn) == int_to_lsn(lsn)
 
 
 def test_a_stream_sent_again_from_its_start_replaces_the_spool(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import functools
 import gc
-import importlib
 import logging
 import os
 import sqlite3
@@ -50,19 +49,17 @@ from cdc.logstore.embedded.files import (
 )
 from cdc.logstore.embedded.maintenance import apply_retention, compact_topic
 from cdc.logstore.partitioner import partition_array
+from cdc.native import load
+
+#: the compiled append's interface version (``cdc.logstore.embedded._pack.ABI``) this module drives
+PACK_ABI = 1
 
 
 @functools.cache
 def _pack_module() -> Any:
     """The compiled append (:mod:`cdc.logstore.embedded._pack`), or None: not built, built from an
     older source, or ``CDC_NATIVE=0`` (the reference path, as for the per-change path)."""
-    if os.environ.get("CDC_NATIVE", "1") == "0":
-        return None
-    try:
-        module = importlib.import_module("cdc.logstore.embedded._pack")
-    except ImportError:
-        return None
-    return module if getattr(module, "ABI", None) == 1 else None
+    return load("cdc.logstore.embedded._pack", PACK_ABI)[0]
 
 
 __all__ = ["EmbeddedLogStore"]
