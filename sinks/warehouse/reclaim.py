@@ -98,7 +98,8 @@ class DiskTracker:
     ``_delta_log``, which keeps a commit file per batch for 30 days): a cost per batch that grew with
     the run (105 ms for a pgbench batch's tables after one minute, 400 ms after four). The tracker
     walks a table once, then adds what each new commit adds (its ``add`` actions' sizes and the
-    commit file itself) and walks again after :data:`RESYNC` versions, after anything deleted files
+    commit file itself), takes off what the reclaim deleted (:meth:`deleted`: it measures each file
+    it unlinks), and walks again after :data:`RESYNC` versions, after a vacuum deleted files
     (:meth:`forget`), or when the version went back (a table created anew). Files no commit
     references (a write in flight or killed) are counted from the next walk on: the bound excludes
     them anyway. One per writer (not thread-safe)."""
@@ -109,6 +110,8 @@ class DiskTracker:
     def __init__(self) -> None:
         #: path -> (version, disk bytes, log bytes, version of the last walk)
         self._known: dict[str, tuple[int, int, int, int]] = {}
+        #: path -> the superseded files the reclaim deleted or found gone (:meth:`gone`)
+        self._gone: dict[str, set[str]] = {}
 
     def usage(self, path: Path, table: DeltaTable) -> Usage:
         """:func:`usage` of the table at ``path`` (``table``: open at its latest version)."""
@@ -124,8 +127,26 @@ class DiskTracker:
         return Usage(disk=disk, live=int(pc.sum(sizes).as_py() or 0) + log)
 
     def forget(self, path: Path) -> None:
-        """Files of ``path`` were deleted: walk it again next time."""
+        """Files of ``path`` were deleted (by a vacuum): walk it again next time."""
         self._known.pop(str(path), None)
+
+    def deleted(self, path: Path, nbytes: int) -> None:
+        """:func:`reclaim` deleted ``nbytes`` of the table at ``path`` (the sizes of the files it
+        unlinked): its bytes on disk drop by them, with no walk. A walk after every reclaim (about
+        every other batch of a table of random keys) read the whole ``_delta_log``, which grows
+        for 30 days."""
+        known = self._known.get(str(path))
+        if known is not None:
+            version, disk, log, walked = known
+            self._known[str(path)] = (version, max(disk - nbytes, 0), log, walked)
+
+    def gone(self, path: Path) -> set[str]:
+        """The superseded files of the table at ``path`` that :func:`reclaim` deleted or found
+        deleted already, for it to skip: delta-rs's vacuum lists every file removed in the last
+        ``deletedFileRetentionDuration`` (a week) whether it is still there or not, and a reclaim
+        that tried each of them again paid for the whole week's removes at every batch. The set is
+        updated in place by :func:`reclaim`, which keeps only the files delta-rs still lists."""
+        return self._gone.setdefault(str(path), set())
 
 
 def _added_since(path: Path, version: int, to: int) -> tuple[int, int]:
@@ -239,6 +260,7 @@ def reclaim(
     *,
     ratio: float | None = None,
     use: Usage | None = None,
+    gone: set[str] | None = None,
 ) -> Reclaimed:
     """Delete the files the table at ``path`` stopped referencing (the log's removed files that its
     current version does not reference: delta-rs's vacuum, a dry run), but for:
@@ -251,6 +273,9 @@ def reclaim(
 
     The table must not be committed to meanwhile (its one writer, the apply job, calls this between
     its batches): a reader whose lease this did not see opens the version read here or a later one.
+
+    ``gone``: the superseded files deleted before (:meth:`DiskTracker.gone`), skipped; the files
+    this call deletes or finds deleted are added to it, and those delta-rs no longer lists dropped.
     """
     now = time.time() if now is None else now
     table = DeltaTable(str(path)) if table is None else table
@@ -258,6 +283,9 @@ def reclaim(
         unquote(rel)
         for rel in table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
     }
+    if gone is not None:
+        gone &= superseded  # in place: what delta-rs forgot (past its retention) is forgotten here
+        superseded -= gone
     held = leases.live_leases(path, now)
     after = min(h.version for h in held) if held else None
     cutoff = now - min_retention_s if min_retention_s > 0 else float("inf")
@@ -270,9 +298,12 @@ def reclaim(
             window.extend(removal.files)
     window = [f for f in dict.fromkeys(window) if f in superseded and f not in leased]
     files = deleted = 0
-    for name in sorted(superseded - leased - set(window)):
+    unlinked = sorted(superseded - leased - set(window))
+    for name in unlinked:
         size = _unlink(path / name)
         files, deleted = files + (size > 0), deleted + size
+    if gone is not None:
+        gone.update(unlinked)
     done = Reclaimed(files, deleted, leased_files=len(leased & superseded), leases=len(held))
     if ratio is None:
         return replace(done, window_kept=len(window))
@@ -284,6 +315,8 @@ def reclaim(
             break
         size = _unlink(path / name)
         taken, taken_bytes, excess = taken + (size > 0), taken_bytes + size, excess - size
+        if gone is not None:
+            gone.add(name)
     return replace(
         done,
         files=files + taken,
@@ -342,17 +375,16 @@ def within_ratio(
     size, plus the files a commit past a live lease's version removed, plus any file no commit
     references (a write in flight, or one killed: :func:`orphans`, :func:`vacuum_full`). ``table``:
     an open handle on it at its latest version (default: opened here). ``tracker``: the table's
-    bytes on disk kept from its log (:class:`DiskTracker`; default: walked)."""
+    bytes on disk kept from its log (:class:`DiskTracker`; default: walked), and the files deleted
+    before, which the reclaim skips (:meth:`DiskTracker.gone`)."""
     table = DeltaTable(str(path)) if table is None else table
     use = usage(path, table) if tracker is None else tracker.usage(path, table)
     if use.garbage <= ratio * use.live:
         return Reclaimed()
-    if tracker is not None:  # what the reclaim deletes is measured on disk, and is then gone
-        tracker.forget(path)
-        use = usage(path, table)
-        if use.garbage <= ratio * use.live:
-            return Reclaimed()
-    done = reclaim(path, min_retention_s, now, table, ratio=ratio, use=use)
+    gone = None if tracker is None else tracker.gone(path)
+    done = reclaim(path, min_retention_s, now, table, ratio=ratio, use=use, gone=gone)
+    if tracker is not None:  # the bytes it deleted, measured file by file: no walk
+        tracker.deleted(path, done.bytes)
     return replace(done, over=1)
 
 
