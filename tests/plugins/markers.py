@@ -8,6 +8,9 @@ broker, no browser) selects on them, ``make test`` runs everything.
   (``cdc_config(..., backend="kafka")``, tests/plugins/capture.py), gets ``kafka``;
 - ``jvm`` is for tests that start Spark in a subprocess (``cdc apply``, ``cdc verify``): asking for it
   is how such a test says so;
+- ``full_size`` (the one marker set by hand) marks the full-size share of a randomised test whose
+  smaller share runs in ``make check`` (the same test at fewer examples or seeds): it keeps that share
+  to ``make test``, which runs both, so the full size still runs;
 - ``check`` (the inner loop, ``make check``) is every test with none of the heavy markers, plus the
   bad-input cases that need Postgres but no JVM, no broker and no browser.
 
@@ -40,7 +43,7 @@ FIXTURE_MARKS: dict[str, str | tuple[str, ...]] = {
 #: a test using one of these (or marked ``chaos``) starts JVMs of its own: its file runs first
 LONG_FIXTURES = {"jvm", "spark_cluster"}
 #: what keeps a test out of ``make check``; Postgres alone does not for these files
-HEAVY = {"postgres", "spark", "kafka", "browser", "chaos"}
+HEAVY = {"postgres", "spark", "kafka", "browser", "chaos", "full_size"}
 CHECK_WITH_POSTGRES = {"test_bad_input.py"}
 
 
@@ -48,6 +51,13 @@ CHECK_WITH_POSTGRES = {"test_bad_input.py"}
 def jvm() -> Iterator[None]:
     """Declares that the test starts a Spark JVM in a subprocess (it gets the ``spark`` marker)."""
     yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "full_size: the full-size share of a randomised test: make test runs it, make check does not",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
