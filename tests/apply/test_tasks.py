@@ -322,7 +322,7 @@ def test_a_new_table_s_first_batch_is_one_slice_per_shard(tmp_path: Path, crash:
                 *([(PLAIN.topic, None)] if batch_id == 0 else []),
             ], f"batch {batch_id}"
             if batch_id == 0:  # created empty, from the sample; the small table not yet
-                assert 0 < planner.sample_records <= 120 + PARTITIONS
+                assert 0 < planner.sample_records <= 120 + 4
                 assert wh.live_rows(ITEMS) == 0 and wh.shards(ITEMS) == PARTITIONS
                 assert wh.shards(PLAIN) == 1 and wh.live_rows(PLAIN) == 0
             results = _run_all(tasks_settings, batch_id, by_topic, slices)
@@ -338,7 +338,7 @@ def test_a_new_table_s_first_batch_is_one_slice_per_shard(tmp_path: Path, crash:
             commit_slices(task_sinks, regs, results, APP, batch_id)
             assert outcome_of(batch_id, results).dead == []
             assert _state(tasks_settings, regs) == _state(driver_settings, regs), f"after batch {batch_id}"
-        assert planner.sample_records <= 120 + PARTITIONS, "one sample, of the first batch only"
+        assert planner.sample_records <= 120 + 4, "one sample, of the first batch only"
         assert not crash or planner.sample_records == 0
         for reg in regs:  # the sample chose the layout the whole batch did
             paths = zip(
@@ -395,8 +395,9 @@ def test_a_sample_of_the_first_batch_chooses_the_layout_the_whole_batch_does() -
     inserts, snowflake ids, updates at random over a table 4 and 40 times the batch (keys repeating),
     the newest keys updated again and again, and wide rows of varying size: the same layout from the
     sample as from every record (the range width from the rows' mean size, near no boundary)."""
-    # a range within its share whole; a larger one in 4 runs, from its start to (about) its end
-    assert sample_ranges([(0, 0, 10), (1, 5, 1005)], 100) == [
+    # the two largest ranges; one within its share whole, a larger one in 4 runs, from its start to
+    # (about) its end
+    assert sample_ranges([(0, 0, 10), (1, 5, 1005), (2, 0, 3)], 100) == [
         (0, 0, 10),
         *((1, start, start + 12) for start in (5, 334, 663, 992)),
     ]
