@@ -417,8 +417,8 @@ def _unquoted(results: list[dict[Config, dict[str, Any]]], rate: Any, med: Any, 
     lines = [
         f"- Without quotas, **2 workers / 1 worker: {statistics.median(scale):.2f}×**"
         f" ({', '.join(f'{s:.2f}' for s in scale)}), the workers, the driver and everything else sharing"
-        f" the machine's cores. Without the first batch (applied in one task: the table does not exist"
-        f" yet, so it has no shards): {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
+        f" the machine's cores. Without the first batch (the query's start: its ranges collected by a"
+        f" Spark job, the new table created from a sample): {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
         f"- Driver CPU per change on the 2-worker cluster (Python + JVM): {driver_us:.2f} µs"
         f" (Python {us(two, 'driver Python'):.2f}, JVM {us(two, 'driver JVM'):.2f}). With the driver's own"
         f" Python workers (the `cdclog` source's planning and offsets, run by the driver JVM): {driver_all:.2f} µs."
@@ -461,7 +461,8 @@ def _quota(results: list[dict[Config, dict[str, Any]]], ran: list[Config], rate:
         f" v1 `cpu` group of its own capped at {QUOTA:.2f} of a core; the driver outside, uncapped):"
         f" **2 workers / 1 worker {s2:.2f}×** ({e2}; bar ≥ 1.6×: {'met' if s2 >= 1.6 else 'not met'}),"
         f" **3 workers / 1 worker {s3:.2f}×** ({e3}; bar ≥ 2.2×: {'met' if s3 >= 2.2 else 'not met'})."
-        f" Without the first batch (one task: it creates the table, whose layout its rows decide):"
+        f" Without the first batch (the query's start: its ranges collected by a Spark job, the new"
+        f" table created from a sample, then one task per shard like every batch):"
         f" {later[0]:.2f}× and {later[1]:.2f}×.",
     ]
     for cfg in QUOTA_CONFIGS:
