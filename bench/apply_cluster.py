@@ -417,8 +417,8 @@ def _unquoted(results: list[dict[Config, dict[str, Any]]], rate: Any, med: Any, 
     lines = [
         f"- Without quotas, **2 workers / 1 worker: {statistics.median(scale):.2f}×**"
         f" ({', '.join(f'{s:.2f}' for s in scale)}), the workers, the driver and everything else sharing"
-        f" the machine's cores. Without the first batch (applied in one task: the table does not exist"
-        f" yet, so it has no shards): {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
+        f" the machine's cores. Without the first batch (the query's start: its ranges collected by a"
+        f" Spark job, the new table created from a sample): {statistics.median(later):.2f}× ({', '.join(f'{s:.2f}' for s in later)}).",
         f"- Driver CPU per change on the 2-worker cluster (Python + JVM): {driver_us:.2f} µs"
         f" (Python {us(two, 'driver Python'):.2f}, JVM {us(two, 'driver JVM'):.2f}). With the driver's own"
         f" Python workers (the `cdclog` source's planning and offsets, run by the driver JVM): {driver_all:.2f} µs."
@@ -461,7 +461,8 @@ def _quota(results: list[dict[Config, dict[str, Any]]], ran: list[Config], rate:
         f" v1 `cpu` group of its own capped at {QUOTA:.2f} of a core; the driver outside, uncapped):"
         f" **2 workers / 1 worker {s2:.2f}×** ({e2}; bar ≥ 1.6×: {'met' if s2 >= 1.6 else 'not met'}),"
         f" **3 workers / 1 worker {s3:.2f}×** ({e3}; bar ≥ 2.2×: {'met' if s3 >= 2.2 else 'not met'})."
-        f" Without the first batch (one task: it creates the table, whose layout its rows decide):"
+        f" Without the first batch (the query's start: its ranges collected by a Spark job, the new"
+        f" table created from a sample, then one task per shard like every batch):"
         f" {later[0]:.2f}× and {later[1]:.2f}×.",
     ]
     for cfg in QUOTA_CONFIGS:
@@ -479,8 +480,79 @@ def _quota(results: list[dict[Config, dict[str, Any]]], ran: list[Config], rate:
     return lines
 
 
+def _threads(pid: int) -> dict[int, tuple[str, float]]:
+    """A process's threads: tid -> (name, CPU seconds so far)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        f = raw.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = (re.sub(r"\d+", "N", name), (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
+def idle(seconds: float, settle_s: float = 20.0) -> None:
+    """Print the CPU an idle ``cdc apply`` (``ApplyJob.run`` without ``once``: a trigger every
+    second, nothing to apply) spends over ``seconds``, by role, on ``$CDC_SPARK_MASTER`` or
+    ``local[2]``: the fixed cost that a slow catch-up pays per change (at 3,500 changes/s, 1% of a
+    core is 2.9 µs per change). The job applies a small warm-up log first, then runs ``settle_s``
+    before the measure. ``python -m bench.apply_cluster --idle 60``; prints only."""
+    import threading
+
+    from cdc.config import Settings
+    from spark_jobs.apply import ApplyJob, ApplyOptions
+    from spark_jobs.session import get_session
+
+    base = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-idle-"))
+    spark = get_session("cdc-bench-apply-idle", local_dir=base / "spark")
+    try:
+        _warm_up(spark, base)  # base/warm: a registered table, its log applied
+        job = ApplyJob(spark, Settings(state_dir=base / "warm"), ApplyOptions())
+        runner = threading.Thread(target=job.run, name="idle-apply", daemon=True)
+        runner.start()
+        try:
+            time.sleep(settle_s)
+            app_id = spark.sparkContext.applicationId
+            jvm = next(
+                p for p, (pp, *_r, argv) in _procs().items() if pp == os.getpid() and DRIVER_JVM_MAIN in argv
+            )
+            load0, cpu0, th0, t0 = os.getloadavg(), cpu_by_role(app_id), _threads(jvm), time.monotonic()
+            time.sleep(seconds)
+            cpu1, th1, wall, load1 = (
+                cpu_by_role(app_id),
+                _threads(jvm),
+                time.monotonic() - t0,
+                os.getloadavg(),
+            )
+            threads: dict[str, float] = {}
+            for tid, (name, used) in th1.items():
+                threads[name] = threads.get(name, 0.0) + used - th0.get(tid, (name, 0.0))[1]
+        finally:
+            job.stop()
+            runner.join(120)
+            job.close()
+        print(f"idle apply over {wall:.1f} s (load {load0[0]:.2f} before, {load1[0]:.2f} after):")
+        for role in ROLES:
+            used = cpu1[role] - cpu0[role]
+            print(f"  {role}: {used:.2f} s CPU = {used / wall:.2%} of a core")
+        total = sum(cpu1[r] - cpu0[r] for r in ROLES)
+        print(f"  all: {total:.2f} s CPU = {total / wall:.2%} of a core")
+        print("  the driver JVM's busiest threads (by name):")
+        for name, used in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"    {name}: {used:.3f} s")
+    finally:
+        spark.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2:])
+    elif sys.argv[1:2] == ["--idle"]:
+        idle(float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
     else:
         run(quick="--quick" in sys.argv)  # prints its section; `python -m bench apply_cluster` files it

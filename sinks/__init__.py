@@ -381,8 +381,8 @@ class Sink(abc.ABC):
         """How many shards the sink keeps ``reg``'s data in (a key's shard: :func:`shard_of`): a
         micro-batch of the table may be applied as that many slices in parallel
         (``ChangeBatch.shard``) when the topic has as many partitions. 1: the table's batch must be
-        applied whole (not sharded, or not created yet: one task creates it). None: the sink keeps
-        nothing of the table. Reads only."""
+        applied whole (not sharded, or not created yet: :meth:`prepare` with a sample may create
+        it, else one task does). None: the sink keeps nothing of the table. Reads only."""
         return None
 
     def live_rows(self, reg: TableReg) -> int | None:
@@ -392,10 +392,24 @@ class Sink(abc.ABC):
         (:class:`spark_jobs.tasks.Planner`). Reads only."""
         return None
 
-    def prepare(self, reg: TableReg) -> None:  # noqa: B027 - optional hook
+    def prepare(  # noqa: B027 - optional hook
+        self, reg: TableReg, sample: Callable[[], tuple[ChangeBatch | None, float]] | None = None
+    ) -> None:
         """Called by the apply's driver before a micro-batch of ``reg`` is applied in tasks: bring
         the table's metadata in line with the registration (new, dropped or widened columns), so
-        that the tasks, which may run at once, only write data. Never creates the table."""
+        that the tasks, which may run at once, only write data.
+
+        ``sample`` (given for a micro-batch large enough to be applied in one task per shard, while
+        :meth:`shards` still says 1): a sink that has not created the table yet and whose layout
+        depends on its rows may call it, once, for some of the batch's records, parsed, and the
+        fraction of the batch's records they are (1.0: all); it then creates the table -- empty,
+        with the layout (shards, clustering) those rows decide, as its :meth:`apply` of the whole
+        batch would have -- so that the tasks find it and the batch is cut into one slice per
+        shard. Guarantees: writes no row and no batch id (the tasks write, the driver commits, as
+        for any batch); idempotent: a table that exists is never re-created nor its layout changed,
+        so a call repeated after a crash at any point (tables created, batch not committed) is
+        harmless and the replayed batch keeps the layout already created. Without ``sample``, or
+        when it returns no batch, it never creates the table (the batch's one task does)."""
 
     def recover(self, reg: TableReg) -> int:
         """Called by ``cdc apply`` once as it starts, holding the apply lock, before its first

@@ -199,7 +199,8 @@ class ApplyJob:
         self.ledger = Ledger(self.state_dir, self.app_id)
         self.keep_event_ts = keep_event_ts
         # the work in tasks: their slices (spark_jobs.tasks)
-        self.planner = Planner(self.sinks, options.shard_min_records, options.shard_min_rows)
+        # (a new table's tables created in the driver from a sample of its first batch: the store)
+        self.planner = Planner(self.sinks, options.shard_min_records, options.shard_min_rows, self.store)
         # the views (cdc.views), recomputed after each batch's commits; none with a fixed table list
         self.views = (
             None

@@ -303,13 +303,39 @@ class WarehouseSink(Sink):
         counts = pa.table(cur.get_add_actions(flatten=True)).column("num_records")
         return int(pc.sum(counts).as_py() or 0)
 
-    def prepare(self, reg: TableReg) -> None:
+    def prepare(
+        self, reg: TableReg, sample: Callable[[], tuple[ChangeBatch | None, float]] | None = None
+    ) -> None:
         """See :meth:`sinks.Sink.prepare`: the registration's columns added, a widened type cast, the
-        dropped columns recorded -- on tables that exist (a table is created by its first batch)."""
+        dropped columns recorded -- on tables that exist. A missing table is created only with a
+        ``sample`` (:meth:`create_from_sample`), else by its first batch."""
         cur = self.handles.get(self.paths(reg)[0])
         if cur is not None:
             layout = layout_of(cur)
             self._open_tables(reg, _columns(reg, ()), lambda: layout)
+        elif sample is not None:
+            self.create_from_sample(reg, sample)
+
+    def create_from_sample(
+        self, reg: TableReg, sample: Callable[[], tuple[ChangeBatch | None, float]]
+    ) -> None:
+        """Create ``reg``'s three tables, empty, with the layout :meth:`Layout.choose` picks from
+        ``sample()`` (some of a batch's records, parsed, and the fraction of the batch they are; the
+        layout :attr:`layouts` gives instead, when it has one), and the columns the batch brings;
+        nothing when the sample holds no event. Creating is idempotent (``mode="ignore"``; a crash
+        between the three creates is resumed by :meth:`_open_tables`), and writes no row: the
+        batch's tasks then write one shard each, the driver commits."""
+        batch, fraction = sample()
+        if batch is None or not len(batch):
+            return
+        layout = self.layouts.get(reg.qualified) or Layout.choose(
+            reg,
+            self.options,
+            lambda: _key_values(batch),
+            lambda: _row_bytes(batch),
+            sampled=fraction,
+        )
+        self._open_tables(reg, _columns(reg, batch.events if batch.columns is None else ()), lambda: layout)
 
     def _open_tables(
         self, reg: TableReg, columns: dict[str, str | None], layout: Callable[[], Layout]

@@ -196,12 +196,23 @@ class Layout:
         options: WarehouseOptions,
         key_values: Callable[[], Sequence[Any]],
         row_bytes: Callable[[], float] = lambda: 0.0,
+        sampled: float = 1.0,
     ) -> Layout:
         """The layout of a new table. ``auto``: range for a single integer key column unless the first
         batch's keys are sparse (fewer than 1 key per 64 key values, e.g. snowflake ids: range buckets
         would hold a row or two each), else hash. ``key_values()``: the first batch's values of the key
         column; ``row_bytes()``: the size of its rows, which narrows the range width for wide rows
-        (:func:`range_width_for`)."""
+        (:func:`range_width_for`).
+
+        ``sampled``: the fraction of the batch's records ``key_values()`` and ``row_bytes()`` come
+        from (1.0: all), a sample spread over the batch (``spark_jobs.tasks.Planner``): its distinct
+        keys count for ``1 / sampled`` each. A spread sample keeps about the batch's key span and
+        mean row size, and its distinct keys scaled estimate the batch's (exactly when no key
+        repeats; more when keys repeat, which leans to range); the rule tells dense keys (about 1
+        key per value) from sparse ones (thousands of values per key) far from its threshold of 64,
+        so a sample of a few thousand records decides as the whole batch does but for a batch near
+        that threshold (``tests/apply/test_tasks.py``). A layout only clusters: any layout holds
+        the same rows."""
         hashed = cls("hash", options.buckets, options.shards)
         types = {c.name: T.base_type(c.type) for c in reg.columns}
         int_key = len(reg.key) == 1 and types.get(reg.key[0]) in INT_KEY_TYPES
@@ -218,7 +229,7 @@ class Layout:
         if options.clustering == "range":
             return ranged
         values = [v for v in key_values() if type(v) is int]
-        if len(values) > 1 and max(values) - min(values) + 1 > 64 * len(set(values)):
+        if len(values) > 1 and max(values) - min(values) + 1 > 64 * len(set(values)) / sampled:
             return hashed
         return ranged
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from cdc.config import Settings
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.factory import open_log_store
+from cdc.logstore.partitioner import partition_array
 from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
 from sinks import RawRecord, StoredTexts
-from sinks.warehouse import WarehouseSink
+from sinks.warehouse import Layout, WarehouseOptions, WarehouseSink
+from sinks.warehouse.delta import layout_of
 from spark_jobs import tasks
 from spark_jobs.applier import BatchApplier, open_sinks
 from spark_jobs.tasks import (
@@ -29,6 +33,7 @@ from spark_jobs.tasks import (
     outcome_of,
     plan_slices,
     run_slices,
+    sample_ranges,
     slice_phases,
 )
 from tests.plugins.forks import workers
@@ -267,3 +272,157 @@ def test_a_key_change_across_shards_keeps_its_unchanged_toast_value(
         for s in task_sinks:
             s.close()
         store.close()
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_new_table_s_first_batch_is_one_slice_per_shard(tmp_path: Path, crash: bool) -> None:
+    """A new table whose first batch holds at least the shard threshold of records: the planner
+    has its sinks create its tables from a sample of the batch (fewer records than the batch), so
+    that batch too runs one task per partition; a small new table stays one slice, its tables
+    created by its task. The tables (buckets, hence the layout, included) equal the whole batch
+    applied at once, where the warehouse chose the layout from every row. ``crash``: the driver
+    dies after the first batch's tasks wrote, before its commit; the restarted driver (new sinks,
+    :meth:`~sinks.Sink.recover`, a new planner) finds the tables created, reads no sample, and
+    replays the batch per shard with the layout they have."""
+    sharded = {"warehouse": {"shards": PARTITIONS}}
+    tasks_settings = Settings(state_dir=tmp_path / "tasks", partitions=PARTITIONS, extra=sharded)
+    driver_settings = Settings(state_dir=tmp_path / "driver", partitions=PARTITIONS, extra=sharded)
+    regs = [ITEMS, PLAIN]
+    by_topic = {r.topic: r for r in regs}
+    big, small = Feed(ITEMS), Feed(PLAIN)
+    note = "wide 'q' \"dq\"\nline " * 40
+    batches: list[list[RawRecord]] = [
+        [big.change("r", {"id": i, "name": f"n{i}", "note": note}, 100) for i in range(1, 801)]
+        + [small.change("r", {"id": i, "name": f"s{i}", "note": "x"}, 100) for i in range(1, 21)],
+        [big.change("u", {"id": i, "name": f"m{i}", "note": "y"}, 200 + i) for i in range(1, 801, 7)]
+        + [r for i in range(3, 801, 11) for r in big.delete({"id": i}, 300 + i)],
+    ]
+    store = open_log_store(tasks_settings, writer=True)
+    for reg in regs:
+        store.create_topic(reg.topic, TopicConfig(partitions=PARTITIONS))
+    driver = BatchApplier(open_sinks(driver_settings), by_topic.get, APP)
+    task_sinks = open_sinks(tasks_settings)
+    planner = Planner(task_sinks, 200, 200, lambda: store)
+    planner.sample_size = 120  # a sample of the batch, not all of it
+    wh = WarehouseSink(tasks_settings.state_dir)
+    try:
+        for batch_id, recs in enumerate(batches):
+            before = {r.topic: store.end_offsets(r.topic) if batch_id else {} for r in regs}
+            _append(store, recs)
+            ranges = [
+                (r.topic, p, before[r.topic].get(p, 0), end)
+                for r in regs
+                for p, end in store.end_offsets(r.topic).items()
+            ]
+            records = [b for t, p, s, e in ranges for b in read_records(store, t, p, s, e)]
+            assert driver.run(pa.Table.from_batches(records, schema=RECORDS), batch_id).dead == []
+            slices = planner.plan(ranges, by_topic, lambda t: PARTITIONS)
+            assert [(sl.topic, sl.shard) for sl in slices] == [
+                *((ITEMS.topic, p) for p in range(PARTITIONS)),
+                *([(PLAIN.topic, None)] if batch_id == 0 else []),
+            ], f"batch {batch_id}"
+            if batch_id == 0:  # created empty, from the sample; the small table not yet
+                assert 0 < planner.sample_records <= 120 + 4
+                assert wh.live_rows(ITEMS) == 0 and wh.shards(ITEMS) == PARTITIONS
+                assert wh.shards(PLAIN) == 1 and wh.live_rows(PLAIN) == 0
+            results = _run_all(tasks_settings, batch_id, by_topic, slices)
+            if crash and batch_id == 0:  # the driver dies before its commit, then starts again
+                for sink in task_sinks:
+                    sink.close()
+                task_sinks = open_sinks(tasks_settings)
+                assert sum(sink.recover(reg) for sink in task_sinks for reg in regs) > 0
+                planner = Planner(task_sinks, 200, 200, lambda: store)
+                assert planner.plan(ranges, by_topic, lambda t: PARTITIONS) == slices
+                assert planner.sample_records == 0, "the tables exist: no sample, their layout kept"
+                results = _run_all(tasks_settings, batch_id, by_topic, slices)
+            commit_slices(task_sinks, regs, results, APP, batch_id)
+            assert outcome_of(batch_id, results).dead == []
+            assert _state(tasks_settings, regs) == _state(driver_settings, regs), f"after batch {batch_id}"
+        assert planner.sample_records <= 120 + 4, "one sample, of the first batch only"
+        assert not crash or planner.sample_records == 0
+        for reg in regs:  # the sample chose the layout the whole batch did
+            paths = zip(
+                WarehouseSink.locations(tasks_settings.state_dir, reg).values(),
+                WarehouseSink.locations(driver_settings.state_dir, reg).values(),
+                strict=True,
+            )
+            for mine, oracle in paths:
+                assert layout_of(DeltaTable(str(mine))) == layout_of(DeltaTable(str(oracle)))
+        assert layout_of(DeltaTable(str(wh.paths(ITEMS)[0]))).shards == PARTITIONS
+    finally:
+        driver.close(close_sinks=True, timeout=None)
+        for s in task_sinks:
+            s.close()
+        store.close()
+
+
+def _run_all(
+    settings: Settings, batch_id: int, tables: dict[str, TableReg], slices: list[Slice]
+) -> list[SliceResult]:
+    """Each slice in a task process of its own, at the same time."""
+    with workers(__name__).Pool(len(slices)) as pool:
+        return [r for rs in pool.map(_run, [(settings, batch_id, tables, sl) for sl in slices]) for r in rs]
+
+
+def _sampled(keys: list[int]) -> list[int]:
+    """The indexes of the records :func:`sample_ranges` picks of a batch of ``keys`` (records in
+    that order, each in its key's partition as the reader places them)."""
+    parts = partition_array([b'{"id":%d}' % k for k in keys], PARTITIONS)  # the key as the reader writes it
+    by_part: dict[int, list[int]] = {}
+    for i, p in enumerate(parts.tolist()):
+        by_part.setdefault(p, []).append(i)
+    ranges = [(p, 0, len(ix)) for p, ix in sorted(by_part.items())]
+    return [by_part[p][i] for p, start, end in sample_ranges(ranges) for i in range(start, end)]
+
+
+def _layouts(keys: list[int], row_bytes: list[float], options: WarehouseOptions) -> tuple[Layout, Layout]:
+    """The layout :meth:`Layout.choose` picks from a batch of ``keys`` and from its sample."""
+    reg = table("t")
+    picked = _sampled(keys)
+    whole = Layout.choose(reg, options, lambda: keys, lambda: sum(row_bytes) / len(row_bytes))
+    sampled = Layout.choose(
+        reg,
+        options,
+        lambda: [keys[i] for i in picked],
+        lambda: sum(row_bytes[i] for i in picked) / len(picked),
+        sampled=len(picked) / len(keys),
+    )
+    return whole, sampled
+
+
+def test_a_sample_of_the_first_batch_chooses_the_layout_the_whole_batch_does() -> None:
+    """Batches of 50,000 records, the sample of :data:`spark_jobs.tasks.SAMPLE_RECORDS`: serial
+    inserts, snowflake ids, updates at random over a table 4 and 40 times the batch (keys repeating),
+    the newest keys updated again and again, and wide rows of varying size: the same layout from the
+    sample as from every record (the range width from the rows' mean size, near no boundary)."""
+    # the two largest ranges; one within its share whole, a larger one in 4 runs, from its start to
+    # (about) its end
+    assert sample_ranges([(0, 0, 10), (1, 5, 1005), (2, 0, 3)], 100) == [
+        (0, 0, 10),
+        *((1, start, start + 12) for start in (5, 334, 663, 992)),
+    ]
+    rng = np.random.default_rng(7)
+    n = 50_000
+    options = WarehouseOptions(shards=PARTITIONS)
+    cases = {
+        "serial inserts": list(range(1_000_000, 1_000_000 + n)),
+        "snowflake ids": ((1 << 41) + rng.integers(0, 1 << 40, n)).tolist(),
+        "updates over 4x": rng.integers(0, 4 * n, n).tolist(),
+        "updates over 40x": rng.integers(0, 40 * n, n).tolist(),
+        "hot keys": rng.integers(0, n // 50, n).tolist(),
+    }
+    modes = {}
+    for name, keys in cases.items():
+        whole, sampled = _layouts(keys, [100.0] * n, options)
+        assert sampled == whole, name
+        modes[name] = whole.mode
+    assert modes == {
+        "serial inserts": "range",
+        "snowflake ids": "hash",
+        "updates over 4x": "range",
+        "updates over 40x": "range",
+        "hot keys": "range",
+    }
+    wide = rng.uniform(2_000, 4_000, n).tolist()  # 3 kB: 2,048-key buckets of 8 MiB
+    whole, sampled = _layouts(cases["serial inserts"], wide, options)
+    assert sampled == whole and whole.size < options.range_width, whole
