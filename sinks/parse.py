@@ -122,7 +122,7 @@ def parse(
             min_records=limit,
         )
         if columns is not None:
-            return Parsed(ChangeBatch(reg, columns=columns), [], "columns", None, records)
+            return Parsed(ChangeBatch(reg, columns), [], "columns", None, records)
     batch, dead = _parse_records(reg, _raw_records(records))
     return Parsed(batch, dead, "events", declined, records)
 
@@ -330,7 +330,7 @@ def _parse_records(table: TableReg, records: Sequence[RawRecord]) -> tuple[Chang
         excluded = frozenset(table.exclude)
         events = [_without(ev, excluded) for ev in events]
     events.sort(key=order)
-    return ChangeBatch(table, events), dead
+    return ChangeBatch.of_events(table, events), dead
 
 
 def _without(ev: ChangeEvent, excluded: frozenset[str]) -> ChangeEvent:

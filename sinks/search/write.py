@@ -267,9 +267,8 @@ def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
     caller: nothing is written)."""
     reg = batch.table
     cols = batch.columns
-    keys = cols.table.column("key_json").to_pylist() if cols is not None else None
-    if keys is None:
-        keys = [e.key_json for e in batch.events if e.op != "t"]
+    op = cols.table.column("op")
+    keys = cols.table.column("key_json").filter(pc.not_equal(op, "t")).to_pylist()
     shards = layout.shards_of(keys)
     if batch.shard is not None:
         p = batch.shard
@@ -294,12 +293,9 @@ def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
         return [(p, batch)]
     if layout.count == 1:
         return [(0, batch)]
-    if cols is not None:
+    if cols.plain:
         of = np.asarray(shards)
-        return [
-            (i, ChangeBatch(reg, columns=Columns(cols.table.filter(pa.array(of == i))), shard=i))
-            for i in range(layout.count)
-        ]
+        return [(i, ChangeBatch(reg, cols.filter(pa.array(of == i)), shard=i)) for i in range(layout.count)]
     per: list[list[ChangeEvent]] = [[] for _ in range(layout.count)]
     it = iter(shards)
     for ev in batch.events:
@@ -308,4 +304,4 @@ def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
                 events.append(ev)
         else:
             per[next(it)].append(ev)
-    return [(i, ChangeBatch(reg, events, shard=i)) for i, events in enumerate(per)]
+    return [(i, ChangeBatch.of_events(reg, events, shard=i)) for i, events in enumerate(per)]

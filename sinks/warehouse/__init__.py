@@ -188,7 +188,7 @@ class WarehouseSink(Sink):
         for name in refused:
             types.pop(name, None)
         if refused:
-            if batch.columns is not None:
+            if batch.columns.plain:
                 after = batch.columns.table.column("after").combine_chunks()
                 names = set(after.type.names) if len(after) else set()
                 for name, why in refused.items():
@@ -202,7 +202,7 @@ class WarehouseSink(Sink):
                     for name, why in refused.items():
                         if ev.after is not None and ev.after.get(name) is not None:
                             bad.setdefault(i, []).append(why)
-        if batch.columns is not None:
+        if batch.columns.plain:
             t = batch.columns.table
             after = t.column("after").combine_chunks()
             names = set(after.type.names) if len(after) else set()
@@ -240,7 +240,7 @@ class WarehouseSink(Sink):
         self.last_metrics = {}
         if not len(batch):
             return
-        cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
+        cols = batch.columns if batch.columns.plain else None  # no new column, no truncate
         columns = _columns(reg, batch.events if cols is None else ())
         current, history, tombs = self._open_tables(
             reg,
@@ -592,7 +592,7 @@ def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
 def _row_bytes(batch: ChangeBatch) -> float:
     """The mean size of a batch's new rows as the events carry them (for :meth:`Layout.choose`; an
     upper bound of their Parquet size, which is compressed)."""
-    if batch.columns is not None:
+    if batch.columns.plain:
         t = batch.columns.table
         return float(t.column("after").nbytes / max(t.num_rows, 1))
     rows = [ev.after for ev in batch.events if ev.after]
@@ -602,6 +602,6 @@ def _row_bytes(batch: ChangeBatch) -> float:
 def _key_values(batch: ChangeBatch) -> list[Any]:
     """The values of the first key column in a batch (for :meth:`Layout.choose`)."""
     col = batch.table.key[0]
-    if batch.columns is not None:
+    if batch.columns.plain:
         return list(pc.struct_field(batch.columns.table.column("key").combine_chunks(), [col]).to_pylist())
     return [ev.key.get(col) for ev in batch.events if ev.op != "t"]
