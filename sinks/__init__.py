@@ -24,6 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc.errors import ApplyError
 from cdc.events import Version
 from cdc.logstore.partitioner import partition_for
 from cdc.registry import TableReg
@@ -473,11 +474,13 @@ def columns_of(table: TableReg, events: Sequence[ChangeEvent]) -> Columns:
     names = [c.name for c in table.columns if c.name not in table.exclude]
     seen = set(names)
     pg = {c.name: c.type for c in table.columns}
-    for after in afters:
-        for name in after or ():
+    for e in events:  # every column an event names, in the order the events name them
+        for name in (*(e.after or ()), *(e.before or ()), *e.unavailable):
             if name not in seen:
                 seen.add(name)
                 names.append(name)
+        if e.version.commit_lsn >= 1 << 63 or e.version.seq >= 1 << 63:
+            raise ApplyError(f"version {e.version} does not fit int64", fix="report this source")
     after, text = _struct(afters, names, pg)
     keys = [None if e.op == "t" else e.key for e in events]
     key, _ = _struct(keys, list(table.key), pg)

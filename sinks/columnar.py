@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.types import arrow_type, from_json_array, to_array
+from sinks.types import arrow_type, from_json_array, to_array, unstorable, unstorable_json
 
 __all__ = ["Columns", "json_type", "key_starts"]
 
@@ -92,6 +92,24 @@ class Columns:
                 got = from_json_array(values, pg_type)
             self._stored[(name, pg_type)] = got
         return got
+
+    def unstorable(self, name: str, pg_type: str | None) -> dict[int, str]:
+        """The rows whose ``after`` value of ``name`` cannot be stored as ``pg_type``
+        (:func:`sinks.types.unstorable`), each with the reason."""
+        values = pc.struct_field(self.table.column("after").combine_chunks(), [name])
+        if name in self.json_fields:
+            return unstorable([None if v is None else orjson.loads(v) for v in values.to_pylist()], pg_type)
+        return unstorable_json(values, pg_type)
+
+    def names(self) -> list[str]:
+        """The ``after`` fields: every column the batch's events name."""
+        return list(self.table.column("after").type.names)
+
+    def lacks_values(self) -> bool:
+        """Whether a row lacks unavailable (unchanged TOAST) columns."""
+        if self.plain or "unavailable" not in self.table.column_names:
+            return False
+        return bool(pc.any(pc.is_valid(self.table.column("unavailable"))).as_py())
 
     def __len__(self) -> int:
         return int(self.table.num_rows)

@@ -182,57 +182,58 @@ class WarehouseSink(Sink):
         schema. See :meth:`sinks.Sink.reject`."""
         reg = batch.table
         types = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
-        bad: dict[int, list[str]] = {}
         # a type changed at the source that the stored column cannot hold: every non-null value of it
         _widened, refused = evolve.changes(reg, self._stored_types(self.paths(reg)[0]))
         for name in refused:
             types.pop(name, None)
+        if batch.columns.lacks_values():
+            return self._reject_events(batch, types, refused)
+        cols = batch.columns
+        t = cols.table
+        names = set(cols.names()) if len(cols) else set()
+        bad: dict[int, list[str]] = {}
         if refused:
-            if batch.columns.plain:
-                after = batch.columns.table.column("after").combine_chunks()
-                names = set(after.type.names) if len(after) else set()
-                for name, why in refused.items():
-                    if name in names:
-                        valid = pc.is_valid(pc.struct_field(after, [name])).to_pylist()
-                        for i, ok in enumerate(valid):
-                            if ok:
-                                bad.setdefault(i, []).append(why)
-            else:
-                for i, ev in enumerate(ev for ev in batch.events if ev.after):
-                    for name, why in refused.items():
-                        if ev.after is not None and ev.after.get(name) is not None:
-                            bad.setdefault(i, []).append(why)
-        if batch.columns.plain:
-            t = batch.columns.table
             after = t.column("after").combine_chunks()
-            names = set(after.type.names) if len(after) else set()
-            for name, pg in types.items():
-                if name not in names:
-                    continue
-                try:
-                    batch.columns.stored_values(name, pg)  # converted once, kept for apply
-                except ApplyError:
-                    for i, why in T.unstorable_json(pc.struct_field(after, [name]), pg).items():
-                        bad.setdefault(i, []).append(f"column {name}: {why}")
-            if not bad:
-                return []
-            parts = t.column("partition").to_pylist()
-            offs = t.column("offset").to_pylist()
-            positions = [(parts[i], offs[i]) for i in sorted(bad)]
-        else:
-            rows = [ev for ev in batch.events if ev.after]
-            for name, pg in types.items():
-                values = [ev.after.get(name) if ev.after else None for ev in rows]
-                for i, why in T.unstorable(values, pg).items():
+            for name, why in refused.items():
+                if name in names:
+                    valid = pc.is_valid(pc.struct_field(after, [name])).to_pylist()
+                    for i, ok in enumerate(valid):
+                        if ok:
+                            bad.setdefault(i, []).append(why)
+        for name, pg in types.items():
+            if name not in names:
+                continue
+            try:
+                cols.stored_values(name, pg)  # converted once, kept for apply
+            except ApplyError:
+                for i, why in cols.unstorable(name, pg).items():
                     bad.setdefault(i, []).append(f"column {name}: {why}")
-            at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
-            kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
-            for ev in per_event.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
-                bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
-            if not bad:
-                return []
-            positions = [(rows[i].partition, rows[i].offset) for i in sorted(bad)]
-        return [Rejection(p, o, "; ".join(bad[i])) for (p, o), i in zip(positions, sorted(bad), strict=True)]
+        if not bad:
+            return []
+        parts = t.column("partition").to_pylist()
+        offs = t.column("offset").to_pylist()
+        return [Rejection(parts[i], offs[i], "; ".join(bad[i])) for i in sorted(bad)]
+
+    def _reject_events(
+        self, batch: ChangeBatch, types: dict[str, str | None], refused: dict[str, str]
+    ) -> list[Rejection]:
+        """:meth:`reject` of a batch lacking unchanged TOAST values, from its events."""
+        reg = batch.table
+        bad: dict[int, list[str]] = {}
+        for i, ev in enumerate(ev for ev in batch.events if ev.after):
+            for name, why in refused.items():
+                if ev.after is not None and ev.after.get(name) is not None:
+                    bad.setdefault(i, []).append(why)
+        rows = [ev for ev in batch.events if ev.after]
+        for name, pg in types.items():
+            values = [ev.after.get(name) if ev.after else None for ev in rows]
+            for i, why in T.unstorable(values, pg).items():
+                bad.setdefault(i, []).append(f"column {name}: {why}")
+        at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
+        kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
+        for ev in per_event.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
+            bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
+        return [Rejection(rows[i].partition, rows[i].offset, "; ".join(bad[i])) for i in sorted(bad)]
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
         """See :class:`sinks.Sink` and the module docstring. An empty batch writes nothing."""
@@ -240,8 +241,8 @@ class WarehouseSink(Sink):
         self.last_metrics = {}
         if not len(batch):
             return
-        cols = batch.columns if batch.columns.plain else None  # no new column, no truncate
-        columns = _columns(reg, batch.events if cols is None else ())
+        cols = None if batch.columns.lacks_values() else batch.columns
+        columns = _columns(reg, batch.events if cols is None else (), () if cols is None else cols.names())
         current, history, tombs = self._open_tables(
             reg,
             columns,
@@ -546,9 +547,11 @@ def _refuse_lost_tables(reg: TableReg, trio: tuple[Path, Path, Path]) -> None:
     )
 
 
-def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | None]:
+def _columns(
+    reg: TableReg, events: Sequence[ChangeEvent], names: Sequence[str] = ()
+) -> dict[str, str | None]:
     """Data columns in order: the registration's (without the excluded ones), then any new ones seen in
-    events (type unknown)."""
+    events or ``names`` (type unknown)."""
     cols: dict[str, str | None] = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
     # dropped at the source: kept in the warehouse, null from then on (docs/schema-changes.md)
     dropped_types = reg.extra.get("dropped_types", {})
@@ -564,6 +567,9 @@ def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | No
         for name in ev.unavailable:
             if name not in cols:
                 cols[name] = None
+    for name in names:
+        if name not in cols:
+            cols[name] = None
     bad = [c for c in cols if c.startswith(META_PREFIX) or c in HISTORY_RESERVED]
     if bad:
         raise ApplyError(

@@ -2,8 +2,9 @@
 
 The decisions come from :mod:`sinks.warehouse.plan`, as for the per-event path; this module turns
 them into the three tables' source rows with Arrow over whole columns (the data columns converted
-from the batch's ``after`` struct). A columnar batch has no TRUNCATE and no unavailable (TOAST)
-column, so no value needs the stored rows.
+from the batch's ``after`` struct). Every batch comes this way (TRUNCATEs, new columns and values
+kept as JSON text too) but one lacking unchanged TOAST values, which still takes :mod:`.per_event`:
+so no value here needs the stored rows.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -79,10 +81,13 @@ class ColumnarApply:
         self.op = t.column("op").combine_chunks()
         self.keys = plan.keys
         self.key_list: list[str] = self.keys.to_pylist()
-        first_values = pc.struct_field(
-            t.column("key").combine_chunks().filter(pa.array(plan.first_of_key)), [reg.key[0]]
-        )
-        self.key_bucket = layout.buckets(reg, self.key_list, first_values.to_pylist())
+        if columns.plain:
+            first_values = pc.struct_field(
+                t.column("key").combine_chunks().filter(pa.array(plan.first_of_key)), [reg.key[0]]
+            ).to_pylist()
+        else:  # the key's values as the events hold them (a key field may be JSON text)
+            first_values = [orjson.loads(k).get(reg.key[0]) for k in self.key_list]
+        self.key_bucket = layout.buckets(reg, self.key_list, first_values)
         self.bucket_set = set(self.key_bucket.tolist())
         self.stored = stored_guards(tombs, self.keys, self.bucket_set, self.markers)
         self.columns = columns
