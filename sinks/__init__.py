@@ -15,7 +15,7 @@ records) are written on :class:`Sink`; ``docs/apply.md`` tells the whole story.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -512,7 +512,7 @@ def columns_of(table: TableReg, events: Sequence[ChangeEvent]) -> Columns:
 
 
 def _struct(
-    rows: Sequence[dict[str, Any] | None], names: Sequence[str], pg: dict[str, str | None]
+    rows: Sequence[dict[str, Any] | None], names: Sequence[str], pg: Mapping[str, str | None]
 ) -> tuple[pa.StructArray, frozenset[str]]:
     """Per-row dicts (None: a null row) as a struct of ``names``: a field in its :func:`json_type`
     when every value is exactly of that JSON type, else JSON text (the names returned)."""

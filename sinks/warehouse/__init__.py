@@ -3,15 +3,16 @@
 The tables, their meta columns, the guarantees of :meth:`WarehouseSink.apply` and what a batch costs
 are described in ``docs/warehouse.md``. Parts: :mod:`.layout` (meta columns, paths, options, bucket
 clustering), :mod:`.plan` (the decisions -- which events apply, what closes each history row, which
-rows the current and tombstone tables get -- pure Arrow, for both batch forms), :mod:`.per_event` and
-:mod:`.columnar` (the source rows of each batch form, from the plan) and :mod:`.delta` (the Delta
-file writes and reads).
+rows the current and tombstone tables get, where an unchanged TOAST value comes from -- pure Arrow),
+:mod:`.columnar` (the source rows of a batch, from the plan), :mod:`.fill` (the unchanged TOAST
+values), :mod:`.stored` (stored rows in event encoding) and :mod:`.delta` (the Delta file writes and
+reads).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,7 +25,8 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import compact, evolve, leases, per_event, reclaim
+from sinks.warehouse import compact, evolve, leases, reclaim
+from sinks.warehouse import stored as lookups
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import (
     Commit,
@@ -215,7 +217,7 @@ class WarehouseSink(Sink):
         return [Rejection(parts[i], offs[i], "; ".join(bad[i])) for i in sorted(bad)]
 
     def _reject_events(
-        self, batch: ChangeBatch, types: dict[str, str | None], refused: dict[str, str]
+        self, batch: ChangeBatch, types: Mapping[str, str | None], refused: dict[str, str]
     ) -> list[Rejection]:
         """:meth:`reject` of a batch lacking unchanged TOAST values, from its events."""
         reg = batch.table
@@ -231,7 +233,7 @@ class WarehouseSink(Sink):
                 bad.setdefault(i, []).append(f"column {name}: {why}")
         at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
         kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
-        for ev in per_event.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
+        for ev in lookups.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
             bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
         return [Rejection(rows[i].partition, rows[i].offset, "; ".join(bad[i])) for i in sorted(bad)]
 
@@ -241,8 +243,7 @@ class WarehouseSink(Sink):
         self.last_metrics = {}
         if not len(batch):
             return
-        cols = None if batch.columns.lacks_values() else batch.columns
-        columns = _columns(reg, batch.events if cols is None else (), () if cols is None else cols.names())
+        columns = _columns(reg, batch.columns.names())
         current, history, tombs = self._open_tables(
             reg,
             columns,
@@ -264,29 +265,16 @@ class WarehouseSink(Sink):
             pending=self.pending,
             shard=None if batch.shard is None else (batch.shard, layout.shards),
         )
-        if cols is not None:
-            fast = ColumnarApply(reg, cols, columns, layout, tombs, current, batch.shard)
-            _check_shard(reg, layout, batch.shard, fast.key_bucket)
-            for name, _table in todo:
-                if name == "history":
-                    self.last_metrics["history"] = fast.history(history, commit)
-                elif name == "current":
-                    self.last_metrics["current"] = fast.current(current, commit)
-                else:
-                    fast.tombstones(tombs, commit)
-            if self.pending is None:  # deferred: the committer calls committed() after its commit
-                self._maintain_after(reg, batch_id)
-            return
-        ctx = per_event.BatchContext(reg, batch, columns, layout, tombs, current)
-        _check_shard(reg, layout, batch.shard, list(ctx.key_buckets.values()))
+        fast = ColumnarApply(reg, batch.columns, columns, layout, tombs, current, batch.shard, history)
+        _check_shard(reg, layout, batch.shard, fast.key_bucket)
         for name, _table in todo:
             if name == "history":
-                self.last_metrics["history"] = per_event.apply_history(ctx, history, commit)
+                self.last_metrics["history"] = fast.history(history, commit)
             elif name == "current":
-                self.last_metrics["current"] = per_event.apply_current(ctx, current, history, commit)
+                self.last_metrics["current"] = fast.current(current, commit)
             else:
-                per_event.apply_tombstones(ctx, tombs, commit)
-        if self.pending is None:
+                fast.tombstones(tombs, commit)
+        if self.pending is None:  # deferred: the committer calls committed() after its commit
             self._maintain_after(reg, batch_id)
 
     def shards(self, reg: TableReg) -> int | None:
@@ -481,7 +469,7 @@ class WarehouseSink(Sink):
         """What the committed history holds for a key of ``reg`` just before a version, in event
         encoding (:data:`sinks.toast.Stored`): a primary-key change's old row, as this sink would
         complete the change's unchanged TOAST columns from it."""
-        return per_event.stored_before(reg, str(self.paths(reg)[1]), _columns(reg, ()))
+        return lookups.stored_before(reg, str(self.paths(reg)[1]), _columns(reg, ()))
 
     def tombstone_rows(self, reg: TableReg) -> pa.Table:
         """The internal tombstones (key_json, version, deleted_at); for tests and debugging."""
@@ -547,26 +535,15 @@ def _refuse_lost_tables(reg: TableReg, trio: tuple[Path, Path, Path]) -> None:
     )
 
 
-def _columns(
-    reg: TableReg, events: Sequence[ChangeEvent], names: Sequence[str] = ()
-) -> dict[str, str | None]:
-    """Data columns in order: the registration's (without the excluded ones), then any new ones seen in
-    events or ``names`` (type unknown)."""
+def _columns(reg: TableReg, names: Sequence[str] = ()) -> dict[str, str | None]:
+    """Data columns in order: the registration's (without the excluded ones), then any new ones a
+    batch's events name (``names``: :meth:`sinks.columnar.Columns.names`; type unknown)."""
     cols: dict[str, str | None] = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
     # dropped at the source: kept in the warehouse, null from then on (docs/schema-changes.md)
     dropped_types = reg.extra.get("dropped_types", {})
     for name in reg.dropped_columns:
         if name not in cols and name not in reg.exclude:
             cols[name] = dropped_types.get(name)
-    for ev in events:
-        for src in (ev.after, ev.before):
-            if src:
-                for name in src:
-                    if name not in cols:
-                        cols[name] = None
-        for name in ev.unavailable:
-            if name not in cols:
-                cols[name] = None
     for name in names:
         if name not in cols:
             cols[name] = None
