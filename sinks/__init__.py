@@ -233,8 +233,6 @@ class ChangeBatch:
     def truncate_version(self) -> Version | None:
         """The newest TRUNCATE version in the batch, if any."""
         t = self.columns.table
-        if self.columns.plain or not len(t):
-            return None
         t = t.filter(pc.equal(t.column("op"), "t"))
         versions = zip(t.column("commit_lsn").to_pylist(), t.column("seq").to_pylist(), strict=True)
         return max((Version(lsn, seq) for lsn, seq in versions), default=None)
@@ -269,9 +267,6 @@ def touched_of(batches: Iterable[ChangeBatch], into: dict[str, Touched] | None =
             continue
         t = out.setdefault(b.table.qualified, Touched())
         rows = b.columns.table
-        if b.columns.plain:  # no TRUNCATE
-            t.key_jsons.extend(rows.column("key_json").to_pylist())
-            continue
         is_t = pc.equal(rows.column("op"), "t")
         t.key_jsons.extend(rows.column("key_json").filter(pc.invert(is_t)).to_pylist())
         t.truncated = t.truncated or bool(pc.any(is_t).as_py())
@@ -481,9 +476,11 @@ def columns_of(table: TableReg, events: Sequence[ChangeEvent]) -> Columns:
                 names.append(name)
         if e.version.commit_lsn >= 1 << 63 or e.version.seq >= 1 << 63:
             raise ApplyError(f"version {e.version} does not fit int64", fix="report this source")
-    after, text = _struct(afters, names, pg)
     keys = [None if e.op == "t" else e.key for e in events]
-    key, _ = _struct(keys, list(table.key), pg)
+    key, text = _struct(keys, list(table.key), pg)
+    after, text = _struct(afters, names, pg, text)
+    if not text.isdisjoint(table.key):  # a key column held as JSON text: in both structs
+        key, _ = _struct(keys, list(table.key), pg, text)
 
     def names_of(rows: Iterable[Sequence[str]]) -> pa.Array:
         return pa.array([list(r) if r else None for r in rows], NAMES)
@@ -512,15 +509,20 @@ def columns_of(table: TableReg, events: Sequence[ChangeEvent]) -> Columns:
 
 
 def _struct(
-    rows: Sequence[dict[str, Any] | None], names: Sequence[str], pg: Mapping[str, str | None]
+    rows: Sequence[dict[str, Any] | None],
+    names: Sequence[str],
+    pg: Mapping[str, str | None],
+    forced: frozenset[str] = frozenset(),
 ) -> tuple[pa.StructArray, frozenset[str]]:
     """Per-row dicts (None: a null row) as a struct of ``names``: a field in its :func:`json_type`
-    when every value is exactly of that JSON type, else JSON text (the names returned)."""
+    when every value is exactly of that JSON type and it is not in ``forced``, else JSON text; returns
+    the struct and ``forced`` with the names held as JSON text."""
     valid = pa.array([r is not None for r in rows], pa.bool_())
-    arrays, text = [], set()
+    arrays: list[pa.Array] = []
+    text = set(forced)
     for name in names:
         values = [None if r is None else r.get(name) for r in rows]
-        arr = _typed(values, json_type(pg.get(name)))
+        arr = None if name in text else _typed(values, json_type(pg.get(name)))
         if arr is None:
             text.add(name)
             arr = pa.array(

@@ -12,6 +12,7 @@ take as JSON text. The events are built from the columns only when something ask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -100,6 +101,13 @@ class Columns:
         if name in self.json_fields:
             return unstorable([None if v is None else orjson.loads(v) for v in values.to_pylist()], pg_type)
         return unstorable_json(values, pg_type)
+
+    def values_of(self, name: str, values: pa.Array) -> list[Any]:
+        """``values`` of the ``key`` or ``after`` field ``name`` as the events hold them (JSON text
+        decoded)."""
+        if name in self.json_fields:
+            return [None if v is None else orjson.loads(v) for v in values.to_pylist()]
+        return list(values.to_pylist())
 
     def names(self) -> list[str]:
         """The ``after`` fields: every column the batch's events name."""

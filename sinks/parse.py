@@ -6,7 +6,8 @@ a batch with a TRUNCATE, an unavailable (unchanged TOAST) column, an unknown or 
 value of an unexpected JSON type, a key that is not canonical, or a malformed record. The columnar
 parse never decides what is corrupt; it only declines. The per-record parse (msgspec for the common
 record, the plain path for the rest) gives the same events, and for a record it cannot parse a
-:class:`sinks.DeadLetter` with the reason -- never a silent skip.
+:class:`sinks.DeadLetter` with the reason -- never a silent skip; its events then become the same
+Arrow form (:func:`sinks.columns_of`): every batch is :class:`sinks.columnar.Columns`.
 
 Columns the registration excludes (``cdc tables add --exclude``) are dropped here, so no sink ever
 sees them, even in events written before the exclusion. Records of a topic that is no longer

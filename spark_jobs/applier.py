@@ -174,7 +174,7 @@ class BatchApplier:
             parsed = parse(self.tables(name), records.filter(pc.equal(topic, name)))
             dead.extend(parsed.dead)
             if parsed.batch is not None:
-                if complete is not None and not parsed.batch.columns.plain:
+                if complete is not None and parsed.batch.columns.lacks_values():
                     parsed.batch = complete(parsed.batch)
                 batch, rejected = reject(self.sinks, parsed)
                 dead.extend(rejected)

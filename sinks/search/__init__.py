@@ -184,7 +184,7 @@ class SearchSink(Sink):
         document for (:mod:`sinks.toast`; the side tables tell which keys have a live document, a
         key change's old key in its own shard)."""
         reg = batch.table
-        if not reg.search or batch.columns.plain:
+        if not reg.search or not batch.columns.lacks_values():
             return []
         lacking = [ev for ev in batch.events if ev.unavailable and ev.op != "d"]
         if not lacking:

@@ -12,7 +12,7 @@ reads).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -188,8 +188,6 @@ class WarehouseSink(Sink):
         _widened, refused = evolve.changes(reg, self._stored_types(self.paths(reg)[0]))
         for name in refused:
             types.pop(name, None)
-        if batch.columns.lacks_values():
-            return self._reject_events(batch, types, refused)
         cols = batch.columns
         t = cols.table
         names = set(cols.names()) if len(cols) else set()
@@ -210,32 +208,13 @@ class WarehouseSink(Sink):
             except ApplyError:
                 for i, why in cols.unstorable(name, pg).items():
                     bad.setdefault(i, []).append(f"column {name}: {why}")
-        if not bad:
-            return []
-        parts = t.column("partition").to_pylist()
-        offs = t.column("offset").to_pylist()
-        return [Rejection(parts[i], offs[i], "; ".join(bad[i])) for i in sorted(bad)]
-
-    def _reject_events(
-        self, batch: ChangeBatch, types: Mapping[str, str | None], refused: dict[str, str]
-    ) -> list[Rejection]:
-        """:meth:`reject` of a batch lacking unchanged TOAST values, from its events."""
-        reg = batch.table
-        bad: dict[int, list[str]] = {}
-        for i, ev in enumerate(ev for ev in batch.events if ev.after):
-            for name, why in refused.items():
-                if ev.after is not None and ev.after.get(name) is not None:
-                    bad.setdefault(i, []).append(why)
-        rows = [ev for ev in batch.events if ev.after]
-        for name, pg in types.items():
-            values = [ev.after.get(name) if ev.after else None for ev in rows]
-            for i, why in T.unstorable(values, pg).items():
-                bad.setdefault(i, []).append(f"column {name}: {why}")
-        at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
-        kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
-        for ev in lookups.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
-            bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
-        return [Rejection(rows[i].partition, rows[i].offset, "; ".join(bad[i])) for i in sorted(bad)]
+        positions = list(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
+        if cols.lacks_values():  # unchanged TOAST values no row holds, once the rows above are gone
+            at = {p: i for i, p in enumerate(positions)}
+            kept = batch.without({positions[i] for i in bad}).events
+            for ev in lookups.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
+                bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
+        return [Rejection(*positions[i], "; ".join(bad[i])) for i in sorted(bad)]
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
         """See :class:`sinks.Sink` and the module docstring. An empty batch writes nothing."""
@@ -573,18 +552,15 @@ def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
 
 
 def _row_bytes(batch: ChangeBatch) -> float:
-    """The mean size of a batch's new rows as the events carry them (for :meth:`Layout.choose`; an
+    """The mean size of a batch's rows as its columns carry them (for :meth:`Layout.choose`; an
     upper bound of their Parquet size, which is compressed)."""
-    if batch.columns.plain:
-        t = batch.columns.table
-        return float(t.column("after").nbytes / max(t.num_rows, 1))
-    rows = [ev.after for ev in batch.events if ev.after]
-    return sum(len(str(v)) for row in rows for v in row.values()) / max(len(rows), 1)
+    t = batch.columns.table
+    return float(t.column("after").nbytes / max(t.num_rows, 1))
 
 
 def _key_values(batch: ChangeBatch) -> list[Any]:
     """The values of the first key column in a batch (for :meth:`Layout.choose`)."""
     col = batch.table.key[0]
-    if batch.columns.plain:
-        return list(pc.struct_field(batch.columns.table.column("key").combine_chunks(), [col]).to_pylist())
-    return [ev.key.get(col) for ev in batch.events if ev.op != "t"]
+    t = batch.columns.table
+    keys = pc.struct_field(t.column("key").combine_chunks(), [col]).filter(pc.not_equal(t.column("op"), "t"))
+    return batch.columns.values_of(col, keys)

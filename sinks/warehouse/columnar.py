@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -82,12 +81,12 @@ class ColumnarApply:
         self.op = t.column("op").combine_chunks()
         self.keys = plan.keys
         self.key_list: list[str] = self.keys.to_pylist()
-        if columns.plain:
-            first_values = pc.struct_field(
+        first_values = columns.values_of(
+            reg.key[0],
+            pc.struct_field(
                 t.column("key").combine_chunks().filter(pa.array(plan.first_of_key)), [reg.key[0]]
-            ).to_pylist()
-        else:  # the key's values as the events hold them (a key field may be JSON text)
-            first_values = [orjson.loads(k).get(reg.key[0]) for k in self.key_list]
+            ),
+        )
         self.key_bucket = layout.buckets(reg, self.key_list, first_values)
         self.bucket_set = set(self.key_bucket.tolist())
         self.stored = stored_guards(tombs, self.keys, self.bucket_set, self.markers)
