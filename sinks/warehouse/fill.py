@@ -122,18 +122,17 @@ def fill(
     for name, (lacks, src, _from_stored) in per_column.items():
         idx = np.arange(n)
         more: list[Any] = []
-        for r in set(lacking.rows_of(name).tolist()) & moved.keys():  # a key change: its old row's
+        for r in sorted(set(lacking.rows_of(name).tolist()) & moved.keys()):  # a key change: its old row
             idx[r] = n + len(more)
             more.append(moved[r].get(name))
-        for j in np.flatnonzero(lacks[s]):
-            if src[j] != NONE:
-                idx[s[j]] = idx[src[j]]
-                continue
-            k = int(plan.key_of_row[s[j]])
-            row = base.get(k)
+        need = lacks[s]
+        by_row = need & (src != NONE)  # rows that hold the value (a key change's: its old row's)
+        idx[s[by_row]] = idx[src[by_row]]
+        for r in s[need & (src == NONE)].tolist():
+            row = base.get(int(plan.key_of_row[r]))
             if row is None:
-                raise _unresolved(reg, plan, s[j], columns)
-            idx[s[j]] = n + len(more)
+                raise _unresolved(reg, plan, r, columns)
+            idx[r] = n + len(more)
             more.append(row.get(name))
         dup = (rep != np.arange(n)) & (lacks | lacking.moved)  # a repeated version: as its first
         idx[dup] = idx[rep[dup]]
