@@ -558,17 +558,21 @@ def _typed(values: Sequence[Any], at: pa.DataType | None) -> pa.Array | None:
 def _events_of(columns: Columns) -> list[ChangeEvent]:
     """The events of a batch's columns (what the per-record parse gives for the same records)."""
     t = columns.table
-    if columns.plain:
-        return _plain_events(t)
     loads = orjson.loads
     text = columns.json_fields
-    after_type = t.column("after").type
-    names = [after_type.field(i).name for i in range(after_type.num_fields)]
+    names = columns.names()
     cols = [
         t.column(c).to_pylist()
         for c in ("key_json", "op", "commit_lsn", "seq", "ts_ms", "after", "partition", "offset", "snapshot")
     ]
-    lacks = zip(*(t.column(c).to_pylist() for c in ("unavailable", "absent", "before")), strict=True)
+    none = [None] * t.num_rows  # a plain batch lacks nothing and has no before image
+    lacks = zip(
+        *(
+            t.column(c).to_pylist() if c in t.column_names else none
+            for c in ("unavailable", "absent", "before")
+        ),
+        strict=True,
+    )
     out = []
     for (kj, op, lsn, seq, ts, after, part, off, snap), (unavailable, absent, before) in zip(
         zip(*cols, strict=True), lacks, strict=True
@@ -590,37 +594,6 @@ def _events_of(columns: Columns) -> list[ChangeEvent]:
                 after=after,
                 before=None if before is None else loads(before),
                 unavailable=tuple(unavailable or ()),
-                partition=part,
-                offset=off,
-                snapshot=snap,
-            )
-        )
-    return out
-
-
-def _plain_events(t: pa.Table) -> list[ChangeEvent]:
-    """The events of a plain batch's columns."""
-    key_type = t.column("key").type
-    names = [key_type.field(i).name for i in range(key_type.num_fields)]
-    cols = [
-        t.column(c).to_pylist()
-        for c in ("key_json", "op", "commit_lsn", "seq", "ts_ms", "after", "partition", "offset", "snapshot")
-    ]
-    keys = t.column("key").to_pylist()
-    out = []
-    for key, (kj, op, lsn, seq, ts, after, part, off, snap) in zip(
-        keys, zip(*cols, strict=True), strict=True
-    ):
-        out.append(
-            ChangeEvent(
-                key={n: key[n] for n in names},
-                key_json=kj,
-                op=op,
-                version=Version(lsn, seq),
-                ts_ms=ts,
-                after=after,
-                before=None,
-                unavailable=(),
                 partition=part,
                 offset=off,
                 snapshot=snap,
