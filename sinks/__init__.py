@@ -15,20 +15,23 @@ records) are written on :class:`Sink`; ``docs/apply.md`` tells the whole story.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc.errors import ApplyError
 from cdc.events import Version
 from cdc.logstore.partitioner import partition_for
 from cdc.registry import TableReg
+from sinks.columnar import NAMES, Columns, json_type
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from cdc.config import Settings
-    from sinks.columnar import Columns
 
 __all__ = [
     "OPS",
@@ -43,6 +46,7 @@ __all__ = [
     "StoredRows",
     "StoredTexts",
     "Touched",
+    "columns_of",
     "touched_of",
 ]
 
@@ -167,9 +171,9 @@ class ChangeBatch:
     """Every parsed event of one micro-batch for one table, sorted by version (ties: partition,
     offset). Tombstones (value None) are not in it: the ``d`` before them carries the delete.
 
-    Two forms describing the same events: the event list, or :class:`sinks.columnar.Columns` (a plain
-    batch: no TRUNCATE, no unavailable column); then ``columns`` is set and ``events`` is built from it
-    on first use. A sink may take either form.
+    One form: :class:`sinks.columnar.Columns` (``columns``). A batch built from events
+    (:meth:`of_events`: the per-record parse, a task's completed slice) keeps them, so ``events``
+    costs nothing then; otherwise ``events`` is built from the columns on first use.
 
     ``shard``: None, the batch holds the table's events of every log-store partition; an int ``p``,
     it holds only those of partition ``p`` (a slice of the micro-batch applied by one Spark task, which
@@ -178,42 +182,37 @@ class ChangeBatch:
     table run in parallel without touching each other's files.
     """
 
-    def __init__(
-        self,
-        table: TableReg,
-        events: list[ChangeEvent] | None = None,
-        *,
-        columns: Columns | None = None,
-        shard: int | None = None,
-    ) -> None:
-        if (events is None) == (columns is None):
-            raise ValueError("a ChangeBatch needs either events or columns")
+    def __init__(self, table: TableReg, columns: Columns, *, shard: int | None = None) -> None:
         self.table = table
         self.columns = columns
-        self._events = events
         self.shard = shard
+        self._events: list[ChangeEvent] | None = None
+
+    @classmethod
+    def of_events(
+        cls, table: TableReg, events: Sequence[ChangeEvent], *, shard: int | None = None
+    ) -> ChangeBatch:
+        """The batch of ``events`` (in version order): :func:`columns_of` them, the events kept."""
+        batch = cls(table, columns_of(table, events), shard=shard)
+        batch._events = list(events)
+        return batch
 
     @property
     def events(self) -> list[ChangeEvent]:
         if self._events is None:
-            assert self.columns is not None
             self._events = _events_of(self.columns)
         return self._events
 
     def __len__(self) -> int:
-        return len(self.columns) if self.columns is not None else len(self.events)
+        return len(self.columns)
 
     def ts_ms(self) -> list[int]:
         """The source commit time of every event, in version order."""
-        if self.columns is not None:
-            return list(self.columns.table.column("ts_ms").to_pylist())
-        return [e.ts_ms for e in self.events]
+        return list(self.columns.table.column("ts_ms").to_pylist())
 
     def newest_ts_ms(self) -> int | None:
         """The source commit time of the newest event (by version), None for an empty batch."""
-        if self.columns is not None:
-            return self.columns.table.column("ts_ms")[-1].as_py() if len(self.columns) else None
-        return self.events[-1].ts_ms if self.events else None
+        return self.columns.table.column("ts_ms")[-1].as_py() if len(self.columns) else None
 
     def latest(self) -> list[ChangeEvent]:
         """The newest event per key (by version; a tie goes to the later record), plus every ``t``
@@ -233,17 +232,19 @@ class ChangeBatch:
 
     def truncate_version(self) -> Version | None:
         """The newest TRUNCATE version in the batch, if any."""
-        versions = [ev.version for ev in self.events if ev.op == "t"]
-        return max(versions) if versions else None
+        t = self.columns.table
+        t = t.filter(pc.equal(t.column("op"), "t"))
+        versions = zip(t.column("commit_lsn").to_pylist(), t.column("seq").to_pylist(), strict=True)
+        return max((Version(lsn, seq) for lsn, seq in versions), default=None)
 
     def without(self, positions: set[tuple[int, int]]) -> ChangeBatch:
-        """The batch without the events at ``(partition, offset)`` in ``positions`` (same form)."""
+        """The batch without the events at ``(partition, offset)`` in ``positions``."""
         if not positions:
             return self
-        if self.columns is not None:
-            return ChangeBatch(self.table, columns=self.columns.without(positions), shard=self.shard)
-        kept = [e for e in self.events if (e.partition, e.offset) not in positions]
-        return ChangeBatch(self.table, kept, shard=self.shard)
+        out = ChangeBatch(self.table, self.columns.without(positions), shard=self.shard)
+        if self._events is not None:
+            out._events = [e for e in self._events if (e.partition, e.offset) not in positions]
+        return out
 
 
 @dataclass
@@ -265,11 +266,10 @@ def touched_of(batches: Iterable[ChangeBatch], into: dict[str, Touched] | None =
         if not len(b):
             continue
         t = out.setdefault(b.table.qualified, Touched())
-        if b.columns is not None:  # a plain batch: no TRUNCATE
-            t.key_jsons.extend(b.columns.table.column("key_json").to_pylist())
-            continue
-        t.key_jsons.extend(ev.key_json for ev in b.events if ev.op != "t")
-        t.truncated = t.truncated or b.truncate_version() is not None
+        rows = b.columns.table
+        is_t = pc.equal(rows.column("op"), "t")
+        t.key_jsons.extend(rows.column("key_json").filter(pc.invert(is_t)).to_pylist())
+        t.truncated = t.truncated or bool(pc.any(is_t).as_py())
     return out
 
 
@@ -475,30 +475,139 @@ class Sink(abc.ABC):
         """Release resources; the sink is not used afterwards."""
 
 
+def columns_of(table: TableReg, events: Sequence[ChangeEvent]) -> Columns:
+    """``events`` (in version order) as :class:`Columns` (not ``plain``): every event, TRUNCATEs too,
+    with what the events carry beyond the plain columns (see there); :func:`_events_of` gives the
+    same events back."""
+    afters = [e.after for e in events]
+    names = [c.name for c in table.columns if c.name not in table.exclude]
+    seen = set(names)
+    pg = {c.name: c.type for c in table.columns}
+    for e in events:  # every column an event names, in the order the events name them
+        for name in (*(e.after or ()), *(e.before or ()), *e.unavailable):
+            if name not in seen:
+                seen.add(name)
+                names.append(name)
+        if e.version.commit_lsn >= 1 << 63 or e.version.seq >= 1 << 63:
+            raise ApplyError(f"version {e.version} does not fit int64", fix="report this source")
+    keys = [None if e.op == "t" else e.key for e in events]
+    key, text = _struct(keys, list(table.key), pg)
+    after, text = _struct(afters, names, pg, text)
+    if not text.isdisjoint(table.key):  # a key column held as JSON text: in both structs
+        key, _ = _struct(keys, list(table.key), pg, text)
+
+    def names_of(rows: Iterable[Sequence[str]]) -> pa.Array:
+        return pa.array([list(r) if r else None for r in rows], NAMES)
+
+    cols = {
+        "key_json": pa.array([e.key_json for e in events], pa.string()),
+        "op": pa.array([e.op for e in events], pa.string()),
+        "commit_lsn": pa.array([e.version.commit_lsn for e in events], pa.int64()),
+        "seq": pa.array([e.version.seq for e in events], pa.int64()),
+        "ts_ms": pa.array([e.ts_ms for e in events], pa.int64()),
+        "partition": pa.array([e.partition for e in events], pa.int32()),
+        "offset": pa.array([e.offset for e in events], pa.int64()),
+        "snapshot": pa.array([e.snapshot for e in events], pa.bool_()),
+        "key": key,
+        "after": after,
+        "unavailable": names_of(e.unavailable for e in events),
+        "absent": names_of(
+            [n for n in names if n not in a and n not in e.unavailable] if a is not None else ()
+            for e, a in zip(events, afters, strict=True)
+        ),
+        "before": pa.array(
+            [None if e.before is None else orjson.dumps(e.before).decode() for e in events], pa.large_string()
+        ),
+    }
+    return Columns(pa.table(cols), plain=False, json_fields=text)
+
+
+def _struct(
+    rows: Sequence[dict[str, Any] | None],
+    names: Sequence[str],
+    pg: Mapping[str, str | None],
+    forced: frozenset[str] = frozenset(),
+) -> tuple[pa.StructArray, frozenset[str]]:
+    """Per-row dicts (None: a null row) as a struct of ``names``: a field in its :func:`json_type`
+    when every value is exactly of that JSON type and it is not in ``forced``, else JSON text; returns
+    the struct and ``forced`` with the names held as JSON text."""
+    valid = pa.array([r is not None for r in rows], pa.bool_())
+    arrays: list[pa.Array] = []
+    text = set(forced)
+    for name in names:
+        values = [None if r is None else r.get(name) for r in rows]
+        arr = None if name in text else _typed(values, json_type(pg.get(name)))
+        if arr is None:
+            text.add(name)
+            arr = pa.array(
+                [None if v is None else orjson.dumps(v).decode() for v in values], pa.large_string()
+            )
+        arrays.append(arr)
+    mask = pc.invert(valid) if len(rows) else None
+    struct = (
+        pa.StructArray.from_arrays(arrays, names=list(names), mask=mask)
+        if names
+        else pa.nulls(len(rows), pa.struct([]))
+    )
+    return struct, frozenset(text)
+
+
+#: the Python type of a value of each :func:`sinks.columnar.json_type` (exactly: ``bool`` is no int)
+_PY = {pa.int64(): int, pa.float64(): float, pa.bool_(): bool, pa.string(): str}
+
+
+def _typed(values: Sequence[Any], at: pa.DataType | None) -> pa.Array | None:
+    """``values`` as an array of ``at``; None when one is not exactly of its JSON type (or ``at``
+    is None)."""
+    want = _PY.get(at) if at is not None else None
+    if want is None or any(v is not None and type(v) is not want for v in values):
+        return None
+    try:
+        arr = pa.array(values, at)
+    except (pa.ArrowInvalid, OverflowError):  # an integer beyond int64
+        return None
+    return None if isinstance(arr, pa.ChunkedArray) else arr
+
+
 def _events_of(columns: Columns) -> list[ChangeEvent]:
-    """The per-event form of a columnar batch (what the per-record parse gives for the same records)."""
+    """The events of a batch's columns (what the per-record parse gives for the same records)."""
     t = columns.table
-    key_type = t.column("key").type
-    names = [key_type.field(i).name for i in range(key_type.num_fields)]
+    loads = orjson.loads
+    text = columns.json_fields
+    names = columns.names()
     cols = [
         t.column(c).to_pylist()
         for c in ("key_json", "op", "commit_lsn", "seq", "ts_ms", "after", "partition", "offset", "snapshot")
     ]
-    keys = t.column("key").to_pylist()
+    none = [None] * t.num_rows  # a plain batch lacks nothing and has no before image
+    lacks = zip(
+        *(
+            t.column(c).to_pylist() if c in t.column_names else none
+            for c in ("unavailable", "absent", "before")
+        ),
+        strict=True,
+    )
     out = []
-    for key, (kj, op, lsn, seq, ts, after, part, off, snap) in zip(
-        keys, zip(*cols, strict=True), strict=True
+    for (kj, op, lsn, seq, ts, after, part, off, snap), (unavailable, absent, before) in zip(
+        zip(*cols, strict=True), lacks, strict=True
     ):
+        if after is not None:
+            gone = {*(unavailable or ()), *(absent or ())}
+            after = {
+                n: (loads(after[n]) if n in text and after[n] is not None else after[n])
+                for n in names
+                if n not in gone
+            }
         out.append(
             ChangeEvent(
-                key={n: key[n] for n in names},
+                key=loads(kj),
                 key_json=kj,
                 op=op,
                 version=Version(lsn, seq),
                 ts_ms=ts,
                 after=after,
-                before=None,
-                unavailable=(),
+                before=None if before is None else loads(before),
+                unavailable=tuple(unavailable or ()),
                 partition=part,
                 offset=off,
                 snapshot=snap,

@@ -1,22 +1,30 @@
-"""The columnar form of a micro-batch (:class:`Columns`): one table's events as Arrow columns.
+"""The one form of a micro-batch (:class:`Columns`): one table's events as Arrow columns.
 
-Built by :mod:`sinks.parse` for the common batch (every record well formed, no TRUNCATE, no unavailable
-TOAST column, every column of a plain type). A sink may use it (``ChangeBatch.columns``) instead of the
-per-event list; the events are built from the columns only when something asks for them
+Every :class:`sinks.ChangeBatch` holds one. :mod:`sinks.parse`'s columnar parse builds the common,
+*plain* batch (every record well formed, no TRUNCATE, no unavailable TOAST column, every column of a
+plain type) straight from the records; every other batch (the per-record parse's, a task's completed
+slice) is built from its events (:func:`sinks.columns_of`) and also carries TRUNCATE rows, the
+unavailable and absent columns of each row, the ``before`` image, and values the typed columns cannot
+take as JSON text. The events are built from the columns only when something asks for them
 (``ChangeBatch.events``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.types import arrow_type, from_json_array
+from sinks.types import arrow_type, from_json_array, to_array, unstorable, unstorable_json
 
 __all__ = ["Columns", "json_type", "key_starts"]
+
+#: the ``unavailable``/``absent`` columns' type: per row, column names (null: none)
+NAMES = pa.list_(pa.string())
 
 
 def key_starts(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -54,11 +62,21 @@ class Columns:
     ``table`` columns: ``key_json`` (canonical key JSON, as ``ChangeEvent.key_json``), ``op`` (r/c/u/d),
     ``commit_lsn``, ``seq``, ``ts_ms`` (source commit time), ``partition``, ``offset``, ``snapshot``
     (bool), ``key`` (struct of the key columns), ``after`` (struct of every registered column in event
-    encoding -- :func:`json_type` -- null for ``d``). Guarantees: no ``t`` event, no unavailable column,
-    no dead letter.
+    encoding -- :func:`json_type` -- null for ``d``). No dead letter.
+
+    ``plain`` (the columnar parse's batch): no ``t`` row, no unavailable column, every ``after``
+    field a registered column in its :func:`json_type`. Otherwise (built from events,
+    :func:`sinks.columns_of`) ``table`` may also hold ``t`` rows (``key_json`` the envelope's
+    truncate key, ``key`` and ``after`` null) and the columns ``unavailable`` and ``absent`` (the
+    columns a row's ``after`` lacks: not sent, unchanged TOAST -- or just not in the object; null:
+    none) and ``before`` (the before image as JSON text, null: none); the ``after`` fields named in
+    ``json_fields`` hold JSON text (a new column, an array or unknown type, or a value of another JSON
+    type than the column's).
     """
 
     table: pa.Table
+    plain: bool = True
+    json_fields: frozenset[str] = frozenset()
     _stored: dict[tuple[str, str | None], pa.Array] = field(default_factory=dict, compare=False, repr=False)
 
     def stored_values(self, name: str, pg_type: str | None) -> pa.Array:
@@ -68,10 +86,38 @@ class Columns:
         stored."""
         got = self._stored.get((name, pg_type))
         if got is None:
-            after = self.table.column("after").combine_chunks()
-            got = from_json_array(pc.struct_field(after, [name]), pg_type)
+            values = pc.struct_field(self.table.column("after").combine_chunks(), [name])
+            if name in self.json_fields:  # JSON text: converted as the events' values are
+                got = to_array([None if v is None else orjson.loads(v) for v in values.to_pylist()], pg_type)
+            else:
+                got = from_json_array(values, pg_type)
             self._stored[(name, pg_type)] = got
         return got
+
+    def unstorable(self, name: str, pg_type: str | None) -> dict[int, str]:
+        """The rows whose ``after`` value of ``name`` cannot be stored as ``pg_type``
+        (:func:`sinks.types.unstorable`), each with the reason."""
+        values = pc.struct_field(self.table.column("after").combine_chunks(), [name])
+        if name in self.json_fields:
+            return unstorable([None if v is None else orjson.loads(v) for v in values.to_pylist()], pg_type)
+        return unstorable_json(values, pg_type)
+
+    def values_of(self, name: str, values: pa.Array) -> list[Any]:
+        """``values`` of the ``key`` or ``after`` field ``name`` as the events hold them (JSON text
+        decoded)."""
+        if name in self.json_fields:
+            return [None if v is None else orjson.loads(v) for v in values.to_pylist()]
+        return list(values.to_pylist())
+
+    def names(self) -> list[str]:
+        """The ``after`` fields: every column the batch's events name."""
+        return list(self.table.column("after").type.names)
+
+    def lacks_values(self) -> bool:
+        """Whether a row lacks unavailable (unchanged TOAST) columns."""
+        if self.plain or "unavailable" not in self.table.column_names:
+            return False
+        return bool(pc.any(pc.is_valid(self.table.column("unavailable"))).as_py())
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
@@ -100,4 +146,8 @@ class Columns:
         parts = self.table.column("partition").to_pylist()
         offs = self.table.column("offset").to_pylist()
         keep = [(p, o) not in positions for p, o in zip(parts, offs, strict=True)]
-        return Columns(self.table.filter(pa.array(keep)))
+        return self.filter(pa.array(keep))
+
+    def filter(self, mask: pa.Array) -> Columns:
+        """The rows where ``mask`` is true (same kind of batch)."""
+        return Columns(self.table.filter(mask), self.plain, self.json_fields)

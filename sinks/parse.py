@@ -6,7 +6,8 @@ a batch with a TRUNCATE, an unavailable (unchanged TOAST) column, an unknown or 
 value of an unexpected JSON type, a key that is not canonical, or a malformed record. The columnar
 parse never decides what is corrupt; it only declines. The per-record parse (msgspec for the common
 record, the plain path for the rest) gives the same events, and for a record it cannot parse a
-:class:`sinks.DeadLetter` with the reason -- never a silent skip.
+:class:`sinks.DeadLetter` with the reason -- never a silent skip; its events then become the same
+Arrow form (:func:`sinks.columns_of`): every batch is :class:`sinks.columnar.Columns`.
 
 Columns the registration excludes (``cdc tables add --exclude``) are dropped here, so no sink ever
 sees them, even in events written before the exclusion. Records of a topic that is no longer
@@ -122,7 +123,7 @@ def parse(
             min_records=limit,
         )
         if columns is not None:
-            return Parsed(ChangeBatch(reg, columns=columns), [], "columns", None, records)
+            return Parsed(ChangeBatch(reg, columns), [], "columns", None, records)
     batch, dead = _parse_records(reg, _raw_records(records))
     return Parsed(batch, dead, "events", declined, records)
 
@@ -330,7 +331,7 @@ def _parse_records(table: TableReg, records: Sequence[RawRecord]) -> tuple[Chang
         excluded = frozenset(table.exclude)
         events = [_without(ev, excluded) for ev in events]
     events.sort(key=order)
-    return ChangeBatch(table, events), dead
+    return ChangeBatch.of_events(table, events), dead
 
 
 def _without(ev: ChangeEvent, excluded: frozenset[str]) -> ChangeEvent:

@@ -143,5 +143,5 @@ def index_view(
     for key in sorted((keys or set()) - {str(r[VIEW_KEY]) for r in found}):
         events.append(_event("d", key, None, Version(lsn, len(events) + 1), len(events), ts))
     if events:
-        sink.apply(ChangeBatch(reg, events), batch_id, app_id)
+        sink.apply(ChangeBatch.of_events(reg, events), batch_id, app_id)
     return len(events)

@@ -174,7 +174,7 @@ class BatchApplier:
             parsed = parse(self.tables(name), records.filter(pc.equal(topic, name)))
             dead.extend(parsed.dead)
             if parsed.batch is not None:
-                if complete is not None and parsed.batch.columns is None:
+                if complete is not None and parsed.batch.columns.lacks_values():
                     parsed.batch = complete(parsed.batch)
                 batch, rejected = reject(self.sinks, parsed)
                 dead.extend(rejected)
@@ -192,8 +192,7 @@ class BatchApplier:
             batch_id=batch_id,
             records=prepared.records,
             tables=[
-                TableOutcome(b.table.qualified, len(b), b.columns is not None, b.newest_ts_ms())
-                for b in batches
+                TableOutcome(b.table.qualified, len(b), b.columns.plain, b.newest_ts_ms()) for b in batches
             ],
             dead=prepared.dead,
             prepare_seconds=prepared.seconds if prepare_seconds is None else prepare_seconds,

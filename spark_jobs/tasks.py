@@ -348,7 +348,7 @@ def complete_moves(batch: ChangeBatch, whole: ChangeBatch, stored: Stored) -> Ch
             if values is not None:
                 ev = dataclasses.replace(ev, after=values, unavailable=())
         events.append(ev)
-    return ChangeBatch(batch.table, events, shard=batch.shard)
+    return ChangeBatch.of_events(batch.table, events, shard=batch.shard)
 
 
 def _completer(
@@ -396,7 +396,7 @@ def _completer(
             events.extend(parsed.batch.events)
             wanted.update(Chains(events, reg.key).old_keys(parsed.batch.events))
         both = Parsed(
-            ChangeBatch(reg, sorted(events, key=order)),
+            ChangeBatch.of_events(reg, sorted(events, key=order)),
             [],
             "events",
             None,

@@ -184,7 +184,7 @@ class SearchSink(Sink):
         document for (:mod:`sinks.toast`; the side tables tell which keys have a live document, a
         key change's old key in its own shard)."""
         reg = batch.table
-        if not reg.search or batch.columns is not None:
+        if not reg.search or not batch.columns.lacks_values():
             return []
         lacking = [ev for ev in batch.events if ev.unavailable and ev.op != "d"]
         if not lacking:
@@ -263,7 +263,7 @@ class SearchSink(Sink):
         always_delete = pending is not None
         if not len(part):
             return _Prepared(shard, [], None, pending)
-        if part.columns is not None:
+        if part.columns.plain:
             return _Prepared(
                 shard, columnar_upserts(shard, part.columns, marker, always_delete), None, pending
             )

@@ -267,9 +267,8 @@ def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
     caller: nothing is written)."""
     reg = batch.table
     cols = batch.columns
-    keys = cols.table.column("key_json").to_pylist() if cols is not None else None
-    if keys is None:
-        keys = [e.key_json for e in batch.events if e.op != "t"]
+    op = cols.table.column("op")
+    keys = cols.table.column("key_json").filter(pc.not_equal(op, "t")).to_pylist()
     shards = layout.shards_of(keys)
     if batch.shard is not None:
         p = batch.shard
@@ -294,18 +293,9 @@ def slices(batch: ChangeBatch, layout: Layout) -> list[tuple[int, ChangeBatch]]:
         return [(p, batch)]
     if layout.count == 1:
         return [(0, batch)]
-    if cols is not None:
-        of = np.asarray(shards)
-        return [
-            (i, ChangeBatch(reg, columns=Columns(cols.table.filter(pa.array(of == i))), shard=i))
-            for i in range(layout.count)
-        ]
-    per: list[list[ChangeEvent]] = [[] for _ in range(layout.count)]
-    it = iter(shards)
-    for ev in batch.events:
-        if ev.op == "t":
-            for events in per:
-                events.append(ev)
-        else:
-            per[next(it)].append(ev)
-    return [(i, ChangeBatch(reg, events, shard=i)) for i, events in enumerate(per)]
+    is_t = pc.equal(op, "t").to_numpy(zero_copy_only=False)
+    of = np.full(len(is_t), -1)
+    of[~is_t] = shards  # every shard gets every TRUNCATE
+    return [
+        (i, ChangeBatch(reg, cols.filter(pa.array((of == i) | is_t)), shard=i)) for i in range(layout.count)
+    ]

@@ -3,9 +3,10 @@
 The tables, their meta columns, the guarantees of :meth:`WarehouseSink.apply` and what a batch costs
 are described in ``docs/warehouse.md``. Parts: :mod:`.layout` (meta columns, paths, options, bucket
 clustering), :mod:`.plan` (the decisions -- which events apply, what closes each history row, which
-rows the current and tombstone tables get -- pure Arrow, for both batch forms), :mod:`.per_event` and
-:mod:`.columnar` (the source rows of each batch form, from the plan) and :mod:`.delta` (the Delta
-file writes and reads).
+rows the current and tombstone tables get, where an unchanged TOAST value comes from -- pure Arrow),
+:mod:`.columnar` (the source rows of a batch, from the plan), :mod:`.fill` (the unchanged TOAST
+values), :mod:`.stored` (stored rows in event encoding) and :mod:`.delta` (the Delta file writes and
+reads).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import compact, evolve, leases, per_event, reclaim
+from sinks.warehouse import compact, evolve, leases, reclaim
+from sinks.warehouse import stored as lookups
 from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import (
     Commit,
@@ -182,57 +184,37 @@ class WarehouseSink(Sink):
         schema. See :meth:`sinks.Sink.reject`."""
         reg = batch.table
         types = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
-        bad: dict[int, list[str]] = {}
         # a type changed at the source that the stored column cannot hold: every non-null value of it
         _widened, refused = evolve.changes(reg, self._stored_types(self.paths(reg)[0]))
         for name in refused:
             types.pop(name, None)
+        cols = batch.columns
+        t = cols.table
+        names = set(cols.names()) if len(cols) else set()
+        bad: dict[int, list[str]] = {}
         if refused:
-            if batch.columns is not None:
-                after = batch.columns.table.column("after").combine_chunks()
-                names = set(after.type.names) if len(after) else set()
-                for name, why in refused.items():
-                    if name in names:
-                        valid = pc.is_valid(pc.struct_field(after, [name])).to_pylist()
-                        for i, ok in enumerate(valid):
-                            if ok:
-                                bad.setdefault(i, []).append(why)
-            else:
-                for i, ev in enumerate(ev for ev in batch.events if ev.after):
-                    for name, why in refused.items():
-                        if ev.after is not None and ev.after.get(name) is not None:
-                            bad.setdefault(i, []).append(why)
-        if batch.columns is not None:
-            t = batch.columns.table
             after = t.column("after").combine_chunks()
-            names = set(after.type.names) if len(after) else set()
-            for name, pg in types.items():
-                if name not in names:
-                    continue
-                try:
-                    batch.columns.stored_values(name, pg)  # converted once, kept for apply
-                except ApplyError:
-                    for i, why in T.unstorable_json(pc.struct_field(after, [name]), pg).items():
-                        bad.setdefault(i, []).append(f"column {name}: {why}")
-            if not bad:
-                return []
-            parts = t.column("partition").to_pylist()
-            offs = t.column("offset").to_pylist()
-            positions = [(parts[i], offs[i]) for i in sorted(bad)]
-        else:
-            rows = [ev for ev in batch.events if ev.after]
-            for name, pg in types.items():
-                values = [ev.after.get(name) if ev.after else None for ev in rows]
-                for i, why in T.unstorable(values, pg).items():
+            for name, why in refused.items():
+                if name in names:
+                    valid = pc.is_valid(pc.struct_field(after, [name])).to_pylist()
+                    for i, ok in enumerate(valid):
+                        if ok:
+                            bad.setdefault(i, []).append(why)
+        for name, pg in types.items():
+            if name not in names:
+                continue
+            try:
+                cols.stored_values(name, pg)  # converted once, kept for apply
+            except ApplyError:
+                for i, why in cols.unstorable(name, pg).items():
                     bad.setdefault(i, []).append(f"column {name}: {why}")
-            at = {(ev.partition, ev.offset): i for i, ev in enumerate(rows)}
-            kept = batch.without({(rows[i].partition, rows[i].offset) for i in bad}).events
-            for ev in per_event.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
+        positions = list(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
+        if cols.lacks_values():  # unchanged TOAST values no row holds, once the rows above are gone
+            at = {p: i for i, p in enumerate(positions)}
+            kept = batch.without({positions[i] for i in bad}).events
+            for ev in lookups.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
                 bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
-            if not bad:
-                return []
-            positions = [(rows[i].partition, rows[i].offset) for i in sorted(bad)]
-        return [Rejection(p, o, "; ".join(bad[i])) for (p, o), i in zip(positions, sorted(bad), strict=True)]
+        return [Rejection(*positions[i], "; ".join(bad[i])) for i in sorted(bad)]
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
         """See :class:`sinks.Sink` and the module docstring. An empty batch writes nothing."""
@@ -240,8 +222,7 @@ class WarehouseSink(Sink):
         self.last_metrics = {}
         if not len(batch):
             return
-        cols = batch.columns  # the columnar form: no new column (its parse declines those), no truncate
-        columns = _columns(reg, batch.events if cols is None else ())
+        columns = _columns(reg, batch.columns.names())
         current, history, tombs = self._open_tables(
             reg,
             columns,
@@ -263,29 +244,16 @@ class WarehouseSink(Sink):
             pending=self.pending,
             shard=None if batch.shard is None else (batch.shard, layout.shards),
         )
-        if cols is not None:
-            fast = ColumnarApply(reg, cols, columns, layout, tombs, current, batch.shard)
-            _check_shard(reg, layout, batch.shard, fast.key_bucket)
-            for name, _table in todo:
-                if name == "history":
-                    self.last_metrics["history"] = fast.history(history, commit)
-                elif name == "current":
-                    self.last_metrics["current"] = fast.current(current, commit)
-                else:
-                    fast.tombstones(tombs, commit)
-            if self.pending is None:  # deferred: the committer calls committed() after its commit
-                self._maintain_after(reg, batch_id)
-            return
-        ctx = per_event.BatchContext(reg, batch, columns, layout, tombs, current)
-        _check_shard(reg, layout, batch.shard, list(ctx.key_buckets.values()))
+        fast = ColumnarApply(reg, batch.columns, columns, layout, tombs, current, batch.shard, history)
+        _check_shard(reg, layout, batch.shard, fast.key_bucket)
         for name, _table in todo:
             if name == "history":
-                self.last_metrics["history"] = per_event.apply_history(ctx, history, commit)
+                self.last_metrics["history"] = fast.history(history, commit)
             elif name == "current":
-                self.last_metrics["current"] = per_event.apply_current(ctx, current, history, commit)
+                self.last_metrics["current"] = fast.current(current, commit)
             else:
-                per_event.apply_tombstones(ctx, tombs, commit)
-        if self.pending is None:
+                fast.tombstones(tombs, commit)
+        if self.pending is None:  # deferred: the committer calls committed() after its commit
             self._maintain_after(reg, batch_id)
 
     def shards(self, reg: TableReg) -> int | None:
@@ -506,7 +474,7 @@ class WarehouseSink(Sink):
         """What the committed history holds for a key of ``reg`` just before a version, in event
         encoding (:data:`sinks.toast.Stored`): a primary-key change's old row, as this sink would
         complete the change's unchanged TOAST columns from it."""
-        return per_event.stored_before(reg, str(self.paths(reg)[1]), _columns(reg, ()))
+        return lookups.stored_before(reg, str(self.paths(reg)[1]), _columns(reg, ()))
 
     def tombstone_rows(self, reg: TableReg) -> pa.Table:
         """The internal tombstones (key_json, version, deleted_at); for tests and debugging."""
@@ -572,24 +540,18 @@ def _refuse_lost_tables(reg: TableReg, trio: tuple[Path, Path, Path]) -> None:
     )
 
 
-def _columns(reg: TableReg, events: Sequence[ChangeEvent]) -> dict[str, str | None]:
-    """Data columns in order: the registration's (without the excluded ones), then any new ones seen in
-    events (type unknown)."""
+def _columns(reg: TableReg, names: Sequence[str] = ()) -> dict[str, str | None]:
+    """Data columns in order: the registration's (without the excluded ones), then any new ones a
+    batch's events name (``names``: :meth:`sinks.columnar.Columns.names`; type unknown)."""
     cols: dict[str, str | None] = {c.name: c.type for c in reg.columns if c.name not in reg.exclude}
     # dropped at the source: kept in the warehouse, null from then on (docs/schema-changes.md)
     dropped_types = reg.extra.get("dropped_types", {})
     for name in reg.dropped_columns:
         if name not in cols and name not in reg.exclude:
             cols[name] = dropped_types.get(name)
-    for ev in events:
-        for src in (ev.after, ev.before):
-            if src:
-                for name in src:
-                    if name not in cols:
-                        cols[name] = None
-        for name in ev.unavailable:
-            if name not in cols:
-                cols[name] = None
+    for name in names:
+        if name not in cols:
+            cols[name] = None
     bad = [c for c in cols if c.startswith(META_PREFIX) or c in HISTORY_RESERVED]
     if bad:
         raise ApplyError(
@@ -616,18 +578,15 @@ def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
 
 
 def _row_bytes(batch: ChangeBatch) -> float:
-    """The mean size of a batch's new rows as the events carry them (for :meth:`Layout.choose`; an
+    """The mean size of a batch's rows as its columns carry them (for :meth:`Layout.choose`; an
     upper bound of their Parquet size, which is compressed)."""
-    if batch.columns is not None:
-        t = batch.columns.table
-        return float(t.column("after").nbytes / max(t.num_rows, 1))
-    rows = [ev.after for ev in batch.events if ev.after]
-    return sum(len(str(v)) for row in rows for v in row.values()) / max(len(rows), 1)
+    t = batch.columns.table
+    return float(t.column("after").nbytes / max(t.num_rows, 1))
 
 
 def _key_values(batch: ChangeBatch) -> list[Any]:
     """The values of the first key column in a batch (for :meth:`Layout.choose`)."""
     col = batch.table.key[0]
-    if batch.columns is not None:
-        return list(pc.struct_field(batch.columns.table.column("key").combine_chunks(), [col]).to_pylist())
-    return [ev.key.get(col) for ev in batch.events if ev.op != "t"]
+    t = batch.columns.table
+    keys = pc.struct_field(t.column("key").combine_chunks(), [col]).filter(pc.not_equal(t.column("op"), "t"))
+    return batch.columns.values_of(col, keys)

@@ -1,9 +1,9 @@
-"""The warehouse sink's path for a columnar batch (:class:`sinks.columnar.Columns`).
+"""The warehouse sink's write of a batch (:class:`sinks.columnar.Columns`, the one form).
 
-The decisions come from :mod:`sinks.warehouse.plan`, as for the per-event path; this module turns
-them into the three tables' source rows with Arrow over whole columns (the data columns converted
-from the batch's ``after`` struct). A columnar batch has no TRUNCATE and no unavailable (TOAST)
-column, so no value needs the stored rows.
+The decisions come from :mod:`sinks.warehouse.plan`; this module turns them into the three tables'
+source rows with Arrow over whole columns (the data columns converted from the batch's ``after``
+struct; values kept as JSON text convert as the events' values do). A row lacking unchanged TOAST
+values gets them from :mod:`.fill` (the key's earlier rows, its stored row, a key change's old row).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sinks.warehouse.delta import (
     current_versions,
     stored_guards,
 )
+from sinks.warehouse.fill import Filled, Lacking, fill
 from sinks.warehouse.layout import (
     BUCKET,
     END_LSN,
@@ -46,7 +47,7 @@ from sinks.warehouse.layout import (
     VALID_TO,
     Layout,
 )
-from sinks.warehouse.plan import NONE, Plan
+from sinks.warehouse.plan import NONE, HistoryPlan, Plan
 
 
 def _take(arr: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
@@ -68,6 +69,7 @@ class ColumnarApply:
         tombs: DeltaTable,
         current: DeltaTable,
         shard: int | None = None,
+        history: DeltaTable | None = None,
     ) -> None:
         self.reg = reg
         self.markers = layout.marker_buckets(shard)
@@ -79,16 +81,24 @@ class ColumnarApply:
         self.op = t.column("op").combine_chunks()
         self.keys = plan.keys
         self.key_list: list[str] = self.keys.to_pylist()
-        first_values = pc.struct_field(
-            t.column("key").combine_chunks().filter(pa.array(plan.first_of_key)), [reg.key[0]]
+        first_values = columns.values_of(
+            reg.key[0],
+            pc.struct_field(
+                t.column("key").combine_chunks().filter(pa.array(plan.first_of_key)), [reg.key[0]]
+            ),
         )
-        self.key_bucket = layout.buckets(reg, self.key_list, first_values.to_pylist())
+        self.key_bucket = layout.buckets(reg, self.key_list, first_values)
         self.bucket_set = set(self.key_bucket.tolist())
         self.stored = stored_guards(tombs, self.keys, self.bucket_set, self.markers)
         self.columns = columns
         self._by_key: dict[str, pa.Array] = {}
         self._current = current
+        self._history = history
         self._cur_versions: tuple[np.ndarray, np.ndarray] | None = None
+        #: the rows lacking unchanged TOAST values (None: none does), their values once filled
+        self.lacking = Lacking.of(plan, columns) if columns.lacks_values() else None
+        self._filled: Filled | None = None
+        self._hp: HistoryPlan | None = None
 
     def current_versions(self) -> tuple[np.ndarray, np.ndarray]:
         """Per key, the version of its stored current row -- and so of its open history row -- ((-1,
@@ -104,8 +114,46 @@ class ColumnarApply:
         got = self._by_key.get(name)
         if got is None:
             got = self.columns.stored_values(name, self.types[name]).take(pa.array(self.plan.order))
+            if self._filled is not None:
+                got = self._filled.values(name, got)
             self._by_key[name] = got
         return got
+
+    def history_plan(self) -> HistoryPlan:
+        """The plan's history decisions (:meth:`Plan.history`), the snapshot reads that confirm the
+        row they come to compared first; then the lacking values filled (:func:`.fill.fill`)."""
+        if self._hp is not None:
+            return self._hp
+        plan = self.plan
+        stored = self.stored.with_open(*self.current_versions())
+        reads, against = plan.snapshot_reads(stored)
+        if self.lacking is not None:  # a row lacking values is not compared: the read opens a version
+            whole = (against == NONE) | ~self.lacking.any[np.maximum(against, 0)]
+            reads, against = reads[whole], against[whole]
+        if len(reads):  # those equal to the row they come to confirm it (docs/warehouse.md)
+            schema = arrow_schema(self._current)
+            reads = confirming(
+                self._current,
+                reads,
+                against,
+                lambda at: self._data(at, schema, self._meta(at)),
+                lambda at: set(self.key_bucket[plan.key_of_row[at]].tolist()),
+            )
+        self._hp = hp = plan.history(stored, reads)
+        if self.lacking is not None:
+            assert self._history is not None, "a batch lacking values needs the history table"
+            self._filled = fill(
+                self.reg,
+                plan,
+                hp,
+                self.columns,
+                self.lacking,
+                self.types,
+                (self._current, self._history),
+                self.key_bucket,
+            )
+            self._by_key.clear()  # converted before the fill: for the confirming reads only
+        return hp
 
     # -- source tables -------------------------------------------------------------------------------
     def _data(self, rows: np.ndarray, schema: pa.Schema, meta: dict[str, pa.Array]) -> pa.Table:
@@ -168,18 +216,7 @@ class ColumnarApply:
     def history(self, history: DeltaTable, commit: Commit) -> dict[str, Any]:
         plan = self.plan
         o_lsn, o_seq = self.current_versions()
-        stored = self.stored.with_open(o_lsn, o_seq)
-        reads, against = plan.snapshot_reads(stored)
-        if len(reads):  # those equal to the row they come to confirm it (docs/warehouse.md)
-            schema = arrow_schema(self._current)
-            reads = confirming(
-                self._current,
-                reads,
-                against,
-                lambda at: self._data(at, schema, self._meta(at)),
-                lambda at: set(self.key_bucket[plan.key_of_row[at]].tolist()),
-            )
-        hp = plan.history(stored, reads)
+        hp = self.history_plan()
         moved = hp.moved_keys
         if (
             len(hp.applied) == 0
@@ -227,6 +264,10 @@ class ColumnarApply:
 
     def current(self, current: DeltaTable, commit: Commit) -> dict[str, Any]:
         rows = self.plan.current(self.stored)
+        if self.lacking is not None:  # lacking values the version guard skips: not written
+            self.history_plan()
+            assert self._filled is not None
+            rows = rows[~self._filled.stale[rows]]
         trunc = _truncates(self.plan)
         if len(rows) == 0 and not trunc:
             return {}  # nothing to write: a replay computes the same nothing

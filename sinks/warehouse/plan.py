@@ -1,10 +1,10 @@
 """The warehouse's apply plan: which events of a batch apply, what closes each history row, which rows
-the current and tombstone tables get -- decided once, on columns, for both batch forms.
+the current and tombstone tables get, where a row's unchanged TOAST value comes from -- decided once,
+on columns.
 
 Pure Arrow/numpy in, row positions out; no Delta (tested alone, like pyiceberg's ``upsert_util``).
-Input: the batch's events as an Arrow table (:func:`events_table` for the per-event form;
-:class:`sinks.columnar.Columns` already is one) and the stored state before the batch
-(:class:`Stored`: each key's tombstone, the last TRUNCATE, each key's open history row). The rules
+Input: the batch's events as an Arrow table (:class:`sinks.columnar.Columns`) and the stored state
+before the batch (:class:`Stored`: each key's tombstone, the last TRUNCATE, each key's open history row). The rules
 (``docs/warehouse.md``): an event applies when it is newer than its key's tombstone, the last
 TRUNCATE (stored, or earlier in the batch), the key's open history row and the key's previous applied
 event (a repeat of a version counts once); each applied upsert opens a history row, closed by the
@@ -20,38 +20,20 @@ it (so a TRUNCATE older than the read does not close it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks import ChangeEvent
 from sinks.columnar import key_starts
 
-__all__ = ["NONE", "HistoryPlan", "Plan", "Stored", "events_table", "ranks", "versions_of"]
+__all__ = ["NONE", "HistoryPlan", "Plan", "Stored", "ranks", "versions_of"]
 
 NONE = -1  #: "no row" in an index array
 
-#: the columns the plan reads (``idx``: position of the event in the caller's list, optional)
+#: the columns the plan reads
 EVENT_COLUMNS = ("key_json", "op", "commit_lsn", "seq", "ts_ms", "partition", "offset")
-
-
-def events_table(events: Sequence[ChangeEvent]) -> pa.Table:
-    """The per-event form of a batch as the plan's Arrow table (``idx``: position in ``events``)."""
-    return pa.table(
-        {
-            "key_json": pa.array([e.key_json for e in events], pa.string()),
-            "op": pa.array([e.op for e in events], pa.string()),
-            "commit_lsn": pa.array([e.version.commit_lsn for e in events], pa.int64()),
-            "seq": pa.array([e.version.seq for e in events], pa.int64()),
-            "ts_ms": pa.array([e.ts_ms for e in events], pa.int64()),
-            "partition": pa.array([e.partition for e in events], pa.int32()),
-            "offset": pa.array([e.offset for e in events], pa.int64()),
-            "idx": pa.array(np.arange(len(events), dtype=np.int64)),
-        }
-    )
 
 
 def ranks(lsn: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -273,6 +255,35 @@ class Plan:
             moved_to=c_first[moved],
             new_version=to[up],
         )
+
+    def fill_sources(
+        self, hp: HistoryPlan, lacks: np.ndarray, storable: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For one column that rows lack (``lacks``, per row: an unchanged TOAST value not sent), per
+        applied row (``hp.applied``): the row it takes the value from -- itself when it holds one, else
+        the key's nearest earlier applied upsert holding one, since the key's last applied delete or
+        the TRUNCATE that closed its row (NONE: none) -- and, lacking such a row, whether it takes the
+        key's stored row: only in the key's first run of applied rows, when no TRUNCATE of the batch
+        closed the stored row (``storable``, per key). A row lacking the value that gets neither is
+        unresolved."""
+        s = hp.applied
+        m = len(s)
+        if m == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+        ar = np.arange(m)
+        dele = self.is_delete[s]
+        first = self._firsts(s)
+        closed_by_t = np.zeros(m, dtype=bool)
+        closed_by_t[~dele] = hp.new_truncate != NONE
+        run = first.copy()  # where a run of rows that may pass a value on starts
+        run[1:] |= dele[:-1] | closed_by_t[:-1]
+        holds = ~lacks[s] & ~dele
+        last = np.maximum.accumulate(np.where(holds, ar, -1))
+        run_at = np.maximum.accumulate(np.where(run, ar, 0))
+        found = last >= run_at
+        src = np.where(found, s[np.maximum(last, 0)], NONE)
+        from_stored = ~found & first[run_at] & storable[self.key_of_row[s]]
+        return src, from_stored
 
     def current(self, stored: Stored) -> np.ndarray:
         """Rows for the current table: each key's newest event, when newer than the batch's last

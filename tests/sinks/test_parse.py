@@ -223,10 +223,10 @@ def test_feed_builds_the_form_asked_for_and_shows_a_fallback() -> None:
     reg = table()
     f = Feed(reg, "columns")
     plain = f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100))
-    assert plain.columns is not None and f.fallbacks == []
+    assert plain.columns.plain and f.fallbacks == []
     with pytest.warns(ColumnarFallback, match="per-event form used"):
         declined = f.batch(f.truncate(200))
-    assert declined.columns is None and len(f.fallbacks) == 1
-    assert Feed(reg).batch(f.change("c", {"id": 2, "name": "b", "note": None}, 300)).columns is None
+    assert not declined.columns.plain and len(f.fallbacks) == 1
+    assert not Feed(reg).batch(f.change("c", {"id": 2, "name": "b", "note": None}, 300)).columns.plain
     parsed = parse(reg, [f.change("c", {"id": 3, "name": "c", "note": None}, 400)])
     assert parsed.form == "events" and parsed.declined, "auto: too few records for the columnar parse"

@@ -344,3 +344,54 @@ def _replayed(plan: Plan, stored: Stored) -> list[np.ndarray]:
     reads, _ = plan.snapshot_reads(stored)
     hp = plan.history(stored, reads)
     return [reads, hp.applied, hp.closed_keys, hp.moved_keys]
+
+
+def _reference_fill(plan: Plan, stored: Stored, lacks: np.ndarray) -> list[Any]:
+    """Where each applied row's value of a column some rows lack comes from, as the per-event
+    resolver walked it: the key's previous applied upsert's value (``("row", r)``), else the stored
+    row (``"stored"``) unless a delete or a TRUNCATE of the batch removed it first; None: nowhere."""
+    hp = plan.history(stored)
+    deleted = {int(k) for k, t in zip(hp.closed_keys, hp.close_truncate, strict=True) if t != NONE}
+    closed_by_t = dict(zip(hp.new.tolist(), (hp.new_truncate != NONE).tolist(), strict=True))
+    prev: dict[int, Any] = {}
+    out: list[Any] = []
+    for r in hp.applied.tolist():
+        k = int(plan.key_of_row[r])
+        if plan.is_delete[r]:
+            prev.pop(k, None)
+            deleted.add(k)
+            out.append(None)
+            continue
+        src: Any = ("row", r)
+        if lacks[r]:
+            src = prev.get(k)
+            if src is None and k not in deleted:
+                src = "stored"
+        out.append(src)
+        if src is not None:
+            prev[k] = src
+        if closed_by_t[r]:
+            prev.pop(k, None)
+            deleted.add(k)
+    return out
+
+
+def test_fill_sources_take_what_the_per_event_resolver_took() -> None:
+    for seed in range(400):
+        rng = random.Random(seed)
+        events, truncates, tomb, marker, open_ = _batch(rng)
+        plan, _keys, stored = _planned(events, truncates, tomb, marker, open_)
+        hp = plan.history(stored)
+        lacks = np.array([rng.random() < 0.5 for _ in range(plan.t.num_rows)], dtype=bool)
+        storable = np.ones(len(plan.keys), dtype=bool)
+        storable[hp.closed_keys[hp.close_truncate != NONE]] = False
+        src, from_stored = plan.fill_sources(hp, lacks, storable)
+        got: list[Any] = []
+        for j, r in enumerate(hp.applied.tolist()):
+            if plan.is_delete[r]:
+                got.append(None)
+            elif src[j] != NONE:
+                got.append(("row", int(src[j])))
+            else:
+                got.append("stored" if from_stored[j] else None)
+        assert got == _reference_fill(plan, stored, lacks), seed

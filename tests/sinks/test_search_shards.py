@@ -20,7 +20,6 @@ from cdc.errors import ApplyError
 from cdc.registry import TableReg
 from sinks import ChangeBatch, RawRecord, shard_of
 from sinks import search as S
-from sinks.columnar import Columns
 from sinks.parse import Form, parse
 from sinks.search import SearchSink
 from sinks.search.index import find_layout
@@ -54,12 +53,12 @@ class _Feed(Feed):
 def slice_of(batch: ChangeBatch, p: int) -> ChangeBatch:
     """What the task of log-store partition ``p`` gets: the events of its keys (``shard_of``) and its
     own TRUNCATE marker, in the batch's form."""
-    if batch.columns is not None:
+    if batch.columns.plain:
         keys = batch.columns.table.column("key_json").to_pylist()
         mask = pa.array([shard_of(k, SHARDS) == p for k in keys])
-        return ChangeBatch(batch.table, columns=Columns(batch.columns.table.filter(mask)), shard=p)
+        return ChangeBatch(batch.table, batch.columns.filter(mask), shard=p)
     mine = [e for e in batch.events if (e.partition if e.op == "t" else shard_of(e.key_json, SHARDS)) == p]
-    return ChangeBatch(batch.table, mine, shard=p)
+    return ChangeBatch.of_events(batch.table, mine, shard=p)
 
 
 def apply_whole(state: Path, reg: TableReg, batches: list[ChangeBatch], shards: int = SHARDS) -> None:
@@ -175,9 +174,9 @@ def test_a_slice_with_a_key_of_another_shard_is_refused(
 
 def slice_like(batch: ChangeBatch, shard: int) -> ChangeBatch:
     """``batch`` as a slice of ``shard``, whatever its keys."""
-    if batch.columns is not None:
-        return ChangeBatch(batch.table, columns=batch.columns, shard=shard)
-    return ChangeBatch(batch.table, batch.events, shard=shard)
+    if batch.columns.plain:
+        return ChangeBatch(batch.table, batch.columns, shard=shard)
+    return ChangeBatch.of_events(batch.table, batch.events, shard=shard)
 
 
 def test_search_merges_every_shards_top_hits_by_score(
