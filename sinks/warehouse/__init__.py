@@ -303,7 +303,7 @@ class WarehouseSink(Sink):
             lambda: _row_bytes(batch),
             sampled=fraction,
         )
-        self._open_tables(reg, _columns(reg, batch.events if batch.columns is None else ()), lambda: layout)
+        self._open_tables(reg, _columns(reg, batch.columns.names()), lambda: layout)
 
     def _open_tables(
         self, reg: TableReg, columns: dict[str, str | None], layout: Callable[[], Layout]
