@@ -156,21 +156,13 @@ class ParquetPeer(Sink):
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
         name = f"batch-{batch_id:06d}-{'all' if batch.shard is None else batch.shard}.parquet"  # a slice's
-        if batch.columns is not None:  # the columnar form: the same rows, with Arrow
-            t = batch.columns.latest()
-            t = t.filter(pc.is_valid(t.column("after")))
-            if t.num_rows == 0:
-                return
-            after = t.column("after").combine_chunks()
-            cols = {n: T.from_json_array(pc.struct_field(after, [n]), ty) for n, ty in COLUMNS}
-            cols["_lsn"] = t.column("commit_lsn")
-            pq.write_table(pa.table(cols), self.out / name)
+        t = batch.columns.latest()
+        t = t.filter(pc.is_valid(t.column("after")))
+        if t.num_rows == 0:
             return
-        latest = [e for e in batch.latest() if e.after is not None]
-        if not latest:
-            return
-        cols = {n: T.to_array([e.after.get(n) if e.after else None for e in latest], t) for n, t in COLUMNS}
-        cols["_lsn"] = pa.array([e.version.commit_lsn for e in latest], pa.int64())
+        after = t.column("after").combine_chunks()
+        cols = {n: T.from_json_array(pc.struct_field(after, [n]), ty) for n, ty in COLUMNS}
+        cols["_lsn"] = t.column("commit_lsn")
         pq.write_table(pa.table(cols), self.out / name)
 
 
