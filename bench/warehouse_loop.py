@@ -9,7 +9,11 @@ random live keys (``--live-cap N``: inserts turn into updates once N keys are li
 table stops growing while the history still does). Default options (``maintain_every`` 100). Every
 ``--every`` batches it prints RSS, the pyarrow pool's bytes, tracemalloc's Python bytes (with
 ``--tracemalloc``), the seconds of the batch, the rows and active files of the tables and how many
-history rows the batch's lookups read (:data:`sinks.warehouse.delta.ROWS_READ`).
+history rows the batch's lookups read (:data:`sinks.warehouse.delta.ROWS_READ`); and, since the
+previous line, the mean milliseconds of the sink's maintenance after a batch (compaction within its
+budget, the disk bound's reclaim: ``maint_ms``) and, of the current table, the removed files delta-rs
+still lists (its tombstones, kept ``deletedFileRetentionDuration``: ``tombs``). A table that ages
+under a steady load should show ``maint_ms`` flat.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from cdc.registry import TableReg
 from sinks.warehouse import WarehouseOptions, WarehouseSink
 from sinks.warehouse import delta as D
 from tests.sinks.feed import Feed, table
@@ -64,6 +69,19 @@ def reset_peak() -> None:
         pass
 
 
+class _TimedSink(WarehouseSink):
+    """The sink, with the seconds its maintenance after each batch took, summed."""
+
+    maintain_s = 0.0
+
+    def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
+        t0 = time.monotonic()
+        try:
+            super()._maintain_after(reg, batch_id)
+        finally:
+            self.maintain_s += time.monotonic() - t0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.warehouse_loop", description=__doc__)
     p.add_argument("--batches", type=int, default=400)
@@ -77,7 +95,8 @@ def main() -> None:
     args = p.parse_args()
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="cdc-wh-loop-"))
     reg = table("chaos_accounts", columns=COLUMNS)
-    sink = WarehouseSink(work, WarehouseOptions(maintain_every=args.maintain_every))
+    sink = _TimedSink(work, WarehouseOptions(maintain_every=args.maintain_every))
+    since = 0
     feed = Feed(reg, args.form)
     rng = random.Random(7)
     live: list[int] = []
@@ -87,7 +106,7 @@ def main() -> None:
         tracemalloc.start()
     print(
         "batch   rss_mb  peak_mb  arrow_mb  py_mb   secs  cur_rows  cur_files  hist_rows  hist_files  "
-        "hist_read  cur_read",
+        "hist_read  cur_read  maint_ms  tombs",
         flush=True,
     )
     started = time.monotonic()
@@ -127,6 +146,7 @@ def main() -> None:
             sink.apply(batch, batch_id, "loop")
             secs = time.monotonic() - t0
             peak = max(peak, peak_mb())  # the highest of the batches since the last line
+            since += 1
             del batch, recs
             gc.collect()
             if batch_id % args.every == 0 or batch_id == args.batches - 1:
@@ -135,14 +155,15 @@ def main() -> None:
                 cur_rows = sum(a["num_records"] for a in _adds(cur))
                 hist_rows = sum(a["num_records"] for a in _adds(hist))
                 py = tracemalloc.get_traced_memory()[0] / 1e6 if args.tracemalloc else float("nan")
+                tombs = len(cur.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
                 print(
                     f"{batch_id:5d} {rss_mb():8.0f} {peak:8.0f} {pa.total_allocated_bytes() / 1e6:9.1f} {py:6.1f} "
                     f"{secs:6.2f} {cur_rows:9,d} {len(cur.file_uris()):10d} {hist_rows:10,d} "
                     f"{len(hist.file_uris()):11d} {D.ROWS_READ.get('history', 0):10,d} "
-                    f"{D.ROWS_READ.get('current', 0):9,d}",
+                    f"{D.ROWS_READ.get('current', 0):9,d} {sink.maintain_s / since * 1000:9.0f} {tombs:6d}",
                     flush=True,
                 )
-                peak = 0.0
+                peak, sink.maintain_s, since = 0.0, 0.0, 0
     finally:
         print(f"{time.monotonic() - started:.0f} s", flush=True)
         if not args.dir:

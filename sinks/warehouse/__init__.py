@@ -413,7 +413,7 @@ class WarehouseSink(Sink):
                 wanted,
                 mode="ignore",
                 partition_by=list(partitions),
-                configuration={LAYOUT_CONF: layout().conf()},
+                configuration={LAYOUT_CONF: layout().conf(), **reclaim.tombstone_conf(self.options)},
                 raise_if_key_not_exists=False,
             )
             return self.handles.put(path, created)

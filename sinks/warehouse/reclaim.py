@@ -29,6 +29,7 @@ window's minutes are kept here by the commit files' times: a commit of the last
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -92,7 +93,8 @@ def usage(path: Path, table: DeltaTable | None = None) -> Usage:
 
 
 class DiskTracker:
-    """Each Delta table's bytes on disk, kept from its log instead of walked after every batch.
+    """Each Delta table's bytes on disk and its superseded files, kept from its log instead of
+    walked and listed after every batch.
 
     :func:`usage` walks every file under the table (its data files, superseded ones, and the whole
     ``_delta_log``, which keeps a commit file per batch for 30 days): a cost per batch that grew with
@@ -102,32 +104,44 @@ class DiskTracker:
     it unlinks), and walks again after :data:`RESYNC` versions, after a vacuum deleted files
     (:meth:`forget`), or when the version went back (a table created anew). Files no commit
     references (a write in flight or killed) are counted from the next walk on: the bound excludes
-    them anyway. One per writer (not thread-safe)."""
+    them anyway.
 
-    #: versions after which a table is walked again
+    The superseded files still on disk (:meth:`superseded`, what :func:`reclaim` may delete) are
+    kept the same way: listed once from delta-rs (a dry run of its vacuum, which lists every file
+    removed within ``deletedFileRetentionDuration``, on disk or not: its cost grows with every batch
+    of that retention), then each new commit's ``remove`` actions are added, and the reclaim takes
+    off what it deleted or found gone. Listed again with the walk after :data:`RESYNC` versions or
+    a version gone back. One per writer (not thread-safe)."""
+
+    #: versions after which a table is walked (and its superseded files listed) again
     RESYNC = 200
 
     def __init__(self) -> None:
         #: path -> (version, disk bytes, log bytes, version of the last walk)
         self._known: dict[str, tuple[int, int, int, int]] = {}
-        #: path -> the superseded files the reclaim deleted or found gone (:meth:`gone`)
-        self._gone: dict[str, set[str]] = {}
+        #: path -> the superseded files not yet deleted (:meth:`superseded`)
+        self._pending: dict[str, set[str]] = {}
 
     def usage(self, path: Path, table: DeltaTable) -> Usage:
         """:func:`usage` of the table at ``path`` (``table``: open at its latest version)."""
         key, version = str(path), table.version()
         known = self._known.get(key)
-        if known is None or version < known[0] or version - known[3] >= self.RESYNC:
+        resync = known is not None and (version < known[0] or version - known[3] >= self.RESYNC)
+        if key not in self._pending or resync:
+            self._pending[key] = listed_superseded(path, table, on_disk=True)
+        if known is None or resync:
             disk, log, walked = tree_bytes(path), tree_bytes(path / LOG_DIR), version
         else:
-            data, commits = _added_since(path, known[0], version)
+            data, commits, removed = _commits_since(path, known[0], version)
             disk, log, walked = known[1] + data + commits, known[2] + commits, known[3]
+            self._pending[key].update(removed)
         self._known[key] = (version, disk, log, walked)
         sizes = pa.table(table.get_add_actions(flatten=False)).column("size_bytes")
         return Usage(disk=disk, live=int(pc.sum(sizes).as_py() or 0) + log)
 
     def forget(self, path: Path) -> None:
-        """Files of ``path`` were deleted (by a vacuum): walk it again next time."""
+        """Files of ``path`` were deleted (by a vacuum): walk it again next time. Its superseded
+        files are kept: the reclaim drops those it finds gone."""
         self._known.pop(str(path), None)
 
     def deleted(self, path: Path, nbytes: int) -> None:
@@ -140,19 +154,26 @@ class DiskTracker:
             version, disk, log, walked = known
             self._known[str(path)] = (version, max(disk - nbytes, 0), log, walked)
 
-    def gone(self, path: Path) -> set[str]:
-        """The superseded files of the table at ``path`` that :func:`reclaim` deleted or found
-        deleted already, for it to skip: delta-rs's vacuum lists every file removed in the last
-        ``deletedFileRetentionDuration`` (a week) whether it is still there or not, and a reclaim
-        that tried each of them again paid for the whole week's removes at every batch. The set is
-        updated in place by :func:`reclaim`, which keeps only the files delta-rs still lists."""
-        return self._gone.setdefault(str(path), set())
+    def superseded(self, path: Path) -> set[str] | None:
+        """The files of the table at ``path`` that a commit removed and no reclaim deleted yet
+        (relative paths, unquoted), as of the last :meth:`usage`; None before it. The set is
+        updated in place by :func:`reclaim`, which takes off what it deleted or found gone."""
+        return self._pending.get(str(path))
 
 
-def _added_since(path: Path, version: int, to: int) -> tuple[int, int]:
+def listed_superseded(path: Path, table: DeltaTable, *, on_disk: bool = False) -> set[str]:
+    """The files of the table at ``path`` that its log says were removed (relative, unquoted):
+    delta-rs's vacuum, a dry run with no retention, lists every remove within the table's
+    ``deletedFileRetentionDuration``, deleted or not; ``on_disk``: only those still there."""
+    listed = map(unquote, table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
+    return {rel for rel in listed if not on_disk or (path / rel).exists()}
+
+
+def _commits_since(path: Path, version: int, to: int) -> tuple[int, int, list[str]]:
     """The bytes the commits ``version + 1 .. to`` of the table at ``path`` added (their ``add``
-    actions' sizes) and the bytes of those commit files."""
+    actions' sizes), the bytes of those commit files, and the files they removed (unquoted)."""
     data = commits = 0
+    removed: list[str] = []
     for v in range(version + 1, to + 1):
         try:
             raw = (path / LOG_DIR / f"{v:020d}.json").read_bytes()
@@ -160,11 +181,13 @@ def _added_since(path: Path, version: int, to: int) -> tuple[int, int]:
             continue
         commits += len(raw)
         for line in raw.splitlines():
-            if b'"add"' in line:
-                add = orjson.loads(line).get("add")
-                if add:
+            if b'"add"' in line or b'"remove"' in line:
+                action = orjson.loads(line)
+                if add := action.get("add"):
                     data += int(add.get("size") or 0)
-    return data, commits
+                if remove := action.get("remove"):
+                    removed.append(unquote(remove["path"]))
+    return data, commits, removed
 
 
 @dataclass(frozen=True)
@@ -260,7 +283,7 @@ def reclaim(
     *,
     ratio: float | None = None,
     use: Usage | None = None,
-    gone: set[str] | None = None,
+    pending: set[str] | None = None,
 ) -> Reclaimed:
     """Delete the files the table at ``path`` stopped referencing (the log's removed files that its
     current version does not reference: delta-rs's vacuum, a dry run), but for:
@@ -274,18 +297,18 @@ def reclaim(
     The table must not be committed to meanwhile (its one writer, the apply job, calls this between
     its batches): a reader whose lease this did not see opens the version read here or a later one.
 
-    ``gone``: the superseded files deleted before (:meth:`DiskTracker.gone`), skipped; the files
-    this call deletes or finds deleted are added to it, and those delta-rs no longer lists dropped.
+    ``pending``: the superseded files not deleted yet, kept by the caller from the log
+    (:meth:`DiskTracker.superseded`), instead of delta-rs's list (:func:`listed_superseded`), whose
+    cost grows with every batch of the table's tombstone retention; the files this call deletes or
+    finds deleted are taken off it. A file the current version references is never deleted.
     """
     now = time.time() if now is None else now
     table = DeltaTable(str(path)) if table is None else table
-    superseded = {
-        unquote(rel)
-        for rel in table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
-    }
-    if gone is not None:
-        gone &= superseded  # in place: what delta-rs forgot (past its retention) is forgotten here
-        superseded -= gone
+    if pending is None:
+        superseded = listed_superseded(path, table)
+    else:
+        live = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
+        superseded = pending - {unquote(p) for p in live}
     held = leases.live_leases(path, now)
     after = min(h.version for h in held) if held else None
     cutoff = now - min_retention_s if min_retention_s > 0 else float("inf")
@@ -302,8 +325,8 @@ def reclaim(
     for name in unlinked:
         size = _unlink(path / name)
         files, deleted = files + (size > 0), deleted + size
-    if gone is not None:
-        gone.update(unlinked)
+    if pending is not None:
+        pending.difference_update(unlinked)
     done = Reclaimed(files, deleted, leased_files=len(leased & superseded), leases=len(held))
     if ratio is None:
         return replace(done, window_kept=len(window))
@@ -315,8 +338,8 @@ def reclaim(
             break
         size = _unlink(path / name)
         taken, taken_bytes, excess = taken + (size > 0), taken_bytes + size, excess - size
-        if gone is not None:
-            gone.add(name)
+        if pending is not None:
+            pending.discard(name)
     return replace(
         done,
         files=files + taken,
@@ -375,17 +398,36 @@ def within_ratio(
     size, plus the files a commit past a live lease's version removed, plus any file no commit
     references (a write in flight, or one killed: :func:`orphans`, :func:`vacuum_full`). ``table``:
     an open handle on it at its latest version (default: opened here). ``tracker``: the table's
-    bytes on disk kept from its log (:class:`DiskTracker`; default: walked), and the files deleted
-    before, which the reclaim skips (:meth:`DiskTracker.gone`)."""
+    bytes on disk kept from its log (:class:`DiskTracker`; default: walked), and its superseded
+    files not deleted yet, which the reclaim deletes from (:meth:`DiskTracker.superseded`)."""
     table = DeltaTable(str(path)) if table is None else table
     use = usage(path, table) if tracker is None else tracker.usage(path, table)
     if use.garbage <= ratio * use.live:
         return Reclaimed()
-    gone = None if tracker is None else tracker.gone(path)
-    done = reclaim(path, min_retention_s, now, table, ratio=ratio, use=use, gone=gone)
+    pending = None if tracker is None else tracker.superseded(path)
+    done = reclaim(path, min_retention_s, now, table, ratio=ratio, use=use, pending=pending)
     if tracker is not None:  # the bytes it deleted, measured file by file: no walk
         tracker.deleted(path, done.bytes)
     return replace(done, over=1)
+
+
+#: the Delta table property bounding how long the log keeps a removed file's tombstone
+TOMBSTONES_CONF = "delta.deletedFileRetentionDuration"
+
+
+def tombstone_conf(opts: WarehouseOptions) -> dict[str, str]:
+    """The tombstone retention a new Delta table of the warehouse is created with.
+
+    Delta keeps a removed file's tombstone in the log's state (every checkpoint, every snapshot)
+    for ``deletedFileRetentionDuration``, a week by default: under a steady load, where each batch
+    of random keys supersedes every file of a table, the state grew with every batch of that week
+    (a checkpoint of 1,600 removes after 100 batches of a 16-file table, 9,600 after 600), and
+    with it the cost of each snapshot update, checkpoint and vacuum listing. cdc's readers need a
+    superseded file no longer than a lease lasts (``lease_max_age_s``), and its full vacuum deletes
+    one unreferenced for ``vacuum_retention_hours`` anyway, so the tombstone is kept for the longest
+    of those, at least an hour; past it, delta-rs drops it at its next checkpoint."""
+    seconds = max(3600 * opts.vacuum_retention_hours, opts.lease_max_age_s, opts.vacuum_min_retention_s, 3600)
+    return {TOMBSTONES_CONF: f"interval {math.ceil(seconds)} seconds"}
 
 
 def due(every: int, batch_id: int) -> bool:

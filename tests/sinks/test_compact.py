@@ -1,14 +1,16 @@
 """The warehouse's incremental compaction between batches (:mod:`sinks.warehouse.compact`), the
 disk bytes kept from the log (:class:`sinks.warehouse.reclaim.DiskTracker`), and a reclaim whose cost
-does not grow with the run: it skips the superseded files it deleted before
-(:meth:`~sinks.warehouse.reclaim.DiskTracker.gone`) and keeps the disk bytes without a walk
+does not grow with the run: it deletes from the superseded files kept from the log
+(:meth:`~sinks.warehouse.reclaim.DiskTracker.superseded`) and keeps the disk bytes without a walk
 (:meth:`~sinks.warehouse.reclaim.DiskTracker.deleted`)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -105,8 +107,11 @@ def test_disk_tracker_agrees_with_a_walk(tmp_path: Path, feed: FeedMaker) -> Non
             batch_id,
             APP,
         )
-        got = tracker.usage(path, DeltaTable(str(path)))
+        handle = DeltaTable(str(path))
+        got = tracker.usage(path, handle)
         assert got == reclaim.usage(path), f"batch {batch_id}"
+        # the superseded files kept from the commits are delta-rs's list of those on disk
+        assert tracker.superseded(path) == reclaim.listed_superseded(path, handle, on_disk=True)
     assert reclaim.reclaim(path, 0).files > 0
     tracker.forget(path)
     assert tracker.usage(path, DeltaTable(str(path))) == reclaim.usage(path)
@@ -139,9 +144,9 @@ def _calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Path]:
     calls: list[Path] = []
     real = getattr(reclaim, name)
 
-    def counted(path: Path) -> int:
+    def counted(path: Path, *args: Any, **kwargs: Any) -> Any:
         calls.append(path)
-        return int(real(path))
+        return real(path, *args, **kwargs)
 
     monkeypatch.setattr(reclaim, name, counted)
     return calls
@@ -203,33 +208,66 @@ def test_the_tracker_takes_off_what_the_reclaim_deleted_and_equals_a_walk(
     assert sum(r.files for r in reclaims) > 10, "the test needs reclaims that deleted files"
 
 
-def test_a_reclaim_skips_the_files_it_deleted_before(
+def test_a_reclaim_deletes_from_the_superseded_files_kept_from_the_log(
     tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """delta-rs lists every file removed within its retention (a week) whether it is still on disk
-    or not; a reclaim given the files it deleted before (``gone``) does not touch them again, so
-    its cost follows what the batches since removed, not the age of the table."""
+    """delta-rs lists every file removed within the table's tombstone retention (a week by
+    default), on disk or not, so a reclaim that asked it at every batch paid for the whole age of
+    the table. The tracker lists once, then keeps the superseded files from each new commit's
+    removes: a reclaim deletes exactly those, takes them off, and a second one touches nothing; the
+    batches after it bring only their own removes, with no new listing; a file the current version
+    references is never deleted, even if the set holds it."""
     sink = _sink(tmp_path, 5.0, ratio=0.0, retention=0)  # the sink reclaims nothing itself
     current = _run(sink, feed, 10)
-    listed = {
-        p
-        for p in DeltaTable(str(current)).vacuum(
-            retention_hours=0, dry_run=True, enforce_retention_duration=False
-        )
-    }
+    handle = DeltaTable(str(current))
+    listed = reclaim.listed_superseded(current, handle)
     assert len(listed) >= 10
-    calls = _calls(monkeypatch, "_unlink")
-    gone: set[str] = set()
-    first = reclaim.reclaim(current, 0, gone=gone)
-    assert first.files == len(listed) and len(calls) == len(listed)
-    assert gone == listed
-    calls.clear()
-    assert reclaim.reclaim(current, 0, gone=gone).files == 0
-    assert calls == [], "the second reclaim tried files it had deleted"
-    # without what it deleted, it tries every one of them again: the cost this saves
-    assert reclaim.reclaim(current, 0).files == 0
-    assert len(calls) == len(listed)
-    # a file delta-rs no longer lists is dropped from the set (kept in step with delta-rs)
-    gone.add("never-listed.parquet")
-    reclaim.reclaim(current, 0, gone=gone)
-    assert "never-listed.parquet" not in gone
+    tracker = reclaim.DiskTracker()
+    tracker.usage(current, handle)
+    pending = tracker.superseded(current)
+    assert pending == listed
+    unlinks = _calls(monkeypatch, "_unlink")
+    listings = _calls(monkeypatch, "listed_superseded")
+    assert reclaim.reclaim(current, 0, table=handle, pending=pending).files == len(listed)
+    assert len(unlinks) == len(listed) and pending == set()
+    unlinks.clear()
+    assert reclaim.reclaim(current, 0, table=handle, pending=pending).files == 0
+    assert unlinks == [], "the second reclaim tried files it had deleted"
+    # two more batches: only their removes are pending, read from their commits
+    f = feed(table())
+    for batch_id in (20, 21):
+        rows = [
+            f.change("u", {"id": i, "name": f"w{batch_id}", "note": None}, 10_000 * batch_id)
+            for i in range(0, 40, 3)
+        ]
+        sink.apply(f.batch(*rows), batch_id, APP)
+    table_now = DeltaTable(str(current))
+    tracker.usage(current, table_now)
+    assert listings == [], "the tracker listed delta-rs's tombstones again"
+    fresh = tracker.superseded(current)
+    assert fresh and fresh == reclaim.listed_superseded(current, table_now, on_disk=True)
+    # a file the current version references (as a restore would add one back) is never deleted
+    live = pa.table(table_now.get_add_actions(flatten=False)).column("path")[0].as_py()
+    reclaim.reclaim(current, 0, table=table_now, pending=fresh | {live})
+    assert (current / live).exists()
+    assert sorted(r["id"] for r in sink.current_rows(table(), meta=False).to_pylist()) == list(range(40))
+
+
+def test_new_tables_keep_tombstones_as_long_as_a_reader_or_the_vacuum_needs_them(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """Delta's week of tombstones grew every snapshot and checkpoint with each batch of the week;
+    a table the sink creates keeps them for the longest of a lease, the full vacuum's retention
+    and the readers' window, at least an hour."""
+    for options, seconds in (
+        (WarehouseOptions(), 3600),
+        (WarehouseOptions(lease_max_age_s=7200.5), 7201),
+        (WarehouseOptions(vacuum_retention_hours=3), 3 * 3600),
+    ):
+        sink = WarehouseSink(tmp_path / str(seconds), options)
+        reg = table()
+        f = feed(reg)
+        sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
+        for path in sink.paths(reg):
+            conf = DeltaTable(str(path)).metadata().configuration
+            assert conf[reclaim.TOMBSTONES_CONF] == f"interval {seconds} seconds", path.name
