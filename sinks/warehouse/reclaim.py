@@ -102,7 +102,7 @@ class DiskTracker:
     walks a table once, then adds what each new commit adds (its ``add`` actions' sizes and the
     commit file itself), takes off what the reclaim deleted (:meth:`deleted`: it measures each file
     it unlinks), and walks again after :data:`RESYNC` versions, after a vacuum deleted files
-    (:meth:`forget`), or when the version went back (a table created anew). Files no commit
+    (:meth:`forget`), or when the version went back or the table's id changed (a table created anew). Files no commit
     references (a write in flight or killed) are counted from the next walk on: the bound excludes
     them anyway.
 
@@ -110,8 +110,7 @@ class DiskTracker:
     kept the same way: listed once from delta-rs (a dry run of its vacuum, which lists every file
     removed within ``deletedFileRetentionDuration``, on disk or not: its cost grows with every batch
     of that retention), then each new commit's ``remove`` actions are added, and the reclaim takes
-    off what it deleted or found gone. Listed again with the walk after :data:`RESYNC` versions or
-    a version gone back. One per writer (not thread-safe)."""
+    off what it deleted or found gone. Listed again with every walk but the one after a vacuum. One per writer (not thread-safe)."""
 
     #: versions after which a table is walked (and its superseded files listed) again
     RESYNC = 200
@@ -121,12 +120,17 @@ class DiskTracker:
         self._known: dict[str, tuple[int, int, int, int]] = {}
         #: path -> the superseded files not yet deleted (:meth:`superseded`)
         self._pending: dict[str, set[str]] = {}
+        #: path -> the Delta table's id (its metadata's) when last seen
+        self._ids: dict[str, str] = {}
 
     def usage(self, path: Path, table: DeltaTable) -> Usage:
         """:func:`usage` of the table at ``path`` (``table``: open at its latest version)."""
-        key, version = str(path), table.version()
+        key, version, ident = str(path), table.version(), table.metadata().id
         known = self._known.get(key)
-        resync = known is not None and (version < known[0] or version - known[3] >= self.RESYNC)
+        # a version gone back, or another table at the path (`cdc rebuild` swaps one in)
+        renewed = self._ids.get(key, ident) != ident
+        resync = renewed or (known is not None and (version < known[0] or version - known[3] >= self.RESYNC))
+        self._ids[key] = ident
         if key not in self._pending or resync:
             self._pending[key] = listed_superseded(path, table, on_disk=True)
         if known is None or resync:

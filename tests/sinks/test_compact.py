@@ -7,6 +7,7 @@ does not grow with the run: it deletes from the superseded files kept from the l
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,17 @@ def test_new_tables_keep_tombstones_as_long_as_a_reader_or_the_vacuum_needs_them
         for path in sink.paths(reg):
             conf = DeltaTable(str(path)).metadata().configuration
             assert conf[reclaim.TOMBSTONES_CONF] == f"interval {seconds} seconds", path.name
+
+
+def test_the_tracker_starts_again_on_another_table_at_the_same_path(tmp_path: Path, feed: FeedMaker) -> None:
+    """A table replaced at its path (``cdc rebuild`` swaps one in) by one of a later version: the
+    tracker walks and lists it anew, never carrying the old table's files or bytes over."""
+    old = _run(_sink(tmp_path / "a", 0.0, ratio=0.0), feed, 2)
+    tracker = reclaim.DiskTracker()
+    tracker.usage(old, DeltaTable(str(old)))
+    new = _run(_sink(tmp_path / "b", 0.0, ratio=0.0), feed, 9)
+    shutil.rmtree(old)
+    shutil.copytree(new, old)
+    handle = DeltaTable(str(old))
+    assert tracker.usage(old, handle) == reclaim.usage(old)
+    assert tracker.superseded(old) == reclaim.listed_superseded(old, handle, on_disk=True)
