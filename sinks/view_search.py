@@ -34,6 +34,7 @@ from sinks import ChangeBatch, ChangeEvent
 from sinks.search import SearchSink
 from sinks.search.query import Hit, search
 from sinks.warehouse import leases
+from sinks.warehouse.handles import refresh
 
 VIEW_KEY = "_cdc_key"
 
@@ -119,7 +120,7 @@ def index_view(
         if table is None:
             table = DeltaTable(str(path))
         else:
-            table.update_incremental()
+            refresh(table)
         columns = [VIEW_KEY, *view.search]
         rows = table.to_pyarrow_dataset().to_table(columns=columns)
     rows = rows.cast(pa.schema([f.with_type(pa.string()) if f.name == VIEW_KEY else f for f in rows.schema]))

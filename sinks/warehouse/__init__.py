@@ -38,7 +38,7 @@ from sinks.warehouse.delta import (
     ts_literal,
 )
 from sinks.warehouse.files import TableWrite, commit_all
-from sinks.warehouse.handles import TASK_HANDLES, Handles
+from sinks.warehouse.handles import TASK_HANDLES, Handles, refresh
 from sinks.warehouse.layout import (
     BUCKET,
     CURRENT_META,
@@ -421,7 +421,7 @@ class WarehouseSink(Sink):
         missing = [f for f in wanted if f.name not in have]
         if missing:
             table.alter.add_columns(list(Schema.from_arrow(pa.schema(missing)).fields))
-            table.update_incremental()
+            refresh(table)
         return table
 
     def _stored_types(self, path: Path) -> dict[str, pa.DataType] | None:
@@ -573,7 +573,7 @@ def _mark_dropped(table: DeltaTable, reg: TableReg) -> DeltaTable:
     if table.metadata().configuration.get(DROPPED_CONF, "") == want:
         return table
     table.alter.set_table_properties({DROPPED_CONF: want}, raise_if_not_exists=False)
-    table.update_incremental()
+    refresh(table)
     return table
 
 

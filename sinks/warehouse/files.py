@@ -39,6 +39,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from cdc.errors import ApplyError
+from sinks.warehouse.handles import refresh
 from sinks.warehouse.layout import (
     BUCKET,
     END_LSN,
@@ -146,7 +147,7 @@ def commit(table: DeltaTable, write: TableWrite, properties: CommitProperties) -
     computes it again from the new version."""
     if write.empty:
         return False
-    table.update_incremental()
+    refresh(table)
     if write.removes and table.version() != write.read_version:
         live = {a for a in pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()}
         gone = [r["path"] for r in write.removes if r["path"] not in live]

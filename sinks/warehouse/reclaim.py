@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sinks.warehouse import leases
-from sinks.warehouse.handles import COMMIT, LOG_DIR, open_table
+from sinks.warehouse.handles import COMMIT, LOG_DIR, open_table, refresh
 
 if TYPE_CHECKING:
     from sinks.warehouse.layout import WarehouseOptions
@@ -458,7 +458,7 @@ def after_batch(
     if not vacuumed and due(opts.vacuum_every, batch_id):
         for path, table in tables.items():
             vacuum_full(path, opts.vacuum_retention_hours, table)
-            table.update_incremental()  # the vacuum's own commits
+            refresh(table)  # the vacuum's own commits
             if tracker is not None:
                 tracker.forget(path)
     elif vacuumed and tracker is not None:

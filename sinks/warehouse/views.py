@@ -227,8 +227,7 @@ class ViewMaintainer:
             held = reuse.get(path)
             if held is None:
                 return handles.open_table(path)
-            held.update_incremental()
-            return held
+            return handles.refresh(held)
 
         return reclaim.after_batch(tables, self.disk, batch_id, open_table=open_table)
 

@@ -8,9 +8,10 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.warehouse.handles import Handles
+from sinks.warehouse.handles import Handles, refresh
 
 
 def _write(path: Path, rows: range, mode: str = "append") -> None:
@@ -31,6 +32,27 @@ def test_a_handle_is_reused_and_sees_every_later_commit(tmp_path: Path) -> None:
     _write(path, range(3, 5))  # committed by someone else
     again = handles.get(path)
     assert again is first and again.version() == 1 and _ids(again) == list(range(5))
+
+
+def test_refresh_lists_the_log_only_when_a_later_commit_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delta-rs lists the whole ``_delta_log`` to learn the latest version, a cost that grows with
+    every commit the log keeps; :func:`refresh` asks it only when the next version's commit file
+    exists, and then sees every commit made since, by anyone."""
+    path = tmp_path / "t"
+    _write(path, range(3))
+    table = DeltaTable(str(path))
+    updates: list[int] = []
+    real = DeltaTable.update_incremental
+    monkeypatch.setattr(DeltaTable, "update_incremental", lambda self: updates.append(1) or real(self))
+    for _ in range(3):
+        assert refresh(table) is table and table.version() == 0
+    assert updates == [], "refreshed with no new commit"
+    _write(path, range(3, 5))
+    _write(path, range(5, 6))
+    assert refresh(table).version() == 2 and _ids(table) == list(range(6)) and len(updates) == 1
+    assert refresh(table).version() == 2 and len(updates) == 1
 
 
 def test_a_table_created_again_or_swapped_in_is_opened_anew(tmp_path: Path) -> None:
