@@ -68,14 +68,15 @@ class Chains:
         #: the positions of the rows lacking values, ascending
         self.lacking: list[int] = np.flatnonzero(lacks).tolist()
         self.by_key: dict[str, list[int]] = {}
-        self.deletes: dict[Version, list[int]] = {}
+        self.deletes: dict[tuple[int, int], list[int]] = {}  # per version (commit_lsn, seq)
         self._key: dict[int, str] = {}
         self._op: dict[int, str] = {}
-        self._version: dict[int, Version] = {}
+        self._version: dict[int, tuple[int, int]] = {}
         self._unavailable: dict[int, tuple[str, ...]] = {}
-        self._before: dict[int, dict[str, Any] | None] = {}
-        self._after: dict[int, dict[str, Any] | None] = {}
-        self._versions: dict[str, list[Version]] = {}
+        self._before: dict[int, str | None] = {}  # JSON text, decoded when asked (key changes only)
+        self._after: dict[int, dict[str, Any] | None] | None = None  # read at the first ask
+        self._rows_read = np.zeros(0, dtype=np.int64)
+        self._versions: dict[str, list[tuple[int, int]]] = {}
         if not self.lacking:
             return
         rows = self._rows(t, lacks)
@@ -122,24 +123,20 @@ class Chains:
         return orjson.dumps({k: before[k] for k in self.key_cols}).decode()
 
     def _load(self, rows: np.ndarray, sub: pa.Table) -> None:
-        """The chains' rows (positions ``rows``, their columns ``sub``) as Python values."""
-        loads = orjson.loads
-        none = [None] * sub.num_rows
-        names = ("key_json", "op", "commit_lsn", "seq")
-        extra = (
-            sub.column(c).to_pylist() if c in sub.column_names else none for c in ("unavailable", "before")
-        )
+        """The chains' rows (positions ``rows``, their columns ``sub``) as Python values; their
+        ``after`` values are read at the first :meth:`after`."""
+        names = ("key_json", "op", "commit_lsn", "seq", "unavailable", "before")
         for i, kj, op, lsn, sq, un, b in zip(
-            rows.tolist(), *(sub.column(c).to_pylist() for c in names), *extra, strict=True
+            rows.tolist(), *(sub.column(c).to_pylist() for c in names), strict=True
         ):
-            v = Version(lsn, sq)
+            v = (lsn, sq)
             self._key[i], self._op[i], self._version[i] = kj, op, v
-            self._unavailable[i] = tuple(un or ())
-            self._before[i] = None if b is None else loads(b)
+            self._unavailable[i] = tuple(un) if un else ()
+            self._before[i] = b
             self.by_key.setdefault(kj, []).append(i)
             if op == "d":
                 self.deletes.setdefault(v, []).append(i)
-        self._after = dict(zip(rows.tolist(), self.columns.afters(rows), strict=True))
+        self._rows_read = rows
         for key, evs in self.by_key.items():
             versions = [self._version[i] for i in evs]
             if all(a <= b for a, b in itertools.pairwise(versions)):
@@ -150,7 +147,7 @@ class Chains:
         return self._key[row]
 
     def version(self, row: int) -> Version:
-        return self._version[row]
+        return Version(*self._version[row])
 
     def op(self, row: int) -> str:
         return self._op[row]
@@ -160,7 +157,15 @@ class Chains:
 
     def after(self, row: int) -> dict[str, Any] | None:
         """The row's values as sent (lacking its unavailable columns)."""
+        if self._after is None:  # every row of the chains at once: one take
+            rows = self._rows_read
+            self._after = dict(zip(rows.tolist(), self.columns.afters(rows), strict=True))
         return self._after[row]
+
+    def _before_of(self, row: int) -> dict[str, Any] | None:
+        b = self._before[row]
+        out: dict[str, Any] | None = None if b is None else orjson.loads(b)
+        return out
 
     def is_moved(self, row: int) -> bool:
         """An insert lacking columns: only the ``c`` of a primary-key change does."""
@@ -168,7 +173,7 @@ class Chains:
 
     def before_holds(self, row: int) -> bool:
         """A key change whose ``before`` holds every column it lacks (REPLICA IDENTITY FULL)."""
-        b = self._before[row]
+        b = self._before_of(row)
         return b is not None and all(c in b for c in self._unavailable[row])
 
     def old_key(self, row: int) -> str | None:
@@ -178,14 +183,14 @@ class Chains:
         for d in self.deletes.get(self._version[row], ()):
             if self._key[d] != key:
                 return self._key[d]
-        old = self._key_of(self._before[row])
+        old = self._key_of(self._before_of(row))
         return old if old is not None and old != key else None
 
     def old_keys(self, rows: Iterable[int]) -> list[str]:
         """The old keys of the primary-key changes among ``rows`` that lack columns."""
         return sorted({k for r in rows if self.is_moved(r) and (k := self.old_key(r)) is not None})
 
-    def _previous(self, key: str, v: Version) -> int | None:
+    def _previous(self, key: str, v: tuple[int, int]) -> int | None:
         """The key's newest row of the batch older than ``v``."""
         evs = self.by_key.get(key, ())
         versions = self._versions.get(key)
@@ -205,44 +210,14 @@ class Chains:
         that moved it -- to the first row or stored row that holds every value; a loop, however long
         the chain. ``memo``: the values of rows resolved before with the same ``stored``, read and
         filled, so that resolving every row of a batch costs one step per row."""
-        chain: list[int] = []
-        e: int | None = row
-        key, v = self._key[row], self._version[row]
-        base: dict[str, Any] | None = None
-        while True:
-            if e is None:
-                base = stored(key, v)
-                break
-            if memo is not None and e in memo:
-                base = memo[e]
-                if base is None:
-                    break
-                if e == row:
-                    return dict(base)
-                break
-            if self._op[e] == "d":
-                break
-            if not self._unavailable[e]:
-                base = self.after(e)
-                break
-            chain.append(e)
-            if self.is_moved(e):
-                b = self._before[e]
-                if b is not None and all(c in b for c in self._unavailable[e]):
-                    base = b
-                    break
-                old = self.old_key(e)
-                if old is None:
-                    break
-                key = old
-            else:
-                key = self._key[e]
-            v = self._version[e]
-            e = self._previous(key, v)
+        chain, found = self._walk(row, stored, memo, full=True)
+        base: dict[str, Any] | None = found
         if base is None:
             if memo is not None:
                 memo.update((c, None) for c in chain)
             return None
+        if not chain:  # the memo held the row itself
+            return dict(base)
         for e in reversed(chain):
             after = self.after(e)
             assert after is not None
@@ -250,6 +225,38 @@ class Chains:
             if memo is not None:
                 memo[e] = base
         return base
+
+    def _walk(
+        self, row: int, stored: Stored, memo: dict[int, Any] | None, *, full: bool
+    ) -> tuple[list[int], Any]:
+        """The rows from ``row`` back to the first that holds every value (the chain, newest first),
+        and what holds them: a row's values, a stored row, a memo entry -- or, unless ``full``, True
+        for a row of the batch (only presence asked); None: nothing holds them."""
+        chain: list[int] = []
+        e: int | None = row
+        key, v = self._key[row], self._version[row]
+        while True:
+            if e is None:
+                return chain, stored(key, Version(*v))
+            if memo is not None and e in memo:
+                return chain, memo[e]
+            if self._op[e] == "d":
+                return chain, None
+            if not self._unavailable[e]:
+                return chain, self.after(e) if full else True
+            chain.append(e)
+            if self._op[e] in ("c", "r"):  # a key change: its before, else the old key's row
+                b = self._before_of(e)
+                if b is not None and all(c in b for c in self._unavailable[e]):
+                    return chain, b
+                old = self.old_key(e)
+                if old is None:
+                    return chain, None
+                key = old
+            else:
+                key = self._key[e]
+            v = self._version[e]
+            e = self._previous(key, v)
 
     def stored_keys(self, rows: Iterable[int]) -> set[str]:
         """The keys whose stored rows resolving the lacking ``rows`` may ask for (to read them in
@@ -266,7 +273,15 @@ class Chains:
 
     def unresolved(self, stored: Stored, applied: Callable[[int], bool] = lambda row: False) -> list[int]:
         """The rows lacking columns that no row holds, ascending (``stored`` may answer with any dict
-        for "a row exists": only presence counts), except those the sink ``applied`` already (a
-        replay: its version guard skips them)."""
-        memo: dict[int, dict[str, Any] | None] = {}
-        return [r for r in self.lacking if not applied(r) and self.values(r, stored, memo) is None]
+        for "a row exists": only presence counts, no value is read), except those the sink
+        ``applied`` already (a replay: its version guard skips them)."""
+        memo: dict[int, Any] = {}
+        out = []
+        for r in self.lacking:
+            if applied(r):
+                continue
+            chain, base = self._walk(r, stored, memo, full=False)
+            memo.update((c, base) for c in chain)
+            if base is None:
+                out.append(r)
+        return out

@@ -109,7 +109,7 @@ def test_a_hot_keys_chain_is_resolved_once_per_event() -> None:
     c = chains(evs)
     previous = c._previous
 
-    def counted(key: str, v: Version) -> int | None:
+    def counted(key: str, v: tuple[int, int]) -> int | None:
         nonlocal steps
         steps += 1
         return previous(key, v)
