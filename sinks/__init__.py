@@ -28,7 +28,7 @@ from cdc.errors import ApplyError
 from cdc.events import Version
 from cdc.logstore.partitioner import partition_for
 from cdc.registry import TableReg
-from sinks.columnar import NAMES, Columns, json_type
+from sinks.columnar import NAMES, Columns, json_type, typed_array
 
 if TYPE_CHECKING:
     from cdc.config import Settings
@@ -171,9 +171,8 @@ class ChangeBatch:
     """Every parsed event of one micro-batch for one table, sorted by version (ties: partition,
     offset). Tombstones (value None) are not in it: the ``d`` before them carries the delete.
 
-    One form: :class:`sinks.columnar.Columns` (``columns``). A batch built from events
-    (:meth:`of_events`: the per-record parse, a task's completed slice) keeps them, so ``events``
-    costs nothing then; otherwise ``events`` is built from the columns on first use.
+    One form: :class:`sinks.columnar.Columns` (``columns``), whatever the parse that built it; a
+    sink decides on the columns, in Arrow, and reads rows into Python only to write them.
 
     ``shard``: None, the batch holds the table's events of every log-store partition; an int ``p``,
     it holds only those of partition ``p`` (a slice of the micro-batch applied by one Spark task, which
@@ -186,22 +185,6 @@ class ChangeBatch:
         self.table = table
         self.columns = columns
         self.shard = shard
-        self._events: list[ChangeEvent] | None = None
-
-    @classmethod
-    def of_events(
-        cls, table: TableReg, events: Sequence[ChangeEvent], *, shard: int | None = None
-    ) -> ChangeBatch:
-        """The batch of ``events`` (in version order): :func:`columns_of` them, the events kept."""
-        batch = cls(table, columns_of(table, events), shard=shard)
-        batch._events = list(events)
-        return batch
-
-    @property
-    def events(self) -> list[ChangeEvent]:
-        if self._events is None:
-            self._events = _events_of(self.columns)
-        return self._events
 
     def __len__(self) -> int:
         return len(self.columns)
@@ -214,22 +197,6 @@ class ChangeBatch:
         """The source commit time of the newest event (by version), None for an empty batch."""
         return self.columns.table.column("ts_ms")[-1].as_py() if len(self.columns) else None
 
-    def latest(self) -> list[ChangeEvent]:
-        """The newest event per key (by version; a tie goes to the later record), plus every ``t``
-        event; sorted by version."""
-        newest: dict[str, ChangeEvent] = {}
-        truncates: list[ChangeEvent] = []
-        for ev in self.events:
-            if ev.op == "t":
-                truncates.append(ev)
-                continue
-            cur = newest.get(ev.key_json)
-            if cur is None or order(ev) >= order(cur):
-                newest[ev.key_json] = ev
-        out = [*newest.values(), *truncates]
-        out.sort(key=order)
-        return out
-
     def truncate_version(self) -> Version | None:
         """The newest TRUNCATE version in the batch, if any."""
         t = self.columns.table
@@ -241,10 +208,7 @@ class ChangeBatch:
         """The batch without the events at ``(partition, offset)`` in ``positions``."""
         if not positions:
             return self
-        out = ChangeBatch(self.table, self.columns.without(positions), shard=self.shard)
-        if self._events is not None:
-            out._events = [e for e in self._events if (e.partition, e.offset) not in positions]
-        return out
+        return ChangeBatch(self.table, self.columns.without(positions), shard=self.shard)
 
 
 @dataclass
@@ -477,8 +441,8 @@ class Sink(abc.ABC):
 
 def columns_of(table: TableReg, events: Sequence[ChangeEvent]) -> Columns:
     """``events`` (in version order) as :class:`Columns` (not ``plain``): every event, TRUNCATEs too,
-    with what the events carry beyond the plain columns (see there); :func:`_events_of` gives the
-    same events back."""
+    with what the events carry beyond the plain columns (see there): :meth:`Columns.afters` gives
+    their ``after`` values back."""
     afters = [e.after for e in events]
     names = [c.name for c in table.columns if c.name not in table.exclude]
     seen = set(names)
@@ -536,7 +500,7 @@ def _struct(
     text = set(forced)
     for name in names:
         values = [None if r is None else r.get(name) for r in rows]
-        arr = None if name in text else _typed(values, json_type(pg.get(name)))
+        arr = None if name in text else typed_array(values, json_type(pg.get(name)))
         if arr is None:
             text.add(name)
             arr = pa.array(
@@ -550,67 +514,3 @@ def _struct(
         else pa.nulls(len(rows), pa.struct([]))
     )
     return struct, frozenset(text)
-
-
-#: the Python type of a value of each :func:`sinks.columnar.json_type` (exactly: ``bool`` is no int)
-_PY = {pa.int64(): int, pa.float64(): float, pa.bool_(): bool, pa.string(): str}
-
-
-def _typed(values: Sequence[Any], at: pa.DataType | None) -> pa.Array | None:
-    """``values`` as an array of ``at``; None when one is not exactly of its JSON type (or ``at``
-    is None)."""
-    want = _PY.get(at) if at is not None else None
-    if want is None or any(v is not None and type(v) is not want for v in values):
-        return None
-    try:
-        arr = pa.array(values, at)
-    except (pa.ArrowInvalid, OverflowError):  # an integer beyond int64
-        return None
-    return None if isinstance(arr, pa.ChunkedArray) else arr
-
-
-def _events_of(columns: Columns) -> list[ChangeEvent]:
-    """The events of a batch's columns (what the per-record parse gives for the same records)."""
-    t = columns.table
-    loads = orjson.loads
-    text = columns.json_fields
-    names = columns.names()
-    cols = [
-        t.column(c).to_pylist()
-        for c in ("key_json", "op", "commit_lsn", "seq", "ts_ms", "after", "partition", "offset", "snapshot")
-    ]
-    none = [None] * t.num_rows  # a plain batch lacks nothing and has no before image
-    lacks = zip(
-        *(
-            t.column(c).to_pylist() if c in t.column_names else none
-            for c in ("unavailable", "absent", "before")
-        ),
-        strict=True,
-    )
-    out = []
-    for (kj, op, lsn, seq, ts, after, part, off, snap), (unavailable, absent, before) in zip(
-        zip(*cols, strict=True), lacks, strict=True
-    ):
-        if after is not None:
-            gone = {*(unavailable or ()), *(absent or ())}
-            after = {
-                n: (loads(after[n]) if n in text and after[n] is not None else after[n])
-                for n in names
-                if n not in gone
-            }
-        out.append(
-            ChangeEvent(
-                key=loads(kj),
-                key_json=kj,
-                op=op,
-                version=Version(lsn, seq),
-                ts_ms=ts,
-                after=after,
-                before=None if before is None else loads(before),
-                unavailable=tuple(unavailable or ()),
-                partition=part,
-                offset=off,
-                snapshot=snap,
-            )
-        )
-    return out

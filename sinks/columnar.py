@@ -2,15 +2,17 @@
 
 Every :class:`sinks.ChangeBatch` holds one. :mod:`sinks.parse`'s columnar parse builds the common,
 *plain* batch (every record well formed, no TRUNCATE, no unavailable TOAST column, every column of a
-plain type) straight from the records; every other batch (the per-record parse's, a task's completed
-slice) is built from its events (:func:`sinks.columns_of`) and also carries TRUNCATE rows, the
-unavailable and absent columns of each row, the ``before`` image, and values the typed columns cannot
-take as JSON text. The events are built from the columns only when something asks for them
-(``ChangeBatch.events``).
+plain type) straight from the records; every other batch (the per-record parse's) is built from its
+events (:func:`sinks.columns_of`) and also carries TRUNCATE rows, the unavailable and absent columns
+of each row, the ``before`` image, and values the typed columns cannot take as JSON text. Nothing
+turns the columns back into events: the sinks decide on the columns (:mod:`sinks.toast` for the
+unchanged TOAST values) and read only the rows they write (:meth:`Columns.afters`); a Spark task's
+completed key changes are written into the columns (:meth:`Columns.with_values`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,7 @@ import pyarrow.compute as pc
 
 from sinks.types import arrow_type, from_json_array, to_array, unstorable, unstorable_json
 
-__all__ = ["Columns", "json_type", "key_starts"]
+__all__ = ["Columns", "concat", "json_type", "key_starts", "typed_array"]
 
 #: the ``unavailable``/``absent`` columns' type: per row, column names (null: none)
 NAMES = pa.list_(pa.string())
@@ -131,15 +133,51 @@ class Columns:
         return self.table.take(order)
 
     def latest(self) -> pa.Table:
-        """The newest row per key (by version; a tie goes to the later record), sorted by version."""
-        t = self.by_key()
-        last = np.ones(t.num_rows, dtype=bool)
-        last[:-1] = key_starts(t.column("key_json"))[1:]
-        t = t.filter(pa.array(last))
+        """The rows of :meth:`latest_rows`."""
+        return self.table.take(pa.array(self.latest_rows()))
+
+    def latest_rows(self) -> np.ndarray:
+        """The positions of the newest row per key (by version; a tie goes to the later record) and
+        of every ``t`` row, in version order (ascending positions: the rows are in version order)."""
+        t = self.table
+        n = t.num_rows
+        if not n:
+            return np.zeros(0, dtype=np.int64)
         order = pc.sort_indices(
-            t, sort_keys=[(c, "ascending") for c in ("commit_lsn", "seq", "partition", "offset")]
-        )
-        return t.take(order)
+            t, sort_keys=[(c, "ascending") for c in ("key_json", "commit_lsn", "seq", "partition", "offset")]
+        ).to_numpy()
+        last = np.ones(n, dtype=bool)
+        last[:-1] = key_starts(t.column("key_json").take(pa.array(order)))[1:]
+        keep = np.zeros(n, dtype=bool)
+        keep[order[last]] = True
+        keep |= pc.equal(t.column("op"), "t").to_numpy(zero_copy_only=False)
+        return np.flatnonzero(keep)
+
+    def afters(self, rows: np.ndarray | list[int]) -> list[dict[str, Any] | None]:
+        """The ``after`` values of the rows at ``rows`` as the envelope held them: JSON text decoded,
+        without the columns a row lacks (``unavailable``, ``absent``); None for ``d`` and ``t``."""
+        t = self.table.take(pa.array(rows, pa.int64()))
+        loads = orjson.loads
+        text = self.json_fields
+        names = self.names()
+        none = [None] * t.num_rows  # a plain batch lacks nothing
+        lacks = (t.column(c).to_pylist() if c in t.column_names else none for c in ("unavailable", "absent"))
+        out: list[dict[str, Any] | None] = []
+        for after, unavailable, absent in zip(t.column("after").to_pylist(), *lacks, strict=True):
+            if after is not None:
+                gone = {*(unavailable or ()), *(absent or ())}
+                after = {
+                    n: (loads(after[n]) if n in text and after[n] is not None else after[n])
+                    for n in names
+                    if n not in gone
+                }
+            out.append(after)
+        return out
+
+    def positions(self, rows: np.ndarray | list[int]) -> list[tuple[int, int]]:
+        """The ``(partition, offset)`` of the rows at ``rows``."""
+        t = self.table.take(pa.array(rows, pa.int64()))
+        return list(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
 
     def without(self, positions: set[tuple[int, int]]) -> Columns:
         """The rows whose ``(partition, offset)`` is not in ``positions``."""
@@ -148,6 +186,140 @@ class Columns:
         keep = [(p, o) not in positions for p, o in zip(parts, offs, strict=True)]
         return self.filter(pa.array(keep))
 
+    def with_values(self, rows: Sequence[int], values: Sequence[dict[str, Any]]) -> Columns:
+        """The batch with the ``after`` values of the rows at ``rows`` replaced by ``values`` (event
+        encoding, every value sent: the rows then lack nothing). A field whose new values are not
+        all of its type becomes JSON text."""
+        t = self.table
+        n = t.num_rows
+        if not len(rows):
+            return self
+        idx = np.arange(n)
+        idx[list(rows)] = n + np.arange(len(rows))
+        take = pa.array(idx)
+        after = t.column("after").combine_chunks()
+        text = set(self.json_fields)
+        fields = []
+        for name in self.names():
+            old = pc.struct_field(after, [name])
+            new = [v.get(name) for v in values]
+            typed = None if name in text else typed_array(new, old.type)
+            if typed is None:
+                if name not in text:
+                    text.add(name)
+                    old = _as_text(old)
+                typed = pa.array([None if v is None else orjson.dumps(v).decode() for v in new], old.type)
+            fields.append(pa.concat_arrays([old, typed]).take(take))
+        valid = pa.concat_arrays([after.is_valid(), pa.array([True] * len(rows))]).take(take)
+        struct = pa.StructArray.from_arrays(fields, names=self.names(), mask=pc.invert(valid))
+        names = self.names()
+        absent = pa.array([[c for c in names if c not in v] or None for v in values], NAMES)
+        t = t.set_column(t.column_names.index("after"), "after", struct)
+        for col, more in (("unavailable", pa.nulls(len(rows), NAMES)), ("absent", absent)):
+            if col in t.column_names:
+                t = t.set_column(
+                    t.column_names.index(col),
+                    col,
+                    pa.concat_arrays([t.column(col).combine_chunks(), more]).take(take),
+                )
+        if text - set(self.json_fields) and not text.isdisjoint(self.key_fields()):
+            key = t.column("key").combine_chunks()
+            kf = [
+                _as_text(f) if name in text else f
+                for name, f in ((n, pc.struct_field(key, [n])) for n in self.key_fields())
+            ]
+            t = t.set_column(
+                t.column_names.index("key"),
+                "key",
+                pa.StructArray.from_arrays(kf, names=self.key_fields(), mask=pc.invert(key.is_valid())),
+            )
+        return Columns(t, self.plain, frozenset(text))
+
+    def key_fields(self) -> list[str]:
+        """The ``key`` struct's fields: the key columns."""
+        return list(self.table.column("key").type.names)
+
     def filter(self, mask: pa.Array) -> Columns:
         """The rows where ``mask`` is true (same kind of batch)."""
         return Columns(self.table.filter(mask), self.plain, self.json_fields)
+
+
+#: the Python type of a value of each :func:`json_type` (exactly: ``bool`` is no int)
+_PY = {pa.int64(): int, pa.float64(): float, pa.bool_(): bool, pa.string(): str}
+
+
+def typed_array(values: Sequence[Any], at: pa.DataType | None) -> pa.Array | None:
+    """``values`` as an array of ``at``; None when one is not exactly of its JSON type (or ``at``
+    is None or not a :func:`json_type`)."""
+    want = _PY.get(at) if at is not None else None
+    if want is None or any(v is not None and type(v) is not want for v in values):
+        return None
+    try:
+        arr = pa.array(values, at)
+    except (pa.ArrowInvalid, OverflowError):  # an integer beyond int64
+        return None
+    return None if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def _as_text(arr: pa.Array) -> pa.Array:
+    """A typed field's values as JSON text (how a field of ``json_fields`` holds them)."""
+    if arr.type == pa.large_string():
+        return arr
+    return pa.array(
+        [None if v is None else orjson.dumps(v).decode() for v in arr.to_pylist()], pa.large_string()
+    )
+
+
+#: the columns of a batch that is not plain, in order (:class:`Columns`)
+_ROW_COLUMNS = ("key_json", "op", "commit_lsn", "seq", "ts_ms", "partition", "offset", "snapshot")
+
+
+def concat(parts: Sequence[Columns]) -> Columns:
+    """The rows of ``parts`` (batches of one table, at least one) as one batch, sorted by version
+    (ties: partition, offset), not plain: a field JSON text in one part (or typed differently) is
+    JSON text in all, and a row of a part that does not name a column another part names lacks it
+    (``absent``)."""
+    if len(parts) == 1:
+        return parts[0]
+    text = set().union(*(p.json_fields for p in parts))
+    types: dict[str, dict[str, pa.DataType]] = {"after": {}, "key": {}}
+    for p in parts:
+        for struct, seen in types.items():
+            for f in p.table.column(struct).type:
+                if seen.setdefault(f.name, f.type) != f.type:
+                    text.add(f.name)
+    tables = []
+    for p in parts:
+        t = p.table
+        n = t.num_rows
+        cols: dict[str, Any] = {c: t.column(c) for c in _ROW_COLUMNS}
+        for struct, seen in types.items():
+            whole = t.column(struct).combine_chunks()
+            have = set(whole.type.names)
+            fields = []
+            for name, at in seen.items():
+                arr = pc.struct_field(whole, [name]) if name in have else pa.nulls(n, at)
+                if name in text and (name not in p.json_fields or name not in have):
+                    arr = _as_text(arr)
+                fields.append(arr)
+            cols[struct] = pa.StructArray.from_arrays(
+                fields, names=list(seen), mask=pc.invert(whole.is_valid())
+            )
+        lacking = [name for name in types["after"] if name not in p.names()]
+        for c, at in (("unavailable", NAMES), ("absent", NAMES), ("before", pa.large_string())):
+            cols[c] = t.column(c) if c in t.column_names else pa.nulls(n, at)
+        if lacking:
+            valid = t.column("after").is_valid().to_pylist()
+            cols["absent"] = pa.array(
+                [
+                    [*(a or ()), *lacking] if ok else a
+                    for a, ok in zip(cols["absent"].to_pylist(), valid, strict=True)
+                ],
+                NAMES,
+            )
+        tables.append(pa.table(cols))
+    t = pa.concat_tables(tables)
+    order = pc.sort_indices(
+        t, sort_keys=[(c, "ascending") for c in ("commit_lsn", "seq", "partition", "offset")]
+    )
+    return Columns(t.take(order), plain=False, json_fields=frozenset(text))

@@ -32,10 +32,19 @@ import pyarrow.json as pj
 from cdc.events import TRUNCATE_KEY_FIELD, Version
 from cdc.logstore.records import RECORDS
 from cdc.registry import TableReg
-from sinks import OPS, ChangeBatch, ChangeEvent, DeadLetter, RawRecord, order
+from sinks import OPS, ChangeBatch, ChangeEvent, DeadLetter, RawRecord, columns_of, order
 from sinks.columnar import Columns, json_type
 
-__all__ = ["MIN_RECORDS", "Form", "Parsed", "parse", "parse_batch", "parse_columns", "records_table"]
+__all__ = [
+    "MIN_RECORDS",
+    "Form",
+    "Parsed",
+    "parse",
+    "parse_batch",
+    "parse_columns",
+    "parse_events",
+    "records_table",
+]
 
 Form = Literal["auto", "events", "columns"]
 
@@ -302,6 +311,12 @@ def _parse_one(table: TableReg, rec: RawRecord) -> ChangeEvent:
 
 
 def _parse_records(table: TableReg, records: Sequence[RawRecord]) -> tuple[ChangeBatch, list[DeadLetter]]:
+    """:func:`parse_events`, the events as :class:`Columns` (:func:`sinks.columns_of`)."""
+    events, dead = parse_events(table, records)
+    return ChangeBatch(table, columns_of(table, events)), dead
+
+
+def parse_events(table: TableReg, records: Sequence[RawRecord]) -> tuple[list[ChangeEvent], list[DeadLetter]]:
     """Parse the envelopes of one table's records, one by one.
 
     A tombstone (value None) is dropped: the ``d`` event before it carries the delete. A record that
@@ -331,7 +346,7 @@ def _parse_records(table: TableReg, records: Sequence[RawRecord]) -> tuple[Chang
         excluded = frozenset(table.exclude)
         events = [_without(ev, excluded) for ev in events]
     events.sort(key=order)
-    return ChangeBatch.of_events(table, events), dead
+    return events, dead
 
 
 def _without(ev: ChangeEvent, excluded: frozenset[str]) -> ChangeEvent:

@@ -30,7 +30,7 @@ from deltalake import DeltaTable
 from cdc import paths
 from cdc.events import Version
 from cdc.registry import Column, TableReg, ViewReg
-from sinks import ChangeBatch, ChangeEvent
+from sinks import ChangeBatch, ChangeEvent, columns_of
 from sinks.search import SearchSink
 from sinks.search.query import Hit, search
 from sinks.warehouse import leases
@@ -144,5 +144,5 @@ def index_view(
     for key in sorted((keys or set()) - {str(r[VIEW_KEY]) for r in found}):
         events.append(_event("d", key, None, Version(lsn, len(events) + 1), len(events), ts))
     if events:
-        sink.apply(ChangeBatch.of_events(reg, events), batch_id, app_id)
+        sink.apply(ChangeBatch(reg, columns_of(reg, events)), batch_id, app_id)
     return len(events)

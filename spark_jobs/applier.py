@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc.events import Version
 from cdc.registry import TableReg
 from sinks import ChangeBatch, DeadLetter, Sink
 from sinks.parse import Parsed, parse
@@ -260,10 +261,18 @@ def reject(sinks: Sequence[Sink], parsed: Parsed) -> tuple[ChangeBatch, list[Dea
         return batch, []
     positions = set(reasons)
     raw = parsed.raw(positions)
-    events = {(e.partition, e.offset): e for e in batch.events if (e.partition, e.offset) in positions}
+    rows = batch.columns.table.select(["partition", "offset", "key_json", "commit_lsn", "seq"])
+    rows = rows.filter(
+        pc.is_in(rows.column("offset"), pa.array(sorted({o for _p, o in positions}), pa.int64()))
+    )
+    events = {
+        (p, o): (k, Version(lsn, seq))
+        for p, o, k, lsn, seq in zip(*(c.to_pylist() for c in rows.columns), strict=True)
+        if (p, o) in positions
+    }
     dead = []
     for pos in sorted(positions):
-        rec, ev = raw[pos], events[pos]
+        rec, (key_json, version) = raw[pos], events[pos]
         dead.append(
             DeadLetter(
                 rec.topic,
@@ -273,8 +282,8 @@ def reject(sinks: Sequence[Sink], parsed: Parsed) -> tuple[ChangeBatch, list[Dea
                 rec.value,
                 "; ".join(reasons[pos]),
                 table=batch.table.qualified,
-                key_json=ev.key_json,
-                version=ev.version,
+                key_json=key_json,
+                version=version,
             )
         )
     return batch.without(positions), dead

@@ -43,7 +43,8 @@ import pyarrow.compute as pc
 
 from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, DeadLetter, Sink, Touched, order, touched_of
+from sinks import ChangeBatch, DeadLetter, Sink, Touched, touched_of
+from sinks.columnar import concat
 from sinks.parse import Parsed, parse
 from sinks.toast import Chains, Stored
 from spark_jobs.applier import BatchApplier, BatchOutcome, TableOutcome, open_sinks, reject
@@ -323,39 +324,44 @@ class Planner:
 
 def complete_moves(batch: ChangeBatch, whole: ChangeBatch, stored: Stored) -> ChangeBatch:
     """``batch`` (one shard's slice of a table) with the unchanged TOAST columns of its primary-key
-    changes filled in, each then a plain insert of its new key: from ``whole`` (the table's events
-    of every partition of the micro-batch that the warehouse accepts) and ``stored`` (the
-    committed rows of the sink that keeps them, :meth:`sinks.Sink.stored_before`: the warehouse's).
+    changes filled in, each then a plain insert of its new key: from ``whole`` (the table's rows of
+    the micro-batch that the warehouse accepts: the slice's and its key changes' old keys') and
+    ``stored`` (the committed rows of the sink that keeps them, :meth:`sinks.Sink.stored_before`:
+    the warehouse's).
 
-    The old key of a key change lives in another shard when the keys hash apart: its events of the
+    The old key of a key change lives in another shard when the keys hash apart: its rows of the
     batch are in another task's slice, and its stored row in a shard another task is writing at the
     same time (the search index commits its shard in the task), so no sink of this slice can read
     it as it was before the batch. The warehouse's committed tables are that state: the driver
-    commits only after every task. A change whose old row no event or stored row holds (or whose
-    old key's events the warehouse rejects) stays as it is: the sinks' reject makes it a dead
-    letter with their reason, as on the driver path."""
-    accepted = {(e.partition, e.offset) for e in whole.events}
-    chains = Chains(whole.events, batch.table.key)
-    moved = {id(ev) for ev in batch.events if Chains.is_moved(ev) and (ev.partition, ev.offset) in accepted}
+    commits only after every task. A change whose old row no row of the batch or stored row holds
+    (or whose old key's rows the warehouse rejects) stays as it is: the sinks' reject makes it a
+    dead letter with their reason, as for a whole table's batch."""
+    mine = Chains(batch.columns, batch.table.key)
+    moves = [r for r in mine.lacking if mine.is_moved(r)]
+    if not moves:
+        return batch
+    chains = Chains(whole.columns, batch.table.key)
+    at = dict(zip(whole.columns.positions(chains.lacking), chains.lacking, strict=True))
+    todo = [(r, at[pos]) for r, pos in zip(moves, batch.columns.positions(moves), strict=True) if pos in at]
     prefetch = getattr(stored, "prefetch", None)  # a lookup that reads many keys in one go
     if prefetch is not None:
-        prefetch(chains.stored_keys(ev for ev in batch.events if id(ev) in moved))
+        prefetch(chains.stored_keys(w for _r, w in todo))
     memo: dict[int, dict[str, Any] | None] = {}
-    events: list[ChangeEvent] = []
-    for ev in batch.events:
-        if id(ev) in moved:
-            values = chains.values(ev, stored, memo)
-            if values is not None:
-                ev = dataclasses.replace(ev, after=values, unavailable=())
-        events.append(ev)
-    return ChangeBatch.of_events(batch.table, events, shard=batch.shard)
+    rows: list[int] = []
+    values: list[dict[str, Any]] = []
+    for r, w in todo:
+        got = chains.values(w, stored, memo)
+        if got is not None:
+            rows.append(r)
+            values.append(got)
+    return ChangeBatch(batch.table, batch.columns.with_values(rows, values), shard=batch.shard)
 
 
 def _completer(
     sl: Slice, records: pa.Table, store: LogStore, reg: TableReg | None, sinks: Sequence[Sink]
 ) -> Callable[[ChangeBatch], ChangeBatch] | None:
     """:func:`complete_moves` for a shard's slice (None for a whole table's: its sinks see every
-    event), from the first sink that keeps committed rows (:meth:`sinks.Sink.stored_before`).
+    row), from the first sink that keeps committed rows (:meth:`sinks.Sink.stored_before`).
 
     Only a key change lacking columns that its own ``before`` does not hold needs another shard:
     the reader fills a key change's unchanged TOAST values in (``docs/events.md``), so such a change
@@ -364,15 +370,17 @@ def _completer(
     ``key`` bytes matched in Arrow, before any parse: a key's records are all in its partition, and
     the reader writes a key as its canonical JSON, which :meth:`sinks.toast.Chains.old_key` gives),
     and only those are parsed -- again for the keys they moved from in turn, until no new old key
-    turns up; the keeper's ``reject`` is then asked about them and the slice's own events
-    (``records``), which is what it would accept of the whole batch for these keys (a rejection
-    follows a key's chain, and the chains of the changes to complete run through these keys only).
-    No other record of the batch is parsed, and the slice's own not twice."""
+    turns up; the keeper's ``reject`` is then asked about them together with the slice's own
+    rows (one batch: :func:`sinks.columnar.concat`), which is what it would accept of the whole batch
+    for these keys (a rejection follows a key's chain, and the chains of the changes to complete run
+    through these keys only). No other record of the batch is parsed, and the slice's own not twice;
+    the rows are followed in Arrow (:class:`sinks.toast.Chains`), never turned into events."""
     if sl.shard is None or not sl.context or reg is None:
         return None
 
     def complete(batch: ChangeBatch) -> ChangeBatch:
-        lacking = [e for e in batch.events if Chains.is_moved(e) and not _before_holds(e)]
+        mine = Chains(batch.columns, reg.key)
+        lacking = [r for r in mine.lacking if mine.is_moved(r) and not mine.before_holds(r)]
         if not lacking:
             return batch
         keeper = next(((s, st) for s in sinks if (st := s.stored_before(reg)) is not None), None)
@@ -381,10 +389,10 @@ def _completer(
         others = [b for p, start, end in sl.context for b in read_records(store, sl.topic, p, start, end)]
         pool = pa.Table.from_batches(others, schema=RECORDS)
         keys = pool.column("key")
-        events = list(batch.events)
-        wanted = set(Chains(events, reg.key).old_keys(lacking))
+        wanted = set(mine.old_keys(lacking))
         asked: set[str] = set()
         found: list[pa.Table] = []
+        parts = [batch.columns]
         while wanted - asked:
             new = sorted(wanted - asked)
             asked.update(new)
@@ -393,24 +401,19 @@ def _completer(
             if parsed.batch is None or not len(parsed.batch):
                 continue
             found.append(got)
-            events.extend(parsed.batch.events)
-            wanted.update(Chains(events, reg.key).old_keys(parsed.batch.events))
+            parts.append(parsed.batch.columns)
+            theirs = Chains(concat(parts), reg.key)
+            wanted.update(theirs.old_keys(theirs.lacking))
+        if not found:
+            return batch
+        # the slice's rows and the old keys', one batch (the records are parsed once)
         both = Parsed(
-            ChangeBatch.of_events(reg, sorted(events, key=order)),
-            [],
-            "events",
-            None,
-            pa.concat_tables([records, *found]),
+            ChangeBatch(reg, concat(parts)), [], "events", None, pa.concat_tables([records, *found])
         )
         whole, _dead = reject([keeper[0]], both)  # the other tasks dead-letter their own records
         return complete_moves(batch, whole, keeper[1])
 
     return complete
-
-
-def _before_holds(ev: ChangeEvent) -> bool:
-    """A key change whose ``before`` holds every column it lacks (REPLICA IDENTITY FULL)."""
-    return ev.before is not None and all(c in ev.before for c in ev.unavailable)
 
 
 def task_settings(settings: Settings) -> Settings:

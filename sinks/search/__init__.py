@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from cdc.config import DEFAULT_PARTITIONS, SearchConfig, Settings, section_options
+from cdc.events import Version
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredTexts
+from sinks import ChangeBatch, KeyRanges, Rejection, Sink, StoredTexts
 from sinks.search.index import (
     DOCUMENT,
     KEY,
@@ -73,7 +74,7 @@ class _Prepared:
 
     shard: Shard
     rows: list[tuple[str, int, int, int, int | None]]
-    truncate: ChangeEvent | None
+    truncate: Version | None
     pending: tuple[str, int] | None
 
 
@@ -186,28 +187,27 @@ class SearchSink(Sink):
         reg = batch.table
         if not reg.search or not batch.columns.lacks_values():
             return []
-        lacking = [ev for ev in batch.events if ev.unavailable and ev.op != "d"]
-        if not lacking:
+        chains = Chains(batch.columns, reg.key)
+        if not chains.lacking:
             return []
-        chains = Chains(batch.events, reg.key)
-        keys = {ev.key_json for ev in lacking} | set(chains.old_keys(lacking))
+        keys = {chains.key_json(r) for r in chains.lacking} | set(chains.old_keys(chains.lacking))
         table = self._table(reg)
         stored = table.stored(sorted(keys))
         live = {k for k, (_v, dead) in stored.items() if not dead}
         none = ((-1, -1), False)
 
-        def applied(ev: ChangeEvent) -> bool:  # a replay: the guard skips it, nothing to complete
-            v = (ev.version.commit_lsn, ev.version.seq)
-            return v <= stored.get(ev.key_json, none)[0] or ev.version <= table.marker(ev.key_json)
+        def applied(row: int) -> bool:  # a replay: the guard skips it, nothing to complete
+            key, v = chains.key_json(row), chains.version(row)
+            return (v.commit_lsn, v.seq) <= stored.get(key, none)[0] or v <= table.marker(key)
 
+        rows = chains.unresolved(lambda k, _v: {} if k in live else None, applied)
         return [
             Rejection(
-                ev.partition,
-                ev.offset,
-                f"the unchanged TOAST columns {list(ev.unavailable)} were not sent, and neither the batch "
-                "nor the search index holds a document to take them from (fix: re-snapshot the table)",
+                *pos,
+                f"the unchanged TOAST columns {list(chains.unavailable(r))} were not sent, and neither the "
+                "batch nor the search index holds a document to take them from (fix: re-snapshot the table)",
             )
-            for ev in chains.unresolved(lambda k, _v: {} if k in live else None, applied)
+            for r, pos in zip(rows, batch.columns.positions(rows), strict=True)
         ]
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:

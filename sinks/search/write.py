@@ -3,7 +3,7 @@ the shard's writer) and the side table's commit. Guarantees and layout: ``docs/s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ import tantivy
 
 from cdc.errors import ApplyError
 from cdc.events import Version
-from sinks import ChangeBatch, ChangeEvent
+from sinks import ChangeBatch
 from sinks.columnar import Columns
 from sinks.search.index import DOCUMENT, KEY, LSN, SEQ, Layout, Shard, TableIndex, field_names
 from sinks.toast import Chains
@@ -52,63 +52,83 @@ def upserts(
     whole: ChangeBatch,
     marker: Version,
     always_delete: bool,
-) -> tuple[list[_Row], ChangeEvent | None]:
-    """The index operations (uncommitted) of ``batch``, the events of ``shard`` of the micro-batch
-    ``whole`` (whose other events complete a key change's unchanged TOAST values), per event;
-    returns the side-table rows and the applied TRUNCATE."""
-    reg = table.reg
+) -> tuple[list[_Row], Version | None]:
+    """The index operations (uncommitted) of ``batch``, the rows of ``shard`` of the micro-batch
+    ``whole`` (whose other rows complete a key change's unchanged TOAST values): each key's newest
+    row and every TRUNCATE, in version order; returns the side-table rows and the applied TRUNCATE's
+    version."""
     writer = shard.writer
-    fields = field_names(reg)
-    latest = batch.latest()
-    by_key: dict[str, list[ChangeEvent]] = {}
-    for e in batch.events:
-        if e.op != "t":
-            by_key.setdefault(e.key_json, []).append(e)
-    stored = shard.stored(sorted({ev.key_json for ev in latest if ev.op != "t"}))
-    toast_keys = {e.key_json for e in batch.events if e.unavailable}
-    chains = Chains(whole.events, reg.key) if toast_keys else None
+    fields = field_names(table.reg)
+    cols = batch.columns
+    latest = cols.latest_rows()
+    t = cols.table.take(pa.array(latest, pa.int64()))
+    names = ("key_json", "op", "commit_lsn", "seq", "ts_ms")
+    rows = list(zip(*(t.column(c).to_pylist() for c in names), cols.afters(latest), strict=True))
+    stored = shard.stored(sorted({r[0] for r in rows if r[1] != "t"}))
+    own = Chains(cols, table.reg.key)  # the rows of the keys lacking values, and of their old keys
+    toast_keys = {own.key_json(r) for r in own.lacking}
+    moved = _moved(table, own, cols, whole) if toast_keys else _no_moved
     overlay: dict[str, tuple[Version, bool, int | None]] = {}  # key -> (version, deleted, deleted_at_ms)
-    truncate: ChangeEvent | None = None
-    for ev in latest:
-        if ev.op == "t":
-            if ev.version <= marker:
+    truncate: Version | None = None
+    for key, op, lsn, seq, ts_ms, after in rows:
+        version = Version(lsn, seq)
+        if op == "t":
+            if version <= marker:
                 continue
             # one delete-by-query (also hits documents added earlier in this batch)
-            writer.delete_documents_by_query(_older_than(shard.schema, ev.version))
+            writer.delete_documents_by_query(_older_than(shard.schema, version))
             for k, (v, dead, _) in list(overlay.items()):
-                if not dead and v < ev.version:
-                    overlay[k] = (ev.version, True, ev.ts_ms)
-            marker = ev.version
-            truncate = ev
+                if not dead and v < version:
+                    overlay[k] = (version, True, ts_ms)
+            marker = truncate = version
             continue
-        prev = overlay.get(ev.key_json)
+        prev = overlay.get(key)
         guard = marker
         live = always_delete
         if prev is not None:
             guard = max(guard, prev[0])
             live = True
         else:
-            st = stored.get(ev.key_json)
+            st = stored.get(key)
             if st is not None:
                 guard = max(guard, Version(*st[0]))
                 live = live or not st[1]
-        if ev.version <= guard:
+        if version <= guard:
             continue
         if live:  # a key without a live stored version has no document
-            writer.delete_documents_by_term(KEY, ev.key_json)
-        if ev.op == "d":
-            overlay[ev.key_json] = (ev.version, True, ev.ts_ms)
+            writer.delete_documents_by_term(KEY, key)
+        if op == "d":
+            overlay[key] = (version, True, ts_ms)
             continue
-        values = ev.after or {}
-        if ev.key_json in toast_keys:
-            chain = [e for e in by_key.get(ev.key_json, ()) if guard < e.version <= ev.version]
-            if any(e.unavailable for e in chain):
-                values = _resolve(table, chain, chains)
-        writer.add_document(_document(ev.key_json, ev.version.commit_lsn, ev.version.seq, values, fields))
-        overlay[ev.key_json] = (ev.version, False, None)
-    rows = [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()]
-    rows.sort(key=lambda r: r[0])
-    return rows, truncate
+        values = after or {}
+        if key in toast_keys:
+            chain = [e for e in own.by_key.get(key, ()) if guard < own.version(e) <= version]
+            if any(own.unavailable(e) for e in chain):
+                values = _resolve(table, own, chain, moved)
+        writer.add_document(_document(key, lsn, seq, values, fields))
+        overlay[key] = (version, False, None)
+    out = [(k, v.commit_lsn, v.seq, int(dead), at) for k, (v, dead, at) in overlay.items()]
+    out.sort(key=lambda r: r[0])
+    return out, truncate
+
+
+def _no_moved(_row: int) -> dict[str, Any] | None:
+    return None
+
+
+def _moved(
+    table: TableIndex, own: Chains, cols: Columns, whole: ChangeBatch
+) -> Callable[[int], dict[str, Any] | None]:
+    """A key change's ``c`` (a row of ``cols``) -> the old key's values (:mod:`sinks.toast`, through
+    ``whole``: the old key's rows of the micro-batch, else its stored document; None: neither)."""
+    chains = own if whole.columns is cols else Chains(whole.columns, table.reg.key)
+    at = dict(zip(whole.columns.positions(chains.lacking), chains.lacking, strict=True))
+
+    def values(row: int) -> dict[str, Any] | None:
+        mine = at.get(cols.positions([row])[0])
+        return None if mine is None else chains.values(mine, lambda k, _v: table.document(k))
+
+    return values
 
 
 def record(
@@ -116,7 +136,7 @@ def record(
     app_id: str,
     batch_id: int,
     rows: Iterable[_Row],
-    truncate: ChangeEvent | None,
+    truncate: Version | None,
     *,
     clear_pending: bool,
 ) -> None:
@@ -128,14 +148,14 @@ def record(
         if clear_pending:
             db.execute("DELETE FROM meta WHERE name = 'pending'")
         if truncate is not None:  # the truncate marker guards the keys it removed
-            tv = truncate.version
+            tv = truncate
             db.execute(
                 "DELETE FROM versions WHERE deleted = 0 AND (commit_lsn < ? OR (commit_lsn = ? AND seq < ?))",
                 (tv.commit_lsn, tv.commit_lsn, tv.seq),
             )
             db.execute(
                 "INSERT OR REPLACE INTO meta VALUES ('truncate', ?)",
-                (orjson.dumps([truncate.version.commit_lsn, truncate.version.seq]).decode(),),
+                (orjson.dumps([tv.commit_lsn, tv.seq]).decode(),),
             )
         db.executemany(
             "INSERT INTO versions (key, commit_lsn, seq, deleted, deleted_at_ms) VALUES (?, ?, ?, ?, ?) "
@@ -150,35 +170,38 @@ def record(
         raise
 
 
-def _resolve(table: TableIndex, chain: list[ChangeEvent], chains: Chains | None) -> dict[str, Any]:
-    """The full values of the last event of ``chain`` (a key's applied events of this batch, in
-    version order): unavailable (unchanged TOAST) columns come from the previous event of the chain,
-    else from the stored document; for a primary-key change's ``c``, from the old key's row
-    (:mod:`sinks.toast`: its events of the batch, else its stored document), else from the key's own
+def _resolve(
+    table: TableIndex, own: Chains, chain: list[int], moved: Callable[[int], dict[str, Any] | None]
+) -> dict[str, Any]:
+    """The full values of the last row of ``chain`` (a key's applied rows of this batch, in version
+    order): unavailable (unchanged TOAST) columns come from the previous row of the chain, else from
+    the stored document; for a primary-key change's ``c``, from the old key's row (``moved``:
+    :mod:`sinks.toast`, its rows of the batch, else its stored document), else from the key's own
     document (a replay after this batch's index commit); ApplyError when there is none (or the key
-    was deleted before). :meth:`SearchSink.reject` dead-letters such events first."""
+    was deleted before). :meth:`SearchSink.reject` dead-letters such rows first."""
     base: dict[str, Any] | None = None
     deleted = False
     for e in chain:
-        if e.op == "d":
+        if own.op(e) == "d":
             base, deleted = None, True
             continue
-        values = dict(e.after or {})
-        if chains is not None and Chains.is_moved(e):
-            moved = chains.values(e, lambda k, _v: table.document(k))
-            base = moved if moved is not None else table.document(e.key_json)
-        if e.unavailable:
+        values = dict(own.after(e) or {})
+        if own.is_moved(e):
+            got = moved(e)
+            base = got if got is not None else table.document(own.key_json(e))
+        unavailable = own.unavailable(e)
+        if unavailable:
             if base is None and not deleted:
-                base = table.document(e.key_json)
+                base = table.document(own.key_json(e))
             if base is None:
                 reg = table.reg
                 raise ApplyError(
-                    f"{reg.qualified}: key {e.key_json} at version {e.version} lacks the unchanged TOAST "
-                    f"columns {list(e.unavailable)} and the search index has no document to take them from",
+                    f"{reg.qualified}: key {own.key_json(e)} at version {own.version(e)} lacks the unchanged "
+                    f"TOAST columns {list(unavailable)} and the search index has no document to take them from",
                     fix=f"re-snapshot the table (`cdc snapshot {reg.qualified}`)",
-                    key=e.key_json,
+                    key=own.key_json(e),
                 )
-            for c in e.unavailable:
+            for c in unavailable:
                 values[c] = base.get(c)
         base = values
     assert base is not None
@@ -191,7 +214,7 @@ _CHUNK = 8192  # rows per step of the columnar path: its Python objects stay few
 def columnar_upserts(shard: Shard, cols: Columns, marker: Version, always_delete: bool) -> list[_Row]:
     """The index operations (uncommitted) of a columnar batch; returns the side-table rows in key order.
 
-    Same result as the per-event path: a columnar batch has no TRUNCATE and no unavailable column, so
+    Same result as :func:`upserts`: a plain batch has no TRUNCATE and no unavailable column, so
     only each key's newest row (:meth:`Columns.latest`) matters, applied when newer than the truncate
     marker and the key's stored version. Per chunk of rows, one delete-by-query of the keys with a live
     stored version (every key while a batch is pending) comes before the chunk's adds: each key occurs

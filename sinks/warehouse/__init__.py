@@ -22,7 +22,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 
 from cdc.errors import ApplyError
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent, KeyRanges, Rejection, Sink, StoredRows
+from sinks import ChangeBatch, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
 from sinks.warehouse import compact, evolve, leases, reclaim
@@ -211,9 +211,10 @@ class WarehouseSink(Sink):
         positions = list(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
         if cols.lacks_values():  # unchanged TOAST values no row holds, once the rows above are gone
             at = {p: i for i, p in enumerate(positions)}
-            kept = batch.without({positions[i] for i in bad}).events
-            for ev in lookups.unresolved(reg, kept, [str(p) for p in self.paths(reg)]):
-                bad.setdefault(at[(ev.partition, ev.offset)], []).append(_unresolved_reason(ev))
+            kept = cols.without({positions[i] for i in bad})
+            chains, rows = lookups.unresolved(reg, kept, [str(p) for p in self.paths(reg)])
+            for r, pos in zip(rows, kept.positions(rows), strict=True):
+                bad.setdefault(at[pos], []).append(_unresolved_reason(chains.op(r), chains.unavailable(r)))
         return [Rejection(*positions[i], "; ".join(bad[i])) for i in sorted(bad)]
 
     def apply(self, batch: ChangeBatch, batch_id: int, app_id: str) -> None:
@@ -506,10 +507,10 @@ def _check_shard(reg: TableReg, layout: Layout, shard: int | None, buckets: Sequ
         )
 
 
-def _unresolved_reason(ev: ChangeEvent) -> str:
-    what = "this primary-key change's old key" if ev.op == "c" else "the key"
+def _unresolved_reason(op: str, unavailable: Sequence[str]) -> str:
+    what = "this primary-key change's old key" if op == "c" else "the key"
     return (
-        f"the unchanged TOAST columns {list(ev.unavailable)} were not sent, and neither the batch nor the "
+        f"the unchanged TOAST columns {list(unavailable)} were not sent, and neither the batch nor the "
         f"warehouse holds a row of {what} to take them from (fix: re-snapshot the table, then replay)"
     )
 

@@ -11,7 +11,6 @@ only the stored rows and key changes' old rows are read, in event encoding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +20,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from cdc.errors import ApplyError
+from cdc.events import Version
 from cdc.registry import TableReg
-from sinks import ChangeBatch, ChangeEvent
 from sinks import types as T
 from sinks.columnar import Columns
 from sinks.toast import Chains
@@ -97,8 +96,7 @@ def fill(
     the values of (a backstop: the sink's ``reject`` dead-letters those first)."""
     n = plan.t.num_rows
     s = hp.applied
-    events = ChangeBatch(reg, columns).events if lacking.moved[s].any() else []
-    moved = _moved_values(reg, plan, s[lacking.moved[s]], events, types, tables[1])
+    moved = _moved_values(reg, plan, s[lacking.moved[s]], columns, types, tables[1])
     storable = np.ones(len(plan.keys), dtype=bool)
     storable[hp.closed_keys[hp.close_truncate != NONE]] = False
     per_column = {}
@@ -145,7 +143,7 @@ def _moved_values(
     reg: TableReg,
     plan: Plan,
     rows: np.ndarray,
-    events: Sequence[ChangeEvent],
+    columns: Columns,
     types: dict[str, str | None],
     history: DeltaTable,
 ) -> dict[int, dict[str, Any]]:
@@ -153,15 +151,15 @@ def _moved_values(
     :meth:`sinks.toast.Chains.values` follows it, through the batch then the history."""
     if not len(rows):
         return {}
-    chains = Chains(events, reg.key)
+    chains = Chains(columns, reg.key)
     lookup = HistoryLookup(reg, history, types)
-    todo = [events[int(plan.order[r])] for r in rows]
+    todo = [int(plan.order[r]) for r in rows]
     lookup.prefetch(chains.stored_keys(todo))
     out: dict[int, dict[str, Any]] = {}
-    for r, ev in zip(rows.tolist(), todo, strict=True):
-        got = chains.values(ev, lookup)
+    for r, i in zip(rows.tolist(), todo, strict=True):
+        got = chains.values(i, lookup)
         if got is None:
-            raise _unresolved_event(reg, ev)
+            raise _unresolved_row(reg, columns, i)
         out[r] = got
     return out
 
@@ -195,16 +193,20 @@ def _stored_rows(
 
 
 def _unresolved(reg: TableReg, plan: Plan, row: int, columns: Columns) -> ApplyError:
-    ev = ChangeBatch(reg, columns).events[int(plan.order[row])]
-    return _unresolved_event(reg, ev)
+    return _unresolved_row(reg, columns, int(plan.order[row]))
 
 
-def _unresolved_event(reg: TableReg, ev: ChangeEvent) -> ApplyError:
-    """A backstop: :meth:`sinks.warehouse.WarehouseSink.reject` dead-letters such events first."""
+def _unresolved_row(reg: TableReg, columns: Columns, i: int) -> ApplyError:
+    """The batch's row ``i`` lacks values no row holds. A backstop:
+    :meth:`sinks.warehouse.WarehouseSink.reject` dead-letters such rows first."""
+    t = columns.table.slice(i, 1)
+    key = t.column("key_json")[0].as_py()
+    version = Version(t.column("commit_lsn")[0].as_py(), t.column("seq")[0].as_py())
+    unavailable = t.column("unavailable")[0].as_py() or []
     return ApplyError(
-        f"{reg.qualified}: key {ev.key_json} at version {ev.version} lacks the unchanged "
-        f"TOAST columns {list(ev.unavailable)} and the warehouse has no stored row to take them from",
+        f"{reg.qualified}: key {key} at version {version} lacks the unchanged "
+        f"TOAST columns {unavailable} and the warehouse has no stored row to take them from",
         fix=f"re-snapshot the table (`cdc snapshot {reg.qualified}`) so every row is complete",
-        key=ev.key_json,
-        columns=list(ev.unavailable),
+        key=key,
+        columns=unavailable,
     )

@@ -1,6 +1,6 @@
 """What the warehouse stored, in event encoding (:mod:`cdc.events`): a key's history row just before a
 version (:class:`HistoryLookup`, the sink's :meth:`~sinks.Sink.stored_before`), a stored row's values
-(:func:`row_to_event_values`: what an unavailable TOAST value is taken from), and the events lacking
+(:func:`row_to_event_values`: what an unavailable TOAST value is taken from), and the rows lacking
 values that no row holds (:func:`unresolved`)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 
 from cdc.events import Version
 from cdc.registry import TableReg
-from sinks import ChangeEvent
 from sinks import types as T
+from sinks.columnar import Columns
 from sinks.toast import Chains
 from sinks.toast import Stored as StoredRow
 from sinks.warehouse.delta import layout_of, read_rows
@@ -25,17 +25,18 @@ from sinks.warehouse.layout import KEY, LSN, SEQ
 __all__ = ["HistoryLookup", "newest_before", "row_to_event_values", "stored_before", "unresolved"]
 
 
-def unresolved(reg: TableReg, events: Sequence[ChangeEvent], paths: Sequence[str]) -> list[ChangeEvent]:
-    """The events lacking unchanged TOAST columns that neither the batch nor the warehouse holds a
-    row for (:mod:`sinks.toast`): an update of a key the warehouse never stored, a primary-key change
-    whose old key it never stored. Reads only the key column, for the keys those events need: of
-    the current table (``paths[0]``; a live key, the usual case), then of the history (``paths[1]``,
-    every row the current table ever held) for the rest."""
-    chains = Chains(events, reg.key)
-    lacking = [ev for ev in events if ev.unavailable and ev.op != "d"]
+def unresolved(reg: TableReg, columns: Columns, paths: Sequence[str]) -> tuple[Chains, list[int]]:
+    """The rows lacking unchanged TOAST columns that neither the batch nor the warehouse holds a
+    row for (:mod:`sinks.toast`), as positions in ``columns`` with the chains that name them: an
+    update of a key the warehouse never stored, a primary-key change whose old key it never stored.
+    Reads only the key column, for the keys those rows need: of the current table (``paths[0]``; a
+    live key, the usual case), then of the history (``paths[1]``, every row the current table ever
+    held) for the rest."""
+    chains = Chains(columns, reg.key)
+    lacking = chains.lacking
     if not lacking:
-        return []
-    todo = sorted({ev.key_json for ev in lacking} | set(chains.old_keys(lacking)))
+        return chains, []
+    todo = sorted({chains.key_json(r) for r in lacking} | set(chains.old_keys(lacking)))
     stored: set[str] = set()
     for path in paths[:2]:
         if not todo or not DeltaTable.is_deltatable(path):
@@ -45,7 +46,7 @@ def unresolved(reg: TableReg, events: Sequence[ChangeEvent], paths: Sequence[str
         got = read_rows(table, todo, set(buckets.tolist()), columns=[KEY])
         stored.update(got.column(KEY).cast(pa.string()).to_pylist())
         todo = [k for k in todo if k not in stored]
-    return chains.unresolved(lambda k, _v: {} if k in stored else None)
+    return chains, chains.unresolved(lambda k, _v: {} if k in stored else None)
 
 
 def newest_before(

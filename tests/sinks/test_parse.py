@@ -1,4 +1,4 @@
-"""parse_batch and ChangeBatch.latest: pure logic on records shaped like the reader's."""
+"""parse_batch and Columns.latest_rows: pure logic on records shaped like the reader's."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pyarrow as pa
 from cdc.events import Version
 from sinks import ChangeBatch, RawRecord
 from sinks.parse import parse, parse_batch, parse_columns
+from tests.sinks.events import events_of, latest
 from tests.sinks.feed import Feed, columns_of, table
 
 
@@ -44,7 +45,7 @@ def test_dead_letters_carry_the_record_and_reason() -> None:
     ]
     records = [good] + [RawRecord(reg.topic, 1, 100 + i, k, v, 0) for i, (k, v, _) in enumerate(bad)]
     batch, dead = parse_batch(reg, records)
-    assert len(batch.events) == 1 and batch.events[0].version == Version(100, 1)
+    assert len(events_of(batch)) == 1 and events_of(batch)[0].version == Version(100, 1)
     assert len(dead) == len(bad)
     for d, (k, v, reason) in zip(dead, bad, strict=True):
         assert reason in d.reason, (reason, d.reason)
@@ -61,8 +62,8 @@ def test_tombstones_dropped_and_events_sorted() -> None:
     ]
     batch, dead = parse_batch(reg, recs)
     assert dead == []
-    assert [(e.op, e.version.commit_lsn) for e in batch.events] == [("c", 100), ("d", 150), ("u", 200)]
-    d = batch.events[1]
+    assert [(e.op, e.version.commit_lsn) for e in events_of(batch)] == [("c", 100), ("d", 150), ("u", 200)]
+    d = events_of(batch)[1]
     assert d.after is None and d.key == {"id": 2} and d.key_json == '{"id":2}'
 
 
@@ -78,20 +79,20 @@ def test_latest_keeps_newest_per_key_and_every_truncate() -> None:
     ]
     batch, dead = parse_batch(reg, recs)
     assert dead == []
-    latest = batch.latest()
-    assert [(e.key_json, e.op, e.version.commit_lsn) for e in latest] == [
+    newest = latest(batch)
+    assert [(e.key_json, e.op, e.version.commit_lsn) for e in newest] == [
         ('{"a":2,"b":"y"}', "c", 100),
         ('{"__truncate__":0}', "t", 250),
         ('{"__truncate__":1}', "t", 250),
         ('{"a":1,"b":"x"}', "u", 300),
     ]
     assert batch.truncate_version() == Version(250, 1)
-    assert latest[-1].after == {"a": 1, "b": "x", "v": "2"}
+    assert newest[-1].after == {"a": 1, "b": "x", "v": "2"}
     # the canonical key follows the key-column order whatever the record's order
     first = recs[0]
     swapped = RawRecord(first.topic, 0, 99, b'{"b":"x","a":1}', first.value, 0)
     again, _ = parse_batch(reg, [swapped])
-    assert again.events[0].key_json == '{"a":1,"b":"x"}'
+    assert events_of(again)[0].key_json == '{"a":1,"b":"x"}'
 
 
 def test_unavailable_and_snapshot_flags() -> None:
@@ -104,7 +105,7 @@ def test_unavailable_and_snapshot_flags() -> None:
             f.change("r", {"id": 2, "name": "a", "note": None}, 50, 0),
         ],
     )
-    snap, upd = batch.events
+    snap, upd = events_of(batch)
     assert upd.unavailable == ("note",) and not upd.snapshot
     assert snap.snapshot and snap.version == Version(50, 0)
 
@@ -164,11 +165,11 @@ def test_columnar_parse_gives_the_per_record_events() -> None:
     assert cols is not None
     batch, dead = parse_batch(reg, recs)
     assert dead == []
-    events = ChangeBatch(reg, columns=cols).events
+    events = events_of(ChangeBatch(reg, columns=cols))
     assert [(e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in events] == [
-        (e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in batch.events
+        (e.key_json, e.op, e.version, e.partition, e.offset, e.snapshot) for e in events_of(batch)
     ]
-    for got, want in zip(events, batch.events, strict=True):
+    for got, want in zip(events, events_of(batch), strict=True):
         assert got.key == want.key and got.ts_ms == want.ts_ms
         assert got.after == want.after  # 3 and 3.0 compare equal; both convert to the same double
     assert [r["key_json"] for r in cols.latest().to_pylist()] == [

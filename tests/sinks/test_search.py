@@ -16,6 +16,7 @@ from sinks import search as S
 from sinks.parse import parse_batch
 from sinks.search import SearchSink
 from tests.sinks.conftest import FeedMaker
+from tests.sinks.events import events_of
 from tests.sinks.feed import Feed, columns_of, table
 from tests.sinks.search_state import COLS, docs, row, shard, side_tables
 
@@ -124,7 +125,7 @@ def test_key_change_takes_unchanged_toast_from_the_old_key(
     # no document anywhere: rejected (the job dead-letters it), the rest applies
     b = f.batch(*moved(7, 70, 300), *moved(2, 20, 310))
     rejected = sink.reject(b)
-    assert [r.offset for r in rejected] == [e.offset for e in b.events if e.key_json == '{"id":70}']
+    assert [r.offset for r in rejected] == [e.offset for e in events_of(b) if e.key_json == '{"id":70}']
     sink.apply(b.without({(r.partition, r.offset) for r in rejected}), 3, APP)
     assert docs(tmp_path, reg)[20]["body"] == ["body two"] and 70 not in docs(tmp_path, reg)
 

@@ -25,6 +25,7 @@ from sinks.search import SearchSink
 from sinks.search.index import find_layout
 from tests.plugins.forks import workers
 from tests.sinks.conftest import FeedMaker
+from tests.sinks.events import batch_of, events_of
 from tests.sinks.feed import Feed, mixed_batches, table
 from tests.sinks.search_state import COLS, docs, key_of, row, side_tables
 
@@ -57,8 +58,10 @@ def slice_of(batch: ChangeBatch, p: int) -> ChangeBatch:
         keys = batch.columns.table.column("key_json").to_pylist()
         mask = pa.array([shard_of(k, SHARDS) == p for k in keys])
         return ChangeBatch(batch.table, batch.columns.filter(mask), shard=p)
-    mine = [e for e in batch.events if (e.partition if e.op == "t" else shard_of(e.key_json, SHARDS)) == p]
-    return ChangeBatch.of_events(batch.table, mine, shard=p)
+    mine = [
+        e for e in events_of(batch) if (e.partition if e.op == "t" else shard_of(e.key_json, SHARDS)) == p
+    ]
+    return batch_of(batch.table, mine, shard=p)
 
 
 def apply_whole(state: Path, reg: TableReg, batches: list[ChangeBatch], shards: int = SHARDS) -> None:
@@ -176,7 +179,7 @@ def slice_like(batch: ChangeBatch, shard: int) -> ChangeBatch:
     """``batch`` as a slice of ``shard``, whatever its keys."""
     if batch.columns.plain:
         return ChangeBatch(batch.table, batch.columns, shard=shard)
-    return ChangeBatch.of_events(batch.table, batch.events, shard=shard)
+    return batch_of(batch.table, events_of(batch), shard=shard)
 
 
 def test_search_merges_every_shards_top_hits_by_score(
@@ -340,7 +343,7 @@ def test_a_task_takes_a_moved_keys_toast_values_from_the_old_keys_shard(tmp_path
         if order == "new first":
             assert rejected == [] and back.docs == {new: {"title": "moved", "body": "the long body"}}
         else:
-            assert [r.offset for r in rejected] == [e.offset for e in b.events if e.op == "c"]
+            assert [r.offset for r in rejected] == [e.offset for e in events_of(b) if e.op == "c"]
             assert back.docs == {}
 
 

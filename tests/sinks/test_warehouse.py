@@ -26,6 +26,7 @@ from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink, leases, reclaim
 from sinks.warehouse import delta as D
 from tests.sinks.conftest import FeedMaker
+from tests.sinks.events import events_of
 from tests.sinks.feed import BASE_TS_MS, Feed, mixed_batches, table
 
 # every test runs on both batch forms (per-event and columnar)
@@ -254,7 +255,7 @@ def test_key_change_without_any_stored_row_is_rejected(sink: WarehouseSink, feed
     )
     rejected = sink.reject(b)
     assert [(r.offset, "TOAST" in r.reason and "note" in r.reason) for r in rejected] == [
-        (e.offset, True) for e in b.events if e.key_json in ('{"id":20}', '{"id":8}')
+        (e.offset, True) for e in events_of(b) if e.key_json in ('{"id":20}', '{"id":8}')
     ]
     sink.apply(b.without({(r.partition, r.offset) for r in rejected}), 2, APP)
     cur = current(sink, reg)
@@ -789,7 +790,7 @@ def test_excluded_columns_never_reach_the_warehouse(sink: WarehouseSink, feed: F
     f = feed(reg)
     row = {"id": 1, "ts": "0044-03-15 12:00:00+00 BC", "d": "2026-01-01", "amount": "1", "name": "a"}
     batch = f.batch(f.change("c", {**row, "_cdc_clash": "x"}, 100))
-    assert all("ts" not in (ev.after or {}) for ev in batch.events)
+    assert all("ts" not in (ev.after or {}) for ev in events_of(batch))
     assert sink.reject(batch) == []
     sink.apply(batch, 1, APP)
     t = sink.current_rows(reg, meta=False)
