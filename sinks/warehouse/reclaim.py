@@ -125,7 +125,7 @@ class DiskTracker:
 
     def usage(self, path: Path, table: DeltaTable) -> Usage:
         """:func:`usage` of the table at ``path`` (``table``: open at its latest version)."""
-        key, version, ident = str(path), table.version(), table.metadata().id
+        key, version, ident = str(path), table.version(), str(table.metadata().id)
         known = self._known.get(key)
         # a version gone back, or another table at the path (`cdc rebuild` swaps one in)
         renewed = self._ids.get(key, ident) != ident
