@@ -38,7 +38,7 @@ from sinks.warehouse.delta import (
     ts_literal,
 )
 from sinks.warehouse.files import TableWrite, commit_all
-from sinks.warehouse.handles import TASK_HANDLES, Handles, refresh
+from sinks.warehouse.handles import TASK_HANDLES, Handles, mark, refresh
 from sinks.warehouse.layout import (
     BUCKET,
     CURRENT_META,
@@ -414,9 +414,10 @@ class WarehouseSink(Sink):
                 wanted,
                 mode="ignore",
                 partition_by=list(partitions),
-                configuration={LAYOUT_CONF: layout().conf(), **reclaim.tombstone_conf(self.options)},
+                configuration={LAYOUT_CONF: layout().conf(), **reclaim.retention_conf(self.options)},
                 raise_if_key_not_exists=False,
             )
+            mark(path)
             return self.handles.put(path, created)
         have = set(arrow_schema(table).names)
         missing = [f for f in wanted if f.name not in have]

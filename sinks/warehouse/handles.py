@@ -9,10 +9,11 @@ as the work.
 
 :meth:`Handles.get` returns the table at ``path`` at its latest committed version, whoever
 committed it (the handle reads the new log entries), as a new ``DeltaTable(path)`` would. A handle
-is reused only while the table is the same one: the log's first commit file is the one the handle
-was opened on (same inode, size and modification time). A table deleted and created again, or
-swapped in by ``cdc rebuild``, is opened anew, and so is one whose first commit file is gone (log
-cleanup after a checkpoint): reuse is an optimisation, never a condition. Not shared between
+is reused only while the table is the same one: its identity marker (:func:`mark`), or for a table
+without one its log's first commit file, is the one the handle was opened on (same inode, size and
+modification time). A table deleted and created again, or swapped in by ``cdc rebuild``, is opened
+anew, and so is one without a marker whose first commit file is gone (log cleanup after a
+checkpoint): reuse is an optimisation, never a condition. Not shared between
 threads: each thread has its own handles (a ``DeltaTable`` brought up to date in one thread while
 another reads it is not safe).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import uuid
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -32,16 +34,35 @@ LOG_DIR = "_delta_log"
 COMMIT = re.compile(r"^(\d{20})\.json$")
 _FIRST_COMMIT = os.path.join(LOG_DIR, f"{0:020d}.json")
 
-#: what identifies a table's log: its first commit file's (inode, device, size, mtime in ns)
+#: a file the warehouse writes once into each Delta table it creates, beside its log: what identifies
+#: the table, when its log's cleanup has deleted the first commit file (the underscore hides it from
+#: Delta readers and from vacuum)
+MARKER = "_cdc_table"
+
+#: what identifies a table: its marker's, else its log's first commit file's (inode, device, size,
+#: mtime in ns)
 _Identity = tuple[int, int, int, int]
 
 
 def _identity(path: str) -> _Identity | None:
-    try:
-        st = os.stat(os.path.join(path, _FIRST_COMMIT))
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+    for name in (MARKER, _FIRST_COMMIT):
+        try:
+            st = os.stat(os.path.join(path, name))
+        except FileNotFoundError:
+            continue
+        return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+    return None
+
+
+def mark(path: Path | str) -> None:
+    """Write the identity marker (:data:`MARKER`) of the Delta table just created at ``path``,
+    atomically (a temporary name, then renamed): a table deleted and created again, or swapped in,
+    has a new one."""
+    target = os.path.join(_key(path), MARKER)
+    staged = f"{target}.{os.getpid()}.{uuid.uuid4().hex}"
+    with open(staged, "w") as f:
+        f.write(uuid.uuid4().hex)
+    os.replace(staged, target)
 
 
 def _key(path: Path | str) -> str:

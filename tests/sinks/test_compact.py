@@ -6,8 +6,10 @@ does not grow with the run: it deletes from the superseded files kept from the l
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sinks.warehouse import WarehouseOptions, WarehouseSink, reclaim
+from sinks.warehouse import WarehouseOptions, WarehouseSink, leases, reclaim
+from sinks.warehouse import handles as handles_module
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import table
 
@@ -254,24 +257,63 @@ def test_a_reclaim_deletes_from_the_superseded_files_kept_from_the_log(
     assert sorted(r["id"] for r in sink.current_rows(table(), meta=False).to_pylist()) == list(range(40))
 
 
-def test_new_tables_keep_tombstones_as_long_as_a_reader_or_the_vacuum_needs_them(
+def test_new_tables_keep_tombstones_and_commits_only_as_long_as_cdc_needs_them(
     tmp_path: Path, feed: FeedMaker
 ) -> None:
-    """Delta's week of tombstones grew every snapshot and checkpoint with each batch of the week;
-    a table the sink creates keeps them for the longest of a lease, the full vacuum's retention
-    and the readers' window, at least an hour."""
-    for options, seconds in (
-        (WarehouseOptions(), 3600),
-        (WarehouseOptions(lease_max_age_s=7200.5), 7201),
-        (WarehouseOptions(vacuum_retention_hours=3), 3 * 3600),
+    """Delta's week of tombstones and 30 days of commit files grew every snapshot, checkpoint and
+    log listing with each batch; a table the sink creates keeps tombstones for the longest of a
+    lease, the full vacuum's retention and the readers' window (at least an hour), and commit files
+    for twice the readers' window (at least 10 minutes)."""
+    for options, tombstones, log in (
+        (WarehouseOptions(), 3600, 600),
+        (WarehouseOptions(lease_max_age_s=7200.5), 7201, 600),
+        (WarehouseOptions(vacuum_retention_hours=3, vacuum_min_retention_s=900), 3 * 3600, 1800),
     ):
-        sink = WarehouseSink(tmp_path / str(seconds), options)
+        sink = WarehouseSink(tmp_path / str(tombstones + log), options)
         reg = table()
         f = feed(reg)
         sink.apply(f.batch(f.change("c", {"id": 1, "name": "a", "note": None}, 100)), 1, APP)
         for path in sink.paths(reg):
             conf = DeltaTable(str(path)).metadata().configuration
-            assert conf[reclaim.TOMBSTONES_CONF] == f"interval {seconds} seconds", path.name
+            assert conf[reclaim.TOMBSTONES_CONF] == f"interval {tombstones} seconds", path.name
+            assert conf[reclaim.LOG_CONF] == f"interval {log} seconds", path.name
+
+
+def test_after_the_log_cleanup_handles_are_reused_and_rows_kept(
+    tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a log retention of a second and a checkpoint every 5 commits, delta-rs deletes the
+    table's first commit files; the sink's handles, recognised by the table's marker, are still
+    reused (no table opened anew after the first batch), and every row is there."""
+    real = reclaim.retention_conf
+    monkeypatch.setattr(
+        reclaim,
+        "retention_conf",
+        lambda opts: {**real(opts), reclaim.LOG_CONF: "interval 1 seconds", "delta.checkpointInterval": "5"},
+    )
+    opened = _calls(monkeypatch, "open_table")
+    monkeypatch.setattr(handles_module, "open_table", reclaim.open_table)
+    sink = _sink(tmp_path, 5.0, ratio=0.5, retention=0)
+    reg = table()
+    f = feed(reg)
+    sink.apply(
+        f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(20))), 1, APP
+    )
+    first = len(opened)
+    for path in sink.paths(reg):  # the first commits made an hour ago: past the retention
+        for entry in (path / "_delta_log").iterdir():
+            os.utime(entry, (time.time() - 3600, time.time() - 3600))
+    for batch_id in range(2, 16):
+        rows = [
+            f.change("u", {"id": i, "name": f"v{batch_id}", "note": None}, 100 * batch_id)
+            for i in range(0, 20, 3)
+        ]
+        sink.apply(f.batch(*rows), batch_id, APP)
+    current = sink.paths(reg)[0]
+    assert not (current / "_delta_log" / f"{0:020d}.json").exists(), "the log was not cleaned up"
+    assert len(opened) == first, f"tables opened anew after the cleanup: {opened[first:]}"
+    got = {r["id"]: r["name"] for r in sink.current_rows(reg, meta=False).to_pylist()}
+    assert got == {i: ("v15" if i % 3 == 0 else "a") for i in range(20)}
 
 
 def test_the_tracker_starts_again_on_another_table_at_the_same_path(tmp_path: Path, feed: FeedMaker) -> None:
@@ -286,3 +328,45 @@ def test_the_tracker_starts_again_on_another_table_at_the_same_path(tmp_path: Pa
     handle = DeltaTable(str(old))
     assert tracker.usage(old, handle) == reclaim.usage(old)
     assert tracker.superseded(old) == reclaim.listed_superseded(old, handle, on_disk=True)
+
+
+def test_a_lease_older_than_the_logs_commits_keeps_every_superseded_file(
+    tmp_path: Path, feed: FeedMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reclaim keeps the files removed since a live lease's version, which it learns from those
+    commits; once the log's cleanup deleted some of them, it cannot tell, and deletes nothing of the
+    table while the lease lives (then everything it may)."""
+    real = reclaim.retention_conf
+    monkeypatch.setattr(
+        reclaim,
+        "retention_conf",
+        lambda opts: {**real(opts), reclaim.LOG_CONF: "interval 1 seconds", "delta.checkpointInterval": "5"},
+    )
+    sink = _sink(tmp_path, 0.0, ratio=0.0, retention=0)  # the sink reclaims nothing itself
+    reg = table()
+    f = feed(reg)
+
+    def batch(batch_id: int) -> None:
+        rows = [
+            f.change(
+                "u" if batch_id > 1 else "c", {"id": i, "name": f"v{batch_id}", "note": None}, 100 * batch_id
+            )
+            for i in range(12)
+        ]
+        sink.apply(f.batch(*rows), batch_id, APP)
+
+    batch(1)
+    current = sink.paths(reg)[0]
+    with leases.lease(current):
+        for batch_id in range(2, 7):
+            batch(batch_id)
+        for entry in (current / "_delta_log").iterdir():
+            os.utime(entry, (time.time() - 3600, time.time() - 3600))
+        for batch_id in range(7, 17):
+            batch(batch_id)
+        assert not (current / "_delta_log" / f"{2:020d}.json").exists(), "the log was not cleaned up"
+        superseded = reclaim.listed_superseded(current, DeltaTable(str(current)), on_disk=True)
+        assert superseded
+        done = reclaim.reclaim(current, 0)
+        assert done.files == 0 and all((current / p).exists() for p in superseded)
+    assert reclaim.reclaim(current, 0).files == len(superseded)
