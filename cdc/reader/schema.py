@@ -1,21 +1,14 @@
 """A registered table's columns changed at the source: the one place the reader settles it
-(``docs/schema-changes.md``).
+(``docs/schema-changes.md``). Two things tell it while streaming, and both end here:
 
-Each way the stream tells a column change ends in :class:`SchemaFollower`:
+* a change whose columns are not its codec's, which the codec only reports, returning a
+  :class:`~cdc.codec.envelope.ColumnsSeen` in place of the change's records:
+  :meth:`SchemaFollower.settle`;
+* a DDL recorder's message (:mod:`cdc.reader.ddl`): :meth:`SchemaFollower.told`.
 
-* a change whose columns are not its table's codec's: the codec only reports it, returning a
-  :class:`~cdc.codec.envelope.ColumnsSeen` in place of the change's records (a column unknown or of
-  another type, an INSERT without a column, or known columns left out, which a column dropped at
-  the source and an unchanged out-of-line value look alike in): :meth:`SchemaFollower.settle`;
-* a DDL recorder's message (:mod:`cdc.reader.ddl`): :meth:`SchemaFollower.told`, with the columns
-  the command left and those it renamed.
-
-Settling asks the source's catalog (:class:`SourceCatalog`: which columns are gone, the table's
-columns now, a domain's base type), records the new columns (:class:`RegistryColumns`: the
-registry's ``schema_version``, the non-finite recorder's triggers, a chunked re-snapshot after a
-rename or a rewritten long value), then the codec follows them
-(:meth:`~cdc.codec.envelope.EventBuilder.follow_columns`), before any event of the change is made:
-its events carry the new ``schema_version``. Nothing in :mod:`cdc.codec` calls back into here.
+Settling asks the source's catalog (:class:`SourceCatalog`), records the new columns
+(:class:`RegistryColumns`), then the codec follows them (``EventBuilder.follow_columns``), all
+before any event of the change is made: its events carry the new ``schema_version``.
 """
 
 from __future__ import annotations
@@ -45,19 +38,15 @@ _MAX_STEPS = 8
 
 
 class Catalog(Protocol):
-    """What settling a column change asks the source (:class:`SourceCatalog`)."""
+    """What settling a column change asks the source (:class:`SourceCatalog`): ``resolve`` each
+    domain to its base type (its name kept in ``domain``); which of ``names`` the table no longer
+    has (none when the table itself is gone); the table's columns now, in order, domains resolved."""
 
-    def resolve(self, cols: tuple[Column, ...]) -> tuple[Column, ...]:
-        """``cols`` with each domain resolved to its base type (the name kept in ``domain``)."""
-        ...
+    def resolve(self, cols: tuple[Column, ...]) -> tuple[Column, ...]: ...
 
-    def gone(self, reg: TableReg, names: list[str]) -> set[str]:
-        """Which of ``names`` the table no longer has (none when the table itself is gone)."""
-        ...
+    def gone(self, reg: TableReg, names: list[str]) -> set[str]: ...
 
-    def columns(self, reg: TableReg) -> tuple[Column, ...]:
-        """The table's columns now, in order, domains resolved (empty when it is gone)."""
-        ...
+    def columns(self, reg: TableReg) -> tuple[Column, ...]: ...
 
 
 class SourceCatalog:
