@@ -77,6 +77,42 @@ def test_events_carry_the_schema_version_and_follow_a_change() -> None:
     assert [c.name for c in seen[-1]] == ["id", "name"]
 
 
+def test_one_change_settles_its_column_steps_in_order_before_any_event() -> None:
+    """An UPDATE with a new column, a column left out (an unchanged TOAST value: the catalog has
+    it) and an identity with yet another new column: reported step by step, each recorded before
+    the change's event, which carries the last schema version; ``unavailable`` is the one the new
+    row showed before the identity's column was known."""
+    reg = _reg()
+    codec = TableCodec(reg, prefix="cdc", db="db", partitions=1)
+    recorded: list[list[str]] = []
+
+    def record(old: TableReg, cols: tuple[Column, ...], told: dict[str, str] | None) -> TableReg:
+        recorded.append([c.name for c in cols])
+        return replace(old, columns=cols, extra={"schema_version": old.schema_version + 1})
+
+    b = EventBuilder({("public", "t"): codec}, report_left_out=True)
+    schema = SchemaFollower(b, StaticCatalog(), record)
+    b.begin(Message(action="B", xid=7, lsn=0x10))
+    new_row = [Col("id", "integer", 1), Col("name", "text", "b"), Col("extra", "integer", 5)]
+    identity = [*new_row[:2], Col("note", "text", "n"), Col("extra", "integer", 4), Col("more", "integer", 3)]
+    msg = Message(action="U", schema="public", table="t", lsn=0x11, columns=new_row, identity=identity)
+    steps = []
+    out = b.change(msg)
+    while isinstance(out, ColumnsSeen):
+        steps.append("left out" if out.unsent is not None else "identity" if out.row else "new row")
+        assert b.seq == 1 and codec.reg.schema_version == 1 + len(recorded)
+        schema._step(out)
+        out = b.resume(out)
+    assert steps == ["new row", "left out", "identity"]
+    assert recorded == [["id", "name", "note", "extra"], ["id", "name", "note", "extra", "more"]]
+    assert out is not None
+    (rec,) = out[1]
+    ev = orjson.loads(rec.value or b"null")
+    assert ev["source"]["schema_version"] == 3 and ev["source"]["seq"] == 1
+    assert ev["unavailable"] == ["note"] and ev["after"] == {"id": 1, "name": "b", "extra": 5}
+    assert ev["before"] == {"id": 1, "name": "b", "note": "n", "extra": 4, "more": 3}
+
+
 def test_a_renamed_search_column_keeps_its_index_field(tmp_path: Path) -> None:
     with Registry(tmp_path) as r:
         r.add(_reg())
