@@ -29,6 +29,7 @@ needs ``wal_level = logical``) and 58P01 naming the output plugin (wal2json is n
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -91,7 +92,9 @@ _TRANSIENT_TRANSPORT = (
     "no connection to the server",
 )
 
-_WAL2JSON_PACKAGE = "postgresql-{major}-wal2json"
+#: the server's message when a library (an output plugin that is not built in) is not installed:
+#: it names the plugin, so no plugin is named here
+_MISSING_LIBRARY = re.compile(r'could not access file "(?:\$libdir/)?([^"/]+)"')
 
 #: session options for every source connection, so text output (timestamps, floats) is the same in
 #: the stream and in the snapshot's COPY
@@ -219,13 +222,14 @@ def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> Sourc
             "and restart the server; `cdc check` shows the server's settings",
             **values,
         )
-    if code == "58P01" and "wal2json" in detail:
-        package = _WAL2JSON_PACKAGE.format(major=_server_major(exc) or "<major version>")
+    if code == "58P01" and (library := _MISSING_LIBRARY.search(detail)) is not None:
+        plugin = library.group(1)
+        package = f"postgresql-{_server_major(exc) or '<major version>'}-{plugin}"
         return SourcePermanentError(
-            f"the wal2json output plugin is not installed on the source server {shown}: {detail}",
+            f"the {plugin} output plugin is not installed on the source server {shown}: {detail}",
             fix=f"install it on the database server (Debian/Ubuntu: apt-get install {package}, the "
-            "package for the server's major version; RDS, Aurora and Cloud SQL ship it), then run "
-            "`cdc check` again",
+            "package for the server's major version; RDS, Aurora and Cloud SQL ship wal2json), then "
+            "run `cdc check` again",
             **values,
         )
     if connecting and code is None:

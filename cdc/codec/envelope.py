@@ -20,9 +20,9 @@ Decisions (extending :mod:`cdc.events`):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -49,20 +49,34 @@ _MISSING = object()
 _SOURCE_TAIL = b'%b%b"lsn":%d,"sequence":"[\\"%d\\",\\"%d\\"]","seq":%d}'
 
 
-class ColumnsChanged(Protocol):
-    """Called with (table, new column list) before an event that carries the change is produced;
-    returns the table's new registration (its bumped ``schema_version``), or None to keep the
-    codec's. ``renamed`` ({old: new}) is passed only when the DDL recorder told which columns were
-    renamed (:mod:`cdc.reader.ddl`); without it the callee infers renames from the columns."""
+@dataclass(eq=False, slots=True)
+class ColumnsSeen:
+    """A change whose columns the codec cannot take as they are, returned by
+    :meth:`EventBuilder.change` in place of its records: the codec never settles a column change
+    itself (that writes the registry, asks the source's catalog). The reader settles it
+    (:mod:`cdc.reader.schema`), then :meth:`EventBuilder.resume` goes on with the change, which
+    nothing has touched meanwhile (no event, no image staged), so its events carry the table's new
+    columns and ``schema_version``.
 
-    def __call__(
-        self, reg: TableReg, columns: tuple[Column, ...], renamed: dict[str, str] | None = None, /
-    ) -> TableReg | None: ...
+    * ``unsent`` None: the change ``sent`` these columns (its new row, or its identity), of which
+      one is not the codec's or has another type, or an INSERT that lacks a known column
+      (``is_insert``): the table's columns are now those;
+    * ``unsent``: the change left out these known columns, which an unchanged out-of-line value and
+      a column dropped at the source look alike in: the reader asks the catalog, and takes those
+      gone (and a column that a rename brought) out of the table's columns.
+    """
 
-
-#: called with (table, columns an UPDATE did not send); returns those no longer at the source (a
-#: dropped column and an unchanged TOASTed value look the same in an UPDATE)
-ColumnsGone = Callable[[TableReg, list[str]], set[str]]
+    codec: TableCodec
+    sent: list[Col]
+    is_insert: bool
+    unsent: list[str] | None
+    # where the change stands: what :meth:`EventBuilder.resume` goes on from
+    msg: Message
+    lsn: int
+    head: bytes
+    source: bytes
+    #: the new row, its unavailable columns and key, when the change's identity was the one seen
+    row: tuple[dict[str, Any], list[str], dict[str, Any]] | None = None
 
 
 def renamed_columns(old: Sequence[Column], new: Sequence[Column]) -> dict[str, str]:
@@ -310,7 +324,7 @@ class TableCodec:
     # -- rows -----------------------------------------------------------------------------------
     def row(self, cols: list[Col]) -> dict[str, Any]:
         """Encode a wal2json column list (excluded columns dropped). Columns must be known
-        (see :meth:`EventBuilder._check_columns`)."""
+        (a change of other columns is a :class:`ColumnsSeen`)."""
         conv = self.converters
         exclude = self.exclude
         out: dict[str, Any] = {}
@@ -421,28 +435,27 @@ class EventBuilder:
     """Turns decoded wal2json messages into log-store records, tracking the open transaction.
 
     Call :meth:`begin` for ``B``, :meth:`change` for ``I``/``U``/``D``/``T`` (returns the topic and
-    records to append, in order), :meth:`commit` for ``C``. ``columns_changed`` is called with the
-    table's new column list when a change carries a column not seen before (added at the source, or
-    its type changed), before the change's events are returned.
+    records to append, in order), :meth:`commit` for ``C``. A change whose columns are not its
+    table's (a column added, dropped, renamed or retyped at the source) returns a
+    :class:`ColumnsSeen` instead: the caller settles it, then takes the records from :meth:`resume`.
+    The table's new columns come back through :meth:`follow_columns`. Nothing here writes the
+    registry or asks the source: the reader does (:mod:`cdc.reader.schema`).
     """
 
     def __init__(
         self,
         codecs: dict[tuple[str, str], TableCodec],
-        columns_changed: ColumnsChanged,
-        columns_gone: ColumnsGone | None = None,
-        resolve_types: Callable[[tuple[Column, ...]], tuple[Column, ...]] | None = None,
         *,
         skip_unlisted: bool = False,
         images: Images | None = None,
         staging: Staging | None = None,
-        catalog_columns: Callable[[TableReg], tuple[Column, ...]] | None = None,
+        report_left_out: bool = False,
     ) -> None:
         self.codecs = codecs
-        #: the table's columns in the source's catalog now: asked when a change lacks a column that
-        #: is gone at the source, for the column a rename brought (an unchanged out-of-line value
-        #: under its new name is sent by no change)
-        self.catalog_columns = catalog_columns
+        #: a change that leaves known columns out is reported (:attr:`ColumnsSeen.unsent`): only
+        #: the source's catalog tells a dropped column from an unchanged out-of-line value; off (no
+        #: catalog to ask): they are taken as unchanged values
+        self.report_left_out = report_left_out
         #: each key's long values (:mod:`cdc.logstore.images`): an UPDATE's unchanged out-of-line
         #: values are filled in from them, and every event's changes are staged into ``staging``
         #: (the stream's batch commits them once its records are durable)
@@ -459,14 +472,9 @@ class EventBuilder:
         #: hold a table registered after this session started, which restarts with it
         self.skip_unlisted = skip_unlisted
         self.unlisted = 0
-        #: a domain column named by its domain (as wal2json and the DDL recorder name it) -> its
-        #: base type (cdc.catalog.resolve_domains); none: types are kept as sent
-        self.resolve_types = resolve_types
         #: tables no longer decoded (dropped, renamed or refused at the source, told by the DDL
         #: recorder): their changes are skipped
         self.detached: dict[tuple[str, str], TableCodec] = {}
-        self.columns_changed = columns_changed
-        self.columns_gone = columns_gone
         self.xid: int | None = None
         self.commit_lsn = 0
         self.seq = 0
@@ -501,51 +509,31 @@ class EventBuilder:
         self.xid = None
         return msg.nextlsn or msg.lsn or 0
 
-    def _check_columns(self, codec: TableCodec, msg: Message, cols: list[Col], is_insert: bool) -> None:
+    @staticmethod
+    def _differs(codec: TableCodec, cols: list[Col], is_insert: bool) -> bool:
+        """Whether the columns a change sent are not ``codec``'s: one unknown or of another type, or
+        an INSERT (which sends every column) without one of them."""
         types = codec.types
-        changed = False
         for c in cols:
             if types.get(c.name, _MISSING) != c.type:
-                changed = True
-                break
-        dropped = is_insert and len(cols) < len(types)
-        if not changed and not dropped:
-            return
-        present = {c.name: c.type for c in cols}
-        gone: set[str] = set()
-        if not is_insert and self.columns_gone is not None:
-            # an UPDATE/DELETE leaves out TOASTed values and (identity) non-key columns: only the
-            # catalog tells a column dropped (or renamed) at the source
-            missing = [c.name for c in codec.columns if c.name not in present]
-            gone = self.columns_gone(codec.reg, missing) if missing else set()
-        new_cols: list[Column] = []
-        for col in codec.columns:
-            if col.name in present:
-                new_cols.append(Column(col.name, present[col.name], col.nullable))
-            elif not is_insert and col.name not in gone:
-                new_cols.append(col)
-        known = {c.name for c in new_cols}
-        new_cols.extend(Column(n, t) for n, t in present.items() if n not in known)
-        cols_t = tuple(new_cols)
-        self._columns_now(codec, cols_t)
+                return True
+        return is_insert and len(cols) < len(types)
 
-    def resolve(self, cols: tuple[Column, ...]) -> tuple[Column, ...]:
-        """``cols`` with domains resolved to their base types (:attr:`resolve_types`)."""
-        return cols if self.resolve_types is None else self.resolve_types(cols)
-
-    def _columns_now(
-        self, codec: TableCodec, cols: tuple[Column, ...], renamed: dict[str, str] | None = None
+    def follow_columns(
+        self,
+        codec: TableCodec,
+        cols: tuple[Column, ...],
+        reg: TableReg | None,
+        renamed: dict[str, str] | None = None,
     ) -> None:
-        cols = self.resolve(cols)
-        if renamed is None:
-            new_reg = self.columns_changed(codec.reg, cols)
-        else:
-            new_reg = self.columns_changed(codec.reg, cols, renamed)
+        """The table's columns are ``cols`` from the next event on (domains resolved), registered
+        as ``reg`` (its ``schema_version``; None: ``codec``'s stays). ``renamed``: the columns the
+        DDL recorder told renamed, else inferred from the columns (:func:`images_alter`)."""
         if self.staging is not None:
             self.staging.alter(codec.topic, images_alter(codec.columns, cols, renamed))
         codec.set_columns(cols)
-        if new_reg is not None:
-            codec.follow(new_reg)
+        if reg is not None:
+            codec.follow(reg)
 
     # -- the non-finite recorder (cdc.recorders.nonfinite) ------------------------------------------
     def nonfinite(self, msg: Message) -> None:
@@ -574,11 +562,6 @@ class EventBuilder:
                     c.value = values[c.name]
 
     # -- the DDL recorder (cdc.reader.ddl) ------------------------------------------------------
-    def set_table_columns(self, codec: TableCodec, cols: tuple[Column, ...], renamed: dict[str, str]) -> None:
-        """The table's columns as a DDL command left them (``renamed``: exactly the columns it
-        renamed, possibly none): recorded now, before the next change of the table."""
-        self._columns_now(codec, cols, renamed)
-
     def detach(self, codec: TableCodec) -> None:
         """Stop decoding the table's changes (its leaf partitions' too): they are skipped."""
         for key in [k for k, c in self.codecs.items() if c is codec]:
@@ -597,9 +580,10 @@ class EventBuilder:
         self._last_schema = self._last_table = self._last_codec = None
         return codec
 
-    def change(self, msg: Message) -> tuple[str, list[Record]] | None:
+    def change(self, msg: Message) -> tuple[str, list[Record]] | ColumnsSeen | None:
         """Records for one I/U/D/T message, or None when the change is already contained in the
-        table's snapshot (commit LSN below the snapshot's consistent point)."""
+        table's snapshot (commit LSN below the snapshot's consistent point), or a
+        :class:`ColumnsSeen` when its columns are not the table's: settle it, then :meth:`resume`."""
         action = msg.action
         table = msg.table
         if table == self._last_table and msg.schema == self._last_schema:
@@ -661,12 +645,26 @@ class EventBuilder:
             return codec.topic, codec.change_records(b"t", None, None, source, self.now)
         return self._general(codec, msg, lsn, head, source)
 
+    def resume(self, seen: ColumnsSeen) -> tuple[str, list[Record]] | ColumnsSeen:
+        """Go on with the change ``seen`` stopped (once the reader settled it: the table's columns
+        followed, :meth:`follow_columns`): its records, or the next :class:`ColumnsSeen` of it."""
+        return self._general(seen.codec, seen.msg, seen.lsn, seen.head, seen.source, seen)
+
     def _general(
-        self, codec: TableCodec, msg: Message, lsn: int, head: bytes, source: bytes
-    ) -> tuple[str, list[Record]]:
+        self,
+        codec: TableCodec,
+        msg: Message,
+        lsn: int,
+        head: bytes,
+        source: bytes,
+        seen: ColumnsSeen | None = None,
+    ) -> tuple[str, list[Record]] | ColumnsSeen:
         """:meth:`change` of an I/U/D off its fast path: a DELETE, a column missing (TOAST) or not
         known (the columns changed), a key change. ``head``: the table's ``source_head`` that
-        ``source`` was built with (a new one: the columns changed, ``source`` is built again)."""
+        ``source`` was built with (a new one: the columns changed, ``source`` is built again).
+        ``seen``: where :meth:`resume` goes on from; every :class:`ColumnsSeen` is returned before
+        anything of the change is recorded, in the order the change's columns are looked at (its
+        new row, the columns it left out, its identity)."""
         action = msg.action
         identity = msg.identity
         if action == "D":
@@ -677,7 +675,8 @@ class EventBuilder:
                     lsn=int_to_lsn(msg.lsn or 0),
                     reason="no identity",
                 )
-            self._check_columns(codec, msg, identity, False)
+            if self._differs(codec, identity, False):
+                return ColumnsSeen(codec, identity, False, None, msg, lsn, head, source)
             if codec.source_head is not head:  # the columns changed: the new schema version
                 source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
             records = codec.change_records(b"d", codec.row(identity), None, source, self.now, lsn=lsn)
@@ -686,26 +685,25 @@ class EventBuilder:
             return codec.topic, records
         cols = msg.columns or []
         is_insert = action == "I"
-        self._check_columns(codec, msg, cols, is_insert)
-        after = codec.row(cols)
-        unavailable: list[str] = []
-        if len(after) < len(codec.included):
-            unavailable = [n for n in codec.included if n not in after]
-            gone = self.columns_gone(codec.reg, unavailable) if self.columns_gone else set()
-            if gone:  # dropped at the source: no longer in the events (the warehouse keeps it, null)
-                known = {c.name for c in codec.columns}
-                now = self.catalog_columns(codec.reg) if self.catalog_columns is not None else ()
-                added = tuple(c for c in now if c.name not in known)  # a rename's new name, say
-                self._columns_now(codec, tuple(c for c in codec.columns if c.name not in gone) + added)
-                unavailable = [n for n in unavailable if n not in gone]
-                unavailable += [c.name for c in added if c.name in codec.included and c.name not in after]
-        if codec.source_head is not head:  # the columns changed: the new schema version
-            source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
-        new_key = (
-            codec.key_of(after, lsn)
-            if not unavailable
-            else self._key_with_identity(codec, after, identity, lsn)
-        )
+        unavailable: list[str]
+        if seen is not None and seen.row is not None:  # the identity was seen: its row stands
+            after, unavailable, new_key = seen.row
+        else:
+            if self._differs(codec, cols, is_insert):
+                return ColumnsSeen(codec, cols, is_insert, None, msg, lsn, head, source)
+            after = codec.row(cols)
+            unavailable = []
+            if len(after) < len(codec.included):
+                # left out: unchanged out-of-line values, or dropped at the source (then no longer
+                # in the events: the warehouse keeps the column, null); asked once per change
+                unavailable = [n for n in codec.included if n not in after]
+                if self.report_left_out and (seen is None or seen.unsent is None):
+                    return ColumnsSeen(codec, cols, is_insert, unavailable, msg, lsn, head, source)
+            new_key = (
+                codec.key_of(after, lsn)
+                if not unavailable
+                else self._key_with_identity(codec, after, identity, lsn)
+            )
         if action not in ("I", "U"):
             raise DecodeError(
                 f"unknown wal2json action {action!r}",
@@ -715,10 +713,12 @@ class EventBuilder:
             )
         before: dict[str, Any] | None = None
         if not is_insert and identity is not None:
-            self._check_columns(codec, msg, identity, False)
-            if codec.source_head is not head:
-                source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
+            if self._differs(codec, identity, False):
+                row = (after, unavailable, new_key)
+                return ColumnsSeen(codec, identity, False, None, msg, lsn, head, source, row)
             before = codec.row(identity)
+        if codec.source_head is not head:  # the columns changed: the new schema version
+            source = codec.change_source(self.tx_part, lsn, self.commit_lsn, self.seq)
         new_b = encode_key(new_key)
         old_b = codec.key_bytes(before, lsn) if before is not None else new_b
         kept: Image | None = None

@@ -3,9 +3,10 @@
 Interface: :class:`Reader` (``Reader(settings, store, registry).run(once=..., stop=...)``), tuned by
 :class:`ReaderOptions`. Modules beside it: :mod:`~cdc.reader.slot` (the slot decision: create,
 recover, resume), :mod:`~cdc.reader.watch` (the watcher of source changes while streaming),
-:mod:`~cdc.reader.replication` (the psycopg2 loop), :mod:`~cdc.reader.ddl` (the DDL
-recorder's stream side). The recorders' triggers on the source are :mod:`cdc.recorders`. Decoding is :mod:`cdc.codec` (the decoder, the event);
-the snapshot stage is the top-level :mod:`snapshot` package, which the reader imports (never the
+:mod:`~cdc.reader.replication` (the psycopg2 loop), :mod:`~cdc.reader.schema` (a table's columns
+changed: the one place that settles it), :mod:`~cdc.reader.ddl` (the DDL recorder's stream side).
+The recorders' triggers on the source are :mod:`cdc.recorders`. Decoding is :mod:`cdc.codec` (the
+decoder, the event); the snapshot stage is the top-level :mod:`snapshot` package, which the reader imports (never the
 other way round).
 
 Guarantees
@@ -57,17 +58,15 @@ from cdc.catalog import (
     describe_table,
     is_table,
     key_columns_gone,
-    resolve_domains,
     server_info,
     slot_info,
     source_tables,
     table_oids,
 )
 from cdc.codec import HEARTBEAT_PREFIX, Decoder
-from cdc.codec.envelope import EventBuilder, TableCodec, renamed_columns, retyped_columns
+from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.fastpath import native_status
 from cdc.codec.plugins import plugin as output_plugin
-from cdc.codec.values import out_of_line_columns
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.config import ReaderConfig, Settings, redact_dsn, redact_text, section_options
 from cdc.connect import SESSION_OPTIONS, classify, connect, is_transient
@@ -92,6 +91,7 @@ from cdc.reader.plugin import (
     resnapshot_after_lost_slot,
 )
 from cdc.reader.replication import StreamControl, open_replication, stream
+from cdc.reader.schema import RegistryColumns, SchemaFollower, SourceCatalog
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
 from cdc.recorders.nonfinite import ensure_nonfinite, remember, tracked_columns
@@ -107,7 +107,6 @@ from snapshot.chunk_state import (
 from snapshot.chunked import ChunkDriver, ChunkTracker, truncate_marker
 from snapshot.exported import read_tables
 from snapshot.progress import NullProgress
-from snapshot.table_info import table_columns
 
 
 @dataclass
@@ -588,65 +587,8 @@ class Reader:
         regs = [r for r in self.registry.list_tables() if (r.schema, r.table) not in refused]
         return regs, refused_regs, chunking
 
-    def _columns_changed(
-        self,
-        conn: psycopg.Connection[Any],
-        reg: TableReg,
-        cols: tuple[Column, ...],
-        told: dict[str, str] | None = None,
-        /,
-    ) -> TableReg:
-        """A table's columns changed at the source (``EventBuilder``'s ``columns_changed``);
-        ``told``: the renames the DDL recorder reported (exact); else inferred from rows."""
-        renamed = renamed_columns(reg.columns, cols) if told is None else told
-        rewritten = self._rewritten_long_values(reg, cols)
-        new = self.registry.set_columns(reg.schema, reg.table, cols, renamed)
-        # e.g. its first float column, or a generated one (the recorder's other form)
-        self._ensure_nonfinite(conn, [new])
-        self.log(
-            f"columns of {reg.qualified} changed at the source (schema version "
-            f"{new.schema_version}{', told by the DDL recorder' if told is not None else ''}): "
-            f"{[f'{c.name} {c.type}' for c in cols]}"
-        )
-        if renamed:
-            # the rows not changed since hold the column under its old name only: a chunked
-            # snapshot (while streaming) brings every row's value under the new name
-            self.log(
-                f"{reg.qualified}: column(s) renamed at the source {renamed}"
-                f"{' (DDL recorder)' if told is not None else ''}; "
-                "snapshotting the table again (chunked) so every row carries the new name"
-            )
-            self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
-            self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
-        elif rewritten:
-            # the ALTER rewrote these values at the source, where no change reaches the stream: an
-            # UPDATE that leaves them out could not be filled in; a chunked snapshot reads them
-            self.log(
-                f"{reg.qualified}: column(s) {rewritten} retyped at the source; snapshotting the "
-                "table again (chunked) so every row carries their new values"
-            )
-            self.registry.set_table_state(TableState.SNAPSHOT_REQUEST, reg.schema, reg.table, None)
-            self.registry.set_snapshot_state(reg.schema, reg.table, "pending")
-        return new
-
-    def _rewritten_long_values(self, reg: TableReg, cols: tuple[Column, ...]) -> list[str]:
-        """The columns retyped from ``reg``'s columns to ``cols`` whose values the ALTER may have
-        rewritten out of line, where no change carries them: their new type can be stored out of
-        line, and some row held one (the image store holds the column for the table)."""
-        long_now = out_of_line_columns({c.name: c.type for c in cols})
-        return [
-            n
-            for n in retyped_columns(reg.columns, cols)
-            if n in long_now
-            and self.images is not None
-            and self.images.holds_column(reg.topic, orjson.dumps(n))
-        ]
-
-    def _builder(
-        self, conn: psycopg.Connection[Any], codecs: dict[tuple[str, str], TableCodec], watcher: SourceWatcher
-    ) -> EventBuilder:
+    def _builder(self, codecs: dict[tuple[str, str], TableCodec]) -> EventBuilder:
         """The session's event builder, filling in from the image store (its staging: the batch's)."""
-        type_cache: dict[str, str] = {}
         images = self.images
         staging = None
         if images is not None:
@@ -654,16 +596,20 @@ class Reader:
             staging = images.staging()
         return EventBuilder(
             codecs,
-            functools.partial(self._columns_changed, conn),
-            watcher.columns_gone,
-            lambda cols: resolve_domains(conn, cols, type_cache),
             # pgoutput's publication is shared state: a table registered since this session started
             # is published before the session restarts with it (its chunked snapshot covers it)
             skip_unlisted=self._plugin.uses_publication,
             images=images,
             staging=staging,
-            catalog_columns=lambda reg: table_columns(conn, reg.schema, reg.table),
+            report_left_out=True,
         )
+
+    def _schema(self, conn: psycopg.Connection[Any], builder: EventBuilder) -> SchemaFollower:
+        """The session's column changes, settled on ``conn`` (:mod:`cdc.reader.schema`)."""
+        record = RegistryColumns(
+            self.registry, self.images, functools.partial(self._ensure_nonfinite, conn), self.log
+        )
+        return SchemaFollower(builder, SourceCatalog(conn), record)
 
     def _stream_session(
         self,
@@ -688,8 +634,9 @@ class Reader:
             for leaf in parts:
                 codecs[leaf] = codecs[parent]
         self.registry.set_state(State.STREAMED_TABLES, orjson.dumps(sorted(codecs)).decode())
-        builder = self._builder(conn, codecs, watcher)
-        follower = self._ddl_follower(conn, builder, regs, watcher)
+        builder = self._builder(codecs)
+        schema = self._schema(conn, builder)
+        follower = self._ddl_follower(conn, builder, schema, regs, watcher)
         batch = Batch(self.store, self.store_lock, staging=builder.staging)
         ctl = StreamControl(
             stop=stop,
@@ -702,6 +649,7 @@ class Reader:
             batch_max_ms=self.options.batch_max_ms,
             stats=self.stats,
             ddl=follower,
+            schema=schema.settle,
         )
 
         detaches = self._detached_rows(conn, regs, db)
@@ -957,12 +905,13 @@ class Reader:
         self,
         conn: psycopg.Connection[Any],
         builder: EventBuilder,
+        schema: SchemaFollower,
         regs: list[TableReg],
         watcher: SourceWatcher,
     ) -> DdlFollower:
         """The DDL recorder's side of this session (:mod:`cdc.reader.ddl`): a registered table
         dropped or renamed is recorded missing at once (with what happened), one whose key column
-        went is refused at once; column changes are applied by the follower itself."""
+        went is refused at once; column changes go to ``schema``."""
 
         oids = table_oids(conn, table_names(regs))
 
@@ -981,7 +930,7 @@ class Reader:
                 )
             watcher.gone(reg)  # the source check need not tell it again
 
-        return DdlFollower(builder, oids, on_gone=on_gone, on_key_lost=self._refuse)
+        return DdlFollower(builder, schema, oids, on_gone=on_gone, on_key_lost=self._refuse)
 
     # -- chunked snapshots (snapshot.chunked) -----------------------------------------------------
     def _prepare_chunks(self, regs: list[TableReg]) -> list[TableReg]:

@@ -16,6 +16,7 @@ from cdc.codec import DDL_PREFIX, Message
 from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.errors import DecodeError
 from cdc.events import int_to_lsn
+from cdc.reader.schema import SchemaFollower
 from cdc.recorders.ddl import FORMAT_VERSION
 from cdc.registry import Column, TableReg
 
@@ -99,10 +100,11 @@ class DdlFollower:
     * a table dropped (``sql_drop``), or renamed / moved to another schema (the same ``oid`` under
       a new name): ``on_gone``; its changes are no longer decoded (``EventBuilder.detach``);
     * a command that took a key column away (dropped or renamed): ``on_key_lost``, detached too;
-    * otherwise the table's columns after the command become its columns at once (schema version
-      bumped before the next row). A column is **renamed** exactly when the command names one column
-      (``table column`` object of an ALTER TABLE) whose name is new while exactly one known column is
-      gone; anything else is a drop and/or an add, whatever the types.
+    * otherwise the table's columns after the command become its columns at once (``schema``:
+      :meth:`SchemaFollower.told`; the schema version bumped before the next row). A column is
+      **renamed** exactly when the command names one column (``table column`` object of an ALTER
+      TABLE) whose name is new while exactly one known column is gone; anything else is a drop
+      and/or an add, whatever the types.
 
     ``oids``: the streamed tables' oids when the session started ({oid: (schema, table)}). Messages
     of other tables are ignored, as are those older than a table's snapshot.
@@ -111,12 +113,14 @@ class DdlFollower:
     def __init__(
         self,
         builder: EventBuilder,
+        schema: SchemaFollower,
         oids: dict[int, tuple[str, str]],
         *,
         on_gone: TableGone,
         on_key_lost: KeyLost,
     ) -> None:
         self.builder = builder
+        self.schema = schema
         self.oids = dict(oids)
         self.on_gone = on_gone
         self.on_key_lost = on_key_lost
@@ -170,12 +174,8 @@ class DdlFollower:
             gone = [n for n in before if n not in names]
             if new is not None and new not in before and len(gone) == 1:
                 renamed = {gone[0]: new}
-        cols = self.builder.resolve(
-            tuple(
-                Column(c.name, c.type, before[c.name].nullable if c.name in before else not c.notnull)
-                for c in obj.columns
-            )
+        cols = tuple(
+            Column(c.name, c.type, before[c.name].nullable if c.name in before else not c.notnull)
+            for c in obj.columns
         )
-        if cols == codec.columns:
-            return
-        self.builder.set_table_columns(codec, cols, renamed)
+        self.schema.told(codec, cols, renamed)

@@ -31,7 +31,7 @@ import psycopg2.errors
 import psycopg2.extras
 
 from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
-from cdc.codec.envelope import EventBuilder
+from cdc.codec.envelope import ColumnsSeen, EventBuilder
 from cdc.codec.fastpath import PYTHON, native_changes
 from cdc.codec.wal2json import DECODER
 from cdc.connect import SESSION_OPTIONS, connect_replication
@@ -61,6 +61,9 @@ class StreamControl:
     chunks: Any = None
     #: called with each DDL recorder message (``cdc.ddl``, inside its transaction), or None
     ddl: Callable[[Any], None] | None = None
+    #: settles a change whose columns changed (:meth:`cdc.reader.schema.SchemaFollower.settle`):
+    #: returns its records, made once the new columns are recorded
+    schema: Callable[[ColumnsSeen], tuple[str, list[Any]]] | None = None
     #: called once the server has accepted START_REPLICATION (e.g. starts the chunk driver, whose
     #: reads would be wasted on a session the server refuses)
     on_started: Callable[[], None] | None = None
@@ -255,6 +258,10 @@ def _count_fallbacks(stats: dict[str, int], fast: Any) -> None:
         stats[f"_{name}_seen"] = now
 
 
+def _unsettled(seen: ColumnsSeen) -> tuple[str, list[Any]]:
+    raise RuntimeError(f"the columns of {seen.codec.reg.qualified} changed, and nothing settles it (a bug)")
+
+
 def _loop(
     cur: Any,
     builder: EventBuilder,
@@ -275,7 +282,7 @@ def _loop(
     chunks = ctl.chunks
     wm_schema, wm_table = (chunks.schema, chunks.table) if chunks is not None else (None, None)
     chunk_topics = chunks.topics if chunks is not None else frozenset()
-    ddl = ctl.ddl
+    settle = ctl.schema or _unsettled
 
     def take(out: tuple[str, list[Any]]) -> None:
         """A change's records into the batch (a chunked snapshot's table: told to its tracker)."""
@@ -329,8 +336,8 @@ def _loop(
                 if at.in_txn:
                     if data.prefix == NONFINITE_PREFIX:
                         builder.nonfinite(data)  # held for the table's next change
-                    elif data.prefix == DDL_PREFIX and ddl is not None:
-                        ddl(data)  # the recorder's: in order with the transaction's changes
+                    elif data.prefix == DDL_PREFIX and ctl.ddl is not None:
+                        ctl.ddl(data)  # the recorder's: in order with the transaction's changes
                 else:
                     boundary(data.lsn or 0)
             elif data.table == wm_table and data.schema == wm_schema:
@@ -344,7 +351,7 @@ def _loop(
                 out = change(data)
                 changes += 1
                 if out is not None:
-                    take(out)
+                    take(out if not isinstance(out, ColumnsSeen) else settle(out))
             if n & 0x3FF:
                 continue
             # every 1024 messages: time-based duties while the stream is busy

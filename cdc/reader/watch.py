@@ -6,8 +6,7 @@ registry state ``source_missing:[schema, table]``, shown by ``cdc tables list``;
 on), came back, or had a partition attached, created, detached or dropped (the stream restarts with
 the new leaves, and the next session reads what changed); whether a table's key can no longer be
 carried (refused) or can again; and, at every poll, whether the registrations the stream depends on
-changed. :meth:`SourceWatcher.columns_gone` tells a column dropped at the source from an unchanged
-TOAST value (the catalog, read at most every :data:`SOURCE_CHECK_S` per table).
+changed. (A column changed at the source is :mod:`cdc.reader.schema`'s.)
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.catalog import Leaves, column_names, source_tables
+from cdc.catalog import Leaves, source_tables
 from cdc.registry import Registry, TableReg, TableState
 
 #: how often (seconds) the stream checks that the registered tables exist, and their partitions
@@ -75,7 +74,6 @@ class SourceWatcher:
         #: the leaf partitions of each partitioned table (their changes go to the parent's topic)
         self.leaves = {k: v for k, v in self.source.items() if v}
         self._next_check = time.monotonic() + SOURCE_CHECK_S
-        self._seen_columns: dict[tuple[str, str], tuple[float, set[str] | None]] = {}
 
     def should_restart(self) -> bool:
         """Polled by the stream (``StreamControl.should_restart``)."""
@@ -92,17 +90,6 @@ class SourceWatcher:
             return False
         self._generation = gen
         return signature(self.registry.list_tables()) != self._signature
-
-    def columns_gone(self, reg: TableReg, cols: list[str]) -> set[str]:
-        """Which of ``cols`` the table no longer has (an UPDATE leaving a TOASTed value unchanged
-        does not send it either: only the catalog tells them apart)."""
-        at, have = self._seen_columns.get((reg.schema, reg.table), (-SOURCE_CHECK_S, None))
-        if time.monotonic() - at >= SOURCE_CHECK_S:
-            have = column_names(self.conn, reg.schema, reg.table)
-            self._seen_columns[(reg.schema, reg.table)] = (time.monotonic(), have)
-        if have is None:  # the table itself is gone: the source check says so
-            return set()
-        return {n for n in cols if n not in have}
 
     def gone(self, reg: TableReg) -> None:
         """``reg`` was recorded missing already (the DDL recorder told it): not told again."""

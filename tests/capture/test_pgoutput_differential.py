@@ -25,13 +25,14 @@ import pytest
 
 from cdc.catalog import describe_table
 from cdc.codec import Decoder, Message
-from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.envelope import TableCodec
 from cdc.codec.pgoutput import PgOutput
 from cdc.codec.values import FLOAT_SPECIALS, text_converter_for
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.pgtypes import type_kind
 from cdc.registry import TableReg
+from tests.codec_fakes import SettlingBuilder
 from tests.plugins.postgres import PgCluster
 
 PUBLICATION = 'cdc "pub", x.y'  # pgoutput splits publication_names as SQL identifiers
@@ -246,7 +247,7 @@ def _events(
             for key in (("public", name), *desc.leaf_partitions):
                 codecs[key] = codec
     changed: list[Any] = []
-    builder = EventBuilder(codecs, lambda reg, cols, *renamed: changed.append((reg.table, cols)))
+    builder = SettlingBuilder(codecs, lambda reg, cols, told: changed.append((reg.table, cols)))
     out: list[tuple[str, bytes, Any]] = []
     for m in msgs:
         if m.action == "B":

@@ -166,9 +166,7 @@ def run_loop(
     store = FakeStore()
     cur = FakeCursor(script, store, commits)
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=(Column("id", "integer"),))
-    builder = EventBuilder(
-        {("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=2)}, lambda r, c: None
-    )
+    builder = EventBuilder({("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=2)})
     batch = Batch(store)  # type: ignore[arg-type]
     ctl = StreamControl(
         stop=cur.stop,

@@ -15,7 +15,9 @@ from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.wal2json import BASE_OPTIONS, decode
 from cdc.errors import DecodeError
 from cdc.reader.ddl import DdlFollower, parse_ddl
+from cdc.reader.schema import SchemaFollower
 from cdc.registry import Column, TableReg
+from tests.codec_fakes import StaticCatalog, settled
 
 OID = 16400
 
@@ -74,14 +76,16 @@ class Harness:
         self.lost: list[tuple[str, list[str]]] = []
 
         def columns_changed(
-            reg: TableReg, cols: tuple[Column, ...], renamed: dict[str, str] | None = None
+            reg: TableReg, cols: tuple[Column, ...], renamed: dict[str, str] | None
         ) -> TableReg:
             self.changed.append((cols, renamed))
             return replace(reg, columns=cols, extra={"schema_version": reg.schema_version + 1})
 
-        self.builder = EventBuilder({("public", self.reg.table): self.codec}, columns_changed)
+        self.builder = EventBuilder({("public", self.reg.table): self.codec})
+        self.schema = SchemaFollower(self.builder, StaticCatalog(), columns_changed)
         self.follower = DdlFollower(
             self.builder,
+            self.schema,
             {OID: ("public", self.reg.table)},
             on_gone=lambda reg, what, to, tag: self.gone.append((reg.qualified, what, to, tag)),
             on_key_lost=lambda reg, lost: self.lost.append((reg.qualified, lost)),
@@ -90,6 +94,7 @@ class Harness:
 
     def insert(self, cols: list[Col], table: str = "items") -> dict[str, Any] | None:
         out = self.builder.change(Message(action="I", schema="public", table=table, lsn=0x31, columns=cols))
+        out = settled(self.schema, out)
         return None if out is None else dict(orjson.loads(out[1][0].value or b"null"))
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import orjson
 
 from cdc.codec import Col, Message
-from cdc.codec.envelope import EventBuilder, TableCodec
+from cdc.codec.envelope import ColumnsSeen, EventBuilder, TableCodec
 from cdc.events import commit_ts_ms
+from cdc.reader.schema import SchemaFollower
 from cdc.registry import Column, Registry, TableReg
+from tests.codec_fakes import StaticCatalog
 
 
 def _reg() -> TableReg:
@@ -40,17 +42,19 @@ def test_events_carry_the_schema_version_and_follow_a_change() -> None:
     codec = TableCodec(reg, prefix="cdc", db="db", partitions=1)
     seen: list[tuple[Column, ...]] = []
 
-    def changed(old: TableReg, cols: tuple[Column, ...]) -> TableReg:
+    def changed(old: TableReg, cols: tuple[Column, ...], told: dict[str, str] | None) -> TableReg:
+        assert told is None  # inferred from the rows
         seen.append(cols)
         return replace(old, columns=cols, extra={"schema_version": 2})
 
-    b = EventBuilder({("public", "t"): codec}, changed, lambda reg, names: set(names))
+    b = EventBuilder({("public", "t"): codec}, report_left_out=True)
+    schema = SchemaFollower(b, StaticCatalog(gone=True), changed)
     b.begin(Message(action="B", xid=7, lsn=0x10))
 
     def ins(cols: list[Col]) -> dict[str, object]:
         msg = Message(action="I", schema="public", table="t", lsn=0x11, columns=cols)
         out = b.change(msg)
-        assert out is not None
+        assert out is not None and not isinstance(out, ColumnsSeen)
         return dict(orjson.loads(out[1][0].value or b"null"))
 
     ev = ins([Col("id", "integer", 1), Col("name", "text", "a"), Col("note", "text", "n")])
@@ -64,11 +68,49 @@ def test_events_carry_the_schema_version_and_follow_a_change() -> None:
         columns=[Col("id", "integer", 1), Col("name", "text", "b")],
         identity=[Col("id", "integer", 1)],
     )
-    out = b.change(msg)
-    assert out is not None
+    seen_ = b.change(msg)
+    assert isinstance(seen_, ColumnsSeen) and seen_.unsent == ["note"]  # reported, nothing recorded
+    assert seen == [] and codec.columns == reg.columns
+    out = schema.settle(seen_)
     ev = orjson.loads(out[1][0].value or b"null")
     assert ev["source"]["schema_version"] == 2 and ev["unavailable"] == [] and "note" not in ev["after"]
     assert [c.name for c in seen[-1]] == ["id", "name"]
+
+
+def test_one_change_settles_its_column_steps_in_order_before_any_event() -> None:
+    """An UPDATE with a new column, a column left out (an unchanged TOAST value: the catalog has
+    it) and an identity with yet another new column: reported step by step, each recorded before
+    the change's event, which carries the last schema version; ``unavailable`` is the one the new
+    row showed before the identity's column was known."""
+    reg = _reg()
+    codec = TableCodec(reg, prefix="cdc", db="db", partitions=1)
+    recorded: list[list[str]] = []
+
+    def record(old: TableReg, cols: tuple[Column, ...], told: dict[str, str] | None) -> TableReg:
+        recorded.append([c.name for c in cols])
+        return replace(old, columns=cols, extra={"schema_version": old.schema_version + 1})
+
+    b = EventBuilder({("public", "t"): codec}, report_left_out=True)
+    schema = SchemaFollower(b, StaticCatalog(), record)
+    b.begin(Message(action="B", xid=7, lsn=0x10))
+    new_row = [Col("id", "integer", 1), Col("name", "text", "b"), Col("extra", "integer", 5)]
+    identity = [*new_row[:2], Col("note", "text", "n"), Col("extra", "integer", 4), Col("more", "integer", 3)]
+    msg = Message(action="U", schema="public", table="t", lsn=0x11, columns=new_row, identity=identity)
+    steps = []
+    out = b.change(msg)
+    while isinstance(out, ColumnsSeen):
+        steps.append("left out" if out.unsent is not None else "identity" if out.row else "new row")
+        assert b.seq == 1 and codec.reg.schema_version == 1 + len(recorded)
+        schema._step(out)
+        out = b.resume(out)
+    assert steps == ["new row", "left out", "identity"]
+    assert recorded == [["id", "name", "note", "extra"], ["id", "name", "note", "extra", "more"]]
+    assert out is not None
+    (rec,) = out[1]
+    ev = orjson.loads(rec.value or b"null")
+    assert ev["source"]["schema_version"] == 3 and ev["source"]["seq"] == 1
+    assert ev["unavailable"] == ["note"] and ev["after"] == {"id": 1, "name": "b", "extra": 5}
+    assert ev["before"] == {"id": 1, "name": "b", "note": "n", "extra": 4, "more": 3}
 
 
 def test_a_renamed_search_column_keeps_its_index_field(tmp_path: Path) -> None:
@@ -92,13 +134,13 @@ def test_events_with_a_schema_version_take_the_columnar_parse() -> None:
 
     reg = replace(_reg(), extra={"schema_version": 3})
     codec = TableCodec(reg, prefix="cdc", db="db", partitions=1)
-    b = EventBuilder({("public", "t"): codec}, lambda r, c: None)
+    b = EventBuilder({("public", "t"): codec})
     records = []
     for i in range(MIN_RECORDS):
         b.begin(Message(action="B", xid=7 + i, lsn=16 + i, ts_ms=commit_ts_ms("2026-11-23 09:00:00+00")))
         cols = [Col("id", "integer", i), Col("name", "text", f"n{i}"), Col("note", "text", None)]
         out = b.change(Message(action="I", schema="public", table="t", lsn=16 + i, columns=cols))
-        assert out is not None
+        assert out is not None and not isinstance(out, ColumnsSeen)
         records.append(RawRecord(reg.topic, 0, i, out[1][0].key, out[1][0].value, 0))
     assert orjson.loads(records[0].value or b"")["source"]["schema_version"] == 3
     arrays = (

@@ -238,9 +238,7 @@ def test_special_values_survive_the_non_finite_recorder(values: dict[str, str], 
         ("id",),
         columns=(Column("id", "integer"), *(Column(c, t) for c, t in types.items())),
     )
-    builder = EventBuilder(
-        {("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=1)}, lambda r, c: None
-    )
+    builder = EventBuilder({("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=1)})
     builder.begin(decode(b'{"action":"B","xid":1,"lsn":"0/10","nextlsn":"0/20"}'))
     content = {"v": 1, "image": "new", "schema": "public", "table": "t", "key": [str(key)], "values": values}
     builder.nonfinite(
@@ -372,9 +370,7 @@ def _stream_after(row: list[str | None]) -> bytes:
 
     columns = [Column("id", "integer")] + [Column(name, typ) for name, typ, _, _ in SNAPSHOT_CASES]
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=tuple(columns))
-    builder = EventBuilder(
-        {("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=1)}, lambda r, c: None
-    )
+    builder = EventBuilder({("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=1)})
     builder.begin(decode(b'{"action":"B","xid":1,"lsn":"0/10","nextlsn":"0/20"}'))
     cols = [b'{"name":"id","type":"integer","value":%s}' % (row[0] or "").encode()]
     for (name, typ, _, json_of), text in zip(SNAPSHOT_CASES, row[1:], strict=True):

@@ -13,6 +13,7 @@ from cdc.codec.wal2json import decode
 from cdc.errors import DecodeError
 from cdc.events import Version, commit_ts_ms, lsn_to_int
 from cdc.registry import Alignment, Column, TableReg
+from tests.codec_fakes import SettlingBuilder
 
 COLS = (
     Column("id", "integer"),
@@ -28,7 +29,7 @@ def make(
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=columns, **(reg_kw or {}))
     changed: list[Any] = []
     codec = TableCodec(reg, prefix="cdc", db="app", partitions=3)
-    builder = EventBuilder({("public", "t"): codec}, lambda r, cols: changed.append(cols))
+    builder = SettlingBuilder({("public", "t"): codec}, lambda r, cols, told: changed.append(cols))
     builder.begin(
         decode(
             b'{"action":"B","xid":727,"timestamp":"2026-11-22 02:28:58.744379+00",'
@@ -161,7 +162,7 @@ def test_replica_identity_full_with_explicit_key() -> None:
     cols = (Column("a", "text"), Column("b", "integer"), Column("c", "text"))
     reg = TableReg("public", "t", "cdc.public.t", ("a", "b"), columns=cols)
     codec = TableCodec(reg, prefix="cdc", db="app", partitions=2)
-    b = EventBuilder({("public", "t"): codec}, lambda r, c: None)
+    b = EventBuilder({("public", "t"): codec})
     b.begin(M({"action": "B", "xid": 1, "lsn": "0/10", "nextlsn": "0/20", "timestamp": None}))
     full_old = [col("a", "text", "k"), col("b", "integer", 1), col("c", "text", "old")]
     full_new = [col("a", "text", "k"), col("b", "integer", 1), col("c", "text", "new")]

@@ -14,6 +14,7 @@ from cdc.codec import Col, Message
 from cdc.codec.envelope import EventBuilder, TableCodec, images_alter
 from cdc.logstore.images import Images, pack, rebuild, unpack
 from cdc.registry import Column, TableReg
+from tests.codec_fakes import SettlingBuilder
 
 T = "cdc.public.t"
 COLS = (Column("id", "integer"), Column("n", "integer"), Column("body", "text"))
@@ -129,12 +130,12 @@ def test_rebuild_reads_the_topic_up_to_the_confirmed_position(images: Images) ->
 
 def _builder(images: Images) -> tuple[EventBuilder, TableCodec]:
     codec = TableCodec(TableReg("public", "t", T, ("id",), columns=COLS), prefix="cdc", db="d", partitions=1)
-    builder = EventBuilder(
+    builder = SettlingBuilder(
         {("public", "t"): codec},
         lambda *a: None,
-        lambda reg, cols: set(),
         images=images,
         staging=images.staging(),
+        report_left_out=True,
     )
     return builder, codec
 

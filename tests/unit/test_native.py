@@ -21,7 +21,9 @@ from cdc.codec.fastpath import PYTHON, native_changes, native_module
 from cdc.codec.pgoutput import PgOutput
 from cdc.errors import DecodeError
 from cdc.logstore.images import Images
+from cdc.reader.schema import SchemaFollower
 from cdc.registry import Column, TableReg
+from tests.codec_fakes import StaticCatalog, settled
 from tests.unit.test_pgoutput import begin, cstr, delete, insert, update
 
 native = native_module()
@@ -119,10 +121,10 @@ class World:
         self.codec = TableCodec(reg, prefix="cdc", db="app", partitions=3, decoder=self.decoder)
         self.changed: list[Any] = []
         self.builder = EventBuilder(
-            {("public", "every"): self.codec},
-            lambda r, cols, renamed=None: self.changed.append(cols),
-            images=self.images,
-            staging=self.images.staging(),
+            {("public", "every"): self.codec}, images=self.images, staging=self.images.staging()
+        )
+        self.schema = SchemaFollower(
+            self.builder, StaticCatalog(), lambda r, cols, told: self.changed.append(cols)
         )
         self.fast = native_changes(self.decoder, self.builder, native=native) if compiled else None
         self.lsn = 0x1_0000_0000
@@ -139,7 +141,7 @@ class World:
                 if out is PYTHON:
                     decoded = self.decoder.decode(msg, self.lsn)
                     assert decoded is not None
-                    out = b.change(decoded)
+                    out = settled(self.schema, b.change(decoded))
             else:
                 decoded = self.decoder.decode(msg, self.lsn)
                 if decoded is not None and decoded.action == "B":
@@ -465,7 +467,7 @@ def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
                 if decoded.action == "B":
                     nat.builder.begin(decoded)
                 else:
-                    out = nat.builder.change(decoded)
+                    out = settled(nat.schema, nat.builder.change(decoded))
                     assert out is not None
                     batch.records.setdefault(out[0], []).extend(out[1])
                     batch.count += len(out[1])

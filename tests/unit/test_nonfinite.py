@@ -22,7 +22,7 @@ COLS = (Column("id", "integer"), Column("d", "double precision"), Column("n", "n
 def _builder(key: tuple[str, ...] = ("id",), cols: tuple[Column, ...] = COLS) -> EventBuilder:
     reg = TableReg("public", "t", "cdc.public.t", key, columns=cols)
     codec = TableCodec(reg, prefix="cdc", db="app", partitions=1)
-    b = EventBuilder({("public", "t"): codec}, lambda r, c: None)
+    b = EventBuilder({("public", "t"): codec})
     b.begin(decode(b'{"action":"B","xid":7,"lsn":"0/100","nextlsn":"0/110"}'))
     return b
 
