@@ -27,6 +27,7 @@ BENCHMARKS = [
     "chunked",
     "apply",
     "apply_cluster",
+    "jvm",
     "freshness",
     "freshness_cluster",
     "freshness_sustained",

@@ -495,12 +495,15 @@ def _threads(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
-def idle(seconds: float, settle_s: float = 20.0) -> None:
-    """Print the CPU an idle ``cdc apply`` (``ApplyJob.run`` without ``once``: a trigger every
-    second, nothing to apply) spends over ``seconds``, by role, on ``$CDC_SPARK_MASTER`` or
-    ``local[2]``: the fixed cost that a slow catch-up pays per change (at 3,500 changes/s, 1% of a
-    core is 2.9 µs per change). The job applies a small warm-up log first, then runs ``settle_s``
-    before the measure. ``python -m bench.apply_cluster --idle 60``; prints only."""
+def idle_cpu(seconds: float, settle_s: float = 20.0, group: CpuGroup | None = None) -> dict[str, Any]:
+    """The CPU an idle ``cdc apply`` (``ApplyJob.run`` without ``once``: a trigger every second,
+    nothing to apply) spends over ``seconds``, on ``$CDC_SPARK_MASTER`` or ``local[2]``: the fixed
+    cost that a slow catch-up pays per change (at 3,500 changes/s, 1% of a core is 2.9 µs per change).
+    The job applies a small warm-up log first, then runs ``settle_s`` before the measure. Returns
+    ``wall`` (s), ``load`` (1-min load average before and after), ``roles`` (CPU s by role, as
+    :func:`cpu_by_role`; a Python worker that ends in the window unreaped by a counted parent takes
+    its CPU out of the sum), ``threads`` (the driver JVM's CPU s by thread name, digits as N), and
+    with ``group`` (a cgroup holding this process and so all it starts) ``all``: its CPU s."""
     import threading
 
     from cdc.config import Settings
@@ -520,8 +523,10 @@ def idle(seconds: float, settle_s: float = 20.0) -> None:
             jvm = next(
                 p for p, (pp, *_r, argv) in _procs().items() if pp == os.getpid() and DRIVER_JVM_MAIN in argv
             )
+            g0 = group.usage_s() if group else 0.0
             load0, cpu0, th0, t0 = os.getloadavg(), cpu_by_role(app_id), _threads(jvm), time.monotonic()
             time.sleep(seconds)
+            g1 = group.usage_s() if group else 0.0
             cpu1, th1, wall, load1 = (
                 cpu_by_role(app_id),
                 _threads(jvm),
@@ -535,18 +540,31 @@ def idle(seconds: float, settle_s: float = 20.0) -> None:
             job.stop()
             runner.join(120)
             job.close()
-        print(f"idle apply over {wall:.1f} s (load {load0[0]:.2f} before, {load1[0]:.2f} after):")
-        for role in ROLES:
-            used = cpu1[role] - cpu0[role]
-            print(f"  {role}: {used:.2f} s CPU = {used / wall:.2%} of a core")
-        total = sum(cpu1[r] - cpu0[r] for r in ROLES)
-        print(f"  all: {total:.2f} s CPU = {total / wall:.2%} of a core")
-        print("  the driver JVM's busiest threads (by name):")
-        for name, used in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
-            print(f"    {name}: {used:.3f} s")
     finally:
         spark.stop()
         shutil.rmtree(base, ignore_errors=True)
+    return {
+        "wall": wall,
+        "load": [load0[0], load1[0]],
+        "roles": {r: cpu1[r] - cpu0[r] for r in ROLES},
+        "threads": threads,
+        **({"all": g1 - g0} if group else {}),
+    }
+
+
+def idle(seconds: float) -> None:
+    """Print :func:`idle_cpu` by role and the driver JVM's busiest threads.
+    ``python -m bench.apply_cluster --idle 60``; prints only."""
+    res = idle_cpu(seconds)
+    wall, (load0, load1) = res["wall"], res["load"]
+    print(f"idle apply over {wall:.1f} s (load {load0:.2f} before, {load1:.2f} after):")
+    for role, used in res["roles"].items():
+        print(f"  {role}: {used:.2f} s CPU = {used / wall:.2%} of a core")
+    total = sum(res["roles"].values())
+    print(f"  all: {total:.2f} s CPU = {total / wall:.2%} of a core")
+    print("  the driver JVM's busiest threads (by name):")
+    for name, used in sorted(res["threads"].items(), key=lambda kv: -kv[1])[:12]:
+        print(f"    {name}: {used:.3f} s")
 
 
 if __name__ == "__main__":

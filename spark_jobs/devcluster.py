@@ -212,7 +212,7 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
 def cluster_environ(base: Path) -> dict[str, str]:
     """The master's and workers' environment: Java 17, pyspark as SPARK_HOME, loopback only, and the
     code under test first on the executors' PYTHONPATH."""
-    from spark_jobs.session import prepare_environment
+    from spark_jobs.session import JVM_OPTIONS, prepare_environment
 
     prepare_environment()  # JAVA_HOME (Java 17), PYSPARK_PYTHON, SPARK_LOCAL_IP: as the driver has them
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -223,6 +223,8 @@ def cluster_environ(base: Path) -> dict[str, str]:
         "SPARK_LOCAL_DIRS": str(base / "scratch"),
         "SPARK_LOG_DIR": str(base / "logs"),
         "PYTHONPATH": path,
+        # the master and workers schedule and wait: the driver's flags (C1 alone, serial GC)
+        "SPARK_DAEMON_JAVA_OPTS": os.environ.get("SPARK_DAEMON_JAVA_OPTS", JVM_OPTIONS),
     }
 
 

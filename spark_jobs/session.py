@@ -14,6 +14,13 @@ WARN lines such as NativeCodeLoader's and SparkConf's before :func:`get_session`
 the lines the JVM itself prints (the incubator-module warning, :data:`JVM_NOISE`) are dropped from
 its stderr, which passes through this process (:class:`StderrFilter`), every other line kept; and
 pyspark's own Python warnings (pandas >= 3 "not fully supported") are ignored. Errors still show.
+
+The JVMs this process starts get :data:`JVM_OPTIONS` (issues 33, 35): the driver through
+``spark.driver.defaultJavaOptions`` (a user's ``spark.driver.extraJavaOptions``, e.g. in
+``$SPARK_CONF_DIR/spark-defaults.conf``, comes after them on the command line and wins), Spark's
+launcher (the short-lived JVM ``spark-submit`` runs first to build the driver's command line) through
+``SPARK_LAUNCHER_OPTS`` unless set. Under ``spark-submit`` the JVM is already up: its own
+``--driver-java-options`` apply.
 """
 
 from __future__ import annotations
@@ -56,8 +63,20 @@ def _java_home() -> str | None:
     return None
 
 
+#: the flags of the driver's JVM and of Spark's launcher JVM. The driver's JVM mostly waits: it plans
+#: a micro-batch, hands ranges to Python workers and commits, so C2's compilations (hot code
+#: compiled a second time, optimised) cost CPU they never pay back, at start and every minute when
+#: idle; C1 alone compiles fast and soon has nothing left to compile. A heap of a few hundred MB in
+#: use needs no concurrent collector (G1's threads and periodic work): the serial one; and no
+#: ``hsperfdata`` file sampled every 50 ms (``jps`` does not list it; ``jstack PID`` still works).
+#: Measured by ``python -m bench jvm`` (docs/benchmarks/apply.md).
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
+
+
 def prepare_environment() -> None:
     """Set the environment variables Spark's launcher and workers need (idempotent)."""
+    if JVM_OPTIONS:
+        os.environ.setdefault("SPARK_LAUNCHER_OPTS", JVM_OPTIONS)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -243,6 +262,8 @@ def get_session(
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.python.worker.reuse": "true",
     }
+    if JVM_OPTIONS:
+        options["spark.driver.defaultJavaOptions"] = JVM_OPTIONS
     if master:
         options["spark.master"] = master
     if (master or "").startswith("local"):
