@@ -108,7 +108,8 @@ class DiskTracker:
     walked and listed after every batch.
 
     :func:`usage` walks every file under the table (its data files, superseded ones, and the whole
-    ``_delta_log``, which keeps a commit file per batch for 30 days): a cost per batch that grew with
+    ``_delta_log``, which keeps a commit file per batch for its log retention: 30 days by Delta's
+    default, 10 minutes for a table cdc creates, :func:`retention_conf`): a cost per batch that grew with
     the run (105 ms for a pgbench batch's tables after one minute, 400 ms after four). The tracker
     walks a table once, then adds what each new commit adds (its ``add`` actions' sizes and the
     commit file itself), takes off what the reclaim deleted (:meth:`deleted`: it measures each file
@@ -162,8 +163,8 @@ class DiskTracker:
     def deleted(self, path: Path, nbytes: int) -> None:
         """:func:`reclaim` deleted ``nbytes`` of the table at ``path`` (the sizes of the files it
         unlinked): its bytes on disk drop by them, with no walk. A walk after every reclaim (about
-        every other batch of a table of random keys) read the whole ``_delta_log``, which grows
-        for 30 days."""
+        every other batch of a table of random keys) read the whole ``_delta_log``, which keeps a
+        commit file per batch for its log retention."""
         known = self._known.get(str(path))
         if known is not None:
             version, disk, log, walked = known
@@ -241,7 +242,7 @@ def removals(path: Path, cutoff: float, after: int | None, latest: int | None = 
     the commit file's time: ``recent``) or past version ``after`` (None: none by version), oldest
     first. ``latest``: the table's version, when known: the commits are then read back from it
     until one is neither (the table's one writer commits in time order), never the whole log --
-    which keeps a commit per batch for 30 days, and whose listing grew every batch's reclaim with
+    which keeps a commit per batch for its log retention, and whose listing grew every batch's reclaim with
     the run."""
     chosen: list[tuple[int, bool, str]] = []
     if after is None and cutoff == float("inf"):
