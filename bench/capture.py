@@ -284,6 +284,7 @@ def _snapshot_query_rate(dsn: str) -> float:
 
 
 def _snapshot_rate(dsn: str, base: Path) -> tuple[float, int]:
+    from cdc.codec.plugins import WAL2JSON
     from cdc.logstore import TopicConfig
     from cdc.logstore.embedded import EmbeddedLogStore
     from cdc.reader.replication import open_replication
@@ -297,7 +298,7 @@ def _snapshot_rate(dsn: str, base: Path) -> tuple[float, int]:
         store.create_topic(reg.topic, TopicConfig(partitions=4, compacted=True))
         repl = open_replication(dsn)
         try:
-            snap = create_exported_slot(repl.cursor(), "bench_snap", temporary=True)
+            snap = create_exported_slot(repl.cursor(), "bench_snap", temporary=True, plugin=WAL2JSON)
             t0 = time.perf_counter()
             (res,) = read_tables(
                 dsn,

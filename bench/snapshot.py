@@ -47,6 +47,7 @@ COLUMNS = ["id", "t", "i", "n", "ts", "j"]
 
 def _snapshot(dsn: str, base: Path) -> tuple[float, float, int, float]:
     """(seconds, backend CPU seconds, rows, this process's CPU seconds) of the initial snapshot."""
+    from cdc.codec.plugins import WAL2JSON
     from cdc.logstore import TopicConfig
     from cdc.logstore.embedded import EmbeddedLogStore
     from cdc.reader.replication import open_replication
@@ -61,7 +62,7 @@ def _snapshot(dsn: str, base: Path) -> tuple[float, float, int, float]:
         store.create_topic(reg.topic, TopicConfig(partitions=4, compacted=True))
         repl = open_replication(dsn)
         try:
-            snap = create_exported_slot(repl.cursor(), "bench_snap", temporary=True)
+            snap = create_exported_slot(repl.cursor(), "bench_snap", temporary=True, plugin=WAL2JSON)
             conn = connect_snapshot(dsn, snap)
             try:
                 pid = conn.info.backend_pid

@@ -23,7 +23,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -43,8 +43,11 @@ DEFAULT_SLOT = "cdc_slot"
 DEFAULT_PARTITIONS = 4
 #: the output plugin the reader decodes (``decoder`` in cdc.toml, ``CDC_DECODER``): see
 #: docs/decoders.md for how to choose; chosen when the slot is created and recorded in the registry
-DECODERS = ("wal2json", "pgoutput")
-DEFAULT_DECODER = "wal2json"
+#: (cdc.codec.plugins holds each one's facts, one object per plugin; config, below the codec in
+#: the layers, knows only the names it accepts)
+DecoderName = Literal["wal2json", "pgoutput"]
+DECODERS: tuple[str, ...] = get_args(DecoderName)
+DEFAULT_DECODER: DecoderName = "wal2json"
 GIB = 1 << 30
 
 #: environment variables the service reads (at the entry point)
@@ -240,8 +243,8 @@ class CdcFile(ReaderConfig):
     log: str | None = None
     topic_prefix: str | None = None
     slot: str | None = None
-    #: the output plugin: "wal2json" or "pgoutput" (docs/decoders.md)
-    decoder: Literal["wal2json", "pgoutput"] | None = None
+    #: the output plugin: one of DECODERS (docs/decoders.md)
+    decoder: DecoderName | None = None
     #: pgoutput's publication, kept in step with the registered tables (default: the slot's name)
     publication: str | None = None
     partitions: int | None = Field(default=None, ge=1)

@@ -36,8 +36,7 @@ from cdc.catalog import (
     slot_info,
 )
 from cdc.codec.fastpath import native_status
-from cdc.codec.plugins import WAL2JSON, OutputPlugin
-from cdc.codec.plugins import plugin as output_plugin
+from cdc.codec.plugins import PGOUTPUT, WAL2JSON, OutputPlugin
 from cdc.config import parse_dsn
 from cdc.connect import connect
 from cdc.errors import RegistryError, SourceError
@@ -55,8 +54,8 @@ CHECKS = (
     "wal_senders",
     "decoder",  # info: the output plugin in use (and pgoutput's publication)
     "per_change_path",  # info: the compiled per-change path (cdc.codec._native), or a warning: Python's
-    "wal2json",  # the plugin loads (the decoder wal2json)
-    "pgoutput",  # the server allows it (the decoder pgoutput)
+    WAL2JSON.name,  # the plugin loads (a library plugin in use: its check is named after it)
+    PGOUTPUT.name,  # the server allows it (the decoder pgoutput)
     "publication",  # pgoutput: the publication holds every registered table
     "server_version",  # info: what this server's version brings (streaming levels, failover slots)
     "max_slot_wal_keep_size",
@@ -84,8 +83,8 @@ WAL2JSON_TIMEOUT_MS = 10_000
 STANDBY_TIMEOUT_S = 3
 #: what a server without wal2json captures with: pgoutput is built into every PostgreSQL >= 10
 USE_PGOUTPUT = (
-    "capture with pgoutput, built into every PostgreSQL server (no install, no allow-list): "
-    'decoder = "pgoutput" in cdc.toml (CDC_DECODER=pgoutput)'
+    f"capture with {PGOUTPUT.name}, built into every PostgreSQL server (no install, no allow-list): "
+    f"{PGOUTPUT.setting} in cdc.toml (CDC_DECODER={PGOUTPUT.name})"
 )
 
 
@@ -163,13 +162,13 @@ def human_bytes(n: int) -> str:
 
 # --- judging facts (pure) ----------------------------------------------------------------------------
 def check_output_plugin(
-    info: ServerInfo, plugin: str = "wal2json", installed: bool | None = None
+    info: ServerInfo, plugin: OutputPlugin, installed: bool | None = None
 ) -> list[Finding]:
     """An error when the server's ``output_plugin_libraries`` (current minor releases) leaves out
     ``plugin``: slot creation and streaming are refused until a superuser allows it and reloads.
     ``installed``: whether the library is on the server (False: allowing it is no fix; None:
-    unknown, only a superuser can look, :func:`wal2json_installed`)."""
-    refusal = info.output_plugin_refusal(plugin)
+    unknown, only a superuser can look, :func:`library_installed`)."""
+    refusal = info.output_plugin_refusal(plugin.name)
     if refusal is None:
         return []
     values = {"output_plugin_libraries": info.output_plugin_libraries, "installed": installed}
@@ -178,10 +177,10 @@ def check_output_plugin(
     message, fix = refusal
     return [
         Finding(
-            plugin,
+            plugin.name,
             "error",
             message,
-            fix if output_plugin(plugin).built_in else f"{fix}; or {USE_PGOUTPUT}",
+            fix if plugin.built_in else f"{fix}; or {USE_PGOUTPUT}",
             values,
         )
     ]
@@ -215,14 +214,13 @@ def check_publication(
     ]
 
 
-def not_installed(plugin: str, detail: str, values: dict[str, Any]) -> Finding:
-    """The finding of a server without the wal2json library: pgoutput is what works there."""
+def not_installed(plugin: OutputPlugin, detail: str, values: dict[str, Any]) -> Finding:
+    """The finding of a server without ``plugin``'s library: pgoutput is what works there."""
     return Finding(
-        "wal2json",
+        plugin.name,
         "error",
-        f"the {plugin} output plugin is not installed on the source server ({detail})",
-        f"{USE_PGOUTPUT}; or install {plugin} on the server (Debian/Ubuntu: apt-get install "
-        "postgresql-<version>-wal2json; RDS/Aurora/Cloud SQL ship it) and allow it in "
+        f"the {plugin.name} output plugin is not installed on the source server ({detail})",
+        f"{USE_PGOUTPUT}; or install {plugin.name} on the server ({plugin.install_hint}) and allow it in "
         "output_plugin_libraries",
         values,
     )
@@ -334,20 +332,20 @@ def check_wal_keep(info: ServerInfo) -> list[Finding]:
     ]
 
 
-def check_slot(slot: SlotInfo, database: str, plugin: str = "wal2json") -> list[Finding]:
+def check_slot(slot: SlotInfo, database: str, plugin: OutputPlugin) -> list[Finding]:
     """Our slot (``settings.slot_name``): right kind (a logical slot of ``plugin``, the decoder's),
     not lost, not retaining WAL while nobody reads it."""
     if not slot.exists:
         return []
     name = slot.name
     drop = f"SELECT pg_drop_replication_slot('{name}')"
-    if slot.slot_type != "logical" or slot.plugin != plugin or slot.database != database:
+    if slot.slot_type != "logical" or not plugin.made(slot.plugin) or slot.database != database:
         return [
             Finding(
                 "slot",
                 "error",
                 f"slot {name!r} exists but is a {slot.slot_type} slot with plugin {slot.plugin!r} "
-                f"in database {slot.database!r}, not a {plugin} slot in {database!r}",
+                f"in database {slot.database!r}, not a {plugin.name} slot in {database!r}",
                 f"choose another slot name (CDC_SLOT / cdc.toml slot = ...), or if it is a leftover: {drop}",
                 {"slot": name, "plugin": slot.plugin, "database": slot.database, "slot_type": slot.slot_type},
             )
@@ -643,7 +641,7 @@ def _check_pgoutput(
     """pgoutput is built in (only a refusal by the allow-list), and its publication holds every
     registered table that exists (a missing one is the registered_tables finding)."""
     tables = [(r.schema, r.table) for r in regs] + ([watermark] if watermark else [])
-    return check_output_plugin(info, "pgoutput") + check_publication(
+    return check_output_plugin(info, PGOUTPUT) + check_publication(
         publication,
         publication_tables(conn, publication),
         [r for r in regs if is_table(conn, (r.schema, r.table))],
@@ -651,7 +649,7 @@ def _check_pgoutput(
     )
 
 
-def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> Finding | None:
+def probe_plugin(conn: psycopg.Connection[Any], plugin: OutputPlugin) -> Finding | None:
     """Create and drop a temporary logical slot with output plugin ``plugin``; None when that works.
 
     Creating a slot waits for transactions open on the source; after ``WAL2JSON_TIMEOUT_MS`` the
@@ -660,24 +658,24 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
     name = f"cdc_check_{uuid.uuid4().hex[:12]}"
     conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(WAL2JSON_TIMEOUT_MS)))
     try:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, %s, true)", (name, plugin))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, %s, true)", (name, plugin.name))
     except pg_errors.UndefinedFile as exc:
         return not_installed(plugin, exc.diag.message_primary or "its library is missing", {})
     except pg_errors.InsufficientPrivilege as exc:
         # REPLICATION was checked before the probe runs: the server refused the library itself
         return Finding(
-            "wal2json",
+            plugin.name,
             "error",
-            f"the source server refuses the {plugin} output plugin ({exc.diag.message_primary})",
-            f"as a superuser on the source, add {plugin} to output_plugin_libraries "
+            f"the source server refuses the {plugin.name} output plugin ({exc.diag.message_primary})",
+            f"as a superuser on the source, add {plugin.name} to output_plugin_libraries "
             f"(ALTER SYSTEM SET output_plugin_libraries = ...; SELECT pg_reload_conf();); or {USE_PGOUTPUT}",
             {},
         )
     except pg_errors.QueryCanceled:
         return Finding(
-            "wal2json",
+            plugin.name,
             "warning",
-            f"could not verify {plugin}: creating a test slot waited more than {WAL2JSON_TIMEOUT_MS // 1000}s "
+            f"could not verify {plugin.name}: creating a test slot waited more than {WAL2JSON_TIMEOUT_MS // 1000}s "
             "for transactions open on the source",
             "finish or cancel long-running transactions (see pg_stat_activity), then run `cdc check` again",
             {},
@@ -688,42 +686,43 @@ def probe_wal2json(conn: psycopg.Connection[Any], plugin: str = "wal2json") -> F
     return None
 
 
-_WAL2JSON_FILE = """
-SELECT (pg_stat_file(setting || '/wal2json.so', true)).size IS NOT NULL
+_LIBRARY_FILE = """
+SELECT (pg_stat_file(setting || '/' || %s, true)).size IS NOT NULL
 FROM pg_catalog.pg_config WHERE name = 'PKGLIBDIR'
 """
 
 
-def wal2json_installed(conn: psycopg.Connection[Any], info: ServerInfo) -> bool | None:
-    """Whether the wal2json library is in the server's library directory; None when the role may
+def library_installed(conn: psycopg.Connection[Any], info: ServerInfo, plugin: OutputPlugin) -> bool | None:
+    """Whether ``plugin``'s library is in the server's library directory; None when the role may
     not look. Only a superuser may (``pg_config`` and ``pg_stat_file`` are theirs): a REPLICATION
-    role learns it from a test slot (:func:`probe_wal2json`), which tells a missing library apart
+    role learns it from a test slot (:func:`probe_plugin`), which tells a missing library apart
     only once ``output_plugin_libraries`` allows it (the allow-list refuses first)."""
     if not info.role_superuser:
         return None
     try:
-        row = conn.execute(_WAL2JSON_FILE).fetchone()
+        row = conn.execute(_LIBRARY_FILE, [plugin.library_file]).fetchone()
     except pg_errors.InsufficientPrivilege:
         return None
     return bool(row[0]) if row else None
 
 
-def _check_wal2json(
-    conn: psycopg.Connection[Any], info: ServerInfo, slot: SlotInfo
+def _check_library(
+    conn: psycopg.Connection[Any], info: ServerInfo, slot: SlotInfo, plugin: OutputPlugin
 ) -> tuple[list[Finding] | None, str]:
-    """The wal2json check: its findings, or None and why it could not run."""
-    refused = check_output_plugin(info, installed=wal2json_installed(conn, info))
+    """The check that ``plugin``'s library loads (wal2json's): its findings, or None and why it
+    could not run."""
+    refused = check_output_plugin(info, plugin, installed=library_installed(conn, info, plugin))
     if refused:
         return refused, ""
     if info.wal_level != "logical":
         return None, "wal_level is not logical"
     if not info.can_replicate:
         return None, "the role may not create replication slots"
-    if slot.exists and slot.plugin == WAL2JSON.name:
+    if slot.exists and plugin.made(slot.plugin):
         return [], ""  # the existing slot proves the plugin loads
     if info.slots_in_use >= info.max_replication_slots:
         return None, "no replication slot is free for a test slot"
-    probe = probe_wal2json(conn)
+    probe = probe_plugin(conn, plugin)
     return [probe] if probe else [], ""
 
 
@@ -732,13 +731,13 @@ def run_preflight(
     slot_name: str,
     regs: Sequence[TableReg],
     *,
-    decoder: str = "wal2json",
+    plugin: OutputPlugin,
     dsn: str | None = None,
     publication: str | None = None,
     watermark: tuple[str, str] | None = None,
 ) -> Report:
     """Run every check against the source behind ``conn`` (autocommit) for ``regs``, capturing
-    with ``decoder`` (the output plugin: ``wal2json`` or ``pgoutput``; pgoutput from
+    with ``plugin`` (the output plugin in use; pgoutput from
     ``publication``, default the slot's name, which also holds ``watermark``). ``dsn``: the source
     DSN; when it names several hosts, the standbys among them are checked for failover too."""
     info = server_info(conn)
@@ -755,22 +754,21 @@ def run_preflight(
     record(["replication_role"], check_role(info))
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
     publication = publication or slot_name
-    plugin = output_plugin(decoder)
     record(["decoder"], [_decoder_info(plugin, publication, slot)])
     record(["per_change_path"], [_per_change_path(plugin)])
     if plugin.built_in:
-        skipped["wal2json"] = f"the decoder is {decoder}, built into the server"
+        skipped[WAL2JSON.name] = f"the decoder is {plugin.name}, built into the server"
     else:
-        found, why = _check_wal2json(conn, info, slot)
+        found, why = _check_library(conn, info, slot, plugin)
         if found is None:
-            skipped["wal2json"] = why
+            skipped[plugin.name] = why
         else:
-            record(["wal2json"], found)
+            record([plugin.name], found)
     if plugin.uses_publication:
-        record(["pgoutput", "publication"], _check_pgoutput(conn, info, regs, publication, watermark))
+        record([plugin.name, "publication"], _check_pgoutput(conn, info, regs, publication, watermark))
     record(["server_version"], check_server_version(info))
     record(["max_slot_wal_keep_size"], check_wal_keep(info))
-    record(["slot"], check_slot(slot, info.database, decoder))
+    record(["slot"], check_slot(slot, info.database, plugin))
     if failover_supported(info.server_version_num):
         found_failover, unreachable = failover_findings(conn, slot, dsn)
         record(

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc.catalog import create_slot_command
+from cdc.codec.plugins import OutputPlugin
 from cdc.connect import classify, is_transient, sqlstate
 from cdc.errors import CdcError, SourceError
 from cdc.events import lsn_to_int
@@ -70,14 +71,14 @@ class Progress(Protocol):
 
 
 def create_exported_slot(
-    repl_cursor: Any, slot: str, *, temporary: bool, plugin: str = "wal2json"
+    repl_cursor: Any, slot: str, *, temporary: bool, plugin: OutputPlugin
 ) -> ExportedSnapshot:
     """Create a logical slot with output plugin ``plugin`` that exports its snapshot, on a psycopg2
     replication connection's cursor (psycopg2's create_replication_slot does not export); a
     persistent one is a failover slot where the server supports it (PostgreSQL 17+). The slot name
     is validated by the caller (``[a-z_][a-z0-9_]*``)."""
     version = int(repl_cursor.connection.server_version)
-    repl_cursor.execute(create_slot_command(slot, plugin, temporary=temporary, server_version=version))
+    repl_cursor.execute(create_slot_command(slot, plugin.name, temporary=temporary, server_version=version))
     row = repl_cursor.fetchone()
     return ExportedSnapshot(slot=str(row[0]), name=str(row[2]), consistent_lsn=lsn_to_int(str(row[1])))
 

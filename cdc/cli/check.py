@@ -107,7 +107,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
                     conn,
                     settings.slot_name,
                     regs,
-                    decoder=plugin.name,
+                    plugin=plugin,
                     dsn=dsn,
                     publication=settings.publication,
                     watermark=watermark,

@@ -29,7 +29,7 @@ import psycopg
 
 from cdc.catalog import TableDescription, capture_problems, describe_table
 from cdc.cli.output import print_json, print_table
-from cdc.codec.plugins import plugin_in_use
+from cdc.codec.plugins import WAL2JSON, plugin_in_use
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import RegistryError
@@ -236,13 +236,13 @@ def _leave_out_unpublished(conn: psycopg.Connection[Any], reg: TableReg) -> tupl
         raise RegistryError(
             f"{reg.qualified}: the search column(s) {sorted(set(gen) & set(reg.search))} are stored "
             "generated columns, which pgoutput sends only from PostgreSQL 18",
-            fix='leave them out of --search, use decoder = "wal2json", or upgrade the source to 18',
+            fix=f"leave them out of --search, use {WAL2JSON.setting}, or upgrade the source to 18",
             table=reg.qualified,
         )
     warning = (
         f"{', '.join(gen)}: stored generated column(s), which pgoutput sends only from PostgreSQL 18, "
         "left out of the capture (as --exclude would); fix: compute them downstream, use "
-        'decoder = "wal2json", or upgrade the source to 18 and add the table again'
+        f"{WAL2JSON.setting}, or upgrade the source to 18 and add the table again"
     )
     return dataclasses.replace(reg, exclude=(*reg.exclude, *gen)), [warning]
 

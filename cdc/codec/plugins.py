@@ -66,6 +66,22 @@ class OutputPlugin:
     may_send_nonfinite_as_null: bool
     #: its changes go through the compiled per-change path (:mod:`cdc.codec.fastpath`) when built
     compiled_path: bool
+    #: where to get it, for a server without it ("" for a built-in one)
+    install_hint: str = ""
+
+    @property
+    def setting(self) -> str:
+        """``decoder = "pgoutput"``: the cdc.toml line that chooses it."""
+        return f'decoder = "{self.name}"'
+
+    @property
+    def library_file(self) -> str:
+        """The file of its library in the server's ``PKGLIBDIR`` (``wal2json.so``)."""
+        return f"{self.name}.so"
+
+    def made(self, slot_plugin: str | None) -> bool:
+        """Whether a slot whose ``pg_replication_slots.plugin`` is ``slot_plugin`` is one of this plugin."""
+        return slot_plugin == self.name
 
     def describe(self, publication: str) -> str:
         """``pgoutput (publication cdc)`` or ``wal2json``: the decoder as ``cdc tables list`` shows it."""
@@ -101,7 +117,12 @@ class OutputPlugin:
 
 
 WAL2JSON = OutputPlugin(
-    "wal2json", built_in=False, uses_publication=False, may_send_nonfinite_as_null=True, compiled_path=False
+    "wal2json",
+    built_in=False,
+    uses_publication=False,
+    may_send_nonfinite_as_null=True,
+    compiled_path=False,
+    install_hint="Debian/Ubuntu: apt-get install postgresql-<version>-wal2json; RDS/Aurora/Cloud SQL ship it",
 )
 PGOUTPUT = OutputPlugin(
     "pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False, compiled_path=True

@@ -1031,7 +1031,7 @@ class Reader:
             self.registry.set_snapshot_state(reg.schema, reg.table, "running")
         repl = open_replication(self.dsn)
         try:
-            snap = create_exported_slot(repl.cursor(), slot, temporary=temporary, plugin=self._plugin.name)
+            snap = create_exported_slot(repl.cursor(), slot, temporary=temporary, plugin=self._plugin)
             self.log(
                 f"{'initial' if not temporary else 'table'} snapshot of {len(regs)} table(s) at "
                 f"{int_to_lsn(snap.consistent_lsn)}"

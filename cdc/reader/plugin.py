@@ -28,9 +28,9 @@ def choose_plugin(conn: psycopg.Connection[Any], slot: str, wanted: str) -> Outp
     """The session's output plugin: the existing slot's (a slot cannot change plugin), else
     ``wanted`` (the configured ``decoder``). A slot of the other decoder is refused, with the way
     to switch; a slot of a plugin cdc does not read is left to the slot decision (foreign)."""
-    info = slot_info(conn, slot)
-    if not info.exists or info.plugin is None or info.plugin == wanted or info.plugin not in PLUGINS:
-        return plugin(wanted)
+    info, chosen = slot_info(conn, slot), plugin(wanted)
+    if not info.exists or info.plugin not in PLUGINS or chosen.made(info.plugin):
+        return chosen
     raise SourcePermanentError(
         f"decoder = {wanted!r} is configured, but replication slot {slot!r} was created with "
         f"{info.plugin!r}, and a slot cannot change its output plugin",

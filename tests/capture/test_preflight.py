@@ -12,6 +12,7 @@ import pytest
 from cdc.catalog import ServerInfo, SlotInfo, TableDescription
 from cdc.cli import main
 from cdc.codec.fastpath import native_status
+from cdc.codec.plugins import PGOUTPUT, WAL2JSON
 from cdc.devcluster import knows_setting
 from cdc.preflight import (
     CHECKS,
@@ -23,7 +24,7 @@ from cdc.preflight import (
     check_tables,
     check_wal_keep,
     check_wal_level,
-    probe_wal2json,
+    probe_plugin,
     verdict_exit_code,
 )
 from cdc.registry import Column, Registry, TableReg
@@ -63,8 +64,8 @@ def test_clean_facts_give_no_findings() -> None:
         *check_role(INFO),
         *check_capacity(INFO, NO_SLOT),
         *check_wal_keep(INFO),
-        *check_slot(OUR_SLOT, "app"),
-        *check_slot(NO_SLOT, "app"),
+        *check_slot(OUR_SLOT, "app", WAL2JSON),
+        *check_slot(NO_SLOT, "app", WAL2JSON),
     ]
     assert found == []
     assert verdict_exit_code(found) == 0
@@ -110,22 +111,22 @@ def test_wal_keep_unset_is_a_warning() -> None:
 
 
 def test_slot_states() -> None:
-    (lost,) = check_slot(replace(OUR_SLOT, active=False, wal_status="lost"), "app")
+    (lost,) = check_slot(replace(OUR_SLOT, active=False, wal_status="lost"), "app", WAL2JSON)
     assert (
         lost.severity == "error"
         and "cdc snapshot" in lost.fix
         and "pg_drop_replication_slot('cdc_slot')" in lost.fix
     )
-    (unres,) = check_slot(replace(OUR_SLOT, wal_status="unreserved"), "app")
+    (unres,) = check_slot(replace(OUR_SLOT, wal_status="unreserved"), "app", WAL2JSON)
     assert unres.severity == "error"
-    (idle,) = check_slot(replace(OUR_SLOT, active=False, retained_bytes=5 << 20), "app")
+    (idle,) = check_slot(replace(OUR_SLOT, active=False, retained_bytes=5 << 20), "app", WAL2JSON)
     assert (
         idle.severity == "warning" and "5.0 MB" in idle.message and idle.values["retained_bytes"] == 5 << 20
     )
-    assert check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app", "pgoutput") == []
-    (foreign,) = check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app")  # not the decoder in use
+    assert check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app", PGOUTPUT) == []
+    (foreign,) = check_slot(replace(OUR_SLOT, plugin="pgoutput"), "app", WAL2JSON)  # not the decoder in use
     assert foreign.severity == "error" and "CDC_SLOT" in foreign.fix
-    (other_db,) = check_slot(OUR_SLOT, "other")
+    (other_db,) = check_slot(OUR_SLOT, "other", WAL2JSON)
     assert other_db.severity == "error"
 
 
@@ -377,10 +378,10 @@ def test_check_warns_about_our_inactive_slot_retaining_wal(
 
 def test_probe_reports_a_missing_output_plugin(pg: PgCluster, pg_db: str) -> None:
     with psycopg.connect(pg.dsn(pg_db), autocommit=True) as conn:
-        assert probe_wal2json(conn) is None
+        assert probe_plugin(conn, WAL2JSON) is None
         if knows_setting(pg, "output_plugin_libraries"):  # allowed, so that the lookup itself fails
             conn.execute("SET output_plugin_libraries = 'no_such_plugin'")
-        finding = probe_wal2json(conn, plugin="no_such_plugin")
+        finding = probe_plugin(conn, replace(WAL2JSON, name="no_such_plugin"))
     assert finding is not None and finding.severity == "error" and "not installed" in finding.message
 
 

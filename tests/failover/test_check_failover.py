@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cdc.catalog import FailoverInfo, ServerInfo, SlotInfo, SyncedSlot, create_logical_slot
+from cdc.codec.plugins import PGOUTPUT, WAL2JSON
 from cdc.connect import connect
 from cdc.preflight import (
     FAILOVER_CHECKS,
@@ -80,9 +81,9 @@ def test_versions_say_streaming_level_and_failover() -> None:
 
 
 def test_missing_wal2json_points_to_pgoutput() -> None:
-    (refused,) = check_output_plugin(INFO)  # unknown whether installed: allow it, or use pgoutput
+    (refused,) = check_output_plugin(INFO, WAL2JSON)  # unknown whether installed: allow it, or use pgoutput
     assert "ALTER SYSTEM SET output_plugin_libraries" in refused.fix and 'decoder = "pgoutput"' in refused.fix
-    (missing,) = check_output_plugin(INFO, installed=False)
+    (missing,) = check_output_plugin(INFO, WAL2JSON, installed=False)
     assert "not installed" in missing.message and missing.fix.startswith("capture with pgoutput")
     assert "CDC_DECODER=pgoutput" in missing.fix
 
@@ -188,7 +189,7 @@ def test_pg18_without_wal2json_says_use_pgoutput(
     assert 'decoder = "pgoutput"' in found["fix"]
     # capturing with pgoutput: wal2json is not looked for
     with connect(pg18.dsn(pg18_db)) as conn:
-        pgout = run_preflight(conn, "cdc_pg18_check", [], decoder="pgoutput")
+        pgout = run_preflight(conn, "cdc_pg18_check", [], plugin=PGOUTPUT)
     assert "wal2json" not in pgout.checked and "pgoutput" in pgout.skipped["wal2json"] and not pgout.errors
 
 
@@ -269,7 +270,7 @@ def test_a_host_of_the_dsn_that_cannot_be_reached_is_skipped_with_why(pg18: PgCl
     down = free_port()
     dsn = f"host=127.0.0.1,127.0.0.1 port={pg18.port},{down} dbname={pg18_db} user=postgres target_session_attrs=primary"
     with connect(dsn) as conn:
-        report = run_preflight(conn, "cdc_unreached", [], decoder="pgoutput", dsn=dsn)
+        report = run_preflight(conn, "cdc_unreached", [], plugin=PGOUTPUT, dsn=dsn)
     assert report.skipped[f"failover_standby@127.0.0.1:{down}"].startswith("cannot connect")
     assert not [f for f in report.findings if f.check in FAILOVER_CHECKS]
     assert set(FAILOVER_CHECKS) <= set(report.checked)

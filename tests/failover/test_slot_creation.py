@@ -9,6 +9,7 @@ import psycopg2.extras
 import pytest
 
 from cdc.catalog import create_logical_slot, create_slot_command, slot_info
+from cdc.codec.plugins import PGOUTPUT, WAL2JSON
 from cdc.connect import connect
 from cdc.events import int_to_lsn
 from snapshot import create_exported_slot
@@ -38,7 +39,7 @@ def test_exported_slot_on_18_is_a_failover_slot_unless_temporary(
         pg18.dsn(pg18_db), connection_factory=psycopg2.extras.LogicalReplicationConnection
     )
     try:
-        snap = create_exported_slot(repl.cursor(), "exp18", temporary=temporary, plugin="pgoutput")
+        snap = create_exported_slot(repl.cursor(), "exp18", temporary=temporary, plugin=PGOUTPUT)
         assert snap.name and snap.consistent_lsn > 0
         assert _failover(pg18, "exp18") == [(not temporary, temporary, "pgoutput")]
     finally:
@@ -50,7 +51,7 @@ def test_exported_slot_on_18_is_a_failover_slot_unless_temporary(
 def test_exported_slot_on_15_has_no_failover(pg: PgCluster, pg_db: str) -> None:
     repl = psycopg2.connect(pg.dsn(pg_db), connection_factory=psycopg2.extras.LogicalReplicationConnection)
     try:
-        snap = create_exported_slot(repl.cursor(), "exp15", temporary=False)
+        snap = create_exported_slot(repl.cursor(), "exp15", temporary=False, plugin=WAL2JSON)
     finally:
         repl.close()
     assert snap.consistent_lsn > 0
