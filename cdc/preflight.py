@@ -123,10 +123,6 @@ class Report:
         return [f for f in self.findings if f.severity == "warning"]
 
     @property
-    def infos(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "info"]
-
-    @property
     def ok(self) -> bool:
         """No errors: capture can start (warnings may still need attention)."""
         return not self.errors

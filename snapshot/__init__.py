@@ -27,7 +27,6 @@ since included) are superseded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -125,8 +124,6 @@ def snapshot_error(
         err.exit_code = exc.exit_code
     return err
 
-
-ProgressFactory = Callable[[], Progress]
 
 __all__ = [
     "ExportedSnapshot",

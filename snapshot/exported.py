@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,11 +37,6 @@ from snapshot import ExportedSnapshot, Progress, TableSnapshot, snapshot_error
 from snapshot.encode import RowEncoder, copy_query, encoder_for, read_csv_batches, text_copy_query
 from snapshot.table_info import row_estimate, table_columns
 
-BATCH_ROWS = 5000
-
-#: column kinds (:func:`cdc.pgtypes.type_kind`) whose JSON value Postgres builds in the
-#: snapshot's SELECT; floats and arrays are encoded in Python (Postgres' JSON differs from orjson's)
-SQL_KINDS = frozenset({"int", "numeric", "bool", "bytea", "json", "text"})
 #: types whose text output never holds a character JSON escapes: quoted as they are
 _PLAIN_TEXT_TYPES = frozenset(
     {
@@ -116,15 +110,6 @@ def json_exprs(conn: psycopg.Connection[Any], schema: str, table: str) -> list[s
             return None
         exprs.append(e[0])
     return exprs
-
-
-def _template(names: Sequence[str], quoted: Sequence[bool]) -> bytes:
-    """A ``%b`` template of a JSON object whose members are ``names`` (orjson's bytes: no spaces)."""
-    parts = []
-    for name, q in zip(names, quoted, strict=True):
-        slot = b'"%b"' if q else b"%b"
-        parts.append(orjson.dumps(name).replace(b"%", b"%%") + b":" + slot)
-    return b"{" + b",".join(parts) + b"}"
 
 
 def connect_snapshot(dsn: str, snap: ExportedSnapshot) -> psycopg.Connection[Any]:

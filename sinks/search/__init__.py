@@ -288,11 +288,6 @@ class SearchSink(Sink):
             clear_pending=p.pending in (None, (app_id, batch_id)),
         )
 
-    def purge(self, reg: TableReg) -> int:
-        """Forget tombstones older than the retention, in every shard; returns how many."""
-        table = self._table(reg)
-        return sum(self._purge(table.shard(i)) for i in table.existing())
-
     def _purge(self, shard: Shard) -> int:
         cutoff = int((time.time() - self.options.tombstone_retention_hours * 3600) * 1000)
         cur = shard.db.execute("DELETE FROM versions WHERE deleted = 1 AND deleted_at_ms < ?", (cutoff,))

@@ -5,7 +5,7 @@ See ``docs/warehouse.md`` for the tables and what each meta column means.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,10 +179,6 @@ class Layout:
         ):
             raise ValueError(raw)
         return cls(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
-
-    def shard_buckets(self, buckets: Iterable[int], shard: int | None) -> list[int]:
-        """Those of ``buckets`` in ``shard`` (None: all)."""
-        return [b for b in buckets if shard is None or b % self.shards == shard]
 
     def marker_buckets(self, shard: int | None) -> list[int]:
         """The buckets of a TRUNCATE's markers in the tombstones table: one per shard (``shard``:

@@ -195,10 +195,3 @@ def live_leases(table: Path, now: float | None = None) -> list[Lease]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
     return out
-
-
-def oldest_version(table: Path, now: float | None = None) -> int | None:
-    """The smallest ``version`` of the table's live leases (None: no live lease): every file that a
-    commit past it removed may be in a version a lease holder reads."""
-    versions = [held.version for held in live_leases(table, now)]
-    return min(versions) if versions else None

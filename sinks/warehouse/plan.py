@@ -32,9 +32,6 @@ __all__ = ["NONE", "HistoryPlan", "Plan", "Stored", "ranks", "versions_of"]
 
 NONE = -1  #: "no row" in an index array
 
-#: the columns the plan reads
-EVENT_COLUMNS = ("key_json", "op", "commit_lsn", "seq", "ts_ms", "partition", "offset")
-
 
 def ranks(lsn: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """Dense ranks of versions ``(lsn, seq)``: equal versions get equal ranks, order is kept."""

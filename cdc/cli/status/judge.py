@@ -28,10 +28,6 @@ SEVERITIES = ("ok", "warn", "critical")
 EXIT_CODES = {"ok": 0, "warn": 1, "critical": 2}
 
 
-def severity_of(verdict: str) -> str:
-    return {OK: "ok", WARN: "warn"}.get(verdict, "critical")
-
-
 def worst(severities: Sequence[str]) -> str:
     return max(severities, key=SEVERITIES.index, default="ok")
 
