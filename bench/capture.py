@@ -271,7 +271,7 @@ os._exit(0)
 def _snapshot_query_rate(dsn: str) -> float:
     """Seconds for the Postgres side of the snapshot alone: the snapshot's own JSON-building
     ``COPY (SELECT ...)`` read and discarded, as the COPY peer reads its plain one."""
-    from snapshot.exported import json_copy_query, json_exprs
+    from bench.sql_json import json_copy_query, json_exprs
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         exprs = json_exprs(conn, "public", "bench")

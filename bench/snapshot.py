@@ -501,7 +501,7 @@ def _setup_source(pg: Any, rows: int) -> tuple[str, Any]:
     Debezium's publication and signal table; (its DSN, the JSON expressions of ``bench``)."""
     from psycopg import sql
 
-    from snapshot.exported import json_exprs
+    from bench.sql_json import json_exprs
 
     pg.execute("CREATE DATABASE bench")
     dsn = pg.dsn("bench")
@@ -542,8 +542,8 @@ def _copy_peers(exprs: Any) -> dict[str, Any]:
     """The COPY peers of the initial snapshot, by name: the plain COPY first."""
     from psycopg import sql
 
+    from bench.sql_json import json_copy_query
     from snapshot.encode import copy_query
-    from snapshot.exported import json_copy_query
 
     plain = sql.SQL("COPY (SELECT {} FROM bench) TO STDOUT").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS)
