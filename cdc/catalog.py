@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc.connect import connect as connect
 from cdc.errors import RegistryError, SourceError
 from cdc.events import lsn_to_int
-from cdc.names import QUOTING_FIX
+from cdc.names import QUOTING_FIX, sql_ident
 from cdc.names import quote_table_name as quote_table_name
 from cdc.registry import Column
 
@@ -409,7 +409,7 @@ def capture_problems(
         ]
     out = [*_key_problems(desc, key, name, cli, values)]
     if not desc.has_select_privilege:
-        schema_sql = _sql_ident(desc.schema)
+        schema_sql = sql_ident(desc.schema)
         out.append(
             CaptureProblem(
                 "select_privilege",
@@ -466,7 +466,7 @@ def _key_problems(
             why = "it has no primary key and REPLICA IDENTITY DEFAULT"
         else:
             why = f"REPLICA IDENTITY {_IDENTITY_NAMES.get(ident, ident)} carries: {', '.join(carried) or 'nothing'}"
-        target = desc.sql_name if leaf == desc.table else f"{_sql_ident(leaf_schema)}.{_sql_ident(leaf)}"
+        target = desc.sql_name if leaf == desc.table else f"{sql_ident(leaf_schema)}.{sql_ident(leaf)}"
         alter = f"ALTER TABLE {target} REPLICA IDENTITY FULL;"
         pk = ""
         if desc.primary_key and tuple(desc.primary_key) != tuple(key):
@@ -483,10 +483,6 @@ def _key_problems(
             )
         ]
     return []
-
-
-def _sql_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 # --- server and slot ---------------------------------------------------------------------------------

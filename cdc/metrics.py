@@ -47,16 +47,12 @@ from cdc import paths
 from cdc.errors import CdcError, ConfigError
 from cdc.locks import process_runs, process_start
 
-__all__ = ["ROLES", "Publisher", "metrics_dir", "metrics_path", "pid_alive", "read", "read_all"]
+__all__ = ["ROLES", "Publisher", "metrics_path", "pid_alive", "read", "read_all"]
 
 VERSION = 1
 #: the roles the pipeline's processes publish as
 ROLES = ("capture", "apply")
 _ROLE = re.compile(r"[a-z][a-z0-9_-]{0,40}")
-
-
-def metrics_dir(state_dir: Path) -> Path:
-    return paths.metrics_dir(state_dir)
 
 
 def metrics_path(state_dir: Path, role: str) -> Path:
@@ -219,7 +215,7 @@ def read(state_dir: Path, role: str) -> dict[str, Any] | None:
 def read_all(state_dir: Path) -> dict[str, dict[str, Any]]:
     """Every role's snapshot under ``<state>/metrics``."""
     out: dict[str, dict[str, Any]] = {}
-    base = metrics_dir(state_dir)
+    base = paths.metrics_dir(state_dir)
     if not base.is_dir():
         return out
     for path in sorted(base.glob("*.json")):

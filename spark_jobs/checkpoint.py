@@ -10,7 +10,7 @@ import orjson
 
 from cdc import paths
 
-__all__ = ["batch_end_offsets", "batch_ranges", "checkpoint_dir"]
+__all__ = ["batch_end_offsets", "batch_ranges", "checkpoint_dir", "offset_key", "parse_offset_key"]
 
 
 def checkpoint_dir(state_dir: Path) -> Path:
@@ -32,7 +32,12 @@ def _source_offsets(ckpt: Path, batch_id: int) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in orjson.loads(line).items()}
 
 
-def _split_key(key: str) -> tuple[str, int]:
+def offset_key(topic: str, partition: int) -> str:
+    """A partition's key in the source's offsets (``{"<topic>|<partition>": next_offset}``)."""
+    return f"{topic}|{partition}"
+
+
+def parse_offset_key(key: str) -> tuple[str, int]:
     topic, _, part = key.rpartition("|")
     return topic, int(part)
 
@@ -42,7 +47,7 @@ def batch_end_offsets(ckpt: Path, batch_id: int) -> dict[str, dict[int, int]]:
     ``{topic: {partition: next_offset}}``; empty if the log has no entry."""
     out: dict[str, dict[int, int]] = {}
     for key, off in (_source_offsets(ckpt, batch_id) or {}).items():
-        topic, part = _split_key(key)
+        topic, part = parse_offset_key(key)
         out.setdefault(topic, {})[part] = off
     return out
 
@@ -62,4 +67,4 @@ def batch_ranges(ckpt: Path, batch_id: int) -> list[tuple[str, int, int, int]] |
         return None
     if any(k not in start or start[k] > hi for k, hi in end.items()):
         return None
-    return [(*_split_key(k), start[k], end[k]) for k in sorted(end) if end[k] > start[k]]
+    return [(*parse_offset_key(k), start[k], end[k]) for k in sorted(end) if end[k] > start[k]]

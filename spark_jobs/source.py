@@ -19,6 +19,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from spark_jobs.checkpoint import offset_key, parse_offset_key
+
 if TYPE_CHECKING:
     from cdc.config import Settings
 
@@ -51,15 +53,6 @@ CATCH_UP_BATCHES = 2
 SIZE_SAMPLE = 64
 #: ... and estimated again once its position moved this many records past the sample
 RESAMPLE_AFTER = 50_000
-
-
-def offset_key(topic: str, partition: int) -> str:
-    return f"{topic}|{partition}"
-
-
-def parse_offset_key(key: str) -> tuple[str, int]:
-    topic, _, part = key.rpartition("|")
-    return topic, int(part)
 
 
 def store_settings(options: Mapping[str, str], settings: Settings | None = None) -> Settings:

@@ -34,7 +34,7 @@ from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import RegistryError
 from cdc.events import int_to_lsn, topic_name
-from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name
+from cdc.names import parse_column_list, parse_table_name, quote_ident, quote_table_name, sql_ident
 from cdc.publication import keep_publication, unpublished_columns
 from cdc.recorders.nonfinite import When, ensure_nonfinite, remember, tracked_columns
 from cdc.registry import Registry, State, TableReg, TableState, column_json
@@ -135,10 +135,6 @@ def validate_registration(
     return key, search, exclude
 
 
-def _sql_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def key_warnings(desc: TableDescription, key: tuple[str, ...]) -> list[str]:
     """What ``add`` accepts but a person must see: a key the catalog does not guarantee unique."""
     if desc.is_unique_key(key):
@@ -151,7 +147,7 @@ def key_warnings(desc: TableDescription, key: tuple[str, ...]) -> list[str]:
     return [
         f"key ({', '.join(key)}) of {desc.schema}.{desc.table} is not guaranteed unique ({why}): rows sharing a "
         "key value overwrite each other in the topic and the derived tables; "
-        f"to make it safe: CREATE UNIQUE INDEX ON {desc.sql_name} ({', '.join(_sql_ident(c) for c in key)}) "
+        f"to make it safe: CREATE UNIQUE INDEX ON {desc.sql_name} ({', '.join(sql_ident(c) for c in key)}) "
         "(its columns NOT NULL)"
     ]
 

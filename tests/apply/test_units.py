@@ -17,8 +17,14 @@ from cdc.logstore import StoredRecord
 from sinks import DeadLetter
 from sinks.dead_letters import decode, encode
 from spark_jobs.apply import app_id_for, read_ledger, write_ledger
-from spark_jobs.checkpoint import batch_end_offsets, batch_ranges, checkpoint_dir
-from spark_jobs.source import byte_bounded, offset_key, parse_offset_key, split_budget
+from spark_jobs.checkpoint import (
+    batch_end_offsets,
+    batch_ranges,
+    checkpoint_dir,
+    offset_key,
+    parse_offset_key,
+)
+from spark_jobs.source import byte_bounded, split_budget
 
 
 def test_split_budget_fills_small_backlogs_and_splits_the_rest() -> None:

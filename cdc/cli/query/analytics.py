@@ -28,6 +28,7 @@ from deltalake import DeltaTable
 
 from cdc import paths
 from cdc.errors import CdcError
+from cdc.names import sql_ident
 from cdc.registry import TableReg, ViewReg
 from sinks.types import plain_types
 from sinks.warehouse import duck, leases
@@ -49,10 +50,6 @@ class Catalog:
 
     views: dict[str, str] = field(default_factory=dict)  # view name -> "current"/"history" of which table
     not_applied: list[str] = field(default_factory=list)
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 class Warehouse:
@@ -86,7 +83,7 @@ class Warehouse:
             if not DeltaTable.is_deltatable(str(current)):
                 self.catalog.not_applied.append(reg.qualified)
                 continue
-            self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(reg.schema)}")
+            self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {sql_ident(reg.schema)}")
             for kind, path, view in (
                 ("current", current, reg.table),
                 ("history", history, f"{reg.table}__history"),
@@ -97,8 +94,8 @@ class Warehouse:
                     continue
                 scan = self._scan(f"__cdc_{kind}_{i}", DeltaTable(str(path)))
                 self.con.execute(
-                    f"CREATE VIEW {_quote(reg.schema)}.{_quote(view)} AS "
-                    f"SELECT * EXCLUDE ({_quote(BUCKET)}) FROM {scan}"
+                    f"CREATE VIEW {sql_ident(reg.schema)}.{sql_ident(view)} AS "
+                    f"SELECT * EXCLUDE ({sql_ident(BUCKET)}) FROM {scan}"
                 )
                 self.catalog.views[f"{reg.schema}.{view}"] = f"{kind} of {reg.qualified}"
         for view_reg in views:
@@ -115,8 +112,8 @@ class Warehouse:
         columns = [n for n in arrow_schema(table).names if not n.startswith(META_PREFIX)]
         scan = self._scan(f"__cdc_view_{view.name}", table)
         self.con.execute(
-            f"CREATE VIEW main.{_quote(view.name)} AS "
-            f"SELECT {', '.join(_quote(c) for c in columns)} FROM {scan}"
+            f"CREATE VIEW main.{sql_ident(view.name)} AS "
+            f"SELECT {', '.join(sql_ident(c) for c in columns)} FROM {scan}"
         )
         self.catalog.views[view.name] = f"view of {', '.join(view.tables)}"
 
@@ -135,7 +132,7 @@ class Warehouse:
         self.con.register(source, plain_types(arrow_schema(table)).empty_table())
         files = pa.table(table.get_add_actions(flatten=True))
         if files.num_rows == 0:
-            return _quote(source)
+            return sql_ident(source)
         root = table.table_uri.removeprefix("file://").rstrip("/")
         names = [f"{root}/{unquote(p)}" for p in files.column("path").to_pylist()]
         listed = ", ".join("'" + n.replace("'", "''") + "'" for n in names)
@@ -147,12 +144,12 @@ class Warehouse:
             values = pa.table({FILE: names, **{c: files.column(f"partition.{c}") for c in parts}})
             self.con.register(f"{source}_parts", values)
             data = (
-                f"(SELECT d.* EXCLUDE ({_quote(FILE)}), {', '.join('p.' + _quote(c) for c in parts)} "
-                f"FROM {data} d JOIN {_quote(source + '_parts')} p USING ({_quote(FILE)}))"
+                f"(SELECT d.* EXCLUDE ({sql_ident(FILE)}), {', '.join('p.' + sql_ident(c) for c in parts)} "
+                f"FROM {data} d JOIN {sql_ident(source + '_parts')} p USING ({sql_ident(FILE)}))"
             )
         else:
-            data = f"(SELECT * EXCLUDE ({_quote(FILE)}) FROM {data})"
-        return f"(SELECT * FROM {_quote(source)} UNION ALL BY NAME SELECT * FROM {data})"
+            data = f"(SELECT * EXCLUDE ({sql_ident(FILE)}) FROM {data})"
+        return f"(SELECT * FROM {sql_ident(source)} UNION ALL BY NAME SELECT * FROM {data})"
 
     def query(self, sql: str) -> pa.Table:
         """Run one SQL statement; the result as an Arrow table (empty for statements without rows).

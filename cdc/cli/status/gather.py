@@ -36,7 +36,7 @@ from cdc.codec.plugins import PLUGINS
 from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
 from cdc.events import dead_letter_topic, int_to_lsn, lsn_to_int
-from cdc.logstore import APPLY_CONSUMER
+from cdc.logstore import APPLY_CONSUMER, now_ms
 from cdc.logstore.images import unknown_values
 from cdc.preflight import gather_standbys
 from cdc.registry import Registry, State, TableReg, TableState
@@ -114,10 +114,6 @@ def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dic
             }
         )
     return out
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _process(doc: dict[str, Any] | None, now_ms: int, window_s: float) -> dict[str, Any]:
@@ -293,7 +289,7 @@ class Collector:
         """One report (``docs/status.md``): the processes, the source and its slot, the log store's
         per-table facts, then one stage each for capture, the slot, every table's sinks and the dead
         letters. ``record``: append this report's positions to the samples (``history``)."""
-        now = _now_ms()
+        now = now_ms()
         docs = metrics.read_all(self.state)
         procs = {role: _process(docs.get(role), now, self.options.window_s) for role in metrics.ROLES}
         tables, source, kept = self._registry_facts(enforce_policy, procs["capture"]["running"])
@@ -658,7 +654,7 @@ class Collector:
         keep the table (:data:`sinks.all.SINKS`), one apply stage each."""
         from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
-        now = _now_ms()
+        now = now_ms()
         fact: dict[str, Any] = {
             "table": reg.qualified,
             "topic": reg.topic,
