@@ -5,7 +5,8 @@
 :class:`OutputPlugin`, :data:`PLUGINS` lists them, and :func:`plugin_in_use` says which one a
 deployment reads (resolved once, from the slot, by the reader, which records it in the registry). Each holds:
 
-* whether it is part of the server (pgoutput) or a library to install and allow (wal2json);
+* whether it is part of the server (pgoutput) or a library to install and allow (wal2json: its
+  library file, where to get it), and whether a slot was made with it (:meth:`OutputPlugin.made`);
 * whether it streams from a publication that cdc keeps (pgoutput), or is told the tables by name
   in the session's options (wal2json's ``add-tables``);
 * whether NaN and ±Infinity can arrive as null (wal2json before 2.6, whose numbers are JSON
