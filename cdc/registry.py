@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -530,6 +531,26 @@ class Registry:
                 db.execute("DELETE FROM state WHERE name = ?", (name,))
             else:
                 db.execute("INSERT OR REPLACE INTO state (name, value) VALUES (?, ?)", (name, value))
+
+    def slot_dropped(self, slot: str, reason: str, **facts: Any) -> dict[str, Any]:
+        """The slot is gone (dropped or lost): mark every registered table for a re-snapshot
+        (``pending``) and record why and when (:attr:`State.SLOT_DROPPED`, with ``facts``, which
+        ``cdc status`` shows); returns the record."""
+        tables = []
+        for reg in self.list_tables():
+            self.set_snapshot_state(reg.schema, reg.table, "pending")
+            tables.append(reg.qualified)
+        at = time.time()
+        record = {
+            "slot": slot,
+            "at_ms": int(at * 1000),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+            "reason": reason,
+            **facts,
+            "tables": tables,
+        }
+        self.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
+        return record
 
     def get_table_state(self, entry: TableState, schema: str, table: str) -> str | None:
         """The table's value of ``entry``, or None."""

@@ -63,20 +63,9 @@ def resnapshot_after_lost_slot(
         else "the slot does not exist on the source any more (a failover to a server without it, "
         "or dropped by hand)"
     )
-    tables = []
-    for reg in registry.list_tables():
-        registry.set_snapshot_state(reg.schema, reg.table, "pending")
-        tables.append(reg.qualified)
-    record = {
-        "slot": slot,
-        "at_ms": int(time.time() * 1000),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reason": f"{why}; slot_lost = resnapshot: every table is snapshotted again",
-        "wal_status": wal_status,
-        "tables": tables,
-    }
-    registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
-    log(f"warning: replication slot {slot!r}: {record['reason']} ({len(tables)} table(s))")
+    reason = f"{why}; slot_lost = resnapshot: every table is snapshotted again"
+    record = registry.slot_dropped(slot, reason, wal_status=wal_status)
+    log(f"warning: replication slot {slot!r}: {reason} ({len(record['tables'])} table(s))")
 
 
 def note_reread(registry: Registry, table: str, rows: int) -> None:

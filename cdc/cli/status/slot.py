@@ -17,14 +17,11 @@ re-snapshot, and as a note afterwards. Never in silence.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import psycopg
 
 from cdc.cli.status.judge import ERROR, OK, WARN, Judgement
-from cdc.registry import State
 
 if TYPE_CHECKING:
     from cdc.catalog import SlotInfo
@@ -134,18 +131,6 @@ def drop_slot(
 ) -> dict[str, Any]:
     """Drop the slot, mark every registered table ``pending`` and record why and when."""
     conn.execute("SELECT pg_drop_replication_slot(%s)", [info.name])
-    tables = []
-    for reg in registry.list_tables():
-        registry.set_snapshot_state(reg.schema, reg.table, "pending")
-        tables.append(reg.qualified)
-    record = {
-        "slot": info.name,
-        "at_ms": int(time.time() * 1000),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reason": reason,
-        "retained_wal_bytes": info.retained_bytes,
-        "wal_status": info.wal_status,
-        "tables": tables,
-    }
-    registry.set_state(State.SLOT_DROPPED, orjson.dumps(record).decode())
-    return record
+    return registry.slot_dropped(
+        info.name, reason, retained_wal_bytes=info.retained_bytes, wal_status=info.wal_status
+    )
