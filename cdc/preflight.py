@@ -767,10 +767,7 @@ def run_preflight(
     record(["slot"], check_slot(slot, info.database, plugin))
     if failover_supported(info.server_version_num):
         found_failover, unreachable = failover_findings(conn, slot, dsn)
-        record(
-            ["failover_slot", "synchronized_standby_slots", "failover_standby", "failover_ready"],
-            found_failover,
-        )
+        record(FAILOVER_CHECKS, found_failover)
         skipped.update(unreachable)
     descriptions: dict[tuple[str, str], TableDescription | None] = {}
     for reg in regs:
