@@ -35,7 +35,7 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from cdc.codec.envelope import TableCodec
-from cdc.codec.values import TOAST_TUPLE_THRESHOLD, RowBound, text_converter_for
+from cdc.codec.values import FLOAT_SPECIALS, TOAST_TUPLE_THRESHOLD, RowBound, text_converter_for
 from cdc.errors import SourceError
 from cdc.logstore.images import FIELD_SEP, NAME_SEP
 from cdc.pgtypes import type_kind
@@ -44,7 +44,6 @@ from snapshot import snapshot_error
 
 __all__ = ["RowEncoder", "copy_query", "encoder_for", "read_csv_batches", "text_copy_query"]
 
-_SPECIALS = ("NaN", "Infinity", "-Infinity")
 _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # escaped by orjson as \b, \f or \u00XX
 
 
@@ -240,7 +239,7 @@ class RowEncoder:
             if self.kinds[n] in ("float", "numeric"):
                 conv = self.converters[n]
                 self.specials[n] = {
-                    s: orjson.dumps(conv(s) if conv is not None else s).decode() for s in _SPECIALS
+                    s: orjson.dumps(conv(s) if conv is not None else s).decode() for s in FLOAT_SPECIALS
                 }
         self._after_parts = [orjson.dumps(n).decode() for n in self.names]
         self._key_parts = [orjson.dumps(n).decode() for n in self.key]

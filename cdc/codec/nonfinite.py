@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from cdc.codec import NONFINITE_PREFIX
+from cdc.codec.values import FLOAT_SPECIALS
 from cdc.errors import DecodeError
 from cdc.pgtypes import type_kind
 
@@ -47,7 +48,6 @@ class NonFinite(msgspec.Struct, frozen=True):
 
 
 _decoder = msgspec.json.Decoder(NonFinite)
-_SPECIALS = frozenset({"NaN", "Infinity", "-Infinity"})
 
 
 def parse_nonfinite(content: str | None, lsn: str | None = None) -> NonFinite:
@@ -56,7 +56,7 @@ def parse_nonfinite(content: str | None, lsn: str | None = None) -> NonFinite:
         msg = _decoder.decode(content or "")
         if msg.v != FORMAT_VERSION:
             raise ValueError(f"format version {msg.v!r}, this reader knows {FORMAT_VERSION}")
-        if msg.image not in ("new", "old") or not set(msg.values.values()) <= _SPECIALS:
+        if msg.image not in ("new", "old") or not set(msg.values.values()) <= FLOAT_SPECIALS:
             raise ValueError(f"image {msg.image!r}, values {msg.values!r}")
     except (msgspec.DecodeError, ValueError) as exc:
         raise DecodeError(

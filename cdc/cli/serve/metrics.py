@@ -14,8 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-SEVERITY = {"ok": 0, "warn": 1, "critical": 2}
-VERDICTS = ("OK", "WARN", "STALLED", "STOPPED", "ERROR")
+from cdc.cli.status.judge import SEVERITIES, VERDICTS
 
 
 class _ReportCollector(Collector):
@@ -105,7 +104,7 @@ def _stage_metrics(r: dict[str, Any]) -> Iterator[Metric]:
     )
     for s in stages:
         labels = [s["stage"], s.get("table") or "", s.get("sink") or ""]
-        sev.add_metric(labels, SEVERITY[s["severity"]])
+        sev.add_metric(labels, SEVERITIES.index(s["severity"]))
         for v in VERDICTS:
             ver.add_metric([*labels, v], 1 if s["verdict"] == v else 0)
     yield sev
