@@ -103,10 +103,6 @@ class TableDescription:
 
         return any(set(u) <= set(key) and all(not_null(c) for c in u) for u in self.unique_keys)
 
-    def covers_key(self, key: tuple[str, ...]) -> bool:
-        """Whether UPDATE/DELETE events carry every column of ``key`` in their old identity."""
-        return bool(key) and set(key) <= set(self.replica_identity_columns)
-
 
 _DESCRIBE = """
 SELECT c.oid::int8, c.relkind::text, c.relreplident::text, c.reltuples::float8,

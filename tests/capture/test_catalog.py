@@ -34,7 +34,6 @@ def test_describe_table(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     )
     assert d.primary_key == ("b", "A Id")
     assert d.replica_identity == "d" and d.replica_identity_columns == ("b", "A Id")
-    assert d.covers_key(("A Id",)) and not d.covers_key(("amount",))
     assert d.estimated_rows == 500
     assert d.has_select_privilege
     assert d.sql_name == "public.orders"
