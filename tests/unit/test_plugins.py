@@ -10,16 +10,7 @@ from cdc.codec.plugins import PGOUTPUT, PLUGINS, WAL2JSON
 from cdc.config import DECODERS, DEFAULT_DECODER
 from cdc.preflight import USE_PGOUTPUT, check_slot, not_installed
 
-SLOT = SlotInfo(
-    name="cdc_slot",
-    exists=True,
-    slot_type="logical",
-    plugin="wal2json",
-    database="app",
-    active=True,
-    wal_status="reserved",
-    retained_bytes=0,
-)
+SLOT = SlotInfo("cdc_slot", exists=True, plugin="wal2json", slot_type="logical", database="app")
 
 
 def test_the_plugins_are_the_names_config_accepts() -> None:
