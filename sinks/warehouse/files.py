@@ -247,8 +247,8 @@ class Partitions:
             return
         rows = rows.select(self.schema.names).cast(self.schema)
         data_cols = [n for n in self.schema.names if n not in self.partition_by]
-        for part, at in _partitions(rows, self.partition_by):
-            chunk = rows.take(at).select(data_cols)
+        for part, in_part in _partitions(rows, self.partition_by):
+            chunk = in_part.select(data_cols)
             texts = {c: _partition_text(part[c]) for c in self.partition_by}
             rel = "/".join(
                 f"{c}={'__HIVE_DEFAULT_PARTITION__' if v is None else v}" for c, v in texts.items()
@@ -270,21 +270,23 @@ class Partitions:
             write.rows_written += chunk.num_rows
 
 
-def _partitions(rows: pa.Table, columns: Sequence[str]) -> Iterator[tuple[dict[str, Any], pa.Array]]:
-    """Each distinct combination of ``columns``' values in ``rows`` (nulls a value of their own), in
-    the order of its first row, with the positions of its rows in their order: one stable sort of the
-    rows' combined codes, not a scan of every row per partition."""
+def _partitions(rows: pa.Table, columns: Sequence[str]) -> Iterator[tuple[dict[str, Any], pa.Table]]:
+    """``rows`` split by each distinct combination of ``columns``' values (nulls a value of their
+    own): the combination and its rows, in their order, the combinations in the order of their
+    first rows. One stable sort of the rows' combined codes and one ``take``, not a scan of every
+    row per partition."""
     code = np.zeros(rows.num_rows, dtype=np.int64)
     for name in columns:
         enc = pc.dictionary_encode(rows.column(name).combine_chunks())
         idx = pc.fill_null(enc.indices, -1).to_numpy().astype(np.int64) + 1  # 0: null
         code = code * (len(enc.dictionary) + 1) + idx
     order = np.argsort(code, kind="stable")
-    starts = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1]])
-    runs = np.split(order, starts[1:])
-    for run in sorted(runs, key=lambda r: int(r[0])):
-        first = int(run[0])
-        yield {c: rows.column(c)[first].as_py() for c in columns}, pa.array(run)
+    ordered = rows.take(pa.array(order))
+    bounds = [*np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1]]).tolist(), len(order)]
+    runs = sorted(zip(bounds[:-1], bounds[1:], strict=True), key=lambda r: int(order[r[0]]))
+    for start, end in runs:
+        first = int(order[start])
+        yield {c: rows.column(c)[first].as_py() for c in columns}, ordered.slice(start, end - start)
 
 
 def _stats(rows: pa.Table) -> str:
