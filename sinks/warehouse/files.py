@@ -23,6 +23,7 @@ that refused) are referenced by no version; ``vacuum`` removes them once older t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -283,7 +284,7 @@ def _partitions(rows: pa.Table, columns: Sequence[str]) -> Iterator[tuple[dict[s
     order = np.argsort(code, kind="stable")
     ordered = rows.take(pa.array(order))
     bounds = [*np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1]]).tolist(), len(order)]
-    runs = sorted(zip(bounds[:-1], bounds[1:], strict=True), key=lambda r: int(order[r[0]]))
+    runs = sorted(itertools.pairwise(bounds), key=lambda r: int(order[r[0]]))
     for start, end in runs:
         first = int(order[start])
         yield {c: rows.column(c)[first].as_py() for c in columns}, ordered.slice(start, end - start)
