@@ -216,6 +216,10 @@ class ReaderConfig(_Section):
 
     batch_max_events: int = Field(default=5000, ge=1)
     batch_max_ms: int = Field(default=100, ge=1)
+    #: a batch the stream has drained is still held this long from its first record (never past
+    #: ``batch_max_ms``) for the transactions that follow: a slow stream is appended (one durable
+    #: commit per topic) and confirmed every ``batch_linger_ms``, not after each transaction
+    batch_linger_ms: int = Field(default=20, ge=0)
     heartbeat_interval_s: float = Field(default=10.0, ge=0)  # 0: no heartbeat messages
     max_attempts: int = Field(default=10, ge=1)
     backoff_initial_s: float = Field(default=0.5, gt=0)

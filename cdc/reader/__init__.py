@@ -647,6 +647,7 @@ class Reader:
             poll_s=self.options.poll_s,
             batch_max_events=self.options.batch_max_events,
             batch_max_ms=self.options.batch_max_ms,
+            batch_linger_ms=self.options.batch_linger_ms,
             stats=self.stats,
             ddl=follower,
             schema=schema.settle,

@@ -53,6 +53,8 @@ class StreamControl:
     poll_s: float = 1.0
     batch_max_events: int = 5000
     batch_max_ms: int = 100
+    #: a drained batch is submitted once this old (0: at once; the product's default: ReaderConfig)
+    batch_linger_ms: int = 0
     #: a durable position is sent to the server at most this often (and at every stop/restart)
     feedback_interval_s: float = 0.5
     on_confirm: Callable[[int], None] | None = None
@@ -147,6 +149,7 @@ class _Positions:
         )
         self.last_feedback = now
         self.max_s = ctl.batch_max_ms / 1000.0
+        self.linger_s = min(ctl.batch_linger_ms, ctl.batch_max_ms) / 1000.0
         self.fileno = cur.connection.fileno()
 
     def confirm(self, force: bool = False) -> None:
@@ -191,7 +194,8 @@ class _Positions:
         """Submit, confirm, poll, heartbeat and wait; the reason to end the loop, or None."""
         batch, ctl, chunks = self.batch, self.ctl, self.chunks
         now = time.monotonic()
-        if batch.count and (now - batch.started >= self.max_s or (drained and not self.in_txn)):
+        age = now - batch.started
+        if batch.count and (age >= self.max_s or (drained and not self.in_txn and age >= self.linger_s)):
             batch.submit(self.pending if self.pending > batch.submitted else None)
         elif (
             not batch.count
@@ -224,8 +228,9 @@ class _Positions:
             self.next_heartbeat = time.monotonic() + ctl.heartbeat_interval_s
         if drained:
             timeout = 0.2 if chunks is None or not chunks.busy() else 0.05
-            if batch.count:
-                timeout = max(0.0, min(timeout, batch.started + self.max_s - now))
+            if batch.count:  # until the batch is due: held (linger) outside a transaction
+                due = self.max_s if self.in_txn else self.linger_s
+                timeout = max(0.0, min(timeout, batch.started + due - now))
             select.select([self.fileno], [], [], timeout)
         return None
 

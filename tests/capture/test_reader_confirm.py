@@ -36,11 +36,13 @@ class FakeStore:
     def __init__(self, delay: float = 0.002) -> None:
         self.delay = delay
         self.keys: list[bytes] = []
+        self.appends = 0
         self.lock = threading.Lock()
 
     def append_many(self, batch: Mapping[str, Sequence[Record]]) -> dict[str, dict[int, int]]:
         time.sleep(self.delay)
         with self.lock:
+            self.appends += 1
             for records in batch.values():
                 self.keys.extend(r.key for r in records)
         return {}
@@ -161,7 +163,13 @@ def build_script(txns: int, per_txn: int) -> tuple[Script, list[tuple[int, set[b
 
 
 def run_loop(
-    script: Script, commits: list[tuple[int, set[bytes]]], target: int | None, batch_max_events: int
+    script: Script,
+    commits: list[tuple[int, set[bytes]]],
+    target: int | None,
+    batch_max_events: int,
+    *,
+    batch_max_ms: int = 1,
+    batch_linger_ms: int = 0,
 ) -> tuple[FakeCursor, FakeStore, str, int]:
     store = FakeStore()
     cur = FakeCursor(script, store, commits)
@@ -173,7 +181,8 @@ def run_loop(
         should_restart=lambda: False,
         target=target,
         batch_max_events=batch_max_events,
-        batch_max_ms=1,
+        batch_max_ms=batch_max_ms,
+        batch_linger_ms=batch_linger_ms,
         feedback_interval_s=0.0,
     )
     try:
@@ -207,3 +216,30 @@ def test_keepalive_position_is_confirmed_when_idle() -> None:
     script: Script = [(None, 0x5000)]
     cur, _store, reason, confirmed = run_loop(script, [], target=0x5000, batch_max_events=10)
     assert reason == "caught_up" and confirmed == 0x5000 and cur.feedback == [0x5000]
+
+
+def test_a_drained_batch_lingers_for_the_next_transactions() -> None:
+    """A slow stream (drained after every transaction): without a linger each transaction is an
+    append of its own; with one, the transactions arriving within it share an append. Either way
+    every change is stored and nothing is confirmed before it is durable (FakeCursor's check)."""
+    script, commits, _ = build_script(txns=30, per_txn=1)
+    drained: Script = []
+    for entry in script:
+        drained.append(entry)
+        if entry[0] is not None and b'"action":"C"' in entry[0]:
+            drained.append((None, entry[1]))  # nothing more to read after each commit
+    counts: dict[int, int] = {}
+    for linger in (0, 10_000):
+        _cur, store, reason, confirmed = run_loop(
+            drained,
+            commits,
+            target=commits[-1][0],
+            batch_max_events=1000,
+            batch_max_ms=60_000,
+            batch_linger_ms=linger,
+        )
+        assert reason == "caught_up" and confirmed >= commits[-1][0]
+        assert len(store.keys) == 30
+        counts[linger] = store.appends
+    assert counts[0] >= 25, counts
+    assert counts[10_000] <= 2, counts
