@@ -284,7 +284,13 @@ def test_after_the_log_cleanup_handles_are_reused_and_rows_kept(
 ) -> None:
     """With a log retention of a second and a checkpoint every 5 commits, delta-rs deletes the
     table's first commit files; the sink's handles, recognised by the table's marker, are still
-    reused (no table opened anew after the first batch), and every row is there."""
+    reused (no table opened anew after the first batch), and every row is there.
+
+    delta-rs's cleanup (after each commit) deletes only the commit files before a checkpoint that
+    is itself no later than the oldest commit file modified within the retention: every commit file
+    up to that checkpoint must be past the retention, not only the first batch's. So the log is
+    aged once a checkpoint exists, and the next batch's commit deletes what precedes it, however
+    fast the batches run; the batches after it open no table anew."""
     real = reclaim.retention_conf
     monkeypatch.setattr(
         reclaim,
@@ -300,17 +306,25 @@ def test_after_the_log_cleanup_handles_are_reused_and_rows_kept(
         f.batch(*(f.change("c", {"id": i, "name": "a", "note": None}, 100) for i in range(20))), 1, APP
     )
     first = len(opened)
-    for path in sink.paths(reg):  # the first commits made an hour ago: past the retention
-        for entry in (path / "_delta_log").iterdir():
-            os.utime(entry, (time.time() - 3600, time.time() - 3600))
-    for batch_id in range(2, 16):
+
+    def update(batch_id: int) -> None:
         rows = [
             f.change("u", {"id": i, "name": f"v{batch_id}", "note": None}, 100 * batch_id)
             for i in range(0, 20, 3)
         ]
         sink.apply(f.batch(*rows), batch_id, APP)
+
+    for batch_id in range(2, 7):
+        update(batch_id)
     current = sink.paths(reg)[0]
+    assert list((current / "_delta_log").glob("*.checkpoint.parquet")), "no checkpoint to clean up to"
+    for path in sink.paths(reg):  # every commit so far made an hour ago: past the retention
+        for entry in (path / "_delta_log").iterdir():
+            os.utime(entry, (time.time() - 3600, time.time() - 3600))
+    update(7)
     assert not (current / "_delta_log" / f"{0:020d}.json").exists(), "the log was not cleaned up"
+    for batch_id in range(8, 16):
+        update(batch_id)
     assert len(opened) == first, f"tables opened anew after the cleanup: {opened[first:]}"
     got = {r["id"]: r["name"] for r in sink.current_rows(reg, meta=False).to_pylist()}
     assert got == {i: ("v15" if i % 3 == 0 else "a") for i in range(20)}
