@@ -106,3 +106,38 @@ def test_a_cdc_process_collects_garbage_less_often() -> None:
         assert gc.get_threshold() == GC_THRESHOLDS and GC_THRESHOLDS[0] > before[0]
     finally:
         gc.set_threshold(*before)
+
+
+#: what ``cdc verify`` never needs: Spark and its glue, pandas, the other verbs' libraries (duckdb for
+#: ``cdc sql``, the Kafka client for a ``kafka://`` log, rich for text tables) and the capture side
+VERIFY_NEVER = (
+    "pyspark",
+    "py4j",
+    "pandas",
+    "spark_jobs",
+    "snapshot",
+    "duckdb",
+    "kafka",
+    "rich",
+    "cdc.reader",
+)
+#: the verb modules ``cdc verify`` uses besides its own: the output helpers and the slot check
+VERIFY_CLI = ("cdc.cli.output", "cdc.cli.verify", "cdc.cli.wait", "cdc.cli.wait.lsn")
+
+
+def test_verify_imports_only_what_its_work_needs() -> None:
+    """A ``cdc verify`` process's start is a fixed cost of every incremental run (issue 35: about
+    half of one): its parser, its modules and the sinks it reads import no other verb's module and
+    none of :data:`VERIFY_NEVER`, directly or through any module."""
+    code = (
+        "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
+        "build_parser(_verb_of(['--state', '/s', 'verify', '--json']))\n"
+        "import cdc.cli.verify.compare, cdc.cli.verify.views, cdc.logstore.factory, sinks.all\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = _python(code).split()
+    assert "cdc.cli.verify.compare" in loaded and "sinks.warehouse" in loaded
+    for name in loaded:
+        assert not name.startswith(tuple(f"{m}." for m in VERIFY_NEVER)) and name not in VERIFY_NEVER, name
+        if name.startswith("cdc.cli."):
+            assert name in VERIFY_CLI or name.startswith("cdc.cli.verify."), name
