@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import subprocess
 import sys
 
 import pytest
 
-from cdc.cli import GC_THRESHOLDS, VERB_MODULES, _verb_of, build_parser, collect_less_often, one_blas_thread
+from cdc.cli import (
+    GC_THRESHOLDS,
+    VERB_HELP,
+    VERB_MODULES,
+    _only_listing,
+    _verb_of,
+    build_parser,
+    collect_less_often,
+    one_blas_thread,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,11 +37,51 @@ def test_verb_of(argv: list[str], verb: str | None) -> None:
     assert _verb_of(argv) == verb
 
 
+def _verb_lines(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+    sub = next(a for a in parser._actions if a.dest == "verb")
+    return [(a.dest, a.help) for a in sub._choices_actions]
+
+
 def test_every_verb_is_listed_with_its_module() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "verb")
     listed = {v for verbs in VERB_MODULES.values() for v in verbs}
     assert set(sub.choices) == listed  # type: ignore[arg-type]
+
+
+def test_the_list_of_verbs_is_what_their_modules_register() -> None:
+    """`cdc --help` lists the verbs from VERB_HELP without importing their modules: the same names,
+    order and lines as the modules register."""
+    assert _verb_lines(build_parser(listing=True)) == _verb_lines(build_parser())
+    assert list(VERB_HELP) == [v for verbs in VERB_MODULES.values() for v in verbs]
+
+
+@pytest.mark.parametrize(
+    ("argv", "listing"),
+    [
+        (["--help"], True),
+        (["--state", "/s", "-h"], True),
+        (["--state=/s"], True),
+        ([], True),
+        (["verify", "--help"], False),
+        (["--bogus", "verify"], False),
+        (["bogus"], False),
+    ],
+)
+def test_only_a_request_for_the_verbs_gets_the_list(argv: list[str], listing: bool) -> None:
+    assert _only_listing(argv) is listing
+
+
+def test_cdc_help_lists_every_verb_and_imports_none() -> None:
+    code = (
+        "import sys\nsys.argv = ['cdc', '--help']\n"
+        "from cdc.cli import entry\ntry:\n    entry()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('cdc.cli.', 'psycopg', 'numpy', 'snapshot'))))"
+    )
+    out = _python(code)
+    for verb, line in VERB_HELP.items():
+        assert f"    {verb} " in out and line.split()[0] in out, verb
+    assert out.splitlines()[-1] == "['cdc.cli.output']", out.splitlines()[-1]
 
 
 def _python(code: str, check: bool = True) -> str:
