@@ -43,10 +43,11 @@ VERB_MODULES: dict[str, tuple[str, ...]] = {
     "serve": ("serve",),
 }
 
-#: each verb's line in ``cdc --help``: the help its module registers it with (a test holds them
-#: equal). ``cdc --help`` (or no verb) lists the verbs from here (:func:`build_parser` with
-#: ``listing``) without importing their modules: 0.2-0.4 s of CPU for those of check, tables,
-#: topic, snapshot and the demo, which import psycopg, numpy, msgspec and the snapshot reader
+#: each verb's line in ``cdc --help``, written only here: its module registers the verb with it
+#: (``help=VERB_HELP[verb]``). ``cdc --help`` (or no verb) lists the verbs from here
+#: (:func:`build_parser` with ``listing``) without importing their modules: 0.2-0.4 s of CPU for
+#: those of check, tables, topic, snapshot and the demo, which import psycopg, numpy, msgspec and
+#: the snapshot reader
 VERB_HELP: dict[str, str] = {
     "check": "check that the source is ready for capture",
     "tables": "register, list and remove captured tables",
