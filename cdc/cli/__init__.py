@@ -24,7 +24,7 @@ from cdc.paths import PRIVATE_UMASK, tighten
 
 #: the verb modules, in the order of `cdc --help`, each with the verbs it adds. Only the module of
 #: the verb being run is imported (a verb's module imports what it needs: pyarrow, the snapshot
-#: reader, Spark glue); `cdc --help` and a verb not listed here import all of them.
+#: reader, Spark glue); a verb not listed here imports all of them, `cdc --help` none (:data:`VERB_HELP`).
 VERB_MODULES: dict[str, tuple[str, ...]] = {
     "check": ("check",),
     "tables": ("tables",),
@@ -43,6 +43,30 @@ VERB_MODULES: dict[str, tuple[str, ...]] = {
     "serve": ("serve",),
 }
 
+#: each verb's line in ``cdc --help``, written only here: its module registers the verb with it
+#: (``help=VERB_HELP[verb]``). ``cdc --help`` (or no verb) lists the verbs from here
+#: (:func:`build_parser` with ``listing``) without importing their modules: 0.2-0.4 s of CPU for
+#: those of check, tables, topic, snapshot and the demo, which import psycopg, numpy, msgspec and
+#: the snapshot reader
+VERB_HELP: dict[str, str] = {
+    "check": "check that the source is ready for capture",
+    "tables": "register, list and remove captured tables",
+    "views": "register, list and remove views from joins of tables",
+    "run": "snapshot, then stream changes into the log store",
+    "snapshot": "request a re-snapshot of tables (done by `cdc run`, in chunks)",
+    "topic": "list, dump and follow the log store's topics",
+    "apply": "apply captured changes to the warehouse and the search index (Spark)",
+    "deadletters": "list dead letters, and replay them once the cause is fixed",
+    "sql": "query the warehouse tables with SQL (DuckDB)",
+    "search": "full-text search a table's search columns",
+    "verify": "compare source tables with the warehouse and the search index",
+    "rebuild": "replay a table's topic (or recompute a view) into a verified copy, then swap it in",
+    "wait": "until the derived tables applied every change up to a commit LSN (exit 0; 3 on timeout)",
+    "demo": "run the whole pipeline on a private Postgres, then clean up",
+    "status": "lag per stage, slot health and verdicts (exit 0 OK, 1 WARN, 2 critical)",
+    "serve": "Prometheus /metrics, /status JSON and a live dashboard",
+}
+
 #: the options before the verb, each with a value: (flag, help)
 _GLOBAL_OPTIONS = (
     ("--source", "source DSN or URI (default: $CDC_SOURCE, cdc.toml)"),
@@ -52,19 +76,29 @@ _GLOBAL_OPTIONS = (
 _GLOBAL_OPTIONS_WITH_VALUE = tuple(flag for flag, _ in _GLOBAL_OPTIONS)
 
 
-def _verb_of(argv: Sequence[str]) -> str | None:
-    """The verb of ``argv`` (the first word that is neither a global option nor its value)."""
+def _first_other(argv: Sequence[str]) -> str | None:
+    """The first word of ``argv`` that is neither a global option nor its value (None: none)."""
     skip = False
     for arg in argv:
         if skip:
             skip = False
         elif arg in _GLOBAL_OPTIONS_WITH_VALUE:
             skip = True
-        elif not arg.startswith("-"):
+        elif not arg.startswith(_GLOBAL_OPTIONS_WITH_VALUE):  # a verb, -h, --help, an unknown option
             return arg
-        elif not arg.startswith(_GLOBAL_OPTIONS_WITH_VALUE):  # -h, --help, an unknown option
-            return None
     return None
+
+
+def _verb_of(argv: Sequence[str]) -> str | None:
+    """The verb of ``argv`` (the first word that is neither a global option nor its value)."""
+    first = _first_other(argv)
+    return first if first is not None and not first.startswith("-") else None
+
+
+def _only_listing(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks only for the list of verbs: ``-h``/``--help`` before any verb, or only
+    global options (argparse then says a verb is required)."""
+    return _first_other(argv) in (None, "-h", "--help")
 
 
 def _modules_for(verb: str | None) -> list[ModuleType]:
@@ -72,14 +106,22 @@ def _modules_for(verb: str | None) -> list[ModuleType]:
     return [importlib.import_module(f"cdc.cli.{name}") for name in names]
 
 
-def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """The `cdc` parser; with ``verb``, only that verb's module is registered (see VERB_MODULES)."""
+def build_parser(verb: str | None = None, *, listing: bool = False) -> argparse.ArgumentParser:
+    """The `cdc` parser; with ``verb``, only that verb's module is registered (see VERB_MODULES).
+    With ``listing`` (``argv`` asks only for the list of verbs: :func:`_only_listing`) and no known
+    ``verb``: every verb as a name and its :data:`VERB_HELP` line only, no module imported (what
+    ``cdc --help`` prints, or argparse's error for a missing verb, needs no more); such a parser
+    cannot run a verb."""
     parser = argparse.ArgumentParser(prog="cdc", description="Change-data-capture for PostgreSQL.")
     for flag, text in _GLOBAL_OPTIONS:
         parser.add_argument(flag, help=text)
     parser.set_defaults(run_cli=main)  # for `cdc demo`, which runs verbs without importing the CLI
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
+    if listing and verb not in VERB_HELP:
+        for name, text in VERB_HELP.items():
+            sub.add_parser(name, help=text, add_help=False)
+        return parser
     for module in _modules_for(verb):
         module.register(sub)
     return parser
@@ -87,7 +129,8 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_verb_of(argv))
+    verb = _verb_of(argv)
+    parser = build_parser(verb, listing=_only_listing(argv))
     args = parser.parse_args(argv)
     as_json = bool(getattr(args, "json", False))
     # least privilege on disk: whatever this process (and Spark, tantivy, delta-rs under it) creates

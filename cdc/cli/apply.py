@@ -35,6 +35,7 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_error, print_json
 from cdc.config import Settings
 from cdc.errors import CdcError, ConfigError
@@ -57,7 +58,7 @@ DEFAULT_MAX_BYTES = 256 << 20
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this module's verbs to the `cdc` parser."""
-    p = sub.add_parser("apply", help="apply captured changes to the warehouse and the search index (Spark)")
+    p = sub.add_parser("apply", help=VERB_HELP["apply"])
     p.add_argument("--once", action="store_true", help="apply what is available now, then exit")
     p.add_argument(
         "--trigger-interval",

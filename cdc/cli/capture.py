@@ -21,6 +21,7 @@ import sys
 import threading
 from types import FrameType
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import json_dumps, print_json
 from cdc.config import Settings
 from cdc.locks import ProcessLock
@@ -29,7 +30,7 @@ from cdc.registry import Registry
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc run`` to the ``cdc`` parser."""
-    run = sub.add_parser("run", help="snapshot, then stream changes into the log store")
+    run = sub.add_parser("run", help=VERB_HELP["run"])
     run.add_argument("--once", action="store_true", help="catch up to the WAL position at start, then exit")
     run.add_argument("--json", action="store_true", help="JSON progress on stderr and a JSON summary")
     run.add_argument(

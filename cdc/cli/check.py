@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json
 from cdc.codec.plugins import OutputPlugin, plugin_in_use
 from cdc.config import Settings
@@ -42,7 +43,7 @@ from snapshot.chunk_state import SnapshotOptions, check_watermark_table, ensure_
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc check`` to the ``cdc`` parser."""
-    check = sub.add_parser("check", help="check that the source is ready for capture")
+    check = sub.add_parser("check", help=VERB_HELP["check"])
     check.add_argument("--json", action="store_true", help="print the findings as JSON")
     check.add_argument(
         "--fix",

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import CdcError, UnknownTopicError
@@ -48,7 +49,7 @@ REPLAY_APP_ID = "cdc-deadletters-replay"
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc deadletters list|replay`` to the ``cdc`` parser."""
-    p = sub.add_parser("deadletters", help="list dead letters, and replay them once the cause is fixed")
+    p = sub.add_parser("deadletters", help=VERB_HELP["deadletters"])
     verbs = p.add_subparsers(dest="deadletters_verb", metavar="ACTION")
     verbs.required = True
     lst = verbs.add_parser("list", help="the dead letters not replayed yet")

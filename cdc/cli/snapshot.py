@@ -14,6 +14,7 @@ import argparse
 
 import orjson
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json
 from cdc.config import Settings
 from cdc.errors import ConfigError
@@ -23,7 +24,7 @@ from snapshot.where import parse_where
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc snapshot`` to the ``cdc`` parser."""
-    snap = sub.add_parser("snapshot", help="request a re-snapshot of tables (done by `cdc run`, in chunks)")
+    snap = sub.add_parser("snapshot", help=VERB_HELP["snapshot"])
     snap.add_argument("tables", nargs="*", metavar="SCHEMA.TABLE")
     snap.add_argument("--all", action="store_true", help="every registered table")
     snap.add_argument(

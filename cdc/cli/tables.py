@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import TableDescription, capture_problems, describe_table
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.codec.plugins import WAL2JSON, plugin_in_use
 from cdc.config import Settings
@@ -43,7 +44,7 @@ from snapshot.chunk_state import SnapshotOptions, load_progress, progress_view
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc tables add|list|remove`` to the ``cdc`` parser."""
-    tables = sub.add_parser("tables", help="register, list and remove captured tables")
+    tables = sub.add_parser("tables", help=VERB_HELP["tables"])
     verbs = tables.add_subparsers(dest="tables_verb", metavar="add|list|remove")
     verbs.required = True
 

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 
 import orjson
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import LogStoreError
@@ -37,7 +38,7 @@ from cdc.logstore.factory import open_log_store
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc topic list|dump|tail`` to the ``cdc`` parser."""
-    topic = sub.add_parser("topic", help="list, dump and follow the log store's topics")
+    topic = sub.add_parser("topic", help=VERB_HELP["topic"])
     verbs = topic.add_subparsers(dest="topic_verb", metavar="VERB")
     verbs.required = True
 

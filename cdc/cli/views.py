@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc import paths
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError, LockedError, RegistryError
@@ -30,7 +31,7 @@ from cdc.views import ViewSpec, check_name, parse_view, spec_of
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc views add|list|remove`` to the ``cdc`` parser."""
-    views = sub.add_parser("views", help="register, list and remove views from joins of tables")
+    views = sub.add_parser("views", help=VERB_HELP["views"])
     verbs = views.add_subparsers(dest="views_verb", metavar="add|list|remove")
     verbs.required = True
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import subprocess
 import sys
 
 import pytest
 
-from cdc.cli import GC_THRESHOLDS, VERB_MODULES, _verb_of, build_parser, collect_less_often, one_blas_thread
+from cdc.cli import (
+    GC_THRESHOLDS,
+    VERB_HELP,
+    VERB_MODULES,
+    _only_listing,
+    _verb_of,
+    build_parser,
+    collect_less_often,
+    one_blas_thread,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,11 +37,55 @@ def test_verb_of(argv: list[str], verb: str | None) -> None:
     assert _verb_of(argv) == verb
 
 
+def _verb_lines(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+    sub = next(a for a in parser._actions if a.dest == "verb")
+    return [(a.dest, a.help) for a in sub._choices_actions]
+
+
 def test_every_verb_is_listed_with_its_module() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "verb")
     listed = {v for verbs in VERB_MODULES.values() for v in verbs}
     assert set(sub.choices) == listed  # type: ignore[arg-type]
+
+
+def test_the_list_of_verbs_is_what_their_modules_register() -> None:
+    """`cdc --help` lists the verbs from VERB_HELP without importing their modules, and each module
+    registers its verbs with their VERB_HELP line: every verb a module registers has a line, and the
+    listing is the full parser's, the same names, order and lines."""
+    for module, verbs in VERB_MODULES.items():
+        assert [name for name, _ in _verb_lines(build_parser(verbs[0]))] == list(verbs), module
+    full = _verb_lines(build_parser())
+    assert [name for name, _ in full] == list(VERB_HELP)
+    assert _verb_lines(build_parser(listing=True)) == full
+
+
+@pytest.mark.parametrize(
+    ("argv", "listing"),
+    [
+        (["--help"], True),
+        (["--state", "/s", "-h"], True),
+        (["--state=/s"], True),
+        ([], True),
+        (["verify", "--help"], False),
+        (["--bogus", "verify"], False),
+        (["bogus"], False),
+    ],
+)
+def test_only_a_request_for_the_verbs_gets_the_list(argv: list[str], listing: bool) -> None:
+    assert _only_listing(argv) is listing
+
+
+def test_cdc_help_lists_every_verb_and_imports_none() -> None:
+    code = (
+        "import sys\nsys.argv = ['cdc', '--help']\n"
+        "from cdc.cli import entry\ntry:\n    entry()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('cdc.cli.', 'psycopg', 'numpy', 'snapshot'))))"
+    )
+    out = _python(code)
+    for verb, line in VERB_HELP.items():
+        assert f"    {verb} " in out and line.split()[0] in out, verb
+    assert out.splitlines()[-1] == "['cdc.cli.output']", out.splitlines()[-1]
 
 
 def _python(code: str, check: bool = True) -> str:
@@ -106,3 +160,38 @@ def test_a_cdc_process_collects_garbage_less_often() -> None:
         assert gc.get_threshold() == GC_THRESHOLDS and GC_THRESHOLDS[0] > before[0]
     finally:
         gc.set_threshold(*before)
+
+
+#: what ``cdc verify`` never needs: Spark and its glue, pandas, the other verbs' libraries (duckdb for
+#: ``cdc sql``, the Kafka client for a ``kafka://`` log, rich for text tables) and the capture side
+VERIFY_NEVER = (
+    "pyspark",
+    "py4j",
+    "pandas",
+    "spark_jobs",
+    "snapshot",
+    "duckdb",
+    "kafka",
+    "rich",
+    "cdc.reader",
+)
+#: the verb modules ``cdc verify`` uses besides its own: the output helpers and the slot check
+VERIFY_CLI = ("cdc.cli.output", "cdc.cli.verify", "cdc.cli.wait", "cdc.cli.wait.lsn")
+
+
+def test_verify_imports_only_what_its_work_needs() -> None:
+    """A ``cdc verify`` process's start is a fixed cost of every incremental run (issue 35: about
+    half of one): its parser, its modules and the sinks it reads import no other verb's module and
+    none of :data:`VERIFY_NEVER`, directly or through any module."""
+    code = (
+        "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
+        "build_parser(_verb_of(['--state', '/s', 'verify', '--json']))\n"
+        "import cdc.cli.verify.compare, cdc.cli.verify.views, cdc.logstore.factory, sinks.all\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = _python(code).split()
+    assert "cdc.cli.verify.compare" in loaded and "sinks.warehouse" in loaded
+    for name in loaded:
+        assert not name.startswith(tuple(f"{m}." for m in VERIFY_NEVER)) and name not in VERIFY_NEVER, name
+        if name.startswith("cdc.cli."):
+            assert name in VERIFY_CLI or name.startswith("cdc.cli.verify."), name

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError
@@ -33,14 +34,14 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc sql`` and ``cdc search`` to the ``cdc`` parser."""
-    sql = sub.add_parser("sql", help="query the warehouse tables with SQL (DuckDB)")
+    sql = sub.add_parser("sql", help=VERB_HELP["sql"])
     sql.add_argument("query", metavar="SQL", help='e.g. "SELECT * FROM public.orders LIMIT 10"')
     fmt = sql.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print a JSON list of row objects")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header line")
     sql.set_defaults(handler=run_sql)
 
-    search = sub.add_parser("search", help="full-text search a table's search columns")
+    search = sub.add_parser("search", help=VERB_HELP["search"])
     search.add_argument("table", metavar="SCHEMA.TABLE|VIEW")
     search.add_argument(
         "query", metavar="QUERY", help='tantivy syntax: words, "a phrase", col:word, +must -not'

@@ -16,6 +16,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError
@@ -26,9 +27,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this module's verbs to the `cdc` parser."""
-    p = sub.add_parser(
-        "rebuild", help="replay a table's topic (or recompute a view) into a verified copy, then swap it in"
-    )
+    p = sub.add_parser("rebuild", help=VERB_HELP["rebuild"])
     p.add_argument("name", metavar="SCHEMA.TABLE|VIEW", help="a registered table or view")
     p.add_argument(
         "--wait",

@@ -17,12 +17,13 @@ from types import FrameType
 
 from pydantic import SecretStr
 
+from cdc.cli import VERB_HELP
 from cdc.config import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc serve`` to the ``cdc`` parser."""
-    p = sub.add_parser("serve", help="Prometheus /metrics, /status JSON and a live dashboard")
+    p = sub.add_parser("serve", help=VERB_HELP["serve"])
     p.add_argument("--host", help="address to bind (default 127.0.0.1; others need --token)")
     p.add_argument("--port", type=int, help="port (default 8787; 0 picks a free one)")
     p.add_argument("--token", help="token every request must carry (default: $CDC_SERVE_TOKEN)")

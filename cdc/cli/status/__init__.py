@@ -13,15 +13,14 @@ import sys
 import time
 from typing import Any
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json
 from cdc.config import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc status`` to the ``cdc`` parser."""
-    p = sub.add_parser(
-        "status", help="lag per stage, slot health and verdicts (exit 0 OK, 1 WARN, 2 critical)"
-    )
+    p = sub.add_parser("status", help=VERB_HELP["status"])
     p.add_argument("--json", action="store_true", help="the report as JSON (schema: docs/status.md)")
     p.add_argument(
         "--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS", help="refresh in place"

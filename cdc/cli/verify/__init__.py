@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
 from cdc.config import Settings
 from cdc.errors import ConfigError
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this module's verbs to the `cdc` parser."""
-    p = sub.add_parser("verify", help="compare source tables with the warehouse and the search index")
+    p = sub.add_parser("verify", help=VERB_HELP["verify"])
     p.add_argument("table", nargs="?", help="SCHEMA.TABLE or VIEW (default: every registered table and view)")
     p.add_argument(
         "--wait",

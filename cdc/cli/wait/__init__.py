@@ -16,16 +16,14 @@ import argparse
 import sys
 from typing import Any
 
+from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json
 from cdc.config import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cdc wait`` to the ``cdc`` parser."""
-    p = sub.add_parser(
-        "wait",
-        help="until the derived tables applied every change up to a commit LSN (exit 0; 3 on timeout)",
-    )
+    p = sub.add_parser("wait", help=VERB_HELP["wait"])
     p.add_argument("--lsn", required=True, help="commit LSN as pg_lsn text, e.g. 0/16B3748")
     p.add_argument(
         "--table",
