@@ -2,7 +2,7 @@
 anything with it, beside what ``cdc run --once`` spends, the same workload and session.
 
 ``python -m bench.capture_floor [--changes N] [--decoders pgoutput,wal2json]``: one workload of N
-changes (default 200,000: 2/3 inserts in 10 transactions, 1/3 single-row updates 1,000 per
+changes (default 300,000: 2/3 inserts in 10 transactions, 1/3 single-row updates 1,000 per
 transaction, :func:`bench.capture._workload`), then per decoder, each from a slot of its own with
 the options the reader sends:
 
@@ -295,7 +295,7 @@ def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="bench.capture_floor")
-    ap.add_argument("--changes", type=int, default=200_000)
+    ap.add_argument("--changes", type=int, default=300_000)
     ap.add_argument("--decoders", default="pgoutput,wal2json")
     # the child consumer (internal)
     ap.add_argument("--consume", default=None, help=argparse.SUPPRESS)
@@ -308,8 +308,8 @@ def main(argv: list[str]) -> None:
     if args.consume:
         _consumer(args.dsn, args.consume, args.decoder, args.endpos, args.mode, args.dump)
         return
-    updates = args.changes // 3
-    inserts = args.changes - updates
+    updates = args.changes // 3 // 1000 * 1000  # whole transactions of the workload
+    inserts = (args.changes - updates) // 10 * 10
     n = inserts + updates
     decoders = args.decoders.split(",")
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-floor-"))
