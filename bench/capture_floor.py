@@ -197,7 +197,10 @@ def _in_process(
     out: dict[str, float] = {}
     dec, codec, builder = _world(dsn, decoder)
     msgs = _messages(dec, kept)
-    rows = [m for m in msgs if m.payload[:1] in (b"I", b"U", b"D")] if decoder == "pgoutput" else []
+    if decoder == "pgoutput":
+        rows = [m for m in msgs if m.payload[:1] in (b"I", b"U", b"D")]
+    else:
+        rows = [m for m in msgs if m.payload[:13] in (b'{"action":"I"', b'{"action":"U"', b'{"action":"D"')]
 
     py_records: list[Any] = []
 
@@ -221,7 +224,7 @@ def _in_process(
     out["python path (decode + EventBuilder.change)"] = cpu / k * 1e6
     fast = native_changes(dec, builder, native=native)
     records: list[Any] = []
-    if fast is not None:
+    if fast is not None and decoder == "pgoutput":
         first_b = next(m for m in msgs if m.payload[:1] == b"B")
         for m in msgs:  # the Relation message, the transaction's state
             if m.payload[:1] == b"R":
@@ -240,6 +243,10 @@ def _in_process(
 
         cpu, k = _cpu_per(encode_alone)
         out["(c) compiled encode alone (Encoder.change)"] = cpu / k * 1e6
+    elif fast is not None:  # wal2json: parse and encode are one call
+        first_b = next(m for m in msgs if m.payload.startswith(b'{"action":"B"'))
+        builder.begin(dec.decode(first_b.payload, first_b.data_start))
+    if fast is not None:
 
         def compiled_path() -> int:
             records.clear()

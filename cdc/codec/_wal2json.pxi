@@ -562,17 +562,26 @@ cdef class Wal2JsonChanges(Changes):
             got = 0
             pos = _ws(d, size, pos + 1)
             while True:
-                if pos >= size or d[pos] != 34:
-                    return -1
-                end = _jstring(d, size, pos, &esc)
-                if end < 0 or esc:
-                    return -1
-                kstart = pos + 1
-                ksize = end - pos - 2
-                pos = _ws(d, size, end)
-                if pos >= size or d[pos] != 58:
-                    return -1
-                pos = _ws(d, size, pos + 1)
+                if pos + 8 <= size and (memcmp(d + pos, b'"name":', 7) == 0 or memcmp(d + pos, b'"type":', 7) == 0):
+                    kstart = pos + 1  # wal2json's own layout: no scan for the key's end
+                    ksize = 4
+                    pos = _ws(d, size, pos + 7)
+                elif pos + 9 <= size and memcmp(d + pos, b'"value":', 8) == 0:
+                    kstart = pos + 1
+                    ksize = 5
+                    pos = _ws(d, size, pos + 8)
+                else:
+                    if pos >= size or d[pos] != 34:
+                        return -1
+                    end = _jstring(d, size, pos, &esc)
+                    if end < 0 or esc:
+                        return -1
+                    kstart = pos + 1
+                    ksize = end - pos - 2
+                    pos = _ws(d, size, end)
+                    if pos >= size or d[pos] != 58:
+                        return -1
+                    pos = _ws(d, size, pos + 1)
                 if _is(d, kstart, ksize, "name", 4) or _is(d, kstart, ksize, "type", 4):
                     if pos >= size or d[pos] != 34:
                         return -1
