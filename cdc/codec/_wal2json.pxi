@@ -104,10 +104,18 @@ cdef class WPlan:
 
 
 # -- JSON, strictly -------------------------------------------------------------------------------
-cdef inline Py_ssize_t _ws(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos) noexcept:
-    while pos < size and (d[pos] == 32 or d[pos] == 9 or d[pos] == 10 or d[pos] == 13):
-        pos += 1
-    return pos
+cdef extern from *:
+    """
+    static Py_ssize_t cdc_ws_scan(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos) {
+        while (pos < size && (d[pos] == 32 || d[pos] == 9 || d[pos] == 10 || d[pos] == 13))
+            pos++;
+        return pos;
+    }
+    /* past JSON whitespace: no call where there is none (wal2json writes none) */
+    #define CDC_WS(d, size, pos) \
+        (((pos) < (size) && (d)[(pos)] > 32) ? (pos) : cdc_ws_scan((d), (size), (pos)))
+    """
+    Py_ssize_t _ws "CDC_WS"(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos) noexcept nogil
 
 
 cdef inline int _hex4(const unsigned char *d) noexcept:
@@ -535,7 +543,7 @@ cdef class Wal2JsonChanges(Changes):
         cdef WCell *cells
         cdef WCell *grown
         cdef Py_ssize_t n = 0, cap, end
-        cdef int got, esc
+        cdef int got, esc, which
         cdef Py_ssize_t kstart, ksize
         pos = _ws(d, size, pos + 1)
         if pos < size and d[pos] == 93:
@@ -562,13 +570,15 @@ cdef class Wal2JsonChanges(Changes):
             got = 0
             pos = _ws(d, size, pos + 1)
             while True:
-                if pos + 8 <= size and (memcmp(d + pos, b'"name":', 7) == 0 or memcmp(d + pos, b'"type":', 7) == 0):
-                    kstart = pos + 1  # wal2json's own layout: no scan for the key's end
-                    ksize = 4
+                which = 0
+                if pos + 8 <= size and memcmp(d + pos, b'"name":', 7) == 0:
+                    which = 1  # wal2json's own layout: no scan for the key's end
+                    pos = _ws(d, size, pos + 7)
+                elif pos + 8 <= size and memcmp(d + pos, b'"type":', 7) == 0:
+                    which = 2
                     pos = _ws(d, size, pos + 7)
                 elif pos + 9 <= size and memcmp(d + pos, b'"value":', 8) == 0:
-                    kstart = pos + 1
-                    ksize = 5
+                    which = 3
                     pos = _ws(d, size, pos + 8)
                 else:
                     if pos >= size or d[pos] != 34:
@@ -582,13 +592,15 @@ cdef class Wal2JsonChanges(Changes):
                     if pos >= size or d[pos] != 58:
                         return -1
                     pos = _ws(d, size, pos + 1)
-                if _is(d, kstart, ksize, "name", 4) or _is(d, kstart, ksize, "type", 4):
+                    which = (1 if _is(d, kstart, ksize, "name", 4) else 2 if _is(d, kstart, ksize, "type", 4)
+                             else 3 if _is(d, kstart, ksize, "value", 5) else 0)
+                if which == 1 or which == 2:
                     if pos >= size or d[pos] != 34:
                         return -1
                     end = _jstring(d, size, pos, &esc)
                     if end < 0:
                         return -1
-                    if d[kstart] == 110:
+                    if which == 1:
                         if got & 1:
                             return -1
                         got |= 1
@@ -602,7 +614,7 @@ cdef class Wal2JsonChanges(Changes):
                         cells[n].tsize = end - pos - 2
                     if esc:
                         cells[n].bad = True
-                elif _is(d, kstart, ksize, "value", 5):
+                elif which == 3:
                     if got & 4:
                         return -1
                     got |= 4
