@@ -4,7 +4,9 @@ each decoder (and ``pg_recvlogical`` beside it, the same run), optionally under 
 Not a figure of record (``bench capture`` is): a quicker loop for the per-change path's work.
 ``python -m bench.capture_profile [--changes N] [--profile DIR] [--decoders pgoutput,wal2json]``:
 N changes (default 300,000: 2/3 inserts in 10 transactions, 1/3 single-row updates 1,000 per
-transaction, :func:`bench.capture._workload`); with ``--profile``, each cdc run also writes its
+transaction, :func:`bench.capture._workload`); ``--baseline DIR``: each decoder's ``cdc run`` with the
+code of the checkout DIR too (before/after pairs in one session); ``--rounds R``: every consumer R
+times, on slots of its own, the order reversed every other round; with ``--profile``, each cdc run also writes its
 cProfile stats to DIR (the profiler's own cost inflates the CPU figures: read them without it).
 Prints, per consumer: wall seconds, the process's CPU µs per change net of the same process run
 with nothing to stream, the walsender's, and the load average (the machine is shared).
@@ -69,6 +71,15 @@ def _sampled(env: dict[str, str], dsn: str, out: Path) -> _Run:
     )
 
 
+def _baseline(env: dict[str, str], dsn: str, checkout: Path) -> _Run:
+    """``cdc run --once --json`` with the code of ``checkout`` (not this one's, which the
+    consumers' working directory would put first on the path)."""
+    env = {**env, "PYTHONPATH": str(checkout)}
+    code = "import sys; del sys.path[0]; from cdc.cli import entry; entry()"
+    cmd = [CDC[0], "-c", code, "run", "--once", "--json"]
+    return _consume(cmd, dsn, env["CDC_SLOT"], env, Path(env["CDC_STATE"]))
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="bench.capture_profile")
     ap.add_argument("--changes", type=int, default=300_000)
@@ -76,6 +87,15 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--py-spy", type=Path, default=None, help="sample each cdc run with py-spy into DIR")
     ap.add_argument("--decoders", default="pgoutput,wal2json")
     ap.add_argument("--python-path", action="store_true", help="pgoutput's Python path too (CDC_NATIVE=0)")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also run cdc from this checkout (its code, its build: before/after pairs)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="every consumer this many times (order reversed every other)"
+    )
     args = ap.parse_args(argv)
     updates = args.changes // 3
     inserts = args.changes - updates
@@ -86,9 +106,14 @@ def main(argv: list[str]) -> None:
         dsn, idle = _setup_source(pg, base)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("TRUNCATE bench")
-        labels = [(f"recv_{d}", d, False) for d in decoders] + [(f"cdc_{d}", d, True) for d in decoders]
+        one = [(f"recv_{d}", d, False) for d in decoders] + [(f"cdc_{d}", d, True) for d in decoders]
+        if args.baseline is not None:
+            one += [(f"cdc_{d}_base", d, True) for d in decoders]
         if args.python_path and "pgoutput" in decoders:
-            labels.append(("cdc_pgoutput_python", "pgoutput", True))
+            one.append(("cdc_pgoutput_python", "pgoutput", True))
+        labels = []
+        for r in range(args.rounds):
+            labels += [(f"{label}_r{r}", d, c) for label, d, c in (one if r % 2 == 0 else one[::-1])]
         _create_slots(dsn, [(label, d) for label, d, _ in labels])
         _workload(dsn, inserts, updates)
         endpos = _wal_lsn(dsn)
@@ -98,9 +123,11 @@ def main(argv: list[str]) -> None:
             if is_cdc:
                 env = _cdc_state(base, dsn, label, decoder=decoder)
                 env.pop("CDC_NATIVE", None)
-                if label.endswith("_python"):
+                if "_python_" in label:
                     env["CDC_NATIVE"] = "0"
-                if args.py_spy is not None:
+                if "_base_" in label:
+                    run = _baseline(env, dsn, args.baseline)
+                elif args.py_spy is not None:
                     args.py_spy.mkdir(parents=True, exist_ok=True)
                     run = _sampled(env, dsn, args.py_spy / f"{label}.txt")
                 elif args.profile is not None:

@@ -33,7 +33,7 @@ DEF K_BYTEA = 3     # a JSON string of the text without its "\x"
 DEF K_PY = 4        # the Python converter, then orjson
 
 #: what cdc.codec.fastpath expects of this module (a build older than its source is not used)
-ABI = 3
+ABI = 4
 
 KIND_TEXT = K_TEXT
 KIND_INT = K_INT
@@ -713,7 +713,13 @@ cdef class Changes:
         return self.encoder.declined
 
     def __call__(self, bytes data, long long lsn):
+        if not self._takes(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)):
+            return self.python
         return self._change(data, lsn)
+
+    cdef bint _takes(self, const unsigned char *d, Py_ssize_t size):
+        """Whether the message is one this path takes (else ``pump`` returns it): I, U or D."""
+        return size > 0 and (d[0] == 73 or d[0] == 85 or d[0] == 68)
 
     def pump(self, read, batch, long long max_count, long long budget):
         """Read messages with ``read`` and append the records of the row changes this path takes
@@ -726,17 +732,13 @@ cdef class Changes:
         cdef dict records = batch.records
         cdef object raw, out, lst, topic, py = self.python
         cdef bytes data
-        cdef unsigned char kind
         try:
             while k < budget and count < max_count:
                 raw = read()
                 if raw is None:
                     return None, k
                 data = raw.payload
-                if PyBytes_GET_SIZE(data) == 0:
-                    return raw, k
-                kind = (<const unsigned char *>PyBytes_AS_STRING(data))[0]
-                if kind != 73 and kind != 85 and kind != 68:
+                if not self._takes(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)):
                     return raw, k
                 out = self._change(data, raw.data_start)
                 if out is py:
@@ -795,8 +797,11 @@ cdef class Changes:
         if out is None:
             return self.python
         b.seq = seq
-        key = out[1]
-        topic = codec.topic
+        return self._records(codec, out, st, commit_lsn, seq)
+
+    cdef object _records(self, object codec, object out, object st, long long commit_lsn, long long seq):
+        """The topic and records of an encoded change (op, key, value, image), its image staged."""
+        cdef object key = out[1], topic = codec.topic
         if out[0] == b"d":
             if st is not None:
                 st.version = (commit_lsn, seq)
@@ -958,3 +963,6 @@ cdef inline int _hexval(unsigned char c):
     if 65 <= c <= 70:
         return c - 55
     return -1
+
+
+include "_wal2json.pxi"

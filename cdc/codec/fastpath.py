@@ -1,5 +1,6 @@
-"""The compiled per-change path (issue #34): a pgoutput message's bytes straight to its records,
-and the initial snapshot's ``COPY`` rows to theirs (:func:`copy_plan`, ``snapshot.exported``).
+"""The compiled per-change path (issue #34): a pgoutput message's bytes (or a wal2json message's
+JSON) straight to its records, and the initial snapshot's ``COPY`` rows to theirs
+(:func:`copy_plan`, ``snapshot.exported``).
 
 :func:`native_changes` builds what takes a pgoutput ``I``/``U``/``D`` message as the stream gives
 it and returns what :meth:`cdc.codec.envelope.EventBuilder.change` returns for it (the topic and its records, or
@@ -26,13 +27,22 @@ from cdc.codec import Converter
 from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.pgoutput import PgOutput
 from cdc.codec.values import _identity, _text_bool, _text_bytea, _text_int, _text_numeric
+from cdc.codec.wal2json import Wal2Json, _int_any, _numeric
 from cdc.logstore import Record
 from cdc.native import load
 
-__all__ = ["PYTHON", "build_plan", "copy_plan", "native_changes", "native_module", "native_status"]
+__all__ = [
+    "PYTHON",
+    "build_plan",
+    "build_wal2json_plan",
+    "copy_plan",
+    "native_changes",
+    "native_module",
+    "native_status",
+]
 
 #: the compiled module's interface version (``cdc.codec._native.ABI``) this module drives
-ABI = 3
+ABI = 4
 #: the compiled path's answer for a change the Python path takes
 PYTHON: Any = object()
 
@@ -92,12 +102,47 @@ def copy_plan(native: Any, codec: TableCodec, names: list[str]) -> Any:
     return plan
 
 
+def build_wal2json_plan(native: Any, codec: TableCodec) -> Any:
+    """The compiled plan of a table's wal2json changes (``cdc.codec._native.WPlan``), or None
+    when they take the Python path (a key column excluded). Its columns are the codec's; a change
+    whose columns are others (by name and type as wal2json sends them) is the Python path's. A
+    string value becomes its JSON as the column's converter turns Postgres' text into it (numeric:
+    the text itself); numbers by ``NUM_*`` (ints: their text; numeric: a string of their exact
+    text; floats: their converter); ``true``/``false`` as they are for columns with no converter."""
+    names = [c.name for c in codec.columns]
+    convs = codec.converters
+    plan = _plan(native, codec, names, convs, [False] * len(names), _wal2json_kind)
+    if plan is None:
+        return None
+    nmodes = [
+        native.NUM_COPY
+        if convs[n] is None or convs[n] is _int_any
+        else native.NUM_STRING
+        if convs[n] is _numeric
+        else native.NUM_PY
+        for n in names
+    ]
+    return native.WPlan(
+        plan,
+        [orjson.dumps(n)[1:-1] for n in names],
+        [orjson.dumps(codec.types[n])[1:-1] for n in names],
+        nmodes,
+        [convs[n] is None for n in names],
+    )
+
+
+def _wal2json_kind(native: Any, conv: Converter | None) -> int:
+    """:func:`_kind` of a wal2json converter given a string (numeric's keeps it as it is)."""
+    return int(native.KIND_TEXT) if conv is _numeric else _kind(native, conv)
+
+
 def _plan(
     native: Any,
     codec: TableCodec,
     names: list[str],
     converters: dict[str, Converter | None],
     relkey: list[bool],
+    kind: Any = _kind,
 ) -> Any:
     pos = {n: i for i, n in enumerate(names)}
     if any(k not in pos or k in codec.exclude for k in codec.key):
@@ -110,7 +155,7 @@ def _plan(
                 dynamic[pos[name]] = (factor, extra)
     return native.Plan(
         [orjson.dumps(n) for n in names],
-        [_kind(native, converters[n]) for n in names],
+        [kind(native, converters[n]) for n in names],
         [converters[n] for n in names],
         [n in codec.exclude for n in names],
         relkey,
@@ -125,14 +170,20 @@ def _plan(
 def native_changes(
     decoder: Any, builder: EventBuilder, skip: tuple[Any, Any] = (None, None), native: Any = None
 ) -> Any:
-    """The session's compiled path, or None: the decoder is not pgoutput, or the compiled module
-    is not there (see :func:`native_status`). Called with a pgoutput ``I``/``U``/``D`` message and
-    its ``data_start``, it returns what ``EventBuilder.change(decoder.decode(data, lsn))`` returns,
-    or :data:`PYTHON`; ``python_values`` and ``declined`` count its fallbacks (values through a
-    Python converter; changes handed to the Python path). ``skip``: a (schema, table) it never takes
-    (the chunked snapshots' watermark table, which the stream loop handles); ``native``: the
-    compiled module (:func:`native_module` by default)."""
+    """The session's compiled path, or None: the decoder is neither pgoutput nor wal2json, or the
+    compiled module is not there (see :func:`native_status`). Called with an ``I``/``U``/``D``
+    message (pgoutput's, or wal2json's JSON) and its ``data_start``, it returns what
+    ``EventBuilder.change(decoder.decode(data, lsn))`` returns, or :data:`PYTHON`; ``pump`` drains
+    runs of them into a batch; ``python_values`` and ``declined`` count its fallbacks (values
+    through a Python converter; changes handed to the Python path). ``skip``: a (schema, table) it
+    never takes (the chunked snapshots' watermark table, which the stream loop handles);
+    ``native``: the compiled module (:func:`native_module` by default)."""
     native = native if native is not None else native_module()
-    if native is None or not isinstance(decoder, PgOutput):
+    if native is None:
         return None
-    return native.Changes(decoder, builder, skip, functools.partial(build_plan, native), Record, PYTHON)
+    if isinstance(decoder, PgOutput):
+        return native.Changes(decoder, builder, skip, functools.partial(build_plan, native), Record, PYTHON)
+    if isinstance(decoder, Wal2Json):
+        plan_for = functools.partial(build_wal2json_plan, native)
+        return native.Wal2JsonChanges(builder, skip, plan_for, Record, PYTHON)
+    return None

@@ -13,8 +13,8 @@ deployment reads (resolved once, from the slot, by the reader, which records it 
   numbers unless ``numeric-data-types-as-string`` is accepted): the non-finite recorder's concern;
 * how to count, without consuming, the changes an inactive slot holds (:meth:`OutputPlugin.peek`,
   for ``cdc status`` and ``cdc wait``), which reads the plugin's own messages;
-* whether its changes have a compiled per-change path (pgoutput's; wal2json's JSON is parsed by
-  msgspec, in C, either way);
+* whether its changes have a compiled per-change path (both: pgoutput's messages and wal2json's
+  JSON, :mod:`cdc.codec.fastpath`);
 * the session decoder (:meth:`OutputPlugin.decoder`: :mod:`cdc.codec.wal2json`'s, or a
   :class:`cdc.codec.pgoutput.PgOutput` per session).
 """
@@ -122,7 +122,7 @@ WAL2JSON = OutputPlugin(
     built_in=False,
     uses_publication=False,
     may_send_nonfinite_as_null=True,
-    compiled_path=False,
+    compiled_path=True,
     install_hint="Debian/Ubuntu: apt-get install postgresql-<version>-wal2json; RDS/Aurora/Cloud SQL ship it",
 )
 PGOUTPUT = OutputPlugin(
