@@ -69,7 +69,9 @@ def _java_home() -> str | None:
 #: idle; C1 alone compiles fast and soon has nothing left to compile. A heap of a few hundred MB in
 #: use needs no concurrent collector (G1's threads and periodic work): the serial one; and no
 #: ``hsperfdata`` file sampled every 50 ms (``jps`` does not list it; ``jstack PID`` still works).
-#: Measured by ``python -m bench jvm`` (docs/benchmarks/apply.md).
+#: Measured by ``python -m bench jvm`` (docs/benchmarks/apply.md); checked again against the JVM's
+#: defaults on the test suite (2026-11-29, load 9-17): a Spark start and one query cost 18-20 s CPU
+#: with them, 33-34 s without; whole Spark-heavy test files came out even within their noise.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
 
 

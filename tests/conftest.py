@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.plugins.logstore",
     "tests.plugins.spark",
     "tests.plugins.spark_cluster",
+    "tests.plugins.jvm_archive",
     "tests.plugins.capture",
     "tests.plugins.failover",
     "tests.plugins.cli",
