@@ -34,8 +34,9 @@ system: ## apt-get what the system needs; Postgres packages always at Debian's c
 
 venv: $(VENV)/.installed ## the virtualenv with cdc and its dev tools
 
-# setup.py and the .pyx too: a changed cdc/codec/_native.pyx is compiled again by the install
-$(VENV)/.installed: pyproject.toml setup.py cdc/codec/_native.pyx
+# setup.py and the compiled sources too: a changed .pyx (or a .pxi it includes) is compiled again by
+# the install
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard cdc/*/*.pyx cdc/*/*.pxi cdc/*/*/*.pyx)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
