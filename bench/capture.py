@@ -125,8 +125,8 @@ class _Watch:
                 if walsender is not None:
                     try:
                         self.walsender_cpu = cpu_s(walsender)
-                    except OSError:
-                        walsender = -1  # gone: the last sample stands
+                    except OSError:  # gone: the last sample stands; before any, a stale pid: ask again
+                        walsender = -1 if self.walsender_cpu else None
 
     def stop(self) -> None:
         self._done.set()
@@ -465,13 +465,13 @@ def _streaming_rows(rounds: list[dict[str, _Run]], changes: int, idle: dict[str,
     for label, decoder, is_cdc in CONSUMERS:
         runs = [r[label] for r in rounds]
         secs = _med([r.seconds for r in runs])
-        ws = _med([r.walsender_cpu / per for r in runs])
+        ws = _med([r.walsender_cpu / per for r in runs if r.walsender_cpu])
         own = _med([r.cpu / per for r in runs])
         if is_cdc:
             peer = [r[f"recv_{decoder}"].seconds / r[label].seconds for r in rounds]
             inside = [r[f"recv_{decoder}"].seconds / float(r[label].summary["elapsed_s"]) for r in rounds]
             net = _med([(r.cpu - idle[decoder].cpu) / per for r in runs])
-            share = _med([(r.cpu - idle[decoder].cpu) / r.walsender_cpu for r in runs])
+            share = _med([(r.cpu - idle[decoder].cpu) / r.walsender_cpu for r in runs if r.walsender_cpu])
             path = {
                 "cdc_pgoutput": ", compiled per-change path",
                 "cdc_pgoutput_python": ", Python per-change path (`CDC_NATIVE=0`)",
