@@ -4,6 +4,7 @@ writers, a COPY read and discarded."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -32,6 +33,15 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (a Postgres backend, the broker) from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def discard_cluster(pg: Any, base: Path) -> None:
+    """Stop a bench's private Postgres at once and remove its directory and the bench's ``base``."""
+    try:
+        pg.stop("immediate")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(pg.datadir.parent, ignore_errors=True)
 
 
 def cdc_env(

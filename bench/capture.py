@@ -20,7 +20,6 @@ j jsonb)``; N inserts in 10 transactions, then M single-row updates, 1,000 per t
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench._common import CDC, cdc_env, copy_peer, cpu_s, loadavg, say
+from bench._common import CDC, cdc_env, copy_peer, cpu_s, discard_cluster, loadavg, say
 from cdc.devcluster import PG_BIN, PgCluster, start_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -597,11 +596,7 @@ def run(quick: bool) -> str:
         snap = _snapshot_peers(dsn, base, inserts)
         lines = [*_report((inserts, updates, inserts), rounds, loads, idle, big, snap), dbz, ""]
     finally:
-        try:
-            pg.stop("immediate")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-            shutil.rmtree(pg.datadir.parent, ignore_errors=True)
+        discard_cluster(pg, base)
     section = "\n".join(lines)
     print(section)
     return section

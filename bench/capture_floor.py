@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench._common import loadavg, say
+from bench._common import discard_cluster, loadavg, say
 from bench.capture import (
     PGOUTPUT_OPTS,
     WAL2JSON_OPTS,
@@ -362,11 +362,7 @@ def main(argv: list[str]) -> None:
             _report(d, n, figures)
         _drop_slots(dsn, [label for label, _ in labels])
     finally:
-        try:
-            pg.stop("immediate")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-            shutil.rmtree(pg.datadir.parent, ignore_errors=True)
+        discard_cluster(pg, base)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ with nothing to stream, the walsender's, and the load average (the machine is sh
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import psycopg
 
-from bench._common import CDC, loadavg, say
+from bench._common import CDC, discard_cluster, loadavg, say
 from bench.capture import (
     PGOUTPUT_OPTS,
     WAL2JSON_OPTS,
@@ -151,11 +150,7 @@ def main(argv: list[str]) -> None:
             )
         _drop_slots(dsn, [label for label, _, _ in labels])
     finally:
-        try:
-            pg.stop("immediate")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-            shutil.rmtree(pg.datadir.parent, ignore_errors=True)
+        discard_cluster(pg, base)
 
 
 if __name__ == "__main__":

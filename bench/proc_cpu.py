@@ -11,12 +11,11 @@ within the span counts from its start; one that ends between two samples loses i
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import time
 from pathlib import Path
 
-TICK = os.sysconf("SC_CLK_TCK")
+from bench._common import cpu_s
 
 
 def snapshot() -> dict[int, tuple[float, str, str]]:
@@ -26,13 +25,11 @@ def snapshot() -> dict[int, tuple[float, str, str]]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            cpu, comm = cpu_s(int(entry.name)), (entry / "comm").read_text().strip()
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
-        out[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / TICK, cmd[:300], comm)
+        out[int(entry.name)] = (cpu, cmd[:300], comm)
     return out
 
 

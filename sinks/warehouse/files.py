@@ -282,8 +282,8 @@ def _partitions(rows: pa.Table, columns: Sequence[str]) -> Iterator[tuple[dict[s
         idx = pc.fill_null(enc.indices, -1).to_numpy().astype(np.int64) + 1  # 0: null
         code = code * (len(enc.dictionary) + 1) + idx
     order = np.argsort(code, kind="stable")
-    ordered = rows.take(pa.array(order))
-    bounds = [*np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1]]).tolist(), len(order)]
+    ordered, sorted_code = rows.take(pa.array(order)), code[order]
+    bounds = [*np.flatnonzero(np.r_[True, sorted_code[1:] != sorted_code[:-1]]).tolist(), len(order)]
     runs = sorted(itertools.pairwise(bounds), key=lambda r: int(order[r[0]]))
     for start, end in runs:
         first = int(order[start])
