@@ -612,8 +612,9 @@ def _decoder_info(plugin: OutputPlugin, publication: str, slot: SlotInfo) -> Fin
 
 
 def _per_change_path(plugin: OutputPlugin) -> Finding:
-    """Which per-change path a reader started now runs (issue #34): the compiled one for pgoutput's
-    changes, or the Python one (``CDC_NATIVE=0``, or the extension not built: a warning)."""
+    """Which per-change path a reader started now runs (issue #34): the compiled one for the
+    decoder's changes (both decoders have one, :attr:`OutputPlugin.compiled_path`), or the Python one
+    (``CDC_NATIVE=0``, or the extension not built: a warning)."""
     compiled, what = native_status()
     if not plugin.compiled_path:
         what += f"; the decoder {plugin.name} decodes in Python and C (msgspec) either way"
