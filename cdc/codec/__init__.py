@@ -103,6 +103,13 @@ class Decoder(Protocol):
         them and returns them at their commit, as one transaction."""
         ...
 
+    def source_idle(self) -> bool:
+        """Whether the last :meth:`source` holds nothing right now (no open stream block, no
+        spooled transaction being returned), so the next raw message is the next it returns: a
+        reader may take row changes from the raw stream itself, and hands the first message it does
+        not take back to the source (cdc.codec._native.Changes.pump). wal2json: always."""
+        ...
+
     def close(self) -> None:
         """End of the session: release what :meth:`source` holds (spool files)."""
         ...

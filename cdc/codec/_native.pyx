@@ -33,7 +33,7 @@ DEF K_BYTEA = 3     # a JSON string of the text without its "\x"
 DEF K_PY = 4        # the Python converter, then orjson
 
 #: what cdc.codec.fastpath expects of this module (a build older than its source is not used)
-ABI = 4
+ABI = 5
 
 KIND_TEXT = K_TEXT
 KIND_INT = K_INT
@@ -77,6 +77,9 @@ cdef bytes _END = b',"unavailable":[]}'
 cdef bytes _NULL = b"null"
 cdef bytes _TRUE = b"true"
 cdef bytes _FALSE = b"false"
+
+
+include "_libpq.pxi"
 
 
 cdef class Plan:
@@ -510,16 +513,21 @@ cdef class Encoder:
         """One pgoutput ``I``/``U``/``D`` message of the plan's relation: (op, key, value, image)
         with op ``c``/``u``/``d`` and image the packed image to keep (None: none to keep), or None
         when the Python path is to take it (see the module docstring)."""
+        return self._try(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), plan,
+                         head, tx_part, lsn, commit_lsn, seq, now, want_image)
+
+    cdef object _try(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head, bytes tx_part,
+                     long long lsn, long long commit_lsn, long long seq, bytes now, bint want_image):
+        """:meth:`change` of the message ``d`` (``size`` bytes)."""
         try:
-            return self._change(data, plan, head, tx_part, lsn, commit_lsn, seq, now, want_image)
+            return self._change(d, size, plan, head, tx_part, lsn, commit_lsn, seq, now, want_image)
         except _Declined:
             self.declined += 1
             return None
 
-    cdef object _change(self, bytes data, Plan plan, bytes head, bytes tx_part, long long lsn,
-                        long long commit_lsn, long long seq, bytes now, bint want_image):
-        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    cdef object _change(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head,
+                        bytes tx_part, long long lsn, long long commit_lsn, long long seq, bytes now,
+                        bint want_image):
         cdef Py_ssize_t pos
         cdef unsigned char kind, oldkind = 0
         cdef int i
@@ -713,26 +721,49 @@ cdef class Changes:
         return self.encoder.declined
 
     def __call__(self, bytes data, long long lsn):
-        if not self._takes(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)):
+        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        if not self._takes(d, PyBytes_GET_SIZE(data)):
             return self.python
-        return self._change(data, lsn)
+        return self._change(d, PyBytes_GET_SIZE(data), lsn)
 
     cdef bint _takes(self, const unsigned char *d, Py_ssize_t size):
         """Whether the message is one this path takes (else ``pump`` returns it): I, U or D."""
         return size > 0 and (d[0] == 73 or d[0] == 85 or d[0] == 68)
 
-    def pump(self, read, batch, long long max_count, long long budget):
+    def pump(self, read, batch, long long max_count, long long budget, CopyStream stream=None):
         """Read messages with ``read`` and append the records of the row changes this path takes
         straight into ``batch`` (a :class:`cdc.logstore.batch.Batch`: its ``records``, ``count``
         and ``started``, as ``Batch.add`` sets them), until ``budget`` messages were taken or the
         batch holds ``max_count`` records (then: ``python``), nothing is ready (None) or a message
         this path does not take (returned: a message other than I/U/D, or one it declined, for the
-        Python path). Returns (that, messages taken: every one a change)."""
+        Python path). Returns (that, messages taken: every one a change).
+
+        ``stream``: the :class:`CopyStream` under ``read``, read directly (no object per change)
+        while the messages it gives are the ones ``read`` would (its decoder's source holds
+        nothing); a message this path does not take is handed back to it, and what ``read`` then
+        returns is returned."""
         cdef long long k = 0, count = batch.count
         cdef dict records = batch.records
-        cdef object raw, out, lst, topic, py = self.python
+        cdef object raw, out, py = self.python
         cdef bytes data
+        cdef Py_ssize_t size
         try:
+            if stream is not None:
+                while k < budget and count < max_count:
+                    size = stream._next()
+                    if size < 0:
+                        return None, k
+                    if not self._takes(stream.payload, size):
+                        stream._hold()
+                        return read(), k
+                    out = self._change(stream.payload, size, stream.data_start)
+                    if out is py:
+                        stream._hold()
+                        return read(), k
+                    k += 1
+                    if out is not None:
+                        count = self._add(<tuple>out, batch, records, count)
+                return py, k
             while k < budget and count < max_count:
                 raw = read()
                 if raw is None:
@@ -740,30 +771,36 @@ cdef class Changes:
                 data = raw.payload
                 if not self._takes(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)):
                     return raw, k
-                out = self._change(data, raw.data_start)
+                out = self._change(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
+                                   raw.data_start)
                 if out is py:
                     return raw, k
                 k += 1
                 if out is not None:
-                    topic = (<tuple>out)[0]
-                    if count == 0:
-                        batch.started = _monotonic()
-                    lst = records.get(topic)
-                    if lst is None:
-                        records[topic] = (<tuple>out)[1]
-                    else:
-                        (<list>lst).extend((<tuple>out)[1])
-                    count += len((<tuple>out)[1])
+                    count = self._add(<tuple>out, batch, records, count)
             return py, k
         finally:
             batch.count = count
+            if stream is not None:
+                stream.direct += k
 
-    cdef object _change(self, bytes data, long long lsn):
-        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef inline long long _add(self, tuple out, object batch, dict records, long long count) except -1:
+        """A change's (topic, records) into the batch's records: the batch's new count."""
+        cdef object topic = out[0], lst
+        if count == 0:
+            batch.started = _monotonic()
+        lst = records.get(topic)
+        if lst is None:
+            records[topic] = out[1]
+        else:
+            (<list>lst).extend(out[1])
+        return count + len(<list>out[1])
+
+    cdef object _change(self, const unsigned char *d, Py_ssize_t size, long long lsn):
         cdef long long relid, seq, commit_lsn
         cdef list entry
         cdef object rel, codec, plan, b = self.builder, st, out, key, topic
-        if PyBytes_GET_SIZE(data) < 5:
+        if size < 5:
             return self.python
         relid = (<long long>d[1] << 24) | (d[2] << 16) | (d[3] << 8) | d[4]
         rel = self.relations.get(relid)
@@ -791,8 +828,8 @@ cdef class Changes:
             b.seq = seq
             return None
         st = b.staging
-        out = self.encoder.change(
-            data, <Plan>plan, codec.source_head, b.tx_part, lsn, commit_lsn, seq, b.now, st is not None
+        out = self.encoder._try(
+            d, size, <Plan>plan, codec.source_head, b.tx_part, lsn, commit_lsn, seq, b.now, st is not None
         )
         if out is None:
             return self.python

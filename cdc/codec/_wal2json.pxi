@@ -853,9 +853,7 @@ cdef class Wal2JsonChanges(Changes):
             image = e._image(plan, e.fstart, e.fend)
         return (b"c" if action == 73 else b"u", key, PyBytes_FromStringAndSize(e.buf, e.n), image)
 
-    cdef object _change(self, bytes data, long long lsn):
-        cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    cdef object _change(self, const unsigned char *d, Py_ssize_t size, long long lsn):
         cdef WMsg m
         cdef long long seq, commit_lsn
         cdef list entry

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: the compiled module's interface version (``cdc.codec._native.ABI``) this module drives
-ABI = 4
+ABI = 5
 #: the compiled path's answer for a change the Python path takes
 PYTHON: Any = object()
 

@@ -193,6 +193,8 @@ class PgOutput:
         self._streaming = level != "off"
         #: stream blocks seen (``S`` messages), for tests and metrics
         self.stream_blocks = 0
+        #: the last source's :meth:`source_idle`
+        self._idle: Callable[[], bool] = _always
 
     # -- options -------------------------------------------------------------------------------
     def replication_options(
@@ -402,7 +404,16 @@ class PgOutput:
                     return out
             return _NOOP  # a long stream block: let the reader's loop do its duties
 
+        def idle() -> bool:
+            return pending is None and block is None
+
+        self._idle = idle
         return next_message
+
+    def source_idle(self) -> bool:
+        """Whether the last :meth:`source` holds nothing: no open stream block (whose messages it
+        spools), no committed one being returned."""
+        return self._idle()
 
     def _spool_for(self, xid: int) -> _Spool:
         spool = self._spools.get(xid)
@@ -437,6 +448,10 @@ class PgOutput:
         for spool in self._spools.values():
             spool.close()
         self._spools.clear()
+
+
+def _always() -> bool:
+    return True
 
 
 def publication_names(publication: str) -> str:

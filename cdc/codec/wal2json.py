@@ -186,6 +186,9 @@ class Wal2Json:
     def source(self, read: Callable[[], Any]) -> Callable[[], Any]:
         return read  # whole transactions only: nothing to spool
 
+    def source_idle(self) -> bool:
+        return True
+
     def close(self) -> None:
         pass
 

@@ -1,8 +1,14 @@
 """The psycopg2 streaming loop: one START_REPLICATION session of the reader.
 
-psycopg 3 has no replication support, so this module is the only user of psycopg2. It reads with
-``read_message()`` + ``select()`` (not ``consume_stream``) so it can batch, time out, poll the
-registry generation and send feedback itself.
+psycopg 3 has no replication support, so this module is the only user of psycopg2. psycopg2 starts
+the stream and sends the feedback; the messages are read with ``select()`` and a non-blocking read
+(not ``consume_stream``), so the loop can batch, time out, poll the registry generation and send
+feedback itself. The read is libpq's own from the compiled module
+(:class:`cdc.codec._native.CopyStream`: the row changes go into the batch without a Python object
+each) or, its Python reference (``CDC_NATIVE=0``, or the module not built), psycopg2's
+``read_message()``. Either way a keepalive that asks for a reply is answered at once, and a status
+update goes out at least every :data:`STATUS_INTERVAL_S`, so ``wal_sender_timeout`` never ends a
+session that is alive.
 
 Confirmation rule (docs/architecture.md, "Delivery"): a position is sent as ``flush_lsn`` only when every event
 before it is durable in the log store, and only at a transaction boundary:
@@ -32,7 +38,8 @@ import psycopg2.extras
 
 from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
 from cdc.codec.envelope import ColumnsSeen, EventBuilder
-from cdc.codec.fastpath import PYTHON, native_changes
+from cdc.codec.fastpath import PYTHON, native_changes, native_module
+from cdc.codec.pgoutput import RawMessage
 from cdc.codec.wal2json import DECODER
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
@@ -117,16 +124,45 @@ def stream(
                 decode=False,
                 start_lsn=start_lsn,
                 options=decoder.replication_options(tables, numeric_as_string=numeric_as_string),
-                status_interval=10,
+                status_interval=STATUS_INTERVAL_S,
             )
             if ctl.on_started is not None:
                 ctl.on_started()
-            return _loop(cur, builder, batch, ctl, start_lsn, decoder)
+            return _loop(cur, builder, batch, ctl, start_lsn, decoder, libpq=True)
         except psycopg2.Error as exc:
             raise translate_start_error(exc, slot) from exc
     finally:
         with contextlib.suppress(psycopg2.Error):
             conn.close()
+
+
+#: the standby status update goes out at least this often (psycopg2's ``status_interval``)
+STATUS_INTERVAL_S = 10
+
+
+def stream_error(message: str, sqlstate: str | None) -> psycopg2.Error:
+    """What the libpq reader raises: the exception psycopg2 raises for the same failure (its class
+    by SQLSTATE; OperationalError for a connection lost), with libpq's message."""
+    cls: type[psycopg2.Error] = psycopg2.OperationalError
+    if sqlstate:
+        with contextlib.suppress(KeyError):
+            cls = psycopg2.errors.lookup(sqlstate)
+    return cls(message)
+
+
+def copy_stream(cur: Any, on_keepalive: Callable[[], object]) -> Any:
+    """The libpq reader of ``cur``'s started stream (:class:`cdc.codec._native.CopyStream`), or None
+    where the compiled module is not there (``CDC_NATIVE=0``, not built) or cannot find the
+    functions of psycopg2's libpq: psycopg2's ``read_message`` then. ``on_keepalive``: sends the status update a keepalive asks for."""
+    native = native_module()
+    if native is None:
+        return None
+    try:
+        return native.CopyStream(
+            cur.connection, psycopg2._psycopg.__file__, on_keepalive, RawMessage, stream_error
+        )
+    except ImportError:  # psycopg2's libpq does not export its functions: the same stream, slower
+        return None
 
 
 class _Positions:
@@ -147,7 +183,9 @@ class _Positions:
         self.next_heartbeat = (
             now + ctl.heartbeat_interval_s if ctl.heartbeat and ctl.heartbeat_interval_s > 0 else None
         )
-        self.last_feedback = now
+        self.last_feedback = self.last_status = now
+        #: the libpq reader (or None: psycopg2's read_message, which sends the status itself)
+        self.copy: Any = None
         self.max_s = ctl.batch_max_ms / 1000.0
         self.linger_s = min(ctl.batch_linger_ms, ctl.batch_max_ms) / 1000.0
         self.fileno = cur.connection.fileno()
@@ -164,9 +202,18 @@ class _Positions:
             # WAL the source keeps go by) would trail the store by up to 10 s; the pace is ours
             self.cur.send_feedback(write_lsn=self.durable, flush_lsn=self.durable, reply=force, force=True)
             self.sent = self.durable
-            self.last_feedback = t
+            self.last_feedback = self.last_status = t
             if self.ctl.on_confirm:
                 self.ctl.on_confirm(self.durable)
+        elif self.copy is not None and t - self.last_status >= STATUS_INTERVAL_S:
+            self.status()
+
+    def status(self) -> None:
+        """The standby status update with the positions confirmed so far (those psycopg2 holds,
+        from the last ``send_feedback``; nothing new is confirmed): a keepalive's answer, and the
+        periodic update psycopg2's ``read_message`` sent every ``status_interval``."""
+        self.cur.send_feedback(force=True)
+        self.last_status = time.monotonic()
 
     def flush(self) -> None:
         """Everything received is durable: the last boundary seen may be confirmed."""
@@ -186,7 +233,7 @@ class _Positions:
         server's ``wal_end`` (a keepalive's position) is received and durable."""
         self.batch.check()
         if not self.in_txn and self.batch.idle:
-            wal_end = self.cur.wal_end
+            wal_end = (self.copy if self.copy is not None else self.cur).wal_end
             if wal_end and wal_end > self.durable:
                 self.durable = self.pending = wal_end
 
@@ -274,12 +321,27 @@ def _loop(
     ctl: StreamControl,
     start_lsn: int,
     decoder: Decoder = DECODER,
+    *,
+    libpq: bool = False,
 ) -> tuple[str, int]:
+    """The session's loop over the started stream of ``cur``; ``libpq``: read it with the compiled
+    module's libpq reader where there is one (else, and by default, ``cur.read_message``)."""
     at = _Positions(cur, batch, ctl, start_lsn)
+    at.copy = copy_stream(cur, at.status) if libpq else None
+    try:
+        return _run(at, builder, decoder)
+    finally:
+        if at.copy is not None:
+            at.copy.close()
+
+
+def _run(at: _Positions, builder: EventBuilder, decoder: Decoder) -> tuple[str, int]:
+    batch, ctl, copy = at.batch, at.ctl, at.copy
     boundary = at.boundary
     max_events = ctl.batch_max_events
     stats = ctl.stats
-    read = decoder.source(cur.read_message)
+    read = decoder.source(copy if copy is not None else at.cur.read_message)
+    idle = decoder.source_idle
     decode = decoder.decode
     change = builder.change
     changes = 0
@@ -304,7 +366,10 @@ def _loop(
     pump = fast.pump if fast is not None and chunks is None else None
     while True:
         if pump is not None:
-            msg, k = pump(read, batch, max_events, 0x400 - (n & 0x3FF))
+            # the libpq reader is read directly while its messages are those `read` gives
+            msg, k = pump(
+                read, batch, max_events, 0x400 - (n & 0x3FF), copy if copy is not None and idle() else None
+            )
             n += k
             changes += k
             if batch.count >= max_events:
