@@ -7,9 +7,13 @@ transaction, :func:`bench.capture._workload`), then per decoder, each from a slo
 the options the reader sends:
 
 * ``pg_recvlogical`` to /dev/null: libpq's floor (C, one ``PQgetCopyData`` per message);
-* **(a) psycopg2 alone**: a process that only ``read_message``\\ s (the reader's call, ``decode=False``,
-  the reader's connection options), and one whose ``consume_stream`` callback does nothing: its
-  CPU per message and per change, timed around the loop (start-up excluded);
+* **(a) psycopg2 alone**: a process that only ``read_message``\\ s (the reader's Python reference,
+  ``decode=False``, the reader's connection options), and one whose ``consume_stream`` callback
+  does nothing: its CPU per message and per change, timed around the loop (start-up excluded);
+* **(a') the libpq reader alone** (``cdc.codec._native.CopyStream``, what the reader reads with):
+  the messages read and dropped in C (``skim``: the floor of its ``pump``, which makes no object
+  per row change), and called once per message (a ``RawMessage`` each, as the messages the compiled
+  path does not take reach Python);
 * ``cdc run --once`` into the durable embedded store, net of the same process with nothing to
   stream (as ``bench capture`` counts it);
 * in this process, over the messages (a) read (their payloads kept): **(c) the compiled encode
@@ -55,6 +59,7 @@ from bench.capture import (
     _wal_lsn,
     _workload,
 )
+from cdc.codec.fastpath import native_module
 from cdc.devcluster import start_cluster
 
 BATCH = 5_000  # the reader's default batch_max_events
@@ -85,8 +90,36 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
     kept: list[tuple[bytes, int]] = []
     keep = kept.append if dump else None
     n = size = 0
+    copy: Any = None
+    if mode in ("libpq", "libpq_call"):
+        from cdc.reader.replication import copy_stream
+
+        copy = copy_stream(cur, lambda: cur.send_feedback(force=True))
+        if copy is None:
+            raise RuntimeError("the libpq reader is not there (CDC_NATIVE=0, or not built)")
     t0 = time.process_time()
-    if mode == "read":
+    if mode == "libpq":
+        fd = cur.fileno()
+        while True:
+            k, got, last = copy.skim(1024)
+            n += k
+            size += got
+            if k and last >= endpos:
+                break
+            if not k:
+                select.select([fd], [], [], 1.0)
+    elif mode == "libpq_call":
+        fd = cur.fileno()
+        while True:
+            msg = copy()
+            if msg is None:
+                select.select([fd], [], [], 1.0)
+                continue
+            n += 1
+            size += len(msg.payload)
+            if msg.data_start >= endpos:
+                break
+    elif mode == "read":
         read = cur.read_message
         fd = cur.fileno()
         while True:
@@ -114,6 +147,8 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
             cur.consume_stream(noop)
         n = seen[0]
     cpu = time.process_time() - t0
+    if copy is not None:
+        copy.close()
     conn.close()
     if dump:
         with open(dump, "wb") as fh:
@@ -286,7 +321,8 @@ def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
         if not name.startswith("_"):
             say(f"  {name}: {v:.2f}")
     reader = figures.get("cdc run --once, net of start-up")
-    read = figures.get("(a) psycopg2 read_message alone")
+    read = figures.get("(a') libpq reader, dropped in C (skim)")
+    read = read if read is not None else figures.get("(a) psycopg2 read_message alone")
     enc = figures.get("compiled path as the loop calls it (Changes: encode, builder, Record)")
     enc = enc if enc is not None else figures.get("python path (decode + EventBuilder.change)")
     app = figures.get("(b) durable append into the embedded store (append_many, per record)", 0.0)
@@ -294,7 +330,7 @@ def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
     if reader is not None and read is not None and enc is not None:
         floors = read + enc + app * recs
         say(
-            f"  reader {reader:.2f} = psycopg2 {read:.2f} + per-change path {enc:.2f} + append "
+            f"  reader {reader:.2f} = read {read:.2f} + per-change path {enc:.2f} + append "
             f"{app * recs:.2f} ({recs:.2f} records a change) = {floors:.2f}; above them (the loop, "
             f"batching, the writer thread's hand-off, images): {reader - floors:.2f}"
         )
@@ -329,6 +365,7 @@ def main(argv: list[str]) -> None:
         labels = []
         for d in decoders:
             labels += [(f"recv_{d}", d), (f"read_{d}", d), (f"stream_{d}", d), (f"cdc_{d}", d)]
+            labels += [(f"libpq_{d}", d), (f"libpqcall_{d}", d)]
         _create_slots(dsn, labels)
         _workload(dsn, inserts, updates)
         endpos = _wal_lsn(dsn)
@@ -350,6 +387,16 @@ def main(argv: list[str]) -> None:
             say(f"  {d}: {msgs:,} messages, {run.summary['bytes'] / msgs:.0f} B each")
             run = _stream_floor(dsn, f"stream_{d}", d, end_int, "stream", None, base)
             figures["(a) psycopg2 consume_stream, no-op callback"] = run.summary["cpu"] / n * 1e6
+            if native_module() is not None:
+                run = _stream_floor(dsn, f"libpq_{d}", d, end_int, "libpq", None, base)
+                figures["(a') libpq reader, dropped in C (skim)"] = run.summary["cpu"] / n * 1e6
+                figures["(a') libpq reader, dropped in C (skim), per message"] = (
+                    run.summary["cpu"] / run.summary["messages"] * 1e6
+                )
+                run = _stream_floor(dsn, f"libpqcall_{d}", d, end_int, "libpq_call", None, base)
+                figures["(a') libpq reader, a RawMessage per message, per message"] = (
+                    run.summary["cpu"] / run.summary["messages"] * 1e6
+                )
             env = _cdc_state(base, dsn, f"cdc_{d}", decoder=d)
             run = _cdc_once(env, dsn)
             if run.summary.get("changes") != n:

@@ -61,7 +61,7 @@ def native_status() -> tuple[bool, str]:
     """(compiled, what to say): which per-change path a reader started now would run."""
     module, why = _load()
     if module is not None:
-        return True, "compiled per-change path (cdc.codec._native)"
+        return True, "compiled per-change path and libpq stream reader (cdc.codec._native)"
     if why == "CDC_NATIVE=0":
         return False, "Python per-change path (CDC_NATIVE=0)"
     return False, (
