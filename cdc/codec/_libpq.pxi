@@ -225,14 +225,18 @@ cdef class CopyStream:
                 raise self._ended()
             consumed = True
             b = <const unsigned char *>self.buf
-            if b[0] == 119 and n >= XLOGDATA_HEADER:  # w
+            if b[0] == 119:  # w
+                if n <= XLOGDATA_HEADER:
+                    raise self.fail("data message header too small", None)  # psycopg2's words
                 self.data_start = _be64(b + 1)
                 self.wal_end = _be64(b + 9)
                 self.payload = b + XLOGDATA_HEADER
                 self.size = n - XLOGDATA_HEADER
                 self.messages += 1
                 return self.size
-            if b[0] == 107 and n >= KEEPALIVE_SIZE:  # k
+            if b[0] == 107:  # k
+                if n < KEEPALIVE_SIZE:
+                    raise self.fail("keepalive message header too small", None)
                 self.wal_end = _be64(b + 1)
                 self.keepalives += 1
                 if b[17]:

@@ -252,7 +252,12 @@ def test_a_session_through_the_libpq_reader_writes_the_reference_records(
     assert stats["changes"] == ref_stats["changes"] > STREAMED
     assert stats.get("native_python_changes", 0) < 20
     assert max(len(r.value or b"") for _, r in ref) > 3_500_000
-    assert [(t, r.key, r.value) for t, r in got] == [(t, r.key, r.value) for t, r in ref]
+    # per topic, in order (a batch holds its topics' records apart: how the topics interleave
+    # depends on where the batches were cut, which is time)
+    for topic in {t for t, _ in ref}:
+        mine = [(r.key, r.value) for t, r in got if t == topic]
+        assert mine == [(r.key, r.value) for t, r in ref if t == topic], topic
+    assert len(got) == len(ref)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["libpq", "read_message"])
