@@ -13,7 +13,9 @@ the options the reader sends:
 * **(a') the libpq reader alone** (``cdc.codec._native.CopyStream``, what the reader reads with):
   the messages read and dropped in C (``skim``: the floor of its ``pump``, which makes no object
   per row change), and called once per message (a ``RawMessage`` each, as the messages the compiled
-  path does not take reach Python);
+  path does not take reach Python); for (a) and (a') also per message: user / kernel CPU and the
+  messages found per wake-up (a reader faster than its walsender wakes up for a few at a time: then
+  the kernel's share, which ``pg_recvlogical`` pays too, is most of the floor);
 * ``cdc run --once`` into the durable embedded store, net of the same process with nothing to
   stream (as ``bench capture`` counts it);
 * in this process, over the messages (a) read (their payloads kept): **(c) the compiled encode
@@ -33,6 +35,7 @@ import contextlib
 import functools
 import os
 import pickle
+import resource
 import select
 import shutil
 import sys
@@ -97,7 +100,9 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
         copy = copy_stream(cur, lambda: cur.send_feedback(force=True))
         if copy is None:
             raise RuntimeError("the libpq reader is not there (CDC_NATIVE=0, or not built)")
+    waits = 0
     t0 = time.process_time()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     if mode == "libpq":
         fd = cur.fileno()
         while True:
@@ -108,12 +113,14 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
                 break
             if not k:
                 select.select([fd], [], [], 1.0)
+                waits += 1
     elif mode == "libpq_call":
         fd = cur.fileno()
         while True:
             msg = copy()
             if msg is None:
                 select.select([fd], [], [], 1.0)
+                waits += 1
                 continue
             n += 1
             size += len(msg.payload)
@@ -126,6 +133,7 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
             msg = read()
             if msg is None:
                 select.select([fd], [], [], 1.0)
+                waits += 1
                 continue
             n += 1
             size += len(msg.payload)
@@ -147,13 +155,16 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
             cur.consume_stream(noop)
         n = seen[0]
     cpu = time.process_time() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
     if copy is not None:
         copy.close()
     conn.close()
     if dump:
         with open(dump, "wb") as fh:
             pickle.dump(kept, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    print(orjson.dumps({"cpu": cpu, "messages": n, "bytes": size}).decode(), flush=True)
+    summary = {"cpu": cpu, "messages": n, "bytes": size, "waits": waits}
+    summary |= {"user": ru1.ru_utime - ru0.ru_utime, "sys": ru1.ru_stime - ru0.ru_stime}
+    print(orjson.dumps(summary).decode(), flush=True)
 
 
 def _stream_floor(
@@ -162,6 +173,18 @@ def _stream_floor(
     cmd = [sys.executable, "-m", "bench.capture_floor", "--consume", slot, "--dsn", dsn]
     cmd += ["--decoder", decoder, "--endpos", str(endpos), "--mode", mode, "--dump", str(dump or "")]
     return _consume(cmd, dsn, slot, dict(os.environ), base)
+
+
+def _per_message(name: str, summary: dict[str, Any], figures: dict[str, float]) -> None:
+    """A standalone reader's CPU per message, split into user and kernel time, and the messages it
+    found per wake-up (select): a reader faster than its walsender wakes up for a few messages at a
+    time, and the wake-ups (kernel) then weigh as much as the reading."""
+    msgs = summary["messages"]
+    figures[f"{name}, per message"] = summary["cpu"] / msgs * 1e6
+    figures[f"{name}, per message: user / kernel"] = summary["user"] / msgs * 1e6
+    figures[f"_{name} kernel"] = summary["sys"] / msgs * 1e6
+    if summary.get("waits") is not None:
+        figures[f"_{name} per wake-up"] = msgs / max(1, summary["waits"])
 
 
 def _cpu_per(fn: Callable[[], int]) -> tuple[float, int]:
@@ -318,7 +341,14 @@ def _in_process(
 def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
     say(f"--- {decoder}: CPU µs per change ({n:,} changes); load {loadavg()}")
     for name, v in figures.items():
-        if not name.startswith("_"):
+        if name.endswith("user / kernel"):
+            base = name.removesuffix(", per message: user / kernel")
+            wake = figures.get(f"_{base} per wake-up")
+            say(
+                f"  {name}: {v:.2f} / {figures[f'_{base} kernel']:.2f}"
+                + (f" ({wake:.1f} messages a wake-up)" if wake is not None else "")
+            )
+        elif not name.startswith("_"):
             say(f"  {name}: {v:.2f}")
     reader = figures.get("cdc run --once, net of start-up")
     read = figures.get("(a') libpq reader, dropped in C (skim)")
@@ -383,20 +413,16 @@ def main(argv: list[str]) -> None:
             run = _stream_floor(dsn, f"read_{d}", d, end_int, "read", dump, base)
             msgs = run.summary["messages"]
             figures["(a) psycopg2 read_message alone"] = run.summary["cpu"] / n * 1e6
-            figures["(a) psycopg2 read_message alone, per message"] = run.summary["cpu"] / msgs * 1e6
+            _per_message("(a) psycopg2 read_message alone", run.summary, figures)
             say(f"  {d}: {msgs:,} messages, {run.summary['bytes'] / msgs:.0f} B each")
             run = _stream_floor(dsn, f"stream_{d}", d, end_int, "stream", None, base)
             figures["(a) psycopg2 consume_stream, no-op callback"] = run.summary["cpu"] / n * 1e6
             if native_module() is not None:
                 run = _stream_floor(dsn, f"libpq_{d}", d, end_int, "libpq", None, base)
                 figures["(a') libpq reader, dropped in C (skim)"] = run.summary["cpu"] / n * 1e6
-                figures["(a') libpq reader, dropped in C (skim), per message"] = (
-                    run.summary["cpu"] / run.summary["messages"] * 1e6
-                )
+                _per_message("(a') libpq reader, dropped in C (skim)", run.summary, figures)
                 run = _stream_floor(dsn, f"libpqcall_{d}", d, end_int, "libpq_call", None, base)
-                figures["(a') libpq reader, a RawMessage per message, per message"] = (
-                    run.summary["cpu"] / run.summary["messages"] * 1e6
-                )
+                _per_message("(a') libpq reader, a RawMessage per message", run.summary, figures)
             env = _cdc_state(base, dsn, f"cdc_{d}", decoder=d)
             run = _cdc_once(env, dsn)
             if run.summary.get("changes") != n:

@@ -174,9 +174,6 @@ cdef class CopyStream:
             self.buf = NULL
             self.payload = NULL
 
-    cdef object _error(self, str message, object sqlstate):
-        return self.fail(message, sqlstate)
-
     cdef object _conn_error(self):
         msg = _text(_PQerrorMessage(self.conn)) or "the replication connection failed"
         return self.fail(msg, None)
@@ -185,6 +182,7 @@ cdef class CopyStream:
         """PQgetCopyData's -1: the server ended the COPY; its result says why (an error, or a
         shutdown: psycopg2 then returns None, and raises at the next read)."""
         cdef cdc_PGresult *res = _PQgetResult(self.conn)
+        cdef char *st
         msg = sqlstate = None
         if res != NULL:
             msg = _text(_PQresultErrorMessage(res))

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import psycopg2
+import psycopg2.errors
 import pytest
 
 from cdc.catalog import describe_table
@@ -375,3 +376,14 @@ def test_a_lost_connection_raises_the_psycopg2_error_the_caller_retries(
             copy()
     finally:
         conn.close()
+
+
+def test_the_libpq_readers_errors_are_psycopg2s_classes() -> None:
+    """As psycopg2 raises them: the class of the SQLSTATE, else OperationalError (lost connection)."""
+    assert type(replication.stream_error("x", "57P01")) is psycopg2.errors.AdminShutdown
+    assert type(replication.stream_error("x", "42704")) is psycopg2.errors.UndefinedObject  # slot gone
+    for sqlstate in (None, "", "ZZ999"):
+        err = replication.stream_error("server closed the connection unexpectedly", sqlstate)
+        assert (
+            type(err) is psycopg2.OperationalError and str(err) == "server closed the connection unexpectedly"
+        )
