@@ -34,9 +34,13 @@ from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
 from cdc.codec.envelope import ColumnsSeen, EventBuilder
 from cdc.codec.fastpath import PYTHON, native_changes
 from cdc.codec.wal2json import DECODER
+from cdc.config import ReaderConfig
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
 from cdc.logstore.batch import Batch
+
+#: the reader's defaults, written once in :class:`cdc.config.ReaderConfig`
+_DEFAULTS = ReaderConfig()
 
 
 @dataclass
@@ -48,13 +52,13 @@ class StreamControl:
     stop: threading.Event
     should_restart: Callable[[], bool]
     heartbeat: Callable[[], object] | None = None
-    heartbeat_interval_s: float = 10.0
+    heartbeat_interval_s: float = _DEFAULTS.heartbeat_interval_s
     target: int | None = None
-    poll_s: float = 1.0
-    batch_max_events: int = 5000
-    batch_max_ms: int = 100
-    #: a drained batch is submitted once this old (0: at once; the product's default: ReaderConfig)
-    batch_linger_ms: int = 0
+    poll_s: float = _DEFAULTS.poll_s
+    batch_max_events: int = _DEFAULTS.batch_max_events
+    batch_max_ms: int = _DEFAULTS.batch_max_ms
+    #: a drained batch is submitted once this old (0: at once)
+    batch_linger_ms: int = _DEFAULTS.batch_linger_ms
     #: a durable position is sent to the server at most this often (and at every stop/restart)
     feedback_interval_s: float = 0.5
     on_confirm: Callable[[int], None] | None = None
