@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
+from cdc.codec.wal2json import add_tables_option
 from cdc.events import commit_ts_ms, int_to_lsn, pg_time_ms
 from cdc.names import quote_ident
 
@@ -150,19 +151,10 @@ def plugin_in_use(registry: Registry | None, settings: Settings) -> OutputPlugin
     return plugin(recorded or settings.decoder)
 
 
-def wal2json_table_name(schema: str, table: str) -> str:
-    """``schema.table`` for wal2json's ``add-tables`` (its special characters backslash-escaped)."""
-
-    def esc(part: str) -> str:
-        return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
-
-    return f"{esc(schema)}.{esc(table)}"
-
-
 def _peek_wal2json(
     conn: psycopg.Connection[Any], slot: str, upto: int, tables: Sequence[TableReg]
 ) -> Pending:
-    names = ",".join(wal2json_table_name(t.schema, t.table) for t in tables)
+    names = add_tables_option((t.schema, t.table) for t in tables)
     rows = conn.execute(
         "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
         "'include-transaction', 'true', 'include-timestamp', 'true', 'add-tables', %s)",
