@@ -10,7 +10,6 @@ Connections come from :mod:`cdc.connect`; identifier parsing and quoting live in
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc.connect import connect as connect
 from cdc.errors import RegistryError, SourceError
 from cdc.events import lsn_to_int
-from cdc.names import QUOTING_FIX, sql_ident
+from cdc.names import QUOTING_FIX, cli_table_name, sql_ident
 from cdc.names import quote_table_name as quote_table_name
 from cdc.registry import Column
 
@@ -205,7 +204,7 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         similar = conn.execute(_SIMILAR, params).fetchall()
         hint = ""
         if similar:
-            names = ", ".join(f"'{quote_table_name(s, t)}'" for s, t in similar)
+            names = ", ".join(cli_table_name(s, t) for s, t in similar)
             hint = f"names differ in case from {names}: quote the name exactly as created; "
         raise RegistryError(
             f"table {quote_table_name(schema, table)} does not exist in the source database",
@@ -366,11 +365,6 @@ class CaptureProblem:
 
 
 _IDENTITY_NAMES = {"d": "DEFAULT", "f": "FULL", "n": "NOTHING", "i": "USING INDEX"}
-
-
-def cli_table_name(schema: str, table: str) -> str:
-    """``schema.table`` as a ``cdc tables`` argument, shell-quoted where needed."""
-    return shlex.quote(quote_table_name(schema, table))
 
 
 def capture_problems(
