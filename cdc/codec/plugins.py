@@ -66,8 +66,6 @@ class OutputPlugin:
     #: may send NaN/±Infinity of numeric columns as null (wal2json < 2.6, which refuses the
     #: ``numeric-data-types-as-string`` option): the non-finite recorder's triggers fill them in
     may_send_nonfinite_as_null: bool
-    #: its changes go through the compiled per-change path (:mod:`cdc.codec.fastpath`) when built
-    compiled_path: bool
     #: where to get it, for a server without it ("" for a built-in one)
     install_hint: str = ""
 
@@ -123,12 +121,9 @@ WAL2JSON = OutputPlugin(
     built_in=False,
     uses_publication=False,
     may_send_nonfinite_as_null=True,
-    compiled_path=True,
     install_hint="Debian/Ubuntu: apt-get install postgresql-<version>-wal2json; RDS/Aurora/Cloud SQL ship it",
 )
-PGOUTPUT = OutputPlugin(
-    "pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False, compiled_path=True
-)
+PGOUTPUT = OutputPlugin("pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False)
 PLUGINS: dict[str, OutputPlugin] = {p.name: p for p in (WAL2JSON, PGOUTPUT)}
 
 
