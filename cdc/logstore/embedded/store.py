@@ -468,7 +468,7 @@ class EmbeddedLogStore(LogStore):
 
     # -- reading -----------------------------------------------------------------------------------
     def read(
-        self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
+        self, topic: str, partition: int, from_offset: int, max_records: int = LogStore.READ_MAX
     ) -> list[StoredRecord]:
         """See :meth:`LogStore.read`. Reads one consistent snapshot (whole committed batches only)."""
         t = self._open_topic(topic)
@@ -526,7 +526,7 @@ class EmbeddedLogStore(LogStore):
         partition: int,
         from_offset: int = 0,
         until_offset: int | None = None,
-        batch: int = 10_000,
+        batch: int = LogStore.READ_MAX,
     ) -> Iterator[StoredRecord]:
         """As :meth:`LogStore.iter_partition` (same records), with less work per record."""
         info = self.topic(topic)
