@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc.connect import connect as connect
 from cdc.errors import RegistryError, SourceError
 from cdc.events import lsn_to_int
-from cdc.names import QUOTING_FIX, cli_table_name, sql_ident
+from cdc.names import QUOTING_FIX, cli_table_name, sql_ident, sql_string
 from cdc.names import quote_table_name as quote_table_name
 from cdc.registry import Column
 
@@ -524,9 +524,9 @@ class ServerInfo:
             f"the source server refuses the {plugin} output plugin: its output_plugin_libraries is "
             f"{shown!r} (PostgreSQL 15.20, 16.15, 17.11, 18.6 and later allow only the listed plugins)",
             "as a superuser on the source, allow it and reload (no restart): "
-            f"ALTER SYSTEM SET output_plugin_libraries = {', '.join(_sql_string(n) for n in wanted)}; "
+            f"ALTER SYSTEM SET output_plugin_libraries = {', '.join(sql_string(n) for n in wanted)}; "
             "SELECT pg_reload_conf();  -- or in postgresql.conf: "
-            f"output_plugin_libraries = {_sql_string(', '.join(wanted))}, then pg_ctl reload",
+            f"output_plugin_libraries = {sql_string(', '.join(wanted))}, then pg_ctl reload",
         )
 
 
@@ -534,10 +534,6 @@ def _library_name(name: str) -> str:
     """``$libdir/wal2json.so`` -> ``wal2json``: the plugin a listed library name stands for."""
     base = name.rsplit("/", 1)[-1]
     return base[: -len(".so")] if base.endswith(".so") else base
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 _SERVER = """

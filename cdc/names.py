@@ -132,6 +132,11 @@ def sql_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a single-quoted SQL string literal (its quotes doubled), for the same SQL."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def quote_table_name(schema: str, table: str) -> str:
     return f"{quote_ident(schema)}.{quote_ident(table)}"
 
