@@ -31,7 +31,7 @@ import psycopg
 
 from cdc.codec.wal2json import add_tables_option
 from cdc.events import commit_ts_ms, int_to_lsn, pg_time_ms
-from cdc.names import quote_ident
+from cdc.names import sql_ident
 
 if TYPE_CHECKING:
     from cdc.codec import Decoder
@@ -174,7 +174,7 @@ def _peek_pgoutput(conn: psycopg.Connection[Any], slot: str, upto: int, publicat
     rows = conn.execute(
         "SELECT substr(data, 1, 17) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
         "NULL, 'proto_version', '1', 'publication_names', %s)",
-        (slot, int_to_lsn(upto), quote_ident(publication)),
+        (slot, int_to_lsn(upto), sql_ident(publication)),
     ).fetchall()
     changes, oldest, begin_ms = 0, None, None
     for (head,) in rows:
