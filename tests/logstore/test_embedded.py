@@ -294,3 +294,25 @@ def test_reader_follows_a_topic_deleted_and_recreated_by_the_writer(store_dir: P
         writer.append("t", [Record(b"k", b"new")])
         assert [r.value for r in reader.read("t", 0, 0)] == [b"new"]
         reader.close()
+
+
+def test_a_writers_topic_cannot_be_deleted_under_it(store_dir: Path) -> None:
+    """A writer's appends go to the topic file it opened without looking it up again: what makes
+    that safe is that deleting a topic takes its writer lock, so no other instance (or process) can
+    delete it while the writer holds it. The writer deletes and re-creates it itself and goes on."""
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as writer:
+        writer.create_topic("t", TopicConfig(partitions=1))
+        writer.append("t", [Record(b"k", b"v1")])
+        with (
+            EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as other,
+            pytest.raises(WriterLockedError),
+        ):
+            other.delete_topic("t")
+        assert writer.append("t", [Record(b"k", b"v2")]) == {0: 1}
+        writer.delete_topic("t")
+        with pytest.raises(UnknownTopicError):
+            writer.append("t", [Record(b"k", b"gone")])
+        writer.create_topic("t", TopicConfig(partitions=1))
+        assert writer.append("t", [Record(b"k", b"v3")]) == {0: 0}
+        with EmbeddedLogStore(store_dir) as reader:
+            assert [r.value for r in reader.read("t", 0, 0)] == [b"v3"]
