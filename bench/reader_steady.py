@@ -17,12 +17,14 @@ against what ``cdc run`` appended). Medians over ``$BENCH_READER_STEADY_ROUNDS``
 ``python -m bench reader_steady`` (writes ``docs/benchmarks/reader_steady.md``) or
 ``python -m bench.reader_steady [--seconds 60] [--rounds 3] [--profile DIR]``: ``--profile`` also
 records ``py-spy record --gil`` (raw, collapsed stacks) of each ``cdc run`` through round 1's load into
-DIR.
+DIR, and prints each profile's frames by their share of the samples (inclusive): where the reader's
+time goes, by thread (the stream loop, the log writer, the store's background compaction).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import re
@@ -187,6 +189,29 @@ def _profile(consumers: list[_Consumer], seconds: int, out: Path) -> list[subpro
     ]
 
 
+#: the frames every sample of a thread has (start-up, the session, a thread's bootstrap): left out
+_ENTRY_FRAMES = ("<module>", "main ", "entry ", "run_capture ", "Reader.", "stream ", "Thread.")
+
+
+def profile_shares(path: Path, top: int = 25) -> str:
+    """The frames of a raw py-spy profile (collapsed stacks) by their share of the samples, inclusive."""
+    total = 0
+    incl: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(n)
+        for frame in set(stack.split(";")):
+            incl[frame] += int(n)
+    rows = [
+        f"{100 * v / total:5.1f}%  {frame}"
+        for frame, v in incl.most_common()
+        if not frame.startswith(_ENTRY_FRAMES)
+    ][:top]
+    return f"{path.name}: {total} samples\n" + "\n".join(rows)
+
+
 def _round(dsn: str, base: Path, k: int, seconds: int, profile: Path | None) -> _Round:
     consumers: list[_Consumer] = []
     try:
@@ -224,6 +249,9 @@ def _round(dsn: str, base: Path, k: int, seconds: int, profile: Path | None) -> 
                         raise RuntimeError(f"{c.label} appended {c.appended} records, expected {changes}")
             for spy in spies:
                 spy.wait(seconds + 60)
+            for c in consumers:
+                if profile and c.state is not None and (profile / f"{c.slot}.txt").exists():
+                    say(profile_shares(profile / f"{c.slot}.txt"))
         r = _Round(changes, elapsed, load)
         for c in consumers:
             r.per_change_us[f"{c.label} process"] = c.cpu / changes * 1e6
