@@ -165,6 +165,11 @@ class EmbeddedLogStore(LogStore):
     def _open_topic(self, name: str) -> TopicHandle:
         with self._lock:
             self._check_open()
+            held = self._topics.get(name) if name in self._locks else None
+            if held is not None:
+                # this instance holds the topic's writer lock, which deleting it takes: the file it
+                # opened is still the topic's (no stat, no path to build: an append's fast path)
+                return held
             path = self._topic_path(name)
             try:
                 st = path.stat()
