@@ -32,6 +32,7 @@ BENCHMARKS = [
     "freshness_cluster",
     "freshness_sustained",
     "decoders",
+    "reader_steady",
     "search_shards",
     "wait",
     "views",

@@ -30,7 +30,11 @@ forked). The processes, found by pid tree and command line (:func:`cpu_by_role`)
   ``--app-id`` the run's application id (started by the cluster's workers);
 * executors' Python workers: the descendants of those JVMs, as above.
 
-The master and worker daemons are not counted (they schedule; they do no work per change).
+The master and worker daemons are not counted (they schedule; they do no work per change). Each
+run also prints the driver JVM's busiest threads (CPU by thread name from ``/proc/PID/task``, read
+at the start, at each batch's end and at the end, so the query's own thread counts though it ends
+with the query) and the driver JVM's and Python's CPU per step: up to the end of batch 0 (the query's
+start), each batch, and to the end (issue 35).
 
 **Under CPU quotas** (where the cgroup v1 ``cpu`` and ``cpuacct`` controllers are writable, else
 skipped with the reason): each worker JVM is put in a cgroup of its own as it starts
@@ -49,6 +53,7 @@ over the rounds. Capture's rate for the same workload is quoted from ``docs/benc
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -188,10 +193,13 @@ def _child(argv: list[str]) -> None:
         settings, reg = _settings(state), _reg()
         out = state / "parquet"
         make_sinks = (lambda s: [ParquetPeer(out)]) if a.peer else open_sinks
-        batches: list[str] = []
+        batches: list[list[float]] = []
+        jvm = _driver_jvm()
+        seen: dict[int, tuple[str, float]] = {}  # the JVM's threads at each batch's end
 
         def progress(r: Any) -> None:
-            batches.append([r.records, r.seconds])
+            batches.append([r.records, r.seconds, _own_cpu(jvm), _own_cpu(os.getpid())])
+            seen.update(_threads(jvm))  # a thread that ends before the run does (the query's) still counts
             phases = ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items())
             print(f"    batch {r.batch_id}: {r.records:,} in {r.seconds:.2f} s ({phases})", flush=True)
 
@@ -200,9 +208,11 @@ def _child(argv: list[str]) -> None:
         app_id = spark.sparkContext.applicationId
         try:
             g0 = [(g.usage_s(), g.throttled_s()) for g in groups]
-            cpu0, t0 = cpu_by_role(app_id), time.monotonic()
+            cpu0, th0, t0 = cpu_by_role(app_id), _threads(jvm), time.monotonic()
+            own0 = (_own_cpu(jvm), _own_cpu(os.getpid()))
             summary = job.run()
-            seconds, cpu1 = time.monotonic() - t0, cpu_by_role(app_id)
+            seconds, cpu1, th1 = time.monotonic() - t0, cpu_by_role(app_id), _threads(jvm)
+            own1 = (_own_cpu(jvm), _own_cpu(os.getpid()))
             g1 = [(g.usage_s(), g.throttled_s()) for g in groups]
         finally:
             job.close()
@@ -215,6 +225,8 @@ def _child(argv: list[str]) -> None:
             "cpu": {k: cpu1[k] - cpu0[k] for k in ROLES},
             "batches": batches,
             "groups": [[u1 - u0, t1 - t0_] for (u0, t0_), (u1, t1) in zip(g0, g1, strict=True)],
+            "threads": _thread_split(th0, {**seen, **th1}),
+            "own": [own0, own1],
         }
         print("RESULT " + json.dumps(result), flush=True)
     finally:
@@ -268,6 +280,16 @@ def _one(
     )
     cpu = ", ".join(f"{k} {v / result['records'] * 1e6:.2f}" for k, v in result["cpu"].items())
     print(f"    CPU µs per change: {cpu}; result {json.dumps(result)}", flush=True)
+    if "own" in result:  # the driver's CPU up to each batch's end: the query's start, each batch, the end
+        marks = [result["own"][0], *[b[2:] for b in result["batches"]], result["own"][1]]
+        steps = ", ".join(f"{b[0] - a[0]:.2f}/{b[1] - a[1]:.2f}" for a, b in itertools.pairwise(marks))
+        print(f"    driver JVM/Python CPU s per step (to batch 0's end, each batch, to the end): {steps}")
+    busiest = sorted(result.get("threads", {}).items(), key=lambda kv: -kv[1])[:10]
+    print(
+        "    driver JVM's busiest threads, µs per change: "
+        + ", ".join(f"{name} {used / result['records'] * 1e6:.2f}" for name, used in busiest),
+        flush=True,
+    )
     for i, (used, throttled) in enumerate(result.get("groups", [])):
         assert used > 0, f"{cfg.label}: worker {i}'s cgroup used no CPU: its executors ran outside it"
         print(
@@ -309,7 +331,7 @@ def _round(
 def _later_rate(res: dict[str, Any]) -> float:
     """Changes/s over the micro-batches after the first (their own seconds)."""
     rest = res["batches"][1:]
-    return float(sum(n for n, _ in rest) / sum(t for _, t in rest)) if rest else float("nan")
+    return float(sum(b[0] for b in rest) / sum(b[1] for b in rest)) if rest else float("nan")
 
 
 def capture_rate() -> float | None:
@@ -495,6 +517,28 @@ def _threads(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def _own_cpu(pid: int) -> float:
+    """A process's own CPU seconds so far (all its threads)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _driver_jvm() -> int:
+    """The pid of this process's driver JVM (pyspark's gateway)."""
+    return next(p for p, (pp, *_r, argv) in _procs().items() if pp == os.getpid() and DRIVER_JVM_MAIN in argv)
+
+
+def _thread_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU s by thread name (digits as N) between two :func:`_threads` reads (``after`` may add the
+    last read of threads that ended since)."""
+    out: dict[str, float] = {}
+    for tid, (name, used) in after.items():
+        out[name] = out.get(name, 0.0) + used - before.get(tid, (name, 0.0))[1]
+    return out
+
+
 def idle_cpu(seconds: float, settle_s: float = 20.0, group: CpuGroup | None = None) -> dict[str, Any]:
     """The CPU an idle ``cdc apply`` (``ApplyJob.run`` without ``once``: a trigger every second,
     nothing to apply) spends over ``seconds``, on ``$CDC_SPARK_MASTER`` or ``local[2]``: the fixed
@@ -520,9 +564,7 @@ def idle_cpu(seconds: float, settle_s: float = 20.0, group: CpuGroup | None = No
         try:
             time.sleep(settle_s)
             app_id = spark.sparkContext.applicationId
-            jvm = next(
-                p for p, (pp, *_r, argv) in _procs().items() if pp == os.getpid() and DRIVER_JVM_MAIN in argv
-            )
+            jvm = _driver_jvm()
             g0 = group.usage_s() if group else 0.0
             load0, cpu0, th0, t0 = os.getloadavg(), cpu_by_role(app_id), _threads(jvm), time.monotonic()
             time.sleep(seconds)
@@ -533,9 +575,7 @@ def idle_cpu(seconds: float, settle_s: float = 20.0, group: CpuGroup | None = No
                 time.monotonic() - t0,
                 os.getloadavg(),
             )
-            threads: dict[str, float] = {}
-            for tid, (name, used) in th1.items():
-                threads[name] = threads.get(name, 0.0) + used - th0.get(tid, (name, 0.0))[1]
+            threads = _thread_split(th0, th1)
         finally:
             job.stop()
             runner.join(120)

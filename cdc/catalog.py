@@ -10,7 +10,6 @@ Connections come from :mod:`cdc.connect`; identifier parsing and quoting live in
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc.connect import connect as connect
 from cdc.errors import RegistryError, SourceError
 from cdc.events import lsn_to_int
-from cdc.names import QUOTING_FIX, sql_ident
+from cdc.names import QUOTING_FIX, cli_table_name, sql_ident, sql_string
 from cdc.names import quote_table_name as quote_table_name
 from cdc.registry import Column
 
@@ -205,7 +204,7 @@ def describe_table(conn: psycopg.Connection[Any], schema: str, table: str) -> Ta
         similar = conn.execute(_SIMILAR, params).fetchall()
         hint = ""
         if similar:
-            names = ", ".join(f"'{quote_table_name(s, t)}'" for s, t in similar)
+            names = ", ".join(cli_table_name(s, t) for s, t in similar)
             hint = f"names differ in case from {names}: quote the name exactly as created; "
         raise RegistryError(
             f"table {quote_table_name(schema, table)} does not exist in the source database",
@@ -368,11 +367,6 @@ class CaptureProblem:
 _IDENTITY_NAMES = {"d": "DEFAULT", "f": "FULL", "n": "NOTHING", "i": "USING INDEX"}
 
 
-def cli_table_name(schema: str, table: str) -> str:
-    """``schema.table`` as a ``cdc tables`` argument, shell-quoted where needed."""
-    return shlex.quote(quote_table_name(schema, table))
-
-
 def capture_problems(
     schema: str, table: str, desc: TableDescription | None, key: tuple[str, ...], *, role: str
 ) -> list[CaptureProblem]:
@@ -530,9 +524,9 @@ class ServerInfo:
             f"the source server refuses the {plugin} output plugin: its output_plugin_libraries is "
             f"{shown!r} (PostgreSQL 15.20, 16.15, 17.11, 18.6 and later allow only the listed plugins)",
             "as a superuser on the source, allow it and reload (no restart): "
-            f"ALTER SYSTEM SET output_plugin_libraries = {', '.join(_sql_string(n) for n in wanted)}; "
+            f"ALTER SYSTEM SET output_plugin_libraries = {', '.join(sql_string(n) for n in wanted)}; "
             "SELECT pg_reload_conf();  -- or in postgresql.conf: "
-            f"output_plugin_libraries = {_sql_string(', '.join(wanted))}, then pg_ctl reload",
+            f"output_plugin_libraries = {sql_string(', '.join(wanted))}, then pg_ctl reload",
         )
 
 
@@ -540,10 +534,6 @@ def _library_name(name: str) -> str:
     """``$libdir/wal2json.so`` -> ``wal2json``: the plugin a listed library name stands for."""
     base = name.rsplit("/", 1)[-1]
     return base[: -len(".so")] if base.endswith(".so") else base
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 _SERVER = """

@@ -78,13 +78,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+#: how long a delete's tombstone is kept, in the warehouse and in the search index alike
+TOMBSTONE_RETENTION_HOURS = 7 * 24
+
+
 class WarehouseConfig(_Section):
     """``[warehouse]`` (see ``sinks.warehouse.WarehouseOptions``)."""
 
     buckets: int = Field(default=16, ge=1)
     clustering: Literal["auto", "range", "hash"] = "auto"
     range_width: int = Field(default=65_536, ge=1)
-    tombstone_retention_hours: float = Field(default=7 * 24, ge=0)
+    tombstone_retention_hours: float = Field(default=TOMBSTONE_RETENTION_HOURS, ge=0)
     maintain_every: int = Field(default=100, ge=0)
     vacuum_every: int = Field(default=10, ge=0)
     vacuum_retention_hours: int = Field(default=1, ge=0)
@@ -105,7 +109,7 @@ class WarehouseConfig(_Section):
 class SearchConfig(_Section):
     """``[search]`` (see ``sinks.search.SearchOptions``)."""
 
-    tombstone_retention_hours: float = Field(default=7 * 24, ge=0)
+    tombstone_retention_hours: float = Field(default=TOMBSTONE_RETENTION_HOURS, ge=0)
     heap_size: int = Field(default=64_000_000, ge=1)
     threads: int = Field(default=1, ge=1)
 

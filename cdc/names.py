@@ -11,6 +11,7 @@ strings: SQL identifiers are built with :mod:`psycopg.sql`.
 from __future__ import annotations
 
 import re
+import shlex
 
 from cdc.errors import RegistryError
 
@@ -131,5 +132,15 @@ def sql_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a single-quoted SQL string literal (its quotes doubled), for the same SQL."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def quote_table_name(schema: str, table: str) -> str:
     return f"{quote_ident(schema)}.{quote_ident(table)}"
+
+
+def cli_table_name(schema: str, table: str) -> str:
+    """``schema.table`` as a ``cdc tables`` argument, shell-quoted where needed."""
+    return shlex.quote(quote_table_name(schema, table))

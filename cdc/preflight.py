@@ -611,13 +611,10 @@ def _decoder_info(plugin: OutputPlugin, publication: str, slot: SlotInfo) -> Fin
     )
 
 
-def _per_change_path(plugin: OutputPlugin) -> Finding:
-    """Which per-change path a reader started now runs (issue #34): the compiled one for the
-    decoder's changes (both decoders have one, :attr:`OutputPlugin.compiled_path`), or the Python one
-    (``CDC_NATIVE=0``, or the extension not built: a warning)."""
+def _per_change_path() -> Finding:
+    """Which per-change path a reader started now runs (issue #34): the compiled one (every decoder
+    has one), or the Python one (``CDC_NATIVE=0``, or the extension not built: a warning)."""
     compiled, what = native_status()
-    if not plugin.compiled_path:
-        what += f"; the decoder {plugin.name} decodes in Python and C (msgspec) either way"
     severity: Severity = "info" if compiled or os.environ.get("CDC_NATIVE") == "0" else "warning"
     return Finding(
         "per_change_path",
@@ -752,7 +749,7 @@ def run_preflight(
     record(["replication_slots", "wal_senders"], check_capacity(info, slot))
     publication = publication or slot_name
     record(["decoder"], [_decoder_info(plugin, publication, slot)])
-    record(["per_change_path"], [_per_change_path(plugin)])
+    record(["per_change_path"], [_per_change_path()])
     if plugin.built_in:
         skipped[WAL2JSON.name] = f"the decoder is {plugin.name}, built into the server"
     else:

@@ -22,7 +22,7 @@ import orjson
 
 from cdc import paths
 from cdc.errors import RegistryError
-from cdc.names import parse_table_name, quote_table_name
+from cdc.names import cli_table_name, parse_table_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +365,7 @@ class Registry:
     def _not_registered(self, schema: str, table: str) -> RegistryError:
         return RegistryError(
             f"table {schema}.{table} is not registered",
-            fix=f"register it with `cdc tables add '{quote_table_name(schema, table)}'`, "
+            fix=f"register it with `cdc tables add {cli_table_name(schema, table)}`, "
             "or see what is registered with `cdc tables list`",
             schema=schema,
             table=table,
@@ -431,11 +431,11 @@ class Registry:
                 "SELECT 1 FROM tables WHERE schema_name = ? AND table_name = ?", (reg.schema, reg.table)
             ).fetchone()
             if exists:
-                quoted = quote_table_name(reg.schema, reg.table)
+                quoted = cli_table_name(reg.schema, reg.table)
                 raise RegistryError(
                     f"table {reg.qualified} is already registered",
-                    fix=f"to change its registration, remove it first: `cdc tables remove '{quoted}'`, "
-                    f"then `cdc tables add '{quoted}' ...` again",
+                    fix=f"to change its registration, remove it first: `cdc tables remove {quoted}`, "
+                    f"then `cdc tables add {quoted} ...` again",
                     schema=reg.schema,
                     table=reg.table,
                 )

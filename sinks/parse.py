@@ -123,7 +123,7 @@ def parse(
     declined: str | None = "per-record parse asked for"
     if form != "events":
         limit = min_records if min_records is not None else (1 if form == "columns" else MIN_RECORDS)
-        columns, declined = _parse_columns(
+        columns, declined = parse_columns(
             reg,
             records.column("key"),
             records.column("value"),
@@ -390,19 +390,6 @@ _SOURCE = pa.struct(
 
 
 def parse_columns(
-    reg: TableReg,
-    keys: pa.Array | pa.ChunkedArray,
-    values: pa.Array | pa.ChunkedArray,
-    partitions: pa.Array | pa.ChunkedArray,
-    offsets: pa.Array | pa.ChunkedArray,
-    *,
-    min_records: int = MIN_RECORDS,
-) -> Columns | None:
-    """The columnar parse alone (tests): :class:`Columns`, or None when it declines."""
-    return _parse_columns(reg, keys, values, partitions, offsets, min_records=min_records)[0]
-
-
-def _parse_columns(
     reg: TableReg,
     keys: pa.Array | pa.ChunkedArray,
     values: pa.Array | pa.ChunkedArray,

@@ -154,7 +154,7 @@ class ChunkProgress:
     floor: int | None = None
     last_lsn: int | None = None
     estimate: int = 0
-    chunk_size: int = 32768
+    chunk_size: int = SnapshotConfig().chunk_size  # (a progress saved before it was recorded)
     started: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     done: bool = False

@@ -276,15 +276,20 @@ def jvm_pid(spark: Any) -> int | None:
 def task_progress(spark: Any) -> Callable[[], Hashable]:
     """A mark of the Spark tasks' progress for the watchdog: per active stage, its attempt and how many
     of its tasks finished or failed. It changes whenever a task ends or a stage begins or ends, and
-    stays the same while every running task is stuck."""
+    stays the same while every running task is stuck. Read every second (the watchdog): the stage's
+    three fields are asked of the JVM's tracker directly, where pyspark's ``getStageInfo`` would ask
+    for all seven, a py4j call each (issue 35)."""
     tracker = spark.sparkContext.statusTracker()
+    jtracker = tracker._jtracker
 
     def mark() -> Hashable:
         stages = []
         for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
+            info = jtracker.getStageInfo(stage_id)  # the stage's SparkStageInfo, or null once gone
             if info is not None:
-                stages.append((stage_id, info.currentAttemptId, info.numCompletedTasks, info.numFailedTasks))
+                stages.append(
+                    (stage_id, info.currentAttemptId(), info.numCompletedTasks(), info.numFailedTasks())
+                )
         return tuple(sorted(stages))
 
     return mark

@@ -6,7 +6,8 @@ of the batch finishing, the job's loop checking in) and judges the query's progr
 (:meth:`Watchdog.check`). A batch that stalled is retried with a longer timeout (:class:`StallRecord`),
 so a batch that is only slow -- a catch-up under load -- ends instead of being killed and replayed
 forever. How it decides, and what it dumps: ``docs/apply.md`` ("Failing, never hanging"). No pyspark
-import: the query is duck-typed (``status``, ``lastProgress``), the tasks' progress is a callable.
+import: the query is duck-typed (pyspark's ``_jsq`` where it has one, else ``status`` and
+``lastProgress``: :func:`progress_mark`), the tasks' progress is a callable.
 """
 
 from __future__ import annotations
@@ -68,6 +69,28 @@ class StallRecord:
         return n
 
 
+def progress_mark(query: Any) -> Hashable:
+    """The query's last progress report as (batch id, timestamp), None before the first. On a query
+    of ours (pyspark's ``_jsq``, the JVM's query) three py4j calls read the two fields; pyspark's
+    ``lastProgress`` would convert the whole report, each field, map and source a call of its own
+    (issue 35: the watchdog reads it every second, in the driver's Python and JVM both)."""
+    jsq = getattr(query, "_jsq", None)
+    if jsq is not None:
+        jprogress = jsq.lastProgress()
+        return None if jprogress is None else (jprogress.batchId(), jprogress.timestamp())
+    progress = query.lastProgress  # a Spark Connect query (or a test's stand-in)
+    return (progress.get("batchId"), progress.get("timestamp")) if progress else None
+
+
+def trigger_active(query: Any) -> bool:
+    """Whether the query is in a trigger (its status's ``isTriggerActive``); as :func:`progress_mark`,
+    one field read through py4j instead of the whole status as JSON."""
+    jsq = getattr(query, "_jsq", None)
+    if jsq is not None:
+        return bool(jsq.status().isTriggerActive())
+    return bool((query.status or {}).get("isTriggerActive", True))
+
+
 class Watchdog:
     """``timeout_s``: a trigger with no sign of progress for this long is a stall (0: never); a batch
     that stalled before gets more (:class:`StallRecord`, :meth:`timeout_now`). ``ckpt``: the
@@ -122,20 +145,19 @@ class Watchdog:
         self._loop_at = now = time.monotonic()
         if self.timeout_s <= 0:
             return
-        status = query.status or {}
-        progress = query.lastProgress
-        mark = (progress.get("batchId"), progress.get("timestamp")) if progress else None
+        mark = progress_mark(query)
         tasks = self.tasks() if self.tasks is not None else None
         if (
             mark != self._alive_mark
             or tasks != self._tasks_mark
-            or (not in_batch and not status.get("isTriggerActive", True))
+            or (not in_batch and not trigger_active(query))
         ):
             self._alive_mark, self._tasks_mark = mark, tasks
             self._alive_at = now
             return
         if now - self._alive_at >= self.timeout_now():
-            what = "a micro-batch's sinks" if in_batch else f"Spark ({status.get('message', '?')})"
+            message = (query.status or {}).get("message", "?")
+            what = "a micro-batch's sinks" if in_batch else f"Spark ({message})"
             self.stall(f"no progress for {now - self._alive_at:.0f} s in {what}")
 
     def stall(self, what: str) -> NoReturn:

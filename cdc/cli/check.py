@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from cdc import paths
 from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json
 from cdc.codec.plugins import OutputPlugin, plugin_in_use
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _registered(settings: Settings) -> tuple[list[TableReg], str | None, OutputPlugin]:
     """The registered tables, what the reader found out about wal2json
     (:attr:`cdc.registry.State.WAL2JSON_NUMERIC_AS_STRING`), and the decoder in use."""
-    if not (settings.state_dir / "registry.db").exists():
+    if not paths.registry_path(settings.state_dir).exists():
         return [], None, plugin_in_use(None, settings)
     with Registry(settings.state_dir) as registry:
         return (

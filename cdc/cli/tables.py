@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from cdc import paths
 from cdc.catalog import TableDescription, capture_problems, describe_table
 from cdc.cli import VERB_HELP
 from cdc.cli.output import print_json, print_table
@@ -337,7 +338,7 @@ def _told(row: dict[str, Any]) -> str:
 
 def _open_existing(settings: Settings) -> Registry | None:
     """The registry if one exists (listing must not create a state directory)."""
-    if not (settings.state_dir / "registry.db").exists():
+    if not paths.registry_path(settings.state_dir).exists():
         return None
     return Registry(settings.state_dir)
 

@@ -51,6 +51,7 @@ from cdc.codec import MESSAGE_PREFIXES, Col, Converter, Message
 from cdc.codec.values import text_converter_for
 from cdc.errors import DecodeError
 from cdc.events import int_to_lsn, pg_time_ms
+from cdc.names import sql_ident
 from cdc.pgtypes import type_kind
 
 __all__ = ["PgOutput", "RawMessage"]
@@ -205,7 +206,8 @@ class PgOutput:
         way); the publication filters the tables (``tables`` is not used); logical messages on."""
         options = {
             "proto_version": str(self._proto),
-            "publication_names": publication_names(self.publication),
+            # pgoutput splits it as a list of SQL identifiers (SplitIdentifierString)
+            "publication_names": sql_ident(self.publication),
             "messages": "true",
         }
         if self._streaming:
@@ -452,12 +454,6 @@ class PgOutput:
 
 def _always() -> bool:
     return True
-
-
-def publication_names(publication: str) -> str:
-    """The ``publication_names`` option: pgoutput splits it as a list of SQL identifiers
-    (``SplitIdentifierString``), so a name is double-quoted, its quotes doubled."""
-    return '"' + publication.replace('"', '""') + '"'
 
 
 def _split_truncate(data: bytes, data_start: int, pos: int) -> Iterator[RawMessage]:

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
+from cdc.codec.wal2json import add_tables_option
 from cdc.events import commit_ts_ms, int_to_lsn, pg_time_ms
-from cdc.names import quote_ident
+from cdc.names import sql_ident
 
 if TYPE_CHECKING:
     from cdc.codec import Decoder
@@ -65,8 +66,6 @@ class OutputPlugin:
     #: may send NaN/±Infinity of numeric columns as null (wal2json < 2.6, which refuses the
     #: ``numeric-data-types-as-string`` option): the non-finite recorder's triggers fill them in
     may_send_nonfinite_as_null: bool
-    #: its changes go through the compiled per-change path (:mod:`cdc.codec.fastpath`) when built
-    compiled_path: bool
     #: where to get it, for a server without it ("" for a built-in one)
     install_hint: str = ""
 
@@ -122,12 +121,9 @@ WAL2JSON = OutputPlugin(
     built_in=False,
     uses_publication=False,
     may_send_nonfinite_as_null=True,
-    compiled_path=True,
     install_hint="Debian/Ubuntu: apt-get install postgresql-<version>-wal2json; RDS/Aurora/Cloud SQL ship it",
 )
-PGOUTPUT = OutputPlugin(
-    "pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False, compiled_path=True
-)
+PGOUTPUT = OutputPlugin("pgoutput", built_in=True, uses_publication=True, may_send_nonfinite_as_null=False)
 PLUGINS: dict[str, OutputPlugin] = {p.name: p for p in (WAL2JSON, PGOUTPUT)}
 
 
@@ -150,19 +146,10 @@ def plugin_in_use(registry: Registry | None, settings: Settings) -> OutputPlugin
     return plugin(recorded or settings.decoder)
 
 
-def wal2json_table_name(schema: str, table: str) -> str:
-    """``schema.table`` for wal2json's ``add-tables`` (its special characters backslash-escaped)."""
-
-    def esc(part: str) -> str:
-        return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in part)
-
-    return f"{esc(schema)}.{esc(table)}"
-
-
 def _peek_wal2json(
     conn: psycopg.Connection[Any], slot: str, upto: int, tables: Sequence[TableReg]
 ) -> Pending:
-    names = ",".join(wal2json_table_name(t.schema, t.table) for t in tables)
+    names = add_tables_option((t.schema, t.table) for t in tables)
     rows = conn.execute(
         "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, 'format-version', '2', "
         "'include-transaction', 'true', 'include-timestamp', 'true', 'add-tables', %s)",
@@ -187,7 +174,7 @@ def _peek_pgoutput(conn: psycopg.Connection[Any], slot: str, upto: int, publicat
     rows = conn.execute(
         "SELECT substr(data, 1, 17) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, "
         "NULL, 'proto_version', '1', 'publication_names', %s)",
-        (slot, int_to_lsn(upto), quote_ident(publication)),
+        (slot, int_to_lsn(upto), sql_ident(publication)),
     ).fetchall()
     changes, oldest, begin_ms = 0, None, None
     for (head,) in rows:

@@ -105,12 +105,12 @@ def decode(data: bytes) -> Message:
         ) from exc
 
 
-_ESCAPE = str.maketrans({c: "\\" + c for c in "\\,.* "})
+_ESCAPE = str.maketrans({c: "\\" + c for c in "\\,.* '"})
 
 
 def escape_name(name: str) -> str:
     """wal2json ``add-tables`` escaping: a backslash makes the next character literal, so escape
-    ``\\``, ``,``, ``.``, ``*`` (a wildcard) and space."""
+    ``\\``, ``,``, ``.``, ``*`` (a wildcard), space and ``'`` (wal2json's documented set)."""
     return name.translate(_ESCAPE)
 
 

@@ -139,6 +139,8 @@ class LogStore(abc.ABC):
 
     #: "embedded" or "kafka"
     backend: str
+    #: records one :meth:`read` (and one step of :meth:`iter_partition`) returns at most by default
+    READ_MAX = 10_000
 
     # -- topics --------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -187,7 +189,7 @@ class LogStore(abc.ABC):
     # -- reading -------------------------------------------------------------------------------------
     @abc.abstractmethod
     def read(
-        self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
+        self, topic: str, partition: int, from_offset: int, max_records: int = READ_MAX
     ) -> list[StoredRecord]:
         """Records of one partition with ``offset >= from_offset``, in offset order, at most
         ``max_records`` (compaction may leave gaps in the offsets, never a reordering).
@@ -204,7 +206,7 @@ class LogStore(abc.ABC):
         partition: int,
         from_offset: int = 0,
         until_offset: int | None = None,
-        batch: int = 10_000,
+        batch: int = READ_MAX,
     ) -> Iterator[StoredRecord]:
         """Every record of a partition from ``from_offset`` up to (excluding) ``until_offset``
         (default: the end offset when the call starts)."""

@@ -3,6 +3,7 @@ the backends import: the contract must not import them back)."""
 
 from __future__ import annotations
 
+from cdc import paths
 from cdc.config import Settings
 from cdc.logstore import LogStore
 from cdc.logstore.embedded import EmbeddedLogStore
@@ -24,4 +25,4 @@ def open_log_store(settings: Settings, *, writer: bool = False) -> LogStore:
             settings.log_url.removeprefix("kafka://"),
             options=KafkaOptions.from_settings(settings),
         )
-    return EmbeddedLogStore(settings.state_dir / "log", writer=writer)
+    return EmbeddedLogStore(paths.log_dir(settings.state_dir), writer=writer)

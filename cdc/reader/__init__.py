@@ -626,7 +626,7 @@ class Reader:
         a restart is due; the reason."""
         decoder = self._plugin.decoder(conn, self.settings.publication, self.settings.state_dir / "spool")
         compiled, path = native_status()
-        if self._plugin.compiled_path and not compiled and not self._said_path:
+        if not compiled and not self._said_path:
             self._said_path = True
             self.log(f"warning: {path}")  # slower (about 4x the CPU a change), the same events
         codecs = {(r.schema, r.table): self._codec(r, db, decoder) for r in regs}

@@ -41,9 +41,13 @@ from cdc.codec.envelope import ColumnsSeen, EventBuilder
 from cdc.codec.fastpath import PYTHON, native_changes, native_module
 from cdc.codec.pgoutput import RawMessage
 from cdc.codec.wal2json import DECODER
+from cdc.config import ReaderConfig
 from cdc.connect import SESSION_OPTIONS, connect_replication
 from cdc.errors import SlotLostError
 from cdc.logstore.batch import Batch
+
+#: the reader's defaults, written once in :class:`cdc.config.ReaderConfig`
+_DEFAULTS = ReaderConfig()
 
 
 @dataclass
@@ -55,13 +59,13 @@ class StreamControl:
     stop: threading.Event
     should_restart: Callable[[], bool]
     heartbeat: Callable[[], object] | None = None
-    heartbeat_interval_s: float = 10.0
+    heartbeat_interval_s: float = _DEFAULTS.heartbeat_interval_s
     target: int | None = None
-    poll_s: float = 1.0
-    batch_max_events: int = 5000
-    batch_max_ms: int = 100
-    #: a drained batch is submitted once this old (0: at once; the product's default: ReaderConfig)
-    batch_linger_ms: int = 0
+    poll_s: float = _DEFAULTS.poll_s
+    batch_max_events: int = _DEFAULTS.batch_max_events
+    batch_max_ms: int = _DEFAULTS.batch_max_ms
+    #: a drained batch is submitted once this old (0: at once)
+    batch_linger_ms: int = _DEFAULTS.batch_linger_ms
     #: a durable position is sent to the server at most this often (and at every stop/restart)
     feedback_interval_s: float = 0.5
     on_confirm: Callable[[int], None] | None = None
@@ -278,6 +282,12 @@ class _Positions:
             if batch.count:  # until the batch is due: held (linger) outside a transaction
                 due = self.max_s if self.in_txn else self.linger_s
                 timeout = max(0.0, min(timeout, batch.started + due - now))
+                if not self.in_txn:
+                    # lingering: nothing that arrives before the batch is due can join an earlier
+                    # append, so it waits in the socket and is read in one go when the batch is due
+                    # (a wake-up per batch, not per transaction: each costs far more than the read)
+                    ctl.stop.wait(timeout)
+                    return None
             select.select([self.fileno], [], [], timeout)
         return None
 

@@ -97,13 +97,13 @@ def search(state_dir: Path, reg: TableReg, query: str, *, limit: int = 10) -> li
     with its own term statistics, as Elasticsearch does by default), ties by the key's canonical JSON.
     Snippets are plain text with matches between ``**`` markers. ApplyError when the table has no
     search columns or no index yet; a query syntax error is an ApplyError naming the query."""
-    from cdc.names import quote_table_name
+    from cdc.names import cli_table_name
 
     if not reg.search:
         raise ApplyError(
             f"{reg.qualified} has no search columns",
-            fix=f"register them: `cdc tables remove '{quote_table_name(reg.schema, reg.table)}'` then "
-            f"`cdc tables add '{quote_table_name(reg.schema, reg.table)}' --search COL`",
+            fix=f"register them: `cdc tables remove {cli_table_name(reg.schema, reg.table)}` then "
+            f"`cdc tables add {cli_table_name(reg.schema, reg.table)} --search COL`",
             table=reg.qualified,
         )
     indexes = shard_indexes(state_dir, reg)

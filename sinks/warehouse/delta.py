@@ -321,16 +321,11 @@ class _Meets:
         return start is None or bool(start < hi)
 
 
-def span_mask(column: Any, spans: Sequence[tuple[Any, Any]]) -> np.ndarray:
-    """Per value of a one-column key (an Arrow array): does it lie in one of ``spans`` (sorted,
-    disjoint ``[lo, hi)`` key tuples, None unbounded)? Integers compared by value, text by code
-    point (Python's order of ``str``). :class:`SpanMask` for many arrays against the same spans."""
-    return SpanMask(spans)(column)
-
-
 class SpanMask:
-    """:func:`span_mask` with the spans' bounds put in arrays once (a read of thousands of spans
-    filters each of its record batches against them)."""
+    """Called with the values of a one-column key (an Arrow array): does each lie in one of ``spans``
+    (sorted, disjoint ``[lo, hi)`` key tuples, None unbounded)? Integers compared by value, text by
+    code point (Python's order of ``str``). The bounds are put in arrays once (a read of thousands of
+    spans filters each of its record batches against them)."""
 
     def __init__(self, spans: Sequence[tuple[Any, Any]]) -> None:
         self.count = len(spans)

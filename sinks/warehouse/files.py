@@ -326,19 +326,26 @@ def _match(
     ``source`` and its first position there, and for each source key whether it is among the stored
     keys (only those where ``among`` is True, when given) and its first position there (0 when not
     found). One hash table, of the source's keys (a batch's, small), is built and the stored keys
-    (a whole partition's) are probed against it once: the source side is that probe read backwards."""
-    s_keys = source.cast(pa.string())
-    idx = pc.index_in(stored.cast(pa.string()), value_set=s_keys)
+    (a whole partition's) are probed against it once: the source side is that probe read backwards.
+    The source's own keys are probed in the same pass (a key it holds twice is found at its first)."""
+    s_keys, t_keys = source.cast(pa.string()), stored.cast(pa.string())
+    n = len(s_keys)
+    both = pc.index_in(pa.chunked_array([*_chunks(s_keys), *_chunks(t_keys)], pa.string()), value_set=s_keys)
+    idx = both.slice(n)
     t_found: np.ndarray = pc.is_valid(idx).to_numpy(zero_copy_only=False)
     t_at: np.ndarray = pc.fill_null(idx, 0).to_numpy().astype(np.int64)
     hits = np.flatnonzero(t_found if among is None else t_found & among)[::-1]
-    s_found = np.zeros(len(s_keys), dtype=bool)
-    s_at = np.zeros(len(s_keys), dtype=np.int64)
+    s_found = np.zeros(n, dtype=bool)
+    s_at = np.zeros(n, dtype=np.int64)
     s_found[t_at[hits]] = True
     s_at[t_at[hits]] = hits  # in reverse: the first stored position is written last and wins
     # a key the source holds twice was found (above) at its first position only
-    first = pc.fill_null(pc.index_in(s_keys, value_set=s_keys), 0).to_numpy().astype(np.int64)
+    first = pc.fill_null(both.slice(0, n), 0).to_numpy().astype(np.int64)
     return t_found, t_at, s_found[first], s_at[first]
+
+
+def _chunks(arr: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
+    return list(arr.chunks) if isinstance(arr, pa.ChunkedArray) else [arr]
 
 
 def _gather(values: np.ndarray, pos: np.ndarray) -> np.ndarray:

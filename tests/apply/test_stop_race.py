@@ -8,6 +8,7 @@ the race happens only when the timing hits."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +18,8 @@ import pytest
 
 from cdc.errors import ApplyError
 from cdc.registry import TableReg
-from spark_jobs.lifecycle import STOP_REQUESTED, BatchGate, QueryLoop
-from spark_jobs.watchdog import Watchdog
+from spark_jobs.lifecycle import STOP_REQUESTED, BatchGate, QueryLoop, task_progress
+from spark_jobs.watchdog import Watchdog, progress_mark, trigger_active
 from tests.plugins.postgres import wait_for
 
 
@@ -113,3 +114,46 @@ def test_another_error_in_a_batch_is_a_failure_with_its_message(spark_clean: Any
     wait_for(lambda: not query.isActive, timeout=120)
     with pytest.raises(ApplyError, match="bad batch 0: the sink said no"):
         loop.raise_if_failed(query)
+
+
+def test_the_watchdogs_py4j_reads_agree_with_pysparks(spark_clean: Any, tmp_path: Path) -> None:
+    """The watchdog reads a query's last progress, its trigger state and the active stages every
+    second through a few py4j calls (issue 35), where pyspark converts whole objects: the same values,
+    on a real query and a real running stage."""
+    query = _rate_query(spark_clean, tmp_path / "ckpt", lambda _df, _batch: None)
+    try:
+        wait_for(lambda: query.lastProgress is not None, timeout=120, what="a progress report")
+    finally:
+        query.stop()  # its last report and status no longer change under the comparison
+    progress, status = query.lastProgress, query.status
+    assert progress_mark(query) == (progress["batchId"], progress["timestamp"])
+    assert progress_mark(SimpleNamespace(lastProgress=progress)) == progress_mark(query)
+    assert trigger_active(query) is status["isTriggerActive"] is False
+
+    release = tmp_path / "release"
+
+    def held(_rows: Any) -> Any:  # a task that runs until the test releases it (bounded)
+        deadline = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield 1
+
+    job = threading.Thread(
+        target=lambda: spark_clean.sparkContext.parallelize([0], 1).mapPartitions(held).collect()
+    )
+    job.start()
+    try:
+        mark, tracker = task_progress(spark_clean), spark_clean.sparkContext.statusTracker()
+        wait_for(lambda: mark() != (), timeout=60, what="the held task's stage")
+        expected = tuple(
+            sorted(
+                (s, info.currentAttemptId, info.numCompletedTasks, info.numFailedTasks)
+                for s in tracker.getActiveStageIds()
+                if (info := tracker.getStageInfo(s)) is not None
+            )
+        )
+        assert mark() == expected and len(expected) == 1 and expected[0][2:] == (0, 0)
+    finally:
+        release.touch()
+        job.join(120)
+    assert not job.is_alive()

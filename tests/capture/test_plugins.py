@@ -84,3 +84,22 @@ def test_no_plugin_name_is_compared_outside_the_codec() -> None:
         text=True,
     ).stdout
     assert [line for line in found.splitlines() if not re.match(r"cdc/codec/", line)] == []
+
+
+def test_wal2json_peek_finds_a_table_whose_name_holds_a_quote(pg: PgCluster, db: str) -> None:
+    """wal2json's ``add-tables`` escaping (one helper, :func:`cdc.codec.wal2json.add_tables_option`)
+    keeps a name with ``'``, space, comma and dot whole; no table listed peeks nothing."""
+    with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
+        conn.execute("""CREATE SCHEMA "o'k" """)
+        conn.execute("""CREATE TABLE "o'k"."it's, a.b" (id int PRIMARY KEY)""")
+        conn.execute("CREATE TABLE it (id int PRIMARY KEY)")
+        create_logical_slot(conn, "cdc_quote", WAL2JSON.name)
+        conn.execute("""INSERT INTO "o'k"."it's, a.b" VALUES (1), (2)""")
+        conn.execute("INSERT INTO it VALUES (1)")
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        upto = lsn_to_int(str(row[0]))
+        quoted = TableReg(schema="o'k", table="it's, a.b", topic="cdc.ok.it", key=("id",))
+        assert WAL2JSON.peek(conn, "cdc_quote", upto, [quoted], "").changes == 2
+        assert WAL2JSON.peek(conn, "cdc_quote", upto, [], "").changes == 0
+        conn.execute("SELECT pg_drop_replication_slot('cdc_quote')")

@@ -7,6 +7,7 @@ boundary (a commit's ``nextlsn``, a heartbeat, or a keepalive's ``wal_end`` whil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -170,9 +171,10 @@ def run_loop(
     *,
     batch_max_ms: int = 1,
     batch_linger_ms: int = 0,
+    cursor: type[FakeCursor] | None = None,
 ) -> tuple[FakeCursor, FakeStore, str, int]:
     store = FakeStore()
-    cur = FakeCursor(script, store, commits)
+    cur = (cursor or FakeCursor)(script, store, commits)
     reg = TableReg("public", "t", "cdc.public.t", ("id",), columns=(Column("id", "integer"),))
     builder = EventBuilder({("public", "t"): TableCodec(reg, prefix="cdc", db="d", partitions=2)})
     batch = Batch(store)  # type: ignore[arg-type]
@@ -218,28 +220,95 @@ def test_keepalive_position_is_confirmed_when_idle() -> None:
     assert reason == "caught_up" and confirmed == 0x5000 and cur.feedback == [0x5000]
 
 
-def test_a_drained_batch_lingers_for_the_next_transactions() -> None:
-    """A slow stream (drained after every transaction): without a linger each transaction is an
-    append of its own; with one, the transactions arriving within it share an append. Either way
-    every change is stored and nothing is confirmed before it is durable (FakeCursor's check)."""
+class PacedCursor(FakeCursor):
+    """The script's transactions arrive one every :attr:`GAP` seconds, as from a rate-limited
+    source: ``read_message`` returns None (drained) while the next one has not arrived, and the
+    socket (a pipe a feeder thread writes a byte to as each one arrives) is readable only once one
+    has. The script's own drained entries are skipped. :attr:`empty_reads` counts the drained
+    reads: one per wake-up of the loop. After the script, SIGTERM comes after 10 s (a safety net:
+    the loop ends before, caught up)."""
+
+    GAP = 0.005
+
+    def __post_init__(self) -> None:
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        self._fd, self._w = r, w
+        self.connection = self
+        self.empty_reads = 0
+        self.arrived = 0  # transactions arrived (the feeder's count)
+        self.begun = 0  # transactions read
+        self.txns = sum(1 for p, _ in self.script if p is not None and p.startswith(b'{"action":"B"'))
+        self.ends = time.monotonic() + self.txns * self.GAP + 10
+        threading.Thread(target=self._feed, daemon=True).start()
+
+    def _feed(self) -> None:
+        t0 = time.monotonic()
+        for k in range(self.txns):
+            time.sleep(max(0.0, t0 + k * self.GAP - time.monotonic()))
+            self.arrived += 1
+            os.write(self._w, b"x")
+
+    def read_message(self) -> Msg | None:
+        while self.pos < len(self.script) and self.script[self.pos][0] is None:
+            self.pos += 1
+        if self.pos >= len(self.script) or (
+            self.script[self.pos][0].startswith(b'{"action":"B"') and self.begun >= self._arrived()  # type: ignore[union-attr]
+        ):
+            self.empty_reads += 1
+            if time.monotonic() > self.ends:
+                self.stop.set()
+            return None
+        payload, self.wal_end = self.script[self.pos]
+        self.pos += 1
+        assert payload is not None
+        if payload.startswith(b'{"action":"B"'):
+            self.begun += 1
+        return Msg(payload)
+
+    def _arrived(self) -> int:
+        """The transactions arrived so far, the socket emptied first (so a byte is never taken
+        for a transaction left unread)."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._fd, 4096)
+        return self.arrived
+
+
+def test_without_a_linger_each_transaction_is_an_append() -> None:
+    """A slow stream (drained after every transaction) without a linger: each transaction is an
+    append of its own, every change stored, nothing confirmed before it is durable (FakeCursor's check)."""
     script, commits, _ = build_script(txns=30, per_txn=1)
     drained: Script = []
     for entry in script:
         drained.append(entry)
         if entry[0] is not None and b'"action":"C"' in entry[0]:
             drained.append((None, entry[1]))  # nothing more to read after each commit
-    counts: dict[int, int] = {}
-    for linger in (0, 10_000):
-        _cur, store, reason, confirmed = run_loop(
-            drained,
-            commits,
-            target=commits[-1][0],
-            batch_max_events=1000,
-            batch_max_ms=60_000,
-            batch_linger_ms=linger,
-        )
-        assert reason == "caught_up" and confirmed >= commits[-1][0]
-        assert len(store.keys) == 30
-        counts[linger] = store.appends
-    assert counts[0] >= 25, counts
-    assert counts[10_000] <= 2, counts
+    _cur, store, reason, confirmed = run_loop(
+        drained, commits, target=commits[-1][0], batch_max_events=1000, batch_max_ms=60_000
+    )
+    assert reason == "caught_up" and confirmed >= commits[-1][0]
+    assert len(store.keys) == 30
+    assert store.appends >= 25, store.appends
+
+
+def test_a_lingering_batch_takes_the_transactions_that_arrive_meanwhile_in_one_wake_up() -> None:
+    """Transactions arriving every 5 ms with a 50 ms linger share appends, and the loop does not
+    wake for each one while its batch lingers: what arrives meanwhile is read in one go when the
+    batch is due (a wake-up costs far more than the read). Every change is stored, nothing is
+    confirmed before it is durable."""
+    script, commits, _ = build_script(txns=60, per_txn=1)
+    cur, store, reason, confirmed = run_loop(
+        script,
+        commits,
+        target=commits[-1][0],
+        batch_max_events=1000,
+        batch_max_ms=60_000,
+        batch_linger_ms=50,
+        cursor=PacedCursor,
+    )
+    assert reason == "caught_up" and confirmed >= commits[-1][0]
+    assert len(store.keys) == 60
+    assert store.appends <= 20, store.appends
+    # woken when a batch's first transaction arrives and when it is due, not per transaction
+    assert isinstance(cur, PacedCursor)
+    assert cur.empty_reads <= 2 * store.appends + 4, (cur.empty_reads, store.appends)

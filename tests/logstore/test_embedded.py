@@ -294,3 +294,73 @@ def test_reader_follows_a_topic_deleted_and_recreated_by_the_writer(store_dir: P
         writer.append("t", [Record(b"k", b"new")])
         assert [r.value for r in reader.read("t", 0, 0)] == [b"new"]
         reader.close()
+
+
+def test_a_writers_topic_cannot_be_deleted_under_it(store_dir: Path) -> None:
+    """A writer's appends go to the topic file it opened without looking it up again: what makes
+    that safe is that deleting a topic takes its writer lock, so no other instance (or process) can
+    delete it while the writer holds it. The writer deletes and re-creates it itself and goes on."""
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as writer:
+        writer.create_topic("t", TopicConfig(partitions=1))
+        writer.append("t", [Record(b"k", b"v1")])
+        with (
+            EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as other,
+            pytest.raises(WriterLockedError),
+        ):
+            other.delete_topic("t")
+        assert writer.append("t", [Record(b"k", b"v2")]) == {0: 1}
+        writer.delete_topic("t")
+        with pytest.raises(UnknownTopicError):
+            writer.append("t", [Record(b"k", b"gone")])
+        writer.create_topic("t", TopicConfig(partitions=1))
+        assert writer.append("t", [Record(b"k", b"v3")]) == {0: 0}
+        with EmbeddedLogStore(store_dir) as reader:
+            assert [r.value for r in reader.read("t", 0, 0)] == [b"v3"]
+
+
+def test_background_compaction_waits_until_its_dirt_is_cleanable(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hot key's updates (or a snapshot just written) are dirt no compaction may clean before
+    ``min_compaction_lag_ms``: the background pass, which reads every batch, is not run while the
+    dirt is all younger than that, and runs once it has aged; what it leaves is still every key's
+    newest record."""
+    import cdc.logstore
+    from cdc.logstore.embedded import maintenance
+    from cdc.logstore.embedded import store as store_module
+
+    passes: list[int] = []
+    real_pass = maintenance._newest_offsets
+
+    def counted(*args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return real_pass(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(maintenance, "_newest_offsets", counted)
+    real_now = cdc.logstore.now_ms
+
+    def clock(shift_ms: int) -> None:  # what appends stamp and what compaction reads
+        monkeypatch.setattr(cdc.logstore, "now_ms", lambda: real_now() + shift_ms)
+        monkeypatch.setattr(store_module, "now_ms", lambda: real_now() + shift_ms)
+
+    def background(store: EmbeddedLogStore, shift_ms: int) -> int:
+        clock(shift_ms)
+        t = store._open_topic("t")
+        return maintenance.compact_topic(t, None, store_lock=store._lock, compress=True, only_if_due=True)
+
+    def updates(store: EmbeddedLogStore, round_: int) -> None:
+        for b in range(10):  # 10 appends of 10 updates to 5 hot keys
+            store.append("t", [Record(b"k%d" % (i % 5), b"r%d-%d-%d" % (round_, b, i)) for i in range(10)])
+
+    with EmbeddedLogStore(store_dir, writer=True, compaction_interval_s=None) as store:
+        store.create_topic("t", TopicConfig(partitions=1, min_compaction_lag_ms=60_000))
+        updates(store, 0)
+        assert background(store, 0) == 0 and passes == []  # all of it younger than the lag
+        assert background(store, 61_000) == 95 and passes == [1]
+        clock(61_000)
+        updates(store, 1)  # 100 young records against 5 compacted: dirty, but not cleanable
+        assert background(store, 61_000) == 0 and passes == [1]
+        assert background(store, 122_000) == 100 and passes == [1, 1]
+        newest = {r.key: r.value for r in store.iter_partition("t", 0)}
+        assert newest == {b"k%d" % k: b"r1-9-%d" % (5 + k) for k in range(5)}
+        assert store.record_counts("t") == {0: 5}

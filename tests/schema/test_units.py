@@ -149,5 +149,5 @@ def test_events_with_a_schema_version_take_the_columnar_parse() -> None:
         pa.array([0] * len(records), pa.int32()),
         pa.array(range(len(records)), pa.int64()),
     )
-    cols = parse_columns(reg, *arrays)
+    cols = parse_columns(reg, *arrays)[0]
     assert cols is not None and len(cols) == MIN_RECORDS

@@ -57,7 +57,7 @@ def columns_of(reg: TableReg, records: list[RawRecord]) -> Columns | None:
         pa.array([r.partition for r in records], pa.int32()),
         pa.array([r.offset for r in records], pa.int64()),
         min_records=1,
-    )
+    )[0]
 
 
 class Feed:

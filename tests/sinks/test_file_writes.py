@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +19,7 @@ from cdc.events import TRUNCATE_KEY_FIELD
 from sinks import RawRecord, shard_of
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink
-from sinks.warehouse.files import TableWrite, WriteConflict, commit, commit_all
+from sinks.warehouse.files import TableWrite, WriteConflict, _match, commit, commit_all
 from tests.sinks.conftest import FeedMaker
 from tests.sinks.feed import mixed_batches, table
 from tests.sinks.merge_oracle import MergeWarehouseSink
@@ -202,3 +203,22 @@ def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
     commit_all(pending, _props(3))
     rows = sink.current_rows(reg).to_pylist()
     assert len(rows) == 30 and {r["name"] for r in rows} == {"b"}
+
+
+def test_match_finds_both_ways_with_duplicates_nulls_and_chunks() -> None:
+    """:func:`_match` against its definition: a stored key's first source position, a source key's
+    first stored position (among ``among``), a key held twice found at its first; one probe pass."""
+    stored_keys = ["a", "b", None, "a", "c'", "d"]
+    source_keys = ["c'", "a", "x", "a", None, "c'"]
+    among = np.array([True, True, True, False, True, True])
+    stored = pa.chunked_array([pa.array(stored_keys[:2]), pa.array(stored_keys[2:])])
+    source = pa.chunked_array(
+        [pa.array(source_keys[:3], pa.large_string()), pa.array(source_keys[3:], pa.large_string())]
+    )
+    t_found, t_at, s_found, s_at = _match(stored, source, among)
+    first = {k: source_keys.index(k) for k in source_keys}
+    assert t_found.tolist() == [k in first for k in stored_keys]
+    assert t_at.tolist() == [first.get(k, 0) for k in stored_keys]
+    hit = {k: i for i, k in reversed(list(enumerate(stored_keys))) if among[i]}
+    assert s_found.tolist() == [k in hit for k in source_keys]
+    assert s_at.tolist() == [hit.get(k, 0) for k in source_keys]

@@ -1,7 +1,9 @@
+import shlex
+
 import pytest
 
 from cdc.errors import RegistryError
-from cdc.names import parse_column_list, parse_table_name, quote_table_name
+from cdc.names import cli_table_name, parse_column_list, parse_table_name, quote_table_name, sql_string
 
 
 @pytest.mark.parametrize(
@@ -63,3 +65,14 @@ def test_column_list() -> None:
     assert parse_column_list('"a,b"') == ("a,b",)
     with pytest.raises(RegistryError, match="missing"):
         parse_column_list("a,,b")
+
+
+@pytest.mark.parametrize("schema,table", [("public", "t"), ("o'k", "it's"), ("Mixed Case", 'a"b')])
+def test_cli_table_name_survives_the_shell(schema: str, table: str) -> None:
+    """A hint's ``cdc tables add NAME`` pasted into a shell gives the table back, ``'`` included."""
+    (arg,) = shlex.split(cli_table_name(schema, table))
+    assert parse_table_name(arg) == (schema, table)
+
+
+def test_sql_string_doubles_quotes() -> None:
+    assert sql_string("it's") == "'it''s'" and sql_string("") == "''"

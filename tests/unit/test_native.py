@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.codec.fastpath import PYTHON, native_changes, native_module
+from cdc.codec.envelope import TableCodec
+from cdc.codec.fastpath import PYTHON, native_module
 from cdc.codec.pgoutput import PgOutput
 from cdc.errors import DecodeError
-from cdc.logstore.images import Images
-from cdc.reader.schema import SchemaFollower
 from cdc.registry import Column, TableReg
-from tests.codec_fakes import StaticCatalog, settled
+from tests import native_world
+from tests.codec_fakes import settled
+from tests.native_world import Batch, differential, every_table
 from tests.unit.test_pgoutput import begin, cstr, delete, insert, update
 
 native = native_module()
@@ -107,26 +107,21 @@ def relation_msg(cols: list[tuple[str, str]], key: tuple[str, ...] = ("id",)) ->
     return out
 
 
-class World:
+class World(native_world.World):
     """One path: its decoder, builder (with an image store) and, for the compiled one, its driver."""
 
     def __init__(
         self, tmp: Path, compiled: bool, exclude: tuple[str, ...] = (), key: tuple[str, ...] = ("id",)
     ):
-        self.images = Images(tmp / f"images-{compiled}.sqlite")
-        self.images.follow("cdc.public.every", 0.0)
-        columns = tuple(Column(n, DOMAINS.get(t, t), domain=t if t in DOMAINS else None) for n, t in COLS)
-        reg = TableReg("public", "every", "cdc.public.every", key, columns=columns, exclude=exclude)
         self.decoder = PgOutput(lambda oid, _typmod: BY_OID[oid], "cdc_pub", 150000)
-        self.codec = TableCodec(reg, prefix="cdc", db="app", partitions=3, decoder=self.decoder)
-        self.changed: list[Any] = []
-        self.builder = EventBuilder(
-            {("public", "every"): self.codec}, images=self.images, staging=self.images.staging()
+        codec = TableCodec(
+            every_table(COLS, DOMAINS, key, exclude),
+            prefix="cdc",
+            db="app",
+            partitions=3,
+            decoder=self.decoder,
         )
-        self.schema = SchemaFollower(
-            self.builder, StaticCatalog(), lambda r, cols, told: self.changed.append(cols)
-        )
-        self.fast = native_changes(self.decoder, self.builder, native=native) if compiled else None
+        super().__init__(tmp / f"images-{compiled}.sqlite", codec, self.decoder, native if compiled else None)
         self.lsn = 0x1_0000_0000
 
     def feed(self, msg: bytes) -> Any:
@@ -149,31 +144,13 @@ class World:
                 out = None
         except DecodeError as exc:
             return ("error", exc.message)
-        staged = dict(b.staging.changes) if b.staging is not None else {}
-        version = b.staging.version if b.staging is not None else None
-        records = None if out is None else (out[0], [(r.key, r.value, r.partition) for r in out[1]])
-        return records, staged, version
-
-    def close(self) -> None:
-        self.images.close()
+        return self.outcome(out)
 
 
 def both(tmp: Path, msgs: list[bytes], **kw: Any) -> tuple[list[Any], Any]:
     """Feed ``msgs`` through both paths; assert each message's outcome is identical."""
-    py, nat = World(tmp, False, **kw), World(tmp, True, **kw)
-    try:
-        outs = []
-        head = [relation_msg(COLS, kw.get("key", ("id",))), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
-        for m in head + msgs:
-            a, b = py.feed(m), nat.feed(m)
-            assert b == a, (m[:40], a, b)
-            outs.append(b)
-        assert nat.changed == py.changed
-        assert nat.fast is not None
-        return outs, nat.fast
-    finally:
-        py.close()
-        nat.close()
+    head = [relation_msg(COLS, kw.get("key", ("id",))), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
+    return differential(World(tmp, False, **kw), World(tmp, True, **kw), head + msgs, 40)
 
 
 def test_every_type_nulls_and_specials_insert_update_delete(tmp_path: Path) -> None:
@@ -420,15 +397,6 @@ def test_snapshot_randomized_rows(data: list[tuple[Any, ...]]) -> None:
     snapshot_both([[*r[:1], *r[1:]] for r in data])
 
 
-class _Batch:
-    """What ``Changes.pump`` touches of a ``cdc.logstore.batch.Batch`` (pure logic: no writer)."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, list[Any]] = {}
-        self.count = 0
-        self.started = 0.0
-
-
 def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
     """The stream loop's drain (``Changes.pump``) appends the same records, in order, as the Python
     path gives message by message; it hands back what it does not take (a Begin, a key change) and
@@ -453,7 +421,7 @@ def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
         assert nat.fast is not None
         nat.builder.now = b"1764000000000"
         raws = iter([RawMessage(m, nat.lsn + 8 * (i + 1)) for i, m in enumerate(msgs)])
-        batch = _Batch()
+        batch = Batch()
         got_back: list[bytes] = []
         stops: list[Any] = []
         flushed: list[Any] = []

@@ -19,13 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.codec.fastpath import PYTHON, native_changes, native_module
+from cdc.codec.envelope import TableCodec
+from cdc.codec.fastpath import PYTHON, native_module
 from cdc.codec.wal2json import DECODER, decode
-from cdc.logstore.images import Images
-from cdc.reader.schema import SchemaFollower
-from cdc.registry import Column, TableReg
-from tests.codec_fakes import StaticCatalog, settled
+from tests import native_world
+from tests.codec_fakes import settled
+from tests.native_world import Batch, differential, every_table
 from tests.unit.test_native import BIG, COLS, DOMAINS, ROW1, ROW2, ROW4, ROWS, rows
 
 native = native_module()
@@ -125,7 +124,7 @@ def dele(identity: str) -> bytes:
 BEGIN = b'{"action":"B","xid":727,"timestamp":"2026-11-22 02:28:58.744379+00","lsn":"2/0","nextlsn":"2/100"}'
 
 
-class World:
+class World(native_world.World):
     """One path: its builder (with an image store) and, for the compiled one, its driver."""
 
     def __init__(
@@ -136,19 +135,9 @@ class World:
         key: tuple[str, ...] = ("id",),
         nas: bool = False,
     ):
-        self.images = Images(tmp / f"images-w2j-{compiled}.sqlite")
-        self.images.follow("cdc.public.every", 0.0)
-        columns = tuple(Column(n, DOMAINS.get(t, t), domain=t if t in DOMAINS else None) for n, t in COLS)
-        reg = TableReg("public", "every", "cdc.public.every", key, columns=columns, exclude=exclude)
-        self.codec = TableCodec(reg, prefix="cdc", db="app", partitions=3, numeric_as_string=nas)
-        self.changed: list[Any] = []
-        self.builder = EventBuilder(
-            {("public", "every"): self.codec}, images=self.images, staging=self.images.staging()
-        )
-        self.schema = SchemaFollower(
-            self.builder, StaticCatalog(), lambda r, cols, told: self.changed.append(cols)
-        )
-        self.fast = native_changes(DECODER, self.builder, native=native) if compiled else None
+        reg = every_table(COLS, DOMAINS, key, exclude)
+        codec = TableCodec(reg, prefix="cdc", db="app", partitions=3, numeric_as_string=nas)
+        super().__init__(tmp / f"images-w2j-{compiled}.sqlite", codec, DECODER, native if compiled else None)
 
     def feed(self, m: bytes) -> Any:
         """What one message gives: its records and the image changes staged, or the error."""
@@ -165,30 +154,12 @@ class World:
                     out = settled(self.schema, b.change(decoded))
         except Exception as exc:  # the same error from both paths
             return ("error", type(exc).__name__, getattr(exc, "message", str(exc)))
-        staged = dict(b.staging.changes) if b.staging is not None else {}
-        version = b.staging.version if b.staging is not None else None
-        records = None if out is None else (out[0], [(r.key, r.value, r.partition) for r in out[1]])
-        return records, staged, version, b.seq
-
-    def close(self) -> None:
-        self.images.close()
+        return (*self.outcome(out), b.seq)
 
 
 def both(tmp: Path, msgs: list[bytes], **kw: Any) -> tuple[list[Any], Any]:
     """Feed ``msgs`` through both paths; assert each message's outcome is identical."""
-    py, nat = World(tmp, False, **kw), World(tmp, True, **kw)
-    try:
-        outs = []
-        for m in [BEGIN, *msgs]:
-            a, b = py.feed(m), nat.feed(m)
-            assert b == a, (m[:200], a, b)
-            outs.append(b)
-        assert nat.changed == py.changed
-        assert nat.fast is not None
-        return outs, nat.fast
-    finally:
-        py.close()
-        nat.close()
+    return differential(World(tmp, False, **kw), World(tmp, True, **kw), [BEGIN, *msgs], 200)
 
 
 def taken(fast: Any, n: int) -> int:
@@ -370,13 +341,6 @@ def test_other_messages_are_handed_back(tmp_path: Path, action: str) -> None:
         world.close()
 
 
-class _Batch:
-    def __init__(self) -> None:
-        self.records: dict[str, list[Any]] = {}
-        self.count = 0
-        self.started = 0.0
-
-
 class _Raw:
     def __init__(self, payload: bytes) -> None:
         self.payload = payload
@@ -397,7 +361,7 @@ def test_pump_takes_wal2json_changes_and_hands_back_the_rest(tmp_path: Path) -> 
         assert nat.fast is not None
         nat.builder.now = b"1764000000000"
         raws = iter([_Raw(m) for m in msgs])
-        batch = _Batch()
+        batch = Batch()
         that, k = nat.fast.pump(lambda: next(raws, None), batch, 100, 100)
         assert k == len(ROWS) and that.payload.startswith(b'{"action":"U"')
         got = [(t, r.key, r.value, r.partition) for t, rs in batch.records.items() for r in rs]

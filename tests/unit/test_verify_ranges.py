@@ -23,7 +23,7 @@ from cdc.cli.verify.ranges import (
     unsupported,
 )
 from cdc.registry import Column, TableReg
-from sinks.warehouse.delta import _Meets, bool_array, span_mask
+from sinks.warehouse.delta import SpanMask, _Meets, bool_array
 
 
 def record(bounds: list[tuple[object, ...]]) -> RangeRecord:
@@ -101,12 +101,12 @@ def test_the_keys_of_narrow_integer_spans_are_listed_for_the_index() -> None:
 def test_a_record_batch_is_filtered_to_the_spans_in_the_keys_order() -> None:
     ints = pa.array([-(2**63), 1, 5, 10, 33, 34, 64, 100, 2**63 - 1], pa.int64())
     spans = [(None, (5,)), ((10,), (34,)), ((100,), None)]
-    assert span_mask(ints, spans).tolist() == [True, True, False, True, True, False, False, True, True]
-    assert span_mask(ints, [((5,), (6,))]).tolist() == [False, False, True] + [False] * 6
-    assert span_mask(ints, []).tolist() == [False] * 9
+    assert SpanMask(spans)(ints).tolist() == [True, True, False, True, True, False, False, True, True]
+    assert SpanMask([((5,), (6,))])(ints).tolist() == [False, False, True] + [False] * 6
+    assert SpanMask([])(ints).tolist() == [False] * 9
     # text in code point order (COLLATE "C"): "B" < "a" < "z" < "é"
     texts = pa.array(["", "B", "a", "it's", "z", "é", "日本"])
-    assert span_mask(texts, [(("a",), ("z",)), (("é",), None)]).tolist() == [
+    assert SpanMask([(("a",), ("z",)), (("é",), None)])(texts).tolist() == [
         False,
         False,
         True,
@@ -115,7 +115,7 @@ def test_a_record_batch_is_filtered_to_the_spans_in_the_keys_order() -> None:
         True,
         True,
     ]
-    assert span_mask(texts, [(None, ("a",))]).tolist() == [True, True] + [False] * 5
+    assert SpanMask([(None, ("a",))])(texts).tolist() == [True, True] + [False] * 5
 
 
 def test_a_bucket_meets_the_spans_as_testing_every_span_says() -> None:

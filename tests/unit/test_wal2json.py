@@ -58,6 +58,7 @@ def test_add_tables_escapes_commas_dots_wildcards_and_backslashes() -> None:
     assert escape_name("a.b,c*d\\e f") == "a\\.b\\,c\\*d\\\\e\\ f"
     assert add_tables_option([("public", "t"), ("Mixed Case", "tab.le")]) == "Mixed\\ Case.tab\\.le,public.t"
     assert add_tables_option([]) == NO_TABLE
+    assert add_tables_option([("public", "it's")]) == "public.it\\'s"  # wal2json's documented set
 
 
 def test_parse_array_simple_null_quoted_nested() -> None:

@@ -10,6 +10,7 @@ fails stops the demo with that step's exit code: nothing is pretended.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 import tempfile
@@ -154,7 +155,7 @@ def run_demo(
         out("== created shop.customers (50 rows), shop.products (6), shop.orders (200)")
 
         def step(title: str, *args: str) -> None:
-            out(f"\n$ cdc {' '.join(_shell_quote(a) for a in args)}    # {title}")
+            out(f"\n$ cdc {' '.join(shlex.quote(a) for a in args)}    # {title}")
             sys.stdout.flush()
             code = run_cli(["--source", dsn, "--state", str(state), *args])
             sys.stdout.flush()
@@ -215,11 +216,3 @@ class _StepFailed(Exception):
         super().__init__(title)
         self.title = title
         self.code = code
-
-
-def _shell_quote(arg: str) -> str:
-    return (
-        arg
-        if arg and all(c.isalnum() or c in "-_./,=:" for c in arg)
-        else "'" + arg.replace("'", "'\\''") + "'"
-    )

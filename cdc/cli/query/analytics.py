@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 
 from cdc import paths
 from cdc.errors import CdcError
-from cdc.names import sql_ident
+from cdc.names import sql_ident, sql_string
 from cdc.registry import TableReg, ViewReg
 from sinks.types import plain_types
 from sinks.warehouse import duck, leases
@@ -135,7 +135,7 @@ class Warehouse:
             return sql_ident(source)
         root = table.table_uri.removeprefix("file://").rstrip("/")
         names = [f"{root}/{unquote(p)}" for p in files.column("path").to_pylist()]
-        listed = ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+        listed = ", ".join(sql_string(n) for n in names)
         data = (
             f"read_parquet([{listed}], filename = '{FILE}', union_by_name = true, hive_partitioning = false)"
         )

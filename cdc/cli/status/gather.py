@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from cdc import metrics
+from cdc import metrics, paths
 from cdc.catalog import SlotInfo, connect, failover_info, failover_supported, server_info, slot_info
 from cdc.cli.status import history
 from cdc.cli.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
@@ -254,7 +254,7 @@ class Collector:
     def open_store(self) -> Any:
         from cdc.logstore.factory import open_log_store
 
-        if not self.settings.log_url and not (self.state / "log").exists():
+        if not self.settings.log_url and not paths.log_dir(self.state).exists():
             return None
         return open_log_store(self.settings, writer=False)
 
@@ -344,7 +344,7 @@ class Collector:
         """The registered tables, the source's facts (:meth:`_source`, which may drop the slot by
         policy) and what the registry keeps for the report: the last policy drop, the tables
         missing or refused at the source, the initial snapshot's state."""
-        registry = Registry(self.state) if (self.state / "registry.db").exists() else None
+        registry = Registry(self.state) if paths.registry_path(self.state).exists() else None
         try:
             tables = registry.list_tables() if registry else []
             source = self._source(registry, enforce_policy, capture_running, tables)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from cdc.cli.status.judge import ERROR, OK, WARN, Judgement
+from cdc.preflight import human_bytes
 
 if TYPE_CHECKING:
     from cdc.catalog import SlotInfo
@@ -36,10 +37,6 @@ def critical_at(options: StatusOptions, max_keep: int | None) -> int:
     if options.slot_policy == "drop" and options.slot_drop_at_bytes is not None:
         limit = min(limit, int(options.slot_drop_at_bytes * 0.8))
     return limit
-
-
-def _mb(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1024 / 1024:,.1f} MiB"
 
 
 def judge_slot(
@@ -82,23 +79,25 @@ def judge_slot(
     retained = info.retained_bytes or 0
     crit = critical_at(options, max_keep)
     limit_txt = (
-        f"max_slot_wal_keep_size ({_mb(max_keep)})"
+        f"max_slot_wal_keep_size ({human_bytes(max_keep)})"
         if max_keep is not None and max_keep >= 0
         else "the source's free disk (max_slot_wal_keep_size is unlimited)"
     )
     fix = (
-        f"the slot retains {_mb(retained)} of WAL because capture is behind or not running: start `cdc run` "
+        f"the slot retains {human_bytes(retained)} of WAL because capture is behind or not running: start `cdc run` "
         f"(or find why it does not advance in `cdc status`); if it cannot catch up before {limit_txt} is "
         f"reached, the slot is lost and every table must be re-snapshotted. To free the WAL now, drop the "
         f"slot (SELECT pg_drop_replication_slot('{name}')) and run `cdc snapshot --all` then `cdc run`, "
         'or set slot_policy = "drop" with slot_drop_at_bytes in [status] to do that automatically'
     )
     if retained >= crit or info.wal_status == "unreserved":
-        why = "wal_status = unreserved" if info.wal_status == "unreserved" else f"over {_mb(crit)}"
-        return Judgement(WARN, "critical", f"retained WAL {_mb(retained)} ({why})"), fix
+        why = "wal_status = unreserved" if info.wal_status == "unreserved" else f"over {human_bytes(crit)}"
+        return Judgement(WARN, "critical", f"retained WAL {human_bytes(retained)} ({why})"), fix
     if retained >= options.retained_wal_warn_bytes or info.wal_status == "extended":
         return Judgement(
-            WARN, "warn", f"retained WAL {_mb(retained)} (over {_mb(options.retained_wal_warn_bytes)})"
+            WARN,
+            "warn",
+            f"retained WAL {human_bytes(retained)} (over {human_bytes(options.retained_wal_warn_bytes)})",
         ), fix
     state = "active" if info.active else "inactive"
     recovered = (
@@ -108,7 +107,7 @@ def judge_slot(
         else ""
     )
     return Judgement(
-        OK, "ok", f"{state}, wal_status {info.wal_status}, retained WAL {_mb(retained)}{recovered}"
+        OK, "ok", f"{state}, wal_status {info.wal_status}, retained WAL {human_bytes(retained)}{recovered}"
     ), None
 
 

@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 #: background compaction of a partition starts when the records appended since its last compaction
-#: reach this fraction of its live records (Kafka's min.cleanable.dirty.ratio), or a tombstone is due
+#: and older than ``min_compaction_lag_ms`` (cleanable) reach this fraction of its live records
+#: (Kafka's min.cleanable.dirty.ratio), or a tombstone is due
 DIRTY_RATIO = 0.5
 #: batches rewritten per compaction transaction (keeps each write transaction short)
 BATCHES_PER_TXN = 16
@@ -130,16 +131,17 @@ def _compact_partition(
     cfg = t.config
     held = hold if hold is not None else 1 << 63
     now = logstore.now_ms()
+    horizon = now - cfg.min_compaction_lag_ms  # batches appended at or before it are cleanable
     with t.guard:
         with lock:
             records, dirty, due = conn.execute(
                 "SELECT records, dirty, tombstone_due_ms FROM partitions WHERE partition = ?", (p,)
             ).fetchone()
-        if only_if_due and not (
-            (dirty > 0 and dirty >= DIRTY_RATIO * records) or (due is not None and due <= now)
-        ):
-            return 0
-        horizon = now - cfg.min_compaction_lag_ms  # batches appended at or before it are cleanable
+            if only_if_due and not (due is not None and due <= now):
+                if not (dirty > 0 and dirty >= DIRTY_RATIO * records):
+                    return 0
+                if _cleanable_dirt(conn, p, dirty, horizon) < DIRTY_RATIO * records:
+                    return 0
         tomb_horizon = now - cfg.delete_retention_ms
         newest, cleanable = _newest_offsets(conn, p, lock=lock, horizon=horizon)
         # Pass 2, a few batches at a time: rewrite the cleanable batches that hold superseded records
@@ -159,6 +161,27 @@ def _compact_partition(
                 with contextlib.suppress(sqlite3.OperationalError):
                     conn.execute("PRAGMA incremental_vacuum(256)").fetchall()
     return removed
+
+
+def _cleanable_dirt(conn: sqlite3.Connection, p: int, dirty: int, horizon: int) -> int:
+    """Of partition ``p``'s ``dirty`` records (appended since its last compaction: the newest
+    batches, which that compaction left as they were), those appended at or before ``horizon``:
+    what a compaction now could clean. Reads the dirty batches' counts only (not their data), newest
+    first. A compaction reads every batch, the young ones too, so it is due when this dirt is
+    :data:`DIRTY_RATIO` of the partition's records: not while the dirt is all younger than the lag
+    (a hot key's updates, a snapshot just written), whose pass would clean nothing."""
+    seen = cleanable = 0
+    cur = conn.execute(f"SELECT count, append_ms FROM p{p} ORDER BY last_offset DESC")
+    try:
+        for count, append_ms in cur:
+            if seen >= dirty:
+                break
+            seen += count
+            if append_ms <= horizon:
+                cleanable += count
+    finally:
+        cur.close()
+    return cleanable
 
 
 def _newest_offsets(

@@ -165,6 +165,11 @@ class EmbeddedLogStore(LogStore):
     def _open_topic(self, name: str) -> TopicHandle:
         with self._lock:
             self._check_open()
+            held = self._topics.get(name) if name in self._locks else None
+            if held is not None:
+                # this instance holds the topic's writer lock, which deleting it takes: the file it
+                # opened is still the topic's (no stat, no path to build: an append's fast path)
+                return held
             path = self._topic_path(name)
             try:
                 st = path.stat()
@@ -468,7 +473,7 @@ class EmbeddedLogStore(LogStore):
 
     # -- reading -----------------------------------------------------------------------------------
     def read(
-        self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
+        self, topic: str, partition: int, from_offset: int, max_records: int = LogStore.READ_MAX
     ) -> list[StoredRecord]:
         """See :meth:`LogStore.read`. Reads one consistent snapshot (whole committed batches only)."""
         t = self._open_topic(topic)
@@ -526,7 +531,7 @@ class EmbeddedLogStore(LogStore):
         partition: int,
         from_offset: int = 0,
         until_offset: int | None = None,
-        batch: int = 10_000,
+        batch: int = LogStore.READ_MAX,
     ) -> Iterator[StoredRecord]:
         """As :meth:`LogStore.iter_partition` (same records), with less work per record."""
         info = self.topic(topic)

@@ -462,7 +462,7 @@ class KafkaLogStore(LogStore):
 
     # -- reading -------------------------------------------------------------------------------------
     def read(
-        self, topic: str, partition: int, from_offset: int, max_records: int = 10_000
+        self, topic: str, partition: int, from_offset: int, max_records: int = LogStore.READ_MAX
     ) -> list[StoredRecord]:
         """Records of one partition with ``offset >= from_offset`` in offset order: ``max_records``
         of them, or every record up to (at least) the end offset as of the call if fewer. Empty
