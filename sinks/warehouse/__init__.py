@@ -27,7 +27,6 @@ from sinks import types as T
 from sinks.toast import Stored
 from sinks.warehouse import compact, evolve, leases, reclaim
 from sinks.warehouse import stored as lookups
-from sinks.warehouse.columnar import ColumnarApply
 from sinks.warehouse.delta import (
     Commit,
     arrow_schema,
@@ -245,6 +244,9 @@ class WarehouseSink(Sink):
             pending=self.pending,
             shard=None if batch.shard is None else (batch.shard, layout.shards),
         )
+        # the apply's only: a process that reads the warehouse back (cdc verify) never loads it
+        from sinks.warehouse.columnar import ColumnarApply
+
         fast = ColumnarApply(reg, batch.columns, columns, layout, tombs, current, batch.shard, history)
         _check_shard(reg, layout, batch.shard, fast.key_bucket)
         for name, _table in todo:

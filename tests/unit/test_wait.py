@@ -21,7 +21,9 @@ from cdc.cli.wait.lsn import (
     parse_timeout,
     partition_target,
     resolve,
+    slot_passed,
 )
+from cdc.config import Settings
 from cdc.errors import ConfigError, RegistryError
 from cdc.events import int_to_lsn
 from cdc.logstore import APPLY_CONSUMER, TopicConfig
@@ -278,3 +280,53 @@ def test_render_a_view() -> None:
     assert render(
         {"lsn": "0/180", "caught_up": True, "elapsed_s": 0.1, "capture": capture, "tables": [done]}
     ) == ("caught up to 0/180 in 0.100 s: tu\n")
+
+
+class _SlotRow:
+    """A connection that answers every query with one row (the slot's, or None: no slot), and
+    counts the queries."""
+
+    def __init__(self, row: tuple[bool, str, str] | None) -> None:
+        self.row = row
+        self.queries: list[str] = []
+
+    def execute(self, query: str, params: object = None) -> _SlotRow:
+        self.queries.append(query)
+        return self
+
+    def fetchone(self) -> tuple[bool, str, str] | None:
+        return self.row
+
+
+def test_the_slot_is_read_without_a_peek_when_asked_and_a_caught_up_slot_needs_no_second_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``slot_passed(peek=False)`` reads ``pg_replication_slots`` only (safe in a caller's
+    transaction): an inactive slot behind the point answers no, where a peek would have been made.
+    ``cdc verify``'s capture check reads it on its own connection first, and opens a second one
+    (to wait, or peek) only for a slot that is behind."""
+    from cdc.cli.verify import compare
+
+    settings = Settings(state_dir=tmp_path, slot_name="s")
+    behind = _SlotRow((False, "0/100", "wal2json"))
+    assert slot_passed(behind, settings, 0x200, [], peek=False) == (
+        False,
+        {"slot": "s", "confirmed_flush_lsn": 0x100, "active": False},
+    )
+    assert len(behind.queries) == 1
+    assert slot_passed(_SlotRow((False, "0/300", "wal2json")), settings, 0x200, [], peek=False)[0]
+    assert slot_passed(_SlotRow(None), settings, 0x200, [], peek=False)[0]
+
+    opened: list[str] = []
+
+    def connect(dsn: str, **kw: object) -> None:
+        opened.append(dsn)
+        raise RuntimeError("a second connection")
+
+    monkeypatch.setattr(compare, "connect", connect)
+    verifier = compare.Verifier(settings, wait_s=0.0, limit=1)
+    caught_up = _SlotRow((False, "0/300", "wal2json"))
+    assert verifier._capture_passed(caught_up, "dbname=x", 0x200, []) and not opened  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="a second connection"):
+        verifier._capture_passed(behind, "dbname=x", 0x200, [])  # type: ignore[arg-type]
+    assert opened == ["dbname=x"]

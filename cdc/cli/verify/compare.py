@@ -513,7 +513,7 @@ class Verifier:
                 if reg.qualified not in self._views  # a view has no topic (nor a range record)
             }
 
-    def _plan(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> None:
+    def _plan(self, conn: psycopg.Connection[Any], dsn: str, lsn: int, tables: Sequence[TableReg]) -> None:
         """Which ranges to check per table, read from the topics once capture has passed the point
         ``lsn`` (then every change before it is there); a table without a usable record, or all of
         them when capture does not reach the point within the wait, is verified in full."""
@@ -527,7 +527,7 @@ class Verifier:
                 self._fallback[reg.qualified] = "a view is compared whole"
         tables = [t for t in tables if t.qualified not in self._views]
         records = {reg.qualified: verify_ranges.load(self.state_dir, reg) for reg in tables}
-        if any(records.values()) and not self._capture_passed(dsn, lsn, tables):
+        if any(records.values()) and not self._capture_passed(conn, dsn, lsn, tables):
             behind = f"capture had not reached the consistent point {int_to_lsn(lsn)} within the wait"
             self._fallback |= {reg.qualified: behind for reg in tables}
             return
@@ -548,9 +548,16 @@ class Verifier:
                 scrub = verify_ranges.scrub_sample(record, changes.ranges, max(count, 0))
                 self._plans[reg.qualified] = _Plan(record, changes.ranges, scrub, changes.records)
 
-    def _capture_passed(self, dsn: str, lsn: int, tables: Sequence[TableReg]) -> bool:
+    def _capture_passed(
+        self, conn: psycopg.Connection[Any], dsn: str, lsn: int, tables: Sequence[TableReg]
+    ) -> bool:
         """Has the slot passed ``lsn`` (:meth:`_slot_caught_up`), waiting at most ``wait_s``? (An
-        active reader confirms its position every status interval, 10 s: so long at most.)"""
+        active reader confirms its position every status interval, 10 s: so long at most.) The
+        slot's position is read first on ``conn`` (in the verify's transaction: no peek, whose
+        error would abort it); only a slot short of ``lsn`` is waited for, or peeked, on a
+        connection of its own (a connection costs the source a backend's start)."""
+        if slot_passed(conn, self.settings, lsn, tables, peek=False)[0]:
+            return True
         with connect(dsn, application_name="cdc verify") as side:
             ok, _info = self._wait_for_slot(side, lsn, tables, time.monotonic() + self.wait_s)
             return bool(ok)
@@ -595,7 +602,7 @@ class Verifier:
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
                 assert row is not None
                 lsn, point = lsn_to_int(str(row[0])), str(row[0])
-                self._plan(dsn, lsn, tables)
+                self._plan(conn, dsn, lsn, tables)
                 reports = [self._compare_at(conn, reg, lsn, point) for reg in tables]
                 pending = [i for i, r in enumerate(reports) if not r.equal]
                 if not pending:

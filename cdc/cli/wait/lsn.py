@@ -79,8 +79,6 @@ from typing import Any
 import psycopg
 
 from cdc import paths
-from cdc.codec import HEARTBEAT_PREFIX
-from cdc.codec.plugins import PLUGINS
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import ConfigError, LogStoreError, RegistryError, UnknownTopicError
@@ -178,7 +176,12 @@ def partition_target(records: Iterable[tuple[int, int | None]], lsn: int, applie
 
 
 def slot_passed(
-    conn: psycopg.Connection[Any], settings: Settings, lsn: int, tables: Sequence[TableReg]
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    lsn: int,
+    tables: Sequence[TableReg],
+    *,
+    peek: bool = True,
 ) -> tuple[bool, dict[str, Any]]:
     """Is every change of ``tables`` committed before ``lsn`` durable in the log store?
 
@@ -186,17 +189,26 @@ def slot_passed(
     wait for). When the reader is not running (slot inactive, so it will not advance), the slot is
     peeked (``pg_logical_slot_peek_changes`` up to ``lsn``, filtered to these tables; nothing is
     consumed): no pending change of these tables also means caught up. The facts go in the dict:
-    ``slot``, ``confirmed_flush_lsn`` (int), ``active``, and ``pending_changes`` when peeked."""
+    ``slot``, ``confirmed_flush_lsn`` (int), ``active``, and ``pending_changes`` when peeked.
+    ``peek=False``: the slot's position only, never a peek (a read of ``pg_replication_slots``
+    and nothing else: safe inside a caller's transaction, which a peek's error would abort)."""
     row = conn.execute(
         "SELECT active, confirmed_flush_lsn::text, plugin::text FROM pg_replication_slots WHERE slot_name = %s",
         (settings.slot_name,),
     ).fetchone()
     if row is None or row[1] is None:
         return True, {"slot": settings.slot_name, "exists": False}
-    active, confirmed, plugin = bool(row[0]), lsn_to_int(str(row[1])), PLUGINS.get(str(row[2]))
+    active, confirmed = bool(row[0]), lsn_to_int(str(row[1]))
     info: dict[str, Any] = {"slot": settings.slot_name, "confirmed_flush_lsn": confirmed, "active": active}
     if confirmed >= lsn:
         return True, info
+    if not peek:
+        return False, info
+    # the plugins' facts (and msgspec, under the codec) only for a peek: a caught-up slot, the
+    # common answer of `cdc verify` and `cdc wait`, needs neither
+    from cdc.codec.plugins import PLUGINS
+
+    plugin = PLUGINS.get(str(row[2]))
     if active or plugin is None:  # active: it moves on; None: not a plugin cdc reads, no peek
         return False, info
     try:
@@ -405,6 +417,8 @@ class _Nudger:
     def __call__(self) -> None:
         if not self.enabled or time.monotonic() < self.next:
             return
+        from cdc.codec import HEARTBEAT_PREFIX
+
         try:
             self.conn.execute("SELECT pg_logical_emit_message(false, %s, '')", [HEARTBEAT_PREFIX])
         except _NO_NUDGE:
