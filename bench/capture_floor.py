@@ -114,20 +114,8 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
             if not k:
                 select.select([fd], [], [], 1.0)
                 waits += 1
-    elif mode == "libpq_call":
-        fd = cur.fileno()
-        while True:
-            msg = copy()
-            if msg is None:
-                select.select([fd], [], [], 1.0)
-                waits += 1
-                continue
-            n += 1
-            size += len(msg.payload)
-            if msg.data_start >= endpos:
-                break
-    elif mode == "read":
-        read = cur.read_message
+    elif mode in ("libpq_call", "read"):
+        read = copy if mode == "libpq_call" else cur.read_message
         fd = cur.fileno()
         while True:
             msg = read()
