@@ -16,7 +16,6 @@ from cdc.cli.verify.ranges import (
     SPANNED_MAX,
     Bounds,
     FlatBounds,
-    FlatHashes,
     RangeRecord,
     intervals,
     scrub_sample,
@@ -170,30 +169,6 @@ def test_a_record_reads_back_as_written_and_an_older_format_or_digest_is_underst
     assert other.bounds == rec.bounds and other.hashes == ["", ""]
     with pytest.raises(ValueError, match="newer"):
         RangeRecord.from_json(orjson.dumps({**old, "format": 99}))
-
-
-@pytest.mark.parametrize("width", [32, 31])
-def test_hashes_read_from_a_record_are_set_and_written_back_as_a_list_would_be(width: int) -> None:
-    """A record's hashes read back (:class:`FlatHashes`: the file's string, the hashes set since
-    spliced into it when every one is 32 wide, else a list) write back what a list of them would:
-    hashes set in any order, to the unknown "" and back, at either end, by a negative index."""
-    rnd = random.Random(7)
-    n = 1000
-    hashes = [f"{rnd.getrandbits(128):032x}"[:width] for _ in range(n)]
-    body = RangeRecord(5.0, "0/1", "full", {0: 7}, [(i,) for i in range(n)], list(hashes)).to_json()
-    read = RangeRecord.from_json(body)
-    assert isinstance(read.hashes, FlatHashes) and len(read.hashes) == n
-    expect = list(hashes)
-    for i in [*rnd.sample(range(n), 50), 0, n - 1, -1, 5]:
-        value = rnd.choice(["", f"{rnd.getrandbits(128):032x}"])
-        read.hashes[i] = expect[i] = value
-    assert RangeRecord.from_json(read.to_json()).hashes == expect
-    assert read.hashes == expect and list(read.hashes) == expect  # read whole: the same
-    with pytest.raises(IndexError):
-        read.hashes[n] = ""
-    one = RangeRecord.from_json(RangeRecord(5.0, "0/1", "full", {}, [], [""]).to_json())
-    one.hashes[0] = "ab"
-    assert one.hashes == ["ab"] and orjson.loads(one.to_json())["hashes"] == "ab"
 
 
 def test_a_read_record_places_keys_without_making_every_bound_a_key() -> None:

@@ -46,7 +46,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,75 +182,6 @@ class FlatBounds(Sequence[Key]):
         return _int64(self.values, 1)
 
 
-#: a hash's width in the record (hex of :data:`DIGEST`'s 16 bytes)
-HASH_WIDTH = 32
-
-
-class FlatHashes(MutableSequence[str]):
-    """The range hashes as a record file holds them (one comma-separated string, as read by
-    :meth:`RangeRecord.from_json`), split into a list only when one is read or the hashes are not
-    all :data:`HASH_WIDTH` wide. An incremental run only sets the hashes of the ranges it checked
-    (a few thousand of 125,000 at 1M rows) and writes them all back: splitting the string and
-    joining it again cost ~25 ms of its CPU, splicing the new hashes into it ~2 ms."""
-
-    def __init__(self, joined: str) -> None:
-        self._joined = joined
-        self._count = joined.count(",") + 1  # as str.split: "" is one (unknown) hash
-        #: set since read, by index (while the string is kept whole)
-        self._set: dict[int, str] = {}
-        fixed = len(joined) == self._count * (HASH_WIDTH + 1) - 1
-        self._list: list[str] | None = None
-        if not (fixed and joined[HASH_WIDTH :: HASH_WIDTH + 1] == "," * (self._count - 1)):
-            self._list = joined.split(",")
-
-    def _all(self) -> list[str]:
-        if self._list is None:
-            self._list = self._joined.split(",")
-            for i, h in self._set.items():
-                self._list[i] = h
-            self._set = {}
-        return self._list
-
-    def __len__(self) -> int:
-        return self._count if self._list is None else len(self._list)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._all()[i]
-
-    def __setitem__(self, i: Any, value: Any) -> None:
-        if self._list is not None or not isinstance(i, int) or not isinstance(value, str):
-            self._all()[i] = value
-            return
-        if not -self._count <= i < self._count:
-            raise IndexError(i)
-        self._set[i % self._count] = value
-
-    def __delitem__(self, i: Any) -> None:
-        del self._all()[i]
-
-    def insert(self, index: int, value: str) -> None:
-        self._all().insert(index, value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def joined(self) -> str:
-        """The hashes as the file holds them: the string read with the hashes set since spliced in
-        (each sits at ``index * (HASH_WIDTH + 1)``)."""
-        if self._list is not None:
-            return ",".join(self._list)
-        parts: list[str] = []
-        at = 0
-        for i in sorted(self._set):
-            start = i * (HASH_WIDTH + 1)
-            parts += [self._joined[at:start], self._set[i]]
-            at = start + HASH_WIDTH
-        parts.append(self._joined[at:])
-        return "".join(parts)
-
-
 @dataclass
 class RangeRecord:
     """What a clean verify recorded for one table (the file's JSON, see the module docstring)."""
@@ -260,7 +191,7 @@ class RangeRecord:
     mode: str
     offsets: dict[int, int]
     bounds: Sequence[Key]
-    hashes: MutableSequence[str]
+    hashes: list[str]
     scrub_next: int = 0
 
     @property
@@ -294,9 +225,7 @@ class RangeRecord:
                 "offsets": {str(p): o for p, o in self.offsets.items()},
                 "width": 1 if flat else None,
                 "bounds": values if flat else self.bounds,  # tuples: arrays
-                "hashes": self.hashes.joined()
-                if isinstance(self.hashes, FlatHashes)
-                else ",".join(self.hashes),
+                "hashes": ",".join(self.hashes),
                 "scrub_next": self.scrub_next,
             }
         )
@@ -312,10 +241,7 @@ class RangeRecord:
             raise ValueError(f"record format {d['format']} is newer than this cdc's ({FORMAT})")
         raw = d["bounds"]
         bounds = FlatBounds(raw) if d.get("width") == 1 else list(map(tuple, raw))
-        raw_hashes = d["hashes"]
-        hashes: MutableSequence[str] = (
-            FlatHashes(raw_hashes) if isinstance(raw_hashes, str) else list(raw_hashes)
-        )
+        hashes = d["hashes"].split(",") if isinstance(d["hashes"], str) else list(d["hashes"])
         if d.get("digest", DIGEST) != DIGEST:
             hashes = [""] * len(hashes)
         return cls(
