@@ -324,6 +324,8 @@ class Proc:
         self.lock = threading.RLock()
         #: True while a fault keeps the process down on purpose (the supervisor leaves it alone)
         self.held = False
+        #: True once the harness has asked the current process to stop: its exit is the harness's
+        self._stopping = False
 
     def start(self, extra_env: dict[str, str] | None = None) -> None:
         with self.lock:
@@ -339,6 +341,7 @@ class Proc:
                     start_new_session=True,
                 )
             self._reaped = False
+            self._stopping = False
             self.starts += 1
 
     def reap(self, by_harness: bool = False) -> Exit | None:
@@ -348,7 +351,7 @@ class Proc:
             if self._reaped or self.popen is None or self.popen.poll() is None:
                 return None
             self._reaped = True
-            out = Exit(self.starts - 1, self.popen.returncode, time.monotonic(), by_harness)
+            out = Exit(self.starts - 1, self.popen.returncode, time.monotonic(), by_harness or self._stopping)
             self.exits.append(out)
             return out
 
@@ -380,11 +383,19 @@ class Proc:
         except subprocess.TimeoutExpired:
             return None
 
+    def ask_stop(self) -> None:
+        """SIGTERM of the harness's own, without waiting: the exit that follows, whenever it is seen,
+        is the harness's (one before it, of the process's own, is recorded as such first)."""
+        with self.lock:
+            self.reap()
+            if self.alive() and not self._stopping:
+                self._stopping = True
+                self.signal(signal.SIGTERM)
+
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 60 s: an exit of the harness's own (one before it, of the
-        process's own, is recorded as such first)."""
-        self.reap()
-        self.signal(signal.SIGTERM)
+        """SIGTERM (unless :meth:`ask_stop` sent it), then SIGKILL after 60 s: an exit of the
+        harness's own."""
+        self.ask_stop()
         if self.wait(60) is None:
             self.signal(signal.SIGKILL)
             self.wait(30)
@@ -815,9 +826,10 @@ class Chaos:
         self.supervisor.stop()
         for proc in (self.reader, self.apply):  # an exit since the last fault's recovery: its own
             proc.reap()
-        # both asked to stop at once (the apply job finishes its batch and stops Spark: seconds)
+        # both asked to stop at once (the apply job finishes its batch and stops Spark: seconds);
+        # each exit that follows is the harness's, however long the other's stop takes
         for proc in (self.reader, self.apply):
-            proc.signal(signal.SIGTERM)
+            proc.ask_stop()
         self.reader.stop()
         self.apply.stop()
         self.account(None, time.monotonic(), time.monotonic())
