@@ -210,6 +210,11 @@ cdef class Encoder:
     cdef public long long py_values
     cdef public long long declined
     cdef long long total   # the row's stored-length bound (TableCodec.holds_out_of_line)
+    # the last change encoded (:meth:`_try`): its op (c, u, d), key, value and image to keep
+    cdef char o_op
+    cdef bytes o_key
+    cdef bytes o_value
+    cdef object o_image
 
     def __cinit__(self):
         self.cap = 1 << 16
@@ -513,21 +518,28 @@ cdef class Encoder:
         """One pgoutput ``I``/``U``/``D`` message of the plan's relation: (op, key, value, image)
         with op ``c``/``u``/``d`` and image the packed image to keep (None: none to keep), or None
         when the Python path is to take it (see the module docstring)."""
-        return self._try(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), plan,
-                         head, tx_part, lsn, commit_lsn, seq, now, want_image)
+        if not self._try(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), plan,
+                         head, tx_part, lsn, commit_lsn, seq, now, want_image):
+            return None
+        return self.result()
 
-    cdef object _try(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head, bytes tx_part,
-                     long long lsn, long long commit_lsn, long long seq, bytes now, bint want_image):
-        """:meth:`change` of the message ``d`` (``size`` bytes)."""
+    cdef tuple result(self):
+        """The last change encoded as :meth:`change` returns it."""
+        return (PyBytes_FromStringAndSize(&self.o_op, 1), self.o_key, self.o_value, self.o_image)
+
+    cdef bint _try(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head, bytes tx_part,
+                   long long lsn, long long commit_lsn, long long seq, bytes now, bint want_image) except -1:
+        """:meth:`change` of the message ``d`` (``size`` bytes) into ``o_*``: False when declined."""
         try:
-            return self._change(d, size, plan, head, tx_part, lsn, commit_lsn, seq, now, want_image)
+            self._change(d, size, plan, head, tx_part, lsn, commit_lsn, seq, now, want_image)
+            return True
         except _Declined:
             self.declined += 1
-            return None
+            return False
 
-    cdef object _change(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head,
-                        bytes tx_part, long long lsn, long long commit_lsn, long long seq, bytes now,
-                        bint want_image):
+    cdef int _change(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head,
+                     bytes tx_part, long long lsn, long long commit_lsn, long long seq, bytes now,
+                     bint want_image) except -1:
         cdef Py_ssize_t pos
         cdef unsigned char kind, oldkind = 0
         cdef int i
@@ -601,7 +613,7 @@ cdef class Encoder:
             key = self._key(plan, self.ostart, self.oend)
             if key is None:
                 raise _Declined()
-            return (b"d", key, PyBytes_FromStringAndSize(self.buf, self.n), None)
+            return self._out(100, key, None)
         key = self._key(plan, self.fstart, self.fend)
         if key is None:
             raise _Declined()
@@ -613,7 +625,15 @@ cdef class Encoder:
                 raise _Declined()  # a key change: the general path
         if want_image and plan.nimaged and (plan.unbounded or self.total > TOAST_THRESHOLD):
             image = self._image(plan, self.fstart, self.fend)
-        return (b"c" if kind == 73 else b"u", key, PyBytes_FromStringAndSize(self.buf, self.n), image)
+        return self._out(99 if kind == 73 else 117, key, image)
+
+    cdef inline int _out(self, char op, bytes key, object image) except -1:
+        """The change encoded: its op, key, value (the buffer) and image into ``o_*``."""
+        self.o_op = op
+        self.o_key = key
+        self.o_value = PyBytes_FromStringAndSize(self.buf, self.n)
+        self.o_image = image
+        return 0
 
 
 cdef inline bint any_relkey(Plan plan):
@@ -684,12 +704,42 @@ cdef bint _canonical_int(const unsigned char *s, Py_ssize_t size):
     return True
 
 
+cdef class _Rel:
+    """A relation's (a table's) compiled path as a session caches it: its codec, plan and the
+    codec's facts the envelope needs, checked against the builder once per call into the
+    :class:`Changes` (``epoch``), and its topic's list in the batch being filled."""
+
+    cdef object rel            # pgoutput's Relation (None: wal2json's, by name)
+    cdef object codec
+    cdef object types          # the codec's ``types`` when the plan was built
+    cdef object plan           # Plan (pgoutput), WPlan (wal2json), or None: the Python path's
+    cdef object topic
+    cdef bytes head            # the codec's ``source_head``
+    cdef long long snapshot_lsn
+    cdef bint imaged
+    cdef long long epoch       # the call it was last checked in
+    cdef long long lst_epoch   # the call ``lst`` is the batch's list of
+    cdef list lst
+
+
+DEF R_PYTHON = 0    # the Python path takes the change
+DEF R_SKIPPED = 1   # a change the table's snapshot contains (or replayed): no records
+DEF R_DONE = 2      # encoded: Encoder.o_*, of the table ``cur``
+
+
 cdef class Changes:
     """One stream session's compiled path (cdc.codec.fastpath.native_changes builds it and
     documents it): called with a pgoutput ``I``/``U``/``D`` message and its ``data_start``, returns
     what ``EventBuilder.change(decoder.decode(data, lsn))`` returns, or ``python`` (the Python path
     takes the message). ``plan_for(rel, codec)``: a relation's :class:`Plan` (None: never compiled);
-    ``record``: the log store's ``Record`` class."""
+    ``record``: the log store's ``Record`` class.
+
+    The builder's transaction state (``seq``, ``commit_lsn``, ``tx_part``, the clock ``now``, the
+    staging) is read once per call (:meth:`_load`, an *epoch*) and ``seq`` and the staging's
+    ``version`` written back when it returns (:meth:`_save`): between two calls only the Python
+    path changes them (a Begin, a tick, a change it takes), and a call returns at every message it
+    does not take. A table's codec and plan are checked against the builder once per epoch too
+    (a Relation message, a schema change or a detached table are all Python's, between calls)."""
 
     cdef public Encoder encoder
     cdef object relations      # the decoder's relid -> relation dict
@@ -699,11 +749,23 @@ cdef class Changes:
     cdef object plan_for
     cdef object record
     cdef object python
-    cdef dict plans            # relid -> [rel, codec, types, plan]
+    cdef dict plans            # relid (wal2json: (schema, table)) -> _Rel
+    # the builder's state, as of this epoch
+    cdef long long epoch
+    cdef long long seq
+    cdef long long commit_lsn
+    cdef long long skip_seq
+    cdef bytes tx_part
+    cdef bytes now
+    cdef object staging
+    cdef bint held             # non-finite values held: every change is the Python path's
+    cdef long long vseq        # the staging's version to write back (0: none)
+    cdef long long last_relid
+    cdef _Rel cur              # the table of the last change looked up
 
     def __init__(self, decoder, builder, tuple skip, plan_for, record, python):
         self.encoder = Encoder()
-        self.relations = decoder.relations
+        self.relations = decoder.relations if decoder is not None else None
         self.builder = builder
         self.codecs = builder.codecs
         self.skip = skip
@@ -711,6 +773,9 @@ cdef class Changes:
         self.record = record
         self.python = python
         self.plans = {}
+        self.epoch = 0
+        self.last_relid = -1
+        self.cur = None
 
     @property
     def python_values(self):
@@ -720,11 +785,45 @@ cdef class Changes:
     def declined(self):
         return self.encoder.declined
 
+    cdef int _load(self) except -1:
+        """A new epoch: the builder's state as the Python path left it."""
+        cdef object b = self.builder
+        self.epoch += 1
+        self.seq = b.seq
+        self.commit_lsn = b.commit_lsn
+        self.skip_seq = b._skip_seq
+        self.tx_part = b.tx_part
+        self.now = b.now
+        self.staging = b.staging
+        self.held = bool(b.nonfinite_held)
+        self.vseq = 0
+        return 0
+
+    cdef int _save(self) except -1:
+        """The builder's state as the changes of this epoch left it."""
+        cdef object b = self.builder
+        if b.seq != self.seq:
+            b.seq = self.seq
+        if self.vseq:
+            self.staging.version = (self.commit_lsn, self.vseq)
+            self.vseq = 0
+        return 0
+
     def __call__(self, bytes data, long long lsn):
         cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef int got
         if not self._takes(d, PyBytes_GET_SIZE(data)):
             return self.python
-        return self._change(d, PyBytes_GET_SIZE(data), lsn)
+        self._load()
+        try:
+            got = self._step(d, PyBytes_GET_SIZE(data), lsn)
+        finally:
+            self._save()
+        if got == R_PYTHON:
+            return self.python
+        if got == R_SKIPPED:
+            return None
+        return self.cur.topic, self._records()
 
     cdef bint _takes(self, const unsigned char *d, Py_ssize_t size):
         """Whether the message is one this path takes (else ``pump`` returns it): I, U or D."""
@@ -744,9 +843,11 @@ cdef class Changes:
         returns is returned."""
         cdef long long k = 0, count = batch.count
         cdef dict records = batch.records
-        cdef object raw, out, py = self.python
+        cdef object raw
         cdef bytes data
         cdef Py_ssize_t size
+        cdef int got
+        self._load()
         try:
             if stream is not None:
                 while k < budget and count < max_count:
@@ -756,100 +857,147 @@ cdef class Changes:
                     if not self._takes(stream.payload, size):
                         stream._hold()
                         return read(), k
-                    out = self._change(stream.payload, size, stream.data_start)
-                    if out is py:
+                    got = self._step(stream.payload, size, stream.data_start)
+                    if got == R_PYTHON:
                         stream._hold()
                         return read(), k
                     k += 1
-                    if out is not None:
-                        count = self._add(<tuple>out, batch, records, count)
-                return py, k
+                    if got == R_DONE:
+                        count = self._append(batch, records, count)
+                return self.python, k
             while k < budget and count < max_count:
                 raw = read()
                 if raw is None:
                     return None, k
                 data = raw.payload
-                if not self._takes(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)):
+                size = PyBytes_GET_SIZE(data)
+                if not self._takes(<const unsigned char *>PyBytes_AS_STRING(data), size):
                     return raw, k
-                out = self._change(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
-                                   raw.data_start)
-                if out is py:
+                got = self._step(<const unsigned char *>PyBytes_AS_STRING(data), size, raw.data_start)
+                if got == R_PYTHON:
                     return raw, k
                 k += 1
-                if out is not None:
-                    count = self._add(<tuple>out, batch, records, count)
-            return py, k
+                if got == R_DONE:
+                    count = self._append(batch, records, count)
+            return self.python, k
         finally:
+            self._save()
             batch.count = count
             if stream is not None:
                 stream.direct += k
 
-    cdef inline long long _add(self, tuple out, object batch, dict records, long long count) except -1:
-        """A change's (topic, records) into the batch's records: the batch's new count."""
-        cdef object topic = out[0], lst
+    cdef list _records(self):
+        """The records of the change encoded last (a delete's tombstone after its event), its
+        image staged."""
+        cdef Encoder e = self.encoder
+        cdef _Rel r = self.cur
+        if e.o_op == 100:  # d
+            if self.staging is not None and r.imaged:
+                self.staging.put(r.topic, e.o_key, None)
+            return [self.record(e.o_key, e.o_value), self.record(e.o_key, None)]
+        if e.o_image is not None and self.staging is not None:
+            self.staging.put(r.topic, e.o_key, e.o_image)
+        return [self.record(e.o_key, e.o_value)]
+
+    cdef long long _append(self, object batch, dict records, long long count) except -1:
+        """The records of the change encoded last into the batch's list of its topic (as
+        ``Batch.add`` puts them): the batch's new count."""
+        cdef Encoder e = self.encoder
+        cdef _Rel r = self.cur
+        cdef list lst
         if count == 0:
             batch.started = _monotonic()
-        lst = records.get(topic)
-        if lst is None:
-            records[topic] = out[1]
-        else:
-            (<list>lst).extend(out[1])
-        return count + len(<list>out[1])
+        if r.lst_epoch != self.epoch or r.lst is None:
+            lst = records.get(r.topic)
+            if lst is None:
+                lst = []
+                records[r.topic] = lst
+            r.lst = lst
+            r.lst_epoch = self.epoch
+        lst = r.lst
+        if e.o_op == 100:  # d
+            if self.staging is not None and r.imaged:
+                self.staging.put(r.topic, e.o_key, None)
+            lst.append(self.record(e.o_key, e.o_value))
+            lst.append(self.record(e.o_key, None))
+            return count + 2
+        if e.o_image is not None and self.staging is not None:
+            self.staging.put(r.topic, e.o_key, e.o_image)
+        lst.append(self.record(e.o_key, e.o_value))
+        return count + 1
 
-    cdef object _change(self, const unsigned char *d, Py_ssize_t size, long long lsn):
-        cdef long long relid, seq, commit_lsn
-        cdef list entry
-        cdef object rel, codec, plan, b = self.builder, st, out, key, topic
-        if size < 5:
-            return self.python
-        relid = (<long long>d[1] << 24) | (d[2] << 16) | (d[3] << 8) | d[4]
+    cdef int _state(self, _Rel r) except -1:
+        """The table's change in the transaction: its ``seq`` (the change's), or 0 when the
+        table's snapshot contains it (skipped: ``seq`` counted, no records)."""
+        cdef long long seq = self.seq + 1
+        if self.commit_lsn < r.snapshot_lsn or seq <= self.skip_seq:
+            self.seq = seq
+            return 0
+        return 1
+
+    cdef int _done(self) except -1:
+        """The change encoded: its ``seq`` taken (and staged as the images' version)."""
+        self.seq += 1
+        if self.staging is not None:
+            self.vseq = self.seq
+        return 0
+
+    cdef int _fill(self, _Rel r, object codec, object types, object plan) except -1:
+        """``r`` for ``codec`` as it is now (checked this epoch)."""
+        r.codec = codec
+        r.types = types
+        r.plan = plan
+        r.topic = codec.topic
+        r.head = codec.source_head
+        r.snapshot_lsn = codec.snapshot_lsn
+        r.imaged = bool(codec.imaged)
+        r.epoch = self.epoch
+        r.lst = None
+        r.lst_epoch = 0
+        return 0
+
+    cdef _Rel _lookup(self, long long relid):
+        """The relation's :class:`_Rel` checked this epoch, or None (the Python path's)."""
+        cdef _Rel r
+        cdef object rel, codec
+        if relid == self.last_relid and self.cur is not None and self.cur.epoch == self.epoch:
+            return self.cur
         rel = self.relations.get(relid)
         if rel is None:
-            return self.python
-        entry = self.plans.get(relid)
-        if entry is not None and entry[0] is rel:
-            codec = entry[1]
-            if self.codecs.get((rel.schema, rel.table)) is not codec or codec.types is not entry[2]:
-                entry = None
-        else:
-            entry = None
-        if entry is None:
-            codec = self.codecs.get((rel.schema, rel.table))
-            if codec is None or (rel.schema, rel.table) == self.skip:
-                return self.python
-            entry = [rel, codec, codec.types, self.plan_for(rel, codec)]
-            self.plans[relid] = entry
-        plan = entry[3]
-        if plan is None or b.nonfinite_held:
-            return self.python
-        seq = b.seq + 1
-        commit_lsn = b.commit_lsn
-        if commit_lsn < codec.snapshot_lsn or seq <= b._skip_seq:
-            b.seq = seq
             return None
-        st = b.staging
-        out = self.encoder._try(
-            d, size, <Plan>plan, codec.source_head, b.tx_part, lsn, commit_lsn, seq, b.now, st is not None
-        )
-        if out is None:
-            return self.python
-        b.seq = seq
-        return self._records(codec, out, st, commit_lsn, seq)
+        r = self.plans.get(relid)
+        codec = self.codecs.get((rel.schema, rel.table))
+        if r is not None and r.rel is rel and r.codec is codec and codec is not None and codec.types is r.types:
+            self._fill(r, codec, r.types, r.plan)  # the same plan: the codec's facts again
+        else:
+            if codec is None or (rel.schema, rel.table) == self.skip:
+                return None
+            r = _Rel()
+            r.rel = rel
+            self._fill(r, codec, codec.types, self.plan_for(rel, codec))
+            self.plans[relid] = r
+        self.last_relid = relid
+        self.cur = r
+        return r
 
-    cdef object _records(self, object codec, object out, object st, long long commit_lsn, long long seq):
-        """The topic and records of an encoded change (op, key, value, image), its image staged."""
-        cdef object key = out[1], topic = codec.topic
-        if out[0] == b"d":
-            if st is not None:
-                st.version = (commit_lsn, seq)
-                if codec.imaged:
-                    st.put(topic, key, None)
-            return topic, [self.record(key, out[2]), self.record(key, None)]
-        if st is not None:
-            st.version = (commit_lsn, seq)
-            if out[3] is not None:
-                st.put(topic, key, out[3])
-        return topic, [self.record(key, out[2])]
+    cdef int _step(self, const unsigned char *d, Py_ssize_t size, long long lsn) except -1:
+        """One I/U/D message: R_PYTHON, R_SKIPPED or R_DONE (its event in the encoder's ``o_*``,
+        its table ``cur``)."""
+        cdef long long relid
+        cdef _Rel r
+        if size < 5 or self.held:
+            return R_PYTHON
+        relid = (<long long>d[1] << 24) | (d[2] << 16) | (d[3] << 8) | d[4]
+        r = self._lookup(relid)
+        if r is None or r.plan is None:
+            return R_PYTHON
+        if not self._state(r):
+            return R_SKIPPED
+        if not self.encoder._try(d, size, <Plan>r.plan, r.head, self.tx_part, lsn, self.commit_lsn,
+                                 self.seq + 1, self.now, self.staging is not None):
+            return R_PYTHON
+        self._done()
+        return R_DONE
 
 
 cdef class CopyRows:

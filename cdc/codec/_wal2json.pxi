@@ -516,15 +516,7 @@ cdef class Wal2JsonChanges(Changes):
         self.gen = 0
 
     def __init__(self, builder, tuple skip, plan_for, record, python):
-        self.encoder = Encoder()
-        self.relations = None
-        self.builder = builder
-        self.codecs = builder.codecs
-        self.skip = skip
-        self.plan_for = plan_for
-        self.record = record
-        self.python = python
-        self.plans = {}
+        Changes.__init__(self, None, builder, skip, plan_for, record, python)
         self.last_schema = self.last_table = None
         self.last_key = None
 
@@ -793,9 +785,9 @@ cdef class Wal2JsonChanges(Changes):
             c.col = col
         return 0
 
-    cdef object _encode(self, WPlan wp, const unsigned char *d, WMsg *m, bytes head, bytes tx_part,
-                        long long commit_lsn, long long seq, bytes now, bint want_image):
-        """(op, key, value, image) of the parsed change, as Encoder.change gives them."""
+    cdef int _encode(self, WPlan wp, const unsigned char *d, WMsg *m, bytes head, bytes tx_part,
+                     long long commit_lsn, long long seq, bytes now, bint want_image) except -1:
+        """The parsed change into the encoder's ``o_*``, as Encoder.change gives them."""
         cdef Encoder e = self.encoder
         cdef Plan plan = wp.plan
         cdef unsigned char action = m.action
@@ -841,7 +833,7 @@ cdef class Wal2JsonChanges(Changes):
             key = e._key(plan, e.ostart, e.oend)
             if key is None:
                 raise _Declined()
-            return (b"d", key, PyBytes_FromStringAndSize(e.buf, e.n), None)
+            return e._out(100, key, None)
         key = e._key(plan, e.fstart, e.fend)
         if key is None:
             raise _Declined()
@@ -851,49 +843,53 @@ cdef class Wal2JsonChanges(Changes):
                 raise _Declined()  # a key change: the general path
         if want_image and plan.nimaged and (plan.unbounded or e.total > TOAST_THRESHOLD):
             image = e._image(plan, e.fstart, e.fend)
-        return (b"c" if action == 73 else b"u", key, PyBytes_FromStringAndSize(e.buf, e.n), image)
+        return e._out(99 if action == 73 else 117, key, image)
 
-    cdef object _change(self, const unsigned char *d, Py_ssize_t size, long long lsn):
+    cdef int _step(self, const unsigned char *d, Py_ssize_t size, long long lsn) except -1:
+        """One I/U/D message: as :meth:`Changes._step`, the table by the message's schema and name."""
         cdef WMsg m
-        cdef long long seq, commit_lsn
-        cdef list entry
         cdef tuple key
-        cdef object codec, plan, b = self.builder, st, out
+        cdef _Rel r
+        cdef object codec
+        cdef bint same
         if self._parse(d, size, &m) < 0 or m.sstart < 0 or m.tstart < 0:
             self.encoder.declined += 1
-            return self.python
-        if (self.last_key is not None and PyBytes_GET_SIZE(self.last_schema) == m.ssize
+            return R_PYTHON
+        same = (self.last_key is not None and PyBytes_GET_SIZE(self.last_schema) == m.ssize
                 and PyBytes_GET_SIZE(self.last_table) == m.tsize
                 and memcmp(PyBytes_AS_STRING(self.last_schema), d + m.sstart, m.ssize) == 0
-                and memcmp(PyBytes_AS_STRING(self.last_table), d + m.tstart, m.tsize) == 0):
-            key = self.last_key
+                and memcmp(PyBytes_AS_STRING(self.last_table), d + m.tstart, m.tsize) == 0)
+        if same and self.cur is not None and self.cur.epoch == self.epoch:
+            r = self.cur  # ``cur`` is the table of ``last_key``, checked this epoch
         else:
-            key = (PyUnicode_DecodeUTF8(<const char *>(d + m.sstart), m.ssize, NULL),
-                   PyUnicode_DecodeUTF8(<const char *>(d + m.tstart), m.tsize, NULL))
-            self.last_schema = PyBytes_FromStringAndSize(<const char *>(d + m.sstart), m.ssize)
-            self.last_table = PyBytes_FromStringAndSize(<const char *>(d + m.tstart), m.tsize)
-            self.last_key = key
-        codec = self.codecs.get(key)
-        if codec is None or key == self.skip:
-            return self.python
-        entry = self.plans.get(key)
-        if entry is None or entry[0] is not codec or entry[1] is not codec.types:
-            entry = [codec, codec.types, self.plan_for(codec)]
-            self.plans[key] = entry
-        plan = entry[2]
-        if plan is None or b.nonfinite_held:
-            return self.python
-        seq = b.seq + 1
-        commit_lsn = b.commit_lsn
-        if commit_lsn < codec.snapshot_lsn or seq <= b._skip_seq:
-            b.seq = seq
-            return None
-        st = b.staging
+            if not same:
+                self.cur = None
+                self.last_key = (PyUnicode_DecodeUTF8(<const char *>(d + m.sstart), m.ssize, NULL),
+                                 PyUnicode_DecodeUTF8(<const char *>(d + m.tstart), m.tsize, NULL))
+                self.last_schema = PyBytes_FromStringAndSize(<const char *>(d + m.sstart), m.ssize)
+                self.last_table = PyBytes_FromStringAndSize(<const char *>(d + m.tstart), m.tsize)
+            key = self.last_key
+            codec = self.codecs.get(key)
+            if codec is None or key == self.skip:
+                self.cur = None
+                return R_PYTHON
+            r = self.plans.get(key)
+            if r is None or r.codec is not codec or r.types is not codec.types:
+                r = _Rel()
+                self._fill(r, codec, codec.types, self.plan_for(codec))
+                self.plans[key] = r
+            else:
+                self._fill(r, codec, r.types, r.plan)
+            self.cur = r
+        if r.plan is None or self.held:
+            return R_PYTHON
+        if not self._state(r):
+            return R_SKIPPED
         try:
-            out = self._encode(<WPlan>plan, d, &m, codec.source_head, b.tx_part, commit_lsn, seq, b.now,
-                               st is not None)
+            self._encode(<WPlan>r.plan, d, &m, r.head, self.tx_part, self.commit_lsn, self.seq + 1, self.now,
+                         self.staging is not None)
         except _Declined:
             self.encoder.declined += 1
-            return self.python
-        b.seq = seq
-        return self._records(codec, out, st, commit_lsn, seq)
+            return R_PYTHON
+        self._done()
+        return R_DONE
