@@ -90,7 +90,7 @@ from cdc.reader.plugin import (
     note_reread,
     resnapshot_after_lost_slot,
 )
-from cdc.reader.replication import StreamControl, open_replication, stream
+from cdc.reader.replication import FALLBACKS, StreamControl, open_replication, stream
 from cdc.reader.schema import RegistryColumns, SchemaFollower, SourceCatalog
 from cdc.reader.slot import SlotFacts, decide
 from cdc.reader.watch import SourceWatcher, table_names
@@ -327,6 +327,8 @@ class Reader:
         # the compiled per-change path's fallbacks (cdc.reader.replication._count_fallbacks)
         m.total("native_python_values", self.stats.get("native_python_values", 0))
         m.total("native_python_changes", self.stats.get("native_python_changes", 0))
+        # sessions that read the stream with psycopg2's read_message (cdc.reader.replication._fell_back)
+        m.total(FALLBACKS, self.stats.get(FALLBACKS, 0))
         m.total("events_written", events)
 
     def _ensure_topics(self, regs: list[TableReg]) -> None:
@@ -611,6 +613,32 @@ class Reader:
         )
         return SchemaFollower(builder, SourceCatalog(conn), record)
 
+    def _control(
+        self,
+        conn: psycopg.Connection[Any],
+        stop: threading.Event,
+        watcher: SourceWatcher,
+        target: int | None,
+        ddl: DdlFollower,
+        schema: SchemaFollower,
+    ) -> StreamControl:
+        """What a session's stream loop watches besides the stream (:class:`StreamControl`)."""
+        return StreamControl(
+            stop=stop,
+            should_restart=watcher.should_restart,
+            heartbeat=lambda: self._published_heartbeat(conn),
+            heartbeat_interval_s=self.options.heartbeat_interval_s,
+            target=target,
+            poll_s=self.options.poll_s,
+            batch_max_events=self.options.batch_max_events,
+            batch_max_ms=self.options.batch_max_ms,
+            batch_linger_ms=self.options.batch_linger_ms,
+            stats=self.stats,
+            ddl=ddl,
+            schema=schema.settle,
+            log=self.log,
+        )
+
     def _stream_session(
         self,
         conn: psycopg.Connection[Any],
@@ -638,20 +666,7 @@ class Reader:
         schema = self._schema(conn, builder)
         follower = self._ddl_follower(conn, builder, schema, regs, watcher)
         batch = Batch(self.store, self.store_lock, staging=builder.staging)
-        ctl = StreamControl(
-            stop=stop,
-            should_restart=watcher.should_restart,
-            heartbeat=lambda: self._published_heartbeat(conn),
-            heartbeat_interval_s=self.options.heartbeat_interval_s,
-            target=target,
-            poll_s=self.options.poll_s,
-            batch_max_events=self.options.batch_max_events,
-            batch_max_ms=self.options.batch_max_ms,
-            batch_linger_ms=self.options.batch_linger_ms,
-            stats=self.stats,
-            ddl=follower,
-            schema=schema.settle,
-        )
+        ctl = self._control(conn, stop, watcher, target, follower, schema)
 
         detaches = self._detached_rows(conn, regs, db)
 

@@ -38,7 +38,7 @@ import psycopg2.extras
 
 from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
 from cdc.codec.envelope import ColumnsSeen, EventBuilder
-from cdc.codec.fastpath import PYTHON, native_changes, native_module
+from cdc.codec.fastpath import PYTHON, native_changes, native_module, native_status
 from cdc.codec.pgoutput import RawMessage
 from cdc.codec.wal2json import DECODER
 from cdc.config import ReaderConfig
@@ -80,6 +80,8 @@ class StreamControl:
     #: called once the server has accepted START_REPLICATION (e.g. starts the chunk driver, whose
     #: reads would be wasted on a session the server refuses)
     on_started: Callable[[], None] | None = None
+    #: the reader's log (a line it says once: the stream read without the libpq reader)
+    log: Callable[[str], None] | None = None
 
 
 def open_replication(dsn: str) -> Any:
@@ -167,6 +169,35 @@ def copy_stream(cur: Any, on_keepalive: Callable[[], object]) -> Any:
         )
     except ImportError:  # psycopg2's libpq does not export its functions: the same stream, slower
         return None
+
+
+#: the stats' (and metrics') counter of sessions read without the libpq reader
+FALLBACKS = "libpq_reader_fallbacks"
+
+
+def copy_stream_missing() -> str:
+    """Why :func:`copy_stream` gives no libpq reader (what the log says when it does not)."""
+    native = native_module()
+    if native is None:
+        return f"the compiled module is not used: {native_status()[1]}"
+    try:
+        native.libpq_resolve(psycopg2._psycopg.__file__)
+    except ImportError as exc:
+        return f"psycopg2's libpq cannot be used ({exc})"
+    return "the libpq reader could not be made"
+
+
+def _fell_back(ctl: StreamControl) -> None:
+    """The session reads with psycopg2's ``read_message`` (no libpq reader): counted in
+    ``libpq_reader_fallbacks`` (sessions, running total; ``cdc status --json`` shows it) and said
+    once in the reader's log."""
+    stats = ctl.stats
+    stats[FALLBACKS] = stats.get(FALLBACKS, 0) + 1
+    if stats[FALLBACKS] == 1 and ctl.log is not None:
+        ctl.log(
+            f"reading the stream with psycopg2's read_message, not the libpq reader: {copy_stream_missing()} "
+            "(slower per message; the same events)"
+        )
 
 
 class _Positions:
@@ -338,6 +369,8 @@ def _loop(
     module's libpq reader where there is one (else, and by default, ``cur.read_message``)."""
     at = _Positions(cur, batch, ctl, start_lsn)
     at.copy = copy_stream(cur, at.status) if libpq else None
+    if libpq and at.copy is None:
+        _fell_back(ctl)
     try:
         return _run(at, builder, decoder)
     finally:

@@ -245,6 +245,8 @@ def test_a_session_through_the_libpq_reader_writes_the_reference_records(
     ref, ref_stats, none = _session(dsn, "s0", plugin, end, tmp_path, monkeypatch, native=False)
     got, stats, copy = _session(dsn, "s1", plugin, end, tmp_path, monkeypatch, native=True)
     assert none is None and copy is not None  # the reference read with psycopg2, the other with libpq
+    # the fallback to read_message is counted (the reader's metric), the libpq reader's session not
+    assert ref_stats[replication.FALLBACKS] == 1 and replication.FALLBACKS not in stats
     assert copy.messages > STREAMED
     # read into the batch without an object per change (pgoutput: not the streamed transaction's,
     # which its source spools and returns at the commit; the deletes after it)
@@ -387,3 +389,29 @@ def test_the_libpq_readers_errors_are_psycopg2s_classes() -> None:
         assert (
             type(err) is psycopg2.OperationalError and str(err) == "server closed the connection unexpectedly"
         )
+
+
+def test_a_session_read_without_the_libpq_reader_says_so_once_and_counts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback to psycopg2's ``read_message`` is no longer silent: each session counts in
+    ``libpq_reader_fallbacks`` (the reader's metric, in ``cdc status --json``), and the reader's log
+    says it once, with why."""
+    monkeypatch.setenv("CDC_NATIVE", "0")
+    logged: list[str] = []
+    ctl = StreamControl(stop=threading.Event(), should_restart=lambda: False, log=logged.append)
+    for _ in range(3):  # three sessions (a restart each)
+        replication._fell_back(ctl)
+    assert ctl.stats[replication.FALLBACKS] == 3
+    assert len(logged) == 1 and "read_message" in logged[0] and "CDC_NATIVE=0" in logged[0], logged
+    native = native_module()
+    if native is None:
+        return
+    monkeypatch.setenv("CDC_NATIVE", "1")
+
+    def missing(_module: str) -> None:
+        raise ImportError("libpq's PQgetCopyData is not found through psycopg2's module")
+
+    monkeypatch.setattr(native, "libpq_resolve", missing)
+    why = replication.copy_stream_missing()
+    assert "psycopg2's libpq cannot be used" in why and "PQgetCopyData" in why

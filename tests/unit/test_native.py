@@ -8,6 +8,7 @@ check that the compiled path took what it should (else they would compare Python
 
 from __future__ import annotations
 
+import functools
 import struct
 from pathlib import Path
 from typing import Any
@@ -463,3 +464,103 @@ def test_every_control_character_is_escaped_as_orjson_does(tmp_path: Path) -> No
     outs, fast = both(tmp_path, [insert(RELID, *row), update(RELID, tuple(row))])
     assert fast.declined == 0 and outs[2][0] is not None
     assert b"\\b\\f" in outs[2][0][1][0][1]
+
+
+def _pumped(nat: World, steps: list[Any], budget: int, max_count: int) -> list[Any]:
+    """The records ``Changes.pump`` appends for ``steps`` (messages, and callables applied to the
+    world between them, when the stream has nothing ready), the messages it hands back taken by the
+    Python path as the stream loop takes them."""
+    from cdc.codec.pgoutput import RawMessage
+
+    assert nat.fast is not None
+    batch = Batch()
+    flushed: list[Any] = []
+    i = 0
+    while i < len(steps):
+        j = i
+        while j < len(steps) and not callable(steps[j]):
+            j += 1
+        raws = iter([RawMessage(m, nat.lsn + 8 * (k + 1)) for k, m in enumerate(steps[i:j])])
+        read = functools.partial(next, raws, None)
+        nat.lsn += 8 * (j - i)
+        while True:
+            that, _ = nat.fast.pump(read, batch, max_count, budget)
+            if that is not None and that is not PYTHON:
+                decoded = nat.decoder.decode(that.payload, that.data_start)
+                if decoded is not None and decoded.action == "B":
+                    nat.builder.begin(decoded)
+                elif decoded is not None and decoded.action in ("I", "U", "D"):
+                    out = settled(nat.schema, nat.builder.change(decoded))
+                    if out is not None:
+                        batch.records.setdefault(out[0], []).extend(out[1])
+                        batch.count += len(out[1])
+            if batch.count >= max_count or that is None:
+                flushed += [(t, r.key, r.value, r.partition) for t, rs in batch.records.items() for r in rs]
+                batch.records, batch.count = {}, 0
+            if that is None:
+                break
+        if j < len(steps):
+            steps[j](nat)
+        i = j + 1
+    return flushed
+
+
+@pytest.mark.parametrize("budget", [1, 3, 1024])
+def test_pump_follows_the_builders_state_between_calls(tmp_path: Path, budget: int) -> None:
+    """``Changes.pump`` reads the builder's state once per call and checks a table's codec once per
+    call: what the Python path changes between two calls (a new transaction, a Relation message
+    with other columns and the schema change it settles, the table's snapshot position, a table
+    detached and attached again) is what the next call's changes see. The same records in order,
+    the same images staged and version, and the same ``seq`` as the Python path message by
+    message."""
+    changed = [(n, "text" if n == "i" else t) for n, t in COLS]  # i: integer -> text (a retype)
+
+    def snapshot_at(lsn: int) -> Any:
+        def step(w: World) -> None:
+            w.codec.snapshot_lsn = lsn
+
+        return step
+
+    def detach(w: World) -> None:
+        w.builder.detach(w.codec)
+
+    def reattach(w: World) -> None:
+        w.builder.reattach(("public", "every"))
+
+    tx2 = begin(0x3_0000_0000, 817_093_738_744_400, 728)
+    tx3 = begin(0x4_0000_0000, 817_093_738_744_500, 729)
+    tx4 = begin(0x5_0000_0000, 817_093_738_744_600, 730)
+    steps: list[Any] = [relation_msg(COLS, ("id",)), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
+    steps += [insert(RELID, *row) for row in ROWS]
+    steps += [snapshot_at(0x3_0000_0001), tx2]  # the table's snapshot holds tx2: skipped, seq counted
+    steps += [update(RELID, tuple(row)) for row in ROWS]
+    steps += [snapshot_at(0), tx3, relation_msg(changed, ("id",))]  # a retyped column mid-stream
+    steps += [insert(RELID, *row) for row in ROWS[:2]]
+    steps += [detach]  # no longer decoded: skipped by the Python path, seq counted
+    steps += [update(RELID, tuple(row)) for row in ROWS[:2]]
+    steps += [reattach, tx4]
+    steps += [delete(RELID, (row[0],) + (None,) * (len(row) - 1)) for row in ROWS]
+    steps += [insert(RELID, *row) for row in ROWS]
+    py, nat = World(tmp_path, False), World(tmp_path, True)
+    try:
+        want: list[Any] = []
+        for s in steps:
+            if callable(s):
+                s(py)
+                continue
+            out = py.feed(s)
+            if out[0] is not None:
+                want += [(out[0][0], *r) for r in out[0][1]]
+        nat.builder.now = py.builder.now = b"1764000000000"
+        got = _pumped(nat, steps, budget, 5)
+        assert got == want
+        assert nat.builder.seq == py.builder.seq
+        assert nat.changed == py.changed and py.changed  # the retype was recorded, once
+        assert nat.builder.staging is not None and py.builder.staging is not None
+        assert nat.builder.staging.changes == py.builder.staging.changes
+        assert nat.builder.staging.version == py.builder.staging.version
+        assert nat.fast is not None and nat.fast.declined == 0
+        assert len(want) > 2 * len(ROWS)
+    finally:
+        py.close()
+        nat.close()
