@@ -510,7 +510,8 @@ def test_pump_follows_the_builders_state_between_calls(tmp_path: Path, budget: i
     """``Changes.pump`` reads the builder's state once per call and checks a table's codec once per
     call: what the Python path changes between two calls (a new transaction, a Relation message
     with other columns and the schema change it settles, the table's snapshot position, a table
-    detached and attached again) is what the next call's changes see. The same records in order,
+    detached and attached again) is what the next call's changes see; multi-MB values, unchanged
+    TOAST values and key changes among them. The same records in order,
     the same images staged and version, and the same ``seq`` as the Python path message by
     message."""
     changed = [(n, "text" if n == "i" else t) for n, t in COLS]  # i: integer -> text (a retype)
@@ -541,6 +542,14 @@ def test_pump_follows_the_builders_state_between_calls(tmp_path: Path, budget: i
     steps += [reattach, tx4]
     steps += [delete(RELID, (row[0],) + (None,) * (len(row) - 1)) for row in ROWS]
     steps += [insert(RELID, *row) for row in ROWS]
+    big = list(ROW1)
+    big[12] = BIG  # a multi-MB value: its image staged by pump
+    toasted = tuple(v if i != 12 else ... for i, v in enumerate(ROW1))
+    moved = ("99", *ROW1[1:12], ..., *ROW1[13:])
+    steps += [insert(RELID, *big), update(RELID, tuple(big))]
+    steps += [update(RELID, toasted)]  # t unchanged: declined, filled in by the Python path
+    steps += [update(RELID, moved, ("1",) + (None,) * (len(ROW1) - 1))]  # a key change: declined
+    steps += [insert(RELID, *ROW2), delete(RELID, ("3",) + (None,) * (len(ROW1) - 1))]
     py, nat = World(tmp_path, False), World(tmp_path, True)
     try:
         want: list[Any] = []
@@ -559,8 +568,9 @@ def test_pump_follows_the_builders_state_between_calls(tmp_path: Path, budget: i
         assert nat.builder.staging is not None and py.builder.staging is not None
         assert nat.builder.staging.changes == py.builder.staging.changes
         assert nat.builder.staging.version == py.builder.staging.version
-        assert nat.fast is not None and nat.fast.declined == 0
+        assert nat.fast is not None and nat.fast.declined == 2  # the TOAST fill and the key change
         assert len(want) > 2 * len(ROWS)
+        assert any(v is not None and len(v) > 2_000_000 for v in nat.builder.staging.changes.values())
     finally:
         py.close()
         nat.close()

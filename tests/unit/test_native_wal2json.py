@@ -371,6 +371,61 @@ def test_pump_takes_wal2json_changes_and_hands_back_the_rest(tmp_path: Path) -> 
         nat.close()
 
 
+def test_pump_alternating_tables_and_the_builders_state_between_calls(tmp_path: Path) -> None:
+    """Two tables' changes interleaved within one ``pump`` call (each change looks its table up by
+    name: the one before it, or another), then a table detached between calls (its changes the
+    Python path's, skipped) and a new transaction: the same records per topic, the same ``seq``,
+    images and staging version as the Python path message by message."""
+
+    def other(m: bytes) -> bytes:
+        return m.replace(b'"table":"every"', b'"table":"other"')
+
+    msgs = [m for row in ROWS for m in (ins(row), other(ins(row)))]
+    msgs += [m for row in ROWS for m in (other(upd(row, key_json(row[0]))), upd(row, key_json(row[0])))]
+    tail = [other(dele(key_json("1"))), dele(key_json("2")), other(ins(ROW1))]
+    begin2 = BEGIN.replace(b'"xid":727', b'"xid":728').replace(b'"2/0"', b'"3/0"')
+    py, nat = World(tmp_path, False), World(tmp_path, True)
+    try:
+        for w in (py, nat):
+            reg = every_table(COLS, DOMAINS, ("id",), ())
+            reg = type(reg)("public", "other", "cdc.public.other", ("id",), columns=reg.columns)
+            w.builder.codecs[("public", "other")] = TableCodec(reg, prefix="cdc", db="app", partitions=3)
+            w.images.follow("cdc.public.other", 0.0)
+        want: list[Any] = []
+        steps = [BEGIN, *msgs, "detach", begin2, *tail]
+        for m in steps:
+            if m == "detach":
+                py.builder.detach(py.builder.codecs[("public", "other")])
+                continue
+            out = py.feed(m)
+            if out[0] is not None:
+                want += [(out[0][0], *r) for r in out[0][1]]
+        nat.feed(BEGIN)
+        assert nat.fast is not None
+        nat.builder.now = b"1764000000000"
+        batch = Batch()
+        raws = iter([_Raw(m) for m in msgs])
+        that, k = nat.fast.pump(lambda: next(raws, None), batch, 1000, 1000)
+        assert that is None and k == len(msgs)  # every change taken in one call
+        nat.builder.detach(nat.builder.codecs[("public", "other")])
+        nat.feed(begin2)
+        nat.builder.now = b"1764000000000"
+        raws = iter([_Raw(m) for m in tail])
+        while (that := nat.fast.pump(lambda: next(raws, None), batch, 1000, 1000)[0]) is not None:
+            out = settled(nat.schema, nat.builder.change(decode(that.payload)))  # the detached table's
+            assert out is None
+        got = [(t, r.key, r.value, r.partition) for t, rs in batch.records.items() for r in rs]
+        for topic in ("cdc.public.every", "cdc.public.other"):
+            assert [g for g in got if g[0] == topic] == [w for w in want if w[0] == topic], topic
+        assert len(got) == len(want) > 4 * len(ROWS)
+        b, pb = nat.builder, py.builder
+        assert b.seq == pb.seq and b.staging is not None and pb.staging is not None
+        assert b.staging.changes == pb.staging.changes and b.staging.version == pb.staging.version
+    finally:
+        py.close()
+        nat.close()
+
+
 # -- randomized ------------------------------------------------------------------------------------------
 @st.composite
 def changes(draw: Any) -> tuple[list[bytes], bool]:
