@@ -479,13 +479,16 @@ def after_batch(
     vacuumed: bool = False,
     open_table: Opener = open_table,
     tracker: DiskTracker | None = None,
+    timed: Callable[[str, float], None] | None = None,
 ) -> Reclaimed:
     """The disk rule of the Delta tables at ``paths`` (the ones that exist) after batch ``batch_id``,
     the same for a table's and a view's: every ``vacuum_every`` batches the full vacuum (files of a
     killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
     then, after every batch, :func:`bound`. Returns what the ratio did. ``open_table``: how a
     table is opened (:meth:`.handles.Handles.get`, to reuse the caller's handles); ``tracker``:
-    the tables' bytes on disk kept from their logs (:class:`DiskTracker`)."""
+    the tables' bytes on disk kept from their logs (:class:`DiskTracker`); ``timed``: told the
+    seconds of each step (``vacuum``, ``bound``)."""
+    t0 = time.monotonic()
     tables = {p: t for p in paths if (t := open_table(p)) is not None}
     if not vacuumed and due(opts.vacuum_every, batch_id):
         for path, table in tables.items():
@@ -493,10 +496,16 @@ def after_batch(
             refresh(table)  # the vacuum's own commits
             if tracker is not None:
                 tracker.forget(path)
+        if timed is not None:
+            timed("vacuum", time.monotonic() - t0)
     elif vacuumed and tracker is not None:
         for path in tables:
             tracker.forget(path)
-    return bound(tables, opts, tables.get, tracker)
+    t0 = time.monotonic()
+    done = bound(tables, opts, tables.get, tracker)
+    if timed is not None:
+        timed("bound", time.monotonic() - t0)
+    return done
 
 
 def bound(
