@@ -134,6 +134,9 @@ class WarehouseSink(Sink):
         self._compacted_behind: tuple[int, float] = (-1, 0.0)
         #: the maintenance after the driver's commits, on a thread of its own (:meth:`committed`)
         self.background = background.Maintenance()
+        #: per table (qualified name), the partitions a batch may rewrite that the last round found
+        #: with small files to compact (:func:`.compact.due`): the driver compacts them
+        self._due: dict[str, list[compact.Todo]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -374,8 +377,9 @@ class WarehouseSink(Sink):
         then the compaction of the partitions batches only append to (the history's closed rows,
         :func:`.compact.append_only`) within the batch's ``compact_budget_s``. Here, in the driver:
         the compaction of the partitions a batch may rewrite (:func:`.compact.rewritten`: a bucket's
-        new keys, the tombstones), within the same budget, when any has ``compact_min_files`` small
-        files; and every ``maintain_every`` batches :meth:`maintain`, once the rounds before are done.
+        new keys, the tombstones) that the table's last round found with ``compact_min_files``
+        small files (none: no listing here), within the same budget; and every ``maintain_every``
+        batches :meth:`maintain`, once the rounds before are done.
         ``maintain_in_background`` false: all of it here, in line (:meth:`_maintain_after`)."""
         if not self.options.maintain_in_background:
             with self.background.timed("inline"):
@@ -386,8 +390,10 @@ class WarehouseSink(Sink):
             with self.background.timed("full"):
                 self._maintain_after(reg, batch_id)
             return
-        with self.background.timed("compact"):
-            self._compacted = self._compact(reg, batch_id, self._compacted, compact.rewritten)
+        todo = self._due.pop(reg.qualified, [])
+        if todo:
+            with self.background.timed("compact"):
+                self._compacted = self._compact(reg, batch_id, self._compacted, compact.rewritten, todo)
         self.background.submit(lambda: self._round(reg, batch_id))
 
     def await_maintenance(self) -> None:
@@ -399,7 +405,8 @@ class WarehouseSink(Sink):
         """See :meth:`sinks.Sink.maintain_phases`: ``compact`` (the driver's, rewritten partitions),
         ``full`` (a batch's :meth:`maintain`), ``inline`` (all of it, ``maintain_in_background``
         false); of the rounds on the maintenance thread: ``round`` and its steps ``vacuum``,
-        ``bound`` (the ratio's measure and reclaim) and ``closed`` (the closed rows' compaction)."""
+        ``bound`` (the ratio's measure and reclaim), ``listing`` (the small files' partitions) and
+        ``closed`` (the closed rows' compaction)."""
         return self.background.phases()
 
     def _round(self, reg: TableReg, batch_id: int) -> None:
@@ -414,14 +421,30 @@ class WarehouseSink(Sink):
             tracker=self.disk,
             timed=self.background.add,
         )
+        with self.background.timed("listing"):
+            todo = compact.due(
+                self.paths(reg),
+                self.handles.get,
+                target_size=self.options.target_file_size,
+                min_files=self.options.compact_min_files,
+            )
+        self._due[reg.qualified] = [t for t in todo if compact.rewritten(t[2])]
         with self.background.timed("closed"):
-            self._compacted_behind = self._compact(reg, batch_id, self._compacted_behind, compact.append_only)
+            self._compacted_behind = self._compact(
+                reg, batch_id, self._compacted_behind, compact.append_only, todo
+            )
 
     def _compact(
-        self, reg: TableReg, batch_id: int, spent: tuple[int, float], where: compact.Where | None
+        self,
+        reg: TableReg,
+        batch_id: int,
+        spent: tuple[int, float],
+        where: compact.Where | None,
+        todo: list[compact.Todo] | None = None,
     ) -> tuple[int, float]:
-        """:func:`.compact.step` on ``reg``'s tables' partitions ``where`` accepts, within what is left
-        of the batch's budget (``spent``: the batch and seconds spent so far); the new ``spent``."""
+        """:func:`.compact.step` on ``reg``'s tables' partitions ``where`` accepts (of ``todo``,
+        default: listed now), within what is left of the batch's budget (``spent``: the batch and
+        seconds spent so far); the new ``spent``."""
         opts = self.options
         used = spent[1] if spent[0] == batch_id else 0.0
         self.last_compaction = compact.step(
@@ -431,6 +454,7 @@ class WarehouseSink(Sink):
             budget_s=max(opts.compact_budget_s - used, 0.0),
             min_files=opts.compact_min_files,
             where=where,
+            todo=todo,
         )
         return (batch_id, used + self.last_compaction.seconds)
 

@@ -104,6 +104,23 @@ def _text(value: object) -> str:
     return str(value)
 
 
+#: a partition to compact: (its small files, the Delta table's path, the partition's values)
+Todo = tuple[int, Path, dict[str, str]]
+
+
+def due(paths: Iterable[Path], open_table: Opener, *, target_size: int | None, min_files: int) -> list[Todo]:
+    """The partitions of the Delta tables at ``paths`` with at least ``min_files`` small files
+    (:func:`candidates`), the most first."""
+    target = target_size or 100 << 20
+    todo: list[Todo] = []
+    for path in paths:
+        table = open_table(path)
+        if table is not None:
+            todo.extend((n, path, part) for n, part in candidates(table, target // 2, min_files))
+    todo.sort(key=lambda c: -c[0])
+    return todo
+
+
 def step(
     paths: Iterable[Path],
     open_table: Opener,
@@ -112,6 +129,7 @@ def step(
     budget_s: float,
     min_files: int,
     where: Where | None = None,
+    todo: list[Todo] | None = None,
 ) -> Compacted:
     """Compact the partitions of the Delta tables at ``paths`` with the most small files first, one
     at a time, until ``budget_s`` seconds are spent (a compaction started is finished: the budget
@@ -119,23 +137,19 @@ def step(
     only the partitions it accepts (:func:`append_only`, :func:`rewritten`; None: all). A
     compaction whose commit refuses because another writer committed meanwhile (a task's schema
     change while this runs on the maintenance thread) commits nothing; the partition is left for a
-    later step."""
+    later step. ``todo``: the partitions to compact, as :func:`due` listed them (maybe before a
+    commit: a partition that has fewer small files since is compacted as it is); default: listed
+    here."""
     done = Compacted()
     if budget_s <= 0:
         return done
     started = time.monotonic()
     target = target_size or 100 << 20
-    todo: list[tuple[int, Path, dict[str, str]]] = []
-    for path in paths:
-        table = open_table(path)
-        if table is not None:
-            todo.extend(
-                (n, path, part)
-                for n, part in candidates(table, target // 2, min_files)
-                if where is None or where(part)
-            )
-    todo.sort(key=lambda c: -c[0])
+    if todo is None:
+        todo = due(paths, open_table, target_size=target_size, min_files=min_files)
     for _n, path, part in todo:
+        if where is not None and not where(part):
+            continue
         if time.monotonic() - started >= budget_s:
             break
         table = open_table(path)

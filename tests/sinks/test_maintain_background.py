@@ -177,3 +177,24 @@ def test_a_round_s_error_is_raised_at_the_next_commit(
         driver.commit_deferred(writes, APP, 3)
     assert _applied(driver, reg) == 2
     driver.close()
+
+
+def test_new_keys_files_are_compacted_by_the_driver_from_the_round_s_listing(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """Batches of new keys append a file per bucket to the current table (a partition a batch may
+    rewrite, so never compacted beside the tasks): the round lists it, the driver's next
+    ``committed`` compacts it; the files stay few, every row kept."""
+    reg = table()
+    f = feed(reg)
+    driver, task = WarehouseSink(tmp_path, _options()), WarehouseSink(tmp_path, _options())
+    n = 0
+    for batch_id in range(1, 16):
+        rows = [f.change("c", {"id": n + i, "name": "a", "note": None}, 100 * batch_id) for i in range(6)]
+        n += 6
+        driver.commit_deferred(_deferred(task, f.batch(*rows), batch_id), APP, batch_id)
+        driver.committed(reg, batch_id)
+    driver.close()
+    assert driver.maintain_phases()["compact"] > 0  # the driver compacted from a round's listing
+    assert len(DeltaTable(str(driver.paths(reg)[0])).file_uris()) <= 2 * 4  # 2 buckets, under min_files
+    assert sorted(r["id"] for r in driver.current_rows(reg, meta=False).to_pylist()) == list(range(n))
