@@ -404,9 +404,10 @@ class WarehouseSink(Sink):
     def maintain_phases(self) -> dict[str, float]:
         """See :meth:`sinks.Sink.maintain_phases`: ``compact`` (the driver's, rewritten partitions),
         ``full`` (a batch's :meth:`maintain`), ``inline`` (all of it, ``maintain_in_background``
-        false); of the rounds on the maintenance thread: ``round`` and its steps ``vacuum``,
-        ``bound`` (the ratio's measure and reclaim), ``listing`` (the small files' partitions) and
-        ``closed`` (the closed rows' compaction)."""
+        false); of the rounds on the maintenance thread: ``round`` and its steps ``open`` (the
+        tables brought up to date), ``vacuum``, ``bound`` (the ratio: its ``usage`` and
+        ``reclaim``), ``listing`` (the small files' partitions) and ``closed`` (the closed rows'
+        compaction)."""
         return self.background.phases()
 
     def _round(self, reg: TableReg, batch_id: int) -> None:
