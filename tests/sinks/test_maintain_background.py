@@ -118,7 +118,8 @@ def test_closed_rows_compacted_beside_a_batch_read_before_lose_and_double_nothin
     """Each batch's task reads the tables before the previous batch's round runs (it compacts the
     history's closed rows and reclaims); every commit goes through (no conflict: a batch never
     removes a closed-rows file), the closed files are compacted, and the rows are those of a sink
-    maintaining in line, none lost or doubled."""
+    maintaining in line, none lost or doubled; after the last round each table is within its
+    garbage ratio."""
     reg = table()
     rows: dict[bool, list[dict[str, Any]]] = {}
     files: dict[bool, int] = {}
@@ -144,6 +145,9 @@ def test_closed_rows_compacted_beside_a_batch_read_before_lose_and_double_nothin
         driver.committed(reg, 22)
         driver.close()
         assert _applied(driver, reg) == 22
+        for path in driver.paths(reg):  # the disk bound after the last round: garbage <= ratio x live
+            use = reclaim.usage(path)
+            assert use.garbage <= 1.0 * use.live, (path.name, use)
         hist = driver.paths(reg)[1]
         files[behind] = len(DeltaTable(str(hist)).file_uris())
         rows[behind] = sorted(
