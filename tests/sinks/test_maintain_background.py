@@ -202,3 +202,16 @@ def test_new_keys_files_are_compacted_by_the_driver_from_the_round_s_listing(
     assert driver.maintain_phases()["compact"] > 0  # the driver compacted from a round's listing
     assert len(DeltaTable(str(driver.paths(reg)[0])).file_uris()) <= 2 * 4  # 2 buckets, under min_files
     assert sorted(r["id"] for r in driver.current_rows(reg, meta=False).to_pylist()) == list(range(n))
+
+
+def test_a_table_s_writes_read_at_two_versions_commit_as_read_at_the_earliest(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """Two tasks of a batch may read a table on either side of a round's compaction (found by
+    ``bench.freshness_sustained``: the apply failed with "cannot be committed together"): their
+    writes merge, read at the earlier version, and the commit checks what they remove."""
+    from sinks.warehouse.files import TableWrite
+
+    first = TableWrite("file:///t", 206, ["_cdc_bucket"], adds=[{"path": "a"}])
+    first.merge(TableWrite("file:///t", 205, ["_cdc_bucket"], adds=[{"path": "b"}]))
+    assert first.read_version == 205 and [a["path"] for a in first.adds] == ["a", "b"]
