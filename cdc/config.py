@@ -104,6 +104,9 @@ class WarehouseConfig(_Section):
     #: compacted, the most first, for up to this many seconds in all (0: only maintain compacts)
     compact_budget_s: float = Field(default=0.25, ge=0)
     compact_min_files: int = Field(default=8, ge=2)
+    #: the maintenance after a batch (reclaim, vacuum, the closed history rows' compaction) runs on a
+    #: thread of its own while the next batch's tasks run; false: in line, after each commit
+    maintain_in_background: bool = True
 
 
 class SearchConfig(_Section):

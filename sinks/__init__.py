@@ -400,7 +400,18 @@ class Sink(abc.ABC):
 
     def committed(self, reg: TableReg, batch_id: int) -> None:  # noqa: B027 - optional hook
         """Called by the apply's driver once the writes of micro-batch ``batch_id`` of ``reg`` that
-        the tasks left to it are committed: periodic maintenance belongs here, never in a task."""
+        the tasks left to it are committed: periodic maintenance belongs here, never in a task. A
+        sink may hand it to a thread of its own and return before it is done; it then waits for it
+        in :meth:`await_maintenance`, before its next write."""
+
+    def await_maintenance(self) -> None:  # noqa: B027 - optional hook
+        """Called by the apply's driver before it commits a batch (:meth:`commit_deferred`): wait for
+        the maintenance :meth:`committed` left running, raising its error."""
+
+    def maintain_phases(self) -> dict[str, float]:
+        """The seconds per step of the maintenance done since the last call (for the batch's
+        report: ``maintain <sink> <step>``); empty by default."""
+        return {}
 
     def defer_commits(self, into: list[Any] | None) -> None:
         """Only for a sink with :attr:`commits_in_driver`, called in a Spark task before it applies

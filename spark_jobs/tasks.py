@@ -546,10 +546,16 @@ def commit_slices(
     replayed batch commits nothing twice: the tasks find it applied and write nothing), then each
     sink's :meth:`~sinks.Sink.committed` (maintenance) for the batch's tables, starting from a
     different one at each batch (a sink may share a time budget among them). Returns the wall
-    seconds of each: ``commit <sink>`` and ``maintain <sink>`` (summed over the tables)."""
+    seconds of each: ``maintain <sink> wait`` (for the maintenance the previous batch left running,
+    :meth:`~sinks.Sink.await_maintenance`), ``commit <sink>`` and ``maintain <sink>`` (summed over
+    the tables), and the steps of the sink's maintenance done since the previous batch
+    (``maintain <sink> <step>``, :meth:`~sinks.Sink.maintain_phases`)."""
     phases: dict[str, float] = {}
     for sink in sinks:
         if sink.commits_in_driver:
+            t0 = time.monotonic()
+            sink.await_maintenance()
+            phases[f"maintain {sink.name} wait"] = time.monotonic() - t0
             t0 = time.monotonic()
             sink.commit_deferred([w for r in results for w in r.writes.get(sink.name, ())], app_id, batch_id)
             phases[f"commit {sink.name}"] = time.monotonic() - t0
@@ -561,6 +567,9 @@ def commit_slices(
             sink.committed(reg, batch_id)
             key = f"maintain {sink.name}"
             phases[key] = phases.get(key, 0.0) + time.monotonic() - t0
+    for sink in sinks:
+        for step, seconds in sink.maintain_phases().items():
+            phases[f"maintain {sink.name} {step}"] = seconds
     return phases
 
 

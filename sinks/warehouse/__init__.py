@@ -25,7 +25,7 @@ from cdc.registry import TableReg
 from sinks import ChangeBatch, KeyRanges, Rejection, Sink, StoredRows
 from sinks import types as T
 from sinks.toast import Stored
-from sinks.warehouse import compact, evolve, leases, reclaim
+from sinks.warehouse import background, compact, evolve, leases, reclaim
 from sinks.warehouse import stored as lookups
 from sinks.warehouse.delta import (
     Commit,
@@ -94,7 +94,9 @@ __all__ = [
 class WarehouseSink(Sink):
     """Delta Lake current-state + history tables per registered table (see the module docstring).
 
-    Not thread-safe; one writer per table at a time (the apply job). ``last_metrics`` holds the write
+    Not thread-safe; one writer per table at a time (the apply job): the maintenance the driver
+    hands to its own thread (:meth:`committed`, :mod:`.background`) is waited for before any other
+    write of the sink's (:meth:`await_maintenance`). ``last_metrics`` holds the write
     metrics of the last :meth:`apply` per table kind (``current``/``history``,
     :meth:`.files.TableWrite.metrics`): ``num_target_files_removed``/``_added`` (files rewritten),
     ``num_target_rows_updated``/``_inserted``/``_deleted``.
@@ -126,8 +128,15 @@ class WarehouseSink(Sink):
         self.disk = reclaim.DiskTracker()
         #: what the last batch's incremental compaction did (:func:`.compact.step`)
         self.last_compaction = compact.Compacted()
-        #: (batch id, seconds its tables' compactions spent): the budget is per batch
+        #: (batch id, seconds its tables' compactions spent): the budget is per batch; one for the
+        #: driver's compactions, one for the maintenance thread's
         self._compacted: tuple[int, float] = (-1, 0.0)
+        self._compacted_behind: tuple[int, float] = (-1, 0.0)
+        #: the maintenance after the driver's commits, on a thread of its own (:meth:`committed`)
+        self.background = background.Maintenance()
+        #: per table (qualified name), the partitions a batch may rewrite that the last round found
+        #: with small files to compact (:func:`.compact.due`): the driver compacts them
+        self._due: dict[str, list[compact.Todo]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WarehouseSink:
@@ -222,6 +231,8 @@ class WarehouseSink(Sink):
         self.last_metrics = {}
         if not len(batch):
             return
+        if self.pending is None:  # it commits here: never beside a maintenance round
+            self.await_maintenance()
         columns = _columns(reg, batch.columns.names())
         current, history, tombs = self._open_tables(
             reg,
@@ -280,6 +291,7 @@ class WarehouseSink(Sink):
         """See :meth:`sinks.Sink.prepare`: the registration's columns added, a widened type cast, the
         dropped columns recorded -- on tables that exist. A missing table is created only with a
         ``sample`` (:meth:`create_from_sample`), else by its first batch."""
+        self.await_maintenance()  # it may commit (columns added, types cast): never beside a round
         cur = self.handles.get(self.paths(reg)[0])
         if cur is not None:
             layout = layout_of(cur)
@@ -296,6 +308,7 @@ class WarehouseSink(Sink):
         nothing when the sample holds no event. Creating is idempotent (``mode="ignore"``; a crash
         between the three creates is resumed by :meth:`_open_tables`), and writes no row: the
         batch's tasks then write one shard each, the driver commits."""
+        self.await_maintenance()
         batch, fraction = sample()
         if batch is None or not len(batch):
             return
@@ -344,7 +357,9 @@ class WarehouseSink(Sink):
 
     def commit_deferred(self, writes: Sequence[Any], app_id: str, batch_id: int) -> None:
         """See :meth:`sinks.Sink.commit_deferred`: :func:`sinks.warehouse.files.commit_all` with
-        the batch's Delta application transaction."""
+        the batch's Delta application transaction, once the maintenance of the batches before is done
+        (:meth:`await_maintenance`)."""
+        self.await_maintenance()
         commit_all(
             writes,
             CommitProperties(app_transactions=[Transaction(app_id, version=batch_id)]),
@@ -356,8 +371,93 @@ class WarehouseSink(Sink):
         self.handles = TASK_HANDLES
 
     def committed(self, reg: TableReg, batch_id: int) -> None:
-        """See :meth:`sinks.Sink.committed`: the periodic compaction and vacuum."""
-        self._maintain_after(reg, batch_id)
+        """See :meth:`sinks.Sink.committed`: the table's maintenance after the batch, most of it on
+        the maintenance thread (:mod:`.background`, ``docs/warehouse.md``, Maintenance), whose round
+        the next batch's commit waits for, not this call: the disk rule (:func:`.reclaim.after_batch`),
+        then the compaction of the partitions batches only append to (the history's closed rows,
+        :func:`.compact.append_only`) within the batch's ``compact_budget_s``. Here, in the driver:
+        the compaction of the partitions a batch may rewrite (:func:`.compact.rewritten`: a bucket's
+        new keys, the tombstones) that the table's last round found with ``compact_min_files``
+        small files (none: no listing here), within the same budget; and every ``maintain_every``
+        batches :meth:`maintain`, once the rounds before are done.
+        ``maintain_in_background`` false: all of it here, in line (:meth:`_maintain_after`)."""
+        if not self.options.maintain_in_background:
+            with self.background.timed("inline"):
+                self._maintain_after(reg, batch_id)
+            return
+        if reclaim.due(self.options.maintain_every, batch_id):
+            self.await_maintenance()
+            with self.background.timed("full"):
+                self._maintain_after(reg, batch_id)
+            return
+        todo = self._due.pop(reg.qualified, [])
+        if todo:
+            with self.background.timed("compact"):
+                self._compacted = self._compact(reg, batch_id, self._compacted, compact.rewritten, todo)
+        self.background.submit(lambda: self._round(reg, batch_id))
+
+    def await_maintenance(self) -> None:
+        """See :meth:`sinks.Sink.await_maintenance`: wait for the maintenance rounds handed to the
+        maintenance thread (raising the first one's error)."""
+        self.background.wait()
+
+    def maintain_phases(self) -> dict[str, float]:
+        """See :meth:`sinks.Sink.maintain_phases`: ``compact`` (the driver's, rewritten partitions),
+        ``full`` (a batch's :meth:`maintain`), ``inline`` (all of it, ``maintain_in_background``
+        false); of the rounds on the maintenance thread: ``round`` and its steps ``open`` (the
+        tables brought up to date), ``vacuum``, ``bound`` (the ratio: its ``usage`` and
+        ``reclaim``), ``listing`` (the small files' partitions) and ``closed`` (the closed rows'
+        compaction)."""
+        return self.background.phases()
+
+    def _round(self, reg: TableReg, batch_id: int) -> None:
+        """A round on the maintenance thread: the disk rule first (so that it deletes only files a
+        commit of this batch or before superseded), then the compaction of the append-only
+        partitions within the budget (:mod:`.background`)."""
+        reclaim.after_batch(
+            self.paths(reg),
+            self.options,
+            batch_id,
+            open_table=self.handles.get,
+            tracker=self.disk,
+            timed=self.background.add,
+        )
+        with self.background.timed("listing"):
+            todo = compact.due(
+                self.paths(reg),
+                self.handles.get,
+                target_size=self.options.target_file_size,
+                min_files=self.options.compact_min_files,
+            )
+        self._due[reg.qualified] = [t for t in todo if compact.rewritten(t[2])]
+        with self.background.timed("closed"):
+            self._compacted_behind = self._compact(
+                reg, batch_id, self._compacted_behind, compact.append_only, todo
+            )
+
+    def _compact(
+        self,
+        reg: TableReg,
+        batch_id: int,
+        spent: tuple[int, float],
+        where: compact.Where | None,
+        todo: list[compact.Todo] | None = None,
+    ) -> tuple[int, float]:
+        """:func:`.compact.step` on ``reg``'s tables' partitions ``where`` accepts (of ``todo``,
+        default: listed now), within what is left of the batch's budget (``spent``: the batch and
+        seconds spent so far); the new ``spent``."""
+        opts = self.options
+        used = spent[1] if spent[0] == batch_id else 0.0
+        self.last_compaction = compact.step(
+            self.paths(reg),
+            self.handles.get,
+            target_size=opts.target_file_size,
+            budget_s=max(opts.compact_budget_s - used, 0.0),
+            min_files=opts.compact_min_files,
+            where=where,
+            todo=todo,
+        )
+        return (batch_id, used + self.last_compaction.seconds)
 
     def _maintain_after(self, reg: TableReg, batch_id: int) -> None:
         """Every ``maintain_every`` batches :meth:`maintain` (compaction and the full vacuum), else
@@ -368,16 +468,7 @@ class WarehouseSink(Sink):
         if maintained:
             self.maintain(reg)
         else:  # the budget is the batch's, shared by its tables in turn
-            opts = self.options
-            spent = self._compacted[1] if self._compacted[0] == batch_id else 0.0
-            self.last_compaction = compact.step(
-                self.paths(reg),
-                self.handles.get,
-                target_size=opts.target_file_size,
-                budget_s=max(opts.compact_budget_s - spent, 0.0),
-                min_files=opts.compact_min_files,
-            )
-            self._compacted = (batch_id, spent + self.last_compaction.seconds)
+            self._compacted = self._compact(reg, batch_id, self._compacted, None)
         reclaim.after_batch(
             self.paths(reg),
             self.options,
@@ -393,6 +484,7 @@ class WarehouseSink(Sink):
         would take them only after ``vacuum_retention_hours``), then is brought within its garbage
         ratio (:func:`.reclaim.bound`), which until now ran only after a committed batch -- a job
         killed before every commit freed nothing. Returns the bytes deleted."""
+        self.await_maintenance()
         tables = {p: t for p in self.paths(reg) if (t := self.handles.get(p)) is not None}
         freed = sum(reclaim.orphans(path, table)[1] for path, table in tables.items())
         return freed + reclaim.bound(tables, self.options, tables.get).bytes
@@ -441,6 +533,7 @@ class WarehouseSink(Sink):
         files (``optimize.compact``) and vacuum files unreferenced for ``vacuum_retention_hours``
         (default from the options). Safe to run between batches; never changes what a reader sees.
         Returns per table ``{"compacted": metrics, "vacuumed": n_files}``."""
+        self.await_maintenance()
         retention = (
             self.options.vacuum_retention_hours if vacuum_retention_hours is None else vacuum_retention_hours
         )
@@ -485,7 +578,8 @@ class WarehouseSink(Sink):
         return read_all(self.paths(reg)[2], reg, True)
 
     def close(self) -> None:
-        return None
+        """Wait for the maintenance thread's rounds (raising a round's error), and end it."""
+        self.background.close()
 
 
 def _check_shard(reg: TableReg, layout: Layout, shard: int | None, buckets: Sequence[int] | Any) -> None:

@@ -111,13 +111,16 @@ class TableWrite:
     counts: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: TableWrite) -> None:
-        """Fold another task's write to the same table (same read version) into this one."""
-        if other.uri != self.uri or other.read_version != self.read_version:
+        """Fold another task's write to the same table into this one. The tasks of a batch may have
+        read the table at different versions (the maintenance thread's compaction of closed rows
+        committed between them: :mod:`.background`); the merged write is read at the earliest, so
+        that :func:`commit` checks every file it removes is still in the table."""
+        if other.uri != self.uri:
             raise ApplyError(
-                f"writes of {other.uri}@{other.read_version} and {self.uri}@{self.read_version} "
-                "cannot be committed together",
-                fix="report this: every task of a batch reads the table at the version the driver pinned",
+                f"writes of {other.uri} and {self.uri} cannot be committed together",
+                fix="report this: a table's writes are merged by its uri",
             )
+        self.read_version = min(self.read_version, other.read_version)
         self.adds.extend(other.adds)
         self.removes.extend(other.removes)
         self.rows_read += other.rows_read

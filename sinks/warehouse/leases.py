@@ -30,8 +30,10 @@ for partition directories; no partition column is named ``_cdc_leases``), and De
 only the files the log names.
 
 The apply job's own reads of a table during a batch take no lease: the reclaim runs in the same
-process after the batch commits, so nothing is deleted under them; nor do its Spark tasks, which read
-their buckets' files within the batch, before the driver commits and reclaims.
+process after the batch commits (on its maintenance thread, :mod:`.background`, which deletes only
+files that a commit of that batch or an earlier one superseded), so nothing is deleted under them;
+nor do its Spark tasks, which read their buckets' files at a version at least the previous batch's:
+the round reclaiming beside them deletes none of those files.
 """
 
 from __future__ import annotations

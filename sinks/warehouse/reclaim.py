@@ -413,6 +413,7 @@ def within_ratio(
     now: float | None = None,
     table: DeltaTable | None = None,
     tracker: DiskTracker | None = None,
+    timed: Callable[[str, float], None] | None = None,
 ) -> Reclaimed:
     """:func:`reclaim` with ``ratio`` on the table at ``path`` if its garbage exceeds ``ratio``
     times its live size (else nothing). Afterwards its garbage is at most ``ratio`` times its live
@@ -420,15 +421,22 @@ def within_ratio(
     references (a write in flight, or one killed: :func:`orphans`, :func:`vacuum_full`). ``table``:
     an open handle on it at its latest version (default: opened here). ``tracker``: the table's
     bytes on disk kept from its log (:class:`DiskTracker`; default: walked), and its superseded
-    files not deleted yet, which the reclaim deletes from (:meth:`DiskTracker.superseded`)."""
+    files not deleted yet, which the reclaim deletes from (:meth:`DiskTracker.superseded`).
+    ``timed``: told the seconds of the measure (``usage``) and of the reclaim (``reclaim``)."""
+    t0 = time.monotonic()
     table = DeltaTable(str(path)) if table is None else table
     use = usage(path, table) if tracker is None else tracker.usage(path, table)
+    if timed is not None:
+        timed("usage", time.monotonic() - t0)
     if use.garbage <= ratio * use.live:
         return Reclaimed()
+    t0 = time.monotonic()
     pending = None if tracker is None else tracker.superseded(path)
     done = reclaim(path, min_retention_s, now, table, ratio=ratio, use=use, pending=pending)
     if tracker is not None:  # the bytes it deleted, measured file by file: no walk
         tracker.deleted(path, done.bytes)
+    if timed is not None:
+        timed("reclaim", time.monotonic() - t0)
     return replace(done, over=1)
 
 
@@ -479,24 +487,37 @@ def after_batch(
     vacuumed: bool = False,
     open_table: Opener = open_table,
     tracker: DiskTracker | None = None,
+    timed: Callable[[str, float], None] | None = None,
 ) -> Reclaimed:
     """The disk rule of the Delta tables at ``paths`` (the ones that exist) after batch ``batch_id``,
     the same for a table's and a view's: every ``vacuum_every`` batches the full vacuum (files of a
     killed write, after ``vacuum_retention_hours``), unless the caller ``vacuumed`` them already;
     then, after every batch, :func:`bound`. Returns what the ratio did. ``open_table``: how a
     table is opened (:meth:`.handles.Handles.get`, to reuse the caller's handles); ``tracker``:
-    the tables' bytes on disk kept from their logs (:class:`DiskTracker`)."""
+    the tables' bytes on disk kept from their logs (:class:`DiskTracker`); ``timed``: told the
+    seconds of each step (``open``: the tables brought up to date, ``vacuum``, ``bound`` and its
+    ``usage`` and ``reclaim``)."""
+    t0 = time.monotonic()
     tables = {p: t for p in paths if (t := open_table(p)) is not None}
+    if timed is not None:
+        timed("open", time.monotonic() - t0)
+        t0 = time.monotonic()
     if not vacuumed and due(opts.vacuum_every, batch_id):
         for path, table in tables.items():
             vacuum_full(path, opts.vacuum_retention_hours, table)
             refresh(table)  # the vacuum's own commits
             if tracker is not None:
                 tracker.forget(path)
+        if timed is not None:
+            timed("vacuum", time.monotonic() - t0)
     elif vacuumed and tracker is not None:
         for path in tables:
             tracker.forget(path)
-    return bound(tables, opts, tables.get, tracker)
+    t0 = time.monotonic()
+    done = bound(tables, opts, tables.get, tracker, timed)
+    if timed is not None:
+        timed("bound", time.monotonic() - t0)
+    return done
 
 
 def bound(
@@ -504,10 +525,11 @@ def bound(
     opts: WarehouseOptions,
     open_table: Opener = open_table,
     tracker: DiskTracker | None = None,
+    timed: Callable[[str, float], None] | None = None,
 ) -> Reclaimed:
     """:func:`within_ratio` with ``opts``' ratio (0: never) on each Delta table at ``paths`` (the
-    ones that exist, opened with ``open_table``; ``tracker``: :class:`DiskTracker`); returns what
-    it did, summed."""
+    ones that exist, opened with ``open_table``; ``tracker``: :class:`DiskTracker`; ``timed``: as
+    :func:`within_ratio`'s); returns what it did, summed."""
     done = Reclaimed()
     if not opts.vacuum_garbage_ratio:
         return done
@@ -515,6 +537,11 @@ def bound(
         table = open_table(path)
         if table is not None:
             done += within_ratio(
-                path, opts.vacuum_garbage_ratio, opts.vacuum_min_retention_s, table=table, tracker=tracker
+                path,
+                opts.vacuum_garbage_ratio,
+                opts.vacuum_min_retention_s,
+                table=table,
+                tracker=tracker,
+                timed=timed,
             )
     return done
