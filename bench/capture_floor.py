@@ -20,9 +20,14 @@ the options the reader sends:
   stream (as ``bench capture`` counts it);
 * in this process, over the messages (a) read (their payloads kept): **(c) the compiled encode
   alone** (``Encoder.change``: message bytes to key and value bytes), the compiled path as the
-  stream loop calls it (``Changes``: the encode, the builder's state, the ``Record``), the Python
+  stream loop calls it (``Changes``: the encode, the builder's state, the ``Record``) and through
+  ``Changes.pump`` (what the stream loop runs: runs of changes drained into the batch), the Python
   path (decode, ``EventBuilder.change``), and **(b) the append** of those records into a durable
-  embedded store (``append_many`` per batch of ``batch_max_events``, compaction off), CPU per record.
+  embedded store (``append_many`` per batch of ``batch_max_events``, compaction off), CPU per record;
+* for wal2json, whose compiled path parses and encodes in one call, the stages apart (``(w)``):
+  every byte of the message touched in C (what any parser must at least do), the compiled JSON
+  parse alone, the encode alone, the two together, and ``orjson.loads`` and the Python path's
+  msgspec parse of the same messages.
 
 Prints each figure, then the reader's cost split into those floors and what is above them, and the
 load average (the machine is shared: read the figures of one run together).
@@ -289,9 +294,10 @@ def _in_process(
 
         cpu, k = _cpu_per(encode_alone)
         out["(c) compiled encode alone (Encoder.change)"] = cpu / k * 1e6
-    elif fast is not None:  # wal2json: parse and encode are one call
+    elif fast is not None:  # wal2json: parse and encode are one call, measured apart here
         first_b = next(m for m in msgs if m.payload.startswith(b'{"action":"B"'))
         builder.begin(dec.decode(first_b.payload, first_b.data_start))
+        out.update(_wal2json_stages(native, fast, dec, codec, builder, rows))
     if fast is not None:
 
         def compiled_path() -> int:
@@ -305,6 +311,9 @@ def _in_process(
 
         cpu, k = _cpu_per(compiled_path)
         out["compiled path as the loop calls it (Changes: encode, builder, Record)"] = cpu / k * 1e6
+        out["compiled path through pump (the stream loop's drain into the batch)"] = _pumped(
+            fast, builder, rows
+        )
     if not records:  # no compiled path: the Python path's records
         records = py_records
 
@@ -326,6 +335,76 @@ def _in_process(
     return out
 
 
+def _pumped(fast: Any, builder: Any, rows: list[_Raw]) -> float:
+    """CPU µs per change of ``Changes.pump`` draining ``rows`` into a batch, as the stream loop
+    calls it (best of 3)."""
+
+    def pumped() -> int:
+        it = iter(rows)
+        batch = _Batch()
+        builder.seq = 0
+        fast.pump(lambda: next(it, None), batch, len(rows) * 2 + 1, len(rows))
+        if batch.count < len(rows):
+            raise RuntimeError(f"pump took {batch.count} of {len(rows)} changes")
+        return len(rows)
+
+    cpu, k = _cpu_per(pumped)
+    return cpu / k * 1e6
+
+
+class _Batch:
+    """What ``Changes.pump`` fills of a ``cdc.logstore.batch.Batch`` (no writer behind it)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, list[Any]] = {}
+        self.count = 0
+        self.started = 0.0
+
+
+def _wal2json_stages(
+    native: Any, fast: Any, dec: Any, codec: Any, builder: Any, rows: list[_Raw]
+) -> dict[str, float]:
+    """wal2json's per-change path apart (``cdc.codec._native.wal2json_stages``, each stage's loop
+    timed in C, best of 3) beside what any reader of the same bytes spends: every byte touched in
+    C, ``orjson.loads`` (the message to Python objects), and the Python path's parse (msgspec)."""
+    from cdc.codec.fastpath import build_wal2json_plan
+
+    plan = build_wal2json_plan(native, codec)
+    payloads = [m.payload for m in rows]
+    want_image = builder.staging is not None
+    out: dict[str, float] = {}
+    stages = (
+        ("(w) floor: every byte of the message touched in C (quotes and commas counted)", native.STAGE_SCAN),
+        ("(w) compiled JSON parse alone (the message walked into its columns' tokens)", native.STAGE_PARSE),
+        ("(w) compiled encode alone (columns mapped, values, envelope, key, value)", native.STAGE_ENCODE),
+        ("(w) compiled parse + encode (as one change is taken, no Record)", native.STAGE_BOTH),
+    )
+    for name, stage in stages:
+        best = float("inf")
+        for _ in range(3):
+            k, cpu = native.wal2json_stages(
+                fast, payloads, plan, stage, codec.source_head, builder.tx_part, want_image
+            )
+            best = min(best, cpu)
+        out[name] = best / k * 1e6
+
+    def loads() -> int:
+        for p in payloads:
+            orjson.loads(p)
+        return len(payloads)
+
+    def msgspec_decode() -> int:
+        for m in rows:
+            dec.decode(m.payload, m.data_start)
+        return len(rows)
+
+    cpu, k = _cpu_per(loads)
+    out["(w) orjson.loads of the message (to Python objects)"] = cpu / k * 1e6
+    cpu, k = _cpu_per(msgspec_decode)
+    out["(w) the Python path's parse alone (wal2json.decode: msgspec)"] = cpu / k * 1e6
+    return out
+
+
 def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
     say(f"--- {decoder}: CPU µs per change ({n:,} changes); load {loadavg()}")
     for name, v in figures.items():
@@ -341,7 +420,7 @@ def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
     reader = figures.get("cdc run --once, net of start-up")
     read = figures.get("(a') libpq reader, dropped in C (skim)")
     read = read if read is not None else figures.get("(a) psycopg2 read_message alone")
-    enc = figures.get("compiled path as the loop calls it (Changes: encode, builder, Record)")
+    enc = figures.get("compiled path through pump (the stream loop's drain into the batch)")
     enc = enc if enc is not None else figures.get("python path (decode + EventBuilder.change)")
     app = figures.get("(b) durable append into the embedded store (append_many, per record)", 0.0)
     recs = figures.get("_records", float(n)) / n
