@@ -15,7 +15,9 @@ the options the reader sends:
   per row change), and called once per message (a ``RawMessage`` each, as the messages the compiled
   path does not take reach Python); for (a) and (a') also per message: user / kernel CPU and the
   messages found per wake-up (a reader faster than its walsender wakes up for a few at a time: then
-  the kernel's share, which ``pg_recvlogical`` pays too, is most of the floor);
+  the kernel's share, which ``pg_recvlogical`` pays too, is most of the floor); and dropped in C
+  with the reader's wait (a stream drained after messages read again ``GATHER_S`` later, not at
+  its next message: :data:`cdc.reader.replication.GATHER_S`), the read as the reader does it;
 * ``cdc run --once`` into the durable embedded store, net of the same process with nothing to
   stream (as ``bench capture`` counts it);
 * in this process, over the messages (a) read (their payloads kept): **(c) the compiled encode
@@ -99,7 +101,7 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
     keep = kept.append if dump else None
     n = size = 0
     copy: Any = None
-    if mode in ("libpq", "libpq_call"):
+    if mode in ("libpq", "libpq_call", "libpq_gather"):
         from cdc.reader.replication import copy_stream
 
         copy = copy_stream(cur, lambda: cur.send_feedback(force=True))
@@ -108,17 +110,24 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
     waits = 0
     t0 = time.process_time()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    if mode == "libpq":
+    if mode in ("libpq", "libpq_gather"):
+        from cdc.reader.replication import GATHER_S
+
         fd = cur.fileno()
+        gather = mode == "libpq_gather"
         while True:
             k, got, last = copy.skim(1024)
             n += k
             size += got
             if k and last >= endpos:
                 break
-            if not k:
+            if k == 1024:
+                continue
+            waits += 1
+            if k and gather:  # the reader's wait: drained after messages, read again in a moment
+                time.sleep(GATHER_S)
+            else:
                 select.select([fd], [], [], 1.0)
-                waits += 1
     elif mode in ("libpq_call", "read"):
         read = copy if mode == "libpq_call" else cur.read_message
         fd = cur.fileno()
@@ -418,7 +427,9 @@ def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
         elif not name.startswith("_"):
             say(f"  {name}: {v:.2f}")
     reader = figures.get("cdc run --once, net of start-up")
-    read = figures.get("(a') libpq reader, dropped in C (skim)")
+    # the read as the reader does it: the libpq reader with its wait (GATHER_S)
+    read = figures.get("(a') libpq reader, dropped in C, the reader's wait (GATHER_S)")
+    read = read if read is not None else figures.get("(a') libpq reader, dropped in C (skim)")
     read = read if read is not None else figures.get("(a) psycopg2 read_message alone")
     enc = figures.get("compiled path through pump (the stream loop's drain into the batch)")
     enc = enc if enc is not None else figures.get("python path (decode + EventBuilder.change)")
@@ -462,7 +473,7 @@ def main(argv: list[str]) -> None:
         labels = []
         for d in decoders:
             labels += [(f"recv_{d}", d), (f"read_{d}", d), (f"stream_{d}", d), (f"cdc_{d}", d)]
-            labels += [(f"libpq_{d}", d), (f"libpqcall_{d}", d)]
+            labels += [(f"libpq_{d}", d), (f"libpqcall_{d}", d), (f"libpqgather_{d}", d)]
         _create_slots(dsn, labels)
         _workload(dsn, inserts, updates)
         endpos = _wal_lsn(dsn)
@@ -490,6 +501,10 @@ def main(argv: list[str]) -> None:
                 _per_message("(a') libpq reader, dropped in C (skim)", run.summary, figures)
                 run = _stream_floor(dsn, f"libpqcall_{d}", d, end_int, "libpq_call", None, base)
                 _per_message("(a') libpq reader, a RawMessage per message", run.summary, figures)
+                run = _stream_floor(dsn, f"libpqgather_{d}", d, end_int, "libpq_gather", None, base)
+                name = "(a') libpq reader, dropped in C, the reader's wait (GATHER_S)"
+                figures[name] = run.summary["cpu"] / n * 1e6
+                _per_message(name, run.summary, figures)
             env = _cdc_state(base, dsn, f"cdc_{d}", decoder=d)
             run = _cdc_once(env, dsn)
             if run.summary.get("changes") != n:
