@@ -88,13 +88,15 @@ CDC_PUB = "cdc_pub"
 @dataclass
 class _Run:
     """One consumer through the changes: wall seconds, its own CPU seconds (``wait4``), the CPU
-    seconds of the walsender serving it (``/proc``), its peak memory, and (cdc) its summary."""
+    seconds of the walsender serving it (``/proc``), its peak memory, (cdc) its summary, and its
+    voluntary context switches (``wait4``, every thread's: the times it waited, start-up included)."""
 
     seconds: float
     cpu: float
     walsender_cpu: float
     peaks: dict[str, int]
     summary: dict[str, Any]
+    waits: int = 0
 
 
 class _Watch:
@@ -151,7 +153,7 @@ def _consume(cmd: list[str], dsn: str, slot: str, env: dict[str, str] | None, ou
     lines = out_path.read_bytes().strip().splitlines() if env is not None else []
     summary = orjson.loads(lines[-1]) if lines else {}
     peaks = {**watch.peaks, "maxrss": watch.peaks.get("VmHWM", 0)}
-    return _Run(elapsed, usage.ru_utime + usage.ru_stime, watch.walsender_cpu, peaks, summary)
+    return _Run(elapsed, usage.ru_utime + usage.ru_stime, watch.walsender_cpu, peaks, summary, usage.ru_nvcsw)
 
 
 def _pg_recvlogical(dsn: str, slot: str, endpos: str, options: list[str], out_dir: Path) -> _Run:

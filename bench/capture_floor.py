@@ -15,14 +15,21 @@ the options the reader sends:
   per row change), and called once per message (a ``RawMessage`` each, as the messages the compiled
   path does not take reach Python); for (a) and (a') also per message: user / kernel CPU and the
   messages found per wake-up (a reader faster than its walsender wakes up for a few at a time: then
-  the kernel's share, which ``pg_recvlogical`` pays too, is most of the floor);
+  the kernel's share, which ``pg_recvlogical`` pays too, is most of the floor); and dropped in C
+  with the reader's wait (a stream drained after messages read again ``GATHER_S`` later, not at
+  its next message: :data:`cdc.reader.replication.GATHER_S`), the read as the reader does it;
 * ``cdc run --once`` into the durable embedded store, net of the same process with nothing to
   stream (as ``bench capture`` counts it);
 * in this process, over the messages (a) read (their payloads kept): **(c) the compiled encode
   alone** (``Encoder.change``: message bytes to key and value bytes), the compiled path as the
-  stream loop calls it (``Changes``: the encode, the builder's state, the ``Record``), the Python
+  stream loop calls it (``Changes``: the encode, the builder's state, the ``Record``) and through
+  ``Changes.pump`` (what the stream loop runs: runs of changes drained into the batch), the Python
   path (decode, ``EventBuilder.change``), and **(b) the append** of those records into a durable
-  embedded store (``append_many`` per batch of ``batch_max_events``, compaction off), CPU per record.
+  embedded store (``append_many`` per batch of ``batch_max_events``, compaction off), CPU per record;
+* for wal2json, whose compiled path parses and encodes in one call, the stages apart (``(w)``):
+  every byte of the message touched in C (what any parser must at least do), the compiled JSON
+  parse alone, the encode alone, the two together, and ``orjson.loads`` and the Python path's
+  msgspec parse of the same messages.
 
 Prints each figure, then the reader's cost split into those floors and what is above them, and the
 load average (the machine is shared: read the figures of one run together).
@@ -94,7 +101,7 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
     keep = kept.append if dump else None
     n = size = 0
     copy: Any = None
-    if mode in ("libpq", "libpq_call"):
+    if mode in ("libpq", "libpq_call", "libpq_gather"):
         from cdc.reader.replication import copy_stream
 
         copy = copy_stream(cur, lambda: cur.send_feedback(force=True))
@@ -103,17 +110,24 @@ def _consumer(dsn: str, slot: str, decoder: str, endpos: int, mode: str, dump: s
     waits = 0
     t0 = time.process_time()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    if mode == "libpq":
+    if mode in ("libpq", "libpq_gather"):
+        from cdc.reader.replication import GATHER_S
+
         fd = cur.fileno()
+        gather = mode == "libpq_gather"
         while True:
             k, got, last = copy.skim(1024)
             n += k
             size += got
             if k and last >= endpos:
                 break
-            if not k:
+            if k == 1024:
+                continue
+            waits += 1
+            if k and gather:  # the reader's wait: drained after messages, read again in a moment
+                time.sleep(GATHER_S)
+            else:
                 select.select([fd], [], [], 1.0)
-                waits += 1
     elif mode in ("libpq_call", "read"):
         read = copy if mode == "libpq_call" else cur.read_message
         fd = cur.fileno()
@@ -289,9 +303,10 @@ def _in_process(
 
         cpu, k = _cpu_per(encode_alone)
         out["(c) compiled encode alone (Encoder.change)"] = cpu / k * 1e6
-    elif fast is not None:  # wal2json: parse and encode are one call
+    elif fast is not None:  # wal2json: parse and encode are one call, measured apart here
         first_b = next(m for m in msgs if m.payload.startswith(b'{"action":"B"'))
         builder.begin(dec.decode(first_b.payload, first_b.data_start))
+        out.update(_wal2json_stages(native, fast, dec, codec, builder, rows))
     if fast is not None:
 
         def compiled_path() -> int:
@@ -305,6 +320,9 @@ def _in_process(
 
         cpu, k = _cpu_per(compiled_path)
         out["compiled path as the loop calls it (Changes: encode, builder, Record)"] = cpu / k * 1e6
+        out["compiled path through pump (the stream loop's drain into the batch)"] = _pumped(
+            fast, builder, rows
+        )
     if not records:  # no compiled path: the Python path's records
         records = py_records
 
@@ -326,6 +344,76 @@ def _in_process(
     return out
 
 
+def _pumped(fast: Any, builder: Any, rows: list[_Raw]) -> float:
+    """CPU µs per change of ``Changes.pump`` draining ``rows`` into a batch, as the stream loop
+    calls it (best of 3)."""
+
+    def pumped() -> int:
+        it = iter(rows)
+        batch = _Batch()
+        builder.seq = 0
+        fast.pump(lambda: next(it, None), batch, len(rows) * 2 + 1, len(rows))
+        if batch.count < len(rows):
+            raise RuntimeError(f"pump took {batch.count} of {len(rows)} changes")
+        return len(rows)
+
+    cpu, k = _cpu_per(pumped)
+    return cpu / k * 1e6
+
+
+class _Batch:
+    """What ``Changes.pump`` fills of a ``cdc.logstore.batch.Batch`` (no writer behind it)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, list[Any]] = {}
+        self.count = 0
+        self.started = 0.0
+
+
+def _wal2json_stages(
+    native: Any, fast: Any, dec: Any, codec: Any, builder: Any, rows: list[_Raw]
+) -> dict[str, float]:
+    """wal2json's per-change path apart (``cdc.codec._native.wal2json_stages``, each stage's loop
+    timed in C, best of 3) beside what any reader of the same bytes spends: every byte touched in
+    C, ``orjson.loads`` (the message to Python objects), and the Python path's parse (msgspec)."""
+    from cdc.codec.fastpath import build_wal2json_plan
+
+    plan = build_wal2json_plan(native, codec)
+    payloads = [m.payload for m in rows]
+    want_image = builder.staging is not None
+    out: dict[str, float] = {}
+    stages = (
+        ("(w) floor: every byte of the message touched in C (quotes and commas counted)", native.STAGE_SCAN),
+        ("(w) compiled JSON parse alone (the message walked into its columns' tokens)", native.STAGE_PARSE),
+        ("(w) compiled encode alone (columns mapped, values, envelope, key, value)", native.STAGE_ENCODE),
+        ("(w) compiled parse + encode (as one change is taken, no Record)", native.STAGE_BOTH),
+    )
+    for name, stage in stages:
+        best = float("inf")
+        for _ in range(3):
+            k, cpu = native.wal2json_stages(
+                fast, payloads, plan, stage, codec.source_head, builder.tx_part, want_image
+            )
+            best = min(best, cpu)
+        out[name] = best / k * 1e6
+
+    def loads() -> int:
+        for p in payloads:
+            orjson.loads(p)
+        return len(payloads)
+
+    def msgspec_decode() -> int:
+        for m in rows:
+            dec.decode(m.payload, m.data_start)
+        return len(rows)
+
+    cpu, k = _cpu_per(loads)
+    out["(w) orjson.loads of the message (to Python objects)"] = cpu / k * 1e6
+    cpu, k = _cpu_per(msgspec_decode)
+    out["(w) the Python path's parse alone (wal2json.decode: msgspec)"] = cpu / k * 1e6
+    return out
+
+
 def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
     say(f"--- {decoder}: CPU µs per change ({n:,} changes); load {loadavg()}")
     for name, v in figures.items():
@@ -339,9 +427,11 @@ def _report(decoder: str, n: int, figures: dict[str, float]) -> None:
         elif not name.startswith("_"):
             say(f"  {name}: {v:.2f}")
     reader = figures.get("cdc run --once, net of start-up")
-    read = figures.get("(a') libpq reader, dropped in C (skim)")
+    # the read as the reader does it: the libpq reader with its wait (GATHER_S)
+    read = figures.get("(a') libpq reader, dropped in C, the reader's wait (GATHER_S)")
+    read = read if read is not None else figures.get("(a') libpq reader, dropped in C (skim)")
     read = read if read is not None else figures.get("(a) psycopg2 read_message alone")
-    enc = figures.get("compiled path as the loop calls it (Changes: encode, builder, Record)")
+    enc = figures.get("compiled path through pump (the stream loop's drain into the batch)")
     enc = enc if enc is not None else figures.get("python path (decode + EventBuilder.change)")
     app = figures.get("(b) durable append into the embedded store (append_many, per record)", 0.0)
     recs = figures.get("_records", float(n)) / n
@@ -383,7 +473,7 @@ def main(argv: list[str]) -> None:
         labels = []
         for d in decoders:
             labels += [(f"recv_{d}", d), (f"read_{d}", d), (f"stream_{d}", d), (f"cdc_{d}", d)]
-            labels += [(f"libpq_{d}", d), (f"libpqcall_{d}", d)]
+            labels += [(f"libpq_{d}", d), (f"libpqcall_{d}", d), (f"libpqgather_{d}", d)]
         _create_slots(dsn, labels)
         _workload(dsn, inserts, updates)
         endpos = _wal_lsn(dsn)
@@ -411,6 +501,10 @@ def main(argv: list[str]) -> None:
                 _per_message("(a') libpq reader, dropped in C (skim)", run.summary, figures)
                 run = _stream_floor(dsn, f"libpqcall_{d}", d, end_int, "libpq_call", None, base)
                 _per_message("(a') libpq reader, a RawMessage per message", run.summary, figures)
+                run = _stream_floor(dsn, f"libpqgather_{d}", d, end_int, "libpq_gather", None, base)
+                name = "(a') libpq reader, dropped in C, the reader's wait (GATHER_S)"
+                figures[name] = run.summary["cpu"] / n * 1e6
+                _per_message(name, run.summary, figures)
             env = _cdc_state(base, dsn, f"cdc_{d}", decoder=d)
             run = _cdc_once(env, dsn)
             if run.summary.get("changes") != n:

@@ -9,7 +9,9 @@ code of the checkout DIR too (before/after pairs in one session); ``--rounds R``
 times, on slots of its own, the order reversed every other round; with ``--profile``, each cdc run also writes its
 cProfile stats to DIR (the profiler's own cost inflates the CPU figures: read them without it).
 Prints, per consumer: wall seconds, the process's CPU µs per change net of the same process run
-with nothing to stream, the walsender's, and the load average (the machine is shared).
+with nothing to stream, the walsender's, the changes per wait of the process (its voluntary context
+switches, every thread's: a reader faster than its walsender waits for the stream every few
+messages), and the load average (the machine is shared).
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def main(argv: list[str]) -> None:
                 f"{label}: {run.seconds:.2f} s, {n / run.seconds:,.0f} changes/s; CPU µs/change: "
                 f"process {run.cpu / n * 1e6:.2f} (net {net:.2f}), walsender {ws:.2f}, "
                 f"process/walsender {f'{net / ws:.2f}' if ws else 'n/a (walsender not sampled)'}; "
-                f"load {loadavg()}"
+                f"{n / max(1, run.waits):.1f} changes a wait (voluntary context switch); load {loadavg()}"
             )
         _drop_slots(dsn, [label for label, _, _ in labels])
     finally:

@@ -38,6 +38,11 @@ NUM_PY = N_PY
 
 DEF MAX_DEPTH = 64
 
+# what a JSON string holds (_jstr)
+DEF F_ESC = 1      # escapes
+DEF F_XESC = 2     # an escape orjson does not write (``\/``, ``\uXXXX``)
+DEF F_HI = 4       # bytes >= 0x80 (checked UTF-8)
+
 # 1: the byte stops the scan of a JSON string (a quote, a backslash, a control or non-ASCII byte)
 cdef unsigned char _JSTOP[256]
 for _i in range(256):
@@ -52,7 +57,9 @@ cdef struct WCell:
     Py_ssize_t vstart   # the value's token (a string with its quotes)
     Py_ssize_t vend
     int vtok
-    int col
+    int vflags          # a string value's F_* flags
+    Py_ssize_t vnesc    # its escapes (each two bytes that stand for one)
+    int col             # its column (by _map; _cols sets it when the plan's layout matched)
     bint bad            # a name or type with escapes
 
 
@@ -76,6 +83,7 @@ cdef class WPlan:
     cdef Plan plan
     cdef list raw_names
     cdef list raw_types
+    cdef list pats     # a column's cell as wal2json writes it, up to its value (None: not looked for)
     cdef int *nmode
     cdef char *bcopy
 
@@ -90,6 +98,13 @@ cdef class WPlan:
         self.plan = plan
         self.raw_names = list(raw_names)
         self.raw_types = list(raw_types)
+        # b'{"name":"id","type":"bigint","value":': when a message's i-th cell starts with the i-th
+        # column's, its name and type are that column's (a name or type with escapes: the general
+        # path, which declines them)
+        self.pats = [
+            None if b"\\" in nm or b"\\" in ty else b'{"name":"' + nm + b'","type":"' + ty + b'","value":'
+            for nm, ty in zip(self.raw_names, self.raw_types)
+        ]
         self.nmode = <int *>malloc(max(n, 1) * sizeof(int))
         self.bcopy = <char *>malloc(max(n, 1))
         if self.nmode == NULL or self.bcopy == NULL:
@@ -118,6 +133,62 @@ cdef extern from *:
     Py_ssize_t _ws "CDC_WS"(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos) noexcept nogil
 
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* Past the bytes of a JSON string that need no look (not a quote, a backslash, a control or a
+       non-ASCII byte), eight at a time: a position at or before the first that does (the byte loop
+       after it finds it exactly). SWAR: a byte's high bit set in t when it is one of them; t has no
+       false negatives, and its lowest set byte is a true one (a borrow only runs upwards). */
+    static inline Py_ssize_t cdc_jscan(const unsigned char *d, Py_ssize_t i, Py_ssize_t size) {
+    #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+        while (i + 8 <= size) {
+            uint64_t x, q, b, t;
+            memcpy(&x, d + i, 8);
+            q = x ^ (ones * 0x22);
+            b = x ^ (ones * 0x5C);
+            t = (((q - ones) & ~q) | ((b - ones) & ~b) | ((x - ones * 0x20) & ~x) | x) & high;
+            if (t)
+                return i + (__builtin_ctzll(t) >> 3);
+            i += 8;
+        }
+    #endif
+        return i;
+    }
+    """
+    Py_ssize_t _jscan "cdc_jscan"(const unsigned char *d, Py_ssize_t i, Py_ssize_t size) noexcept nogil
+
+
+cdef extern from *:
+    """
+    /* The length of the key at pos when it is one of wal2json's, as wal2json writes it: its
+       quotes and the colon right after (e.g. 9 for "action":), else 0 (then read as any key). */
+    static inline Py_ssize_t cdc_wkey(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos) {
+        const char *k;
+        Py_ssize_t n;
+        if (pos + 6 > size || d[pos] != 34)
+            return 0;
+        switch (d[pos + 1]) {
+        case 'a': k = "action"; break;
+        case 'x': k = "xid"; break;
+        case 'l': k = "lsn"; break;
+        case 's': k = "schema"; break;
+        case 'c': k = "columns"; break;
+        case 'i': k = "identity"; break;
+        case 'p': k = "pk"; break;
+        case 't': k = d[pos + 2] == 'i' ? "timestamp" : "table"; break;
+        default: return 0;
+        }
+        n = (Py_ssize_t)strlen(k);
+        if (pos + n + 3 > size || memcmp(d + pos + 1, k, n) != 0 || d[pos + n + 1] != 34 || d[pos + n + 2] != 58)
+            return 0;
+        return n + 3;
+    }
+    """
+    Py_ssize_t _wkey "cdc_wkey"(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos) noexcept nogil
+
+
 cdef inline int _hex4(const unsigned char *d) noexcept:
     cdef int v = 0, h, i
     for i in range(4):
@@ -128,16 +199,29 @@ cdef inline int _hex4(const unsigned char *d) noexcept:
     return v
 
 
-cdef Py_ssize_t _jstring(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos, int *esc) noexcept:
+cdef inline Py_ssize_t _jstring(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos, int *esc) noexcept:
+    """:func:`_jstr`; ``esc``: 1 when the string holds escapes."""
+    cdef int flags
+    cdef Py_ssize_t nesc
+    cdef Py_ssize_t end = _jstr(d, size, pos, &flags, &nesc)
+    esc[0] = flags & F_ESC
+    return end
+
+
+cdef Py_ssize_t _jstr(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos, int *flags,
+                      Py_ssize_t *nesc) noexcept:
     """The JSON string at ``pos`` (its opening quote): the position after its closing quote, or -1
     when it is not one msgspec takes (an escape it does not know, a control byte, a lone surrogate,
-    bytes that are not UTF-8). ``esc``: 1 when it holds escapes."""
+    bytes that are not UTF-8). ``flags``: what it holds (F_*); ``nesc``: its escapes but those
+    flagged F_XESC."""
     cdef Py_ssize_t i = pos + 1, start = pos + 1
     cdef unsigned char c
     cdef int u, u2
     cdef bint hi = False
-    esc[0] = 0
+    flags[0] = 0
+    nesc[0] = 0
     while True:
+        i = _jscan(d, i, size)
         while i < size and not _JSTOP[d[i]]:
             i += 1
         if i >= size:
@@ -146,7 +230,7 @@ cdef Py_ssize_t _jstring(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos
         if c == 34:
             break
         if c == 92:
-            esc[0] = 1
+            flags[0] |= F_ESC
             if i + 1 >= size:
                 return -1
             c = d[i + 1]
@@ -156,6 +240,7 @@ cdef Py_ssize_t _jstring(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos
                 u = _hex4(d + i + 2)
                 if u < 0:
                     return -1
+                flags[0] |= F_XESC
                 if 0xD800 <= u <= 0xDBFF:
                     if i + 12 > size or d[i + 6] != 92 or d[i + 7] != 117:
                         return -1
@@ -167,7 +252,11 @@ cdef Py_ssize_t _jstring(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos
                     return -1
                 else:
                     i += 6
-            elif c == 34 or c == 92 or c == 47 or c == 98 or c == 102 or c == 110 or c == 114 or c == 116:
+            elif c == 34 or c == 92 or c == 98 or c == 102 or c == 110 or c == 114 or c == 116:
+                nesc[0] += 1  # as orjson writes it
+                i += 2
+            elif c == 47:
+                flags[0] |= F_XESC
                 i += 2
             else:
                 return -1
@@ -176,8 +265,10 @@ cdef Py_ssize_t _jstring(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos
         else:
             hi = True
             i += 1
-    if hi and _utf8_chars(d + start, i - start) < 0:
-        return -1
+    if hi:
+        flags[0] |= F_HI
+        if _utf8_chars(d + start, i - start) < 0:
+            return -1
     return i + 1
 
 
@@ -275,15 +366,15 @@ cdef Py_ssize_t _jskip(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos, 
 
 cdef Py_ssize_t _jvalue(const unsigned char *d, Py_ssize_t size, Py_ssize_t pos, WCell *cell) noexcept:
     """The column value at ``pos`` into ``cell`` (its token and kind): its end, or -1."""
-    cdef int esc, isint
+    cdef int isint
     cdef Py_ssize_t end
     cdef unsigned char c
     if pos >= size:
         return -1
     c = d[pos]
     if c == 34:
-        end = _jstring(d, size, pos, &esc)
-        cell.vtok = T_ESC if esc else T_STR
+        end = _jstr(d, size, pos, &cell.vflags, &cell.vnesc)
+        cell.vtok = T_ESC if cell.vflags & F_ESC else T_STR
     elif c == 45 or 48 <= c <= 57:
         end = _jnumber(d, size, pos, &isint)
         cell.vtok = T_INT if isint else T_NUM
@@ -430,6 +521,14 @@ cdef int _wvalue(Encoder e, WPlan wp, const unsigned char *d, WCell *c, bint bou
     if tok == T_NULL:
         e._putb(_NULL)
         return 0
+    if (tok == T_STR or tok == T_ESC) and plan.kinds[col] == K_TEXT and not (c.vflags & (F_XESC | F_HI)):
+        # ASCII whose escapes are the ones orjson writes: the token is the JSON the encoder would
+        # write of its text (Encoder._string), byte for byte
+        size = c.vend - c.vstart
+        e._put(<const char *>(d + c.vstart), size)
+        if bound and plan.dyn_factor[col] >= 0:
+            e.total += plan.dyn_factor[col] * (size - 2 - c.vnesc) + plan.dyn_extra[col]
+        return 0
     if tok == T_STR:
         return e._value(plan, col, d + c.vstart + 1, c.vend - c.vstart - 2, bound)
     if tok == T_ESC:
@@ -507,6 +606,9 @@ cdef class Wal2JsonChanges(Changes):
     cdef bytes last_schema
     cdef bytes last_table
     cdef tuple last_key
+    cdef WPlan hint            # the plan of the last table: its columns' cells looked for first
+    cdef WPlan pre             # the plan whose cells _cols matched in the message parsed last
+    cdef bytes last_pk         # the last "pk" array read (checked): the same bytes need no reading
 
     def __cinit__(self):
         self.wnew = self.wold = NULL
@@ -536,7 +638,9 @@ cdef class Wal2JsonChanges(Changes):
         cdef WCell *grown
         cdef Py_ssize_t n = 0, cap, end
         cdef int got, esc, which
-        cdef Py_ssize_t kstart, ksize
+        cdef Py_ssize_t kstart, ksize, plen
+        cdef WPlan hint = self.pre
+        cdef object pat
         pos = _ws(d, size, pos + 1)
         if pos < size and d[pos] == 93:
             count[0] = 0
@@ -559,9 +663,33 @@ cdef class Wal2JsonChanges(Changes):
                     self.wold = grown
                     self.oldcap = cap
             cells[n].bad = False
+            cells[n].col = -1
             got = 0
-            pos = _ws(d, size, pos + 1)
-            while True:
+            plen = 0
+            if hint is not None and n < hint.plan.ncols:
+                pat = hint.pats[n]
+                if pat is not None:
+                    plen = PyBytes_GET_SIZE(<bytes>pat)
+                    if pos + plen > size or memcmp(d + pos, PyBytes_AS_STRING(<bytes>pat), plen) != 0:
+                        plen = 0
+            if plen:  # the plan's n-th column, as wal2json writes it: its value next
+                cells[n].nstart = pos + 9  # {"name":"
+                cells[n].nsize = PyBytes_GET_SIZE(<bytes>hint.raw_names[n])
+                cells[n].tstart = cells[n].nstart + cells[n].nsize + 10  # ","type":"
+                cells[n].tsize = PyBytes_GET_SIZE(<bytes>hint.raw_types[n])
+                cells[n].col = <int>n
+                got = 7
+                end = _jvalue(d, size, _ws(d, size, pos + plen), &cells[n])
+                if end < 0:
+                    return -1
+                pos = _ws(d, size, end)
+                if pos >= size or (d[pos] != 125 and d[pos] != 44):
+                    return -1
+                if d[pos] == 44:
+                    pos = _ws(d, size, pos + 1)
+            else:
+                pos = _ws(d, size, pos + 1)
+            while plen == 0 or d[pos] != 125:
                 which = 0
                 if pos + 8 <= size and memcmp(d + pos, b'"name":', 7) == 0:
                     which = 1  # wal2json's own layout: no scan for the key's end
@@ -642,29 +770,36 @@ cdef class Wal2JsonChanges(Changes):
     cdef int _parse(self, const unsigned char *d, Py_ssize_t size, WMsg *m) except -2:
         """The message into ``m`` (and its columns into ``wnew``/``wold``): 0, or -1 when it is
         not one msgspec reads as a wal2json message, or not an I/U/D this path takes."""
-        cdef Py_ssize_t pos, end, kstart, ksize
+        cdef Py_ssize_t pos, end, kstart, ksize, klen
         cdef int seen = 0, bit, esc, isint
         m.action = 0
         m.lsn = 0
         m.sstart = m.tstart = -1
         m.ssize = m.tsize = 0
         m.nnew = m.nold = -1
+        self.pre = self.hint
         pos = _ws(d, size, 0)
         if pos >= size or d[pos] != 123:
             return -1
         pos = _ws(d, size, pos + 1)
         while True:
-            if pos >= size or d[pos] != 34:
-                return -1
-            end = _jstring(d, size, pos, &esc)
-            if end < 0 or esc:
-                return -1
-            kstart = pos + 1
-            ksize = end - pos - 2
-            pos = _ws(d, size, end)
-            if pos >= size or d[pos] != 58:
-                return -1
-            pos = _ws(d, size, pos + 1)
+            klen = _wkey(d, size, pos)
+            if klen:  # one of wal2json's keys as it writes them
+                kstart = pos + 1
+                ksize = klen - 3
+                pos = _ws(d, size, pos + klen)
+            else:
+                if pos >= size or d[pos] != 34:
+                    return -1
+                end = _jstring(d, size, pos, &esc)
+                if end < 0 or esc:
+                    return -1
+                kstart = pos + 1
+                ksize = end - pos - 2
+                pos = _ws(d, size, end)
+                if pos >= size or d[pos] != 58:
+                    return -1
+                pos = _ws(d, size, pos + 1)
             if pos >= size:
                 return -1
             bit = 0
@@ -726,6 +861,14 @@ cdef class Wal2JsonChanges(Changes):
                     end = _jlit(d, size, pos, "true", 4)
                 else:
                     end = _jlit(d, size, pos, "false", 5)
+            elif _is(d, kstart, ksize, "pk", 2) and d[pos] == 91:  # an array: its bytes end it
+                klen = PyBytes_GET_SIZE(self.last_pk) if self.last_pk is not None else 0
+                if klen and pos + klen <= size and memcmp(d + pos, PyBytes_AS_STRING(self.last_pk), klen) == 0:
+                    end = pos + klen  # the array read before
+                else:
+                    end = _jskip(d, size, pos, 1)
+                    if end > 0:
+                        self.last_pk = PyBytes_FromStringAndSize(<const char *>(d + pos), end - pos)
             else:
                 end = _jskip(d, size, pos, 1)
             if end < 0 or (seen & bit):
@@ -765,6 +908,12 @@ cdef class Wal2JsonChanges(Changes):
             c = &cells[k]
             if c.bad:
                 raise _Declined()
+            col = c.col
+            if col >= 0 and self.pre is wp:  # _cols matched the column's own name and type
+                if self.stamp[col] == self.gen:
+                    raise _Declined()
+                self.stamp[col] = self.gen
+                continue
             col = -1
             if k < ncols:
                 name = <bytes>wp.raw_names[k]
@@ -883,6 +1032,7 @@ cdef class Wal2JsonChanges(Changes):
             self.cur = r
         if r.plan is None or self.held:
             return R_PYTHON
+        self.hint = <WPlan>r.plan
         if not self._state(r):
             return R_SKIPPED
         try:
@@ -893,3 +1043,102 @@ cdef class Wal2JsonChanges(Changes):
             return R_PYTHON
         self._done()
         return R_DONE
+
+
+# -- the floors, measured apart (bench.capture_floor) ----------------------------------------------
+cdef extern from *:
+    """
+    /* what any reader of the message must at least do: touch every byte (quotes and commas counted) */
+    static long long cdc_scan_floor(const unsigned char *d, Py_ssize_t size) {
+        long long k = 0;
+        for (Py_ssize_t i = 0; i < size; i++)
+            k += (d[i] == 34) | (d[i] == 44);
+        return k;
+    }
+    """
+    long long _scan_floor "cdc_scan_floor"(const unsigned char *d, Py_ssize_t size) noexcept nogil
+
+cdef object _cpu = time.process_time
+
+STAGE_SCAN = 0
+STAGE_PARSE = 1
+STAGE_ENCODE = 2
+STAGE_BOTH = 3
+
+
+def wal2json_stages(Wal2JsonChanges ch, list payloads, WPlan wp, int stage, bytes head, bytes tx_part,
+                    bint want_image):
+    """The stages of the compiled path apart, over ``payloads`` (I/U/D messages of ``wp``'s table),
+    for ``bench.capture_floor``: ``STAGE_SCAN`` every byte touched (a floor for any parser);
+    ``STAGE_PARSE`` the JSON walked into its columns' tokens (:meth:`Wal2JsonChanges._parse`), no
+    value encoded; ``STAGE_ENCODE`` the encode alone (names mapped, values, envelope, key and value
+    bytes) of messages parsed beforehand; ``STAGE_BOTH`` the two, as ``_step`` runs them. Returns
+    (the messages taken, the CPU seconds of the stage's loop alone); a message not taken raises
+    ValueError."""
+    cdef Py_ssize_t i, n = len(payloads), k = 0
+    cdef bytes p
+    cdef WMsg m
+    cdef WMsg *msgs = NULL
+    cdef WCell *saved = NULL
+    cdef Py_ssize_t *offs = NULL
+    cdef Py_ssize_t total = 0
+    cdef long long sink = 0
+    cdef double t0
+    ch.hint = wp  # as _step leaves it after a change of the table
+    t0 = _cpu()
+    if stage == STAGE_SCAN:
+        for i in range(n):
+            p = <bytes>payloads[i]
+            sink += _scan_floor(<const unsigned char *>PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p))
+        return (n if sink >= 0 else 0), _cpu() - t0
+    if stage == STAGE_PARSE or stage == STAGE_BOTH:
+        for i in range(n):
+            p = <bytes>payloads[i]
+            if ch._parse(<const unsigned char *>PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), &m) < 0:
+                raise ValueError(f"message {i} not parsed")
+            if stage == STAGE_BOTH:
+                try:
+                    ch._encode(wp, <const unsigned char *>PyBytes_AS_STRING(p), &m, head, tx_part, 1, i + 1,
+                               b"0", want_image)
+                except _Declined:
+                    raise ValueError(f"message {i} declined") from None
+        return n, _cpu() - t0
+    # STAGE_ENCODE: every message parsed first, its cells kept; then only the encode is run
+    msgs = <WMsg *>malloc(max(n, 1) * sizeof(WMsg))
+    offs = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+    try:
+        if msgs == NULL or offs == NULL:
+            raise MemoryError()
+        for i in range(n):
+            p = <bytes>payloads[i]
+            if ch._parse(<const unsigned char *>PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), &msgs[i]) < 0:
+                raise ValueError(f"message {i} not parsed")
+            offs[i] = total
+            total += max(msgs[i].nnew, 0) + max(msgs[i].nold, 0)
+            saved = <WCell *>realloc(saved, max(total, 1) * sizeof(WCell))
+            if saved == NULL:
+                raise MemoryError()
+            if msgs[i].nnew > 0:
+                memcpy(saved + offs[i], ch.wnew, msgs[i].nnew * sizeof(WCell))
+            if msgs[i].nold > 0:
+                memcpy(saved + offs[i] + max(msgs[i].nnew, 0), ch.wold, msgs[i].nold * sizeof(WCell))
+        k = 0
+        t0 = _cpu()
+        for i in range(n):
+            p = <bytes>payloads[i]
+            # the cells back where _parse leaves them (a copy of a few dozen bytes per column)
+            if msgs[i].nnew > 0:
+                memcpy(ch.wnew, saved + offs[i], msgs[i].nnew * sizeof(WCell))
+            if msgs[i].nold > 0:
+                memcpy(ch.wold, saved + offs[i] + max(msgs[i].nnew, 0), msgs[i].nold * sizeof(WCell))
+            try:
+                ch._encode(wp, <const unsigned char *>PyBytes_AS_STRING(p), &msgs[i], head, tx_part, 1, i + 1,
+                           b"0", want_image)
+            except _Declined:
+                raise ValueError(f"message {i} declined") from None
+            k += 1
+        return k, _cpu() - t0
+    finally:
+        free(msgs)
+        free(offs)
+        free(saved)

@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,15 +98,19 @@ class FakeCursor:
 Script = list[tuple[bytes | None, int]]
 
 
-def build_script(txns: int, per_txn: int) -> tuple[Script, list[tuple[int, set[bytes]]], set[int]]:
-    """Transactions of inserts; returns the script, per commit (nextlsn, keys), and the keepalive
-    positions seen between transactions (the only non-commit positions that may be confirmed)."""
+def build_script(
+    txns: int, per_txn: int, sizes: Sequence[int] = ()
+) -> tuple[Script, list[tuple[int, set[bytes]]], set[int]]:
+    """Transactions of inserts (``per_txn`` each, or ``sizes``' counts); returns the script, per
+    commit (nextlsn, keys), and the keepalive positions seen between transactions (the only
+    non-commit positions that may be confirmed)."""
     script: Script = []
     idle: set[int] = set()
     commits: list[tuple[int, set[bytes]]] = []
     lsn = 0x1000
     key = 0
     for t in range(txns):
+        per_txn = sizes[t] if sizes else per_txn
         commit_lsn = lsn + per_txn * 0x100 + 0x80
         nextlsn = commit_lsn + 0x30
 
@@ -171,7 +175,8 @@ def run_loop(
     *,
     batch_max_ms: int = 1,
     batch_linger_ms: int = 0,
-    cursor: type[FakeCursor] | None = None,
+    cursor: Callable[[Script, FakeStore, list[tuple[int, set[bytes]]]], FakeCursor] | None = None,
+    stats: dict[str, int] | None = None,
 ) -> tuple[FakeCursor, FakeStore, str, int]:
     store = FakeStore()
     cur = (cursor or FakeCursor)(script, store, commits)
@@ -186,6 +191,7 @@ def run_loop(
         batch_max_ms=batch_max_ms,
         batch_linger_ms=batch_linger_ms,
         feedback_interval_s=0.0,
+        stats=stats if stats is not None else {"changes": 0},
     )
     try:
         reason, confirmed = _loop(cur, builder, batch, ctl, 0)
@@ -312,3 +318,99 @@ def test_a_lingering_batch_takes_the_transactions_that_arrive_meanwhile_in_one_w
     # woken when a batch's first transaction arrives and when it is due, not per transaction
     assert isinstance(cur, PacedCursor)
     assert cur.empty_reads <= 2 * store.appends + 4, (cur.empty_reads, store.appends)
+
+
+@dataclass
+class StreamedCursor(FakeCursor):
+    """The first ``first`` messages of the script (its drained entries dropped) arrive one every
+    :attr:`GAP` seconds from the first read (by the clock: message ``i`` is there once ``i * GAP``
+    has passed), the socket (a pipe) readable all along, as a busy walsender's is; then the stream
+    is idle, the socket emptied, until the loop waits on it (its ``_selects`` count grows: polled
+    with a deadline), and only then the rest arrives, a byte written to the socket. ``stats``: the
+    loop's (its wake-ups: ``_gathers``, waits of :data:`GATHER_S` while the stream flows, and
+    ``_selects``, waits on the socket), copied into :attr:`seen` as the ``first``-th message is
+    read (``last``), as the rest arrives (``in``) and as its first message is read (``read``).
+    After the script, SIGTERM after 10 s (a safety net: the loop ends before, caught up)."""
+
+    GAP = 0.0001
+
+    stats: dict[str, int] = field(default_factory=dict)
+    first: int = 0
+
+    def __post_init__(self) -> None:
+        self.script = [e for e in self.script if e[0] is not None]
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.write(w, b"x")
+        self._fd, self._w = r, w
+        self.connection = self
+        self.t0 = 0.0
+        self.released = False
+        self.seen: dict[str, dict[str, int]] = {}
+        self.ends = time.monotonic() + 10
+        threading.Thread(target=self._release, daemon=True).start()
+
+    def _release(self) -> None:
+        deadline = time.monotonic() + 10
+        while "last" not in self.seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+        waited = self.seen.get("last", {}).get("_selects", 0)
+        while self.stats.get("_selects", 0) <= waited and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self.seen["in"] = dict(self.stats)
+        self.released = True
+        os.write(self._w, b"x")
+
+    def read_message(self) -> Msg | None:
+        if not self.t0:
+            self.t0 = time.monotonic()
+        if self.pos >= len(self.script):
+            if time.monotonic() > self.ends:
+                self.stop.set()
+            return None
+        if self.pos < self.first:
+            if self.pos * self.GAP > time.monotonic() - self.t0:
+                return None  # not there yet
+            if self.pos == self.first - 1:
+                self.seen["last"] = dict(self.stats)
+        elif not self.released:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._fd, 4096)  # idle: the socket emptied
+            if not self.released:
+                return None
+        if self.pos == self.first:
+            self.seen["read"] = dict(self.stats)
+        payload, self.wal_end = self.script[self.pos]
+        self.pos += 1
+        assert payload is not None
+        return Msg(payload)
+
+
+def test_a_flowing_stream_is_read_many_messages_a_wake_up_and_an_idle_one_at_once() -> None:
+    """A transaction of 300 changes whose messages arrive 0.1 ms apart (a walsender's pace), then,
+    once the loop waits on the idle stream, a transaction of one change. While the stream flows,
+    the loop does not wake at each message: drained, it waits :data:`GATHER_S` and reads what
+    arrived meanwhile, many messages a wake-up. Once the stream is idle, the loop waits on the
+    socket, not a wait of its own, after at most one gathering wait: the single change is read at
+    the wake-up its arrival causes. Every change stored and confirmed."""
+    script, commits, _ = build_script(txns=2, per_txn=0, sizes=(300, 1))
+    first = 302  # the first transaction's begin, changes and commit
+    stats: dict[str, int] = {"changes": 0}
+
+    def streamed(script: Script, store: FakeStore, commits: list[tuple[int, set[bytes]]]) -> FakeCursor:
+        return StreamedCursor(script, store, commits, stats=stats, first=first)
+
+    cur, store, reason, confirmed = run_loop(
+        script, commits, commits[-1][0], 10_000, batch_max_ms=60_000, cursor=streamed, stats=stats
+    )
+    assert reason == "caught_up" and confirmed >= commits[-1][0]
+    assert len(store.keys) == 301
+    assert isinstance(cur, StreamedCursor)
+    flowing, came, read = cur.seen["last"], cur.seen["in"], cur.seen["read"]
+    wake_ups = flowing.get("_gathers", 0) + flowing.get("_selects", 0)
+    assert flowing.get("_gathers", 0) >= 1 and first / max(1, wake_ups) >= 3, flowing
+    # idle: at most one gathering wait after the first transaction's last message, then the
+    # socket's; the single change is read at the wake-up its arrival causes
+    assert came.get("_selects", 0) > flowing.get("_selects", 0), (flowing, came)
+    assert came.get("_gathers", 0) - flowing.get("_gathers", 0) <= 1, (flowing, came)
+    assert read.get("_gathers", 0) == came.get("_gathers", 0), (came, read)

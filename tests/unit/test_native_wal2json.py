@@ -249,6 +249,35 @@ def test_columns_not_the_codecs_are_the_python_paths(tmp_path: Path) -> None:
     assert fast.declined == 5  # the last one is compiled: the new column is the codec's now
 
 
+def test_columns_in_another_order_after_the_tables_layout(tmp_path: Path) -> None:
+    """The compiled path looks for each column where the table's last change had it (wal2json's
+    order, name and type as it writes them): cells in another order, a type written otherwise, or
+    a column's cell with more fields are read by name, and give the same bytes."""
+    cells = orjson.loads(cols_json(ROW1))
+    turned = orjson.dumps(cells[1:] + cells[:1]).decode()  # every column one place off
+    swapped = orjson.dumps([cells[1], cells[0], *cells[2:]]).decode()
+    optional = cols_json(ROW1).replace('"type":"integer","value"', '"type":"integer","optional":true,"value"')
+    spaced_type = cols_json(ROW1).replace('{"name":"i","type":"integer"', '{"name":"i", "type":"integer"')
+    msgs = [ins(ROW1), msg("I", turned), ins(ROW2), msg("I", swapped), msg("I", optional)]
+    msgs += [msg("I", spaced_type), msg("U", swapped, key_json(ROW1[0])), ins(ROW4)]
+    _, fast = both(tmp_path, msgs)
+    assert fast.declined == 0
+
+
+def test_a_pk_array_other_than_the_last_one_read_is_read_whole(tmp_path: Path) -> None:
+    """The last ``pk`` array read is not read again when the next message has the same bytes; one
+    that only starts like it is read whole (and a message that is not JSON after it, declined)."""
+    pk = ',"pk":[{"name":"id","type":"bigint"}]'
+    longer = ',"pk":[{"name":"id","type":"bigint"},{"name":"s","type":"smallint"}]'
+    msgs = [ins(ROW1), ins(ROW2), ins(ROW1).replace(pk.encode(), longer.encode())]
+    msgs += [ins(ROW4).replace(pk.encode(), (pk + "]").encode())]  # not JSON: both paths fail alike
+    msgs += [ins(ROW4).replace(pk.encode(), b',"pk":[{"name":"id","type":"bigint"}] ')]
+    assert all(pk.encode() in m or longer.encode() in m for m in msgs)
+    outs, fast = both(tmp_path, msgs)
+    assert fast.declined == 1
+    assert outs[4][0] == "error"
+
+
 def test_json_the_reader_never_gets_is_read_as_msgspec_reads_it(tmp_path: Path) -> None:
     good = ins(ROW1).decode()
     pretty = orjson.dumps(orjson.loads(good), option=orjson.OPT_INDENT_2).decode()
