@@ -217,8 +217,8 @@ def run(quick: bool) -> str:
     opts = WarehouseOptions()
     head = (
         "# Incremental compaction as a partition ages\n\n"
-        f"Measured on {started} by `python -m bench compact_aging` ({__doc__.split(chr(10))[0]}): "
-        f"one partition of closed history rows, one file appended per batch, then one compaction step; "
+        f"Measured on {started} by `python -m bench compact_aging`: one partition of closed history "
+        "rows, one file appended per batch (real rows, written by the sink), then one compaction step; "
         f"defaults `target_file_size` {opts.target_file_size}, `compact_min_files` {opts.compact_min_files}, "
         f"`compact_budget_s` {opts.compact_budget_s}. `whole`: the rule before size tiering; `product`: "
         "`compact.step` of this commit. See `bench/compact_aging.py`.\n\n"
