@@ -35,10 +35,12 @@ file ends a bin's run) into bins of at most ``target_size`` bytes, dropping a bi
   (``target_size`` = ``T``: every file under ``T``) rewrote the partition's merged file with every
   ``F`` new ones, the bytes of a compaction growing with the partition's age up to ``T``
   (``docs/benchmarks/compact_aging.md``);
-* so a compaction's bytes are bounded: bins of at most ``target_size`` <= ``T`` each, one bin in
-  the steady state (``F`` files of a level and the smaller ones, about ``F`` × the level's bound:
-  ``T`` for level 1, ``T/F`` for level 2), never the partition's age; a step's overrun of its
-  budget is one such compaction at most;
+* so a compaction's bytes are bounded, never by the partition's age: one bin in the steady state
+  (``F`` files of a level and the smaller ones, about ``F`` × the level's bound: ``T`` for level
+  1, ``T/F`` for level 2), and at most ``T`` in all -- with a backlog of small files between
+  larger ones, each run of them a bin, :func:`plan` halves ``target_size`` until the merge
+  rewrites at most ``T`` (the smallest files first); a step's overrun of its budget is one such
+  compaction at most;
 * once the budget allows, a partition holds fewer than ``F`` files in each level (a level of
   ``F`` files is merged), besides its finished files.
 
@@ -62,6 +64,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,15 +166,26 @@ def plan(sizes: Sequence[int], target: int, fanout: int) -> Plan | None:
     """The compaction of a partition whose files have ``sizes`` in the log's order (newest first),
     size-tiered (the module's doc): the smallest level holding at least ``fanout`` files whose
     merge, with ``target_size`` the bytes of that level's and the smaller files (at most
-    ``target``), puts two of them or more in one bin (:func:`bins`). None: no level is due."""
+    ``target``), puts two of them or more in one bin (:func:`bins`). A merge that would rewrite
+    more than ``target`` bytes in all (a backlog: many small files between larger ones, each
+    bin of them a merge) asks for half that ``target_size``, and again, down to the level's
+    files: the smallest first, ``target`` bytes at most; only when no level has such a merge is
+    the smallest level's whole merge asked for. None: no level is due."""
     levels = [level(s, target, fanout) for s in sizes]
-    due_levels = sorted({k for k in levels if k > 0 and levels.count(k) >= fanout}, reverse=True)
+    due_levels = sorted((k for k, n in Counter(levels).items() if k > 0 and n >= fanout), reverse=True)
+    whole: Plan | None = None
     for k in due_levels:
         size = min(sum(s for s, lv in zip(sizes, levels, strict=True) if lv >= k), target)
-        chosen = bins(sizes, size)
-        if any(sum(levels[i] >= k for i in b) >= 2 for b in chosen):  # merges some of the level
-            return Plan(size, sum(map(len, chosen)), sum(sizes[i] for b in chosen for i in b), k)
-    return None
+        floor = 2 * target // fanout ** (k + 1)  # two files of the level at least
+        while size >= floor:
+            chosen = bins(sizes, size)
+            if any(sum(levels[i] >= k for i in b) >= 2 for b in chosen):  # merges some of the level
+                found = Plan(size, sum(map(len, chosen)), sum(sizes[i] for b in chosen for i in b), k)
+                if found.bytes <= target:
+                    return found
+                whole = whole or found
+            size //= 2
+    return whole
 
 
 def candidates(table: DeltaTable, target: int, min_files: int) -> list[tuple[Plan, dict[str, str]]]:

@@ -75,6 +75,20 @@ def test_a_level_split_by_larger_files_into_bins_of_one_is_passed_over() -> None
     assert compact.plan(sizes, 8192, 8) == compact.Plan(3200, 8, 2400, 1)
 
 
+def test_a_backlog_is_merged_at_most_the_target_at_a_time() -> None:
+    """1,000 files of 5-200 KB in random order (a backlog): the smallest level's whole merge would
+    bin every file (all under its bytes) and rewrite about 100 MB in one compaction; the plan asks
+    for a smaller ``target_size``, at most ``target_file_size`` bytes rewritten."""
+    rng = random.Random(1)
+    sizes = [rng.randint(5_000, 200_000) for _ in range(1000)]
+    target = 8 << 20
+    full = sum(s for s in sizes if compact.level(s, target, 8) >= 3)
+    assert sum(sizes[i] for b in compact.bins(sizes, full) for i in b) > 10 * target
+    due = compact.plan(sizes, target, 8)
+    assert due is not None and due.level == 3 and due.target < full
+    assert due.files >= 8 and due.bytes <= target
+
+
 def test_the_replayed_bins_are_delta_rs_s(tmp_path: Path) -> None:
     """For files of mixed sizes in a partition (a large one between small ones), the files
     delta-rs's ``optimize.compact`` removes for a ``target_size`` are those :func:`compact.bins`
