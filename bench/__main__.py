@@ -40,6 +40,7 @@ BENCHMARKS = [
     "write_amp",
     "write_amp_catchup",
     "write_amp_wide",
+    "compact_aging",
     "verify_incremental",
 ]
 

@@ -100,9 +100,11 @@ class WarehouseConfig(_Section):
     #: the number of shards of a new table, one Spark task each (unset: the log store's
     #: ``partitions``: WarehouseOptions.from_settings)
     shards: int = Field(default=1, ge=1)
-    #: after every batch, its tables' partitions of at least ``compact_min_files`` small files are
-    #: compacted, the most first, for up to this many seconds in all (0: only maintain compacts)
+    #: after every batch, its tables' partitions are compacted in size tiers, the most files to
+    #: merge first, for up to this many seconds in all (0: only maintain compacts)
     compact_budget_s: float = Field(default=0.25, ge=0)
+    #: a level of this many files is merged, and the levels' sizes are ``target_file_size`` over
+    #: its powers (sinks/warehouse/compact.py)
     compact_min_files: int = Field(default=8, ge=2)
     #: the maintenance after a batch (reclaim, vacuum, the closed history rows' compaction) runs on a
     #: thread of its own while the next batch's tasks run; false: in line, after each commit

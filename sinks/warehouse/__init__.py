@@ -377,9 +377,10 @@ class WarehouseSink(Sink):
         then the compaction of the partitions batches only append to (the history's closed rows,
         :func:`.compact.append_only`) within the batch's ``compact_budget_s``. Here, in the driver:
         the compaction of the partitions a batch may rewrite (:func:`.compact.rewritten`: a bucket's
-        new keys, the tombstones) that the table's last round found with ``compact_min_files``
-        small files (none: no listing here), within the same budget; and every ``maintain_every``
-        batches :meth:`maintain`, once the rounds before are done.
+        new keys, the tombstones) that the table's last round found due (:func:`.compact.due`;
+        none: no listing here; planned again if the batch changed the table), within the same
+        budget; and every ``maintain_every`` batches :meth:`maintain`, once the rounds before are
+        done.
         ``maintain_in_background`` false: all of it here, in line (:meth:`_maintain_after`)."""
         if not self.options.maintain_in_background:
             with self.background.timed("inline"):
@@ -406,8 +407,8 @@ class WarehouseSink(Sink):
         ``full`` (a batch's :meth:`maintain`), ``inline`` (all of it, ``maintain_in_background``
         false); of the rounds on the maintenance thread: ``round`` and its steps ``open`` (the
         tables brought up to date), ``vacuum``, ``bound`` (the ratio: its ``usage`` and
-        ``reclaim``), ``listing`` (the small files' partitions) and ``closed`` (the closed rows'
-        compaction)."""
+        ``reclaim``), ``listing`` (the partitions with a compaction due) and ``closed`` (the
+        closed rows' compaction)."""
         return self.background.phases()
 
     def _round(self, reg: TableReg, batch_id: int) -> None:
@@ -429,7 +430,7 @@ class WarehouseSink(Sink):
                 target_size=self.options.target_file_size,
                 min_files=self.options.compact_min_files,
             )
-        self._due[reg.qualified] = [t for t in todo if compact.rewritten(t[2])]
+        self._due[reg.qualified] = [t for t in todo if compact.rewritten(t.partition)]
         with self.background.timed("closed"):
             self._compacted_behind = self._compact(
                 reg, batch_id, self._compacted_behind, compact.append_only, todo
