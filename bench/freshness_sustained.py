@@ -151,7 +151,7 @@ def _probe(dsn: str, current: Path, run: _Run, stop: threading.Event) -> None:
                     seen = True
                     break
                 time.sleep(0.05)
-            if not seen:
+            if not seen and not stop.is_set():  # the update in flight when the run ends is no miss
                 run.probe_misses += 1
             nxt = max(nxt + PROBE_EVERY, time.monotonic())
             stop.wait(max(0.0, nxt - time.monotonic()))
