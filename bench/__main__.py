@@ -41,6 +41,7 @@ BENCHMARKS = [
     "write_amp_catchup",
     "write_amp_wide",
     "verify_incremental",
+    "cli_start",
 ]
 
 
