@@ -42,6 +42,7 @@ BENCHMARKS = [
     "write_amp_wide",
     "compact_aging",
     "verify_incremental",
+    "cli_start",
 ]
 
 

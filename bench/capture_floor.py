@@ -69,7 +69,7 @@ from bench.capture import (
     _wal_lsn,
     _workload,
 )
-from cdc.codec.fastpath import native_module
+from cdc.codec.compiled import native_module
 from cdc.devcluster import start_cluster
 
 BATCH = 5_000  # the reader's default batch_max_events
@@ -249,7 +249,8 @@ def _in_process(
     dsn: str, decoder: str, kept: list[tuple[bytes, int]], changes: int, base: Path
 ) -> dict[str, float]:
     """(b) and (c), and the Python path, over the messages kept: CPU µs per change."""
-    from cdc.codec.fastpath import PYTHON, build_plan, native_changes, native_module
+    from cdc.codec.compiled import native_module
+    from cdc.codec.fastpath import PYTHON, build_plan, native_changes
     from cdc.logstore import TopicConfig
     from cdc.logstore.embedded import EmbeddedLogStore
 

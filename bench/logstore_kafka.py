@@ -41,7 +41,7 @@ from bench._common import cpu_s
 from bench._records import sample_records
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.kafka import KafkaLogStore
-from cdc.logstore.partitioner import partitions_for
+from cdc.logstore.partition_arrays import partitions_for
 from tests.plugins.tansu import TansuBroker
 
 PARTITIONS = 4

@@ -35,7 +35,7 @@ from cdc.catalog import (
     server_info,
     slot_info,
 )
-from cdc.codec.fastpath import native_status
+from cdc.codec.compiled import native_status
 from cdc.codec.plugins import PGOUTPUT, WAL2JSON, OutputPlugin
 from cdc.config import parse_dsn
 from cdc.connect import connect

@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from cdc.codec.compiled import native_module
 from cdc.codec.envelope import TableCodec
-from cdc.codec.fastpath import copy_plan, native_module
+from cdc.codec.fastpath import copy_plan
 from cdc.connect import SESSION_OPTIONS
 from cdc.errors import SourceError
 from cdc.logstore import LogStore, Record

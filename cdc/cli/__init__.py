@@ -18,7 +18,6 @@ from pathlib import Path
 from types import ModuleType
 
 from cdc.cli.output import print_error
-from cdc.config import load_settings
 from cdc.errors import CdcError
 from cdc.paths import PRIVATE_UMASK, tighten
 
@@ -137,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # is private to this user; restored on return for in-process callers (the demo, tests)
     old_umask = os.umask(PRIVATE_UMASK)
     try:
+        # here, not at the top: the settings' pydantic models (0.15-0.2 s of CPU) are not needed
+        # for `cdc --help`, which lists the verbs and exits in parse_args
+        from cdc.config import load_settings
+
         settings = load_settings(
             {"source": args.source, "state": args.state, "log": args.log}, dict(os.environ), Path.cwd()
         )

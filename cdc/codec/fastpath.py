@@ -12,7 +12,7 @@ path (decode, then ``EventBuilder.change``), which stays the reference: the two 
 takes as it always did -- an unchanged TOAST value to fill in, a key change, a table whose columns
 changed, a relation not registered (or the watermark table), a malformed message.
 
-Which path runs: :func:`native_status` (``cdc check`` says it). ``CDC_NATIVE=0`` forces the Python
+Which path runs: :func:`cdc.codec.compiled.native_status` (``cdc check`` says it). ``CDC_NATIVE=0`` forces the Python
 path; a machine where the extension did not build runs it too, with a warning.
 """
 
@@ -24,12 +24,12 @@ from typing import Any
 import orjson
 
 from cdc.codec import Converter
+from cdc.codec.compiled import native_module
 from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.pgoutput import PgOutput
 from cdc.codec.values import _identity, _text_bool, _text_bytea, _text_int, _text_numeric
 from cdc.codec.wal2json import Wal2Json, _int_any, _numeric
 from cdc.logstore import Record
-from cdc.native import load
 
 __all__ = [
     "PYTHON",
@@ -37,37 +37,10 @@ __all__ = [
     "build_wal2json_plan",
     "copy_plan",
     "native_changes",
-    "native_module",
-    "native_status",
 ]
 
-#: the compiled module's interface version (``cdc.codec._native.ABI``) this module drives
-ABI = 5
 #: the compiled path's answer for a change the Python path takes
 PYTHON: Any = object()
-
-
-def _load() -> tuple[Any, str]:
-    """(the compiled module or None, why not)."""
-    return load("cdc.codec._native", ABI)
-
-
-def native_module() -> Any:
-    """The compiled module, or None (not built, or ``CDC_NATIVE=0``)."""
-    return _load()[0]
-
-
-def native_status() -> tuple[bool, str]:
-    """(compiled, what to say): which per-change path a reader started now would run."""
-    module, why = _load()
-    if module is not None:
-        return True, "compiled per-change path and libpq stream reader (cdc.codec._native)"
-    if why == "CDC_NATIVE=0":
-        return False, "Python per-change path (CDC_NATIVE=0)"
-    return False, (
-        f"Python per-change path: the compiled one (cdc.codec._native) is {why}; "
-        "fix: install gcc and python3-dev, then `make setup` (or `pip install -e .`) again"
-    )
 
 
 def _kind(native: Any, conv: Converter | None) -> int:
@@ -171,13 +144,13 @@ def native_changes(
     decoder: Any, builder: EventBuilder, skip: tuple[Any, Any] = (None, None), native: Any = None
 ) -> Any:
     """The session's compiled path, or None: the decoder is neither pgoutput nor wal2json, or the
-    compiled module is not there (see :func:`native_status`). Called with an ``I``/``U``/``D``
+    compiled module is not there (see :func:`cdc.codec.compiled.native_status`). Called with an ``I``/``U``/``D``
     message (pgoutput's, or wal2json's JSON) and its ``data_start``, it returns what
     ``EventBuilder.change(decoder.decode(data, lsn))`` returns, or :data:`PYTHON`; ``pump`` drains
     runs of them into a batch; ``python_values`` and ``declined`` count its fallbacks (values
     through a Python converter; changes handed to the Python path). ``skip``: a (schema, table) it
     never takes (the chunked snapshots' watermark table, which the stream loop handles);
-    ``native``: the compiled module (:func:`native_module` by default)."""
+    ``native``: the compiled module (:func:`cdc.codec.compiled.native_module` by default)."""
     native = native if native is not None else native_module()
     if native is None:
         return None

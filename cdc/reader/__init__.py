@@ -64,8 +64,8 @@ from cdc.catalog import (
     table_oids,
 )
 from cdc.codec import HEARTBEAT_PREFIX, Decoder
+from cdc.codec.compiled import native_status
 from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.codec.fastpath import native_status
 from cdc.codec.plugins import plugin as output_plugin
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.config import ReaderConfig, Settings, redact_dsn, redact_text, section_options

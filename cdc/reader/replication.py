@@ -38,8 +38,9 @@ import psycopg2.errors
 import psycopg2.extras
 
 from cdc.codec import DDL_PREFIX, NONFINITE_PREFIX, Decoder
+from cdc.codec.compiled import native_module, native_status
 from cdc.codec.envelope import ColumnsSeen, EventBuilder
-from cdc.codec.fastpath import PYTHON, native_changes, native_module, native_status
+from cdc.codec.fastpath import PYTHON, native_changes
 from cdc.codec.pgoutput import RawMessage
 from cdc.codec.wal2json import DECODER
 from cdc.config import ReaderConfig

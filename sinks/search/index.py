@@ -30,7 +30,7 @@ import tantivy
 from cdc import paths
 from cdc.errors import ApplyError
 from cdc.events import Version
-from cdc.logstore.partitioner import partition_array
+from cdc.logstore.partition_arrays import partition_array
 from cdc.registry import TableReg
 from sinks import shard_of
 

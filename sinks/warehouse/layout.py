@@ -16,7 +16,8 @@ import pyarrow as pa
 from cdc import paths
 from cdc.config import Settings, WarehouseConfig, section_options
 from cdc.errors import ApplyError
-from cdc.logstore.partitioner import murmur2, partition_array
+from cdc.logstore.partition_arrays import partition_array
+from cdc.logstore.partitioner import murmur2
 from cdc.registry import TableReg
 from sinks import types as T
 

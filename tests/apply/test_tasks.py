@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from cdc.config import Settings
 from cdc.logstore import Record, TopicConfig
 from cdc.logstore.factory import open_log_store
-from cdc.logstore.partitioner import partition_array
+from cdc.logstore.partition_arrays import partition_array
 from cdc.logstore.records import RECORDS, read_records
 from cdc.registry import TableReg
 from sinks import RawRecord, StoredTexts

@@ -30,8 +30,8 @@ import pytest
 
 from cdc.catalog import describe_table
 from cdc.codec import Decoder
+from cdc.codec.compiled import native_module
 from cdc.codec.envelope import EventBuilder, TableCodec
-from cdc.codec.fastpath import native_module
 from cdc.codec.pgoutput import PgOutput
 from cdc.codec.wal2json import DECODER as WAL2JSON
 from cdc.connect import SESSION_OPTIONS, connect_replication

@@ -11,7 +11,7 @@ import pytest
 
 from cdc.catalog import ServerInfo, SlotInfo, TableDescription
 from cdc.cli import main
-from cdc.codec.fastpath import native_status
+from cdc.codec.compiled import native_status
 from cdc.codec.plugins import PGOUTPUT, WAL2JSON
 from cdc.devcluster import knows_setting
 from cdc.preflight import (

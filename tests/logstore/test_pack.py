@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.logstore import Record
-from cdc.logstore.embedded.codec import ENCODER, stored_rows
-from cdc.logstore.partitioner import partition_array, partition_for
+from cdc.logstore.embedded.codec import ENCODER
+from cdc.logstore.embedded.placing import stored_rows
+from cdc.logstore.partition_arrays import partition_array
+from cdc.logstore.partitioner import partition_for
 
 native = pytest.importorskip("cdc.logstore.embedded._pack")
 

@@ -80,7 +80,7 @@ def test_cdc_help_lists_every_verb_and_imports_none() -> None:
     code = (
         "import sys\nsys.argv = ['cdc', '--help']\n"
         "from cdc.cli import entry\ntry:\n    entry()\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('cdc.cli.', 'psycopg', 'numpy', 'snapshot'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('cdc.cli.', 'cdc.config', 'pydantic', 'psycopg', 'numpy', 'snapshot'))))"
     )
     out = _python(code)
     for verb, line in VERB_HELP.items():
@@ -103,6 +103,27 @@ def test_status_does_not_import_the_other_verbs() -> None:
     assert "cdc.cli.status" in out
     for heavy in ("cdc.cli.apply", "cdc.cli.snapshot", "snapshot", "spark_jobs"):
         assert f"'{heavy}'" not in out, out
+
+
+#: what a ``cdc status`` process never imports (issue #33: on-call and the tests poll it): numpy (only
+#: the writers of batches hash arrays), the warehouse's libraries, pandas, and the codec that decodes
+#: changes
+STATUS_NEVER = ("numpy", "pyarrow", "deltalake", "pandas", "cdc.codec.envelope", "cdc.codec.fastpath")
+
+
+def test_status_imports_neither_numpy_nor_the_warehouse_libraries() -> None:
+    """``cdc status``'s parser, its handler's modules and the log store it opens to read (and the
+    Spark checkpoint reader) import none of :data:`STATUS_NEVER`, directly or through any module."""
+    code = (
+        "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
+        "build_parser(_verb_of(['status', '--json']))\n"
+        "import cdc.cli.status.gather, cdc.cli.status.options, cdc.logstore.factory, spark_jobs.checkpoint\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = _python(code).split()
+    assert "cdc.cli.status.gather" in loaded and "cdc.logstore.embedded.store" in loaded
+    for name in loaded:
+        assert name not in STATUS_NEVER and not name.startswith(tuple(f"{m}." for m in STATUS_NEVER)), name
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc.codec.compiled import native_module
 from cdc.codec.envelope import TableCodec
-from cdc.codec.fastpath import PYTHON, native_module
+from cdc.codec.fastpath import PYTHON
 from cdc.codec.pgoutput import PgOutput
 from cdc.errors import DecodeError
 from cdc.registry import Column, TableReg

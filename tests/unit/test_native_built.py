@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from cdc.codec.fastpath import native_module, native_status
+from cdc.codec.compiled import native_module, native_status
 
 
 @pytest.mark.skipif(os.environ.get("CDC_NATIVE") == "0", reason="CDC_NATIVE=0: the Python path was asked for")

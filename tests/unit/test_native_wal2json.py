@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc.codec.compiled import native_module
 from cdc.codec.envelope import TableCodec
-from cdc.codec.fastpath import PYTHON, native_module
+from cdc.codec.fastpath import PYTHON
 from cdc.codec.wal2json import DECODER, decode
 from tests import native_world
 from tests.codec_fakes import settled

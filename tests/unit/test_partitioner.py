@@ -2,7 +2,8 @@ import random
 
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from cdc.logstore.partitioner import murmur2, partition_for, partitions_for
+from cdc.logstore.partition_arrays import partitions_for
+from cdc.logstore.partitioner import murmur2, partition_for
 
 
 def test_murmur2_matches_kafka_python() -> None:

@@ -17,6 +17,7 @@ Lag definitions (docs/status.md has the reasoning):
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from pathlib import Path
@@ -31,7 +32,6 @@ from cdc.cli.status import history
 from cdc.cli.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
 from cdc.cli.status.options import SCHEMA_VERSION, StatusOptions
 from cdc.cli.status.slot import drop_slot, judge_slot, should_drop
-from cdc.cli.verify.ranges import last_clean
 from cdc.codec.plugins import PLUGINS
 from cdc.config import Settings, redact_dsn
 from cdc.errors import CdcError, LogStoreError, UnknownTopicError
@@ -43,6 +43,20 @@ from cdc.registry import Registry, State, TableReg, TableState
 
 CATCH_UP_WAIT_S = 1.5
 CATCH_UP_MAX_BYTES = 16 * 1024 * 1024
+
+
+def last_clean(registry: Registry, reg: TableReg) -> dict[str, Any] | None:
+    """The summary of the table's last clean verify (what :func:`cdc.cli.verify.ranges.save` wrote:
+    ``RangeRecord.summary``), None when never. Read here, not beside the ranges, whose bounds
+    import numpy."""
+    raw = registry.get_table_state(TableState.VERIFIED_CLEAN, reg.schema, reg.table)
+    if raw is None:
+        return None
+    with contextlib.suppress(ValueError):
+        out = json.loads(raw)
+        if isinstance(out, dict):
+            return out
+    return None
 
 
 def _source_table_stages(registry: Registry, tables: list[TableReg]) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ verify), each range's hash (of its (key, row hash) pairs, equal on the source an
 the topic's end offsets noted *before* the consistent point was taken, and a scrub cursor; the file
 names its :data:`FORMAT` and the :data:`DIGEST` of its hashes (a record of another digest has its
 hashes read as unknown: each range is checked against the source anyway). The registry's
-``TableState.VERIFIED_CLEAN`` holds a summary (when, at which LSN, how) for ``cdc status``.
+``TableState.VERIFIED_CLEAN`` holds a summary (when, at which LSN, how) for ``cdc status``
+(:meth:`RangeRecord.summary`, read by :func:`cdc.cli.status.gather.last_clean`).
 
 An incremental verify reads the keys of the topic's records from those offsets on (a compacted topic
 keeps each key's newest record, so every key changed since is there), maps them to ranges, and
@@ -41,7 +42,6 @@ the counts differ.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
 import json
 import os
@@ -276,18 +276,6 @@ def save(state_dir: Path, reg: TableReg, record: RangeRecord) -> None:
     os.replace(tmp, path)
     with Registry(state_dir) as registry:
         registry.set_table_state(TableState.VERIFIED_CLEAN, reg.schema, reg.table, record.summary())
-
-
-def last_clean(registry: Registry, reg: TableReg) -> dict[str, Any] | None:
-    """The summary of the table's last clean verify (``cdc status``), None when never."""
-    raw = registry.get_table_state(TableState.VERIFIED_CLEAN, reg.schema, reg.table)
-    if raw is None:
-        return None
-    with contextlib.suppress(ValueError):
-        out = json.loads(raw)
-        if isinstance(out, dict):
-            return out
-    return None
 
 
 def topic_ends(store: Any, reg: TableReg) -> dict[int, int]:

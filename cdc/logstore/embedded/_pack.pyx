@@ -2,9 +2,9 @@
 """The embedded store's append in C (issue #34): an append's records placed by Kafka's partitioner
 and written as each partition's stored batch, in one pass, each record's bytes copied once.
 
-The Python reference is :func:`cdc.logstore.embedded.codec.stored_rows`, then
+The Python reference is :func:`cdc.logstore.embedded.placing.stored_rows`, then
 ``msgspec.msgpack.Encoder().encode`` of each partition's ``StoredRow`` list, with
-:func:`cdc.logstore.partitioner.partition_array` placing the keys; ``tests/logstore/test_pack.py``
+:func:`cdc.logstore.partition_arrays.partition_array` placing the keys; ``tests/logstore/test_pack.py``
 holds the two byte-identical. :func:`group_pack` answers None for an append it does not take (a
 record naming its partition, with headers or a timestamp, a key or value that is not ``bytes``):
 the reference path takes it and names what is wrong.

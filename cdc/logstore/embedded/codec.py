@@ -4,19 +4,17 @@ A stored batch is a msgpack array of records, each a map with :class:`~cdc.logst
 field names, so that msgspec decodes a batch straight into ``StoredRecord`` objects (one C call per
 batch, no Python per record). The blob is framed with one codec byte (:data:`CODEC_NONE` or
 :data:`CODEC_LZ4`; lz4 adds the uncompressed size as 4 bytes little-endian) and compressed only when
-that makes it smaller. :func:`stored_rows` turns an append's records into the rows to store, grouped
-by partition, without Python work per record for the usual batch (the append path is vectorised).
+that makes it smaller. The reference path of an append (its records as the rows to store, grouped by
+partition) is :mod:`cdc.logstore.embedded.placing`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from itertools import repeat
+from collections.abc import Sequence
 from typing import Any
 
 import lz4.frame
 import msgspec
-import numpy as np
 
 from cdc.errors import LogStoreError
 from cdc.logstore import Record, StoredRecord
@@ -30,7 +28,6 @@ __all__ = [
     "check_record",
     "frame",
     "pack",
-    "stored_rows",
     "unpack",
 ]
 
@@ -96,66 +93,6 @@ def unpack(blob: bytes) -> bytes | memoryview:
             raise msgspec.DecodeError(f"lz4 batch decompressed to {len(data)} bytes, its header says {size}")
         return data
     raise msgspec.DecodeError(f"unknown batch codec {codec}")
-
-
-def stored_rows(
-    name: str,
-    n: int,
-    end: Mapping[int, int],
-    parts: Sequence[int] | np.ndarray,
-    records: Sequence[Record],
-    now: int,
-) -> tuple[list[list[StoredRow]], list[int]]:
-    """The records as stored, grouped by partition, with their offsets (partition ``p`` continues at
-    ``end[p]``), and the tombstones per partition. Checks every record (:func:`check_record`).
-
-    The usual batch (keys bytes, values bytes or None, no headers, timestamps int or None) is built
-    without Python work per record (type sets, numpy grouping, ``map`` over the columns); anything
-    else takes the per-record loop, which names an offending record."""
-    keys = [r.key for r in records]
-    values = [r.value for r in records]
-    stamps = [r.timestamp_ms for r in records]
-    usual = (
-        set(map(type, keys)) == {bytes}
-        and set(map(type, values)) <= {bytes, type(None)}
-        and set(map(type, stamps)) <= {int, type(None)}
-        and not any(r.headers for r in records)
-    )
-    groups: list[list[StoredRow]] = [[] for _ in range(n)]
-    tombstones = [0] * n
-    if not usual:
-        nxt = [end[p] for p in range(n)]
-        for i, (p, r) in enumerate(zip(parts, records, strict=True)):
-            check_record(name, i, r)
-            p = int(p)
-            if r.value is None:
-                tombstones[p] += 1
-            ts = r.timestamp_ms
-            groups[p].append(StoredRow(name, p, nxt[p], r.key, r.value, r.headers, now if ts is None else ts))
-            nxt[p] += 1
-        return groups, tombstones
-    if None in stamps:
-        stamps = [now if ts is None else ts for ts in stamps]
-    placed = np.asarray(parts, dtype=np.int64)
-    for p in range(n):
-        idx = np.flatnonzero(placed == p).tolist()
-        if not idx:
-            continue
-        vals = list(map(values.__getitem__, idx))
-        tombstones[p] = vals.count(None)
-        groups[p] = list(
-            map(
-                StoredRow,
-                repeat(name),
-                repeat(p),
-                range(end[p], end[p] + len(idx)),
-                map(keys.__getitem__, idx),
-                vals,
-                repeat(()),
-                map(stamps.__getitem__, idx),
-            )
-        )
-    return groups, tombstones
 
 
 def check_record(topic: str, index: int, r: Record) -> None:

@@ -20,8 +20,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cdc.errors import (
     LogStoreError,
     OffsetOutOfRangeError,
@@ -29,8 +27,8 @@ from cdc.errors import (
     UnknownTopicError,
     WriterLockedError,
 )
-from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, now_ms, partition_for
-from cdc.logstore.embedded.codec import RECORD_DECODER, check_record, frame, pack, stored_rows, unpack
+from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo, now_ms
+from cdc.logstore.embedded.codec import RECORD_DECODER, check_record, frame, pack, unpack
 from cdc.logstore.embedded.files import (
     BATCH_TABLE,
     CONSUMERS_FILE,
@@ -48,7 +46,6 @@ from cdc.logstore.embedded.files import (
     tombstone_wait,
 )
 from cdc.logstore.embedded.maintenance import apply_retention, compact_topic
-from cdc.logstore.partitioner import partition_array
 from cdc.native import load
 
 #: the compiled append's interface version (``cdc.logstore.embedded._pack.ABI``) this module drives
@@ -433,15 +430,19 @@ class EmbeddedLogStore(LogStore):
         """Each partition's stored batch of an append: (partition, records, tombstones, blob), in
         partition order. The compiled path (:mod:`cdc.logstore.embedded._pack`) places and encodes
         the usual records in one pass; the reference path (and any record it does not take, which
-        :func:`check_record` then names) goes through :func:`stored_rows` and msgspec."""
+        :func:`check_record` then names) goes through :mod:`.placing` and msgspec, imported only then
+        (it imports numpy: a process that only reads, as ``cdc status`` and ``cdc wait``, or appends
+        through the compiled path never does)."""
         native = _pack_module()
         if native is not None:
             lst = records if type(records) is list else list(records)
             out = native.group_pack(topic.name, n, [end[p] for p in range(n)], lst, now)
             if out is not None:
                 return [(p, count, tombs, frame(data, self.compress)) for p, count, tombs, data in out]
+        from cdc.logstore.embedded.placing import partitions, stored_rows
+
         try:
-            parts = self._partitions(topic, records)
+            parts = partitions(topic.name, n, records)
         except (TypeError, ValueError, AttributeError):
             for i, r in enumerate(records):  # name the offending record
                 check_record(topic.name, i, r)
@@ -450,26 +451,6 @@ class EmbeddedLogStore(LogStore):
         return [
             (p, len(rows), tombstones[p], pack(rows, self.compress)) for p, rows in enumerate(groups) if rows
         ]
-
-    def _partitions(self, topic: TopicHandle, records: Sequence[Record]) -> Sequence[int] | np.ndarray:
-        n = topic.config.partitions
-        explicit = [r.partition for r in records]
-        if explicit.count(None) != len(explicit):  # some record names its partition
-            parts = [
-                p if p is not None else partition_for(r.key, n)
-                for p, r in zip(explicit, records, strict=True)
-            ]
-            for p in set(parts):
-                if not 0 <= p < n:
-                    raise LogStoreError(
-                        f"record for topic {topic.name!r} names partition {p}, the topic has {n} (0..{n - 1})",
-                        fix=f"leave Record.partition None or use a partition in 0..{n - 1}",
-                        topic=topic.name,
-                        partition=p,
-                    )
-        else:
-            return partition_array([r.key for r in records], n)
-        return parts
 
     # -- reading -----------------------------------------------------------------------------------
     def read(

@@ -29,7 +29,7 @@ from cdc.logstore import LogStore, Record, StoredRecord, TopicConfig, TopicInfo
 from cdc.logstore.kafka.options import KafkaOptions
 from cdc.logstore.kafka.producer import BulkProducer, ProducerStateError, TopicRefusedError
 from cdc.logstore.kafka.topic_config import config_from_kafka, config_to_kafka
-from cdc.logstore.partitioner import partitions_for
+from cdc.logstore.partition_arrays import partitions_for
 
 __all__ = ["DEFAULT_PRODUCER_CONFIG", "KafkaLogStore"]
 
