@@ -105,6 +105,18 @@ def test_status_does_not_import_the_other_verbs() -> None:
         assert f"'{heavy}'" not in out, out
 
 
+def _loaded(argv: list[str], imports: str) -> list[str]:
+    """The modules a new process holds after building ``cdc``'s parser for ``argv`` (as the verb's
+    process does) and importing ``imports``."""
+    code = (
+        "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
+        f"build_parser(_verb_of({argv!r}))\n"
+        f"import {imports}\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    return _python(code).split()
+
+
 #: what a ``cdc status`` process never imports (issue #33: on-call and the tests poll it): numpy (only
 #: the writers of batches hash arrays), the warehouse's libraries, pandas, and the codec that decodes
 #: changes
@@ -114,13 +126,10 @@ STATUS_NEVER = ("numpy", "pyarrow", "deltalake", "pandas", "cdc.codec.envelope",
 def test_status_imports_neither_numpy_nor_the_warehouse_libraries() -> None:
     """``cdc status``'s parser, its handler's modules and the log store it opens to read (and the
     Spark checkpoint reader) import none of :data:`STATUS_NEVER`, directly or through any module."""
-    code = (
-        "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
-        "build_parser(_verb_of(['status', '--json']))\n"
-        "import cdc.cli.status.gather, cdc.cli.status.options, cdc.logstore.factory, spark_jobs.checkpoint\n"
-        "print('\\n'.join(sorted(sys.modules)))"
+    loaded = _loaded(
+        ["status", "--json"],
+        "cdc.cli.status.gather, cdc.cli.status.options, cdc.logstore.factory, spark_jobs.checkpoint",
     )
-    loaded = _python(code).split()
     assert "cdc.cli.status.gather" in loaded and "cdc.logstore.embedded.store" in loaded
     for name in loaded:
         assert name not in STATUS_NEVER and not name.startswith(tuple(f"{m}." for m in STATUS_NEVER)), name
@@ -209,13 +218,10 @@ def test_verify_imports_only_what_its_work_needs() -> None:
     """A ``cdc verify`` process's start is a fixed cost of every incremental run (issue 35: about
     half of one): its parser, its modules and the sinks it reads import no other verb's module and
     none of :data:`VERIFY_NEVER`, directly or through any module."""
-    code = (
-        "import sys\nfrom cdc.cli import build_parser, _verb_of\n"
-        "build_parser(_verb_of(['--state', '/s', 'verify', '--json']))\n"
-        "import cdc.cli.verify.compare, cdc.cli.verify.views, cdc.logstore.factory, sinks.all\n"
-        "print('\\n'.join(sorted(sys.modules)))"
+    loaded = _loaded(
+        ["--state", "/s", "verify", "--json"],
+        "cdc.cli.verify.compare, cdc.cli.verify.views, cdc.logstore.factory, sinks.all",
     )
-    loaded = _python(code).split()
     assert "cdc.cli.verify.compare" in loaded and "sinks.warehouse" in loaded
     for name in loaded:
         assert not name.startswith(tuple(f"{m}." for m in VERIFY_NEVER)) and name not in VERIFY_NEVER, name
