@@ -62,6 +62,7 @@ between batches.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -227,6 +228,10 @@ def _text(value: object) -> str:
     return str(value)
 
 
+#: a partition's values as one hashable key (:func:`_key`)
+_Key = tuple[tuple[str, str], ...]
+
+
 class Todo(NamedTuple):
     """A partition to compact: its :class:`Plan`, the Delta table's path, the partition's values,
     and the table's version the plan was made at."""
@@ -279,7 +284,7 @@ def step(
     target = target_size or DEFAULT_TARGET
     if todo is None:
         todo = due(paths, open_table, target_size=target_size, min_files=min_files)
-    planned: dict[Path, tuple[int, dict[str, Plan] | None]] = {}  # path: (version, plans anew)
+    planned: dict[Path, tuple[int, dict[_Key, Plan] | None]] = {}  # path: (version, plans anew)
     for item in todo:
         if where is not None and not where(item.partition):
             continue
@@ -309,15 +314,8 @@ def step(
             int(json.loads(metrics.get("filesRemoved") or "{}").get("totalSize", 0)) if removed else 0
         )
         done += Compacted(1, removed, int(metrics.get("numFilesAdded", 0)), bytes_removed=bytes_removed)
-    return Compacted(
-        done.partitions,
-        done.files_removed,
-        done.files_added,
-        time.monotonic() - started,
-        done.conflicts,
-        done.bytes_removed,
-    )
+    return dataclasses.replace(done, seconds=time.monotonic() - started)
 
 
-def _key(partition: dict[str, str]) -> tuple[tuple[str, str], ...]:
+def _key(partition: dict[str, str]) -> _Key:
     return tuple(sorted(partition.items()))
