@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from tests.plugins.capture import CaptureEnv
+from tests.plugins.postgres import wait_for
 
 STATUS = "[status]\nwindow_s = {window}\nlag_warn_s = 30\nlag_critical_s = 600\n"
+#: the pause between two samples of a test polling ``cdc status``: each is a process of its own
+#: (0.3 s of CPU or more), so a shorter pause would keep a core busy for as long as the test waits
+STATUS_POLL_S = 0.5
 
 
 def status_config(window: float = 3, extra: str = "") -> str:
@@ -21,6 +26,21 @@ def status(env: CaptureEnv) -> tuple[int, dict[str, Any]]:
     res = env.cdc("status", "--json", timeout=120)
     assert res.stdout.strip(), res.stderr
     return res.returncode, dict(orjson.loads(res.stdout))
+
+
+def status_until(
+    env: CaptureEnv, check: Callable[[dict[str, Any]], object], what: str, timeout: float = 60
+) -> dict[str, Any]:
+    """The first report of ``cdc status --json`` for which ``check`` is truthy, sampled every
+    :data:`STATUS_POLL_S` (AssertionError naming ``what`` after ``timeout`` seconds)."""
+    return dict(
+        wait_for(
+            lambda: check(report := status(env)[1]) and report,
+            timeout=timeout,
+            interval=STATUS_POLL_S,
+            what=what,
+        )
+    )
 
 
 def stage(
