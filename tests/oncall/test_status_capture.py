@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
 from tests.plugins.postgres import wait_for
-from tests.plugins.status import STATUS_POLL_S, stage, status, status_config, status_until
+from tests.plugins.status import stage, status, status_config, status_until
 
 RETAINED_WAL = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
 pytestmark = [
@@ -45,7 +45,7 @@ def test_idle_source_longer_than_window_is_zero_seconds_and_ok(env: CaptureEnv) 
 
     for _ in range(3):  # heartbeats move the slot: the idle source keeps saying 0 s, not a growing lag
         report = wait_for(
-            idle_and_ok, timeout=60, interval=STATUS_POLL_S, what="an idle sample at 0 s and OK"
+            idle_and_ok, timeout=60, interval=PROCESS_POLL_S, what="an idle sample at 0 s and OK"
         )
         assert proc.poll() is None, env.proc_log()
     counters = report["processes"]["capture"]["counters"]
@@ -70,7 +70,7 @@ def test_writes_while_capture_stopped_grow_lag_then_stopped_critical(env: Captur
         return code == 2 and cap["verdict"] == "STOPPED" and "cdc run" in cap["fix"]
 
     # each sample is a `cdc status` process: seconds apiece on a loaded machine
-    wait_for(stopped, timeout=120, interval=STATUS_POLL_S, what="capture STOPPED, exit 2")
+    wait_for(stopped, timeout=120, interval=PROCESS_POLL_S, what="capture STOPPED, exit 2")
 
 
 def test_retained_wal_past_threshold_exits_2_with_the_fix(env: CaptureEnv) -> None:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
 from tests.plugins.postgres import wait_for
-from tests.plugins.status import STATUS_POLL_S, stage, status, status_config
+from tests.plugins.status import stage, status, status_config
 
 pytestmark = pytest.mark.cdc_config(status_config(window=3), backend="kafka")
 
@@ -25,7 +25,7 @@ def test_status_reads_kafka_offsets(env: CaptureEnv) -> None:
 
     # each sample is a `cdc status` process, judged over a 3 s window: polled, not one sample
     code, report = wait_for(
-        captured, timeout=60, interval=STATUS_POLL_S, what="capture OK after cdc run --once"
+        captured, timeout=60, interval=PROCESS_POLL_S, what="capture OK after cdc run --once"
     )
     assert report["log_store"] == {"backend": "kafka", "error": None}
     st = stage(report, "apply", "public.t", "warehouse")

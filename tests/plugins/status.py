@@ -8,13 +8,10 @@ from typing import Any
 
 import orjson
 
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
 from tests.plugins.postgres import wait_for
 
 STATUS = "[status]\nwindow_s = {window}\nlag_warn_s = 30\nlag_critical_s = 600\n"
-#: the pause between two samples of a test polling ``cdc status``: each is a process of its own
-#: (0.3 s of CPU or more), so a shorter pause would keep a core busy for as long as the test waits
-STATUS_POLL_S = 0.5
 
 
 def status_config(window: float = 3, extra: str = "") -> str:
@@ -32,12 +29,12 @@ def status_until(
     env: CaptureEnv, check: Callable[[dict[str, Any]], object], what: str, timeout: float = 60
 ) -> dict[str, Any]:
     """The first report of ``cdc status --json`` for which ``check`` is truthy, sampled every
-    :data:`STATUS_POLL_S` (AssertionError naming ``what`` after ``timeout`` seconds)."""
+    :data:`tests.plugins.capture.PROCESS_POLL_S` (AssertionError naming ``what`` after ``timeout`` seconds)."""
     return dict(
         wait_for(
             lambda: check(report := status(env)[1]) and report,
             timeout=timeout,
-            interval=STATUS_POLL_S,
+            interval=PROCESS_POLL_S,
             what=what,
         )
     )

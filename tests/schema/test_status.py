@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.capture import CaptureEnv, wait_streaming
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv, wait_streaming
 from tests.plugins.postgres import wait_for
-from tests.plugins.status import STATUS_POLL_S, stage, status, status_config
+from tests.plugins.status import stage, status, status_config
 
 pytestmark = pytest.mark.cdc_config(status_config())
 
@@ -35,7 +35,7 @@ def test_missing_and_refused_tables_are_error_stages_with_the_fix(env: CaptureEn
             return rep if names == {"public.gone", "public.rekeyed"} else None
 
         wait_for(
-            lambda: both() is not None, timeout=60, interval=STATUS_POLL_S, what="both tables in cdc status"
+            lambda: both() is not None, timeout=60, interval=PROCESS_POLL_S, what="both tables in cdc status"
         )
         code, report = status(env)
         gone = stage(report, "source_table", "public.gone")
