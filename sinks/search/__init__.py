@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc import sink_locations
 from cdc.config import DEFAULT_PARTITIONS, SearchConfig, Settings, section_options
 from cdc.events import Version
 from cdc.registry import TableReg
@@ -109,10 +110,8 @@ class SearchSink(Sink):
     @classmethod
     def locations(cls, state_dir: Path, reg: TableReg) -> dict[str, Path]:
         """A table with search columns: ``index`` (the directory of its shards, each a tantivy index
-        with its side table) and ``versions`` (the index's metadata: the shard count, the fields)."""
-        if not reg.search:
-            return {}
-        return {"index": index_path(state_dir, reg), "versions": versions_path(state_dir, reg)}
+        with its side table) and ``versions`` (the index's metadata) (:func:`cdc.sink_locations.search`)."""
+        return sink_locations.search(state_dir, reg)
 
     @classmethod
     def listing(cls, state_dir: Path, reg: TableReg) -> dict[str, Any]:

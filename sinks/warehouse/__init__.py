@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 
+from cdc import sink_locations
 from cdc.errors import ApplyError
 from cdc.registry import TableReg
 from sinks import ChangeBatch, KeyRanges, Rejection, Sink, StoredRows
@@ -149,8 +150,8 @@ class WarehouseSink(Sink):
     # -- where it lives, what it holds (sinks.Sink) ----------------------------------------------------
     @classmethod
     def locations(cls, state_dir: Path, reg: TableReg) -> dict[str, Path]:
-        """Every table: ``current``, ``history``, ``tombstones`` (:func:`.layout.table_paths`)."""
-        return dict(zip(("current", "history", "tombstones"), table_paths(state_dir, reg), strict=True))
+        """Every table: ``current``, ``history``, ``tombstones`` (:func:`cdc.sink_locations.warehouse`)."""
+        return sink_locations.warehouse(state_dir, reg)
 
     @classmethod
     def listing(cls, state_dir: Path, reg: TableReg) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from cdc.errors import ConfigError
 from tests.plugins.apply import apply_once
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
-from tests.plugins.status import stage, status, status_config
+from tests.plugins.status import stage, status_config, status_until
 
 pytestmark = pytest.mark.cdc_config(status_config(window=30))
 CHROMIUM = Path("/usr/bin/chromium")
@@ -53,7 +53,7 @@ def _pipeline(env: CaptureEnv) -> None:
     env.sql("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 30) g")
     env.add_table("public.items", "--search", "name")
     env.spawn("run")
-    wait_for(lambda: stage(status(env)[1], "capture")["lag_bytes"] == 0, timeout=60, what="capture caught up")
+    status_until(env, lambda r: stage(r, "capture")["lag_bytes"] == 0, "capture caught up")
 
 
 def test_metrics_status_and_token(env: CaptureEnv) -> None:

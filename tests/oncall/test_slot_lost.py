@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cdc.devcluster import PgCluster
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
 from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
@@ -56,4 +56,4 @@ def test_invalidated_slot_is_dropped_marked_and_resnapshotted(pg: PgCluster, env
         return bool(stage(report, "slot")["verdict"] == "OK" and stage(report, "capture")["verdict"] == "OK")
 
     # each sample is a `cdc status` process, judged over a 3 s window: polled, not one sample
-    wait_for(both_ok, timeout=60, interval=0.5, what="slot and capture OK after the re-snapshot")
+    wait_for(both_ok, timeout=60, interval=PROCESS_POLL_S, what="slot and capture OK after the re-snapshot")

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
 from tests.plugins.postgres import wait_for
-from tests.plugins.status import stage, status, status_config
+from tests.plugins.status import stage, status, status_config, status_until
 
 RETAINED_WAL = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
 pytestmark = [
@@ -27,9 +27,9 @@ def _setup(env: CaptureEnv) -> None:
 def test_idle_source_longer_than_window_is_zero_seconds_and_ok(env: CaptureEnv) -> None:
     _setup(env)
     proc = env.spawn("run")
-    wait_for(lambda: status(env)[1]["processes"]["capture"]["running"], timeout=60, what="capture running")
+    status_until(env, lambda r: r["processes"]["capture"]["running"], "capture running")
     env.sql("INSERT INTO t VALUES (100, 'y')")
-    wait_for(lambda: stage(status(env)[1], "capture")["lag_bytes"] == 0, timeout=60, what="caught up")
+    status_until(env, lambda r: stage(r, "capture")["lag_bytes"] == 0, "caught up")
     # the source now stays idle for longer than the window (3 s)
     deadline = time.monotonic() + 4
     wait_for(lambda: time.monotonic() > deadline, timeout=10, what="the window to pass")
@@ -44,7 +44,9 @@ def test_idle_source_longer_than_window_is_zero_seconds_and_ok(env: CaptureEnv) 
         return report if ok and report["processes"]["capture"]["running"] is True else None
 
     for _ in range(3):  # heartbeats move the slot: the idle source keeps saying 0 s, not a growing lag
-        report = wait_for(idle_and_ok, timeout=60, interval=0.5, what="an idle sample at 0 s and OK")
+        report = wait_for(
+            idle_and_ok, timeout=60, interval=PROCESS_POLL_S, what="an idle sample at 0 s and OK"
+        )
         assert proc.poll() is None, env.proc_log()
     counters = report["processes"]["capture"]["counters"]
     assert counters["events_written"] >= 11
@@ -53,7 +55,7 @@ def test_idle_source_longer_than_window_is_zero_seconds_and_ok(env: CaptureEnv) 
 def test_writes_while_capture_stopped_grow_lag_then_stopped_critical(env: CaptureEnv) -> None:
     _setup(env)
     env.run_once()
-    wait_for(lambda: stage(status(env)[1], "capture")["verdict"] == "OK", timeout=60, what="capture OK")
+    status_until(env, lambda r: stage(r, "capture")["verdict"] == "OK", "capture OK")
     env.sql("INSERT INTO t SELECT g, repeat('w', 100) FROM generate_series(1000, 2000) g")
     _, first = status(env)
     env.sql("UPDATE t SET v = 'again'")
@@ -68,7 +70,7 @@ def test_writes_while_capture_stopped_grow_lag_then_stopped_critical(env: Captur
         return code == 2 and cap["verdict"] == "STOPPED" and "cdc run" in cap["fix"]
 
     # each sample is a `cdc status` process: seconds apiece on a loaded machine
-    wait_for(stopped, timeout=120, interval=0.5, what="capture STOPPED, exit 2")
+    wait_for(stopped, timeout=120, interval=PROCESS_POLL_S, what="capture STOPPED, exit 2")
 
 
 def test_retained_wal_past_threshold_exits_2_with_the_fix(env: CaptureEnv) -> None:

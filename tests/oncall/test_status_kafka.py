@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
 from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
@@ -24,7 +24,9 @@ def test_status_reads_kafka_offsets(env: CaptureEnv) -> None:
         return (code, report) if stage(report, "capture")["verdict"] == "OK" else None
 
     # each sample is a `cdc status` process, judged over a 3 s window: polled, not one sample
-    code, report = wait_for(captured, timeout=60, interval=0.5, what="capture OK after cdc run --once")
+    code, report = wait_for(
+        captured, timeout=60, interval=PROCESS_POLL_S, what="capture OK after cdc run --once"
+    )
     assert report["log_store"] == {"backend": "kafka", "error": None}
     st = stage(report, "apply", "public.t", "warehouse")
     assert st["lag_offsets"] == 10 and st["lag_seconds"] is not None and st["lag_seconds"] >= 0

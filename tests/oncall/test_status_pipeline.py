@@ -11,7 +11,7 @@ import pytest
 from tests.plugins.apply import apply_once
 from tests.plugins.capture import CaptureEnv
 from tests.plugins.postgres import wait_for
-from tests.plugins.status import stage, status, status_config
+from tests.plugins.status import stage, status, status_config, status_until
 
 DROP_AT_2MB = 'slot_policy = "drop"\nslot_drop_at_bytes = 2097152\n'
 pytestmark = pytest.mark.cdc_config(status_config(window=20, extra=DROP_AT_2MB))
@@ -29,8 +29,8 @@ def _tables(env: CaptureEnv) -> None:
 def test_caught_up_ok_then_apply_stopped_warn_then_stopped(spark_clean: Any, env: CaptureEnv) -> None:
     _tables(env)
     proc = env.spawn("run")
-    wait_for(lambda: status(env)[1]["processes"]["capture"]["running"], timeout=60, what="capture running")
-    wait_for(lambda: stage(status(env)[1], "capture")["lag_bytes"] == 0, timeout=60, what="snapshot captured")
+    status_until(env, lambda r: r["processes"]["capture"]["running"], "capture running")
+    status_until(env, lambda r: stage(r, "capture")["lag_bytes"] == 0, "snapshot captured")
     apply_once(spark_clean, env)
 
     code, report = status(env)

@@ -42,6 +42,10 @@ from tests.plugins.postgres import wait_for
 
 #: the ``cdc`` command line, run from this interpreter (the worktree's code, not an installed script)
 CDC = [sys.executable, "-c", "from cdc.cli import entry; entry()"]
+#: the pause between two samples of a test polling a ``cdc`` verb (``cdc status``, ``cdc tables
+#: list``): each is a process of its own (0.3 s of CPU or more), so a shorter pause would keep a core
+#: busy for as long as the test waits
+PROCESS_POLL_S = 0.5
 
 
 @dataclass

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from tests.plugins.capture import CaptureEnv
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv
+from tests.plugins.postgres import wait_for
 
 STATUS = "[status]\nwindow_s = {window}\nlag_warn_s = 30\nlag_critical_s = 600\n"
 
@@ -21,6 +23,21 @@ def status(env: CaptureEnv) -> tuple[int, dict[str, Any]]:
     res = env.cdc("status", "--json", timeout=120)
     assert res.stdout.strip(), res.stderr
     return res.returncode, dict(orjson.loads(res.stdout))
+
+
+def status_until(
+    env: CaptureEnv, check: Callable[[dict[str, Any]], object], what: str, timeout: float = 60
+) -> dict[str, Any]:
+    """The first report of ``cdc status --json`` for which ``check`` is truthy, sampled every
+    :data:`tests.plugins.capture.PROCESS_POLL_S` (AssertionError naming ``what`` after ``timeout`` seconds)."""
+    return dict(
+        wait_for(
+            lambda: check(report := status(env)[1]) and report,
+            timeout=timeout,
+            interval=PROCESS_POLL_S,
+            what=what,
+        )
+    )
 
 
 def stage(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.capture import CaptureEnv, wait_streaming
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv, wait_streaming
 from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config
 
@@ -34,7 +34,9 @@ def test_missing_and_refused_tables_are_error_stages_with_the_fix(env: CaptureEn
             names = {s["table"] for s in rep["stages"] if s["stage"] == "source_table"}
             return rep if names == {"public.gone", "public.rekeyed"} else None
 
-        wait_for(lambda: both() is not None, timeout=60, what="both tables in cdc status")
+        wait_for(
+            lambda: both() is not None, timeout=60, interval=PROCESS_POLL_S, what="both tables in cdc status"
+        )
         code, report = status(env)
         gone = stage(report, "source_table", "public.gone")
         assert gone["verdict"] == "ERROR" and "does not exist at the source" in gone["reason"]

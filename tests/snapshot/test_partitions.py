@@ -10,7 +10,7 @@ import signal
 import orjson
 import pytest
 
-from tests.plugins.capture import CaptureEnv, materialize, wait_caught_up, wait_streaming
+from tests.plugins.capture import PROCESS_POLL_S, CaptureEnv, materialize, wait_caught_up, wait_streaming
 from tests.plugins.postgres import wait_for
 
 pytestmark = pytest.mark.cdc_config("[snapshot]\nchunk_size = 500\n")
@@ -99,7 +99,10 @@ def test_a_registered_table_dropped_at_the_source_is_shown_and_the_others_go_on(
         return {t["table"]: t for t in orjson.loads(res.stdout)}
 
     wait_for(
-        lambda: "source_missing_since" in listed()["public.gone"], timeout=30, what="the drop to be noticed"
+        lambda: "source_missing_since" in listed()["public.gone"],
+        timeout=30,
+        interval=PROCESS_POLL_S,
+        what="the drop to be noticed",
     )
     assert "source_missing_since" not in listed()["public.keep"]
     text = env.cdc("tables", "list").stdout
@@ -134,7 +137,7 @@ def test_a_renamed_key_column_is_refused_loudly_and_the_others_go_on(env: Captur
         assert res.returncode == 0, res.stderr
         return {t["table"]: t for t in orjson.loads(res.stdout)}["public.k"].get("refused")
 
-    found = wait_for(refused, timeout=30, what="the renamed key to be refused")
+    found = wait_for(refused, timeout=30, interval=PROCESS_POLL_S, what="the renamed key to be refused")
     assert "kid" not in found["reason"] and "id" in found["reason"] and "cdc tables remove" in found["fix"]
     text = env.cdc("tables", "list").stdout
     assert "REFUSED" in text and "cdc tables add public.k" in text

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import orjson
 import pytest
 
 from cdc.cli import (
@@ -19,6 +22,8 @@ from cdc.cli import (
     collect_less_often,
     one_blas_thread,
 )
+from cdc.registry import Registry, TableReg
+from cdc.sink_locations import LOCATIONS, keeping
 
 
 @pytest.mark.parametrize(
@@ -131,8 +136,66 @@ def test_status_imports_neither_numpy_nor_the_warehouse_libraries() -> None:
         "cdc.cli.status.gather, cdc.cli.status.options, cdc.logstore.factory, spark_jobs.checkpoint",
     )
     assert "cdc.cli.status.gather" in loaded and "cdc.logstore.embedded.store" in loaded
+    _none_of_status_never(loaded)
+
+
+def _none_of_status_never(loaded: list[str]) -> None:
     for name in loaded:
         assert name not in STATUS_NEVER and not name.startswith(tuple(f"{m}." for m in STATUS_NEVER)), name
+
+
+#: a source nothing listens on: the verb gets as far as connecting, and fails there at once
+UNREACHABLE = "postgresql://cdc@127.0.0.1:1/cdc?connect_timeout=2"
+
+
+def _ran(state: Path, argv: list[str]) -> tuple[str, str, list[str]]:
+    """``cdc --state STATE --source UNREACHABLE ARGV`` run whole by a fresh interpreter: its stdout,
+    its stderr and the modules it held at the end."""
+    code = (
+        "import sys\nfrom cdc.cli import entry\n"
+        f"sys.argv = ['cdc', '--state', {str(state)!r}, '--source', {UNREACHABLE!r}, *{argv!r}]\n"
+        "try:\n    entry()\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write('\\n'.join(['--modules--', *sorted(sys.modules)]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=state.parent
+    )
+    err, _, modules = res.stderr.partition("--modules--")
+    return res.stdout, err, modules.split()
+
+
+def test_status_and_wait_on_a_registered_table_import_none_of_the_sinks(tmp_path: Path) -> None:
+    """``cdc status`` and ``cdc wait`` on a registered table with search columns (issue #33: the
+    tests poll both) ask which sinks keep it without importing them: none of :data:`STATUS_NEVER`,
+    nor ``sinks``, nor tantivy. The source is unreachable: status reports the table's stages all
+    the same, and wait has its sinks before it connects."""
+    state = tmp_path / "state"
+    with Registry(state) as registry:
+        registry.add(TableReg("public", "items", "cdc.public.items", ("id",), search=("name",)))
+    out, _, loaded = _ran(state, ["status", "--json"])
+    assert [t["sinks"] for t in orjson.loads(out)["tables"]] == [["warehouse", "search"]], out
+    _, err, waited = _ran(state, ["wait", "--lsn", "0/1", "--table", "public.items", "--timeout", "1"])
+    assert "cannot be reached" in err, err
+    for verb, modules in (("status", loaded), ("wait", waited)):
+        assert f"cdc.cli.{verb}" in modules and "cdc.sink_locations" in modules, modules
+        _none_of_status_never(modules)
+        assert not [m for m in modules if m.split(".")[0] in ("sinks", "tantivy")], modules
+
+
+def test_the_sinks_keep_a_table_where_cdc_sink_locations_says() -> None:
+    """:data:`cdc.sink_locations.LOCATIONS` names every sink of :data:`sinks.all.SINKS`, in its
+    order, and each keeps a table where its entry says (with and without search columns)."""
+    from sinks.all import SINKS
+
+    for reg in (
+        TableReg("public", "items", "cdc.public.items", ("id",), search=("name",)),
+        TableReg("odd schema", "t/1", "cdc.odd.t1", ("id",)),
+    ):
+        light = [(name, where(Path("/s"), reg)) for name, where in LOCATIONS.items()]
+        assert light == [(sink.name, sink.locations(Path("/s"), reg)) for sink in SINKS]
+        assert keeping(Path("/s"), reg) == [name for name, where in light if where]
+    assert keeping(Path("/s"), TableReg("public", "t", "cdc.public.t", ("id",))) == ["warehouse"]
 
 
 @pytest.mark.parametrize(

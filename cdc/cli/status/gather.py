@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from cdc import metrics, paths
+from cdc import metrics, paths, sink_locations
 from cdc.catalog import SlotInfo, connect, failover_info, failover_supported, server_info, slot_info
 from cdc.cli.status import history
 from cdc.cli.status.judge import EXIT_CODES, OK, WARN, Judgement, Point, judge, worst
@@ -665,15 +665,13 @@ class Collector:
     ) -> dict[str, Any]:
         """The table's offsets and apply lag; ``want_newest``: also the newest captured commit time
         (read only when capture is behind: it costs a read per partition). ``sinks``: the sinks that
-        keep the table (:data:`sinks.all.SINKS`), one apply stage each."""
-        from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
-
+        keep the table (:func:`cdc.sink_locations.keeping`), one apply stage each."""
         now = now_ms()
         fact: dict[str, Any] = {
             "table": reg.qualified,
             "topic": reg.topic,
             "snapshot_state": reg.snapshot_state,
-            "sinks": [sink.name for sink in SINKS if sink.locations(self.state, reg)],
+            "sinks": sink_locations.keeping(self.state, reg),
             "lag_offsets": None,
             "lag_seconds": None,
             "applied_total": None,

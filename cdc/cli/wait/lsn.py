@@ -78,7 +78,7 @@ from typing import Any
 
 import psycopg
 
-from cdc import paths
+from cdc import paths, sink_locations
 from cdc.config import Settings
 from cdc.connect import connect
 from cdc.errors import ConfigError, LogStoreError, RegistryError, UnknownTopicError
@@ -494,13 +494,12 @@ def wait_for_lsn(
     :func:`resolve` gives them) shows them (see the module docstring); ``store``: an open log store
     to read (else one is opened read-only); ``nudge``: emit heartbeat messages on an idle source."""
     from cdc.logstore.factory import open_log_store
-    from sinks.all import SINKS  # deferred: the sinks import deltalake and tantivy
 
     started = time.monotonic()
     deadline = started + timeout_s
     state = Path(settings.state_dir)
     waited = Targets(list(tables), [(v, list(regs)) for v, regs in views]).waited
-    waits = [TableWait(reg, [s.name for s in SINKS if s.locations(state, reg)]) for reg in waited]
+    waits = [TableWait(reg, sink_locations.keeping(state, reg)) for reg in waited]
     by_name = {tw.reg.qualified: tw for tw in waits}
     view_waits = [
         ViewWait(
