@@ -36,7 +36,7 @@ venv: $(VENV)/.installed ## the virtualenv with cdc and its dev tools
 
 # setup.py and the compiled sources too: a changed .pyx (or a .pxi it includes) is compiled again by
 # the install
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard cdc/*/*.pyx cdc/*/*.pxi cdc/*/*/*.pyx)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard cdc/*/*.pyx cdc/*/*.pxd cdc/*/*.pxi cdc/*/*/*.pyx)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

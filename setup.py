@@ -1,5 +1,6 @@
-"""Builds the compiled per-change path (:mod:`cdc.codec._native`, Cython -> C) and the embedded
-store's compiled append (:mod:`cdc.logstore.embedded._pack`); everything else is
+"""Builds the compiled per-change path (:mod:`cdc.codec._native`, Cython -> C), the batch's compiled
+records (:mod:`cdc.logstore._records`) and the embedded store's compiled append
+(:mod:`cdc.logstore.embedded._pack`); everything else is
 in pyproject.toml. Without a C compiler or Cython the package still installs: cdc then runs its
 Python path and says so (``cdc check``)."""
 
@@ -45,7 +46,7 @@ def extensions() -> list:  # type: ignore[type-arg]
         sys.stderr.write("warning: Cython is not installed: cdc.codec._native is not built\n")
         return []
     return cythonize(
-        ["cdc/codec/_native.pyx", "cdc/logstore/embedded/_pack.pyx"],
+        ["cdc/logstore/_records.pyx", "cdc/codec/_native.pyx", "cdc/logstore/embedded/_pack.pyx"],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )

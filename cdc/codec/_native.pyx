@@ -18,6 +18,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy
 
+from cdc.logstore._records cimport Records
+
 import time
 
 import orjson
@@ -33,7 +35,7 @@ DEF K_BYTEA = 3     # a JSON string of the text without its "\x"
 DEF K_PY = 4        # the Python converter, then orjson
 
 #: what cdc.codec.fastpath expects of this module (a build older than its source is not used)
-ABI = 5
+ABI = 6
 
 KIND_TEXT = K_TEXT
 KIND_INT = K_INT
@@ -210,11 +212,16 @@ cdef class Encoder:
     cdef public long long py_values
     cdef public long long declined
     cdef long long total   # the row's stored-length bound (TableCodec.holds_out_of_line)
-    # the last change encoded (:meth:`_try`): its op (c, u, d), key, value and image to keep
+    # the last change encoded (:meth:`_try`): its op (c, u, d), key, value and image to keep; the
+    # key is in ``kbuf`` and the value in ``buf`` (``o_key``, ``o_value``: made from them on first
+    # use, :meth:`_okey`, :meth:`_ovalue`)
     cdef char o_op
     cdef bytes o_key
     cdef bytes o_value
     cdef object o_image
+    cdef char *kbuf
+    cdef Py_ssize_t kn
+    cdef Py_ssize_t kcap
 
     def __cinit__(self):
         self.cap = 1 << 16
@@ -229,11 +236,15 @@ cdef class Encoder:
         self.tmp = NULL
         self.tmpcap = 0
         self.error = None
+        self.kbuf = NULL
+        self.kn = 0
+        self.kcap = 0
         if self.buf == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
         free(self.buf)
+        free(self.kbuf)
         free(self.tmp)
         free(self.new)
         free(self.old)
@@ -472,20 +483,25 @@ cdef class Encoder:
         self._putc(125)
         return 0
 
-    cdef object _key(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe):
-        """The key bytes from the fragments (``cdc.events.encode_key``); None when a key column is
-        absent (the reference raises its error)."""
+    cdef int _key_into(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe) except -1:
+        """The key (``cdc.events.encode_key``) from the fragments into ``kbuf`` (``kn`` bytes): 1, or
+        0 when a key column is absent (the reference raises its error)."""
         cdef int i, p
         cdef Py_ssize_t size = 2
-        cdef bytes out
         cdef char *o
         for i in range(plan.nkey):
             p = plan.keypos[i]
             if fs[p] < 0:
-                return None
+                return 0
             size += PyBytes_GET_SIZE(<bytes>plan.names[p]) + (fe[p] - fs[p]) + (1 if i else 0)
-        out = PyBytes_FromStringAndSize(NULL, size)
-        o = PyBytes_AS_STRING(out)
+        if size > self.kcap:
+            o = <char *>realloc(self.kbuf, size + 64)
+            if o == NULL:
+                raise MemoryError()
+            self.kbuf = o
+            self.kcap = size + 64
+        self.kn = size
+        o = self.kbuf
         o[0] = 123
         o += 1
         for i in range(plan.nkey):
@@ -499,7 +515,27 @@ cdef class Encoder:
             memcpy(o, self.buf + fs[p], fe[p] - fs[p])
             o += fe[p] - fs[p]
         o[0] = 125
-        return out
+        return 1
+
+    cdef object _key(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe):
+        """The key bytes from the fragments; None when a key column is absent."""
+        if not self._key_into(plan, fs, fe):
+            return None
+        return PyBytes_FromStringAndSize(self.kbuf, self.kn)
+
+    cdef bint _same_key(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe, Py_ssize_t *os,
+                        Py_ssize_t *oe) noexcept:
+        """Whether the key of the fragments ``os``/``oe`` is there and is the key of ``fs``/``fe``
+        (present): the same bytes exactly when each key column's fragment is the same (each is one
+        JSON value, which ends where its text says)."""
+        cdef int i, p
+        for i in range(plan.nkey):
+            p = plan.keypos[i]
+            if os[p] < 0 or oe[p] - os[p] != fe[p] - fs[p]:
+                return False
+            if memcmp(self.buf + os[p], self.buf + fs[p], fe[p] - fs[p]) != 0:
+                return False
+        return True
 
     cdef object _image(self, Plan plan, Py_ssize_t *fs, Py_ssize_t *fe):
         """The packed image (``cdc.logstore.images.pack``) of the imaged columns present."""
@@ -525,7 +561,20 @@ cdef class Encoder:
 
     cdef tuple result(self):
         """The last change encoded as :meth:`change` returns it."""
-        return (PyBytes_FromStringAndSize(&self.o_op, 1), self.o_key, self.o_value, self.o_image)
+        return (PyBytes_FromStringAndSize(&self.o_op, 1), self._okey(), self._ovalue(), self.o_image)
+
+    cdef bytes _okey(self):
+        """The key of the change encoded last (made from ``kbuf`` on first use)."""
+        if self.o_key is None:
+            self.o_key = PyBytes_FromStringAndSize(self.kbuf, self.kn)
+        return self.o_key
+
+    cdef bytes _ovalue(self):
+        """The value of the change encoded last (made from the buffer on first use: the batch's
+        :class:`Records` copies it from the buffer, no bytes object in between)."""
+        if self.o_value is None:
+            self.o_value = PyBytes_FromStringAndSize(self.buf, self.n)
+        return self.o_value
 
     cdef bint _try(self, const unsigned char *d, Py_ssize_t size, Plan plan, bytes head, bytes tx_part,
                    long long lsn, long long commit_lsn, long long seq, bytes now, bint want_image) except -1:
@@ -543,7 +592,7 @@ cdef class Encoder:
         cdef Py_ssize_t pos
         cdef unsigned char kind, oldkind = 0
         cdef int i
-        cdef object key, oldkey, image = None
+        cdef object image = None
         cdef Py_ssize_t *fs
         cdef Py_ssize_t *fe
         if size < 6:
@@ -610,28 +659,26 @@ cdef class Encoder:
         self._putb(now)
         self._putb(_END)
         if kind == 68:
-            key = self._key(plan, self.ostart, self.oend)
-            if key is None:
+            if not self._key_into(plan, self.ostart, self.oend):
                 raise _Declined()
-            return self._out(100, key, None)
-        key = self._key(plan, self.fstart, self.fend)
-        if key is None:
+            return self._out(100, None)
+        if not self._key_into(plan, self.fstart, self.fend):
             raise _Declined()
         if kind == 85:
             if not oldkind and not any_relkey(plan):
                 raise _Declined()  # no identity at all: the general path says what is wrong
-            oldkey = self._key(plan, self.ostart, self.oend)
-            if oldkey is None or oldkey != key:
+            if not self._same_key(plan, self.fstart, self.fend, self.ostart, self.oend):
                 raise _Declined()  # a key change: the general path
         if want_image and plan.nimaged and (plan.unbounded or self.total > TOAST_THRESHOLD):
             image = self._image(plan, self.fstart, self.fend)
-        return self._out(99 if kind == 73 else 117, key, image)
+        return self._out(99 if kind == 73 else 117, image)
 
-    cdef inline int _out(self, char op, bytes key, object image) except -1:
-        """The change encoded: its op, key, value (the buffer) and image into ``o_*``."""
+    cdef inline int _out(self, char op, object image) except -1:
+        """The change encoded: its op and image into ``o_*``, its key (``kbuf``) and value (the
+        buffer) kept until the next change (:meth:`_okey`, :meth:`_ovalue`)."""
         self.o_op = op
-        self.o_key = key
-        self.o_value = PyBytes_FromStringAndSize(self.buf, self.n)
+        self.o_key = None
+        self.o_value = None
         self.o_image = image
         return 0
 
@@ -718,8 +765,8 @@ cdef class _Rel:
     cdef long long snapshot_lsn
     cdef bint imaged
     cdef long long epoch       # the call it was last checked in
-    cdef long long lst_epoch   # the call ``lst`` is the batch's list of
-    cdef list lst
+    cdef long long lst_epoch   # the call ``lst`` is the batch's records of
+    cdef object lst            # Records (or a list a caller put in the batch)
 
 
 DEF R_PYTHON = 0    # the Python path takes the change
@@ -893,37 +940,46 @@ cdef class Changes:
         cdef _Rel r = self.cur
         if e.o_op == 100:  # d
             if self.staging is not None and r.imaged:
-                self.staging.put(r.topic, e.o_key, None)
-            return [self.record(e.o_key, e.o_value), self.record(e.o_key, None)]
+                self.staging.put(r.topic, e._okey(), None)
+            return [self.record(e._okey(), e._ovalue()), self.record(e._okey(), None)]
         if e.o_image is not None and self.staging is not None:
-            self.staging.put(r.topic, e.o_key, e.o_image)
-        return [self.record(e.o_key, e.o_value)]
+            self.staging.put(r.topic, e._okey(), e.o_image)
+        return [self.record(e._okey(), e._ovalue())]
 
     cdef long long _append(self, object batch, dict records, long long count) except -1:
-        """The records of the change encoded last into the batch's list of its topic (as
-        ``Batch.add`` puts them): the batch's new count."""
+        """The records of the change encoded last into the batch's records of its topic (as
+        ``Batch.add`` puts them: a :class:`Records`, its key and value copied straight from the
+        encoder, no ``Record``; a list where a caller put one): the batch's new count."""
         cdef Encoder e = self.encoder
         cdef _Rel r = self.cur
-        cdef list lst
+        cdef object lst
+        cdef Records recs
         if count == 0:
             batch.started = _monotonic()
         if r.lst_epoch != self.epoch or r.lst is None:
             lst = records.get(r.topic)
             if lst is None:
-                lst = []
+                lst = Records()
                 records[r.topic] = lst
             r.lst = lst
             r.lst_epoch = self.epoch
         lst = r.lst
         if e.o_op == 100:  # d
             if self.staging is not None and r.imaged:
-                self.staging.put(r.topic, e.o_key, None)
-            lst.append(self.record(e.o_key, e.o_value))
-            lst.append(self.record(e.o_key, None))
+                self.staging.put(r.topic, e._okey(), None)
+        elif e.o_image is not None and self.staging is not None:
+            self.staging.put(r.topic, e._okey(), e.o_image)
+        if type(lst) is Records:
+            recs = <Records>lst
+            recs.put(e.kbuf, e.kn, e.buf, e.n)
+            if e.o_op == 100:
+                recs.put(e.kbuf, e.kn, NULL, -1)
+                return count + 2
+            return count + 1
+        lst.append(self.record(e._okey(), e._ovalue()))
+        if e.o_op == 100:
+            lst.append(self.record(e._okey(), None))
             return count + 2
-        if e.o_image is not None and self.staging is not None:
-            self.staging.put(r.topic, e.o_key, e.o_image)
-        lst.append(self.record(e.o_key, e.o_value))
         return count + 1
 
     cdef int _state(self, _Rel r) except -1:

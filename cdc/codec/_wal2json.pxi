@@ -940,7 +940,7 @@ cdef class Wal2JsonChanges(Changes):
         cdef Encoder e = self.encoder
         cdef Plan plan = wp.plan
         cdef unsigned char action = m.action
-        cdef object key, oldkey, image = None
+        cdef object image = None
         e._cells(plan.ncols if plan.ncols > 0 else 1)
         if action != 68:
             if m.nnew != plan.ncols:
@@ -979,20 +979,16 @@ cdef class Wal2JsonChanges(Changes):
         e._putb(now)
         e._putb(_END)
         if action == 68:
-            key = e._key(plan, e.ostart, e.oend)
-            if key is None:
+            if not e._key_into(plan, e.ostart, e.oend):
                 raise _Declined()
-            return e._out(100, key, None)
-        key = e._key(plan, e.fstart, e.fend)
-        if key is None:
+            return e._out(100, None)
+        if not e._key_into(plan, e.fstart, e.fend):
             raise _Declined()
-        if action == 85:
-            oldkey = e._key(plan, e.ostart, e.oend)
-            if oldkey is None or oldkey != key:
-                raise _Declined()  # a key change: the general path
+        if action == 85 and not e._same_key(plan, e.fstart, e.fend, e.ostart, e.oend):
+            raise _Declined()  # a key change: the general path
         if want_image and plan.nimaged and (plan.unbounded or e.total > TOAST_THRESHOLD):
             image = e._image(plan, e.fstart, e.fend)
-        return e._out(99 if action == 73 else 117, key, image)
+        return e._out(99 if action == 73 else 117, image)
 
     cdef int _step(self, const unsigned char *d, Py_ssize_t size, long long lsn) except -1:
         """One I/U/D message: as :meth:`Changes._step`, the table by the message's schema and name."""

@@ -12,7 +12,7 @@ from cdc.native import load
 __all__ = ["ABI", "native_module", "native_status"]
 
 #: the compiled module's interface version (``cdc.codec._native.ABI``) :mod:`cdc.codec.fastpath` drives
-ABI = 5
+ABI = 6
 
 
 def _load() -> tuple[Any, str]:

@@ -11,10 +11,24 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, MutableSequence
 
 from cdc import faults
 from cdc.logstore import LogStore, Record
 from cdc.logstore.images import Sealed, Staging
+from cdc.native import load
+
+#: the compiled records' interface version (``cdc.logstore._records.ABI``) this module drives
+RECORDS_ABI = 1
+
+
+def records_form() -> Callable[..., MutableSequence[Record]]:
+    """What a batch holds one topic's records in: the compiled :class:`cdc.logstore._records.Records`
+    (each record's bytes in one buffer, no object per record: the compiled per-change path writes
+    into it, the embedded store's compiled append reads it), or, where it is not there (not built,
+    ``CDC_NATIVE=0``), its reference, a ``list``. Both are a ``Sequence[Record]`` to the log stores."""
+    module = load("cdc.logstore._records", RECORDS_ABI)[0]
+    return list if module is None else module.Records
 
 
 def _crash_after_append() -> None:
@@ -35,6 +49,9 @@ class Batch:
     re-raised in the caller by the next :meth:`submit`/:meth:`flush`/:meth:`check`; nothing after
     it is marked durable.
 
+    Each topic's events are held in :func:`records_form`'s form (the compiled ``Records``: the
+    compiled per-change path writes each change's key and value straight into it).
+
     ``staging``: where the producer stages the image changes of the events it adds
     (:mod:`cdc.logstore.images`); each batch's are sealed with it and committed by the writer right
     after its append, before the batch counts as durable.
@@ -51,7 +68,8 @@ class Batch:
         self.staging = staging
         self._images = None if staging is None else staging.images
         self.lock = lock or threading.Lock()
-        self.records: dict[str, list[Record]] = {}
+        self.form = records_form()
+        self.records: dict[str, MutableSequence[Record]] = {}
         self.count = 0
         self.started = 0.0
         self.written = 0
@@ -60,9 +78,9 @@ class Batch:
         self.inflight = 0
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._queue: queue.Queue[tuple[dict[str, list[Record]], int, int | None, Sealed | None] | None] = (
-            queue.Queue(depth)
-        )
+        self._queue: queue.Queue[
+            tuple[dict[str, MutableSequence[Record]], int, int | None, Sealed | None] | None
+        ] = queue.Queue(depth)
         self._thread = threading.Thread(target=self._run, name="cdc-log-writer", daemon=True)
         self._thread.start()
 
@@ -76,9 +94,8 @@ class Batch:
             self.started = time.monotonic()
         lst = self.records.get(topic)
         if lst is None:
-            self.records[topic] = records
-        else:
-            lst.extend(records)
+            self.records[topic] = lst = self.form()
+        lst.extend(records)
         self.count += len(records)
 
     def _run(self) -> None:

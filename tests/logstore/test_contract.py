@@ -228,6 +228,27 @@ def test_iter_partition(log_store: LogStore, topic_name: str) -> None:
     assert list(log_store.iter_partition(topic_name, 0, 35)) == []
 
 
+def test_append_takes_the_batchs_form(log_store: LogStore, topic_name: str) -> None:
+    """What the reader's batch holds a topic's records in (the compiled ``Records`` where built,
+    else a list: :func:`cdc.logstore.batch.records_form`) is appended as the same records as a list,
+    the usual and the unusual kind (a timestamp, headers) alike."""
+    from cdc.logstore.batch import records_form
+
+    log_store.create_topic(topic_name, TopicConfig(partitions=3))
+    given = [Record(b'{"id":%d}' % i, None if i % 5 == 4 else b'{"v":"a\\"\\n"}' * i) for i in range(40)]
+    given.append(Record(b'{"id":1}', b"x" * 2_000_000))
+    form = records_form()
+    log_store.append_many({topic_name: form(given)})
+    odd = [Record(b'{"id":"odd"}', b"h", (("h", b"\x00"),), 1_700_000_000_001), Record(b'{"id":8}', b"")]
+    log_store.append_many({topic_name: form(odd)})
+    got = sorted(all_records(log_store, topic_name), key=lambda r: (r.partition, r.offset))
+    want = given + odd
+    by_partition = {p: [r for r in want if partition_for(r.key, 3) == p] for p in range(3)}
+    assert [(r.key, r.value) for r in got] == [(r.key, r.value) for p in range(3) for r in by_partition[p]]
+    stamped = next(r for r in got if r.key == b'{"id":"odd"}')
+    assert tuple(stamped.headers) == (("h", b"\x00"),) and stamped.timestamp_ms == 1_700_000_000_001
+
+
 def test_append_many_several_topics(log_store: LogStore, topic_name: str) -> None:
     a, b = topic_name + ".a", topic_name + ".b"
     log_store.create_topic(a, TopicConfig(partitions=1))

@@ -455,6 +455,54 @@ def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
         nat.close()
 
 
+def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: Path) -> None:
+    """``Changes.pump`` writes each change's key and value straight into the batch's compiled
+    ``Records`` (no ``Record`` per change), and the Python path's records of a change it hands back
+    (a key change) join the same ``Records``: multi-MB values with quotes, newlines and backslashes,
+    deletes and their tombstones give the Python path's records, and the embedded store's compiled
+    append packs them to the same stored batches as a list of them."""
+    from cdc.codec.pgoutput import RawMessage
+    from cdc.logstore import Record
+
+    records_native = pytest.importorskip("cdc.logstore._records")
+    pack = pytest.importorskip("cdc.logstore.embedded._pack")
+    rows_ = [list(ROW1), list(ROW2)]
+    rows_[0][12] = BIG  # t
+    rows_[1][10] = '{"k": "' + BIG.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"}'  # j
+    msgs = [insert(RELID, *r) for r in rows_] + [update(RELID, tuple(r)) for r in rows_]
+    msgs += [update(RELID, tuple(ROW1), tuple(ROW4[:1] + ROW1[1:]), b"O")]  # a key change: handed back
+    msgs += [delete(RELID, (r[0],) + (None,) * (len(r) - 1)) for r in rows_]
+    head = [relation_msg(COLS, ("id",)), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
+    py, nat = World(tmp_path, False), World(tmp_path, True)
+    try:
+        want: list[Any] = []
+        for m in head + msgs:
+            out = py.feed(m)
+            if out[0] is not None:
+                want += [(out[0][0], *r) for r in out[0][1]]
+        for m in head:
+            nat.feed(m)
+        assert nat.fast is not None
+        nat.builder.now = b"1764000000000"
+        raws = iter([RawMessage(m, nat.lsn + 8 * (i + 1)) for i, m in enumerate(msgs)])
+        batch = Batch()
+        while (that := nat.fast.pump(lambda: next(raws, None), batch, 1000, 1000)[0]) is not None:
+            decoded = nat.decoder.decode(that.payload, that.data_start)
+            assert decoded is not None
+            out = settled(nat.schema, nat.builder.change(decoded))
+            assert out is not None
+            batch.records[out[0]].extend(out[1])  # the Python path's records, as Batch.add adds them
+        (topic, recs), *others = batch.records.items()
+        assert not others and type(recs) is records_native.Records
+        assert [(topic, r.key, r.value, r.partition) for r in recs] == want
+        listed = [Record(r.key, r.value) for r in recs]
+        end = [3, 0, 2**32]
+        assert pack.group_pack(topic, 3, end, recs, 5) == pack.group_pack(topic, 3, end, listed, 5)
+    finally:
+        py.close()
+        nat.close()
+
+
 def test_every_control_character_is_escaped_as_orjson_does(tmp_path: Path) -> None:
     """Each byte below 0x20 (``\\b`` and ``\\f`` too), quotes and backslashes, through the escape
     table of the compiled path: the same JSON as orjson's."""

@@ -49,7 +49,7 @@ from cdc.logstore.embedded.maintenance import apply_retention, compact_topic
 from cdc.native import load
 
 #: the compiled append's interface version (``cdc.logstore.embedded._pack.ABI``) this module drives
-PACK_ABI = 1
+PACK_ABI = 2
 
 
 @functools.cache
@@ -435,8 +435,7 @@ class EmbeddedLogStore(LogStore):
         through the compiled path never does)."""
         native = _pack_module()
         if native is not None:
-            lst = records if type(records) is list else list(records)
-            out = native.group_pack(topic.name, n, [end[p] for p in range(n)], lst, now)
+            out = native.group_pack(topic.name, n, [end[p] for p in range(n)], records, now)
             if out is not None:
                 return [(p, count, tombs, frame(data, self.compress)) for p, count, tombs, data in out]
         from cdc.logstore.embedded.placing import partitions, stored_rows
