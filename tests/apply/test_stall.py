@@ -48,13 +48,13 @@ def test_a_stuck_batch_fails_the_run_and_close_does_not_wait(
         wait_for(stuck.entered, timeout=120, what="the first batch reaching the sink")
         # the watchdog from the moment the batch is stuck in the sink (until then it is off, so a
         # slow Spark start on a loaded machine cannot be taken for the stall)
-        job.watchdog.timeout_s = 5
+        job.watchdog.timeout_s = 2
         runner.join(120)
         assert not runner.is_alive(), "run() is still waiting on a stuck micro-batch"
         assert len(errors) == 1 and isinstance(errors[0], StalledError), errors
         err = errors[0]
         assert "no progress for" in err.message and "a micro-batch's sinks" in err.message
-        assert err.values["stall_timeout_s"] == 5
+        assert err.values["stall_timeout_s"] == 2
         assert err.fix is not None and "restart" in err.fix and "checkpoint" in err.fix
         closer = threading.Thread(target=job.close, daemon=True)
         closer.start()

@@ -126,9 +126,9 @@ def test_run_permanent_error_is_not_retried(
 def test_run_transient_error_retried_for_retry_max_s_each_retry_logged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a refused port fails each attempt at once: 5 s holds about ten at backoffs of 0.2-0.5 s, and
-    # two retries is all this asks, however slow a loaded machine makes each attempt
-    (tmp_path / "cdc.toml").write_text("retry_max_s = 5\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n")
+    # a refused port fails each attempt at once: 3 s holds about six at backoffs of 0.2-0.5 s, and
+    # two retries is all this asks, even with each attempt taking a second on a loaded machine
+    (tmp_path / "cdc.toml").write_text("retry_max_s = 3\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n")
     with Registry(tmp_path / "state") as reg:
         reg.add(TableReg("public", "t", "cdc.public.t", ("id",)))
     monkeypatch.chdir(tmp_path)  # cdc.toml is read from the working directory
@@ -216,9 +216,9 @@ def test_run_retries_a_peer_that_closes_while_connecting(
 ) -> None:
     """`cdc run` retries it with backoff, logs each retry, and gives up after retry_max_s (exit 1),
     instead of failing fast as for a refused login. The peer closes every attempt at once, so
-    retry_max_s (5 s) holds about ten attempts at backoffs of 0.2-0.5 s; two is all this asks, however
-    slow a loaded machine makes each one."""
-    (tmp_path / "cdc.toml").write_text("retry_max_s = 5\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n")
+    retry_max_s (3 s) holds about six attempts at backoffs of 0.2-0.5 s; two is all this asks, even
+    with each one taking a second on a loaded machine."""
+    (tmp_path / "cdc.toml").write_text("retry_max_s = 3\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n")
     with Registry(tmp_path / "state") as reg:
         reg.add(TableReg("public", "t", "cdc.public.t", ("id",)))
     monkeypatch.chdir(tmp_path)

@@ -463,8 +463,8 @@ def test_transient_produce_errors_lose_duplicate_and_reorder_nothing(
             return "pass"
         faults.append(seen)
         if fault == "refuse":
-            proxy.refuse = True
-            threading.Timer(1.0, lambda: setattr(proxy, "refuse", False)).start()
+            proxy.refuse = True  # for 0.5 s: the retries after 0.1 and 0.3 s are refused too
+            threading.Timer(0.5, lambda: setattr(proxy, "refuse", False)).start()
             return "drop_before"
         return fault  # type: ignore[return-value]
 

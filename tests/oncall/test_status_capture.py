@@ -12,8 +12,10 @@ from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config, status_until
 
 RETAINED_WAL = "retained_wal_warn_bytes = 1048576\nretained_wal_critical_bytes = 4194304\n"
+#: the status window (s): twice the reader's heartbeat interval (1 s in the tests' cdc.toml)
+WINDOW_S = 2
 pytestmark = [
-    pytest.mark.cdc_config(status_config(window=3, extra=RETAINED_WAL)),
+    pytest.mark.cdc_config(status_config(window=WINDOW_S, extra=RETAINED_WAL)),
     pytest.mark.decoders("wal2json", "pgoutput"),
 ]
 
@@ -30,8 +32,8 @@ def test_idle_source_longer_than_window_is_zero_seconds_and_ok(env: CaptureEnv) 
     status_until(env, lambda r: r["processes"]["capture"]["running"], "capture running")
     env.sql("INSERT INTO t VALUES (100, 'y')")
     status_until(env, lambda r: stage(r, "capture")["lag_bytes"] == 0, "caught up")
-    # the source now stays idle for longer than the window (3 s)
-    deadline = time.monotonic() + 4
+    # the source now stays idle for longer than the window
+    deadline = time.monotonic() + WINDOW_S + 1
     wait_for(lambda: time.monotonic() > deadline, timeout=10, what="the window to pass")
 
     def idle_and_ok() -> dict[str, Any] | None:

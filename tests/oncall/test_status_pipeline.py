@@ -14,7 +14,10 @@ from tests.plugins.postgres import wait_for
 from tests.plugins.status import stage, status, status_config, status_until
 
 DROP_AT_2MB = 'slot_policy = "drop"\nslot_drop_at_bytes = 2097152\n'
-pytestmark = pytest.mark.cdc_config(status_config(window=20, extra=DROP_AT_2MB))
+#: the status window (s): apply WARN (not running, not yet for a window) is judged within it of the
+#: changes' append (a `cdc status` process or two, seconds on a loaded machine), STOPPED once it passed
+WINDOW_S = 8
+pytestmark = pytest.mark.cdc_config(status_config(window=WINDOW_S, extra=DROP_AT_2MB))
 
 
 def _tables(env: CaptureEnv) -> None:
