@@ -55,6 +55,15 @@ class World:
         records = None if out is None else (out[0], [(r.key, r.value, r.partition) for r in out[1]])
         return records, staged, version
 
+    def records(self, msgs: list[bytes]) -> list[Any]:
+        """Each record ``msgs`` give, fed in order, as ``(topic, key, value, partition)``."""
+        got: list[Any] = []
+        for m in msgs:
+            out = self.feed(m)
+            if out[0] is not None:
+                got += [(out[0][0], *r) for r in out[0][1]]
+        return got
+
     def close(self) -> None:
         self.images.close()
 

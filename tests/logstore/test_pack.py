@@ -29,6 +29,15 @@ def reference(
 
 
 SIZES = [0, 1, 2, 3, 4, 5, 31, 32, 127, 128, 255, 256, 65535, 65536, 3_000_000]
+#: records the compiled append leaves to the reference path: headers, a partition, a timestamp, a
+#: key or value that is not bytes
+UNUSUAL = [
+    Record(b"k", b"v", headers=(("h", b"x"),)),
+    Record(b"k", b"v", partition=0),
+    Record(b"k", b"v", timestamp_ms=5),
+    Record("k", b"v"),  # type: ignore[arg-type]
+    Record(b"k", "v"),  # type: ignore[arg-type]
+]
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -70,13 +79,7 @@ def test_placement_is_kafkas(key: bytes, n: int) -> None:
 
 def test_unusual_records_are_left_to_the_reference_path() -> None:
     usual = Record(b"k", b"v")
-    for odd in [
-        Record(b"k", b"v", headers=(("h", b"x"),)),
-        Record(b"k", b"v", partition=0),
-        Record(b"k", b"v", timestamp_ms=5),
-        Record("k", b"v"),  # type: ignore[arg-type]
-        Record(b"k", "v"),  # type: ignore[arg-type]
-    ]:
+    for odd in UNUSUAL:
         assert native.group_pack("t", 2, [0, 0], [usual, odd], 1) is None
     assert native.group_pack("t", 2, [0, 0], [], 1) is None
 
@@ -136,13 +139,7 @@ def test_random_records_pack_byte_identical(rows: list[tuple[bytes, bytes | None
 
 def test_unusual_records_in_records_are_kept_and_left_to_the_reference_path() -> None:
     usual = Record(b"k", b"v")
-    for odd in [
-        Record(b"k", b"v", headers=(("h", b"x"),)),
-        Record(b"k", b"v", partition=0),
-        Record(b"k", b"v", timestamp_ms=5),
-        Record("k", b"v"),  # type: ignore[arg-type]
-        Record(b"k", "v"),  # type: ignore[arg-type]
-    ]:
+    for odd in UNUSUAL:
         recs = records_native.Records([usual, odd, usual])
         assert not recs.usual
         assert list(recs) == [usual, odd, usual] and recs[1] is odd

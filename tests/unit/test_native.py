@@ -413,11 +413,7 @@ def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
     head = [relation_msg(COLS, ("id",)), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
     py, nat = World(tmp_path, False), World(tmp_path, True)
     try:
-        want: list[Any] = []
-        for m in head + msgs:
-            out = py.feed(m)
-            if out[0] is not None:
-                want += [(out[0][0], *r) for r in out[0][1]]
+        want = py.records(head + msgs)
         for m in head:
             nat.feed(m)
         assert nat.fast is not None
@@ -475,11 +471,7 @@ def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: P
     head = [relation_msg(COLS, ("id",)), begin(0x2_0000_0000, 817_093_738_744_379, 727)]
     py, nat = World(tmp_path, False), World(tmp_path, True)
     try:
-        want: list[Any] = []
-        for m in head + msgs:
-            out = py.feed(m)
-            if out[0] is not None:
-                want += [(out[0][0], *r) for r in out[0][1]]
+        want = py.records(head + msgs)
         for m in head:
             nat.feed(m)
         assert nat.fast is not None

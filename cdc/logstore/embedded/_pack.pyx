@@ -212,30 +212,19 @@ def group_pack(str name, int n, list end, object records, long long now):
     vp = <const char **>malloc(m * sizeof(char *))
     kl = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
     vl = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
-    if (parts == NULL or counts == NULL or tombs == NULL or written == NULL or bufs == NULL
-            or kp == NULL or vp == NULL or kl == NULL or vl == NULL or sizes == NULL or base == NULL):
-        free(base)
-        free(sizes)
-        free(kp)
-        free(vp)
-        free(kl)
-        free(vl)
-        free(parts)
-        free(counts)
-        free(tombs)
-        free(written)
-        free(bufs)
-        raise MemoryError()
-    for i in range(n):
-        counts[i] = 0
-        tombs[i] = 0
-        written[i] = 0
-        sizes[i] = 0
-        base[i] = <uint64_t>end[i]
-        bufs[i].p = NULL
-        bufs[i].n = 0
-        bufs[i].cap = 0
-    try:
+    try:  # free(NULL) does nothing: the finally frees what was allocated
+        if (parts == NULL or counts == NULL or tombs == NULL or written == NULL or bufs == NULL
+                or kp == NULL or vp == NULL or kl == NULL or vl == NULL or sizes == NULL or base == NULL):
+            raise MemoryError()
+        for i in range(n):
+            counts[i] = 0
+            tombs[i] = 0
+            written[i] = 0
+            sizes[i] = 0
+            base[i] = <uint64_t>end[i]
+            bufs[i].p = NULL
+            bufs[i].n = 0
+            bufs[i].cap = 0
         # the topic's field, the same for every record: 'topic' and its name as msgpack
         nk = PyBytes_GET_SIZE(topic_enc)
         if nk < 32:
