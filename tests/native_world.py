@@ -9,12 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cdc.codec.envelope import EventBuilder, TableCodec
 from cdc.codec.fastpath import native_changes
+from cdc.logstore import Record
 from cdc.logstore.images import Images
 from cdc.reader.schema import SchemaFollower
 from cdc.registry import Column, TableReg
 from tests.codec_fakes import StaticCatalog
+
+#: the builder's clock in the pump tests, so both paths stamp the same time
+NOW = b"1764000000000"
 
 
 def every_table(
@@ -64,6 +70,14 @@ class World:
                 got += [(out[0][0], *r) for r in out[0][1]]
         return got
 
+    def ready(self, head: list[bytes]) -> None:
+        """Feed ``head`` (a relation, a begin), then fix the builder's clock for a ``pump`` (the
+        compiled world only)."""
+        for m in head:
+            self.feed(m)
+        assert self.fast is not None
+        self.builder.now = NOW
+
     def close(self) -> None:
         self.images.close()
 
@@ -92,3 +106,16 @@ class Batch:
         self.records: dict[str, list[Any]] = {}
         self.count = 0
         self.started = 0.0
+
+
+def packed_alike(batch: Any, want: list[Any], end: list[int]) -> None:
+    """``batch`` holds one topic's records in the compiled ``Records`` form, they are ``want``
+    (``(topic, key, value, partition)``), and the embedded store's compiled append packs them to the
+    bytes it packs a list of the same records to."""
+    records_native = pytest.importorskip("cdc.logstore._records")
+    pack = pytest.importorskip("cdc.logstore.embedded._pack")
+    (topic, recs), *others = batch.records.items()
+    assert not others and type(recs) is records_native.Records
+    assert [(topic, r.key, r.value, r.partition) for r in recs] == want
+    listed = [Record(r.key, r.value) for r in recs]
+    assert pack.group_pack(topic, 3, end, recs, 5) == pack.group_pack(topic, 3, end, listed, 5)

@@ -25,7 +25,7 @@ from cdc.errors import DecodeError
 from cdc.registry import Column, TableReg
 from tests import native_world
 from tests.codec_fakes import settled
-from tests.native_world import Batch, differential, every_table
+from tests.native_world import Batch, differential, every_table, packed_alike
 from tests.unit.test_pgoutput import begin, cstr, delete, insert, update
 
 native = native_module()
@@ -414,10 +414,7 @@ def test_pump_takes_what_the_per_message_path_takes(tmp_path: Path) -> None:
     py, nat = World(tmp_path, False), World(tmp_path, True)
     try:
         want = py.records(head + msgs)
-        for m in head:
-            nat.feed(m)
-        assert nat.fast is not None
-        nat.builder.now = b"1764000000000"
+        nat.ready(head)
         raws = iter([RawMessage(m, nat.lsn + 8 * (i + 1)) for i, m in enumerate(msgs)])
         batch = Batch()
         got_back: list[bytes] = []
@@ -458,10 +455,7 @@ def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: P
     deletes and their tombstones give the Python path's records, and the embedded store's compiled
     append packs them to the same stored batches as a list of them."""
     from cdc.codec.pgoutput import RawMessage
-    from cdc.logstore import Record
 
-    records_native = pytest.importorskip("cdc.logstore._records")
-    pack = pytest.importorskip("cdc.logstore.embedded._pack")
     rows_ = [list(ROW1), list(ROW2)]
     rows_[0][12] = BIG  # t
     rows_[1][10] = '{"k": "' + BIG.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"}'  # j
@@ -472,10 +466,7 @@ def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: P
     py, nat = World(tmp_path, False), World(tmp_path, True)
     try:
         want = py.records(head + msgs)
-        for m in head:
-            nat.feed(m)
-        assert nat.fast is not None
-        nat.builder.now = b"1764000000000"
+        nat.ready(head)
         raws = iter([RawMessage(m, nat.lsn + 8 * (i + 1)) for i, m in enumerate(msgs)])
         batch = Batch()
         while (that := nat.fast.pump(lambda: next(raws, None), batch, 1000, 1000)[0]) is not None:
@@ -484,12 +475,7 @@ def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: P
             out = settled(nat.schema, nat.builder.change(decoded))
             assert out is not None
             batch.records[out[0]].extend(out[1])  # the Python path's records, as Batch.add adds them
-        (topic, recs), *others = batch.records.items()
-        assert not others and type(recs) is records_native.Records
-        assert [(topic, r.key, r.value, r.partition) for r in recs] == want
-        listed = [Record(r.key, r.value) for r in recs]
-        end = [3, 0, 2**32]
-        assert pack.group_pack(topic, 3, end, recs, 5) == pack.group_pack(topic, 3, end, listed, 5)
+        packed_alike(batch, want, [3, 0, 2**32])
     finally:
         py.close()
         nat.close()

@@ -23,10 +23,9 @@ from cdc.codec.compiled import native_module
 from cdc.codec.envelope import TableCodec
 from cdc.codec.fastpath import PYTHON
 from cdc.codec.wal2json import DECODER, decode
-from cdc.logstore import Record
 from tests import native_world
 from tests.codec_fakes import settled
-from tests.native_world import Batch, differential, every_table
+from tests.native_world import Batch, differential, every_table, packed_alike
 from tests.unit.test_native import BIG, COLS, DOMAINS, ROW1, ROW2, ROW4, ROWS, rows
 
 native = native_module()
@@ -385,9 +384,7 @@ def test_pump_takes_wal2json_changes_and_hands_back_the_rest(tmp_path: Path) -> 
     try:
         want = py.records([BEGIN, *msgs[:-1]])
         py.feed(msgs[-1])  # the commit: no record
-        nat.feed(BEGIN)
-        assert nat.fast is not None
-        nat.builder.now = b"1764000000000"
+        nat.ready([BEGIN])
         raws = iter([_Raw(m) for m in msgs])
         batch = Batch()
         that, k = nat.fast.pump(lambda: next(raws, None), batch, 100, 100)
@@ -404,8 +401,6 @@ def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: P
     ``Records`` (no ``Record`` per change): ugly rows (multi-MB values with quotes, newlines and
     backslashes, deletes and their tombstones) give the Python path's records, and the embedded
     store's compiled append packs them to the same stored batches as the Python path's list."""
-    records_native = pytest.importorskip("cdc.logstore._records")
-    pack = pytest.importorskip("cdc.logstore.embedded._pack")
     rows_ = [list(ROW1), list(ROW2), list(ROW4)]
     rows_[0][12] = BIG  # t
     rows_[1][10] = '{"k": "' + BIG.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"}'
@@ -415,20 +410,13 @@ def test_pump_into_the_batchs_records_is_byte_identical_in_the_store(tmp_path: P
     py, nat = World(tmp_path, False), World(tmp_path, True)
     try:
         want = py.records([BEGIN, *msgs])
-        nat.feed(BEGIN)
-        assert nat.fast is not None
-        nat.builder.now = b"1764000000000"
+        nat.ready([BEGIN])
         raws = iter([_Raw(m) for m in msgs])
         batch = Batch()
         that, k = nat.fast.pump(lambda: next(raws, None), batch, 100, 100)
         assert that is None and k == len(msgs)
-        (topic, recs), *others = batch.records.items()
-        assert not others and type(recs) is records_native.Records
-        got = [(topic, r.key, r.value, r.partition) for r in recs]
-        assert got == want and len(got) == 4 * len(rows_)  # a delete: its event and tombstone
-        listed = [Record(r.key, r.value) for r in recs]
-        end = [0, 7, 2**33]
-        assert pack.group_pack(topic, 3, end, recs, 5) == pack.group_pack(topic, 3, end, listed, 5)
+        assert len(want) == 4 * len(rows_)  # a delete: its event and tombstone
+        packed_alike(batch, want, [0, 7, 2**33])
     finally:
         py.close()
         nat.close()
