@@ -205,6 +205,47 @@ def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
     assert len(rows) == 30 and {r["name"] for r in rows} == {"b"}
 
 
+def test_one_table_refused_fails_the_batch_after_the_others_commit_and_the_replay_completes_it(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """The tables commit side by side: when one refuses (a compaction replaced its files), the
+    others' commits still end, committed, and the batch fails with the refusal; applied again, the
+    committed tables recognise the batch and write nothing twice, the refused one commits."""
+    reg = table()
+    f = feed(reg)
+    sink, pending = _deferred(tmp_path)
+    for b in range(3):  # several files per bucket, for the compaction to merge
+        sink.defer_commits(None)
+        sink.apply(
+            f.batch(
+                *(
+                    f.change("c", {"id": i, "name": "a", "note": None}, 100 * b + i)
+                    for i in range(b * 10, b * 10 + 10)
+                )
+            ),
+            b,
+            APP,
+        )
+    cur, hist = (DeltaTable(str(p)) for p in sink.paths(reg)[:2])
+    sink.defer_commits(pending)
+    batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
+    sink.apply(batch, 3, APP)
+    assert {w.uri for w in pending} >= {cur.table_uri, hist.table_uri}
+    assert DeltaTable(cur.table_uri).optimize.compact()["numFilesRemoved"] > 0
+    compacted = DeltaTable(cur.table_uri).version()
+    with pytest.raises(WriteConflict, match="replaced before the commit"):
+        commit_all(pending, _props(3))
+    assert DeltaTable(hist.table_uri).transaction_version(APP) == 3, "the history committed meanwhile"
+    assert DeltaTable(cur.table_uri).version() == compacted, "the refused table committed nothing"
+    pending.clear()
+    sink.apply(batch, 3, APP)
+    assert {w.uri for w in pending if not w.empty} == {cur.table_uri}
+    commit_all(pending, _props(3))
+    rows = sink.current_rows(reg).to_pylist()
+    assert len(rows) == 30 and {r["name"] for r in rows} == {"b"}
+    assert sorted(r["name"] for r in sink.history_rows(reg).to_pylist()).count("b") == 30
+
+
 def test_match_finds_both_ways_with_duplicates_nulls_and_chunks() -> None:
     """:func:`_match` against its definition: a stored key's first source position, a source key's
     first stored position (among ``among``), a key held twice found at its first; one probe pass."""
