@@ -1086,8 +1086,9 @@ class Chaos:
                 )
 
     def recover(self, kind: str, t_fault: float, hit: bool = True) -> None:
-        """Until `cdc verify` is clean after the fault (its recovery time, of a fault that hit, in the
-        report) or the recovery's budget is spent (a failure)."""
+        """Until `cdc verify` is clean after the fault and, of a signal that hit, its process has
+        exited (:meth:`_signalled_exited`): its recovery time, of a fault that hit, in the report; or
+        until the recovery's budget is spent (a failure)."""
         deadline = time.monotonic() + self.size.verify_wait_s
         poisoned = self._poisoned
         while True:
@@ -1099,10 +1100,13 @@ class Chaos:
                 # its insert is a dead letter; the corrected row is its one version in the warehouse
                 self.workload.ledger.insert("public.chaos_accounts", {"id": poisoned, "name": "poison"})
                 poisoned = self._poisoned = None
-            if poisoned is None and self.verify() is not None:
+            exited = not hit or self._signalled_exited(kind, t_fault)
+            if poisoned is None and exited and self.verify() is not None:
                 if hit:
                     self.report.recover_s[kind].append(time.monotonic() - t_fault)
                 return
+            if not exited:
+                time.sleep(0.2)  # polled: the supervisor sees the exit within its interval
             if time.monotonic() > deadline:
                 last = getattr(self, "_last_verify", None)
                 self.report.failures.append(
@@ -1110,6 +1114,17 @@ class Chaos:
                     f"{orjson.dumps(last).decode()[:1500] if last else 'no answer'}"
                 )
                 return
+
+    def _signalled_exited(self, kind: str, t_fault: float) -> bool:
+        """Every process a signal of ``kind`` stops (:data:`EXITS`, ``one``) has exited since
+        ``t_fault``: a graceful stop first finishes the micro-batch in progress, which may be the one
+        that makes `cdc verify` clean, so a clean verify alone does not end that fault's recovery."""
+        for proc in (self.reader, self.apply):
+            rule = EXITS.get(kind, {}).get(proc.name)
+            seen = proc.exits[self._accounted[proc.name] :]
+            if rule is not None and rule.one and not any(e.at >= t_fault for e in seen):
+                return False
+        return True
 
     def run(self) -> Report:
         self.setup()
