@@ -143,6 +143,34 @@ def test_removals_read_back_from_the_latest_commit_equal_a_scan(tmp_path: Path, 
     assert [r.version for r in reclaim.removals(path, float("inf"), 3, latest)] == list(range(4, latest + 1))
 
 
+def test_removals_read_each_commit_once_and_again_once_it_changed(tmp_path: Path, feed: FeedMaker) -> None:
+    """A commit file is parsed once for every later reclaim (by its time and size); a file that
+    changed (another commit at that path: a table dropped and created again) is read again."""
+    sink = _sink(tmp_path, 5.0, ratio=0.0)
+    reg = table()
+    f = feed(reg)
+    path = sink.paths(reg)[0]
+    for batch_id in range(1, 4):
+        rows = [
+            f.change("c" if batch_id == 1 else "u", {"id": i, "name": "a", "note": None}, 100 * batch_id)
+            for i in range(10)
+        ]
+        sink.apply(f.batch(*rows), batch_id, APP)
+    latest = DeltaTable(str(path)).version()
+    reclaim._removed_by.cache_clear()
+    first = reclaim.removals(path, 0.0, None, latest)
+    assert any(r.files for r in first)
+    assert reclaim._removed_by.cache_info().misses == latest + 1
+    assert reclaim.removals(path, 0.0, None, latest) == first
+    assert reclaim._removed_by.cache_info().misses == latest + 1, "a commit read twice"
+    commit = path / "_delta_log" / f"{latest:020d}.json"
+    commit.write_bytes(
+        b"".join(line for line in commit.read_bytes().splitlines(keepends=True) if b'"remove"' not in line)
+    )
+    again = reclaim.removals(path, 0.0, None, latest)
+    assert again[:-1] == first[:-1] and again[-1].files == () != first[-1].files
+
+
 def _calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Path]:
     """The paths :mod:`sinks.warehouse.reclaim`'s function ``name`` is called with from now on."""
     calls: list[Path] = []
