@@ -196,7 +196,11 @@ class PgCluster:
                     "WHERE slot_name = {} AND active_pid IS NOT NULL"
                 ).format(sql.Literal(slot))
             )
-            self.execute(sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)))
+            self.execute(  # a temporary slot went with its walsender
+                sql.SQL(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = {}"
+                ).format(sql.Literal(slot))
+            )
         self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
