@@ -167,15 +167,10 @@ def test_deferred_writes_are_invisible_until_committed_once_per_table(
     assert pending == []
 
 
-def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
-    tmp_path: Path, feed: FeedMaker
-) -> None:
-    """A compaction that replaced files the write read: the commit refuses and commits nothing (no
-    row doubled, none lost); the batch computed again from the new version commits."""
-    reg = table()
-    f = feed(reg)
-    sink, pending = _deferred(tmp_path)
-    for b in range(3):  # several files per bucket, for the compaction to merge
+def _files_to_compact(sink: WarehouseSink, f: Any) -> None:
+    """Three batches of 10 new rows committed at once: several files per bucket, for a compaction
+    to merge."""
+    for b in range(3):
         sink.defer_commits(None)
         sink.apply(
             f.batch(
@@ -187,6 +182,17 @@ def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
             b,
             APP,
         )
+
+
+def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """A compaction that replaced files the write read: the commit refuses and commits nothing (no
+    row doubled, none lost); the batch computed again from the new version commits."""
+    reg = table()
+    f = feed(reg)
+    sink, pending = _deferred(tmp_path)
+    _files_to_compact(sink, f)
     cur = sink.paths(reg)[0]
     sink.defer_commits(pending)
     batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
@@ -214,18 +220,7 @@ def test_one_table_refused_fails_the_batch_after_the_others_commit_and_the_repla
     reg = table()
     f = feed(reg)
     sink, pending = _deferred(tmp_path)
-    for b in range(3):  # several files per bucket, for the compaction to merge
-        sink.defer_commits(None)
-        sink.apply(
-            f.batch(
-                *(
-                    f.change("c", {"id": i, "name": "a", "note": None}, 100 * b + i)
-                    for i in range(b * 10, b * 10 + 10)
-                )
-            ),
-            b,
-            APP,
-        )
+    _files_to_compact(sink, f)
     cur, hist = (DeltaTable(str(p)) for p in sink.paths(reg)[:2])
     sink.defer_commits(pending)
     batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
