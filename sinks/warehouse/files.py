@@ -559,9 +559,7 @@ def commit_all(
                 table=uri,
             )
         todo.append((table, write))
-    if sum(not write.empty for _, write in todo) <= 1:
-        for table, write in todo:
-            commit(table, write, properties)
+    if not todo:
         return
     with ThreadPoolExecutor(max_workers=min(COMMIT_THREADS, len(todo))) as pool:
         done = [pool.submit(commit, table, write, properties) for table, write in todo]
