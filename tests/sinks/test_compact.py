@@ -121,14 +121,13 @@ def test_disk_tracker_agrees_with_a_walk(tmp_path: Path, feed: FeedMaker) -> Non
     assert tracker.usage(path, DeltaTable(str(path))) == reclaim.usage(path)
 
 
-def test_removals_read_back_from_the_latest_commit_equal_a_scan(tmp_path: Path, feed: FeedMaker) -> None:
-    """:func:`reclaim.removals` given the table's version reads the log back from it (never the
-    whole log) and finds what a scan of the whole log finds: by time and by version."""
+def _rewritten(tmp_path: Path, feed: FeedMaker, batches: int) -> Path:
+    """The current table of a table whose 10 rows ``batches`` batches wrote, then rewrote: each
+    batch's commit after the first removes files. Its path."""
     sink = _sink(tmp_path, 5.0, ratio=0.0)
     reg = table()
     f = feed(reg)
-    path = sink.paths(reg)[0]
-    for batch_id in range(1, 8):
+    for batch_id in range(1, batches + 1):
         rows = [
             f.change(
                 "c" if batch_id == 1 else "u", {"id": i, "name": f"{batch_id}", "note": None}, 100 * batch_id
@@ -136,6 +135,13 @@ def test_removals_read_back_from_the_latest_commit_equal_a_scan(tmp_path: Path, 
             for i in range(10)
         ]
         sink.apply(f.batch(*rows), batch_id, APP)
+    return sink.paths(reg)[0]
+
+
+def test_removals_read_back_from_the_latest_commit_equal_a_scan(tmp_path: Path, feed: FeedMaker) -> None:
+    """:func:`reclaim.removals` given the table's version reads the log back from it (never the
+    whole log) and finds what a scan of the whole log finds: by time and by version."""
+    path = _rewritten(tmp_path, feed, 7)
     latest = DeltaTable(str(path)).version()
     for cutoff, after in ((0.0, None), (float("inf"), 3), (float("inf"), latest), (0.0, 2)):
         scanned = reclaim.removals(path, cutoff, after)
@@ -146,16 +152,7 @@ def test_removals_read_back_from_the_latest_commit_equal_a_scan(tmp_path: Path, 
 def test_removals_read_each_commit_once_and_again_once_it_changed(tmp_path: Path, feed: FeedMaker) -> None:
     """A commit file is parsed once for every later reclaim (by its time and size); a file that
     changed (another commit at that path: a table dropped and created again) is read again."""
-    sink = _sink(tmp_path, 5.0, ratio=0.0)
-    reg = table()
-    f = feed(reg)
-    path = sink.paths(reg)[0]
-    for batch_id in range(1, 4):
-        rows = [
-            f.change("c" if batch_id == 1 else "u", {"id": i, "name": "a", "note": None}, 100 * batch_id)
-            for i in range(10)
-        ]
-        sink.apply(f.batch(*rows), batch_id, APP)
+    path = _rewritten(tmp_path, feed, 3)
     latest = DeltaTable(str(path)).version()
     reclaim._removed_by.cache_clear()
     first = reclaim.removals(path, 0.0, None, latest)
