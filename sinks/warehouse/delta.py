@@ -55,8 +55,10 @@ class Commit:
     #: (shard, shards): the batch is one shard's slice; a TRUNCATE rewrites only that shard's buckets
     shard: tuple[int, int] | None = None
 
-    def finish(self, table: DeltaTable, write: file_writes.TableWrite) -> dict[str, Any]:
-        """Commit ``write`` now, or defer it (:func:`.files.commit`)."""
+    def finish(self, table: DeltaTable, write: file_writes.TableWrite, stage: int) -> dict[str, Any]:
+        """Commit ``write`` now, or defer it (:func:`.files.commit`) to commit in its ``stage``
+        (:data:`.files.HISTORY`: see :func:`.files.commit_all`)."""
+        write.stage = stage
         if self.pending is None:
             file_writes.commit(table, write, self.properties)
         else:
@@ -65,7 +67,7 @@ class Commit:
 
     def tombstones(self, tombs: DeltaTable, source: pa.Table) -> None:
         """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
-        self.finish(tombs, file_writes.write_tombstones(tombs, source))
+        self.finish(tombs, file_writes.write_tombstones(tombs, source), file_writes.TOMBSTONES)
 
     def history(
         self,
@@ -82,7 +84,8 @@ class Commit:
         ``is_current=true`` partitions' files). ``match``: the buckets of the close and move rows
         (None: any, as with truncates); when empty, the new rows are appended."""
         at = [((v.commit_lsn, v.seq), ts) for v, ts in truncates]
-        return self.finish(history, file_writes.write_history(history, source, match, at, self.shard))
+        write = file_writes.write_history(history, source, match, at, self.shard)
+        return self.finish(history, write, file_writes.HISTORY)
 
     def current(
         self, current: DeltaTable, source: pa.Table, match: Iterable[int] | None, trunc: Version | None
@@ -93,7 +96,8 @@ class Commit:
         (None with a TRUNCATE: any); only those are read and rewritten; when empty, the upserts are
         appended."""
         at = None if trunc is None else (trunc.commit_lsn, trunc.seq)
-        return self.finish(current, file_writes.write_current(current, source, match, at, self.shard))
+        write = file_writes.write_current(current, source, match, at, self.shard)
+        return self.finish(current, write, file_writes.CURRENT)
 
 
 def ts_literal(ms: int) -> str:

@@ -61,6 +61,14 @@ from sinks.warehouse.layout import (
 #: (docs/benchmarks/freshness.md, Sustained), while the executors' cores wait for the next batch
 COMMIT_THREADS = 4
 
+#: the order a batch's tables commit in (:attr:`TableWrite.stage`, :func:`commit_all`). Each table's
+#: write is computed from the tables of later stages as they were before the batch: the history from
+#: the current table's versions and the tombstones, the current table from the tombstones. So a table
+#: commits only once every table of an earlier stage has: a replay after a refusal then finds the
+#: later tables as the first computation did (a current table committed before its history would make
+#: the replay take the batch's versions as applied and leave them out of the history).
+HISTORY, CURRENT, TOMBSTONES = 0, 1, 2
+
 #: how a data file is written: snappy, and plain encoding. A batch rewrites whole partitions
 #: (copy-on-write), and pyarrow's default dictionary encoding first builds a dictionary of each column,
 #: which for the unique columns (the key, the LSN) is then dropped: on a pgbench_accounts-like
@@ -109,6 +117,8 @@ class TableWrite:
     uri: str
     read_version: int
     partition_by: list[str]
+    #: :data:`HISTORY`, :data:`CURRENT` or :data:`TOMBSTONES`: when it commits in its batch
+    stage: int = HISTORY
     adds: list[dict[str, Any]] = field(default_factory=list)
     removes: list[dict[str, Any]] = field(default_factory=list)
     rows_read: int = 0
@@ -121,7 +131,7 @@ class TableWrite:
         read the table at different versions (the maintenance thread's compaction of closed rows
         committed between them: :mod:`.background`); the merged write is read at the earliest, so
         that :func:`commit` checks every file it removes is still in the table."""
-        if other.uri != self.uri:
+        if (other.uri, other.stage) != (self.uri, self.stage):
             raise ApplyError(
                 f"writes of {other.uri} and {self.uri} cannot be committed together",
                 fix="report this: a table's writes are merged by its uri",
@@ -534,22 +544,22 @@ def commit_all(
     open_table: Callable[[str], DeltaTable | None] = DeltaTable,
 ) -> None:
     """Commit a batch's writes (from any number of tasks): one transaction per table, each with
-    ``properties`` (the batch's application transaction). The tables commit side by side, on up to
+    ``properties`` (the batch's application transaction), stage after stage (:data:`HISTORY`, then
+    :data:`CURRENT`, then :data:`TOMBSTONES`). A stage's tables commit side by side, on up to
     :data:`COMMIT_THREADS` threads (each table's own handle; delta-rs writes the log entry with the
-    GIL released): a batch's commit waits for its slowest table, not for their sum. A table whose
-    commit refuses (:class:`WriteConflict`) fails the batch once every other table's commit has
-    ended, committed or not; the batch is then applied again, and a table already committed
-    recognises it by its application transaction and writes nothing twice.
+    GIL released): a stage waits for its slowest table, not for their sum. A table whose commit
+    refuses (:class:`WriteConflict`) fails the batch once the other commits of its stage have ended,
+    committed or not, and before any table of a later stage commits; the batch is then applied
+    again, and a table already committed recognises it by its application transaction and writes
+    nothing twice.
     ``open_table``: how a table is opened (:meth:`.handles.Handles.get`: the caller's handles),
     called on this thread only."""
     by_uri: dict[str, TableWrite] = {}
     for w in writes:
-        if w.uri in by_uri:
-            by_uri[w.uri].merge(w)
-        else:
-            by_uri[w.uri] = TableWrite(w.uri, w.read_version, list(w.partition_by))
-            by_uri[w.uri].merge(w)
-    todo: list[tuple[DeltaTable, TableWrite]] = []
+        if w.uri not in by_uri:
+            by_uri[w.uri] = TableWrite(w.uri, w.read_version, list(w.partition_by), stage=w.stage)
+        by_uri[w.uri].merge(w)
+    stages: dict[int, list[tuple[DeltaTable, TableWrite]]] = {}
     for uri, write in sorted(by_uri.items()):
         table = open_table(uri)
         if table is None:
@@ -558,10 +568,9 @@ def commit_all(
                 fix="nothing to do if it was removed on purpose (`cdc tables remove`); else see `cdc status`",
                 table=uri,
             )
-        todo.append((table, write))
-    if not todo:
-        return
-    with ThreadPoolExecutor(max_workers=min(COMMIT_THREADS, len(todo))) as pool:
-        done = [pool.submit(commit, table, write, properties) for table, write in todo]
-    for future in done:  # every commit has ended: the first table's error, in the tables' order
-        future.result()
+        stages.setdefault(write.stage, []).append((table, write))
+    for _stage, todo in sorted(stages.items()):
+        with ThreadPoolExecutor(max_workers=min(COMMIT_THREADS, len(todo))) as pool:
+            done = [pool.submit(commit, table, write, properties) for table, write in todo]
+        for future in done:  # every commit of the stage has ended: the first table's error, in order
+            future.result()

@@ -241,6 +241,44 @@ def test_one_table_refused_fails_the_batch_after_the_others_commit_and_the_repla
     assert sorted(r["name"] for r in sink.history_rows(reg).to_pylist()).count("b") == 30
 
 
+def test_a_refused_history_commits_no_current_table_and_the_replay_keeps_every_version(
+    tmp_path: Path, feed: FeedMaker
+) -> None:
+    """The history is computed from the current table as it was before the batch: when its commit
+    refuses (a compaction of its open rows), the current table must not commit the batch, or the
+    replay would find the batch's versions already applied and leave them out of the history."""
+    reg = table()
+    f = feed(reg)
+    sink, pending = _deferred(tmp_path)
+    for b in range(3):  # several files per bucket of open history rows, for the compaction to merge
+        sink.defer_commits(None)
+        sink.apply(
+            f.batch(
+                *(
+                    f.change("c", {"id": i, "name": "a", "note": None}, 100 * b + i)
+                    for i in range(b * 10, b * 10 + 10)
+                )
+            ),
+            b,
+            APP,
+        )
+    cur, hist = (DeltaTable(str(p)) for p in sink.paths(reg)[:2])
+    sink.defer_commits(pending)
+    batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
+    sink.apply(batch, 3, APP)
+    assert {w.uri for w in pending} >= {cur.table_uri, hist.table_uri}
+    assert DeltaTable(hist.table_uri).optimize.compact()["numFilesRemoved"] > 0
+    with pytest.raises(WriteConflict, match="replaced before the commit"):
+        commit_all(pending, _props(3))
+    assert DeltaTable(cur.table_uri).transaction_version(APP) == 2, "the current table waited"
+    pending.clear()
+    sink.apply(batch, 3, APP)
+    commit_all(pending, _props(3))
+    versions = sorted((r["id"], r["name"], r["is_current"]) for r in sink.history_rows(reg).to_pylist())
+    assert versions == sorted([(i, "a", False) for i in range(30)] + [(i, "b", True) for i in range(30)])
+    assert {r["name"] for r in sink.current_rows(reg).to_pylist()} == {"b"}
+
+
 def test_match_finds_both_ways_with_duplicates_nulls_and_chunks() -> None:
     """:func:`_match` against its definition: a stored key's first source position, a source key's
     first stored position (among ``among``), a key held twice found at its first; one probe pass."""
