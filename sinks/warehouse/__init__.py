@@ -259,7 +259,7 @@ class WarehouseSink(Sink):
         # the apply's only: a process that reads the warehouse back (cdc verify) never loads it
         from sinks.warehouse.columnar import ColumnarApply
 
-        fast = ColumnarApply(reg, batch.columns, columns, layout, tombs, current, batch.shard, history)
+        fast = ColumnarApply(reg, batch.columns, columns, layout, tombs, current, history)
         _check_shard(reg, layout, batch.shard, fast.key_bucket)
         for name, _table in todo:
             if name == "history":

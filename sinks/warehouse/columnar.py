@@ -68,11 +68,9 @@ class ColumnarApply:
         layout: Layout,
         tombs: DeltaTable,
         current: DeltaTable,
-        shard: int | None = None,
         history: DeltaTable | None = None,
     ) -> None:
         self.reg = reg
-        self.markers = layout.marker_buckets(shard)
         self.types = types
         self.plan = plan = Plan(columns.table)
         t = plan.t
@@ -89,7 +87,7 @@ class ColumnarApply:
         )
         self.key_bucket = layout.buckets(reg, self.key_list, first_values)
         self.bucket_set = set(self.key_bucket.tolist())
-        self.stored = stored_guards(tombs, self.keys, self.bucket_set, self.markers)
+        self.stored = stored_guards(tombs, self.keys, self.bucket_set, np.unique(plan.partition).tolist())
         self.columns = columns
         self._by_key: dict[str, pa.Array] = {}
         self._current = current
@@ -291,16 +289,15 @@ class ColumnarApply:
             ],
             schema=TOMBSTONES,
         )
-        if plan.truncates.num_rows:
-            last = plan.truncates.slice(plan.truncates.num_rows - 1)
-            n = len(self.markers)
+        marks = plan.marks
+        if marks.num_rows:  # each partition's newest marker, in the bucket of its partition
             marker = pa.Table.from_arrays(
                 [
-                    pa.array([TRUNCATE_MARKER] * n),
-                    pa.array(self.markers, pa.int64()),
-                    pa.array([last.column("commit_lsn")[0].as_py()] * n, pa.int64()),
-                    pa.array([last.column("seq")[0].as_py()] * n, pa.int64()),
-                    pa.array([last.column("ts_ms")[0].as_py() * 1000] * n).cast(TS_TYPE),
+                    pa.array([TRUNCATE_MARKER] * marks.num_rows),
+                    marks.column("partition").cast(pa.int64()),
+                    marks.column("commit_lsn").cast(pa.int64()),
+                    marks.column("seq").cast(pa.int64()),
+                    pc.multiply(marks.column("ts_ms"), 1000).cast(TS_TYPE),
                 ],
                 schema=TOMBSTONES,
             )

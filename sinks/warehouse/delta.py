@@ -407,23 +407,28 @@ def arrow_schema(table: DeltaTable) -> pa.Schema:
 
 
 def stored_guards(
-    tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int], markers: Sequence[int] = (0,)
+    tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int], partitions: Iterable[int]
 ) -> Stored:
     """The tombstones table's state for ``keys`` (their buckets given): each key's tombstone version
-    and the newest TRUNCATE marker of the buckets ``markers`` (one per shard, written together), as
-    the plan's :class:`Stored` (no open rows yet)."""
+    and the TRUNCATE marker of each log-store partition of ``partitions`` (a marker row's bucket is
+    its partition), as the plan's :class:`Stored` (no open rows yet)."""
     key_list = keys.to_pylist()
-    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, *markers], key="key_json")
+    parts = sorted(set(partitions))
+    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, *parts], key="key_json")
     is_marker = pc.equal(tomb.column("key_json").cast(pa.string()), TRUNCATE_MARKER)
     marker = tomb.filter(is_marker)
-    m = (-1, -1)
-    for lsn, seq in zip(
-        marker.column("commit_lsn").to_pylist(), marker.column("seq").to_pylist(), strict=True
+    markers: dict[int, tuple[int, int]] = {}
+    for part, lsn, seq in zip(
+        marker.column(BUCKET).to_pylist(),
+        marker.column("commit_lsn").to_pylist(),
+        marker.column("seq").to_pylist(),
+        strict=True,
     ):
-        m = max(m, (int(lsn), int(seq)))
+        if part in parts:
+            markers[int(part)] = max(markers.get(int(part), (-1, -1)), (int(lsn), int(seq)))
     t_lsn, t_seq = versions_of(keys, tomb.filter(pc.invert(is_marker)), "key_json", "commit_lsn", "seq")
     none = np.full(len(key_list), -1, dtype=np.int64)
-    return Stored(t_lsn, t_seq, none, none, m)
+    return Stored(t_lsn, t_seq, none, none, markers)
 
 
 def unchanged(current: DeltaTable, rows: pa.Table, buckets: Iterable[int]) -> np.ndarray:

@@ -181,11 +181,6 @@ class Layout:
             raise ValueError(raw)
         return cls(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
 
-    def marker_buckets(self, shard: int | None) -> list[int]:
-        """The buckets of a TRUNCATE's markers in the tombstones table: one per shard (``shard``:
-        only that one's)."""
-        return list(range(self.shards)) if shard is None else [shard]
-
     @classmethod
     def choose(
         cls,

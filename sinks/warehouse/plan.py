@@ -20,6 +20,7 @@ it (so a TRUNCATE older than the read does not close it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,13 +68,20 @@ def versions_of(
 @dataclass(frozen=True)
 class Stored:
     """The stored state before the batch, per key of :attr:`Plan.keys` (-1: none): the tombstone's
-    version, the open history row's version; and the last TRUNCATE's version."""
+    version, the open history row's version; and per log-store partition, the version of the last
+    TRUNCATE whose marker that partition brought (``markers``; none: (-1, -1)).
+
+    A TRUNCATE's markers come one per partition, each after its partition's earlier events, but not
+    in one batch: a batch may end past one partition's marker and before another's earlier events
+    (each partition's appends become visible apart; a batch's record budget splits partitions). An
+    event is therefore guarded by its own partition's marker only: the other partitions' events older
+    than the truncate are still to come, and each is a version of the history."""
 
     tomb_lsn: np.ndarray
     tomb_seq: np.ndarray
     open_lsn: np.ndarray
     open_seq: np.ndarray
-    marker: tuple[int, int] = (-1, -1)
+    markers: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, n_keys: int) -> Stored:
@@ -81,7 +89,7 @@ class Stored:
         return cls(none, none, none, none)
 
     def with_open(self, open_lsn: np.ndarray, open_seq: np.ndarray) -> Stored:
-        return Stored(self.tomb_lsn, self.tomb_seq, open_lsn, open_seq, self.marker)
+        return Stored(self.tomb_lsn, self.tomb_seq, open_lsn, open_seq, self.markers)
 
 
 class Plan:
@@ -98,8 +106,12 @@ class Plan:
         self.t = t.take(by_key)
         #: the position in ``events`` of each row of :attr:`t`
         self.order = np.flatnonzero(~is_t.to_numpy(zero_copy_only=False))[by_key.to_numpy()]
-        tr = events.filter(is_t).select(["commit_lsn", "seq", "ts_ms"])
+        tr = events.filter(is_t).select(["commit_lsn", "seq", "ts_ms", "partition"])
         tr = tr.take(pc.sort_indices(tr, sort_keys=[("commit_lsn", "ascending"), ("seq", "ascending")]))
+        #: per partition whose marker the batch holds, its newest TRUNCATE (``partition``,
+        #: ``commit_lsn``, ``seq``, ``ts_ms``): what the tombstones' markers take (:class:`Stored`)
+        self.marks = _newest_per(tr)
+        tr = tr.drop_columns(["partition"])
         if tr.num_rows:
             lsn, seq = tr.column("commit_lsn").to_numpy(), tr.column("seq").to_numpy()
             first = np.ones(tr.num_rows, dtype=bool)
@@ -110,6 +122,7 @@ class Plan:
         key = self.t.column("key_json").combine_chunks()
         self.lsn = self.t.column("commit_lsn").to_numpy()
         self.seq = self.t.column("seq").to_numpy()
+        self.partition = self.t.column("partition").to_numpy()
         self.is_delete = pc.equal(self.t.column("op"), "d").to_numpy(zero_copy_only=False)
         self.is_read = pc.equal(self.t.column("op"), "r").to_numpy(zero_copy_only=False)
         first = key_starts(key)
@@ -123,20 +136,24 @@ class Plan:
 
     # -- decisions -----------------------------------------------------------------------------------
     def _ranks(self, stored: Stored) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Ranks of: the events, the truncates, each key's tombstone-or-marker guard, each key's open
-        row (-1 none) -- all in one version order."""
+        """Ranks of: the events, the truncates, each event's guard (its key's tombstone or its
+        partition's marker), each key's open row (-1 none) -- all in one version order."""
         n, k = self.t.num_rows, len(self.keys)
         t_lsn = self.truncates.column("commit_lsn").to_numpy()
         t_seq = self.truncates.column("seq").to_numpy()
         m = len(t_lsn)
-        lsn = np.concatenate([self.lsn, t_lsn, stored.tomb_lsn, stored.open_lsn, [stored.marker[0], -1]])
-        seq = np.concatenate([self.seq, t_seq, stored.tomb_seq, stored.open_seq, [stored.marker[1], -1]])
+        m_lsn, m_seq = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        for part, (lsn_at, seq_at) in stored.markers.items():
+            at = self.partition == part
+            m_lsn[at], m_seq[at] = lsn_at, seq_at
+        lsn = np.concatenate([self.lsn, t_lsn, stored.tomb_lsn, stored.open_lsn, m_lsn, [-1]])
+        seq = np.concatenate([self.seq, t_seq, stored.tomb_seq, stored.open_seq, m_seq, [-1]])
         r = ranks(lsn.astype(np.int64), seq.astype(np.int64))
         none = r[-1]  # the rank of (-1, -1): "nothing stored"
         r = r - none  # nothing stored -> 0, every real version > 0
         ev, tr = r[:n], r[n : n + m]
         tomb, open_ = r[n + m : n + m + k], r[n + m + k : n + m + 2 * k]
-        guard = np.maximum(tomb, r[-2])
+        guard = np.maximum(tomb[self.key_of_row], r[n + m + 2 * k : -1])
         return ev, tr, guard, np.where(open_ > 0, open_, -1), open_ > 0
 
     def _applied(self, stored: Stored) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
@@ -147,8 +164,8 @@ class Plan:
         # the last truncate at or before each event (equal: the truncate comes first and wins)
         t_le = np.searchsorted(tr, ev, side="right") - 1
         max_t = np.where(t_le >= 0, tr[np.maximum(t_le, 0)] if len(tr) else 0, 0)
-        key_guard = np.maximum(guard, np.maximum(open_rank, 0))
-        applied = self.first_of_version & (ev > key_guard[self.key_of_row]) & (ev > max_t)
+        row_guard = np.maximum(guard, np.maximum(open_rank, 0)[self.key_of_row])
+        applied = self.first_of_version & (ev > row_guard) & (ev > max_t)
         return np.flatnonzero(applied), r
 
     def _firsts(self, s: np.ndarray) -> np.ndarray:
@@ -287,7 +304,7 @@ class Plan:
         TRUNCATE and -- for an upsert -- than the key's tombstone and the stored TRUNCATE."""
         ev, tr, guard, _, _ = self._ranks(stored)
         last = np.flatnonzero(self.last_of_key)
-        keep = self.is_delete[last] | (ev[last] > guard[self.key_of_row[last]])
+        keep = self.is_delete[last] | (ev[last] > guard[last])
         if len(tr):
             keep &= ev[last] > tr[-1]
         out: np.ndarray = last[keep]
@@ -298,6 +315,12 @@ class Plan:
         TRUNCATE is ``truncates[-1]``)."""
         out: np.ndarray = np.flatnonzero(self.last_of_key & self.is_delete)
         return out
+
+
+def _newest_per(truncates: pa.Table) -> pa.Table:
+    """The last row of each ``partition`` of ``truncates`` (in version order)."""
+    last = {int(p): i for i, p in enumerate(truncates.column("partition").to_pylist())}
+    return truncates.take(pa.array(sorted(last.values()), pa.int64()))
 
 
 @dataclass(frozen=True)

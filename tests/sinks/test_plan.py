@@ -16,9 +16,14 @@ NO: V = (-1, -1)
 
 
 def _reference(
-    events: list[dict[str, Any]], truncates: list[V], tomb: dict[str, V], marker: V, open_: dict[str, V]
+    events: list[dict[str, Any]],
+    truncates: list[V],
+    tomb: dict[str, V],
+    markers: dict[int, V],
+    open_: dict[str, V],
 ) -> dict[str, Any]:
-    """The per-event rules written as the obvious loop (what the warehouse did before the plan)."""
+    """The per-event rules written as the obvious loop (what the warehouse did before the plan); an
+    event is guarded by its own partition's stored marker (``markers``)."""
     new: dict[tuple[str, V], Any] = {}
     closed_open: dict[str, Any] = {}
     keys = sorted({e["key"] for e in events})
@@ -27,7 +32,7 @@ def _reference(
         merged = sorted(
             [(e["v"], 1, e) for e in evs] + [(t, 0, None) for t in truncates], key=lambda x: (x[0], x[1])
         )
-        guard = max(tomb.get(key, NO), marker, open_.get(key, NO))
+        guard = max(tomb.get(key, NO), open_.get(key, NO))
         target: tuple[str, V] | None = ("open", open_[key]) if key in open_ else None
 
         def close(by: Any, target: tuple[str, V] | None = target, key: str = key) -> None:
@@ -44,7 +49,7 @@ def _reference(
                     target = None
                 guard = max(guard, v)
                 continue
-            if v <= guard:
+            if v <= max(guard, markers.get(e["p"], NO)):
                 continue
             guard = v
             if target is not None:
@@ -57,28 +62,32 @@ def _reference(
     current, tombstones = [], []
     for key in keys:
         newest = max((e for e in events if e["key"] == key), key=lambda e: (e["v"], e["p"], e["o"]))
-        if newest["v"] > last_t and (newest["op"] == "d" or newest["v"] > max(tomb.get(key, NO), marker)):
+        if newest["v"] > last_t and (
+            newest["op"] == "d" or newest["v"] > max(tomb.get(key, NO), markers.get(newest["p"], NO))
+        ):
             current.append((key, newest["v"], newest["o"]))
         if newest["op"] == "d":
             tombstones.append((key, newest["v"], newest["o"]))
     return {"new": new, "closed_open": closed_open, "current": current, "tombstones": tombstones}
 
 
-def _batch(rng: random.Random) -> tuple[list[dict[str, Any]], list[V], dict[str, V], V, dict[str, V]]:
+def _batch(
+    rng: random.Random,
+) -> tuple[list[dict[str, Any]], list[V], dict[str, V], dict[int, V], dict[str, V]]:
     keys = [f'{{"id":{i}}}' for i in range(rng.randint(1, 6))]
     events = []
     for o in range(rng.randint(1, 25)):
         v = (rng.randint(1, 8) * 16, rng.randint(0, 2))
-        events.append(
-            {"key": rng.choice(keys), "v": v, "op": rng.choice("rcuud"), "p": rng.randint(0, 1), "o": o}
-        )
+        key = rng.choice(keys)  # a key's events are in one partition, as the reader writes them
+        events.append({"key": key, "v": v, "op": rng.choice("rcuud"), "p": keys.index(key) % 2, "o": o})
     for e in rng.sample(events, k=min(3, len(events))):  # exact repeats (redelivery)
         events.append({**e, "o": e["o"] + 1000})
     truncates = sorted({(rng.randint(1, 8) * 16, rng.randint(0, 2)) for _ in range(rng.choice([0, 0, 1, 2]))})
     tomb = {k: (rng.randint(0, 5) * 16, 1) for k in keys if rng.random() < 0.3}
-    marker = (rng.randint(0, 3) * 16, 0) if rng.random() < 0.3 else NO
+    # each partition's marker apart: one may be past a truncate whose marker the other has not brought
+    markers = {p: (rng.randint(0, 3) * 16, 0) for p in (0, 1) if rng.random() < 0.3}
     open_ = {k: (rng.randint(0, 6) * 16, 2) for k in keys if rng.random() < 0.5}
-    return events, truncates, tomb, marker, open_
+    return events, truncates, tomb, markers, open_
 
 
 def _table(events: list[dict[str, Any]], truncates: list[V]) -> pa.Table:
@@ -105,9 +114,9 @@ def test_ranks_order_versions_and_tie_equal_ones() -> None:
 
 
 def _planned(
-    events: Any, truncates: Any, tomb: dict[str, V], marker: Any, open_: dict[str, V]
+    events: Any, truncates: Any, tomb: dict[str, V], markers: dict[int, V], open_: dict[str, V]
 ) -> tuple[Plan, list[str], Stored]:
-    """The plan of a random batch, its keys, and the stored state ``tomb``/``open_``/``marker`` as
+    """The plan of a random batch, its keys, and the stored state ``tomb``/``open_``/``markers`` as
     the plan's arrays (:data:`NO` where a key has none)."""
     plan = Plan(_table(events, truncates))
     keys = plan.keys.to_pylist()
@@ -115,15 +124,15 @@ def _planned(
     def arr(d: dict[str, V], i: int) -> np.ndarray:
         return np.array([d.get(k, NO)[i] for k in keys], dtype=np.int64)
 
-    return plan, keys, Stored(arr(tomb, 0), arr(tomb, 1), arr(open_, 0), arr(open_, 1), marker)
+    return plan, keys, Stored(arr(tomb, 0), arr(tomb, 1), arr(open_, 0), arr(open_, 1), markers)
 
 
 def test_plan_decides_what_the_reference_loop_decides() -> None:
     for seed in range(400):
         rng = random.Random(seed)
-        events, truncates, tomb, marker, open_ = _batch(rng)
-        plan, keys, stored = _planned(events, truncates, tomb, marker, open_)
-        want = _reference(events, truncates, tomb, marker, open_)
+        events, truncates, tomb, markers, open_ = _batch(rng)
+        plan, keys, stored = _planned(events, truncates, tomb, markers, open_)
+        want = _reference(events, truncates, tomb, markers, open_)
         t = plan.t
         key_at = t.column("key_json").to_pylist()
         v_at = list(zip(t.column("commit_lsn").to_pylist(), t.column("seq").to_pylist(), strict=True))
@@ -165,8 +174,8 @@ def test_confirmed_snapshot_reads_move_the_open_row() -> None:
     seen = 0
     for seed in range(400):
         rng = random.Random(seed)
-        events, truncates, tomb, marker, open_ = _batch(rng)
-        plan, keys, stored = _planned(events, truncates, tomb, marker, open_)
+        events, truncates, tomb, markers, open_ = _batch(rng)
+        plan, keys, stored = _planned(events, truncates, tomb, markers, open_)
         reads, against = plan.snapshot_reads(stored)
         reads = reads[against == NONE]  # those compared with the stored row
         key_at = plan.t.column("key_json").to_pylist()
@@ -179,7 +188,7 @@ def test_confirmed_snapshot_reads_move_the_open_row() -> None:
         confirmed = np.array([r for r in reads if rng.random() < 0.7], dtype=np.int64)
         seen += len(confirmed)
         moved_open = {**open_, **{key_at[r]: v_at[r] for r in confirmed}}
-        want = _reference(events, truncates, tomb, marker, moved_open)
+        want = _reference(events, truncates, tomb, markers, moved_open)
         hp = plan.history(stored, confirmed)
         got_new = {(key_at[r], v_at[r]) for r in hp.new}
         assert got_new == set(want["new"]), seed
@@ -279,7 +288,7 @@ def test_reads_confirm_the_row_as_it_stands_after_the_batchs_earlier_events() ->
         for e in events:  # redeliveries carry their original's value
             e["val"] = next(x["val"] for x in events if x["o"] == e["o"] % 1000 and x["key"] == e["key"])
         stored_val = {k: rng.randint(0, 1) for k in open_}
-        plan, keys, stored = _planned(events, truncates, {}, NO, open_)
+        plan, keys, stored = _planned(events, truncates, {}, {}, open_)
         by_pos = {(e["key"], e["o"]): e["val"] for e in events}
         t = plan.t
         key_at, off_at = t.column("key_json").to_pylist(), t.column("offset").to_pylist()
@@ -379,8 +388,8 @@ def _reference_fill(plan: Plan, stored: Stored, lacks: np.ndarray) -> list[Any]:
 def test_fill_sources_take_what_the_per_event_resolver_took() -> None:
     for seed in range(400):
         rng = random.Random(seed)
-        events, truncates, tomb, marker, open_ = _batch(rng)
-        plan, _keys, stored = _planned(events, truncates, tomb, marker, open_)
+        events, truncates, tomb, markers, open_ = _batch(rng)
+        plan, _keys, stored = _planned(events, truncates, tomb, markers, open_)
         hp = plan.history(stored)
         lacks = np.array([rng.random() < 0.5 for _ in range(plan.t.num_rows)], dtype=bool)
         storable = np.ones(len(plan.keys), dtype=bool)

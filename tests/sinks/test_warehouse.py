@@ -21,7 +21,7 @@ from deltalake import DeltaTable, WriterProperties, write_deltalake
 
 from cdc.config import Settings
 from cdc.errors import ApplyError, ConfigError
-from sinks import RawRecord
+from sinks import RawRecord, shard_of
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink, leases, reclaim
 from sinks.warehouse import delta as D
@@ -153,6 +153,46 @@ def test_truncate(sink: WarehouseSink, feed: FeedMaker) -> None:
     assert not [r for r in history(sink, reg) if r[W.IS_CURRENT]]
     row42 = history(sink, reg, 42)[0]
     assert (row42[W.END_LSN], row42[W.END_OP], row42[W.VALID_TO]) == (300, "t", ts(300))
+
+
+def test_a_truncate_whose_markers_come_in_different_batches_keeps_every_version(
+    sink: WarehouseSink, feed: FeedMaker
+) -> None:
+    """A TRUNCATE's markers come one per partition, each after its partition's earlier events, but a
+    batch may end past one partition's marker and before another partition's earlier events (Kafka
+    makes each partition's appends visible apart; a batch's record budget splits the partitions).
+    Those events come in a later batch, older than the truncate, yet the source made them: each is a
+    version of the history, closed by the truncate, and none stays in the current table. A repeat of
+    an event its own partition's marker came after stays out."""
+    reg = table()
+    f = feed(reg)
+
+    def home(rec: RawRecord) -> RawRecord:  # a key's records in its partition of the topic's 4
+        return replace(rec, partition=shard_of(rec.key.decode(), 4))
+
+    def row(i: int, name: str) -> dict[str, Any]:
+        return {"id": i, "name": name, "note": None}
+
+    sink.apply(f.batch(*(home(f.change("c", row(i, "a"), 100 + i)) for i in range(8))), 1, APP)
+    part = {i: home(f.change("c", row(i, "-"), 1)).partition for i in range(100)}
+    moved, late = (next(i for i in range(lo, 100) if part[i] != 0) for lo in (0, 8))
+    markers = f.truncate(500, partitions=4)
+    sink.apply(f.batch(*(m for m in markers if m.partition == 0)), 2, APP)
+    other = [m for m in markers if m.partition != 0]
+    sink.apply(
+        f.batch(
+            home(f.change("c", row(late, "late"), 450)), home(f.change("u", row(moved, "b"), 460)), *other
+        ),
+        3,
+        APP,
+    )
+    assert current(sink, reg) == {}
+    versions = {(r["id"], r["name"]): (r[W.END_OP], r[W.VALID_TO]) for r in history(sink, reg)}
+    assert versions[(late, "late")] == ("t", ts(500)) and versions[(moved, "b")] == ("t", ts(500))
+    assert sorted(versions) == sorted([(i, "a") for i in range(8)] + [(late, "late"), (moved, "b")])
+    # every partition's marker is stored: a repeat of an event older than the truncate stays out
+    sink.apply(f.batch(home(f.change("c", row(late, "late"), 450))), 4, APP)
+    assert current(sink, reg) == {} and len(history(sink, reg)) == 10
 
 
 def test_unavailable_toast_keeps_stored_value(sink: WarehouseSink, feed: FeedMaker) -> None:
