@@ -47,10 +47,11 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard cdc/*/*.pyx cdc/*/*.pxd c
 check: venv ## the inner loop: unit tests, pure logic, the embedded log store, bad input; no JVM
 	JAVA_HOME=/nonexistent/make-check-starts-no-jvm $(BIN)/pytest -q -m check -n 2 --dist worksteal --durations=10 $(PYTEST_ARGS)
 
-# two xdist workers, each with its own Postgres cluster, Spark session and broker (session fixtures):
-# most of a test's time is spent waiting on the processes it drives, so two overlap on 2 cores
-test: setup ## set up, then run the whole test suite (real Postgres, Tansu, Spark) on 2 workers
-	$(BIN)/pytest -n 2 --dist worksteal --durations=30 $(PYTEST_ARGS)
+# three xdist workers, each with its own Postgres cluster, Spark session and broker (session
+# fixtures): most of a test's time is spent waiting on the processes it drives, so three overlap even
+# on 2 cores
+test: setup ## set up, then run the whole test suite (real Postgres, Tansu, Spark) on 3 workers
+	$(BIN)/pytest -n 3 --dist worksteal --durations=30 $(PYTEST_ARGS)
 
 # the suites that read a source, with pgoutput wherever a test does not name its decoder (the
 # decoders marker; the wal2json-only ones: the non-finite recorder, the allow-list)
