@@ -424,8 +424,11 @@ class Sink(abc.ABC):
         """Only for a sink with :attr:`commits_in_driver`, called by the apply's driver once every
         task of micro-batch ``batch_id`` is done: commit ``writes`` (what :meth:`apply` appended
         in every task, in any order) as described on the class -- one commit per table, carrying
-        ``(app_id, batch_id)``. Raises, committing nothing more, when a table refuses (another
-        writer replaced what a task read): the job fails the batch and Spark replays it."""
+        ``(app_id, batch_id)``; a table whose write was computed from another table as it was before
+        the batch commits after it, so that a replay after some tables committed computes the others'
+        writes as the first run did. Raises when a table refuses (another writer replaced what a task
+        read), committing no table that comes after it: the job fails the batch and Spark replays
+        it."""
         raise NotImplementedError(f"{type(self).__name__} commits its own writes (commits_in_driver)")
 
     def reject(self, batch: ChangeBatch) -> list[Rejection]:
