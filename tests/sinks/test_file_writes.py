@@ -211,6 +211,20 @@ def test_a_compaction_between_write_and_commit_is_refused_and_loses_nothing(
     assert len(rows) == 30 and {r["name"] for r in rows} == {"b"}
 
 
+def _thirty_updates_written(
+    sink: WarehouseSink, pending: list[TableWrite], reg: Any, f: Any
+) -> tuple[DeltaTable, DeltaTable, Any]:
+    """Batch 3, 30 updates of the rows of :func:`_files_to_compact`, written but not committed:
+    the current table, the history and the batch."""
+    _files_to_compact(sink, f)
+    cur, hist = (DeltaTable(str(p)) for p in sink.paths(reg)[:2])
+    sink.defer_commits(pending)
+    batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
+    sink.apply(batch, 3, APP)
+    assert {w.uri for w in pending} >= {cur.table_uri, hist.table_uri}
+    return cur, hist, batch
+
+
 def test_one_table_refused_fails_the_batch_after_the_others_commit_and_the_replay_completes_it(
     tmp_path: Path, feed: FeedMaker
 ) -> None:
@@ -220,12 +234,7 @@ def test_one_table_refused_fails_the_batch_after_the_others_commit_and_the_repla
     reg = table()
     f = feed(reg)
     sink, pending = _deferred(tmp_path)
-    _files_to_compact(sink, f)
-    cur, hist = (DeltaTable(str(p)) for p in sink.paths(reg)[:2])
-    sink.defer_commits(pending)
-    batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
-    sink.apply(batch, 3, APP)
-    assert {w.uri for w in pending} >= {cur.table_uri, hist.table_uri}
+    cur, hist, batch = _thirty_updates_written(sink, pending, reg, f)
     assert DeltaTable(cur.table_uri).optimize.compact()["numFilesRemoved"] > 0
     compacted = DeltaTable(cur.table_uri).version()
     with pytest.raises(WriteConflict, match="replaced before the commit"):
@@ -250,23 +259,7 @@ def test_a_refused_history_commits_no_current_table_and_the_replay_keeps_every_v
     reg = table()
     f = feed(reg)
     sink, pending = _deferred(tmp_path)
-    for b in range(3):  # several files per bucket of open history rows, for the compaction to merge
-        sink.defer_commits(None)
-        sink.apply(
-            f.batch(
-                *(
-                    f.change("c", {"id": i, "name": "a", "note": None}, 100 * b + i)
-                    for i in range(b * 10, b * 10 + 10)
-                )
-            ),
-            b,
-            APP,
-        )
-    cur, hist = (DeltaTable(str(p)) for p in sink.paths(reg)[:2])
-    sink.defer_commits(pending)
-    batch = f.batch(*(f.change("u", {"id": i, "name": "b", "note": None}, 1_000 + i) for i in range(30)))
-    sink.apply(batch, 3, APP)
-    assert {w.uri for w in pending} >= {cur.table_uri, hist.table_uri}
+    cur, hist, batch = _thirty_updates_written(sink, pending, reg, f)
     assert DeltaTable(hist.table_uri).optimize.compact()["numFilesRemoved"] > 0
     with pytest.raises(WriteConflict, match="replaced before the commit"):
         commit_all(pending, _props(3))
