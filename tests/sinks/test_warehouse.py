@@ -21,6 +21,7 @@ from deltalake import DeltaTable, WriterProperties, write_deltalake
 
 from cdc.config import Settings
 from cdc.errors import ApplyError, ConfigError
+from cdc.events import encode_key
 from sinks import RawRecord, shard_of
 from sinks import warehouse as W
 from sinks.warehouse import WarehouseOptions, WarehouseSink, leases, reclaim
@@ -174,22 +175,24 @@ def test_a_truncate_whose_markers_come_in_different_batches_keeps_every_version(
         return {"id": i, "name": name, "note": None}
 
     sink.apply(f.batch(*(home(f.change("c", row(i, "a"), 100 + i)) for i in range(8))), 1, APP)
-    part = {i: home(f.change("c", row(i, "-"), 1)).partition for i in range(100)}
-    moved, late = (next(i for i in range(lo, 100) if part[i] != 0) for lo in (0, 8))
+    # a stored key and a new one, both outside partition 0
+    updated, late = (
+        next(i for i in range(lo, 100) if shard_of(encode_key({"id": i}).decode(), 4)) for lo in (0, 8)
+    )
     markers = f.truncate(500, partitions=4)
     sink.apply(f.batch(*(m for m in markers if m.partition == 0)), 2, APP)
     other = [m for m in markers if m.partition != 0]
     sink.apply(
         f.batch(
-            home(f.change("c", row(late, "late"), 450)), home(f.change("u", row(moved, "b"), 460)), *other
+            home(f.change("c", row(late, "late"), 450)), home(f.change("u", row(updated, "b"), 460)), *other
         ),
         3,
         APP,
     )
     assert current(sink, reg) == {}
     versions = {(r["id"], r["name"]): (r[W.END_OP], r[W.VALID_TO]) for r in history(sink, reg)}
-    assert versions[(late, "late")] == ("t", ts(500)) and versions[(moved, "b")] == ("t", ts(500))
-    assert sorted(versions) == sorted([(i, "a") for i in range(8)] + [(late, "late"), (moved, "b")])
+    assert versions[(late, "late")] == ("t", ts(500)) and versions[(updated, "b")] == ("t", ts(500))
+    assert sorted(versions) == sorted([(i, "a") for i in range(8)] + [(late, "late"), (updated, "b")])
     # every partition's marker is stored: a repeat of an event older than the truncate stays out
     sink.apply(f.batch(home(f.change("c", row(late, "late"), 450))), 4, APP)
     assert current(sink, reg) == {} and len(history(sink, reg)) == 10
