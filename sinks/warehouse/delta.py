@@ -55,10 +55,9 @@ class Commit:
     #: (shard, shards): the batch is one shard's slice; a TRUNCATE rewrites only that shard's buckets
     shard: tuple[int, int] | None = None
 
-    def finish(self, table: DeltaTable, write: file_writes.TableWrite, stage: int) -> dict[str, Any]:
-        """Commit ``write`` now, or defer it (:func:`.files.commit`) to commit in its ``stage``
-        (:data:`.files.HISTORY`: see :func:`.files.commit_all`)."""
-        write.stage = stage
+    def finish(self, table: DeltaTable, write: file_writes.TableWrite) -> dict[str, Any]:
+        """Commit ``write`` now (:func:`.files.commit`), or defer it to commit in its stage
+        (:attr:`.files.TableWrite.stage`: see :func:`.files.commit_all`)."""
         if self.pending is None:
             file_writes.commit(table, write, self.properties)
         else:
@@ -67,7 +66,7 @@ class Commit:
 
     def tombstones(self, tombs: DeltaTable, source: pa.Table) -> None:
         """Upsert the batch's delete (and TRUNCATE marker) versions, keeping the newer one per key."""
-        self.finish(tombs, file_writes.write_tombstones(tombs, source), file_writes.TOMBSTONES)
+        self.finish(tombs, file_writes.write_tombstones(tombs, source))
 
     def history(
         self,
@@ -85,7 +84,7 @@ class Commit:
         (None: any, as with truncates); when empty, the new rows are appended."""
         at = [((v.commit_lsn, v.seq), ts) for v, ts in truncates]
         write = file_writes.write_history(history, source, match, at, self.shard)
-        return self.finish(history, write, file_writes.HISTORY)
+        return self.finish(history, write)
 
     def current(
         self, current: DeltaTable, source: pa.Table, match: Iterable[int] | None, trunc: Version | None
@@ -97,7 +96,7 @@ class Commit:
         appended."""
         at = None if trunc is None else (trunc.commit_lsn, trunc.seq)
         write = file_writes.write_current(current, source, match, at, self.shard)
-        return self.finish(current, write, file_writes.CURRENT)
+        return self.finish(current, write)
 
 
 def ts_literal(ms: int) -> str:
@@ -407,14 +406,13 @@ def arrow_schema(table: DeltaTable) -> pa.Schema:
 
 
 def stored_guards(
-    tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int], partitions: Iterable[int]
+    tombs: DeltaTable, keys: pa.Array, buckets: Iterable[int], partitions: Sequence[int]
 ) -> Stored:
     """The tombstones table's state for ``keys`` (their buckets given): each key's tombstone version
-    and the TRUNCATE marker of each log-store partition of ``partitions`` (a marker row's bucket is
-    its partition), as the plan's :class:`Stored` (no open rows yet)."""
+    and the TRUNCATE marker of each log-store partition of ``partitions`` (distinct; a marker row's
+    bucket is its partition), as the plan's :class:`Stored` (no open rows yet)."""
     key_list = keys.to_pylist()
-    parts = sorted(set(partitions))
-    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, *parts], key="key_json")
+    tomb = read_rows(tombs, [*key_list, TRUNCATE_MARKER], [*buckets, *partitions], key="key_json")
     is_marker = pc.equal(tomb.column("key_json").cast(pa.string()), TRUNCATE_MARKER)
     marker = tomb.filter(is_marker)
     markers: dict[int, tuple[int, int]] = {}
@@ -424,7 +422,7 @@ def stored_guards(
         marker.column("seq").to_pylist(),
         strict=True,
     ):
-        if part in parts:
+        if part in partitions:
             markers[int(part)] = max(markers.get(int(part), (-1, -1)), (int(lsn), int(seq)))
     t_lsn, t_seq = versions_of(keys, tomb.filter(pc.invert(is_marker)), "key_json", "commit_lsn", "seq")
     none = np.full(len(key_list), -1, dtype=np.int64)

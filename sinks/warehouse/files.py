@@ -117,7 +117,8 @@ class TableWrite:
     uri: str
     read_version: int
     partition_by: list[str]
-    #: :data:`HISTORY`, :data:`CURRENT` or :data:`TOMBSTONES`: when it commits in its batch
+    #: :data:`HISTORY`, :data:`CURRENT` or :data:`TOMBSTONES`: when it commits in its batch (each
+    #: ``write_*`` sets its table's)
     stage: int = HISTORY
     adds: list[dict[str, Any]] = field(default_factory=list)
     removes: list[dict[str, Any]] = field(default_factory=list)
@@ -216,8 +217,9 @@ class Partitions:
         self.partition_by: list[str] = list(table.metadata().partition_columns)
         self.version = table.version()
 
-    def new_write(self) -> TableWrite:
-        return TableWrite(self.table.table_uri, self.version, list(self.partition_by))
+    def new_write(self, stage: int) -> TableWrite:
+        """An empty write to this table, committing in ``stage`` (:attr:`TableWrite.stage`)."""
+        return TableWrite(self.table.table_uri, self.version, list(self.partition_by), stage=stage)
 
     def read(
         self,
@@ -387,7 +389,7 @@ def write_current(
     removes) its key's stored row; a source row of an absent key is inserted unless a delete; with a
     truncate, every stored row older than it and not in the source is removed."""
     parts = Partitions(table)
-    out = parts.new_write()
+    out = parts.new_write(CURRENT)
     if trunc is None and not set(match or ()):
         ups = source.filter(pc.not_equal(source.column(OP), "d"))
         parts.write(out, ups)
@@ -428,7 +430,7 @@ def write_tombstones(table: DeltaTable, source: pa.Table) -> TableWrite:
     """:func:`sinks.warehouse.delta.write_tombstones` as files: per key the newer of the stored and the
     source tombstone."""
     parts = Partitions(table)
-    out = parts.new_write()
+    out = parts.new_write(TOMBSTONES)
     stored = parts.read(out, pc.unique(source.column(BUCKET)).to_pylist())
     s_lsn, s_seq = _ints(source, "commit_lsn"), _ints(source, "seq")
     t_lsn, t_seq = _ints(stored, "commit_lsn"), _ints(stored, "seq")
@@ -473,7 +475,7 @@ def write_history(
     last one, at the first one newer than it. Only the open partitions of the touched buckets are
     rewritten; closed rows are appended."""
     parts = Partitions(table)
-    out = parts.new_write()
+    out = parts.new_write(HISTORY)
     kind = source.column(SRC_KIND)
     target = source.drop_columns([SRC_KIND])
     if match is not None and not set(match):
