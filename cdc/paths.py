@@ -113,11 +113,6 @@ def legacy_apply_ledger(state_dir: Path) -> Path:
     return spark_dir(state_dir) / "apply-metrics.json"
 
 
-def spark_scratch(state_dir: Path) -> Path:
-    """Spark's ``spark.local.dir``: under the state directory, so only its owner can use it."""
-    return spark_dir(state_dir) / "scratch"
-
-
 def metrics_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "metrics"
 

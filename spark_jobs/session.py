@@ -88,8 +88,7 @@ def prepare_environment() -> None:
 
 
 def private_scratch(local_dir: Path | None = None) -> Path:
-    """Spark's scratch directory, private to this user: ``local_dir`` (e.g.
-    :func:`cdc.paths.spark_scratch` of the state directory) created 0700, or a new
+    """Spark's scratch directory, private to this user: ``local_dir`` created 0700, or a new
     ``tempfile.mkdtemp`` directory (0700, a fresh name another user cannot create first) removed at
     exit. A ``local_dir`` that is a symlink or belongs to another user is refused (ConfigError)."""
     if local_dir is None:

@@ -79,8 +79,8 @@ def test_spark_scratch_is_private(tmp_path: Path) -> None:
 
     fresh = private_scratch()
     assert fresh != Path("/tmp/cdc-spark") and stat.S_IMODE(fresh.stat().st_mode) == 0o700
-    under_state = private_scratch(paths.spark_scratch(tmp_path))
-    assert under_state == tmp_path / "spark" / "scratch" and stat.S_IMODE(under_state.stat().st_mode) == 0o700
+    given = private_scratch(tmp_path / "spark" / "scratch")
+    assert given == tmp_path / "spark" / "scratch" and stat.S_IMODE(given.stat().st_mode) == 0o700
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a directory owned by another user")
