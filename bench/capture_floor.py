@@ -201,8 +201,9 @@ def _cpu_per(fn: Callable[[], int]) -> tuple[float, int]:
     return best, count
 
 
-def _world(dsn: str, decoder: str) -> Any:
-    """A builder and its codec for ``public.bench``, as the reader sets them up (images staged)."""
+def _world(dsn: str, decoder: str, base: Path) -> Any:
+    """A builder and its codec for ``public.bench``, as the reader sets them up (images staged under
+    ``base``, which the bench removes at its end)."""
     from cdc.codec.envelope import EventBuilder, TableCodec
     from cdc.codec.pgoutput import PgOutput
     from cdc.codec.wal2json import DECODER
@@ -226,7 +227,7 @@ def _world(dsn: str, decoder: str) -> Any:
         "public", "bench", "cdc.public.bench", ("id",), columns=tuple(Column(n, t) for n, t in cols)
     )
     codec = TableCodec(reg, prefix="cdc", db="bench", partitions=4, decoder=dec)
-    images = Images(Path(tempfile.mkdtemp(prefix="cdc-floor-img-")) / "images.sqlite")
+    images = Images(Path(tempfile.mkdtemp(prefix="cdc-floor-img-", dir=base)) / "images.sqlite")
     images.follow("cdc.public.bench", 0.0)
     builder = EventBuilder({("public", "bench"): codec}, images=images, staging=images.staging())
     return dec, codec, builder
@@ -256,7 +257,7 @@ def _in_process(
 
     native = native_module()
     out: dict[str, float] = {}
-    dec, codec, builder = _world(dsn, decoder)
+    dec, codec, builder = _world(dsn, decoder, base)
     msgs = _messages(dec, kept)
     if decoder == "pgoutput":
         rows = [m for m in msgs if m.payload[:1] in (b"I", b"U", b"D")]
