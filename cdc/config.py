@@ -78,6 +78,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+#: seconds between the apply's micro-batches when it runs continuously (``cdc apply --trigger-interval``)
+TRIGGER_INTERVAL_S = 1.0
+
 #: how long a delete's tombstone is kept, in the warehouse and in the search index alike
 TOMBSTONE_RETENTION_HOURS = 7 * 24
 

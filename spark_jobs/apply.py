@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdc.config import Settings
+from cdc.config import TRIGGER_INTERVAL_S, Settings
 from cdc.events import dead_letter_topic
 from cdc.faults import Faults
 from cdc.logstore import LogStore
@@ -83,7 +83,7 @@ class ApplyOptions:
     job offers ``apply.after_sink``), parsed by the entry point."""
 
     once: bool = False
-    trigger_interval_s: float = 1.0
+    trigger_interval_s: float = TRIGGER_INTERVAL_S
     max_records_per_batch: int = 0
     #: when the apply is behind (a large backlog), a micro-batch may take up to this many records:
     #: half the backlog, never less than ``max_records_per_batch`` (0, or not above it: no growth);

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from cdc.cli import VERB_HELP
 from cdc.cli.output import print_error, print_json
-from cdc.config import Settings
+from cdc.config import TRIGGER_INTERVAL_S, Settings
 from cdc.errors import CdcError, ConfigError
 from cdc.faults import ENV as FAULTS_ENV
 from cdc.faults import Faults
@@ -63,9 +63,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--trigger-interval",
         type=float,
-        default=1.0,
+        default=TRIGGER_INTERVAL_S,
         metavar="SECONDS",
-        help="seconds between micro-batches when running continuously (default 1)",
+        help=f"seconds between micro-batches when running continuously (default {TRIGGER_INTERVAL_S:g})",
     )
     p.add_argument(
         "--max-records-per-batch",
