@@ -93,7 +93,10 @@ class WarehouseConfig(_Section):
     range_width: int = Field(default=65_536, ge=1)
     tombstone_retention_hours: float = Field(default=TOMBSTONE_RETENTION_HOURS, ge=0)
     maintain_every: int = Field(default=100, ge=0)
-    vacuum_every: int = Field(default=10, ge=0)
+    #: the full vacuum (files no commit references, after ``vacuum_retention_hours``) as often as
+    #: ``maintain_every``'s: each lists the whole table and loads every tombstone of the retention,
+    #: and the reclaim after every batch takes the superseded files (docs/warehouse.md, Disk)
+    vacuum_every: int = Field(default=100, ge=0)
     vacuum_retention_hours: int = Field(default=1, ge=0)
     vacuum_garbage_ratio: float = Field(default=1.0, ge=0)
     vacuum_min_retention_s: float = Field(default=300.0, ge=0)
