@@ -118,8 +118,8 @@ class TableWrite:
     read_version: int
     partition_by: list[str]
     #: :data:`HISTORY`, :data:`CURRENT` or :data:`TOMBSTONES`: when it commits in its batch (each
-    #: ``write_*`` sets its table's)
-    stage: int = HISTORY
+    #: ``write_*`` gives its table's; no default, which would commit a write in the first stage)
+    stage: int
     adds: list[dict[str, Any]] = field(default_factory=list)
     removes: list[dict[str, Any]] = field(default_factory=list)
     rows_read: int = 0

@@ -210,8 +210,8 @@ def test_a_table_s_writes_read_at_two_versions_commit_as_read_at_the_earliest(
     """Two tasks of a batch may read a table on either side of a round's compaction (found by
     ``bench.freshness_sustained``: the apply failed with "cannot be committed together"): their
     writes merge, read at the earlier version, and the commit checks what they remove."""
-    from sinks.warehouse.files import TableWrite
+    from sinks.warehouse.files import HISTORY, TableWrite
 
-    first = TableWrite("file:///t", 206, ["_cdc_bucket"], adds=[{"path": "a"}])
-    first.merge(TableWrite("file:///t", 205, ["_cdc_bucket"], adds=[{"path": "b"}]))
+    first = TableWrite("file:///t", 206, ["_cdc_bucket"], HISTORY, adds=[{"path": "a"}])
+    first.merge(TableWrite("file:///t", 205, ["_cdc_bucket"], HISTORY, adds=[{"path": "b"}]))
     assert first.read_version == 205 and [a["path"] for a in first.adds] == ["a", "b"]
