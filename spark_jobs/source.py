@@ -11,6 +11,7 @@ options and every guarantee (new topics, recreated topics, read limits, ``availa
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -276,6 +277,46 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = None
 
 
+#: the module Spark runs a Python streaming source's reader in (``python -m``), one process per query
+RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def _hung_up(exc: BaseException | None) -> bool:
+    """Whether ``exc`` and every exception it was raised while handling say only that the JVM closed
+    the runner's socket: an ``EOFError`` reading Spark's next call, an ``OSError`` of the connection
+    (``BrokenPipeError``) writing the answer or the error."""
+    seen = 0
+    while exc is not None:
+        if not isinstance(exc, (EOFError, ConnectionError)):
+            return False
+        seen += 1
+        exc = exc.__cause__ or exc.__context__
+    return seen > 0
+
+
+def quiet_hang_up() -> None:
+    """In Spark's streaming source runner: its end, when the JVM closed its socket, says nothing.
+
+    ``query.stop()`` interrupts the query's thread, and a thread interrupted while it waits on the
+    runner's socket (a ``latestOffset`` in flight) closes it (Java NIO). The runner then reads EOF,
+    fails to write that error back (the socket is closed) and prints both as a traceback that reaches
+    the user through the driver JVM's stderr, on every stop that lands mid-call. The JVM has already
+    moved on: it stopped the query and ends the runner. Any other error still prints, and the exit
+    status is unchanged. Outside the runner (the driver, the executors) this does nothing."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) != RUNNER_MODULE or getattr(sys.excepthook, "cdc_quiet", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not _hung_up(exc):
+            previous(kind, exc, tb)
+
+    hook.cdc_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 class CdcLogDataSource(DataSource):
     """The ``cdclog`` data source (streaming read only)."""
 
@@ -291,6 +332,7 @@ class CdcLogDataSource(DataSource):
         return RANGES_DDL
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
+        quiet_hang_up()  # this runs in Spark's streaming source runner
         return CdcLogStreamReader(self.options, self.settings)
 
 

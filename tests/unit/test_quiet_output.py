@@ -5,6 +5,8 @@ unless ``--verbose``."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -61,3 +63,44 @@ def test_run_log_lines_once_unless_verbose(capsys: pytest.CaptureFixture[str]) -
     log("streaming 3 table(s) from 0/1")
     log("streaming 3 table(s) from 0/1")
     assert capsys.readouterr().err == '{"event":"log","message":"streaming 3 table(s) from 0/1"}\n'
+
+
+#: a process that takes itself for Spark's streaming source runner (``python -m``), installs the
+#: hook as the source's ``streamReader`` does, and ends on SCENARIO's uncaught exception
+_RUNNER = """
+import importlib.machinery, sys
+from spark_jobs.source import RUNNER_MODULE, quiet_hang_up
+if sys.argv[2] == "runner":
+    sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec(RUNNER_MODULE, None)
+quiet_hang_up()
+quiet_hang_up()  # a second reader of the same runner: one hook
+def answer():
+    raise BrokenPipeError(32, "Broken pipe")  # writing to the JVM's closed socket
+try:
+    if sys.argv[1] == "eof":
+        raise EOFError  # reading Spark's next call: the JVM closed the socket
+    raise ValueError("a reader's own error")
+except BaseException:
+    answer()
+"""
+
+
+@pytest.mark.parametrize(
+    ("scenario", "process", "quiet"),
+    [("eof", "runner", True), ("error", "runner", False), ("eof", "driver", False)],
+    ids=["hung-up-runner", "runner-with-its-own-error", "not-the-runner"],
+)
+def test_a_source_runner_whose_socket_the_jvm_closed_ends_without_a_traceback(
+    scenario: str, process: str, quiet: bool
+) -> None:
+    """``query.stop()`` mid-call closes the runner's socket (spark_jobs/source.py): the runner's
+    end must not print a traceback through the JVM's stderr; every other end still does."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUNNER, scenario, process], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stderr
+    if quiet:
+        assert proc.stderr == ""
+    else:
+        assert proc.stderr.count("Traceback (most recent call last):") == 2, proc.stderr
+        assert proc.stderr.rstrip().endswith("BrokenPipeError: [Errno 32] Broken pipe"), proc.stderr
