@@ -262,6 +262,9 @@ def get_session(
         # maintenance machinery out of the way (the job keeps no Spark state)
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.python.worker.reuse": "true",
+        # the Python workers import pyspark from the installed package, not from Spark's zip, whose
+        # modules Python compiles again in every worker (spark_jobs/pydaemon.py)
+        "spark.python.daemon.module": "spark_jobs.pydaemon",
     }
     if JVM_OPTIONS:
         options["spark.driver.defaultJavaOptions"] = JVM_OPTIONS

@@ -1,0 +1,64 @@
+"""The daemon Spark forks its Python workers from (``spark.python.daemon.module``, set by
+:func:`spark_jobs.session.get_session`): pyspark's own daemon, started once Spark's zipped copy of
+pyspark is off ``sys.path`` where the installed pyspark is that copy's package.
+
+Spark starts its Python daemons with ``$SPARK_HOME/python/lib/pyspark.zip`` and py4j's zip first on
+``PYTHONPATH``. Python keeps no compiled code for modules it imports from a zip, so each daemon, and
+each worker it forks (a worker imports its worker module after the fork), compiled pyspark's source
+again: in a profile of ``tests/apply/test_job.py`` with py-spy, 29% of the Python workers' samples
+were ``zipimport``'s ``_compile_source`` and 10% more re-read the zip's directory (pyspark's
+``setup_spark_files`` invalidates the import caches for every task). With pip's pyspark, ``SPARK_HOME``
+is the installed package and its zip holds the same files, so this module takes the zips off the
+path (and their importers out of ``sys.path_importer_cache``): pyspark is imported from the package,
+with its cached bytecode. Elsewhere (a cluster's own Spark, whose zip is not the installed package's,
+or no pyspark installed) the path is left as it is.
+
+Nothing here may import pyspark before the path is set: this module runs before pyspark is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _package_dir(path: Sequence[str], name: str) -> str | None:
+    """The directory of package ``name`` in the first entry of ``path`` that is not a zip."""
+    for entry in path:
+        if entry.endswith(".zip"):
+            continue
+        candidate = os.path.join(entry or ".", name)
+        if os.path.isfile(os.path.join(candidate, "__init__.py")):
+            return os.path.realpath(candidate)
+    return None
+
+
+def without_spark_zips(path: Sequence[str]) -> list[str]:
+    """``path`` without the zips of the installed pyspark package (``<pyspark>/python/lib/*.zip``),
+    when pyspark and py4j are both installed outside them; else ``path`` unchanged."""
+    pyspark = _package_dir(path, "pyspark")
+    if pyspark is None or _package_dir(path, "py4j") is None:
+        return list(path)
+    lib = os.path.join(pyspark, "python", "lib")
+    return [e for e in path if not (e.endswith(".zip") and os.path.dirname(os.path.realpath(e)) == lib)]
+
+
+def use_installed_pyspark() -> None:
+    """Take the installed pyspark's zips off ``sys.path`` (:func:`without_spark_zips`), and their
+    importers out of ``sys.path_importer_cache``; before pyspark is imported."""
+    kept = without_spark_zips(sys.path)
+    for entry in set(sys.path) - set(kept):
+        sys.path_importer_cache.pop(entry, None)
+    sys.path[:] = kept
+
+
+def main() -> None:
+    use_installed_pyspark()
+    from pyspark.daemon import manager  # the zips are off the path: the installed package's
+
+    manager()
+
+
+if __name__ == "__main__":
+    main()

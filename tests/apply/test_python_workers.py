@@ -1,0 +1,23 @@
+"""Spark's Python workers in the apply's session: forked from the product's daemon
+(spark_jobs/pydaemon.py), with pyspark imported from the installed package."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def test_the_workers_import_pyspark_from_the_installed_package(spark_clean: Any) -> None:
+    """A task's Python worker is forked from the product's daemon (``spark.python.daemon.module``:
+    spark_jobs/pydaemon.py) and imported pyspark from the installed package, not from Spark's zip."""
+
+    def where(_: Any) -> tuple[str, str]:
+        import pyspark
+
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return parent, str(pyspark.__file__)
+
+    parent, module = spark_clean.sparkContext.parallelize([0], 1).map(where).collect()[0]
+    assert "-m spark_jobs.pydaemon" in parent, parent
+    assert ".zip" not in module and module.endswith("pyspark/__init__.py"), module
