@@ -7,6 +7,7 @@ pytest_plugins = [
     "tests.plugins.spark",
     "tests.plugins.spark_cluster",
     "tests.plugins.jvm_archive",
+    "tests.plugins.spark_workers",
     "tests.plugins.capture",
     "tests.plugins.failover",
     "tests.plugins.cli",
