@@ -332,7 +332,7 @@ class CdcLogDataSource(DataSource):
         return RANGES_DDL
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
-        quiet_hang_up()  # this runs in Spark's streaming source runner
+        quiet_hang_up()  # in the source runner; Spark's planning worker calls this too: a no-op there
         return CdcLogStreamReader(self.options, self.settings)
 
 

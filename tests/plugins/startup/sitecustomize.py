@@ -14,9 +14,11 @@ import sys
 
 def _run() -> None:
     if any(os.path.basename(p) == "pyspark.zip" for p in sys.path):  # Spark started this process
-        from spark_jobs.pydaemon import use_installed_pyspark
+        from spark_jobs import pydaemon
 
-        use_installed_pyspark()
+        pydaemon.use_installed_pyspark()
+        # Spark's daemon runs it as ``-m spark_jobs.pydaemon``: runpy warns of a copy already imported
+        del sys.modules["spark_jobs.pydaemon"]
     here = os.path.dirname(os.path.realpath(__file__))
     rest = [p for p in sys.path if os.path.realpath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
