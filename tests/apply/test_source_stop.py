@@ -41,13 +41,13 @@ def test_a_query_stopped_while_the_runner_answers_a_call_leaves_no_traceback(
 
     # defined here, so cloudpickle sends them to the runner by value (``tests`` is not importable there)
     class SlowReader(DataSourceStreamReader):
-        def __init__(self, inner: Any, where: str) -> None:
+        def __init__(self, where: str) -> None:
             import signal
             import sys
 
             from spark_jobs.source import RUNNER_MODULE
 
-            self.inner, self.where, self.calls = inner, Path(where), 0
+            self.where, self.calls = Path(where), 0
             if getattr(sys.modules["__main__"].__spec__, "name", None) != RUNNER_MODULE:
                 return  # Spark also makes a reader in its planning worker: this one is not the runner's
             # the JVM's stop also ends the runner (SIGTERM): the runner CI saw outlived it long enough
@@ -86,7 +86,8 @@ def test_a_query_stopped_while_the_runner_answers_a_call_leaves_no_traceback(
             return "cdclog_slow"
 
         def streamReader(self, schema: Any) -> Any:
-            return SlowReader(super().streamReader(schema), self.options["marks"])
+            super().streamReader(schema)  # the source's own: installs the hook in the runner
+            return SlowReader(self.options["marks"])
 
     spark_clean.dataSource.register(SlowSource)
     query = (
