@@ -38,7 +38,7 @@ start), each batch, and to the end (issue 35).
 
 **Under CPU quotas** (where the cgroup v1 ``cpu`` and ``cpuacct`` controllers are writable, else
 skipped with the reason): each worker JVM is put in a cgroup of its own as it starts
-(:class:`spark_jobs.devcluster.CpuGroup`), capped at ``$BENCH_APPLY_QUOTA`` of a core (default 1/3:
+(:class:`tests.plugins.spark_standalone.CpuGroup`), capped at ``$BENCH_APPLY_QUOTA`` of a core (default 1/3:
 three workers take one core, leaving the other to the driver); its executors and their Python workers
 inherit the group. Each group's CPU during the catch-up comes from its ``cpuacct.usage``, and the time
 its quota held it back from ``cpu.stat``'s ``throttled_time``: a group that used all its quota bounds
@@ -69,7 +69,7 @@ from typing import Any
 
 from bench.apply import EventGen, ParquetPeer, _fill, _reg, _state, _warm_up
 from cdc.logstore.embedded import EmbeddedLogStore
-from spark_jobs.devcluster import CpuGroup, QuotaUnavailable
+from tests.plugins.spark_standalone import CpuGroup, QuotaUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION_OF = "apply"  # its section goes in docs/benchmarks/apply.md (bench/__main__.py)
@@ -303,7 +303,7 @@ def _one(
 def _round(
     base: Path, template: Path, r: int, per_batch: int, inserts: int, configs: tuple[Config, ...]
 ) -> dict[Config, dict[str, Any]]:
-    from spark_jobs.devcluster import start_cluster
+    from tests.plugins.spark_standalone import start_cluster
 
     out: dict[Config, dict[str, Any]] = {}
     for i, cfg in enumerate(configs):

@@ -19,7 +19,7 @@
 
 On a Spark standalone cluster: ``python -m bench freshness_cluster`` (:func:`run_on_cluster`) measures
 the freshness alone with the apply job's driver pointed at a cluster of ``$BENCH_FRESHNESS_WORKERS``
-(default 2) one-core workers started on this machine (:mod:`spark_jobs.devcluster`, the state
+(default 2) one-core workers started on this machine (:mod:`tests.plugins.spark_standalone`, the state
 directory shared as object storage would be); its section goes in the same file.
 """
 
@@ -391,8 +391,8 @@ def run_on_cluster(quick: bool) -> str:
     ``$BENCH_FRESHNESS_WORKERS`` (default 2) one-core workers; the section of
     ``docs/benchmarks/freshness.md`` between its markers."""
     from cdc.devcluster import start_cluster
-    from spark_jobs import devcluster
     from spark_jobs.session import get_session
+    from tests.plugins.spark_standalone import start_cluster as start_spark_cluster
 
     workers = int(os.environ.get("BENCH_FRESHNESS_WORKERS", "2"))
     base = Path(tempfile.mkdtemp(prefix="cdc-bench-fresh-cluster-"))
@@ -400,7 +400,7 @@ def run_on_cluster(quick: bool) -> str:
     where = f"a Spark standalone cluster of {workers} one-core worker{'s' * (workers > 1)} on this machine"
     lines = [f"### Freshness with the apply's tasks on {where}", ""]
     cluster = start_cluster(pg_base)
-    spark_cluster = devcluster.start_cluster(base / "spark-cluster", workers=workers)
+    spark_cluster = start_spark_cluster(base / "spark-cluster", workers=workers)
     pipe: _Pipeline | None = None
     try:
         pipe = _start_pipeline(base, cluster.dsn("postgres"))

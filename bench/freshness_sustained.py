@@ -19,7 +19,7 @@ start). ``cdc apply``'s own progress lines give the batches and their phases (``
 ``$BENCH_SUSTAINED_MINUTES`` (default 30) at pgbench scale ``$BENCH_SUSTAINED_SCALE`` (default 2), and
 reports each window's median over the rounds with the bars on those medians, then each round; on
 ``$BENCH_SUSTAINED_MASTER`` (``local`` = ``local[2]``, the default; ``cluster`` = a standalone
-cluster of two one-core workers on this machine, :mod:`spark_jobs.devcluster`). Or directly:
+cluster of two one-core workers on this machine, :mod:`tests.plugins.spark_standalone`). Or directly:
 ``python -m bench.freshness_sustained --minutes 12 --master local [--scale 10] [--rounds 3]`` (its section of
 ``docs/benchmarks/freshness.md`` is then ``freshness_sustained_<master>``, ``_s<scale>`` added for a
 scale other than 2: one per master and scale;
@@ -453,7 +453,7 @@ def _medians(runs: list[_Run], minutes: float) -> list[str]:
 def measure(minutes: float, master_kind: str, scale: int = SCALE, rounds: int = 1) -> str:
     """``rounds`` sustained runs on ``master_kind`` (``local`` or ``cluster``), each from a new source
     and state; the report's section (with the rounds' per-window medians when more than one)."""
-    from spark_jobs import devcluster
+    from tests.plugins.spark_standalone import start_cluster as start_spark_cluster
 
     where = "`local[2]`"
     results: list[tuple[_Run, str, str]] = []
@@ -461,7 +461,7 @@ def measure(minutes: float, master_kind: str, scale: int = SCALE, rounds: int = 
         say(f"  round {i + 1} of {rounds}")
         if master_kind == "cluster":
             spark_base = Path(tempfile.mkdtemp(prefix="cdc-bench-sustained-spark-"))
-            sc = devcluster.start_cluster(spark_base, workers=2)
+            sc = start_spark_cluster(spark_base, workers=2)
             try:
                 where = (
                     "the apply's tasks on a Spark standalone cluster of 2 one-core workers on this machine"

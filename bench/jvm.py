@@ -83,7 +83,7 @@ def _template(base: Path) -> Path:
 def _start(template: Path, run_dir: Path, flags: str) -> dict[str, float]:
     """One ``cdc apply --once``: ``cpu`` (s, the whole process tree), ``jvm`` (s, the driver JVM's
     own, sampled every 0.1 s until it ends) and ``wall`` (s)."""
-    from spark_jobs.devcluster import CpuGroup
+    from tests.plugins.spark_standalone import CpuGroup
 
     state = run_dir / "state"
     shutil.copytree(template, state)
@@ -141,8 +141,8 @@ def _launcher(flags: str) -> float:
     runs it, building a driver's command line), children's rusage."""
     import resource
 
-    from spark_jobs.devcluster import spark_home
     from spark_jobs.session import prepare_environment
+    from tests.plugins.spark_standalone import spark_home
 
     prepare_environment()
     java = Path(os.environ["JAVA_HOME"], "bin", "java")
@@ -181,7 +181,7 @@ def _child_start(flags: str, argv: list[str]) -> int:
 def _child_idle(flags: str, seconds: float, group: str) -> None:
     _child_flags(flags)
     from bench.apply_cluster import idle_cpu
-    from spark_jobs.devcluster import CpuGroup
+    from tests.plugins.spark_standalone import CpuGroup
 
     print("RESULT " + json.dumps(idle_cpu(seconds, group=CpuGroup(group, 2.0))), flush=True)
 
@@ -216,7 +216,7 @@ def _child_catch_up(flags: str, base: Path, inserts: int) -> None:
 
 
 def _result(cmd: list[str], what: str, group: Any = None) -> dict[str, Any]:
-    """The ``RESULT`` a child printed (in ``group``, a :class:`~spark_jobs.devcluster.CpuGroup`, if given)."""
+    """The ``RESULT`` a child printed (in ``group``, a :class:`~tests.plugins.spark_standalone.CpuGroup`, if given)."""
     add = (lambda: group.add(os.getpid())) if group else None
     proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, preexec_fn=add)
     if proc.returncode != 0 and CONNECT_BACK in proc.stderr:  # as in _start: once more
@@ -229,7 +229,7 @@ def _result(cmd: list[str], what: str, group: Any = None) -> dict[str, Any]:
 
 # -- the runs --------------------------------------------------------------------------------------------
 def run(quick: bool) -> str:
-    from spark_jobs.devcluster import CpuGroup
+    from tests.plugins.spark_standalone import CpuGroup
 
     rounds = 1 if quick else int(os.environ.get("BENCH_JVM_ROUNDS", "3"))
     idle_s = 20.0 if quick else float(os.environ.get("BENCH_JVM_IDLE_S", IDLE_S))

@@ -1,5 +1,5 @@
 """The ``spark_cluster`` fixture: a real Spark standalone cluster (a master and two 1-core workers,
-:mod:`spark_jobs.devcluster`) for the tests that run ``cdc apply --master spark://...``."""
+:mod:`tests.plugins.spark_standalone`) for the tests that run ``cdc apply --master spark://...``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_jobs.devcluster import SparkCluster, start_cluster
 from tests.plugins.postgres import wait_for
+from tests.plugins.spark_standalone import SparkCluster, start_cluster
 
 __all__ = ["SparkCluster", "spark_cluster"]
 

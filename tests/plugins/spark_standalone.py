@@ -29,7 +29,7 @@ import orjson
 
 from cdc.devcluster import die_with_parent, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2
 WORKER_MEMORY = "1536m"  # an executor asks 1 GiB by default (spark.executor.memory)
 START_TIMEOUT_S = 90.0
