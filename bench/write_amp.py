@@ -4,7 +4,7 @@
 
 One table (``chaos_accounts``' columns: bigint key, so the ``auto`` clustering picks the range layout,
 width 65,536) is grown through :class:`sinks.warehouse.WarehouseSink` by inserts of new keys (not
-measured), and at each size (100k, 500k, 1M, 2M rows; ``--quick``: 5k, 20k) micro-batches of changes
+measured), and at each size (100k, 500k, 1M, 2M, 5M rows; ``--quick``: 5k, 20k) micro-batches of changes
 are applied to a copy of it and measured, for two key patterns:
 
 * ``random``: updates spread over the whole key space;
@@ -41,7 +41,7 @@ from cdc.registry import TableReg
 from sinks.warehouse import WarehouseOptions, WarehouseSink
 from tests.sinks.feed import Feed, table
 
-SIZES = (100_000, 500_000, 1_000_000, 2_000_000)
+SIZES = (100_000, 500_000, 1_000_000, 2_000_000, 5_000_000)
 QUICK_SIZES = (5_000, 20_000)
 #: the changes of a caught-up micro-batch, and how many times more a batch takes when behind
 BATCH = 5_000
