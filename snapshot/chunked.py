@@ -30,10 +30,9 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import pyarrow as pa
 from psycopg import sql
 
 from cdc.catalog import leaf_partitions
@@ -44,9 +43,13 @@ from cdc.events import TRUNCATE_KEY_FIELD, encode_key
 from cdc.logstore import LogStore, Record
 from cdc.registry import Alignment, Column, Registry, TableReg, TableState
 from snapshot.chunk_state import ChunkProgress, SnapshotOptions, load_progress, save_progress
-from snapshot.encode import RowEncoder, copy_query, encoder_for, read_csv_batches
 from snapshot.table_info import row_estimate, table_columns
 from snapshot.where import parse_where, where_sql
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from snapshot.encode import RowEncoder
 
 __all__ = ["ChunkDriver", "ChunkTracker", "truncate_marker", "write_mark"]
 
@@ -481,6 +484,8 @@ class ChunkDriver:
         cols = table_columns(conn, reg.schema, reg.table)
         if not cols:
             raise _Missing(reg.qualified)
+        from snapshot.encode import encoder_for  # deferred: pyarrow, only once a table's chunks start
+
         codec = self.codec_for(replace(reg, columns=cols))
         encoder = encoder_for(codec, cols)
         names = encoder.names
@@ -620,6 +625,8 @@ class ChunkDriver:
         in key order: the rows in ``(lo, hi]``, or with ``limit`` the first ``limit`` rows after
         ``lo``, whose last key is then the chunk's upper bound (None when fewer rows are left: the
         last chunk, unbounded)."""
+        from snapshot.encode import copy_query, read_csv_batches  # deferred: pyarrow (see _plan)
+
         key = plan.codec.key
         conds: list[sql.Composable] = [plan.where]
         if lo is not None:

@@ -105,7 +105,6 @@ from snapshot.chunk_state import (
     save_progress,
 )
 from snapshot.chunked import ChunkDriver, ChunkTracker, truncate_marker
-from snapshot.exported import read_tables
 from snapshot.progress import NullProgress
 
 
@@ -1054,6 +1053,8 @@ class Reader:
             )
             self._supersede_earlier_rows(regs, db, snap.consistent_lsn)
             progress = self.progress_factory() if self.progress_factory else NullProgress()
+            from snapshot.exported import read_tables  # deferred: pyarrow, only for a snapshot
+
             try:
                 results = (
                     read_tables(

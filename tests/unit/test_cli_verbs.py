@@ -183,6 +183,20 @@ def test_status_and_wait_on_a_registered_table_import_none_of_the_sinks(tmp_path
         assert not [m for m in modules if m.split(".")[0] in ("sinks", "tantivy")], modules
 
 
+def test_run_loads_no_arrow_until_a_snapshot_starts(tmp_path: Path) -> None:
+    """``cdc run`` loads its reader (the snapshot modules with it) without pyarrow or numpy: only a
+    snapshot's reads of rows need them, and the tests start ``cdc run`` hundreds of times (issue
+    #33). The source is unreachable, and the run gives up on it after half a second."""
+    state = tmp_path / "state"
+    (tmp_path / "cdc.toml").write_text("retry_max_s = 0.5\n")
+    with Registry(state) as registry:
+        registry.add(TableReg("public", "items", "cdc.public.items", ("id",)))
+    _, err, modules = _ran(state, ["run", "--once"])
+    assert "cannot be reached" in err, err
+    assert "cdc.reader" in modules and "snapshot.chunked" in modules, modules
+    assert not [m for m in modules if m.split(".")[0] in ("pyarrow", "numpy")], modules
+
+
 def test_the_sinks_keep_a_table_where_cdc_sink_locations_says() -> None:
     """:data:`cdc.sink_locations.LOCATIONS` names every sink of :data:`sinks.all.SINKS`, in its
     order, and each keeps a table where its entry says (with and without search columns)."""
