@@ -13,14 +13,36 @@ path (and their importers out of ``sys.path_importer_cache``): pyspark is import
 with its cached bytecode. Elsewhere (a cluster's own Spark, whose zip is not the installed package's,
 or no pyspark installed) the path is left as it is.
 
+Then the daemon imports, once, what every worker it forks imports for its first task
+(:data:`PRELOAD`): pyspark's worker, pandas and pyarrow, the apply's tasks with both sinks, and the
+source's reader. pyspark's own daemon imports the worker module after each fork, so each worker
+imported them again, about 0.7 s of CPU (for each worker of each session or executor). A fork
+inherits them: the workers' own imports find them in ``sys.modules``. Those imports start threads
+(jemalloc's background threads in pyarrow and deltalake, OpenBLAS's pool under numpy) which the
+fork does not copy; each of those libraries takes its locks across a fork and starts its threads
+again in the child (``pthread_atfork``), as any ``multiprocessing`` fork after ``import numpy``
+relies on.
+
 Nothing here may import pyspark before the path is set: this module runs before pyspark is imported.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Sequence
+
+#: what a worker imports for its first task: pyspark's worker (and the pandas and pyarrow of its Arrow
+#: serializers), the apply's tasks and both sinks (deltalake, tantivy), the source's reader
+PRELOAD = (
+    "pyspark.worker",
+    "pandas",
+    "pyarrow.dataset",
+    "spark_jobs.tasks",
+    "sinks.all",
+    "spark_jobs.source",
+)
 
 
 def _package_dir(path: Sequence[str], name: str) -> str | None:
@@ -55,6 +77,8 @@ def use_installed_pyspark() -> None:
 
 def main() -> None:
     use_installed_pyspark()
+    for name in PRELOAD:
+        importlib.import_module(name)
     from pyspark.daemon import manager  # the zips are off the path: the installed package's
 
     manager()

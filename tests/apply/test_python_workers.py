@@ -1,5 +1,6 @@
 """Spark's Python workers in the apply's session: forked from the product's daemon
-(spark_jobs/pydaemon.py), with pyspark imported from the installed package."""
+(spark_jobs/pydaemon.py), with pyspark imported from the installed package, and the daemon holding
+what the workers import for the apply (:data:`spark_jobs.pydaemon.PRELOAD`) before it forks them."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ def test_the_workers_import_pyspark_from_the_installed_package(spark_clean: Any)
     """A task's Python worker is forked from the product's daemon (``spark.python.daemon.module``:
     spark_jobs/pydaemon.py) and imported pyspark from the installed package, not from Spark's zip."""
 
-    def where(_: Any) -> tuple[str, str]:
+    def where(_: Any) -> tuple[str, str, str]:
         import pyspark
 
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        return parent, str(pyspark.__file__)
+        return parent, str(pyspark.__file__), Path(f"/proc/{os.getppid()}/maps").read_text()
 
-    parent, module = spark_clean.sparkContext.parallelize([0], 1).map(where).collect()[0]
+    parent, module, maps = spark_clean.sparkContext.parallelize([0], 1).map(where).collect()[0]
     assert "-m spark_jobs.pydaemon" in parent, parent
     assert ".zip" not in module and module.endswith("pyspark/__init__.py"), module
+    # the daemon, which runs no task itself, imported the sinks' and pandas' compiled libraries before
+    # it forked the worker: a worker starts with them
+    mapped = {line.split()[-1] for line in maps.splitlines()}
+    for package in ("deltalake", "tantivy", "pandas", "pyarrow"):
+        assert any(f"/site-packages/{package}/" in m for m in mapped), package
