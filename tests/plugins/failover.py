@@ -74,7 +74,9 @@ class FailoverPair:
         )
         return (bool(rows[0][0]), bool(rows[0][1])) if rows else None
 
-    def wait_synced(self, slot: str, *, advance: bool = True, timeout: float = 60.0) -> float:
+    def wait_synced(
+        self, slot: str, *, advance: bool = True, by_hand: bool = False, timeout: float = 60.0
+    ) -> float:
         """Until the standby's copy of ``slot`` is ``synced AND NOT temporary`` (failover-ready);
         returns the seconds it took.
 
@@ -85,7 +87,9 @@ class FailoverPair:
         30 s when nothing changes: with a consumer confirming every 0.5 s and no help, the copy
         was ready after 26 s. So each round writes a running-xacts record, wakes the worker (a
         reload sets its latch) and, with ``advance`` (no consumer of its own on the slot), moves
-        the primary's slot to the current WAL position, as a consumer confirming it would."""
+        the primary's slot to the current WAL position, as a consumer confirming it would.
+        ``by_hand``: the standby's ``sync_replication_slots`` is off (no worker): each round syncs
+        its slots once with ``pg_sync_replication_slots()`` instead."""
 
         def ready() -> bool:
             if self.standby_slot(slot) == (True, False):
@@ -98,7 +102,9 @@ class FailoverPair:
                     )
                 )
             self.wait_replayed()
-            self.standby.execute("SELECT pg_reload_conf()")
+            self.standby.execute(
+                "SELECT pg_sync_replication_slots()" if by_hand else "SELECT pg_reload_conf()"
+            )
             return False
 
         start = time.monotonic()
