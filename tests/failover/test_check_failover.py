@@ -233,12 +233,12 @@ def test_configured_pair_has_no_failover_finding_and_readiness_follows_the_sync(
     pg18_pair: Callable[..., FailoverPair], cdc_main: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pair = pg18_pair()
-    monkeypatch.setenv("CDC_SLOT", "cdc_fo_ready0")
+    slot = "cdc_fo_ready"
+    monkeypatch.setenv("CDC_SLOT", slot)
     assert _failover(_check(cdc_main, pair.dsn())) == []  # no slot yet: nothing to be ready
     # the standby's slot-sync worker could copy a new slot and make it ready before the check ends
     # (CI once saw it ready by then): it is held off (sync_replication_slots off: the worker exits on
     # the reload) while the slot is made and checked, so the check sees a copy that is surely not ready
-    slot = "cdc_fo_ready0"
     _slot_sync(pair, on=False)
     with connect(pair.primary.dsn()) as conn:
         create_logical_slot(conn, slot, "pgoutput")
