@@ -36,8 +36,8 @@ from pydantic import (
 )
 
 from cdc.errors import ConfigError, DsnError
+from cdc.paths import DEFAULT_STATE
 
-DEFAULT_STATE = ".cdc"
 DEFAULT_PREFIX = "cdc"
 DEFAULT_SLOT = "cdc_slot"
 DEFAULT_PARTITIONS = 4

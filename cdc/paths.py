@@ -33,6 +33,9 @@ import re
 import stat
 from pathlib import Path
 
+#: the state directory when neither ``--state``, ``CDC_STATE`` nor ``cdc.toml`` names one
+DEFAULT_STATE = ".cdc"
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 PRIVATE_UMASK = 0o077
 

@@ -24,6 +24,7 @@ from spark_jobs.checkpoint import offset_key, parse_offset_key
 
 if TYPE_CHECKING:
     from cdc.config import Settings
+    from cdc.logstore.factory import StoreAddress
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -56,21 +57,15 @@ SIZE_SAMPLE = 64
 RESAMPLE_AFTER = 50_000
 
 
-def store_settings(options: Mapping[str, str], settings: Settings | None = None) -> Settings:
-    """The settings the log store is opened with: ``settings`` (:func:`register`: with the
-    ``[kafka]`` section's TLS and SASL), else the ``state`` and ``log`` options alone."""
-    from cdc.config import Settings
+def store_address(options: Mapping[str, str], address: StoreAddress | None = None) -> StoreAddress:
+    """Where the log store is: ``address`` (:func:`register`: with the ``[kafka]`` section's TLS and
+    SASL), else the ``state`` and ``log`` options alone."""
+    from cdc.logstore.factory import StoreAddress
+    from cdc.paths import DEFAULT_STATE
 
-    if settings is not None:
-        return settings
-    return Settings(state_dir=Path(options.get("state") or ".cdc"), log_url=options.get("log") or None)
-
-
-def open_store(settings: Settings) -> Any:
-    """A read-only log store (embedded, or Kafka for ``kafka://``), as :func:`cdc.logstore.open_log_store`."""
-    from cdc.logstore.factory import open_log_store
-
-    return open_log_store(settings, writer=False)
+    if address is not None:
+        return address
+    return StoreAddress(Path(options.get("state") or DEFAULT_STATE), options.get("log") or None)
 
 
 class LogRange(InputPartition):
@@ -137,8 +132,8 @@ def byte_bounded(
 class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader (lives in Spark's planner worker for the life of the query)."""
 
-    def __init__(self, options: Mapping[str, str], settings: Settings | None = None) -> None:
-        self.settings = store_settings(options, settings)
+    def __init__(self, options: Mapping[str, str], address: StoreAddress | None = None) -> None:
+        self.address = store_address(options, address)
         self.topics = [t.strip() for t in (options.get("topics") or "").split(",") if t.strip()]
         raw_max = options.get("maxRecordsPerBatch") or options.get("maxrecordsperbatch") or ""
         self.max_records = int(raw_max) if raw_max else 0
@@ -155,7 +150,7 @@ class CdcLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- plumbing ------------------------------------------------------------------------------------
     def _log_store(self) -> Any:
         if self._store is None:
-            self._store = open_store(self.settings)
+            self._store = self.address.open()
         return self._store
 
     def _bounds(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -320,9 +315,9 @@ def quiet_hang_up() -> None:
 class CdcLogDataSource(DataSource):
     """The ``cdclog`` data source (streaming read only)."""
 
-    #: what the log store is opened with, when :func:`register` was given settings (else the
-    #: ``state`` and ``log`` options)
-    settings: ClassVar[Settings | None] = None
+    #: where the log store is, when :func:`register` was given settings (else the ``state`` and
+    #: ``log`` options)
+    store: ClassVar[StoreAddress | None] = None
 
     @classmethod
     def name(cls) -> str:
@@ -333,7 +328,7 @@ class CdcLogDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> CdcLogStreamReader:
         quiet_hang_up()  # in the source runner; Spark's planning worker calls this too: a no-op there
-        return CdcLogStreamReader(self.options, self.settings)
+        return CdcLogStreamReader(self.options, self.store)
 
 
 def register(spark: Any, settings: Settings | None = None) -> str:
@@ -341,24 +336,25 @@ def register(spark: Any, settings: Settings | None = None) -> str:
 
     Without ``settings``: ``cdclog``, which opens the log store its ``state`` and ``log`` options
     name (no ``[kafka]`` section: a plaintext Kafka). With ``settings``: a ``cdclog_<hash>`` source
-    of its own that opens the store with them, the ``[kafka]`` section's TLS and SASL included (the
-    SASL password too: it travels pickled with the class, to the planner and the executors, never
-    in the options that Spark prints in its plans and UI); several jobs in one session each keep
-    their own."""
+    of its own that opens the store at their :class:`~cdc.logstore.factory.StoreAddress`, the
+    ``[kafka]`` section's TLS and SASL included (the SASL password too: it travels pickled with the
+    class, to the planner and the source runner, never in the options that Spark prints in its plans
+    and UI; nothing else of the settings goes, neither the source DSN nor the configuration loader
+    the planner would import to unpickle them); several jobs in one session each keep their own."""
     if settings is None:
         spark.dataSource.register(CdcLogDataSource)
         return SOURCE_NAME
     import hashlib
 
-    from spark_jobs.tasks import task_settings
+    from cdc.logstore.factory import StoreAddress
 
-    kept = task_settings(settings)  # the source DSN and the serve token are no business of a reader
-    digest = hashlib.sha256(repr((str(kept.state_dir), kept.log_url)).encode()).hexdigest()[:12]
+    address = StoreAddress.of(settings)
+    digest = hashlib.sha256(repr((str(address.state_dir), address.log_url)).encode()).hexdigest()[:12]
     fmt = f"{SOURCE_NAME}_{digest}"
     cls = type(
         f"CdcLogDataSource_{digest}",
         (CdcLogDataSource,),
-        {"settings": kept, "name": classmethod(lambda c: fmt), "__module__": __name__},
+        {"store": address, "name": classmethod(lambda c: fmt), "__module__": __name__},
     )
     spark.dataSource.register(cls)
     return fmt

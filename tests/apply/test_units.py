@@ -332,3 +332,66 @@ def test_batch_ranges_are_unknown_where_the_source_asks_the_log_store(tmp_path: 
     _offset_log(ckpt, 5, '{"cdc.a|0": 1, "cdc.new|0": 2}')
     _offset_log(ckpt, 6, '{"cdc.a|0": 1, "cdc.new|0": 2}')
     assert batch_ranges(ckpt, 6) == []  # nothing new
+
+
+class _Sources:
+    """What :func:`spark_jobs.source.register` calls on a session: ``spark.dataSource.register``."""
+
+    def __init__(self) -> None:
+        self.dataSource = self
+        self.registered: list[type] = []
+
+    def register(self, cls: type) -> None:
+        self.registered.append(cls)
+
+
+#: unpickles the source's class as Spark's planner and source runner do, in a process of its own,
+#: and prints what the reader would open and whether the configuration loader was imported
+_UNPICKLE = """
+import sys
+from pyspark import cloudpickle
+cls = cloudpickle.loads(sys.stdin.buffer.read())
+reader = cls(options={"topics": "cdc.s.t"}).streamReader(None)
+print(reader.address.state_dir, "pydantic" in sys.modules, "cdc.config" in sys.modules)
+"""
+
+
+def test_the_registered_source_carries_the_store_address_and_no_other_setting(tmp_path: Path) -> None:
+    """``register(spark, settings)`` pickles the store's address with the source's class: the
+    planner and the source runner of each query unpickle it without importing the configuration
+    loader (pydantic); a ``[kafka]`` section's SASL password travels with it, the source DSN never."""
+    import subprocess
+    import sys
+
+    from pydantic import SecretStr
+    from pyspark import cloudpickle
+
+    from cdc.config import Settings
+    from spark_jobs.source import register
+
+    spark = _Sources()
+    dsn = "postgresql://cdc:dsn-Pa55word@db.example/app"
+    register(spark, Settings(source=SecretStr(dsn), state_dir=tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", _UNPICKLE],
+        input=cloudpickle.dumps(spark.registered[0]),
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    assert out.split() == [str(tmp_path), "False", "False"]
+
+    sasl = {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_username": "cdc",
+        "sasl_password": "sasl-Pa55word",
+    }
+    kafka = Settings(
+        source=SecretStr(dsn), state_dir=tmp_path, log_url="kafka://b:9092", extra={"kafka": sasl}
+    )
+    fmt = register(spark, kafka)
+    pickled = cloudpickle.dumps(spark.registered[1])
+    assert b"dsn-Pa55word" not in pickled
+    store = cloudpickle.loads(pickled).store
+    assert fmt.startswith("cdclog_") and store.log_url == "kafka://b:9092"
+    assert store.kafka.client_config()["sasl_plain_password"] == "sasl-Pa55word"
