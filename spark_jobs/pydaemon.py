@@ -10,8 +10,13 @@ were ``zipimport``'s ``_compile_source`` and 10% more re-read the zip's director
 ``setup_spark_files`` invalidates the import caches for every task). With pip's pyspark, ``SPARK_HOME``
 is the installed package and its zip holds the same files, so this module takes the zips off the
 path (and their importers out of ``sys.path_importer_cache``): pyspark is imported from the package,
-with its cached bytecode. Elsewhere (a cluster's own Spark, whose zip is not the installed package's,
-or no pyspark installed) the path is left as it is.
+with its cached bytecode. Spark's core jar (``<pyspark>/jars/spark-core_*.jar``) is on the path too,
+and holds no Python in a pip-installed Spark; but Python opens it as a zip (reading its directory of
+some 6,000 entries) at the first import that reaches it, and again at every ``invalidate_caches``
+(pyspark's, when a worker's first task puts the job's files on the path): 0.11 s of CPU for one
+``invalidate_caches`` in a worker of the apply's session (2026-11-30, a loaded machine). The jars go
+as well. Elsewhere (a cluster's own Spark, whose zip is not the installed package's, or no pyspark
+installed) the path is left as it is.
 
 Then the daemon imports, once, what every worker it forks imports for its first task
 (:data:`PRELOAD`): pyspark's worker, pandas and pyarrow, the apply's tasks with both sinks, and the
@@ -57,18 +62,19 @@ def _package_dir(path: Sequence[str], name: str) -> str | None:
 
 
 def without_spark_zips(path: Sequence[str]) -> list[str]:
-    """``path`` without the zips of the installed pyspark package (``<pyspark>/python/lib/*.zip``),
-    when pyspark and py4j are both installed outside them; else ``path`` unchanged."""
+    """``path`` without the zips of the installed pyspark package (``<pyspark>/python/lib/*.zip``)
+    and its jars (``<pyspark>/jars/*.jar``, which hold no Python), when pyspark and py4j are both
+    installed outside them; else ``path`` unchanged."""
     pyspark = _package_dir(path, "pyspark")
     if pyspark is None or _package_dir(path, "py4j") is None:
         return list(path)
-    lib = os.path.join(pyspark, "python", "lib")
-    return [e for e in path if not (e.endswith(".zip") and os.path.dirname(os.path.realpath(e)) == lib)]
+    archives = {(os.path.join(pyspark, "python", "lib"), ".zip"), (os.path.join(pyspark, "jars"), ".jar")}
+    return [e for e in path if (os.path.dirname(os.path.realpath(e)), os.path.splitext(e)[1]) not in archives]
 
 
 def use_installed_pyspark() -> None:
-    """Take the installed pyspark's zips off ``sys.path`` (:func:`without_spark_zips`), and their
-    importers out of ``sys.path_importer_cache``; before pyspark is imported."""
+    """Take the installed pyspark's zips and jars off ``sys.path`` (:func:`without_spark_zips`), and
+    their importers out of ``sys.path_importer_cache``; before pyspark is imported."""
     kept = without_spark_zips(sys.path)
     for entry in set(sys.path) - set(kept):
         sys.path_importer_cache.pop(entry, None)

@@ -11,17 +11,23 @@ from typing import Any
 
 def test_the_workers_import_pyspark_from_the_installed_package(spark_clean: Any) -> None:
     """A task's Python worker is forked from the product's daemon (``spark.python.daemon.module``:
-    spark_jobs/pydaemon.py) and imported pyspark from the installed package, not from Spark's zip."""
+    spark_jobs/pydaemon.py) and imported pyspark from the installed package, not from Spark's zip;
+    neither that zip nor Spark's core jar is on its import path."""
 
-    def where(_: Any) -> tuple[str, str, str]:
+    def where(_: Any) -> tuple[str, str, str, list[str]]:
+        import sys
+
         import pyspark
 
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        return parent, str(pyspark.__file__), Path(f"/proc/{os.getppid()}/maps").read_text()
+        archives = [p for p in sys.path_importer_cache if p.endswith((".jar", ".zip")) or ".jar/" in p]
+        return parent, str(pyspark.__file__), Path(f"/proc/{os.getppid()}/maps").read_text(), archives
 
-    parent, module, maps = spark_clean.sparkContext.parallelize([0], 1).map(where).collect()[0]
+    parent, module, maps, archives = spark_clean.sparkContext.parallelize([0], 1).map(where).collect()[0]
     assert "-m spark_jobs.pydaemon" in parent, parent
     assert ".zip" not in module and module.endswith("pyspark/__init__.py"), module
+    # no importer of Spark's zips or jars is left for the task's invalidate_caches to read again
+    assert not [p for p in archives if "pyspark" in p], archives
     # the daemon, which runs no task itself, imported the sinks' and pandas' compiled libraries before
     # it forked the worker: a worker starts with them
     mapped = {line.split()[-1] for line in maps.splitlines()}

@@ -8,8 +8,8 @@ Spark starts afresh for every streaming query (and the test run starts hundreds:
 test is a query), and the planners' daemons it cannot reach. In a py-spy profile of
 ``tests/apply/test_job.py``, the runners took 47% of the Spark Python processes' samples, 22% of them
 compiling pyspark's source. This plugin puts ``tests/plugins/startup`` first on ``PYTHONPATH``: its
-``sitecustomize`` takes the zips off ``sys.path`` in every process Spark starts (the same files,
-from the installed package) and does nothing in the others."""
+``sitecustomize`` takes the zips (and Spark's jars) off ``sys.path`` in every process Spark starts
+(the same files, from the installed package) and does nothing in the others."""
 
 from __future__ import annotations
 

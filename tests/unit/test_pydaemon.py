@@ -1,5 +1,5 @@
 """Which zips the Python daemon takes off ``sys.path`` (spark_jobs/pydaemon.py): the installed pyspark's
-own, only when pyspark and py4j are installed outside them."""
+own zips and jars, only when pyspark and py4j are installed outside them."""
 
 from __future__ import annotations
 
@@ -16,12 +16,22 @@ def _site(base: Path, *packages: str) -> Path:
     return site
 
 
-def test_the_installed_pysparks_zips_go_and_every_other_entry_stays(tmp_path: Path) -> None:
+def test_the_installed_pysparks_zips_and_jars_go_and_every_other_entry_stays(tmp_path: Path) -> None:
     site = _site(tmp_path, "pyspark", "py4j")
-    lib = site / "pyspark" / "python" / "lib"
+    lib, jars = site / "pyspark" / "python" / "lib", site / "pyspark" / "jars"
     other = tmp_path / "elsewhere" / "pyspark.zip"  # a cluster's own Spark: not the installed package's
-    path = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"), str(other), "", str(site)]
-    assert without_spark_zips(path) == [str(other), "", str(site)]
+    own_jar = tmp_path / "elsewhere" / "spark-core_2.13-4.3.0.jar"
+    path = [
+        str(lib / "pyspark.zip"),
+        str(lib / "py4j-0.10.9.9-src.zip"),
+        str(jars / "spark-core_2.13-4.3.0.jar"),
+        str(other),
+        str(own_jar),
+        str(jars),
+        "",
+        str(site),
+    ]
+    assert without_spark_zips(path) == [str(other), str(own_jar), str(jars), "", str(site)]
 
 
 def test_nothing_goes_without_an_installed_pyspark_and_py4j(tmp_path: Path) -> None:
