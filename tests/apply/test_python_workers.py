@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
-def test_the_workers_import_pyspark_from_the_installed_package(spark_clean: Any) -> None:
+def test_a_worker_forks_from_the_daemon_with_the_installed_pyspark_and_the_preload(spark_clean: Any) -> None:
     """A task's Python worker is forked from the product's daemon (``spark.python.daemon.module``:
     spark_jobs/pydaemon.py) and imported pyspark from the installed package, not from Spark's zip;
-    neither that zip nor Spark's core jar is on its import path."""
+    neither that zip nor Spark's core jar is on its import path; the daemon imported what a task
+    imports (:data:`spark_jobs.pydaemon.PRELOAD`) before it forked the worker."""
 
     def where(_: Any) -> tuple[str, str, str, list[str]]:
         import sys
@@ -26,7 +27,7 @@ def test_the_workers_import_pyspark_from_the_installed_package(spark_clean: Any)
     parent, module, maps, archives = spark_clean.sparkContext.parallelize([0], 1).map(where).collect()[0]
     assert "-m spark_jobs.pydaemon" in parent, parent
     assert ".zip" not in module and module.endswith("pyspark/__init__.py"), module
-    # no importer of Spark's zips or jars is left for the task's invalidate_caches to read again
+    # no importer of Spark's zips or jars is left for an invalidate_caches to read again
     assert not [p for p in archives if "pyspark" in p], archives
     # the daemon, which runs no task itself, imported the sinks' and pandas' compiled libraries before
     # it forked the worker: a worker starts with them
