@@ -7,14 +7,14 @@ Spark starts its Python daemons with ``$SPARK_HOME/python/lib/pyspark.zip`` and 
 each worker it forks (a worker imports its worker module after the fork), compiled pyspark's source
 again: in a profile of ``tests/apply/test_job.py`` with py-spy, 29% of the Python workers' samples
 were ``zipimport``'s ``_compile_source`` and 10% more re-read the zip's directory (pyspark's
-``setup_spark_files`` invalidates the import caches for every task). With pip's pyspark, ``SPARK_HOME``
+``setup_spark_files`` invalidates the import caches when it changes the path). With pip's pyspark, ``SPARK_HOME``
 is the installed package and its zip holds the same files, so this module takes the zips off the
 path (and their importers out of ``sys.path_importer_cache``): pyspark is imported from the package,
 with its cached bytecode. Spark's core jar (``<pyspark>/jars/spark-core_*.jar``) is on the path too,
 and holds no Python in a pip-installed Spark; but Python opens it as a zip (reading its directory of
 some 6,000 entries) at the first import that reaches it, and again at every ``invalidate_caches``
 (pyspark's, when a worker's first task puts the job's files on the path): 0.11 s of CPU for one
-``invalidate_caches`` in a worker of the apply's session (2026-11-30, a loaded machine). The jars go
+``invalidate_caches`` in a worker of the apply's session (2026-11-30, in a task). The jars go
 as well. Elsewhere (a cluster's own Spark, whose zip is not the installed package's, or no pyspark
 installed) the path is left as it is.
 
