@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from cdc.errors import ConfigError, DsnError
-from cdc.paths import DEFAULT_STATE
+from cdc.paths import DEFAULT_STATE, KAFKA_SCHEME
 
 DEFAULT_PREFIX = "cdc"
 DEFAULT_SLOT = "cdc_slot"
@@ -544,10 +544,10 @@ def _partitions(raw: Any) -> int:
 
 def _log_url(raw: Any) -> str | None:
     """The log store URL: None for the embedded store, else a ``kafka://`` URL."""
-    if raw is not None and not str(raw).startswith(("kafka://", "embedded")):
+    if raw is not None and not str(raw).startswith((KAFKA_SCHEME, "embedded")):
         raise ConfigError(
             f"CDC_LOG={raw!r} is not a log store this service knows",
-            fix="leave CDC_LOG unset for the embedded store, or set it to kafka://HOST:PORT",
+            fix=f"leave CDC_LOG unset for the embedded store, or set it to {KAFKA_SCHEME}HOST:PORT",
         )
     if raw is None or str(raw).startswith("embedded"):
         return None

@@ -35,6 +35,8 @@ from pathlib import Path
 
 #: the state directory when neither ``--state``, ``CDC_STATE`` nor ``cdc.toml`` names one
 DEFAULT_STATE = ".cdc"
+#: the scheme of a log URL (``CDC_LOG``) naming a Kafka store; no URL: the embedded store in ``<state>/log``
+KAFKA_SCHEME = "kafka://"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 PRIVATE_UMASK = 0o077

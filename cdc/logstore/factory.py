@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from cdc.config import Settings
     from cdc.logstore.kafka.options import KafkaOptions
 
-KAFKA_SCHEME = "kafka://"
-
 
 @dataclass(frozen=True)
 class StoreAddress:
@@ -37,7 +35,7 @@ class StoreAddress:
     def of(cls, settings: Settings) -> StoreAddress:
         """The address ``settings`` name; ConfigError for a wrong ``[kafka]`` section."""
         kafka = None
-        if settings.log_url and settings.log_url.startswith(KAFKA_SCHEME):
+        if settings.log_url and settings.log_url.startswith(paths.KAFKA_SCHEME):
             from cdc.logstore.kafka.options import KafkaOptions
 
             kafka = KafkaOptions.from_settings(settings)
@@ -45,13 +43,13 @@ class StoreAddress:
 
     def open(self, *, writer: bool = False) -> LogStore:
         """The log store: :func:`open_log_store`."""
-        if self.log_url and self.log_url.startswith(KAFKA_SCHEME):
+        if self.log_url and self.log_url.startswith(paths.KAFKA_SCHEME):
             # deferred: kafka-python (and its protocol classes) load only where the Kafka backend is used
             from cdc.logstore.kafka import KafkaLogStore
             from cdc.logstore.kafka.options import KafkaOptions
 
             options = self.kafka if self.kafka is not None else KafkaOptions()
-            return KafkaLogStore(self.log_url.removeprefix(KAFKA_SCHEME), options=options)
+            return KafkaLogStore(self.log_url.removeprefix(paths.KAFKA_SCHEME), options=options)
         return EmbeddedLogStore(paths.log_dir(self.state_dir), writer=writer)
 
 
