@@ -61,7 +61,7 @@ def _package_dir(path: Sequence[str], name: str) -> str | None:
     return None
 
 
-def without_spark_zips(path: Sequence[str]) -> list[str]:
+def without_spark_archives(path: Sequence[str]) -> list[str]:
     """``path`` without the zips of the installed pyspark package (``<pyspark>/python/lib/*.zip``)
     and its jars (``<pyspark>/jars/*.jar``, which hold no Python), when pyspark and py4j are both
     installed outside them; else ``path`` unchanged."""
@@ -73,9 +73,9 @@ def without_spark_zips(path: Sequence[str]) -> list[str]:
 
 
 def use_installed_pyspark() -> None:
-    """Take the installed pyspark's zips and jars off ``sys.path`` (:func:`without_spark_zips`), and
+    """Take the installed pyspark's zips and jars off ``sys.path`` (:func:`without_spark_archives`), and
     their importers out of ``sys.path_importer_cache``; before pyspark is imported."""
-    kept = without_spark_zips(sys.path)
+    kept = without_spark_archives(sys.path)
     for entry in set(sys.path) - set(kept):
         sys.path_importer_cache.pop(entry, None)
     sys.path[:] = kept

@@ -1,11 +1,11 @@
-"""Which zips the Python daemon takes off ``sys.path`` (spark_jobs/pydaemon.py): the installed pyspark's
+"""Which archives the Python daemon takes off ``sys.path`` (spark_jobs/pydaemon.py): the installed pyspark's
 own zips and jars, only when pyspark and py4j are installed outside them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from spark_jobs.pydaemon import without_spark_zips
+from spark_jobs.pydaemon import without_spark_archives
 
 
 def _site(base: Path, *packages: str) -> Path:
@@ -31,15 +31,15 @@ def test_the_installed_pysparks_zips_and_jars_go_and_every_other_entry_stays(tmp
         "",
         str(site),
     ]
-    assert without_spark_zips(path) == [str(other), str(own_jar), str(jars), "", str(site)]
+    assert without_spark_archives(path) == [str(other), str(own_jar), str(jars), "", str(site)]
 
 
 def test_nothing_goes_without_an_installed_pyspark_and_py4j(tmp_path: Path) -> None:
     site = _site(tmp_path, "pyspark")  # py4j only in its zip
     lib = site / "pyspark" / "python" / "lib"
     path = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"), str(site)]
-    assert without_spark_zips(path) == path
-    assert without_spark_zips([str(lib / "pyspark.zip"), str(tmp_path)]) == [
+    assert without_spark_archives(path) == path
+    assert without_spark_archives([str(lib / "pyspark.zip"), str(tmp_path)]) == [
         str(lib / "pyspark.zip"),
         str(tmp_path),
     ]
