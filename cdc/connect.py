@@ -19,8 +19,9 @@ decides by what happened: a server that cannot be reached (TCP probe), a connect
 (``psycopg.errors.ConnectionTimeout``, libpq's "timeout expired") and a connection the peer dropped
 before the session began (:data:`_TRANSIENT_TRANSPORT`: libpq's own text, which is not the server's
 and is not translated unless the process sets ``LC_MESSAGES``) are transient, as are the server
-states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many connections),
-which libpq only reports as text. Any other refusal -- the server answered with an error, such as a
+states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many connections)
+and a host that is not what the DSN's ``target_session_attrs`` asks for (:data:`_WRONG_ROLE`: a
+standby not yet promoted during a failover), which libpq only reports as text. Any other refusal -- the server answered with an error, such as a
 wrong password (28P01) or an unknown role or database -- is permanent.
 
 Two permanent SQLSTATEs get their own message and fix: 55000 naming ``wal_level`` (logical decoding
@@ -73,6 +74,16 @@ _TRANSIENT_STARTUP = (
     "the database system is not yet accepting connections",
     "too many connections",
     "remaining connection slots are reserved",
+)
+
+#: libpq's text for a host that answered but is not what the DSN's ``target_session_attrs`` asks for
+#: (``primary``, ``read-write``; ``standby``, ``read-only``): a failover in progress -- the primary
+#: gone, the standby not promoted yet -- refuses every host of a two-host DSN for a moment.
+_WRONG_ROLE = (
+    "server is in hot standby mode",
+    "session is read-only",
+    "server is not in hot standby mode",
+    "session is not read-only",
 )
 
 #: libpq's text for a connection that broke or timed out before the session began: the peer (a
@@ -237,6 +248,14 @@ def classify(exc: BaseException, dsn: str, *, connecting: bool = False) -> Sourc
             return SourceUnavailableError(
                 f"cannot connect to the source {shown} (it cannot be reached): {detail}",
                 fix="check that the server is up and reachable from here (host, port, firewall)",
+                **values,
+            )
+        if any(s in detail for s in _WRONG_ROLE):
+            return SourceUnavailableError(
+                f"cannot connect to the source {shown}: no host is what target_session_attrs asks "
+                f"for (a failover in progress?): {detail}",
+                fix="cdc run retries while a standby is promoted (retry_max_s bounds it); if no host of "
+                "the DSN can become what target_session_attrs asks for, add the primary's host to it",
                 **values,
             )
         if isinstance(exc, psycopg.errors.ConnectionTimeout) or any(

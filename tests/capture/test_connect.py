@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from cdc.cli import main
 from cdc.connect import CONNECT_TIMEOUT_S, classify, connect, connect_replication, is_transient
@@ -23,6 +25,8 @@ from cdc.errors import (
     SourceUnavailableError,
 )
 from cdc.registry import Registry, TableReg
+from tests.plugins.capture import CaptureEnv
+from tests.plugins.postgres import wait_for
 
 # most of these tests reach no cluster (a refused port, a DSN that does not parse, a stalling peer),
 # but connect with the retry policy's timeouts: kept out of make check
@@ -230,3 +234,29 @@ def test_run_retries_a_peer_that_closes_while_connecting(
     assert "closed the connection unexpectedly" in err and "could not restore it" in err
     assert "hunter22" not in err
     assert listener.accepted >= len(retries)
+
+
+def test_run_waits_until_a_host_is_what_target_session_attrs_asks_for(env: CaptureEnv) -> None:
+    """A failover's moment on one server: no host of the DSN is what its ``target_session_attrs``
+    asks for (in a failover: the primary gone, the standby not promoted yet; here a database whose
+    sessions are read-only and ``read-write``). libpq's own refusal reaches both connect helpers as a
+    transient error, and ``cdc run`` retries it until the server is what the DSN asks for, then
+    captures: it does not exit as for a refused login."""
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO t VALUES (1, 'before'), (2, 'before')")
+    env.add_table("public.t")
+    database = sql.Identifier(env.db)
+    env.pg.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
+    dsn = make_conninfo(env.dsn, target_session_attrs="read-write")
+    for helper in (connect, connect_replication):
+        with pytest.raises(SourceUnavailableError) as err:
+            helper(dsn)
+        assert is_transient(err.value) and err.value.exit_code == 1
+        assert "session is read-only" in err.value.message and "failover" in err.value.message
+    proc = env.spawn("run", "--once", extra_env={"CDC_SOURCE": dsn})
+    wait_for(lambda: "a failover in progress" in env.proc_log(), what="cdc run retrying the read-only server")
+    assert proc.poll() is None, env.proc_log()
+    env.pg.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only").format(database))
+    assert proc.wait(timeout=120) == 0, env.proc_log()
+    assert "retry" in env.proc_log()
+    assert sorted(v["after"]["id"] for v in env.values(env.reg("public", "t").topic)) == [1, 2]

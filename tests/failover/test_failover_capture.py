@@ -230,6 +230,9 @@ def test_failover_slot_capture_goes_on_and_loses_nothing(
 
         stopped = time.monotonic()
         pair.stop_primary("immediate")
+        # the failover's window: the reader finds only the standby, not yet what the DSN's
+        # target_session_attrs=primary asks for, and retries (a race once made it exit 2 here)
+        wait_for(lambda: "a failover in progress" in env.proc_log(), what="a retry before the promotion")
         pair.promote()
         load.promoted.set()
         env.sql("INSERT INTO docs VALUES (-1, %s, 'marker')", [f"after the promotion {UGLY}"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+
 import psycopg
 import psycopg.errors as pe
 import psycopg2
@@ -76,3 +79,35 @@ def test_permanent_source_settings_have_a_fix(exc: Exception, words: str, fix: s
     err = classify(exc, DSN)
     assert type(err) is SourcePermanentError and not is_transient(err)
     assert words in err.message and err.fix is not None and fix in err.fix
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A loopback port that accepts TCP connections (so the host counts as reachable)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "server is in hot standby mode",  # target_session_attrs=primary: a standby not promoted yet
+        "session is read-only",  # read-write
+        "server is not in hot standby mode",  # standby
+        "session is not read-only",  # read-only
+    ],
+)
+def test_a_reachable_host_of_the_wrong_role_is_transient_while_connecting(listening: int, text: str) -> None:
+    """libpq refuses a host that is not what ``target_session_attrs`` asks for with text alone (no
+    SQLSTATE); during a failover that is every host for a moment, so it is retried, not an exit 2
+    as for a refused login. The host is reachable here: only the text can decide."""
+    dsn = f"host=127.0.0.1 port={listening} dbname=db user=u password=hunter22 target_session_attrs=primary"
+    raw = psycopg.OperationalError(f'connection to server at "127.0.0.1", port {listening} failed: {text}')
+    err = classify(raw, dsn, connecting=True)
+    assert type(err) is SourceUnavailableError and is_transient(err) and err.exit_code == 1
+    assert "failover" in err.message and text in err.message
+    assert err.fix is not None and "retries" in err.fix and "hunter22" not in str(err.to_dict())
+    other = classify(psycopg.OperationalError("FATAL: no pg_hba.conf entry for host"), dsn, connecting=True)
+    assert type(other) is SourceAuthError  # any other refusal by a reachable server stays permanent
