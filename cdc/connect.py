@@ -72,6 +72,7 @@ _TRANSIENT_STARTUP = (
     "the database system is shutting down",
     "the database system is in recovery mode",
     "the database system is not yet accepting connections",
+    "the database system is not accepting connections",  # a standby with hot_standby = off
     "too many connections",
     "remaining connection slots are reserved",
 )

@@ -86,7 +86,7 @@ def listening() -> Iterator[int]:
     """A loopback port that accepts TCP connections (so the host counts as reachable)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
+        sock.listen(64)  # never accepted: the backlog holds every probe of a test
         yield int(sock.getsockname()[1])
 
 
@@ -109,5 +109,8 @@ def test_a_reachable_host_of_the_wrong_role_is_transient_while_connecting(listen
     assert type(err) is SourceUnavailableError and is_transient(err) and err.exit_code == 1
     assert "failover" in err.message and text in err.message
     assert err.fix is not None and "retries" in err.fix and "hunter22" not in str(err.to_dict())
+    # a standby with hot_standby = off refuses every session until it is promoted: transient as well
+    off = psycopg.OperationalError("FATAL:  the database system is not accepting connections")
+    assert type(classify(off, dsn, connecting=True)) is SourceUnavailableError
     other = classify(psycopg.OperationalError("FATAL: no pg_hba.conf entry for host"), dsn, connecting=True)
     assert type(other) is SourceAuthError  # any other refusal by a reachable server stays permanent
