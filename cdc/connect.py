@@ -19,10 +19,11 @@ decides by what happened: a server that cannot be reached (TCP probe), a connect
 (``psycopg.errors.ConnectionTimeout``, libpq's "timeout expired") and a connection the peer dropped
 before the session began (:data:`_TRANSIENT_TRANSPORT`: libpq's own text, which is not the server's
 and is not translated unless the process sets ``LC_MESSAGES``) are transient, as are the server
-states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many connections)
-and a host that is not what the DSN's ``target_session_attrs`` asks for (:data:`_WRONG_ROLE`: a
-standby not yet promoted during a failover), which libpq only reports as text. Any other refusal -- the server answered with an error, such as a
-wrong password (28P01) or an unknown role or database -- is permanent.
+states listed in :data:`_TRANSIENT_STARTUP` (starting up, shutting down, too many connections, a
+standby taking no sessions) and a host that is not what the DSN's ``target_session_attrs`` asks for
+(:data:`_WRONG_ROLE`: a standby not yet promoted during a failover), which libpq only reports as
+text. Any other refusal -- the server answered with an error, such as a wrong password (28P01) or an
+unknown role or database -- is permanent.
 
 Two permanent SQLSTATEs get their own message and fix: 55000 naming ``wal_level`` (logical decoding
 needs ``wal_level = logical``) and 58P01 naming the output plugin (wal2json is not installed).
